@@ -1,0 +1,40 @@
+# Quick start: `make demo` (a short benchmark between two local processes) and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.tent-installed
+PLUGINS := tcp shm gds nvlink
+PLUGIN_DIRS := $(foreach p,$(PLUGINS),$(wildcard plugins/$(p)))
+SOURCES := pyproject.toml setup.py tent_core/_native/native.c tent_core/include/tent/executor_abi.h \
+           $(wildcard plugins/*/pyproject.toml plugins/*/setup.py plugins/*/csrc/*.c refhub/pyproject.toml)
+
+.PHONY: install demo test lint bench-deps clean
+
+install: $(STAMP)
+
+$(STAMP): $(SOURCES)
+	./scripts/system-deps.sh
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+	$(PIP) install -q pluggy pyzmq msgpack numpy click rich matplotlib prometheus-client \
+	    pytest pytest-timeout hypothesis ruff
+	$(PIP) install -q --no-build-isolation -e . $(foreach d,$(PLUGIN_DIRS),-e $(d)) $(if $(wildcard refhub/pyproject.toml),-e refhub)
+	touch $(STAMP)
+
+demo: install
+	$(VENV)/bin/tent bench --quick
+
+test: install
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+# Peers for side-by-side benchmarks (not needed by the tests).
+bench-deps: install
+	$(PIP) install -q mooncake-transfer-engine-non-cuda torch==2.13.0 ray
+
+clean:
+	rm -rf $(VENV) build */build plugins/*/build *.egg-info plugins/*/*.egg-info
+	find . -name '*.so' -path '*tent*' -delete

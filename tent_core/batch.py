@@ -1,0 +1,100 @@
+"""Batch handles: what the application holds after submit()."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from . import errors
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+# tent_status codes (executor_abi.h) -> typed errors
+_STATUS_ERRORS: dict[int, tuple[type[errors.TentError], str]] = {
+    -1: (errors.PeerUnreachableError, "could not connect to the peer on any path"),
+    -2: (errors.PeerUnreachableError, "connection to the peer broke on every path"),
+    -3: (errors.PeerUnreachableError, "no progress on any path before the slice timeout"),
+    -4: (errors.PeerUnreachableError, "every path stayed congested"),
+    -10: (errors.OutOfBoundsError, "the peer refused: range outside its registered memory"),
+    -11: (errors.PermissionDeniedError, "the peer refused: buffer registered without that permission"),
+    -12: (errors.TransferError, "protocol error"),
+    -13: (errors.CancelledError, "the batch was cancelled"),
+    -14: (errors.TransferError, "internal executor error"),
+}
+
+
+def status_error(status: int, context: str = "") -> errors.TentError:
+    cls, text = _STATUS_ERRORS.get(status, (errors.TransferError, f"transfer failed with status {status}"))
+    return cls(f"{text}{' (' + context + ')' if context else ''} [status {status}]")
+
+
+class BatchHandle:
+    """Poll, wait (with a deadline) or cancel a submitted batch."""
+
+    def __init__(self, engine: Engine, batch: Any, deadline: float, num_requests: int) -> None:
+        self.engine = engine
+        self._batch = batch
+        self.deadline = deadline  # time.monotonic() seconds
+        self.num_requests = num_requests
+        self.submitted_at = time.monotonic()
+        self._deadline_hit = False
+
+    @property
+    def bytes_done(self) -> int:
+        return self._batch.bytes_done
+
+    @property
+    def retries(self) -> int:
+        return self._batch.retries
+
+    def poll(self) -> str:
+        """'pending', 'done', 'failed' or 'cancelled'. Never blocks."""
+        b = self._batch
+        if b.remaining == 0:
+            err = b.error
+            if err == 0:
+                return "done"
+            return "cancelled" if err == -13 and not self._deadline_hit else "failed"
+        if time.monotonic() >= self.deadline:
+            self._expire()
+            return "failed"
+        return "pending"
+
+    def _expire(self) -> None:
+        self._deadline_hit = True
+        self._batch.cancel()
+
+    def _raise_if_failed(self) -> None:
+        err = self._batch.error
+        if err == 0:
+            return
+        if self._deadline_hit:
+            raise errors.DeadlineExceededError(self._deadline_text())
+        raise status_error(err, f"batch of {self.num_requests} request(s)")
+
+    def _deadline_text(self) -> str:
+        took = self.deadline - self.submitted_at
+        return f"batch of {self.num_requests} request(s) missed its {took:.3g}s deadline ({self._batch.remaining} slice(s) unfinished)"
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the batch finishes. Returns True when it completed; False if
+        `timeout` elapsed first (the batch keeps running). Raises a typed error if it
+        failed, was cancelled, or its deadline passed (the batch is then cancelled)."""
+        now = time.monotonic()
+        end = self.deadline if timeout is None else min(self.deadline, now + max(0.0, timeout))
+        done = self._batch.wait(max(0.0, end - now))
+        if done:
+            self._raise_if_failed()
+            return True
+        if time.monotonic() >= self.deadline:
+            self._expire()
+            raise errors.DeadlineExceededError(self._deadline_text())
+        return False
+
+    def cancel(self) -> None:
+        """Stop the batch: slices not yet started never run. wait() then raises CancelledError."""
+        self._batch.cancel()
+
+    def __repr__(self) -> str:
+        return f"<BatchHandle {self.poll()} requests={self.num_requests} bytes={self.bytes_done}>"

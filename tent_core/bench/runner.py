@@ -1,0 +1,245 @@
+"""`tent bench`: a TEBench-style sweep between a target process and this (initiator) process."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..engine import Engine, Request
+from ..types import OpCode
+
+log = logging.getLogger(__name__)
+
+KiB, MiB = 1024, 1024 * 1024
+DEFAULT_BLOCKS = [64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
+QUICK_BLOCKS = [64 * KiB, 1 * MiB, 4 * MiB, 64 * MiB]
+
+
+def pattern(n: int, seed: int = 0) -> np.ndarray:
+    """A cheap, position-dependent byte pattern (verifies offsets, not just lengths)."""
+    idx = np.arange(n, dtype=np.uint32)
+    return ((idx * 2654435761 + seed * 97) >> 13).astype(np.uint8)
+
+
+@dataclass
+class BenchSpec:
+    block_sizes: list[int] = field(default_factory=lambda: list(QUICK_BLOCKS))
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    ops: list[str] = field(default_factory=lambda: ["READ", "WRITE"])
+    threads: int = 1
+    transports: list[str] | None = None  # None = every available transport
+    iters: int = 50
+    warmup: int = 3
+    time_budget_s: float = 1.0  # per point
+    host: str = "127.0.0.1"
+    config: dict[str, Any] | None = None
+    verify: bool = True
+
+
+@contextmanager
+def target_process(size: int, host: str = "127.0.0.1", config: dict[str, Any] | None = None, pattern_fill: bool = True,
+                   argv_prefix: list[str] | None = None) -> Iterator[dict[str, Any]]:
+    """Start `python -m tent_core.bench.target`, yield its {"segment", "transports"}; always stopped."""
+    argv = [sys.executable, "-m", "tent_core.bench.target", "--size", str(size), "--host", host]
+    if config:
+        argv += ["--config", json.dumps(config)]
+    if pattern_fill:
+        argv.append("--pattern")
+    proc = subprocess.Popen((argv_prefix or []) + argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = _readline_with_timeout(proc, 60.0)
+        if not line:
+            raise RuntimeError(f"bench target exited early (rc={proc.poll()})")
+        yield json.loads(line)
+    finally:
+        try:
+            if proc.stdin:
+                proc.stdin.close()
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def _readline_with_timeout(proc: subprocess.Popen[str], timeout: float) -> str:
+    out: list[str] = []
+    t = threading.Thread(target=lambda: out.append(proc.stdout.readline() if proc.stdout else ""), daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        proc.kill()
+        raise TimeoutError("bench target did not start within %.0fs" % timeout)
+    return out[0] if out else ""
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) if values else 0.0
+
+
+def run_point(
+    eng: Engine,
+    local: Any,
+    remote: str,
+    op: OpCode,
+    block: int,
+    batch: int,
+    threads: int,
+    iters: int,
+    warmup: int,
+    budget_s: float,
+) -> tuple[float, list[float]]:
+    """Returns (GB/s over the timed part, per-batch latencies in seconds)."""
+    lat: list[float] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    spans: list[float] = []  # timed-loop start/end stamps of every thread
+
+    def worker(tid: int) -> None:
+        base = tid * batch * block
+        reqs = [Request(op, local, base + i * block, remote, base + i * block, block) for i in range(batch)]
+        for _ in range(warmup):
+            eng.submit(reqs).wait()
+        mine: list[float] = []
+        spans.append(time.perf_counter())
+        end = time.monotonic() + budget_s
+        n = 0
+        while n < iters and (n < 3 or time.monotonic() < end):
+            t0 = time.perf_counter()
+            eng.submit(reqs).wait()
+            mine.append(time.perf_counter() - t0)
+            n += 1
+        spans.append(time.perf_counter())
+        with lock:
+            lat.extend(mine)
+
+    def guarded(tid: int) -> None:
+        try:
+            worker(tid)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    ts = [threading.Thread(target=guarded, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise errors[0]
+    wall = max(max(spans) - min(spans), 1e-9)  # timed loops only, warm-up excluded
+    return len(lat) * batch * block / wall / 1e9, lat
+
+
+def run_tent(spec: BenchSpec, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Our own rows: one per (transport, op, block_size, batch_size)."""
+    max_block = max(spec.block_sizes)
+    max_batch = max(spec.batch_sizes)
+    size = max_block * max_batch * spec.threads
+    rows: list[dict[str, Any]] = []
+    with target_process(size, spec.host, spec.config) as target:
+        remote = target["segment"]
+        probe = Engine(spec.config, host=spec.host)
+        offered = sorted(set(probe.transports) & set(target["transports"]))
+        probe.close()
+        names = [t for t in (spec.transports or offered) if t in offered]
+        missing = [t for t in (spec.transports or []) if t not in offered]
+        if missing:
+            raise SystemExit(f"transport(s) not available on both sides: {', '.join(missing)} (have {offered})")
+        for tname in names:
+            with Engine(spec.config, host=spec.host, transports=[tname]) as eng:
+                local = eng.allocate(size, segment="bench-local")
+                if spec.verify:
+                    _verify(eng, local, remote, min(size, 8 * MiB))
+                for op_name in spec.ops:
+                    op = OpCode[op_name]
+                    for batch in spec.batch_sizes:
+                        for block in spec.block_sizes:
+                            gbps, lat = run_point(
+                                eng, local, remote, op, block, batch, spec.threads, spec.iters, spec.warmup, spec.time_budget_s
+                            )
+                            rows.append(
+                                {
+                                    "engine": "tent",
+                                    "transport": tname,
+                                    "op": op_name,
+                                    "block_size": block,
+                                    "batch_size": batch,
+                                    "threads": spec.threads,
+                                    "gbps": round(gbps, 4),
+                                    "avg_us": round(float(np.mean(lat)) * 1e6, 2),
+                                    "p99_us": round(percentile(lat, 99) * 1e6, 2),
+                                    "iters": len(lat),
+                                }
+                            )
+                            if progress:
+                                progress(f"tent {tname} {op_name} {block} x{batch}")
+    return rows
+
+
+def _verify(eng: Engine, local: Any, remote: str, n: int) -> None:
+    """Byte-for-byte check before timing anything: READ the target's pattern, WRITE it back, READ again."""
+    expect = pattern(n)
+    local.array[:n] = 0
+    eng.submit([Request(OpCode.READ, local, 0, remote, 0, n)]).wait()
+    if not np.array_equal(local.array[:n], expect):
+        raise RuntimeError("bench verification failed: READ returned wrong bytes")
+    local.array[:n] = expect[::-1]
+    eng.submit([Request(OpCode.WRITE, local, 0, remote, 0, n)]).wait()
+    local.array[:n] = 0
+    eng.submit([Request(OpCode.READ, local, 0, remote, 0, n)]).wait()
+    if not np.array_equal(local.array[:n], expect[::-1]):
+        raise RuntimeError("bench verification failed: WRITE then READ returned wrong bytes")
+
+
+def submit_cost_us(samples: int = 2000) -> dict[str, float]:
+    """Cost of submit() for one 64 KiB request (call to return), against a local target."""
+    block = 64 * KiB
+    with target_process(block, pattern_fill=False) as target:
+        with Engine() as eng:
+            local = eng.allocate(block, segment="bench-local")
+            req = [Request(OpCode.WRITE, local, 0, target["segment"], 0, block)]
+            for _ in range(50):
+                eng.submit(req).wait()
+            costs = []
+            for _ in range(samples):
+                t0 = time.perf_counter_ns()
+                h = eng.submit(req)
+                costs.append((time.perf_counter_ns() - t0) / 1e3)
+                h.wait()
+            transport = sorted(eng.transports)[0] if eng.transports else "?"
+    return {
+        "transport_hint": transport,
+        "median_us": float(np.median(costs)),
+        "p99_us": percentile(costs, 99),
+        "samples": samples,
+    }
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """For each tent row, ratio of its GB/s and P99 to every baseline row of the same point."""
+    base: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["engine"] != "tent":
+            base.setdefault((r["op"], r["block_size"], r["batch_size"]), []).append(r)
+    for r in rows:
+        if r["engine"] != "tent":
+            continue
+        for b in base.get((r["op"], r["block_size"], r["batch_size"]), []):
+            if b["gbps"] > 0:
+                r[f"x_{b['engine']}"] = round(r["gbps"] / b["gbps"], 3)
+            if b.get("p99_us"):
+                r[f"p99_vs_{b['engine']}"] = round(r["p99_us"] / b["p99_us"], 3)
+
+
+def env_info() -> dict[str, Any]:
+    return {"cpus": os.cpu_count(), "python": sys.version.split()[0], "time": time.strftime("%Y-%m-%d %H:%M:%S")}

@@ -1,0 +1,60 @@
+"""Typed errors. Every message says what was asked and why it cannot be done."""
+
+from __future__ import annotations
+
+
+class TentError(Exception):
+    """Base class of every error tent_core raises."""
+
+
+class InvalidRequestError(TentError, ValueError):
+    """A request or registration is malformed (negative length, bad type...)."""
+
+
+class UnknownSegmentError(TentError, KeyError):
+    def __str__(self) -> str:  # KeyError quotes its message otherwise
+        return str(self.args[0]) if self.args else "unknown segment"
+
+
+class NotRegisteredError(TentError):
+    """A local or remote range is not inside registered memory."""
+
+
+class OutOfBoundsError(NotRegisteredError):
+    """The range starts inside a registered buffer but runs past its end."""
+
+
+class PermissionDeniedError(TentError, PermissionError):
+    """The remote buffer was registered without the permission this op needs."""
+
+
+class PeerUnreachableError(TentError, ConnectionError):
+    """The peer's control endpoint or every data path to it failed."""
+
+
+class DeadlineExceededError(TentError, TimeoutError):
+    """The request or batch did not complete before its deadline."""
+
+
+class CancelledError(TentError):
+    """The batch was cancelled."""
+
+
+class NoPathError(TentError):
+    """No installed transport (nor synthesized path) can serve this request."""
+
+
+class PolicyRejectedError(NoPathError):
+    """Administrator policy rules allow no transport/rail for this request."""
+
+
+class TransferError(TentError):
+    """A transfer failed for a reason not covered above."""
+
+
+class PluginABIError(TentError):
+    """A plugin's compiled executor does not speak this core's ABI."""
+
+
+class ProtocolError(TentError):
+    """A malformed control-plane message."""

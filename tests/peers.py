@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+HERE = Path(__file__).parent
+
+
+class Peer:
+    """A remote engine in its own process (tests/peer_process.py)."""
+
+    def __init__(self, size: int = 8 << 20, config: dict[str, Any] | None = None, transports: list[str] | None = None) -> None:
+        argv = [sys.executable, str(HERE / "peer_process.py"), str(size), json.dumps(config) if config else "", ",".join(transports or [])]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        info = json.loads(self._readline(60))
+        self.engine_id: str = info["engine"]
+        self.transports: list[str] = info["transports"]
+        self.size: int = info["size"]
+
+    def _readline(self, timeout: float) -> str:
+        out: list[str] = []
+        t = threading.Thread(target=lambda: out.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        t.start()
+        t.join(timeout)
+        if not out or not out[0]:
+            self.kill()
+            raise RuntimeError("peer process did not answer")
+        return out[0]
+
+    def seg(self, name: str) -> str:
+        return f"{self.engine_id}/{name}"
+
+    def call(self, **msg: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self._readline(30))
+
+    def digest(self, segment: str, offset: int, length: int) -> str:
+        return self.call(cmd="digest", segment=segment, offset=offset, length=length)["sha"]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=10)
+            except Exception:
+                self.kill()
+
+
+def sha(data: Any) -> str:
+    return hashlib.sha256(bytes(data)).hexdigest()
