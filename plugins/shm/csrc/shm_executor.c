@@ -1,0 +1,589 @@
+/*
+ * tent_shm._executor: same-host slice executor for tent_core (executor ABI v1).
+ *
+ * Two data paths, chosen per peer:
+ *   - CMA:   process_vm_readv / process_vm_writev against the peer's pid.
+ *   - memfd: the peer's memfd-backed buffers are mmap'ed (MAP_SHARED) into this
+ *            process by the Python side; the executor translates remote addresses
+ *            through a per-peer mapping table and memcpy's.
+ *
+ * Worker threads (config `threads`, default 2) block on a condition variable and take
+ * work items from a FIFO. A slice longer than `chunk` bytes (default 4 MiB) is split
+ * into chunk-sized work items so every worker copies; the last finished chunk reports
+ * the slice through host->complete exactly once, with the first error seen.
+ *
+ * Private (non-ABI) exports used by tent_shm.plugin through ctypes:
+ *   uint64_t tent_shm_peer_add(void *ex, int32_t pid, int32_t mode);
+ *   int32_t  tent_shm_peer_remove(void *ex, uint64_t peer);
+ *   int32_t  tent_shm_peer_set_dead(void *ex, uint64_t peer);
+ *   int32_t  tent_shm_map_add(void *ex, uint64_t peer, uint64_t remote_base, uint64_t length,
+ *                             uint64_t local_addr, int32_t writable);
+ *   int32_t  tent_shm_map_remove(void *ex, uint64_t peer, uint64_t remote_base);
+ *   int32_t  tent_shm_cma_probe(int32_t pid, uint64_t remote_addr, uint64_t local_addr, uint64_t length);
+ *   int64_t  tent_shm_mmap_fd(int32_t fd, uint64_t offset, uint64_t length, int32_t writable, int32_t populate);
+ *   int32_t  tent_shm_munmap(uint64_t addr, uint64_t length);
+ *   uint32_t tent_shm_threads(void *ex);
+ *   uint64_t tent_shm_chunk(void *ex);
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "tent/executor_abi.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+#define SHM_MODE_CMA 0
+#define SHM_MODE_MEMFD 1
+#define MAX_THREADS 64
+
+/* ---------------------------------------------------------------- peers */
+typedef struct mapping {
+  uint64_t rbase, len, laddr; /* laddr == 0: a known remote buffer this path cannot reach */
+  int writable;
+} mapping_t;
+
+typedef struct peer {
+  atomic_int refs;
+  uint64_t handle;
+  pid_t pid;
+  int mode;
+  int pidfd;
+  atomic_int dead;
+  int removed; /* under rw (write) */
+  pthread_rwlock_t rw; /* readers: copies in flight; writers: mapping/peer changes */
+  mapping_t *maps;     /* sorted by rbase, non-overlapping */
+  size_t nmaps, cap;
+} peer_t;
+
+/* ---------------------------------------------------------------- work */
+typedef struct job {
+  tent_slice_t s;
+  atomic_uint remaining; /* chunks not yet finished */
+  atomic_int status;     /* first error */
+} job_t;
+
+typedef struct work {
+  job_t *job;
+  uint64_t off, len;
+} work_t;
+
+typedef struct executor {
+  const tent_host_api_t *host;
+  uint32_t nthreads;
+  uint64_t chunk;
+  pthread_t threads[MAX_THREADS];
+  uint32_t started;
+
+  pthread_mutex_t mu; /* queue */
+  pthread_cond_t cv;
+  work_t *q;
+  size_t qcap, qhead, qlen;
+  int stop;
+
+  pthread_mutex_t peers_mu;
+  peer_t **slots;
+  uint32_t *gens;
+  size_t nslots;
+} executor_t;
+
+static void peer_unref(peer_t *p) {
+  if (atomic_fetch_sub(&p->refs, 1) == 1) {
+    if (p->pidfd >= 0) close(p->pidfd);
+    pthread_rwlock_destroy(&p->rw);
+    free(p->maps);
+    free(p);
+  }
+}
+
+static peer_t *peer_get(executor_t *ex, uint64_t h) {
+  uint64_t idx = (h & 0xffffffffu);
+  peer_t *p = NULL;
+  if (idx == 0) return NULL;
+  idx -= 1;
+  pthread_mutex_lock(&ex->peers_mu);
+  if (idx < ex->nslots && ex->slots[idx] && ex->slots[idx]->handle == h) {
+    p = ex->slots[idx];
+    atomic_fetch_add(&p->refs, 1);
+  }
+  pthread_mutex_unlock(&ex->peers_mu);
+  return p;
+}
+
+static int pidfd_exited(int pidfd) {
+  if (pidfd < 0) return 0;
+  struct pollfd pf = {.fd = pidfd, .events = POLLIN};
+  return poll(&pf, 1, 0) > 0 && (pf.revents & (POLLIN | POLLHUP));
+}
+
+/* mapping lookup: the mapping containing [addr, addr+len), or NULL */
+static const mapping_t *map_find(const peer_t *p, uint64_t addr, uint64_t len) {
+  size_t lo = 0, hi = p->nmaps;
+  while (lo < hi) { /* last mapping with rbase <= addr */
+    size_t mid = (lo + hi) / 2;
+    if (p->maps[mid].rbase <= addr)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == 0) return NULL;
+  const mapping_t *m = &p->maps[lo - 1];
+  if (addr - m->rbase > m->len) return NULL;
+  if (len > m->len - (addr - m->rbase)) return NULL;
+  return m;
+}
+
+/* ---------------------------------------------------------------- copies */
+static int errno_status(int e) {
+  switch (e) {
+    case ESRCH:
+      return TENT_E_IO; /* peer gone */
+    case EFAULT:
+    case ENOMEM: /* remote range not mapped */
+      return TENT_E_BOUNDS;
+    case EPERM:
+    case EACCES:
+      return TENT_E_CONNECT; /* ptrace policy forbids CMA: another path (memfd, tcp) may work */
+    default:
+      return TENT_E_INTERNAL;
+  }
+}
+
+static int cma_copy(pid_t pid, uint32_t op, uint64_t local, uint64_t remote, uint64_t len) {
+  while (len > 0) {
+    struct iovec l = {(void *)(uintptr_t)local, (size_t)len};
+    struct iovec r = {(void *)(uintptr_t)remote, (size_t)len};
+    ssize_t n = op == TENT_OP_READ ? process_vm_readv(pid, &l, 1, &r, 1, 0) : process_vm_writev(pid, &l, 1, &r, 1, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno_status(errno);
+    }
+    if (n == 0) return TENT_E_BOUNDS;
+    local += (uint64_t)n;
+    remote += (uint64_t)n;
+    len -= (uint64_t)n;
+  }
+  return TENT_OK;
+}
+
+static int run_work(executor_t *ex, const work_t *w) {
+  const tent_slice_t *s = &w->job->s;
+  if (s->opcode != TENT_OP_READ && s->opcode != TENT_OP_WRITE) return TENT_E_PROTOCOL;
+  if (s->length == 0) return TENT_OK;
+  if (s->remote_addr + s->length < s->remote_addr) return TENT_E_BOUNDS;
+  peer_t *p = peer_get(ex, s->peer);
+  if (!p) return TENT_E_CONNECT;
+  int st;
+  if (atomic_load(&p->dead) || pidfd_exited(p->pidfd)) {
+    atomic_store(&p->dead, 1);
+    st = TENT_E_IO;
+  } else if (p->mode == SHM_MODE_CMA) {
+    st = cma_copy(p->pid, s->opcode, s->local_addr + w->off, s->remote_addr + w->off, w->len);
+  } else {
+    pthread_rwlock_rdlock(&p->rw);
+    const mapping_t *m = p->removed ? NULL : map_find(p, s->remote_addr, s->length);
+    if (p->removed) {
+      st = TENT_E_IO;
+    } else if (!m) {
+      st = TENT_E_BOUNDS;
+    } else if (m->laddr == 0) {
+      st = TENT_E_CONNECT; /* registered remotely but not memfd-backed: another transport */
+    } else if (s->opcode == TENT_OP_WRITE && !m->writable) {
+      st = TENT_E_PERMISSION;
+    } else {
+      char *mapped = (char *)(uintptr_t)(m->laddr + (s->remote_addr - m->rbase) + w->off);
+      char *local = (char *)(uintptr_t)(s->local_addr + w->off);
+      if (s->opcode == TENT_OP_READ)
+        memcpy(local, mapped, w->len);
+      else
+        memcpy(mapped, local, w->len);
+      st = TENT_OK;
+    }
+    pthread_rwlock_unlock(&p->rw);
+  }
+  peer_unref(p);
+  return st;
+}
+
+static void finish_work(executor_t *ex, work_t *w, int st) {
+  job_t *j = w->job;
+  if (st != TENT_OK) {
+    int expected = 0;
+    atomic_compare_exchange_strong(&j->status, &expected, st);
+  }
+  if (atomic_fetch_sub(&j->remaining, 1) == 1) {
+    ex->host->complete(ex->host->ctx, &j->s, atomic_load(&j->status));
+    free(j);
+  }
+}
+
+static void process(executor_t *ex, work_t *w) {
+  int st;
+  if (atomic_load(&w->job->status) != TENT_OK) {
+    st = TENT_OK; /* an earlier chunk failed: skip the copy, keep its status */
+  } else if (ex->host->is_cancelled(ex->host->ctx, w->job->s.token)) {
+    st = TENT_E_CANCELLED;
+  } else {
+    st = run_work(ex, w);
+  }
+  finish_work(ex, w, st);
+}
+
+static void *worker_main(void *arg) {
+  executor_t *ex = arg;
+  pthread_mutex_lock(&ex->mu);
+  for (;;) {
+    while (!ex->stop && ex->qlen == 0) pthread_cond_wait(&ex->cv, &ex->mu);
+    if (ex->stop) break;
+    work_t w = ex->q[ex->qhead];
+    ex->qhead = (ex->qhead + 1) % ex->qcap;
+    ex->qlen--;
+    int more = ex->qlen > 0;
+    pthread_mutex_unlock(&ex->mu);
+    if (more) pthread_cond_signal(&ex->cv); /* hand the rest to an idle worker */
+    process(ex, &w);
+    pthread_mutex_lock(&ex->mu);
+  }
+  pthread_mutex_unlock(&ex->mu);
+  return NULL;
+}
+
+/* queue lock held */
+static int queue_reserve(executor_t *ex, size_t extra) {
+  if (ex->qlen + extra <= ex->qcap) return 0;
+  size_t cap = ex->qcap ? ex->qcap : 256;
+  while (cap < ex->qlen + extra) cap *= 2;
+  work_t *n = malloc(cap * sizeof(work_t));
+  if (!n) return -1;
+  for (size_t i = 0; i < ex->qlen; i++) n[i] = ex->q[(ex->qhead + i) % ex->qcap];
+  free(ex->q);
+  ex->q = n;
+  ex->qcap = cap;
+  ex->qhead = 0;
+  return 0;
+}
+
+/* ---------------------------------------------------------------- ABI */
+static void parse_config(executor_t *ex, const char *cfg) {
+  ex->nthreads = 2;
+  ex->chunk = 4u << 20;
+  if (!cfg) return;
+  const char *p = cfg;
+  while (*p) {
+    const char *end = strchr(p, ';');
+    size_t n = end ? (size_t)(end - p) : strlen(p);
+    char kv[256];
+    if (n < sizeof kv) {
+      memcpy(kv, p, n);
+      kv[n] = 0;
+      char *eq = strchr(kv, '=');
+      if (eq) {
+        *eq = 0;
+        const char *k = kv, *v = eq + 1;
+        if (!strcmp(k, "threads")) {
+          long t = strtol(v, NULL, 10);
+          ex->nthreads = t < 1 ? 1 : (t > MAX_THREADS ? MAX_THREADS : (uint32_t)t);
+        } else if (!strcmp(k, "chunk")) {
+          ex->chunk = strtoull(v, NULL, 10);
+        }
+      }
+    }
+    p += n;
+    if (*p == ';') p++;
+  }
+}
+
+static void ex_destroy(void *self);
+
+static void *ex_create(const tent_host_api_t *host, const char *config, char *err, size_t errlen) {
+  if (!host || host->abi_version != TENT_EXECUTOR_ABI_VERSION || host->struct_size < sizeof(tent_host_api_t)) {
+    snprintf(err, errlen, "tent_shm: host API version mismatch");
+    return NULL;
+  }
+  executor_t *ex = calloc(1, sizeof *ex);
+  if (!ex) {
+    snprintf(err, errlen, "tent_shm: out of memory");
+    return NULL;
+  }
+  ex->host = host;
+  parse_config(ex, config);
+  pthread_mutex_init(&ex->mu, NULL);
+  pthread_cond_init(&ex->cv, NULL);
+  pthread_mutex_init(&ex->peers_mu, NULL);
+  for (uint32_t i = 0; i < ex->nthreads; i++) {
+    int rc = pthread_create(&ex->threads[i], NULL, worker_main, ex);
+    if (rc) {
+      snprintf(err, errlen, "tent_shm: pthread_create: %s", strerror(rc));
+      ex_destroy(ex);
+      return NULL;
+    }
+    ex->started++;
+  }
+  return ex;
+}
+
+static void ex_destroy(void *self) {
+  executor_t *ex = self;
+  if (!ex) return;
+  pthread_mutex_lock(&ex->mu);
+  ex->stop = 1;
+  pthread_cond_broadcast(&ex->cv);
+  pthread_mutex_unlock(&ex->mu);
+  for (uint32_t i = 0; i < ex->started; i++) pthread_join(ex->threads[i], NULL);
+  /* every queued slice is still reported exactly once */
+  while (ex->qlen > 0) {
+    work_t w = ex->q[ex->qhead];
+    ex->qhead = (ex->qhead + 1) % ex->qcap;
+    ex->qlen--;
+    finish_work(ex, &w, TENT_E_CANCELLED);
+  }
+  free(ex->q);
+  for (size_t i = 0; i < ex->nslots; i++)
+    if (ex->slots[i]) peer_unref(ex->slots[i]);
+  free(ex->slots);
+  free(ex->gens);
+  pthread_mutex_destroy(&ex->mu);
+  pthread_cond_destroy(&ex->cv);
+  pthread_mutex_destroy(&ex->peers_mu);
+  free(ex);
+}
+
+static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
+  executor_t *ex = self;
+  if (n == 0) return TENT_OK;
+  /* count work items and allocate jobs outside the lock */
+  job_t **jobs = malloc(n * sizeof(job_t *));
+  uint32_t *parts = malloc(n * sizeof(uint32_t));
+  if (!jobs || !parts) {
+    free(jobs);
+    free(parts);
+    return TENT_E_INTERNAL;
+  }
+  size_t total = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t len = slices[i].length;
+    uint32_t k = 1;
+    if (ex->nthreads > 1 && ex->chunk > 0 && len > ex->chunk) {
+      uint64_t c = (len + ex->chunk - 1) / ex->chunk;
+      k = c > 65536 ? 65536 : (uint32_t)c;
+    }
+    parts[i] = k;
+    total += k;
+    jobs[i] = malloc(sizeof(job_t));
+    if (!jobs[i]) {
+      for (uint32_t j = 0; j < i; j++) free(jobs[j]);
+      free(jobs);
+      free(parts);
+      return TENT_E_INTERNAL;
+    }
+    jobs[i]->s = slices[i];
+    atomic_init(&jobs[i]->remaining, k);
+    atomic_init(&jobs[i]->status, TENT_OK);
+  }
+  pthread_mutex_lock(&ex->mu);
+  if (ex->stop || queue_reserve(ex, total) != 0) {
+    pthread_mutex_unlock(&ex->mu);
+    for (uint32_t i = 0; i < n; i++) free(jobs[i]);
+    free(jobs);
+    free(parts);
+    return TENT_E_INTERNAL;
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t len = slices[i].length, per = parts[i] > 1 ? (len + parts[i] - 1) / parts[i] : len;
+    if (parts[i] > 1) per = (per + 4095) & ~(uint64_t)4095; /* page-sized pieces */
+    uint64_t off = 0;
+    for (uint32_t k = 0; k < parts[i]; k++) {
+      uint64_t l = off >= len ? 0 : (len - off < per ? len - off : per);
+      work_t *w = &ex->q[(ex->qhead + ex->qlen) % ex->qcap];
+      w->job = jobs[i];
+      w->off = off;
+      w->len = l;
+      ex->qlen++;
+      off += l;
+    }
+  }
+  if (total > 1)
+    pthread_cond_broadcast(&ex->cv);
+  else
+    pthread_cond_signal(&ex->cv);
+  pthread_mutex_unlock(&ex->mu);
+  free(jobs);
+  free(parts);
+  return TENT_OK;
+}
+
+static const tent_executor_ops_t g_ops = {
+    TENT_EXECUTOR_ABI_VERSION, sizeof(tent_executor_ops_t), "shm", ex_create, ex_destroy, ex_submit,
+};
+
+EXPORT const tent_executor_ops_t *tent_executor_ops(void) { return &g_ops; }
+
+/* ---------------------------------------------------------------- private API */
+EXPORT uint64_t tent_shm_peer_add(void *self, int32_t pid, int32_t mode) {
+  executor_t *ex = self;
+  if (!ex || (mode != SHM_MODE_CMA && mode != SHM_MODE_MEMFD)) return 0;
+  peer_t *p = calloc(1, sizeof *p);
+  if (!p) return 0;
+  atomic_init(&p->refs, 1);
+  p->pid = pid;
+  p->mode = mode;
+  p->pidfd = -1;
+#ifdef SYS_pidfd_open
+  if (pid > 0) p->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+  if (p->pidfd < 0) p->pidfd = -1;
+#endif
+  pthread_rwlockattr_t a;
+  pthread_rwlockattr_init(&a);
+  pthread_rwlockattr_setkind_np(&a, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+  pthread_rwlock_init(&p->rw, &a);
+  pthread_rwlockattr_destroy(&a);
+
+  pthread_mutex_lock(&ex->peers_mu);
+  size_t idx = ex->nslots;
+  for (size_t i = 0; i < ex->nslots; i++)
+    if (!ex->slots[i]) {
+      idx = i;
+      break;
+    }
+  if (idx == ex->nslots) {
+    size_t cap = ex->nslots ? ex->nslots * 2 : 16;
+    peer_t **ns = realloc(ex->slots, cap * sizeof(peer_t *));
+    if (ns) ex->slots = ns;
+    uint32_t *ng = ns ? realloc(ex->gens, cap * sizeof(uint32_t)) : NULL;
+    if (!ns || !ng) {
+      pthread_mutex_unlock(&ex->peers_mu);
+      peer_unref(p);
+      return 0;
+    }
+    ex->gens = ng;
+    for (size_t i = ex->nslots; i < cap; i++) {
+      ex->slots[i] = NULL;
+      ex->gens[i] = 0;
+    }
+    ex->nslots = cap;
+  }
+  ex->gens[idx]++;
+  p->handle = ((uint64_t)ex->gens[idx] << 32) | (uint64_t)(idx + 1);
+  ex->slots[idx] = p;
+  uint64_t h = p->handle;
+  pthread_mutex_unlock(&ex->peers_mu);
+  return h;
+}
+
+/* Forget a peer. Returns once no copy touches its mappings any more. */
+EXPORT int32_t tent_shm_peer_remove(void *self, uint64_t h) {
+  executor_t *ex = self;
+  peer_t *p = peer_get(ex, h);
+  if (!p) return -ENOENT;
+  pthread_mutex_lock(&ex->peers_mu);
+  size_t idx = (size_t)(h & 0xffffffffu) - 1;
+  int owned = idx < ex->nslots && ex->slots[idx] == p;
+  if (owned) ex->slots[idx] = NULL;
+  pthread_mutex_unlock(&ex->peers_mu);
+  pthread_rwlock_wrlock(&p->rw);
+  p->removed = 1;
+  p->nmaps = 0;
+  pthread_rwlock_unlock(&p->rw);
+  if (owned) peer_unref(p); /* the table's reference */
+  peer_unref(p);
+  return owned ? 0 : -ENOENT;
+}
+
+EXPORT int32_t tent_shm_peer_set_dead(void *self, uint64_t h) {
+  peer_t *p = peer_get(self, h);
+  if (!p) return -ENOENT;
+  atomic_store(&p->dead, 1);
+  peer_unref(p);
+  return 0;
+}
+
+EXPORT int32_t tent_shm_map_add(void *self, uint64_t h, uint64_t rbase, uint64_t len, uint64_t laddr,
+                                int32_t writable) {
+  if (len == 0 || rbase + len < rbase) return -EINVAL;
+  peer_t *p = peer_get(self, h);
+  if (!p) return -ENOENT;
+  int rc = 0;
+  pthread_rwlock_wrlock(&p->rw);
+  size_t pos = 0;
+  while (pos < p->nmaps && p->maps[pos].rbase < rbase) pos++;
+  if (pos < p->nmaps && p->maps[pos].rbase == rbase) {
+    p->maps[pos] = (mapping_t){rbase, len, laddr, writable != 0}; /* replace */
+  } else if ((pos > 0 && p->maps[pos - 1].rbase + p->maps[pos - 1].len > rbase) ||
+             (pos < p->nmaps && rbase + len > p->maps[pos].rbase)) {
+    rc = -EEXIST; /* overlaps another mapping */
+  } else {
+    if (p->nmaps == p->cap) {
+      size_t cap = p->cap ? p->cap * 2 : 8;
+      mapping_t *n = realloc(p->maps, cap * sizeof(mapping_t));
+      if (!n) rc = -ENOMEM;
+      else {
+        p->maps = n;
+        p->cap = cap;
+      }
+    }
+    if (rc == 0) {
+      memmove(&p->maps[pos + 1], &p->maps[pos], (p->nmaps - pos) * sizeof(mapping_t));
+      p->maps[pos] = (mapping_t){rbase, len, laddr, writable != 0};
+      p->nmaps++;
+    }
+  }
+  pthread_rwlock_unlock(&p->rw);
+  peer_unref(p);
+  return rc;
+}
+
+/* Remove the mapping at remote_base. Returns once no copy uses it (the caller may munmap). */
+EXPORT int32_t tent_shm_map_remove(void *self, uint64_t h, uint64_t rbase) {
+  peer_t *p = peer_get(self, h);
+  if (!p) return -ENOENT;
+  int rc = -ENOENT;
+  pthread_rwlock_wrlock(&p->rw);
+  for (size_t i = 0; i < p->nmaps; i++)
+    if (p->maps[i].rbase == rbase) {
+      memmove(&p->maps[i], &p->maps[i + 1], (p->nmaps - i - 1) * sizeof(mapping_t));
+      p->nmaps--;
+      rc = 0;
+      break;
+    }
+  pthread_rwlock_unlock(&p->rw);
+  peer_unref(p);
+  return rc;
+}
+
+/* Read `length` bytes at the peer's remote_addr into local_addr: 0 or -errno. */
+EXPORT int32_t tent_shm_cma_probe(int32_t pid, uint64_t remote_addr, uint64_t local_addr, uint64_t length) {
+  struct iovec l = {(void *)(uintptr_t)local_addr, (size_t)length};
+  struct iovec r = {(void *)(uintptr_t)remote_addr, (size_t)length};
+  ssize_t n = process_vm_readv((pid_t)pid, &l, 1, &r, 1, 0);
+  if (n < 0) return -errno;
+  return (uint64_t)n == length ? 0 : -EFAULT;
+}
+
+/* mmap `length` bytes of fd at `offset` (any alignment) MAP_SHARED; returns the address of
+ * byte `offset`, or -errno. */
+EXPORT int64_t tent_shm_mmap_fd(int32_t fd, uint64_t offset, uint64_t length, int32_t writable, int32_t populate) {
+  long pg = sysconf(_SC_PAGESIZE);
+  uint64_t delta = offset % (uint64_t)pg;
+  int flags = MAP_SHARED | (populate ? MAP_POPULATE : 0);
+  void *a = mmap(NULL, length + delta, PROT_READ | (writable ? PROT_WRITE : 0), flags, fd, (off_t)(offset - delta));
+  if (a == MAP_FAILED) return -(int64_t)errno;
+  return (int64_t)((uintptr_t)a + delta);
+}
+
+EXPORT int32_t tent_shm_munmap(uint64_t addr, uint64_t length) {
+  long pg = sysconf(_SC_PAGESIZE);
+  uint64_t delta = addr % (uint64_t)pg;
+  return munmap((void *)(uintptr_t)(addr - delta), length + delta) == 0 ? 0 : -errno;
+}
+
+EXPORT uint32_t tent_shm_threads(void *self) { return ((executor_t *)self)->nthreads; }
+EXPORT uint64_t tent_shm_chunk(void *self) { return ((executor_t *)self)->chunk; }
