@@ -43,6 +43,10 @@ from .types import (
 
 log = logging.getLogger(__name__)
 
+# Registered files get synthetic, non-overlapping "addresses" far above user space.
+FILE_BASE = 1 << 56
+FILE_STRIDE = 1 << 44
+
 SLICE_DTYPE = np.dtype(
     [
         ("local_addr", "<u8"),
@@ -167,7 +171,7 @@ class Engine:
         self.engine_id = f"{host}:{self._control.port}"
         self.scheduler = SliceScheduler(self.config.scheduler)
         self.monitor = RailMonitor(self.config.health)
-        self._rr = 0
+        self._file_bases = 0
         self.plugins: PluginSet = discover(plugins, autoload=autoload)
         self.availability: dict[str, Availability] = {}
         self.transports: dict[str, Transport] = {}
@@ -214,6 +218,39 @@ class Engine:
             mem.close()
             raise
 
+    def register_file(
+        self,
+        path: str | os.PathLike[str],
+        segment: str = "files",
+        perm: Permission = Permission.READ_WRITE,
+        size: int | None = None,
+    ) -> LocalBuffer:
+        """Register a file as a buffer of kind FILE. `size` creates/extends the file.
+
+        File buffers get a synthetic virtual base address (unique per engine), so
+        transports address file offsets like memory ranges: offset = addr - base."""
+        full = os.path.abspath(os.fspath(path))
+        if size is not None:
+            if size < 0:
+                raise errors.InvalidRequestError(f"file size must be >= 0, got {size}")
+            fd = os.open(full, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                if os.fstat(fd).st_size < size:
+                    os.ftruncate(fd, size)
+            finally:
+                os.close(fd)
+        try:
+            length = os.stat(full).st_size
+        except FileNotFoundError as exc:
+            raise errors.InvalidRequestError(f"cannot register {full}: no such file (pass size= to create it)") from exc
+        with self._lock:
+            self._file_bases += 1
+            base = FILE_BASE + self._file_bases * FILE_STRIDE
+        if length >= FILE_STRIDE:
+            raise errors.InvalidRequestError(f"{full}: files up to {FILE_STRIDE} bytes can be registered")
+        buf = self._add_buffer(segment, base, length, MemoryKind.FILE, -1, perm, None, None, None, path=full)
+        return buf
+
     def _add_buffer(
         self,
         segment: str,
@@ -225,6 +262,7 @@ class Engine:
         array: np.ndarray | None,
         keepalive: Any,
         owned: MemfdBuffer | None,
+        path: str | None = None,
     ) -> LocalBuffer:
         if not isinstance(segment, str) or not segment or "/" in segment:
             raise errors.InvalidRequestError(f"segment name must be a non-empty string without '/', got {segment!r}")
@@ -243,20 +281,25 @@ class Engine:
                 device=device,
                 perm=perm,
                 memfd=owned.fd if owned else -1,
+                path=path,
             )
             buf = LocalBuffer(segment, offset, addr, length, kind, perm, device, array, info, keepalive, owned, self.engine_id)
             exported: dict[str, Any] = {}
+            called: list[str] = []
             try:
                 for name, t in self.transports.items():
+                    if not any(kind in pair for pair in self._profiles[name].kind_pairs):
+                        continue  # e.g. a file's synthetic address must never reach a memory transport
                     d = t.export_buffer(info)
+                    called.append(name)
                     if d is not None:
                         exported[name] = d
             except BaseException:
-                for name, t in self.transports.items():
-                    if name in exported:
-                        t.release_buffer(info)
+                for name in called:
+                    self.transports[name].release_buffer(info)
                 raise
             info.extra["desc"] = exported
+            info.extra["exported"] = called
             seg.buffers.append(buf)
         return buf
 
@@ -270,11 +313,11 @@ class Engine:
             if not seg.buffers:
                 del self._segments[buf.segment]
             buf.registered = False
-        for t in self.transports.values():
+        for name in buf.info.extra.get("exported", []) if buf.info else []:
             try:
-                t.release_buffer(buf.info)  # type: ignore[arg-type]
+                self.transports[name].release_buffer(buf.info)  # type: ignore[arg-type]
             except Exception:
-                log.exception("transport %s failed to release a buffer", t.name)
+                log.exception("transport %s failed to release a buffer", name)
         if buf._owned is not None:
             buf.array = None
             buf._owned.close()
@@ -507,7 +550,12 @@ class Engine:
             route = self._route(peer, buf.kind, rbuf.kind)
             rails = route.rails
             if len(rails) == 1:
-                plan.append((route, rails[0], op, local, raddr, length, peer))
+                step = route.transport.split_bytes
+                if step <= 0 or length <= step:
+                    plan.append((route, rails[0], op, local, raddr, length, peer))
+                else:
+                    for off in range(0, length, step):
+                        plan.append((route, rails[0], op, local + off, raddr + off, min(step, length - off), peer))
             else:
                 now = time.monotonic()
                 weights = [self.monitor.weight(r.slot, now) for r in rails]

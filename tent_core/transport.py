@@ -34,6 +34,9 @@ class Transport(abc.ABC):
 
     name: str = ""
     version: str = "0"
+    # On a single rail, requests longer than this are cut into slices of this size so the
+    # executor can run them in parallel (0 = hand the executor whole requests; it may split).
+    split_bytes: int = 0
 
     @abc.abstractmethod
     def probe(self) -> Availability:

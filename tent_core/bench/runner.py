@@ -199,6 +199,8 @@ def _verify(eng: Engine, local: Any, remote: str, n: int) -> None:
     eng.submit([Request(OpCode.READ, local, 0, remote, 0, n)]).wait()
     if not np.array_equal(local.array[:n], expect[::-1]):
         raise RuntimeError("bench verification failed: WRITE then READ returned wrong bytes")
+    local.array[:n] = expect  # leave the target as we found it (the next transport verifies too)
+    eng.submit([Request(OpCode.WRITE, local, 0, remote, 0, n)]).wait()
 
 
 def submit_cost_us(samples: int = 2000) -> dict[str, float]:
