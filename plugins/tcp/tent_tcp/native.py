@@ -1,0 +1,143 @@
+"""ctypes bindings for the TCP executor's private control functions.
+
+The executor library (``_executor*.so``) exports the standard ``tent_executor_ops`` plus:
+
+    int     tcp_listen(void *self, const char *ip, int port);          -> bound port or -errno
+    int     tcp_register_region(void *self, uint64_t addr, uint64_t len, uint32_t perm);
+    int     tcp_unregister_region(void *self, uint64_t addr, uint64_t len);   (drains in-flight I/O)
+    int64_t tcp_add_peer(void *self, int nrails, const char **local_ips,
+                         const char **remote_ips, const int *remote_ports);   -> handle > 0 or -errno
+    void    tcp_remove_peer(void *self, int64_t peer);
+    int     tcp_get_rail_counters(void *self, int64_t peer, int rail, uint64_t *out, int nout);
+            out = [bytes_ok, slices_ok, errors, connects]
+
+perm bits: 1 = remote READ allowed, 2 = remote WRITE allowed (same values as tent_core.Permission).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tent_core.executor import Executor, find_extension, load_executor_library
+
+PACKAGE_DIR = Path(__file__).parent
+
+PERM_REMOTE_READ = 1
+PERM_REMOTE_WRITE = 2
+
+_c_char_pp = ctypes.POINTER(ctypes.c_char_p)
+
+
+def executor_path() -> str:
+    """Path of the compiled executor (raises FileNotFoundError when the plugin was not built)."""
+    return find_extension(PACKAGE_DIR, "_executor")
+
+
+def _bind(cdll: ctypes.CDLL) -> None:
+    if getattr(cdll, "_tent_tcp_bound", False):
+        return
+    cdll.tcp_listen.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
+    cdll.tcp_listen.restype = ctypes.c_int
+    cdll.tcp_register_region.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32]
+    cdll.tcp_register_region.restype = ctypes.c_int
+    cdll.tcp_unregister_region.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64]
+    cdll.tcp_unregister_region.restype = ctypes.c_int
+    cdll.tcp_add_peer.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int,
+        _c_char_pp,
+        _c_char_pp,
+        ctypes.POINTER(ctypes.c_int),
+    ]
+    cdll.tcp_add_peer.restype = ctypes.c_int64
+    cdll.tcp_remove_peer.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    cdll.tcp_remove_peer.restype = None
+    cdll.tcp_get_rail_counters.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.c_int,
+    ]
+    cdll.tcp_get_rail_counters.restype = ctypes.c_int
+    cdll._tent_tcp_bound = True
+
+
+class TcpExecutor:
+    """An executor instance plus typed access to its private control functions.
+
+    `executor` is the core's :class:`tent_core.executor.Executor` (``ops``/``handle`` for
+    the native submit path).
+    """
+
+    def __init__(self, config: dict[str, Any] | None = None, path: str | None = None) -> None:
+        lib = load_executor_library(path or executor_path())
+        _bind(lib.cdll)
+        self._cdll = lib.cdll
+        self.executor: Executor = lib.create(config or {})
+        self._lock = threading.Lock()
+
+    @property
+    def ops(self) -> int:
+        return self.executor.ops
+
+    @property
+    def handle(self) -> int:
+        return self.executor.handle
+
+    def _h(self) -> int:
+        h = self.executor.handle
+        if not h:
+            raise RuntimeError("tcp executor is closed")
+        return h
+
+    def listen(self, ip: str, port: int = 0) -> int:
+        rc = self._cdll.tcp_listen(self._h(), ip.encode(), port)
+        if rc < 0:
+            raise OSError(-rc, f"tcp_listen({ip}:{port}): {os.strerror(-rc)}")
+        return int(rc)
+
+    def register_region(self, addr: int, length: int, perm: int) -> None:
+        rc = self._cdll.tcp_register_region(self._h(), addr, length, perm)
+        if rc < 0:
+            raise OSError(-rc, f"tcp_register_region: {os.strerror(-rc)}")
+
+    def unregister_region(self, addr: int, length: int) -> bool:
+        """Blocks until no server thread touches the region any more. False if unknown."""
+        h = self.executor.handle
+        if not h:
+            return False
+        return self._cdll.tcp_unregister_region(h, addr, length) == 0
+
+    def add_peer(self, local_ips: Sequence[str], remote_ips: Sequence[str], remote_ports: Sequence[int]) -> int:
+        n = len(remote_ips)
+        if n == 0 or len(local_ips) != n or len(remote_ports) != n:
+            raise ValueError("add_peer: local_ips, remote_ips and remote_ports must have the same non-zero length")
+        lips = (ctypes.c_char_p * n)(*[s.encode() for s in local_ips])
+        rips = (ctypes.c_char_p * n)(*[s.encode() for s in remote_ips])
+        ports = (ctypes.c_int * n)(*remote_ports)
+        h = self._cdll.tcp_add_peer(self._h(), n, lips, rips, ports)
+        if h <= 0:
+            raise OSError(-h, f"tcp_add_peer: {os.strerror(-h)}")
+        return int(h)
+
+    def remove_peer(self, peer: int) -> None:
+        h = self.executor.handle
+        if h:
+            self._cdll.tcp_remove_peer(h, peer)
+
+    def rail_counters(self, peer: int, rail: int) -> dict[str, int]:
+        out = (ctypes.c_uint64 * 4)()
+        rc = self._cdll.tcp_get_rail_counters(self._h(), peer, rail, out, 4)
+        if rc < 0:
+            raise ValueError(f"no rail {rail} on peer {peer}")
+        return {"bytes": out[0], "slices": out[1], "errors": out[2], "connects": out[3]}
+
+    def close(self) -> None:
+        with self._lock:
+            self.executor.close()

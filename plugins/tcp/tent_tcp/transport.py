@@ -1,0 +1,252 @@
+"""The TCP transport: descriptors, buffer export, rail pairing; data moves in the C executor."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from tent_core.executor import Executor
+from tent_core.transport import Transport, TransportContext
+from tent_core.types import (
+    Availability,
+    BufferInfo,
+    CapabilityProfile,
+    MemoryKind,
+    PeerInfo,
+    PeerLink,
+    RailInfo,
+)
+
+from . import __version__
+from .native import TcpExecutor, executor_path
+
+log = logging.getLogger(__name__)
+
+_EXECUTOR_KEYS = ("threads", "conns_per_rail", "slice_timeout_ms", "connect_timeout_ms", "sockbuf")
+_ANY = {"", "0.0.0.0", "*"}
+
+
+@dataclass(frozen=True)
+class LocalRail:
+    ip: str  # address we bind to (and advertise)
+    port: int
+    gbps: float
+
+
+def _resolve_ipv4(host: str) -> str:
+    if host in _ANY:
+        return "0.0.0.0"
+    try:
+        return str(ipaddress.IPv4Address(host))
+    except ValueError:
+        return socket.gethostbyname(host)
+
+
+def _advertised_ip(ip: str) -> str:
+    """A listener on INADDR_ANY is advertised with this host's primary address."""
+    if ip != "0.0.0.0":
+        return ip
+    try:
+        addr = socket.gethostbyname(socket.gethostname())
+        if not addr.startswith("127."):
+            return addr
+    except OSError:
+        pass
+    return "127.0.0.1"
+
+
+def _subnet24(ip: str) -> str | None:
+    try:
+        return str(ipaddress.IPv4Network(f"{ip}/24", strict=False))
+    except ValueError:
+        return None
+
+
+def pair_rails(local: list[str], remote: list[str]) -> list[tuple[int, int]]:
+    """(local index, remote index) pairs.
+
+    Rails whose IPv4 addresses share a /24 are paired (within one /24 the k-th local goes
+    with the k-th remote, wrapping the shorter side); if no /24 is shared at all (or the
+    addresses are not IPv4), pair by index: local i -> remote i mod len(remote).
+    """
+    if not local or not remote:
+        return []
+    groups: dict[str, tuple[list[int], list[int]]] = {}
+    for i, ip in enumerate(local):
+        net = _subnet24(ip)
+        if net is not None:
+            groups.setdefault(net, ([], []))[0].append(i)
+    for j, ip in enumerate(remote):
+        net = _subnet24(ip)
+        if net is not None and net in groups:
+            groups[net][1].append(j)
+    pairs: list[tuple[int, int]] = []
+    for locs, rems in groups.values():
+        if not rems:
+            continue
+        for k in range(max(len(locs), len(rems))):
+            pairs.append((locs[k % len(locs)], rems[k % len(rems)]))
+    if not pairs:
+        pairs = [(i, i % len(remote)) for i in range(len(local))]
+    return sorted(pairs)
+
+
+class TcpTransport(Transport):
+    name = "tcp"
+    split_bytes = 1 << 20  # 1 MiB slices keep every connection of a rail busy
+    version = __version__
+
+    def __init__(self) -> None:
+        self._exec: TcpExecutor | None = None
+        self._rails: list[LocalRail] = []
+        self._lock = threading.Lock()
+        # engine_id -> (descriptor key, link)
+        self._peers: dict[str, tuple[tuple[tuple[str, int], ...], PeerLink]] = {}
+        self._exported: dict[tuple[int, int], int] = {}  # (addr, length) -> refcount
+
+    # ---- discovery -------------------------------------------------------------------
+    def probe(self) -> Availability:
+        try:
+            executor_path()
+        except FileNotFoundError as exc:
+            return Availability.unavailable(str(exc))
+        return Availability.ok()
+
+    def capabilities(self) -> CapabilityProfile:
+        return CapabilityProfile(
+            kind_pairs=frozenset({(MemoryKind.HOST, MemoryKind.HOST)}),
+            same_host=True,
+            cross_host=True,
+            rank=50,
+        )
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def start(self, ctx: TransportContext) -> None:
+        cfg = dict(ctx.config or {})
+        rails = cfg.get("rails") or [ctx.bind_host or "127.0.0.1"]
+        if isinstance(rails, str):
+            rails = [r.strip() for r in rails.split(",") if r.strip()]
+        gbps = list(cfg.get("nominal_gbps") or [])
+        exec_cfg = {k: int(cfg[k]) for k in _EXECUTOR_KEYS if k in cfg}
+        self._exec = TcpExecutor(exec_cfg)
+        try:
+            for i, host in enumerate(rails):
+                ip = _resolve_ipv4(str(host))
+                port = self._exec.listen(ip, 0)
+                g = float(gbps[i]) if i < len(gbps) else 0.0
+                self._rails.append(LocalRail(_advertised_ip(ip), port, g))
+        except Exception:
+            self._exec.close()
+            self._exec = None
+            raise
+        log.debug("tcp transport %s listening on %s", ctx.engine_id, [(r.ip, r.port) for r in self._rails])
+
+    def close(self) -> None:
+        with self._lock:
+            ex, self._exec = self._exec, None
+            self._peers.clear()
+            self._exported.clear()
+        if ex is not None:
+            ex.close()
+
+    @property
+    def executor(self) -> Executor:
+        if self._exec is None:
+            raise RuntimeError("tcp transport not started")
+        return self._exec.executor
+
+    @property
+    def native(self) -> TcpExecutor:
+        """The executor with its private controls (counters, peers) — for tools and tests."""
+        if self._exec is None:
+            raise RuntimeError("tcp transport not started")
+        return self._exec
+
+    def local_descriptor(self) -> dict[str, Any]:
+        return {"rails": [{"ip": r.ip, "port": r.port, "gbps": r.gbps} for r in self._rails]}
+
+    def rail_names(self) -> list[str]:
+        return [f"{r.ip}:{r.port}" for r in self._rails]
+
+    # ---- buffers -----------------------------------------------------------------------
+    def export_buffer(self, buf: BufferInfo) -> dict[str, Any] | None:
+        if buf.kind != MemoryKind.HOST:
+            return None
+        key = (int(buf.addr), int(buf.length))
+        self.native.register_region(key[0], key[1], int(buf.perm))
+        with self._lock:
+            self._exported[key] = self._exported.get(key, 0) + 1
+        return None
+
+    def release_buffer(self, buf: BufferInfo) -> None:
+        key = (int(buf.addr), int(buf.length))
+        with self._lock:
+            n = self._exported.get(key, 0)
+            if n == 0 or self._exec is None:
+                return
+            if n == 1:
+                del self._exported[key]
+            else:
+                self._exported[key] = n - 1
+            ex = self._exec
+        # Blocks (GIL released by ctypes) until in-flight server I/O on the region drained.
+        ex.unregister_region(key[0], key[1])
+
+    # ---- peers -------------------------------------------------------------------------
+    def can_reach(self, peer: PeerInfo) -> str | None:
+        desc = peer.transports.get(self.name)
+        if not desc:
+            return f"peer does not offer {self.name}"
+        if not desc.get("rails"):
+            return "peer advertises no tcp rails"
+        return None
+
+    def connect(self, peer: PeerInfo, remote_buffers: list[dict[str, Any]]) -> PeerLink:
+        desc = peer.transports.get(self.name) or {}
+        remote = [(str(r["ip"]), int(r["port"]), float(r.get("gbps") or 0.0)) for r in desc.get("rails", [])]
+        if not remote:
+            raise ValueError(f"peer {peer.engine_id} advertises no tcp rails")
+        key = tuple((ip, port) for ip, port, _ in remote)
+        with self._lock:
+            known = self._peers.get(peer.engine_id)
+            if known is not None and known[0] == key:
+                return known[1]
+        if known is not None:  # the peer re-advertised different endpoints (restarted)
+            self.native.remove_peer(known[1].handle)
+
+        local = self._rails
+        pairs = pair_rails([r.ip for r in local], [ip for ip, _, _ in remote])
+        lips: list[str] = []
+        rips: list[str] = []
+        ports: list[int] = []
+        infos: list[RailInfo] = []
+        for idx, (i, j) in enumerate(pairs):
+            lip = local[i].ip
+            rip, rport, rg = remote[j]
+            bind = lip
+            if lip == "0.0.0.0" or (lip.startswith("127.") and not rip.startswith("127.")):
+                bind = ""  # let routing choose the source address
+            lips.append(bind)
+            rips.append(rip)
+            ports.append(rport)
+            speeds = [g for g in (local[i].gbps, rg) if g > 0]
+            infos.append(RailInfo(index=idx, name=f"{lip}->{rip}:{rport}", nominal_gbps=min(speeds) if speeds else 0.0))
+        handle = self.native.add_peer(lips, rips, ports)
+        link = PeerLink(handle=handle, rails=infos)
+        with self._lock:
+            self._peers[peer.engine_id] = (key, link)
+        log.debug("tcp: peer %s handle %d rails %s", peer.engine_id, handle, [r.name for r in infos])
+        return link
+
+    def disconnect(self, link: PeerLink) -> None:
+        with self._lock:
+            for eid, (_, known) in list(self._peers.items()):
+                if known.handle == link.handle:
+                    del self._peers[eid]
+            ex = self._exec
+        if ex is not None:
+            ex.remove_peer(link.handle)

@@ -1,0 +1,360 @@
+"""The TCP executor driven through the core's native submit path, server in another process."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+from tcp_helpers import READ, WRITE, Server, TcpExecutor, connect, pattern, run
+
+from tent_core import _native
+
+E_CONNECT, E_IO, E_TIMEOUT = -1, -2, -3
+E_BOUNDS, E_PERMISSION, E_CANCELLED = -10, -11, -13
+RETRYABLE = {E_CONNECT, E_IO, E_TIMEOUT}
+
+
+def sha(a: np.ndarray) -> str:
+    return hashlib.sha256(a.tobytes()).hexdigest()
+
+
+def thread_count() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_write_then_read_byte_for_byte(server: Server, client: TcpExecutor) -> None:
+    peer = connect(client, server)
+    n = 8 << 20
+    src = pattern(101, n)
+    rw = server.addr("rw")
+    res = run(client, [(WRITE, src.ctypes.data, rw + 4096, n, peer, 0)])
+    assert res.done and res.error == 0, res
+    assert server.sha("rw", 4096, n) == sha(src)
+
+    dst = np.zeros(n, np.uint8)
+    res = run(client, [(READ, dst.ctypes.data, rw + 4096, n, peer, 0)])
+    assert res.done and res.error == 0, res
+    assert np.array_equal(dst, src)
+
+    # the untouched head of the region still holds the server's pattern
+    head = np.zeros(4096, np.uint8)
+    assert run(client, [(READ, head.ctypes.data, rw, 4096, peer, 0)]).error == 0
+    assert np.array_equal(head, pattern(1, 16 << 20)[:4096])
+    c = client.rail_counters(peer, 0)
+    assert c["slices"] == 3 and c["bytes"] == 2 * n + 4096 and c["errors"] == 0
+    assert 1 <= c["connects"] <= 2  # persistent, reused connections
+
+
+def test_read_only_region_is_readable(server: Server, client: TcpExecutor) -> None:
+    peer = connect(client, server)
+    ro, n = server.regions["ro"][0], server.regions["ro"][1]
+    dst = np.zeros(n, np.uint8)
+    assert run(client, [(READ, dst.ctypes.data, ro, n, peer, 0)]).error == 0
+    assert np.array_equal(dst, pattern(2, n))
+
+
+def test_many_concurrent_slices(server: Server, client: TcpExecutor) -> None:
+    peer = connect(client, server)
+    rw, cap = server.addr("rw"), server.regions["rw"][1]
+    rng = np.random.default_rng(7)
+    sizes = rng.integers(1, 32 << 10, 600)
+    offs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    total = int(sizes.sum())
+    assert total <= cap
+    src = pattern(202, total)
+    res = run(
+        client,
+        [(WRITE, src.ctypes.data + int(o), rw + int(o), int(s), peer, 0) for o, s in zip(offs, sizes, strict=True)],
+    )
+    assert res.done and res.error == 0, res
+    assert server.sha("rw", 0, total) == sha(src)
+    dst = np.zeros(total, np.uint8)
+    order = rng.permutation(len(sizes))
+    res = run(
+        client, [(READ, dst.ctypes.data + int(offs[i]), rw + int(offs[i]), int(sizes[i]), peer, 0) for i in order]
+    )
+    assert res.done and res.error == 0, res
+    assert np.array_equal(dst, src)
+    assert client.rail_counters(peer, 0)["connects"] <= 2
+
+
+def test_many_batches_in_flight_from_threads(server: Server, client: TcpExecutor) -> None:
+    peer = connect(client, server)
+    rw = server.addr("rw")
+    n = 64 << 10
+    errors: list[object] = []
+
+    def worker(k: int) -> None:
+        src = pattern(300 + k, n)
+        dst = np.zeros(n, np.uint8)
+        off = k * n
+        for _ in range(5):
+            r1 = run(client, [(WRITE, src.ctypes.data, rw + off, n, peer, 0)])
+            r2 = run(client, [(READ, dst.ctypes.data, rw + off, n, peer, 0)])
+            if r1.error or r2.error or not np.array_equal(src, dst):
+                errors.append((k, r1, r2))
+
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errors
+
+
+def test_zero_length_and_unaligned(server: Server, client: TcpExecutor) -> None:
+    peer = connect(client, server)
+    rw = server.addr("rw")
+    src = pattern(5, 1 << 20)
+    cases = [(1, 3, 1), (7, 1001, 4097), (13, 200001, 3), (4095, 12345, 131071), (3, 3, 0)]
+    res = run(client, [(WRITE, src.ctypes.data + lo, rw + ro, n, peer, 0) for lo, ro, n in cases])
+    assert res.done and res.error == 0
+    for lo, ro, n in cases:
+        assert server.sha("rw", ro, n) == sha(src[lo : lo + n])
+    dst = np.zeros(1 << 20, np.uint8)
+    res = run(client, [(READ, dst.ctypes.data + lo + 1, rw + ro, n, peer, 0) for lo, ro, n in cases])
+    assert res.done and res.error == 0
+    for lo, _, n in cases:
+        assert np.array_equal(dst[lo + 1 : lo + 1 + n], src[lo : lo + n])
+    # zero-length slices complete OK, even pointing anywhere
+    res = run(client, [(op, 0, 0xDEAD0000, 0, peer, 0) for op in (READ, WRITE)])
+    assert res.done and res.error == 0
+
+
+@pytest.mark.parametrize(
+    "op,region,off,length,expected",
+    [
+        (READ, "rw", (16 << 20) - 100, 101, E_BOUNDS),  # runs past the end
+        (WRITE, "rw", (16 << 20) - 100, 4 << 20, E_BOUNDS),  # big rejected payload must be drained
+        (READ, "rw", -1, 10, E_BOUNDS),  # starts before
+        (READ, None, 0x10, 10, E_BOUNDS),  # not registered at all
+        (WRITE, "ro", 0, 4096, E_PERMISSION),
+        (READ, "wo", 0, 4096, E_PERMISSION),
+        (READ, "none", 0, 16, E_PERMISSION),
+        (WRITE, "none", 0, 16, E_PERMISSION),
+    ],
+)
+def test_rejections_and_server_keeps_serving(
+    server: Server, client: TcpExecutor, op: int, region: str | None, off: int, length: int, expected: int
+) -> None:
+    peer = connect(client, server)
+    remote = (server.addr(region) if region else 0) + off
+    buf = pattern(9, max(length, 1))
+    for _ in range(3):  # repeatedly, on the same persistent connections
+        res = run(client, [(op, buf.ctypes.data, remote, length, peer, 0)])
+        assert res.done and res.error == expected and not res.retryable, res
+        # a good request right after succeeds
+        ok = np.zeros(4096, np.uint8)
+        assert run(client, [(READ, ok.ctypes.data, server.addr("rw"), 4096, peer, 0)]).error == 0
+    assert server.sha("ro", 0, 4096) == sha(pattern(2, 1 << 20)[:4096])  # ro not modified
+    assert client.rail_counters(peer, 0)["connects"] <= 2  # rejections do not cost the connection
+
+
+def test_malformed_header_closes_only_that_connection(server: Server, client: TcpExecutor) -> None:
+    peer = connect(client, server)
+    ok = np.zeros(4096, np.uint8)
+    assert run(client, [(READ, ok.ctypes.data, server.addr("rw"), 4096, peer, 0)]).error == 0
+    with socket.create_connection(("127.0.0.1", server.ports[0]), timeout=5) as s:
+        s.sendall(struct.pack("<IHHQQQ", 0xBADBAD, 1, 0, server.addr("rw"), 16, 1))
+        assert s.recv(100) == b""  # closed by the server, no reply
+    with socket.create_connection(("127.0.0.1", server.ports[0]), timeout=5) as s:
+        s.sendall(b"\x00" * 7)  # short garbage then close
+    assert run(client, [(READ, ok.ctypes.data, server.addr("rw"), 4096, peer, 0)]).error == 0
+    peer2 = connect(client, server)  # fresh connections are accepted as well
+    assert run(client, [(READ, ok.ctypes.data, server.addr("rw"), 4096, peer2, 0)]).error == 0
+
+
+def test_killed_server_gives_error_not_hang(client: TcpExecutor) -> None:
+    srv = Server(("127.0.0.1",), "slice_timeout_ms=1000")
+    try:
+        peer = connect(client, srv)
+        rw = srv.addr("rw")
+        buf = np.zeros(16 << 20, np.uint8)
+        assert run(client, [(READ, buf.ctypes.data, rw, 4096, peer, 0)]).error == 0
+        # kill it while a stream of big slices is in flight
+        slices = [(READ if i % 2 else WRITE, buf.ctypes.data, rw, 16 << 20, peer, 0) for i in range(40)]
+        killer = threading.Timer(0.05, srv.proc.kill)
+        killer.start()
+        res = run(client, slices, timeout=10)
+        killer.join()
+        assert res.done, res
+        assert res.error in RETRYABLE and res.retryable and set(res.retryable) <= RETRYABLE, res
+        assert res.elapsed < 5, res
+        # afterwards: connect refused -> E_CONNECT quickly
+        res = run(client, [(READ, buf.ctypes.data, rw, 4096, peer, 0)], timeout=10)
+        assert res.done and res.retryable == [E_CONNECT] and res.elapsed < 2, res
+    finally:
+        srv.close()
+
+
+def test_stalled_server_times_out(client: TcpExecutor) -> None:
+    """A peer that stops responding (SIGSTOP: no socket error, traffic just stops)."""
+    srv = Server(("127.0.0.1",), "slice_timeout_ms=1000")
+    try:
+        peer = connect(client, srv)
+        rw = srv.addr("rw")
+        buf = np.zeros(16 << 20, np.uint8)
+        assert run(client, [(READ, buf.ctypes.data, rw, 4096, peer, 0)]).error == 0
+        srv.signal(signal.SIGSTOP)
+        for op in (READ, WRITE):
+            res = run(client, [(op, buf.ctypes.data, rw, 16 << 20, peer, 0)], timeout=10)
+            assert res.done and res.retryable == [E_TIMEOUT], res
+            assert 0.9 < res.elapsed < 4, res
+        srv.signal(signal.SIGCONT)
+        res = run(client, [(READ, buf.ctypes.data, rw, 16 << 20, peer, 0)], timeout=10)
+        assert res.done and res.error == 0, res  # reconnects lazily
+    finally:
+        srv.close()
+
+
+def test_second_loopback_rail(client: TcpExecutor) -> None:
+    srv = Server(("127.0.0.1", "127.0.0.2"), "slice_timeout_ms=1000")
+    try:
+        peer = client.add_peer(["127.0.0.1", "127.0.0.2"], ["127.0.0.1", "127.0.0.2"], srv.ports)
+        rw = srv.addr("rw")
+        n = 256 << 10
+        src = pattern(77, 32 * n)
+        res = run(client, [(WRITE, src.ctypes.data + i * n, rw + i * n, n, peer, i % 2) for i in range(32)])
+        assert res.done and res.error == 0, res
+        assert srv.sha("rw", 0, 32 * n) == sha(src)
+        dst = np.zeros(32 * n, np.uint8)
+        res = run(client, [(READ, dst.ctypes.data + i * n, rw + i * n, n, peer, (i + 1) % 2) for i in range(32)])
+        assert res.done and res.error == 0 and np.array_equal(dst, src)
+        for rail in (0, 1):
+            c = client.rail_counters(peer, rail)
+            assert c["slices"] == 32 and c["bytes"] == 16 * n * 2 and c["errors"] == 0, (rail, c)
+        # a rail pointing at a dead port fails with E_CONNECT; the other keeps working
+        with socket.socket() as s:
+            s.bind(("127.0.0.2", 0))
+            dead_port = s.getsockname()[1]
+        peer2 = client.add_peer(["127.0.0.1", "127.0.0.2"], ["127.0.0.1", "127.0.0.2"], [srv.ports[0], dead_port])
+        res = run(client, [(READ, dst.ctypes.data, rw, n, peer2, 1)])
+        assert res.retryable == [E_CONNECT], res
+        assert run(client, [(READ, dst.ctypes.data, rw, n, peer2, 0)]).error == 0
+    finally:
+        srv.close()
+
+
+def test_connect_timeout_on_blackhole(client: TcpExecutor) -> None:
+    # 192.0.2.0/24 is TEST-NET-1; pick an address on the local /24 that nobody owns (no ARP reply)
+    peer = client.add_peer([""], ["192.0.2.254"], [9])
+    t0 = time.monotonic()
+    res = run(client, [(READ, 0x1000, 0x1000, 16, peer, 0)] * 3, timeout=10)
+    assert res.done and set(res.retryable) == {E_CONNECT}, res
+    assert time.monotonic() - t0 < 3.0  # 500 ms connect timeout, then the rail fails fast
+
+
+def test_cancelled_batch(server: Server, client: TcpExecutor) -> None:
+    peer = connect(client, server)
+    buf = np.zeros(4096, np.uint8)
+    res = run(client, [(READ, buf.ctypes.data, server.addr("rw"), 4096, peer, 0)] * 10, cancel_first=True)
+    assert res.done and res.error == E_CANCELLED and not res.retryable
+    assert not buf.any()
+
+
+def test_invalid_submit_is_rejected(client: TcpExecutor) -> None:
+    b = _native.Batch(1)
+    assert _native.submit_one(client.ops, client.handle, b, READ, 0, 0, 16, 999, 0, 0, 0) < 0
+    peer = client.add_peer([""], ["127.0.0.1"], [1])
+    assert _native.submit_one(client.ops, client.handle, b, READ, 0, 0, 16, peer, 5, 0, 0) < 0
+    assert b.remaining == 1
+    b.fail_slice(-14)
+
+
+def test_remove_peer_fails_queued_slices(server: Server, client: TcpExecutor) -> None:
+    peer = connect(client, server)
+    buf = np.zeros(16 << 20, np.uint8)
+    server.signal(signal.SIGSTOP)
+    try:
+        arr_res: list[object] = []
+        t = threading.Thread(
+            target=lambda: arr_res.append(
+                run(client, [(READ, buf.ctypes.data, server.addr("rw"), 1 << 20, peer, 0)] * 20)
+            )
+        )
+        t.start()
+        time.sleep(0.2)
+        client.remove_peer(peer)
+        t.join(10)
+        res = arr_res[0]
+        assert res.done and set(res.retryable) <= RETRYABLE and len(res.retryable) == 20, res
+        assert res.elapsed < 1.0, res
+    finally:
+        server.signal(signal.SIGCONT)
+    # submitting to a removed peer reports E_CONNECT, never hangs
+    res = run(client, [(READ, buf.ctypes.data, server.addr("rw"), 16, peer, 0)])
+    assert res.done and res.retryable == [E_CONNECT]
+
+
+def test_unregister_then_bounds(server: Server, client: TcpExecutor) -> None:
+    peer = connect(client, server)
+    wo = server.addr("wo")
+    src = pattern(3, 1 << 20)
+    # keep writes streaming into the region while the server unregisters it
+    stop = threading.Event()
+    seen: list[int] = []
+
+    def writer() -> None:
+        while not stop.is_set():
+            seen.append(run(client, [(WRITE, src.ctypes.data, wo, 1 << 20, peer, 0)] * 4).error)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    time.sleep(0.3)
+    assert server.cmd(cmd="unregister", region="wo")["ok"] is True
+    time.sleep(0.2)
+    stop.set()
+    t.join(20)
+    assert seen and seen[0] == 0 and seen[-1] == E_BOUNDS and set(seen) <= {0, E_BOUNDS}, seen
+    assert run(client, [(WRITE, src.ctypes.data, wo, 16, peer, 0)]).error == E_BOUNDS
+
+
+def test_destroy_cancels_queued_and_joins_threads(server: Server) -> None:
+    before = thread_count()
+    ex = TcpExecutor({"threads": 3, "conns_per_rail": 1, "slice_timeout_ms": 30000})
+    assert thread_count() == before + 3
+    ex.listen("127.0.0.1", 0)
+    peer = connect(ex, server)
+    buf = np.zeros(16 << 20, np.uint8)
+    assert run(ex, [(READ, buf.ctypes.data, server.addr("rw"), 4096, peer, 0)]).error == 0
+    server.signal(signal.SIGSTOP)
+    try:
+        arr = np.zeros(50, dtype=np.dtype([("x", "u1", 64)]))
+        from tcp_helpers import SLICE_DTYPE
+
+        sl = np.zeros(50, SLICE_DTYPE)
+        sl["local_addr"] = buf.ctypes.data
+        sl["remote_addr"] = server.addr("rw")
+        sl["length"] = 16 << 20
+        sl["peer"] = peer
+        sl["opcode"] = READ
+        del arr
+        b = _native.Batch(50)
+        assert _native.submit(ex.ops, ex.handle, b, sl) == 0
+        time.sleep(0.3)  # one slice is now blocked on the stalled server (30 s timeout)
+        t0 = time.monotonic()
+        ex.close()
+        assert time.monotonic() - t0 < 2.0
+        assert b.wait(5.0)
+        assert b.error == E_CANCELLED
+        assert not _native.pop_failures()
+    finally:
+        server.signal(signal.SIGCONT)
+    deadline = time.monotonic() + 5
+    while thread_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert thread_count() == before
+
+
+def test_bad_config_rejected() -> None:
+    from tent_core.errors import PluginABIError
+
+    with pytest.raises(PluginABIError, match="threads"):
+        TcpExecutor({"threads": "many"})

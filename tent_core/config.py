@@ -1,0 +1,312 @@
+"""Every TENT knob and its default, in one place.
+
+The policies (`slice_scheduler`, `telemetry`, `rail_monitor`, `qos`) and the engine read their
+settings from the frozen dataclasses below, never from module-level constants, so a benchmark or
+a test can build a variant with `dataclasses.replace` and two engines in one process can run with
+different settings.
+
+Defaults follow the C++ TENT (Mooncake `tent/`) unless a comment says why we differ; see
+`notes/anchors-tent.md` section (c) for the originals.
+
+`load_config(source)` builds an `EngineConfig` from, in increasing precedence:
+
+1. the defaults below;
+2. a TOML file (path) or a dict, laid out as top-level engine keys plus the tables
+   `[scheduler]`, `[qos]` and `[health]`::
+
+       request_deadline_s = 10.0
+       [scheduler]
+       policy = "round_robin"
+       gamma = 0.2
+       [health]
+       cooldown_base_s = 0.5
+
+   When `source` is None and the environment variable `TENT_CONFIG` names a file, that file is used;
+3. environment variables `TENT_<FIELD>` (engine keys) and `TENT_<SECTION>_<FIELD>`
+   (e.g. `TENT_SCHEDULER_GAMMA=0.2`, `TENT_HEALTH_ERROR_THRESHOLD=5`,
+   `TENT_SCHEDULER_TIER_PENALTIES=1,4,8`). Values are converted to the type of the default.
+
+Unknown keys are an error (a typo in a config file should not silently do nothing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+try:  # stdlib from Python 3.11; the package still declares 3.10
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover
+    import tomli as tomllib  # type: ignore[no-redef]
+
+log = logging.getLogger(__name__)
+
+KiB = 1024
+MiB = 1024 * KiB
+
+POLICIES = ("spray", "round_robin", "single", "stripe")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Phase 2: slicing and rail selection (paper section 4.2, Algorithm 1)."""
+
+    # Slices are at least this long (paper: 64 KB amortizes per-slice overhead while still
+    # limiting head-of-line blocking on a slow rail). C++ `block_size`.
+    min_slice_bytes: int = 64 * KiB
+    # Large requests get fewer, bigger slices instead of unbounded slice counts. C++ `max_slice_count`.
+    max_slices_per_request: int = 64
+    # Slice boundaries are multiples of this (page alignment keeps O_DIRECT/GPU copies happy).
+    slice_align_bytes: int = 4 * KiB
+    # Mice/elephant threshold theta: below it, a request goes to one near-best rail (latency);
+    # at or above it, it is sprayed (throughput). C++ sprays from ~1-2 MiB (>= 16/32 slices).
+    small_request_threshold: int = 1 * MiB
+    # Mice pick round robin among rails whose cost is within (1 + gamma) of the best.
+    gamma: float = 0.1
+    # Cost model t = b0 + b1 * (A + L) / B (seconds); b0 absorbs per-request software overhead.
+    b0_s: float = 20e-6
+    b1: float = 1.0
+    # Bandwidth estimate: peak-pick within each window, then EWMA over window peaks.
+    # alpha is the weight of the NEW peak (0.5 follows a real change within ~3 windows while one
+    # noisy window moves the estimate only half way).
+    ewma_alpha: float = 0.5
+    bandwidth_window_s: float = 0.05
+    # Estimates are clamped to [lo, hi] x nominal when the nominal rate is known (paper eq. 2 caps at
+    # the hardware rate; the floor keeps a stalled rail's cost finite so it can recover).
+    bandwidth_floor_fraction: float = 0.001
+    bandwidth_cap_fraction: float = 1.0
+    # Used when a rail's nominal rate is unknown (0): 10 Gbit/s in bytes/s.
+    default_bandwidth_Bps: float = 1.25e9
+    # Every probe_every-th large request is sprayed evenly over all admitted rails so idle rails
+    # get fresh bandwidth samples (C++: every 100th multi-slice call).
+    probe_every: int = 100
+    # Topology penalties by affinity tier (0 = same PCIe/NUMA domain). C++ `numa_penalties`.
+    tier_penalties: tuple[float, ...] = (1.0, 5.0, 10.0)
+    # Bytes a plan assigned but telemetry has not yet seen are forgotten after this long, so a lost
+    # reconciliation can never pin a rail's cost high forever.
+    pending_ttl_s: float = 0.05
+    # "spray" (TENT), or baselines for benchmarks: "round_robin" (slices dealt in turn),
+    # "single" (everything on the first admitted rail), "stripe" (equal contiguous split).
+    policy: str = "spray"
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"scheduler.policy must be one of {POLICIES}, not {self.policy!r}")
+        if self.min_slice_bytes <= 0 or self.max_slices_per_request <= 0:
+            raise ValueError("min_slice_bytes and max_slices_per_request must be positive")
+        if self.slice_align_bytes <= 0 or self.min_slice_bytes % self.slice_align_bytes:
+            raise ValueError("min_slice_bytes must be a positive multiple of slice_align_bytes")
+        if not 0.0 < self.ewma_alpha <= 1.0:
+            raise ValueError("ewma_alpha must be in (0, 1]")
+        if self.gamma < 0 or self.probe_every < 0:
+            raise ValueError("gamma and probe_every must be >= 0")
+
+    def tier_penalty(self, tier: int) -> float:
+        """Penalty for affinity tier `tier`; tiers past the table get the last (worst) value."""
+        if not self.tier_penalties:
+            return 1.0
+        return self.tier_penalties[min(max(tier, 0), len(self.tier_penalties) - 1)]
+
+
+@dataclass(frozen=True)
+class QosConfig:
+    """QoS: priority-slot rotation and anti-starvation (paper 4.2 "Quality of Service")."""
+
+    # Rail priority slots rotate this often (C++ `local_rotation_interval_us`).
+    rotation_interval_us: int = 200
+    # Entries waiting longer than this move up one priority level (C++ 10 000 us).
+    promotion_timeout_us: int = 10_000
+    # True: promote every timed-out entry; False: C++ default "head-only" (if the head of a level
+    # timed out, that whole level moves up).
+    promotion_per_entry: bool = True
+    # Shared (cross-process) rail load table in /dev/shm.
+    shared_load_name: str = "default"
+    shared_load_max_rails: int = 64
+    shared_load_max_procs: int = 64
+
+
+@dataclass(frozen=True)
+class RailHealthConfig:
+    """Phase 3: rail health states HEALTHY / DEGRADED / PAUSED (paper 4.3)."""
+
+    # Hard errors within error_window_s that pause a rail (C++ `rail_error_threshold`, window).
+    error_threshold: int = 3
+    # Congestion errors (e.g. RNR retry exceeded) need this multiple of the threshold.
+    congestion_multiplier: int = 2
+    error_window_s: float = 10.0
+    # Pause cooldown: base, doubling on each repeated pause, capped. The C++ uses 30 s doubling to
+    # 300 s, sized for RDMA NICs that flap for seconds. Our target is detecting a dead rail in tens of
+    # milliseconds and re-admitting it soon after it returns (a veth or TCP path recovers at once):
+    # with a 0.2 s base a rail that is back is used again within ~0.2-0.7 s, and one that stays dead
+    # costs one small heartbeat slice per cooldown, the cooldown growing to 5 s (25 doublings would
+    # be needed to reach the C++ cap; 5 doublings reach ours).
+    cooldown_base_s: float = 0.2
+    cooldown_cap_s: float = 5.0
+    # A rail that stays HEALTHY this long after re-admission starts its next pause at the base again.
+    cooldown_reset_s: float = 30.0
+    # DEGRADED rails get this weight in the spray (paper: 0.5).
+    degraded_weight: float = 0.5
+    # DEGRADED -> HEALTHY after this long without an error or degradation event.
+    quiet_period_s: float = 0.5
+    # A heartbeat probe unanswered for this long counts as a failed probe (the rail stays PAUSED,
+    # with a doubled cooldown). A probe to a silently dead rail never errors, so this must exist.
+    probe_timeout_s: float = 0.25
+    # Gradual re-admission after a successful probe: these weights in turn, each held for
+    # readmit_step_s without errors; then the rail is DEGRADED (degraded_weight) until quiet_period_s
+    # passes and it is HEALTHY.
+    readmit_weights: tuple[float, ...] = (0.25,)
+    readmit_step_s: float = 0.1
+    # check_outliers: a rail whose predicted cost exceeds this multiple of the median cost of the
+    # usable rails is marked DEGRADED.
+    outlier_cost_ratio: float = 8.0
+    # A rail with bytes in flight and no completion for max(stall_min_s, stall_factor x its typical
+    # slice latency) is stalled (a downed veth gives no socket error: traffic just stops).
+    stall_min_s: float = 0.05
+    stall_factor: float = 8.0
+
+    def __post_init__(self) -> None:
+        if self.error_threshold < 1 or self.congestion_multiplier < 1:
+            raise ValueError("error_threshold and congestion_multiplier must be >= 1")
+        if not 0 < self.cooldown_base_s <= self.cooldown_cap_s:
+            raise ValueError("need 0 < cooldown_base_s <= cooldown_cap_s")
+        if not 0.0 < self.degraded_weight <= 1.0:
+            raise ValueError("degraded_weight must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine-level defaults plus the policy sections."""
+
+    # A request not complete by then fails with a timeout (C++ has no request deadline by default;
+    # 30 s bounds every wait an application can get stuck in).
+    request_deadline_s: float = 30.0
+    # A slice not complete by then is cancelled and retried on another rail (C++ 10 s; our rails
+    # are slower, but a dead rail is mostly caught earlier by stall detection and pausing).
+    slice_timeout_s: float = 5.0
+    # Retries of one slice before the request falls back to another transport (C++ 8).
+    max_retries_per_slice: int = 8
+    # Transport substitutions per request before it fails (C++ `max_failover_attempts` 3).
+    max_transport_failovers: int = 3
+    # Metadata (control-port) calls to a peer fail after this long: a dead peer is an error, not a hang.
+    control_timeout_s: float = 5.0
+    # Per-transport sections, handed to each plugin's start() as-is (e.g. {"tcp": {"rails": [...]}}).
+    transports: dict[str, Any] = field(default_factory=dict)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    qos: QosConfig = field(default_factory=QosConfig)
+    health: RailHealthConfig = field(default_factory=RailHealthConfig)
+
+
+_SECTIONS: dict[str, type] = {"scheduler": SchedulerConfig, "qos": QosConfig, "health": RailHealthConfig}
+ENV_PREFIX = "TENT_"
+
+
+def _coerce(value: Any, default: Any, key: str) -> Any:
+    """Convert `value` (from TOML or a string from the environment) to the type of `default`."""
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.strip().lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{key}: expected a boolean, got {value!r}")
+    if isinstance(default, int):
+        if isinstance(value, str):
+            return int(value.strip().replace("_", ""), 0)
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError(f"{key}: expected an integer, got {value!r}")
+        return int(value)
+    if isinstance(default, float):
+        return float(value)
+    if isinstance(default, tuple):
+        items = value.split(",") if isinstance(value, str) else list(value)
+        elem = default[0] if default else 0.0
+        return tuple(_coerce(v, elem, key) for v in items if not (isinstance(v, str) and not v.strip()))
+    if isinstance(default, str):
+        return str(value)
+    return value
+
+
+def _apply(obj: Any, values: Mapping[str, Any], where: str) -> Any:
+    """Return a copy of dataclass `obj` with `values` merged in (nested sections recurse)."""
+    fields = {f.name: f for f in dataclasses.fields(obj)}
+    changes: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise KeyError(f"unknown config key {where}{key!r}")
+        current = getattr(obj, key)
+        if isinstance(current, Mapping):
+            if not isinstance(value, Mapping):
+                raise TypeError(f"config key {where}{key!r} must be a table")
+            changes[key] = {**current, **{k: dict(v) if isinstance(v, Mapping) else v for k, v in value.items()}}
+        elif dataclasses.is_dataclass(current):
+            if not isinstance(value, Mapping):
+                raise TypeError(f"config section {where}{key!r} must be a table")
+            changes[key] = _apply(current, value, f"{where}{key}.")
+        else:
+            changes[key] = _coerce(value, current, f"{where}{key}")
+    return dataclasses.replace(obj, **changes) if changes else obj
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    """Collect `TENT_*` variables into a nested dict; unknown names are ignored (logged at debug)."""
+    top = {f.name for f in dataclasses.fields(EngineConfig)} - set(_SECTIONS) - {"transports"}
+    out: dict[str, Any] = {}
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX) or name == "TENT_CONFIG":
+            continue
+        rest = name[len(ENV_PREFIX) :].lower()
+        for section, cls in _SECTIONS.items():
+            if rest.startswith(section + "_"):
+                key = rest[len(section) + 1 :]
+                if key in {f.name for f in dataclasses.fields(cls)}:
+                    out.setdefault(section, {})[key] = value
+                    break
+        else:
+            if rest in top:
+                out[rest] = value
+            else:
+                log.debug("ignoring environment variable %s (not a config key)", name)
+    return out
+
+
+def load_config(
+    source: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+) -> EngineConfig:
+    """Defaults, then `source` (dict or TOML path; `$TENT_CONFIG` if None), then `TENT_*` env vars.
+
+    `env` defaults to `os.environ`; pass `{}` to ignore the environment (tests, embedding).
+    """
+    env = os.environ if env is None else env
+    cfg = EngineConfig()
+    if source is None and env.get("TENT_CONFIG"):
+        source = env["TENT_CONFIG"]
+    if source is not None:
+        if isinstance(source, Mapping):
+            data: Mapping[str, Any] = source
+        else:
+            with Path(source).open("rb") as fh:
+                data = tomllib.load(fh)
+            log.debug("loaded TENT config from %s", source)
+        cfg = _apply(cfg, data, "")
+    overrides = _env_overrides(env)
+    if overrides:
+        cfg = _apply(cfg, overrides, "env:")
+    return cfg
+
+
+__all__ = [
+    "POLICIES",
+    "EngineConfig",
+    "QosConfig",
+    "RailHealthConfig",
+    "SchedulerConfig",
+    "load_config",
+]

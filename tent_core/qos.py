@@ -1,0 +1,339 @@
+"""QoS: priority-slot rotation, anti-starvation promotion, cross-process rail load.
+
+Paper section 4.2, "Quality of Service", and the C++ `quota.cpp` / `promotion_policy.h` /
+`shared_quota.h`:
+
+* `PrioritySlots`: each rail has a rotating slot number `(position + epoch) % n`, the epoch advancing
+  every `rotation_interval_us`. A rail admits priority p iff its slot >= p, so at any instant one rail
+  takes HIGH only, one HIGH+MID, the rest everything; the roles rotate so no rail is reserved for
+  long. If no rail admits a request, all of them do (QoS shapes, it never blocks).
+* `PromotionQueue`: a strict HIGH -> MID -> LOW queue in which an entry that waited longer than
+  `promotion_timeout_us` moves up one level (and waits again from there), so LOW work cannot starve.
+* `SharedRailLoad`: bytes queued per rail *name* (the NIC), shared by all processes on the host
+  through a small file in /dev/shm, so two engines on the same NIC see each other's load and feed it
+  to the cost model (`RailTelemetry.set_external`).
+
+All time is passed in (ns); nothing here sleeps or starts threads.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import mmap
+import os
+import struct
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from .config import QosConfig
+from .types import Priority
+
+log = logging.getLogger(__name__)
+
+_N_PRIO = len(Priority)
+
+
+class PrioritySlots:
+    """Per-rail priority windows rotating every `rotation_interval_us` (C++ local rotation)."""
+
+    def __init__(self, config: QosConfig | None = None) -> None:
+        self.config = config or QosConfig()
+        self._interval_ns = max(1, int(self.config.rotation_interval_us) * 1000)
+
+    def epoch(self, now_ns: int) -> int:
+        return now_ns // self._interval_ns
+
+    def slot(self, position: int, n_rails: int, now_ns: int) -> int:
+        """The rotating slot of the rail at `position` among `n_rails` (0 = HIGH only)."""
+        return (position + now_ns // self._interval_ns) % n_rails
+
+    def admits(self, position: int, n_rails: int, priority: int, now_ns: int) -> bool:
+        return n_rails <= 1 or (position + now_ns // self._interval_ns) % n_rails >= priority
+
+    def admitted(self, n_rails: int, priority: int, now_ns: int, candidates: list[int] | None = None) -> list[int]:
+        """Positions (among `candidates`, default all) that take `priority` now; all if none does."""
+        cand = list(range(n_rails)) if candidates is None else candidates
+        if priority <= 0 or n_rails <= 1:
+            return cand
+        e = now_ns // self._interval_ns
+        ok = [i for i in cand if (i + e) % n_rails >= priority]
+        return ok or cand
+
+
+class PromotionQueue:
+    """Strict-priority FIFO queues with anti-starvation promotion (C++ 10 ms, one level at a time).
+
+    `per_entry=True` promotes each timed-out entry; False is the C++ default "head-only" mode: when
+    the head of a level timed out, that whole level moves up (cheaper, coarser).
+    """
+
+    def __init__(self, config: QosConfig | None = None, per_entry: bool | None = None) -> None:
+        self.config = config or QosConfig()
+        self.per_entry = self.config.promotion_per_entry if per_entry is None else per_entry
+        self._timeout_ns = int(self.config.promotion_timeout_us) * 1000
+        self._levels: list[deque[tuple[int, Any]]] = [deque() for _ in range(_N_PRIO)]
+        self.promotions = 0
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._levels)
+
+    def depth(self, priority: int) -> int:
+        return len(self._levels[priority])
+
+    def push(self, item: Any, priority: int, now_ns: int) -> None:
+        self._levels[min(max(int(priority), 0), _N_PRIO - 1)].append((now_ns, item))
+
+    def promote(self, now_ns: int) -> int:
+        """Move entries that waited past the timeout up one level; returns how many moved."""
+        moved = 0
+        timeout = self._timeout_ns
+        for level in range(1, _N_PRIO):  # a level's promoted entries wait again one level up
+            q = self._levels[level]
+            if not q:
+                continue
+            up = self._levels[level - 1]
+            if self.per_entry:
+                keep: deque[tuple[int, Any]] = deque()
+                for t, item in q:
+                    if now_ns - t >= timeout:
+                        up.append((now_ns, item))
+                        moved += 1
+                    else:
+                        keep.append((t, item))
+                self._levels[level] = keep
+            elif now_ns - q[0][0] >= timeout:
+                up.extend((now_ns, item) for _, item in q)
+                moved += len(q)
+                q.clear()
+        self.promotions += moved
+        return moved
+
+    def pop(self, now_ns: int) -> tuple[Any, int] | None:
+        """Promote, then take the oldest entry of the highest non-empty level: (item, level)."""
+        self.promote(now_ns)
+        for level, q in enumerate(self._levels):
+            if q:
+                return q.popleft()[1], level
+        return None
+
+    def __iter__(self) -> Iterator[tuple[Any, int]]:
+        for level, q in enumerate(self._levels):
+            for _, item in q:
+                yield item, level
+
+
+# ---- cross-process shared rail load -------------------------------------------------------------
+
+_MAGIC = b"TENTLOAD"
+_VERSION = 1
+_HDR = struct.Struct("<8sIII")  # magic, version, max_rails, max_procs
+_HDR_SIZE = 64
+_NAME_BYTES = 48
+
+
+class SharedRailLoad:
+    """Per-rail queued bytes shared between the processes of one host via /dev/shm.
+
+    File layout (little-endian): a 64-byte header (magic, version, max_rails, max_procs); a name
+    table of `max_rails` x 48-byte NUL-padded UTF-8 rail names; a pid table of `max_procs` int64; a
+    `max_rails` x `max_procs` int64 load matrix.
+
+    Concurrency: each process claims one column of the matrix and only ever writes its own column,
+    so updates need no lock and can never be lost (single writer per int64; aligned 8-byte stores
+    and loads are atomic on the 64-bit platforms we run on). Readers sum a row, which may mix
+    values from slightly different instants: good enough for a load estimate. Structural changes
+    (creating the file, adding a rail name, claiming or freeing a column) take an `flock` on the
+    file. Columns of processes that died without `close()` are reclaimed (zeroed) on attach.
+    """
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        config: QosConfig | None = None,
+        directory: str = "/dev/shm",
+        max_rails: int | None = None,
+        max_procs: int | None = None,
+    ) -> None:
+        cfg = config or QosConfig()
+        name = name or cfg.shared_load_name
+        if "/" in name or not name:
+            raise ValueError(f"bad shared load name {name!r}")
+        self.path = os.path.join(directory, f"tent-load-{name}")
+        want_rails = int(max_rails or cfg.shared_load_max_rails)
+        want_procs = int(max_procs or cfg.shared_load_max_procs)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._mm: mmap.mmap | None = None
+        try:
+            with self._locked():
+                size = os.fstat(self._fd).st_size
+                if size == 0:
+                    total = self._size(want_rails, want_procs)
+                    os.ftruncate(self._fd, total)
+                    os.pwrite(self._fd, _HDR.pack(_MAGIC, _VERSION, want_rails, want_procs), 0)
+                magic, version, self.max_rails, self.max_procs = _HDR.unpack(os.pread(self._fd, _HDR.size, 0))
+                if magic != _MAGIC or version != _VERSION:
+                    raise ValueError(f"{self.path} is not a TENT shared load file (v{_VERSION})")
+                self._mm = mmap.mmap(self._fd, self._size(self.max_rails, self.max_procs))
+                off = _HDR_SIZE
+                self._names = np.frombuffer(self._mm, dtype=f"S{_NAME_BYTES}", count=self.max_rails, offset=off)
+                off += self.max_rails * _NAME_BYTES
+                self._pids = np.frombuffer(self._mm, dtype=np.int64, count=self.max_procs, offset=off)
+                off += self.max_procs * 8
+                self._load = np.frombuffer(
+                    self._mm, dtype=np.int64, count=self.max_rails * self.max_procs, offset=off
+                ).reshape(self.max_rails, self.max_procs)
+                self._col = self._claim_column()
+        except BaseException:
+            self._release_views()
+            os.close(self._fd)
+            raise
+        self._index: dict[str, int] = {}
+        self._own: dict[str, int] = {}
+
+    @staticmethod
+    def _size(max_rails: int, max_procs: int) -> int:
+        return _HDR_SIZE + max_rails * _NAME_BYTES + max_procs * 8 + max_rails * max_procs * 8
+
+    class _Lock:
+        def __init__(self, fd: int) -> None:
+            self.fd = fd
+
+        def __enter__(self) -> None:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+        def __exit__(self, *exc: object) -> None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def _locked(self) -> SharedRailLoad._Lock:
+        return SharedRailLoad._Lock(self._fd)
+
+    @staticmethod
+    def _alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def _claim_column(self) -> int:
+        me = os.getpid()
+        free = -1
+        for col, pid in enumerate(self._pids.tolist()):
+            if pid and pid != me and not self._alive(pid):
+                log.info("shared rail load %s: reclaiming column of dead pid %d", self.path, pid)
+                self._load[:, col] = 0
+                self._pids[col] = 0
+                pid = 0
+            if pid == 0 and free < 0:
+                free = col
+        if free < 0:
+            raise RuntimeError(f"{self.path}: all {self.max_procs} process columns in use")
+        self._load[:, free] = 0
+        self._pids[free] = me
+        return free
+
+    def _slot(self, rail: str) -> int:
+        i = self._index.get(rail)
+        if i is not None:
+            return i
+        key = rail.encode()[:_NAME_BYTES]
+        with self._locked():
+            names = self._names.tolist()
+            if key in names:
+                i = names.index(key)
+            else:
+                try:
+                    i = names.index(b"")
+                except ValueError:
+                    raise RuntimeError(f"{self.path}: all {self.max_rails} rail names in use") from None
+                self._names[i] = key
+        self._index[rail] = i
+        return i
+
+    # ---- updates (own column only: no lock) ---------------------------------------------------
+
+    def set(self, rail: str, nbytes: int) -> None:
+        """Publish this process's queued bytes on `rail` (e.g. from its native inflight counter)."""
+        self._load[self._slot(rail), self._col] = nbytes
+        self._own[rail] = nbytes
+
+    def add(self, rail: str, delta: int) -> int:
+        """Add `delta` to this process's queued bytes on `rail`; returns the new own value."""
+        i = self._slot(rail)
+        v = int(self._load[i, self._col]) + delta
+        self._load[i, self._col] = v
+        self._own[rail] = v
+        return v
+
+    # ---- queries ------------------------------------------------------------------------------
+
+    def own(self, rail: str) -> int:
+        return int(self._load[self._slot(rail), self._col])
+
+    def total(self, rail: str) -> int:
+        """Queued bytes on `rail` summed over every attached process."""
+        return int(self._load[self._slot(rail)].sum())
+
+    def others(self, rail: str) -> int:
+        """Queued bytes on `rail` from the *other* processes (what `set_external` wants)."""
+        row = self._load[self._slot(rail)]
+        return int(row.sum() - row[self._col])
+
+    def snapshot(self) -> dict[str, int]:
+        """Every known rail name -> total queued bytes."""
+        names = self._names.tolist()
+        totals = self._load.sum(axis=1).tolist()
+        return {n.decode(): int(t) for n, t in zip(names, totals, strict=True) if n}
+
+    @property
+    def column(self) -> int:
+        return self._col
+
+    # ---- lifetime -----------------------------------------------------------------------------
+
+    def _release_views(self) -> None:
+        for attr in ("_names", "_pids", "_load"):
+            if hasattr(self, attr):
+                delattr(self, attr)
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+
+    def close(self) -> None:
+        """Zero and free this process's column; the file stays for the others."""
+        if self._mm is None:
+            return
+        with self._locked():
+            self._load[:, self._col] = 0
+            self._pids[self._col] = 0
+        self._release_views()
+        os.close(self._fd)
+
+    def unlink(self) -> None:
+        """Remove the file (tests; other attached processes keep their mapping)."""
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> SharedRailLoad:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # best effort; close() is the contract
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+__all__ = ["PrioritySlots", "PromotionQueue", "SharedRailLoad"]

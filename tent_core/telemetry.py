@@ -1,0 +1,278 @@
+"""Per-rail telemetry: bandwidth estimate, completion latency, queued bytes, predicted cost.
+
+The native executor keeps, per rail, a slot of 8 cumulative int64 counters (see
+`tent_core/_native/native.c`), in this order:
+
+    inflight_bytes, inflight_slices, bytes_done, slices_done, errors,
+    latency_ns_sum, last_latency_ns, last_complete_ns      (CLOCK_MONOTONIC ns)
+
+`RailTelemetry.observe(row, now_ns)` turns successive snapshots of that row into the quantities the
+cost model of the paper (section 4.2, eq. 1) needs:
+
+    t = (b0 + b1 * (A + L) / B) * P
+
+with A the bytes queued on the rail (in flight + assigned by the scheduler but not yet seen by the
+executor + other processes' load on the same NIC), B the bandwidth estimate and P the topology
+penalty. Everything here is pure arithmetic on numbers passed in: no clocks, no sockets, no threads,
+so tests drive it with synthetic rows.
+
+Bandwidth (paper eq. 2, "peak-picking"): every observation yields a few *lower bounds* on what the
+rail can carry (each is conservative for a different reason, so the largest is the best):
+
+* per slice, L / tau (mean slice bytes over mean slice latency): exact for one slice at a time,
+  too low when slices queue behind each other;
+* Little's law, min(inflight before, inflight after) / tau: right when slices queue (latency includes
+  the queue), kept conservative by using the smaller of the two inflight snapshots;
+* goodput, (bytes completed - bytes that were already in flight) / dt: bytes surely moved inside
+  the interval.
+
+Within a measurement window the largest sample is kept (the "cleanest path condition": application
+load and idle gaps only ever make samples smaller), clamped to the nominal rate when it is known, and
+the window peaks are EWMA-smoothed. A rail that stops completing anything produces no samples, so
+its estimate does not move; its queue A grows instead and with it its cost, and `is_stalled` says so
+explicitly (a downed veth gives no socket error: traffic just stops).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from .config import SchedulerConfig
+
+# Field indices in a native stats row.
+INFLIGHT_BYTES = 0
+INFLIGHT_SLICES = 1
+BYTES_DONE = 2
+SLICES_DONE = 3
+ERRORS = 4
+LATENCY_NS_SUM = 5
+LAST_LATENCY_NS = 6
+LAST_COMPLETE_NS = 7
+ROW_FIELDS = 8
+
+_NS = 1e-9
+
+
+class Delta(NamedTuple):
+    """What changed on a rail between two observations (the engine feeds errors to RailMonitor)."""
+
+    bytes_done: int
+    slices_done: int
+    errors: int
+
+
+class RailTelemetry:
+    """Live model of one rail (one local/remote NIC pair of one transport).
+
+    `slot` is the rail's index in the native stats array; `nominal_bps` is its nominal rate in
+    *bits* per second as links are quoted (0 = unknown); `penalty` the topology penalty (>= 1,
+    e.g. `SchedulerConfig.tier_penalty(tier)`). Bandwidth is kept in bytes per second.
+    """
+
+    __slots__ = (
+        "slot",
+        "name",
+        "nominal_bps",
+        "penalty",
+        "bandwidth_Bps",
+        "latency_s",
+        "inflight_bytes",
+        "inflight_slices",
+        "pending_bytes",
+        "external_bytes",
+        "bytes_done",
+        "slices_done",
+        "errors",
+        "last_complete_ns",
+        "busy_since_ns",
+        "_b0",
+        "_b1",
+        "_alpha",
+        "_window_ns",
+        "_lo",
+        "_hi",
+        "_pending_ttl_ns",
+        "_pending_ns",
+        "_prev",
+        "_prev_ns",
+        "_window_start_ns",
+        "_peak",
+        "_nominal_Bps",
+    )
+
+    def __init__(
+        self,
+        slot: int,
+        nominal_bps: float = 0.0,
+        penalty: float = 1.0,
+        config: SchedulerConfig | None = None,
+        name: str = "",
+    ) -> None:
+        cfg = config or SchedulerConfig()
+        self.slot = slot
+        self.name = name or f"rail{slot}"
+        self.nominal_bps = float(nominal_bps)
+        self.penalty = float(penalty) if penalty > 0 else 1.0
+        self._nominal_Bps = self.nominal_bps / 8.0 if self.nominal_bps > 0 else 0.0
+        self._b0 = cfg.b0_s
+        self._b1 = cfg.b1
+        self._alpha = cfg.ewma_alpha
+        self._window_ns = int(cfg.bandwidth_window_s * 1e9)
+        self._pending_ttl_ns = int(cfg.pending_ttl_s * 1e9)
+        if self._nominal_Bps > 0:
+            self._lo = self._nominal_Bps * cfg.bandwidth_floor_fraction
+            self._hi = self._nominal_Bps * cfg.bandwidth_cap_fraction
+        else:
+            self._lo = cfg.default_bandwidth_Bps * cfg.bandwidth_floor_fraction
+            self._hi = float("inf")
+        self.bandwidth_Bps = self._nominal_Bps or cfg.default_bandwidth_Bps
+        self.latency_s = 0.0
+        self.inflight_bytes = 0
+        self.inflight_slices = 0
+        self.pending_bytes = 0
+        self.external_bytes = 0
+        self.bytes_done = 0
+        self.slices_done = 0
+        self.errors = 0
+        self.last_complete_ns = 0
+        self.busy_since_ns = 0
+        self._pending_ns = 0
+        self._prev: tuple[int, ...] | None = None
+        self._prev_ns = 0
+        self._window_start_ns = 0
+        self._peak = 0.0
+
+    @classmethod
+    def from_rail_info(
+        cls, info: object, slot: int | None = None, config: SchedulerConfig | None = None
+    ) -> RailTelemetry:
+        """Build from a `types.RailInfo` (nominal_gbps is Gbit/s; its index is the stats slot)."""
+        gbps = float(getattr(info, "nominal_gbps", 0.0) or 0.0)
+        return cls(
+            slot=int(getattr(info, "index", 0) if slot is None else slot),
+            nominal_bps=gbps * 1e9,
+            penalty=float(getattr(info, "penalty", 1.0) or 1.0),
+            config=config,
+            name=str(getattr(info, "name", "")),
+        )
+
+    # ---- inputs ---------------------------------------------------------------------------------
+
+    def observe(self, row: Sequence[int], now_ns: int) -> Delta:
+        """Fold one snapshot of the rail's native stats row (taken at `now_ns`) into the model.
+
+        Returns what completed / failed since the previous snapshot.
+        """
+        cur = tuple(int(x) for x in row[:ROW_FIELDS])
+        infl_b = cur[INFLIGHT_BYTES]
+        prev = self._prev
+        self.inflight_bytes = infl_b
+        self.inflight_slices = cur[INFLIGHT_SLICES]
+        self.bytes_done = cur[BYTES_DONE]
+        self.slices_done = cur[SLICES_DONE]
+        self.errors = cur[ERRORS]
+        self.last_complete_ns = cur[LAST_COMPLETE_NS]
+        if prev is None:
+            self._prev = cur
+            self._prev_ns = now_ns
+            self._window_start_ns = now_ns
+            if infl_b > 0:
+                self.busy_since_ns = now_ns
+            return Delta(0, 0, 0)
+
+        d_bytes = cur[BYTES_DONE] - prev[BYTES_DONE]
+        d_slices = cur[SLICES_DONE] - prev[SLICES_DONE]
+        d_errors = cur[ERRORS] - prev[ERRORS]
+        d_lat = cur[LATENCY_NS_SUM] - prev[LATENCY_NS_SUM]
+        prev_infl = prev[INFLIGHT_BYTES]
+        if prev_infl <= 0 and infl_b > 0:
+            self.busy_since_ns = now_ns
+
+        # Reconcile the scheduler's own not-yet-seen assignments with what the executor accounted.
+        if self.pending_bytes:
+            seen = (infl_b + cur[BYTES_DONE]) - (prev_infl + prev[BYTES_DONE])
+            if seen > 0:
+                self.pending_bytes = max(0, self.pending_bytes - seen)
+            if now_ns - self._pending_ns > self._pending_ttl_ns:
+                self.pending_bytes = 0
+
+        if d_slices > 0 and d_bytes > 0 and d_lat > 0:
+            mean_lat_s = d_lat * _NS / d_slices
+            a = self._alpha
+            self.latency_s = mean_lat_s if self.latency_s <= 0 else (1 - a) * self.latency_s + a * mean_lat_s
+            sample = (d_bytes / d_slices) / mean_lat_s  # one slice at a time
+            little = min(prev_infl, infl_b) / mean_lat_s  # queued slices (Little's law)
+            if little > sample:
+                sample = little
+            dt = now_ns - self._prev_ns
+            if dt > 0:
+                good = (d_bytes - max(prev_infl, 0)) / (dt * _NS)
+                if good > sample:
+                    sample = good
+            if sample > self._peak:
+                self._peak = sample
+
+        if now_ns - self._window_start_ns >= self._window_ns:
+            self._roll_window(now_ns)
+        self._prev = cur
+        self._prev_ns = now_ns
+        return Delta(d_bytes, d_slices, d_errors)
+
+    def _roll_window(self, now_ns: int) -> None:
+        peak = self._peak
+        if peak > 0:
+            peak = min(max(peak, self._lo), self._hi)
+            a = self._alpha
+            self.bandwidth_Bps = (1 - a) * self.bandwidth_Bps + a * peak
+        self._peak = 0.0
+        self._window_start_ns = now_ns
+
+    def add_pending(self, nbytes: int, now_ns: int = 0) -> None:
+        """Account bytes a plan just assigned here, until observe() sees the executor take them."""
+        self.pending_bytes += nbytes
+        if now_ns:
+            self._pending_ns = now_ns
+
+    def set_external(self, nbytes: int) -> None:
+        """Bytes other processes have queued on the same NIC (from `qos.SharedRailLoad.others`)."""
+        self.external_bytes = max(0, int(nbytes))
+
+    def reset_bandwidth(self) -> None:
+        """Forget the estimate (paper: a re-admitted rail's cost is reset) and start from nominal."""
+        if self._nominal_Bps > 0:
+            self.bandwidth_Bps = self._nominal_Bps
+        self._peak = 0.0
+        self.pending_bytes = 0
+
+    # ---- outputs --------------------------------------------------------------------------------
+
+    @property
+    def queued_bytes(self) -> int:
+        """A in the cost model: in flight + just assigned + other processes' load."""
+        return self.inflight_bytes + self.pending_bytes + self.external_bytes
+
+    def predicted_cost(self, extra_bytes: int = 0) -> float:
+        """Predicted seconds to finish `extra_bytes` more on this rail, times its penalty."""
+        a = self.inflight_bytes + self.pending_bytes + self.external_bytes
+        return (self._b0 + self._b1 * (a + extra_bytes) / self.bandwidth_Bps) * self.penalty
+
+    def stall_s(self, now_ns: int) -> float:
+        """Seconds this rail has had work in flight without completing anything (0 when idle)."""
+        if self.inflight_slices <= 0 and self.inflight_bytes <= 0:
+            return 0.0
+        ref = max(self.last_complete_ns, self.busy_since_ns)
+        return max(0.0, (now_ns - ref) * _NS)
+
+    def is_stalled(self, now_ns: int, min_s: float = 0.05, factor: float = 8.0) -> bool:
+        """True if the rail looks dead: busy and silent for max(min_s, factor x typical latency)."""
+        return self.stall_s(now_ns) > max(min_s, factor * self.latency_s)
+
+    def __repr__(self) -> str:
+        return (
+            f"RailTelemetry({self.name!r}, slot={self.slot}, B={self.bandwidth_Bps * 8 / 1e9:.3f}Gbit/s, "
+            f"A={self.queued_bytes}, lat={self.latency_s * 1e3:.2f}ms, P={self.penalty})"
+        )
+
+
+__all__ = ["ROW_FIELDS", "Delta", "RailTelemetry"]

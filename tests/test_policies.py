@@ -1,0 +1,506 @@
+"""Pure policy code: config, telemetry/cost model, slice scheduler, rail monitor, QoS."""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import os
+import time
+import uuid
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tent_core.config import EngineConfig, QosConfig, RailHealthConfig, SchedulerConfig, load_config
+from tent_core.qos import PrioritySlots, PromotionQueue, SharedRailLoad
+from tent_core.rail_monitor import RailMonitor, RailState
+from tent_core.slice_scheduler import NoRailError, SliceScheduler
+from tent_core.telemetry import RailTelemetry
+from tent_core.types import Priority
+
+KiB = 1024
+MiB = 1024 * KiB
+GBIT = 1e9
+MS = 1_000_000  # ns
+
+
+def row(inflight_b=0, inflight_s=0, done_b=0, done_s=0, errors=0, lat_sum=0, last_lat=0, last_done=0):
+    return [inflight_b, inflight_s, done_b, done_s, errors, lat_sum, last_lat, last_done]
+
+
+def rails_at(*gbits: float, cfg: SchedulerConfig | None = None) -> list[RailTelemetry]:
+    return [RailTelemetry(i, g * GBIT, config=cfg) for i, g in enumerate(gbits)]
+
+
+def check_cover(plan, length):
+    pos = 0
+    for _, off, ln in sorted(plan, key=lambda t: t[1]):
+        assert off == pos and ln > 0
+        pos += ln
+    assert pos == length
+
+
+# ---- config ---------------------------------------------------------------------------------------
+
+
+def test_config_defaults_match_design():
+    c = EngineConfig()
+    assert c.scheduler.min_slice_bytes == 64 * KiB and c.scheduler.max_slices_per_request == 64
+    assert c.scheduler.gamma == 0.1 and c.scheduler.probe_every == 100
+    assert c.scheduler.tier_penalties == (1.0, 5.0, 10.0) and c.scheduler.policy == "spray"
+    assert c.qos.rotation_interval_us == 200 and c.qos.promotion_timeout_us == 10_000
+    assert c.health.error_threshold == 3 and c.health.congestion_multiplier == 2 and c.health.error_window_s == 10
+    assert c.health.degraded_weight == 0.5
+    assert c.request_deadline_s == 30 and c.max_retries_per_slice == 8 and c.max_transport_failovers == 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.request_deadline_s = 1  # type: ignore[misc]
+    assert c.scheduler.tier_penalty(0) == 1.0 and c.scheduler.tier_penalty(7) == 10.0
+
+
+def test_load_config_dict_toml_env(tmp_path):
+    c = load_config({"scheduler": {"gamma": 0.3, "policy": "stripe"}, "max_retries_per_slice": 2}, env={})
+    assert c.scheduler.gamma == 0.3 and c.scheduler.policy == "stripe" and c.max_retries_per_slice == 2
+    c = load_config({"transports": {"tcp": {"conns_per_rail": 2}}, "control_timeout_s": 1}, env={})
+    assert c.transports == {"tcp": {"conns_per_rail": 2}} and c.control_timeout_s == 1.0
+    assert EngineConfig().transports == {}
+    p = tmp_path / "tent.toml"
+    p.write_text("request_deadline_s = 5\n[health]\ncooldown_base_s = 0.5\n[scheduler]\ntier_penalties = [1, 2]\n")
+    env = {"TENT_SCHEDULER_GAMMA": "0.25", "TENT_HEALTH_ERROR_THRESHOLD": "5", "TENT_SLICE_TIMEOUT_S": "1.5",
+           "TENT_QOS_PROMOTION_PER_ENTRY": "false", "TENT_SCHEDULER_TIER_PENALTIES": "1,3,9", "TENT_UNRELATED": "x"}  # fmt: skip
+    c = load_config(p, env=env)
+    assert c.request_deadline_s == 5.0 and c.health.cooldown_base_s == 0.5
+    assert c.scheduler.gamma == 0.25 and c.health.error_threshold == 5 and c.slice_timeout_s == 1.5
+    assert c.qos.promotion_per_entry is False and c.scheduler.tier_penalties == (1.0, 3.0, 9.0)
+    assert load_config(None, env={"TENT_CONFIG": str(p)}).request_deadline_s == 5.0
+    with pytest.raises(KeyError):
+        load_config({"scheduler": {"gamaa": 1}}, env={})
+    with pytest.raises(ValueError):
+        load_config({"scheduler": {"policy": "bogus"}}, env={})
+
+
+# ---- telemetry -----------------------------------------------------------------------------------
+
+
+def test_cost_model_formula():
+    cfg = SchedulerConfig(b0_s=1e-5, b1=2.0)
+    r = RailTelemetry(0, 8e9, penalty=5.0, config=cfg)  # 1 GB/s
+    assert r.bandwidth_Bps == 1e9
+    assert r.predicted_cost(1_000_000) == pytest.approx((1e-5 + 2.0 * 1e6 / 1e9) * 5.0)
+    r.observe(row(inflight_b=3_000_000, inflight_s=3), 0)
+    r.add_pending(1_000_000, 1)
+    r.set_external(500_000)
+    assert r.queued_bytes == 4_500_000
+    assert r.predicted_cost(500_000) == pytest.approx((1e-5 + 2.0 * 5e6 / 1e9) * 5.0)
+
+
+def test_bandwidth_peak_picking_and_ewma():
+    cfg = SchedulerConfig(ewma_alpha=0.5, bandwidth_window_s=0.05)
+    r = RailTelemetry(0, 10 * GBIT, config=cfg)  # nominal 1.25 GB/s
+    t = 0
+    r.observe(row(), t)
+    done = lat = 0
+    # One 1 MiB slice at a time; the rail now carries only 100 MB/s (10 ms per slice), except one
+    # noisy slow sample in the window (peak picking must ignore it).
+    for k in range(5):
+        t += 10 * MS
+        done += MiB
+        lat += 10 * MS if k != 2 else 40 * MS
+        r.observe(row(done_b=done, done_s=k + 1, lat_sum=lat, last_done=t), t)
+    t += 10 * MS
+    done += MiB
+    lat += 10 * MS
+    r.observe(row(done_b=done, done_s=6, lat_sum=lat, last_done=t), t)  # closes the 50 ms window
+    true_bw = MiB / 0.010
+    assert r.bandwidth_Bps == pytest.approx(0.5 * 1.25e9 + 0.5 * true_bw, rel=0.02)
+    for _ in range(12):  # more windows at the same rate: the EWMA converges on the peak
+        for _ in range(5):
+            t += 10 * MS
+            done += MiB
+            lat += 10 * MS
+            r.observe(row(done_b=done, done_s=done // MiB, lat_sum=lat, last_done=t), t)
+    assert r.bandwidth_Bps == pytest.approx(true_bw, rel=0.01)
+    assert r.latency_s == pytest.approx(0.010, rel=0.01)
+
+
+def test_bandwidth_littles_law_with_queued_slices_and_clamp():
+    r = RailTelemetry(0, 1 * GBIT, config=SchedulerConfig(bandwidth_window_s=0.01, ewma_alpha=1.0))  # 125 MB/s
+    r.observe(row(inflight_b=8 * MiB, inflight_s=8), 0)
+    # 8 MiB always queued, slices take 80 ms each (queueing) -> Little: 8 MiB / 80 ms = 104.9 MB/s
+    r.observe(row(inflight_b=8 * MiB, inflight_s=8, done_b=MiB, done_s=1, lat_sum=80 * MS, last_done=10 * MS), 10 * MS)
+    assert r.bandwidth_Bps == pytest.approx(8 * MiB / 0.08, rel=0.01)
+    # Samples above nominal are clamped to it (paper eq. 2: min with the hardware rate).
+    r.observe(
+        row(inflight_b=80 * MiB, inflight_s=8, done_b=2 * MiB, done_s=2, lat_sum=90 * MS, last_done=20 * MS), 20 * MS
+    )
+    assert r.bandwidth_Bps == pytest.approx(125e6)
+
+
+def test_telemetry_pending_reconcile_errors_and_stall():
+    r = RailTelemetry(0, 1 * GBIT, config=SchedulerConfig(pending_ttl_s=1.0))
+    r.observe(row(), 0)
+    r.add_pending(3 * MiB, 1)
+    d = r.observe(row(inflight_b=2 * MiB, inflight_s=2), 2 * MS)
+    assert r.pending_bytes == 1 * MiB and d.errors == 0
+    d = r.observe(row(inflight_b=2 * MiB, inflight_s=2, errors=2), 3 * MS)
+    assert d.errors == 2
+    # stall: busy since 2 ms, nothing completes
+    assert not r.is_stalled(30 * MS, min_s=0.05)
+    assert r.is_stalled(60 * MS, min_s=0.05)
+    # pending forgotten after its TTL even if never reconciled
+    r.observe(row(inflight_b=2 * MiB, inflight_s=2, errors=2), 2 * 1_000 * MS)
+    assert r.pending_bytes == 0
+
+
+# ---- slice scheduler -----------------------------------------------------------------------------
+
+
+def test_slice_sizes():
+    s = SliceScheduler(SchedulerConfig())
+    assert s.slice_sizes(4 * KiB) == (1, 4 * KiB)
+    assert s.slice_sizes(100 * KiB) == (1, 100 * KiB)
+    assert s.slice_sizes(1 * MiB) == (16, 64 * KiB)
+    n, size = s.slice_sizes(64 * MiB)
+    assert n == 64 and size == MiB
+    n, size = s.slice_sizes(3 * 64 * KiB + 5)
+    assert n == 3 and size == 64 * KiB
+
+
+def test_plan_covers_and_min_slice():
+    s = SliceScheduler(SchedulerConfig())
+    rails = rails_at(1, 1, 1, 1)
+    for length in (1, 4096, 65536, 65537, 3 * MiB + 17, 64 * MiB, 1000 * MiB + 3):
+        plan = s.plan(length, rails, Priority.HIGH)
+        check_cover(plan, length)
+        if length >= 64 * KiB:
+            assert all(ln >= 64 * KiB for _, _, ln in plan)
+        assert len(plan) <= 64
+    assert s.plan(0, rails) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    length=st.integers(min_value=1, max_value=512 * MiB),
+    gbits=st.lists(st.floats(min_value=0.1, max_value=100), min_size=1, max_size=8),
+    policy=st.sampled_from(["spray", "round_robin", "single", "stripe"]),
+    data=st.data(),
+)
+def test_plan_property_exact_cover(length, gbits, policy, data):
+    s = SliceScheduler(SchedulerConfig(policy=policy, probe_every=3))
+    rails = rails_at(*gbits)
+    weights = data.draw(st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=len(rails), max_size=len(rails)))
+    if not any(weights):
+        with pytest.raises(NoRailError):
+            s.plan(length, rails, Priority.LOW, weights)
+        return
+    for _ in range(2):
+        plan = s.plan(length, rails, Priority.LOW, weights)
+        check_cover(plan, length)
+        assert all(weights[r] > 0 for r, _, _ in plan)
+        short = [ln for _, _, ln in plan if ln < 64 * KiB]
+        assert not short or (len(plan) == 1 and length < 64 * KiB)
+
+
+def test_spray_proportional_to_rates():
+    s = SliceScheduler(SchedulerConfig(probe_every=0))
+    rails = rails_at(1, 2, 4, 1)  # Gbit/s
+    counts = [0, 0, 0, 0]
+    for _ in range(50):
+        for r, _, ln in s.plan(64 * MiB, rails, Priority.HIGH):
+            counts[r] += ln
+        for x in rails:
+            x.pending_bytes = 0  # as if the executor drained everything between requests
+    total = sum(counts)
+    for got, want in zip(counts, (1 / 8, 2 / 8, 4 / 8, 1 / 8), strict=True):
+        assert got / total == pytest.approx(want, abs=0.02)
+
+
+def test_spray_health_weights_and_interleave():
+    s = SliceScheduler(SchedulerConfig(probe_every=0))
+    rails = rails_at(1, 1, 1)
+    plan = s.plan(64 * MiB, rails, Priority.HIGH, weights=[1.0, 0.5, 0.0])
+    per = {0: 0, 1: 0, 2: 0}
+    for r, _, _ in plan:
+        per[r] += 1
+    assert per[2] == 0 and per[0] == pytest.approx(2 * per[1], abs=2)
+    order = [r for r, _, _ in plan]
+    assert order[:6].count(1) >= 1  # interleaved, not one contiguous block per rail
+
+
+def test_back_to_back_plans_do_not_pile_on_one_rail():
+    s = SliceScheduler(SchedulerConfig())
+    rails = rails_at(1, 1)
+    rails[0].bandwidth_Bps *= 1.001  # rail 0 marginally best
+    s2 = SliceScheduler(SchedulerConfig(gamma=0.0))
+    first = s2.plan(512 * KiB, rails, Priority.HIGH)
+    second = s2.plan(512 * KiB, rails, Priority.HIGH)
+    assert {first[0][0], second[0][0]} == {0, 1}  # pending bytes of the first made rail 0 costlier
+    big = s.plan(64 * MiB, rails, Priority.HIGH)
+    assert {r for r, _, _ in big} == {0, 1}
+
+
+def test_mice_round_robin_among_near_best():
+    s = SliceScheduler(SchedulerConfig(gamma=0.1))
+    rails = rails_at(1, 1, 1, 0.5)  # the 0.5 Gbit rail is far from best
+    picks = []
+    for _ in range(30):
+        plan = s.plan(64 * KiB, rails, Priority.HIGH)
+        assert len(plan) == 1
+        picks.append(plan[0][0])
+        for x in rails:
+            x.pending_bytes = 0
+    assert set(picks) == {0, 1, 2}
+    assert max(picks.count(i) for i in range(3)) - min(picks.count(i) for i in range(3)) <= 1
+    # one mouse of 512 KiB: several slices, all on a single rail
+    plan = s.plan(512 * KiB, rails, Priority.HIGH)
+    assert len({r for r, _, _ in plan}) == 1 and len(plan) == 8
+
+
+def test_mice_elephant_threshold():
+    cfg = SchedulerConfig(small_request_threshold=1 * MiB, probe_every=0)
+    s = SliceScheduler(cfg)
+    rails = rails_at(1, 1, 1, 1)
+    below = s.plan(MiB - 4096, rails, Priority.HIGH)
+    assert len({r for r, _, _ in below}) == 1
+    for x in rails:
+        x.pending_bytes = 0
+    at = s.plan(MiB, rails, Priority.HIGH)
+    assert len({r for r, _, _ in at}) == 4
+
+
+def test_probe_every_nth_elephant_sprays_evenly():
+    s = SliceScheduler(SchedulerConfig(probe_every=5))
+    rails = rails_at(10, 10, 0.1, 0.1)  # slow rails get ~0 slices normally
+    for k in range(1, 11):
+        plan = s.plan(64 * MiB, rails, Priority.HIGH)
+        per = [sum(1 for r, _, _ in plan if r == i) for i in range(4)]
+        if k % 5 == 0:
+            assert per == [16, 16, 16, 16]
+        else:
+            assert per[2] + per[3] <= 2
+        for x in rails:
+            x.pending_bytes = 0
+    assert s.probes == 2
+
+
+def test_baseline_policies():
+    rails = rails_at(1, 1, 1, 1)
+    plan = SliceScheduler(SchedulerConfig(policy="single")).plan(8 * MiB, rails, Priority.HIGH, [0, 1, 1, 1])
+    assert {r for r, _, _ in plan} == {1}
+    rr = SliceScheduler(SchedulerConfig(policy="round_robin")).plan(8 * MiB, rails, Priority.HIGH)
+    assert [r for r, _, _ in rr][:8] == [0, 1, 2, 3, 0, 1, 2, 3]
+    stripe = SliceScheduler(SchedulerConfig(policy="stripe")).plan(8 * MiB, rails, Priority.HIGH)
+    assert [r for r, _, _ in stripe] == [0] * 16 + [1] * 16 + [2] * 16 + [3] * 16
+
+
+def test_qos_filter_in_plan():
+    slots = PrioritySlots(QosConfig(rotation_interval_us=200))
+    s = SliceScheduler(SchedulerConfig(probe_every=0), qos=slots)
+    rails = rails_at(1, 1, 1, 1)
+    for epoch in range(4):
+        now = epoch * 200_000
+        used = {r for r, _, _ in s.plan(64 * MiB, rails, Priority.LOW, now_ns=now)}
+        assert len(used) == 2 and used == set(slots.admitted(4, Priority.LOW, now))
+        used = {r for r, _, _ in s.plan(64 * MiB, rails, Priority.HIGH, now_ns=now)}
+        assert len(used) == 4
+
+
+def test_plan_is_fast():
+    s = SliceScheduler(SchedulerConfig())
+    rails = rails_at(1, 1, 1, 1)
+    n = 20000
+    t = time.perf_counter()
+    for _ in range(n):
+        s.plan(64 * KiB, rails, Priority.HIGH, now_ns=1)
+    per = (time.perf_counter() - t) / n
+    assert per < 50e-6, per  # a few us normally; generous for a loaded 2-core CI box
+
+
+def test_pick_retry_rail():
+    rails = rails_at(1, 1, 1, 1, 1)
+    rails[4].penalty = 5.0
+    H, D, P = RailState.HEALTHY, RailState.DEGRADED, RailState.PAUSED
+    pick = SliceScheduler.pick_retry_rail
+    assert pick(rails, 1, [H, H, H, H, H], {1}) == 2
+    assert pick(rails, 3, [H, H, H, H, H], {3}) == 0  # rotation wraps past the lower-penalty order
+    assert pick(rails, 1, [H, P, P, H, D], {1}) == 3
+    assert pick(rails, 1, [H, P, P, H, D], {1, 3, 0}) == 4  # degraded only after healthy ones
+    assert pick(rails, 1, [P, P, D, P, D], {1}) == 2  # affinity (penalty 1) before penalty 5
+    assert pick(rails, 1, [P, H, P, P, P], {1}) is None
+    assert pick(rails, 1, [P, H, P, P, P], set()) == 1  # failed rail itself is the last resort
+
+
+# ---- rail monitor --------------------------------------------------------------------------------
+
+
+def test_monitor_error_threshold_and_congestion():
+    m = RailMonitor(RailHealthConfig(error_threshold=3))
+    assert m.state(0, 0.0) is RailState.HEALTHY and m.weight(0, 0.0) == 1.0
+    assert m.on_error(0, 1.0) is RailState.DEGRADED and m.weight(0, 1.0) == 0.5
+    m.on_error(0, 1.1)
+    assert m.on_error(0, 1.2) is RailState.PAUSED and m.weight(0, 1.2) == 0.0
+    # congestion errors need twice as many
+    for k in range(5):
+        assert m.on_error(1, 1.0 + k * 0.01, congestion=True) is RailState.DEGRADED
+    assert m.on_error(1, 1.1, congestion=True) is RailState.PAUSED
+
+
+def test_monitor_errors_age_out_of_window():
+    m = RailMonitor(RailHealthConfig(error_threshold=3, error_window_s=10, quiet_period_s=0.5))
+    m.on_error(0, 0.0)
+    m.on_error(0, 5.0)
+    assert m.on_error(0, 12.0) is RailState.DEGRADED  # first error aged out
+    m.on_success(0, 12.1)  # successes do not wipe the count ("reset, not decay" fixed)
+    assert m.on_error(0, 12.2) is RailState.PAUSED
+
+
+def test_monitor_degraded_quiet_period():
+    m = RailMonitor(RailHealthConfig(quiet_period_s=0.5))
+    m.mark_degraded(0, 1.0)
+    assert m.state(0, 1.4) is RailState.DEGRADED
+    m.mark_degraded(0, 1.4)  # a new event restarts the quiet period
+    assert m.state(0, 1.8) is RailState.DEGRADED
+    assert m.state(0, 1.95) is RailState.HEALTHY and m.weight(0, 1.95) == 1.0
+
+
+def test_monitor_cooldown_doubling_probe_and_gradual_readmission():
+    cfg = RailHealthConfig(cooldown_base_s=0.2, cooldown_cap_s=1.0, probe_timeout_s=0.25,
+                           readmit_weights=(0.25,), readmit_step_s=0.1, quiet_period_s=0.5)  # fmt: skip
+    m = RailMonitor(cfg)
+    m.pause(0, 0.0)
+    assert m.state(0, 0.1) is RailState.PAUSED and not m.due_probe(0, 0.1)
+    assert m.resume_at(0) == pytest.approx(0.2)
+    assert m.due_probe(0, 0.2) and not m.due_probe(0, 0.21)  # one heartbeat outstanding
+    m.on_error(0, 0.22)  # heartbeat failed -> cooldown doubles
+    assert m.resume_at(0) == pytest.approx(0.22 + 0.4)
+    assert not m.due_probe(0, 0.5) and m.due_probe(0, 0.62)
+    # unanswered heartbeat (dead veth: no error ever) expires -> paused again, 0.8 s
+    assert m.state(0, 0.9) is RailState.PAUSED
+    assert m.resume_at(0) == pytest.approx(0.62 + 0.25 + 0.8)
+    assert m.due_probe(0, 1.67)
+    m.on_error(0, 1.7)  # -> cooldown capped at 1.0
+    assert m.resume_at(0) == pytest.approx(2.7)
+    assert m.due_probe(0, 2.7)
+    m.on_success(0, 2.75)  # heartbeat ok: gradual re-admission
+    assert m.state(0, 2.75) is RailState.DEGRADED and m.weight(0, 2.75) == 0.25
+    assert m.weight(0, 2.86) == 0.5
+    assert m.state(0, 3.3) is RailState.DEGRADED
+    assert m.state(0, 3.4) is RailState.HEALTHY and m.weight(0, 3.4) == 1.0
+
+
+def test_monitor_error_during_readmission_repauses():
+    m = RailMonitor(RailHealthConfig(cooldown_base_s=0.2, readmit_weights=(0.25,)))
+    m.pause(0, 0.0)
+    assert m.due_probe(0, 0.3)
+    m.on_success(0, 0.31)
+    assert m.weight(0, 0.32) == 0.25
+    assert m.on_error(0, 0.33) is RailState.PAUSED
+    assert m.cooldown_s(0) == pytest.approx(0.4)
+
+
+def test_monitor_cooldown_resets_after_long_health():
+    cfg = RailHealthConfig(cooldown_base_s=0.2, cooldown_reset_s=30, readmit_weights=(), quiet_period_s=0.5)
+    m = RailMonitor(cfg)
+    m.pause(0, 0.0)
+    assert m.due_probe(0, 0.2)
+    m.on_success(0, 0.2)
+    assert m.state(0, 0.8) is RailState.HEALTHY
+    assert m.cooldown_s(0) == pytest.approx(0.4)  # next pause would double
+    assert m.state(0, 40.0) is RailState.HEALTHY
+    assert m.cooldown_s(0) == pytest.approx(0.2)
+
+
+def test_monitor_outliers():
+    m = RailMonitor(RailHealthConfig(outlier_cost_ratio=8.0))
+    marked = m.check_outliers([1e-3, 1.2e-3, 0.9e-3, 50e-3], 0.0)
+    assert marked == [3] and m.state(3, 0.0) is RailState.DEGRADED
+    assert m.check_outliers({"a": 1.0}, 0.0) == []
+    m.pause(1, 0.0)
+    assert m.check_outliers([1e-3, 1e9, 1.1e-3], 0.1) == []  # paused rails are not compared
+
+
+# ---- QoS -----------------------------------------------------------------------------------------
+
+
+def test_priority_slot_rotation():
+    slots = PrioritySlots(QosConfig(rotation_interval_us=200))
+    seen_low = set()
+    for epoch in range(8):
+        now = epoch * 200_000 + 5
+        assert slots.admitted(4, Priority.HIGH, now) == [0, 1, 2, 3]
+        mid = slots.admitted(4, Priority.MID, now)
+        low = slots.admitted(4, Priority.LOW, now)
+        assert len(mid) == 3 and len(low) == 2 and set(low) < set(mid)
+        seen_low.update(low)
+    assert seen_low == {0, 1, 2, 3}  # every rail takes LOW work some of the time
+    assert slots.admitted(4, Priority.LOW, 0, candidates=[0]) == [0]  # none admits -> all candidates
+    assert slots.admitted(1, Priority.LOW, 0) == [0]
+
+
+def test_promotion_queue_anti_starvation():
+    q = PromotionQueue(QosConfig(promotion_timeout_us=10_000))
+    q.push("low", Priority.LOW, 0)
+    q.push("high", Priority.HIGH, 0)
+    assert q.pop(1 * MS) == ("high", 0)
+    q.push("mid", Priority.MID, 5 * MS)
+    assert q.pop(6 * MS) == ("mid", 1)
+    q.push("low2", Priority.LOW, 9 * MS)
+    q.promote(10 * MS)  # "low" waited 10 ms -> MID; "low2" not yet
+    assert q.depth(Priority.MID) == 1 and q.depth(Priority.LOW) == 1
+    q.promote(20 * MS)  # "low" -> HIGH after another 10 ms; low2 -> MID
+    assert q.depth(Priority.HIGH) == 1 and q.depth(Priority.MID) == 1
+    assert q.pop(20 * MS) == ("low", 0)
+    head = PromotionQueue(QosConfig(promotion_timeout_us=10_000), per_entry=False)
+    head.push("a", Priority.LOW, 0)
+    head.push("b", Priority.LOW, 9 * MS)
+    assert head.promote(10 * MS) == 2  # head-only: the whole level moves with its head
+
+
+def _child_sets_load(name: str, directory: str, ready, done) -> None:
+    with SharedRailLoad(name, directory=directory) as load:
+        load.set("nic0", 7 * MiB)
+        load.add("nic1", 3 * MiB)
+        ready.set()
+        done.wait(10)
+
+
+def test_shared_rail_load_two_processes(tmp_path):
+    name = f"t{uuid.uuid4().hex[:8]}"
+    directory = "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path)
+    ctx = mp.get_context("fork")
+    ready, done = ctx.Event(), ctx.Event()
+    me = SharedRailLoad(name, directory=directory)
+    try:
+        me.set("nic0", 1 * MiB)
+        child = ctx.Process(target=_child_sets_load, args=(name, directory, ready, done))
+        child.start()
+        assert ready.wait(10)
+        assert me.total("nic0") == 8 * MiB and me.others("nic0") == 7 * MiB and me.own("nic0") == MiB
+        assert me.others("nic1") == 3 * MiB
+        assert me.snapshot() == {"nic0": 8 * MiB, "nic1": 3 * MiB}
+        done.set()
+        child.join(10)
+        assert child.exitcode == 0
+        assert me.others("nic0") == 0  # the child's close() released its column
+    finally:
+        done.set()
+        me.close()
+        me.unlink()
+
+
+def test_shared_rail_load_reclaims_dead_process(tmp_path):
+    name = f"t{uuid.uuid4().hex[:8]}"
+    a = SharedRailLoad(name, directory=str(tmp_path))
+    try:
+        a.set("nic0", 5)
+        # Simulate a process that died without close(): a column owned by a pid that is gone.
+        col = 1 if a.column == 0 else 0
+        a._pids[col] = 2**22 + 12345  # above pid_max default: never alive
+        a._load[a._slot("nic0"), col] = 99
+        assert a.total("nic0") == 104
+        b = SharedRailLoad(name, directory=str(tmp_path))
+        assert a.total("nic0") == 5 and b.others("nic0") == 5
+        b.close()
+    finally:
+        a.close()
+        a.unlink()
