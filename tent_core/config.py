@@ -194,6 +194,10 @@ class EngineConfig:
     max_transport_failovers: int = 3
     # Metadata (control-port) calls to a peer fail after this long: a dead peer is an error, not a hang.
     control_timeout_s: float = 5.0
+    # Synthesized paths (e.g. file -> staging -> TCP): chunk size, pooled staging buffers, driver threads.
+    staging_chunk_bytes: int = 4 * MiB
+    staging_buffers: int = 8
+    staging_workers: int = 4
     # Per-transport sections, handed to each plugin's start() as-is (e.g. {"tcp": {"rails": [...]}}).
     transports: dict[str, Any] = field(default_factory=dict)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -15,6 +15,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,10 +26,12 @@ from .batch import BatchHandle, status_error
 from .config import EngineConfig, load_config
 from .memory import MemfdBuffer, describe
 from .metadata import ControlClient, ControlServer, host_identity
+from .path_planner import StagedPath, plan_staged_path
 from .plugin_manager import PluginSet, discover, instantiate
 from .rail_monitor import RailMonitor
 from .rails import RAILS, Rail
 from .slice_scheduler import SliceScheduler
+from .staged import StagingPool, run_staged
 from .transport import Transport, TransportContext
 from .types import (
     Availability,
@@ -172,6 +175,9 @@ class Engine:
         self.scheduler = SliceScheduler(self.config.scheduler)
         self.monitor = RailMonitor(self.config.health)
         self._file_bases = 0
+        self._staged_pool_threads: ThreadPoolExecutor | None = None
+        self._staging: StagingPool | None = None
+        self._announced_paths: set[tuple[Any, ...]] = set()
         self.plugins: PluginSet = discover(plugins, autoload=autoload)
         self.availability: dict[str, Availability] = {}
         self.transports: dict[str, Transport] = {}
@@ -476,7 +482,7 @@ class Engine:
         """[offset, offset+length) of a remote segment -> (buffer, addr, length) pieces."""
         bufs = peer.segments.get(seg)
         if bufs is None:
-            if not refreshed and peer.client is not None:
+            if not refreshed:
                 self.refresh_peer(peer.engine_id)
                 return self._map_remote(peer, seg, offset, length, op, True)
             raise errors.UnknownSegmentError(f"engine {peer.engine_id} has no segment {seg!r}")
@@ -488,7 +494,7 @@ class Engine:
             i = bisect.bisect_right(starts, pos) - 1
             b = bufs[i] if i >= 0 else None
             if b is None or pos >= b.offset + max(b.length, 1) or (b.length == 0 and pos != b.offset):
-                if not refreshed and peer.client is not None:
+                if not refreshed:
                     self.refresh_peer(peer.engine_id)
                     return self._map_remote(peer, seg, offset, length, op, True)
                 if pieces or (b is not None and pos == b.offset + b.length):
@@ -515,16 +521,33 @@ class Engine:
         if timeout <= 0:
             raise errors.InvalidRequestError(f"deadline must be > 0 seconds, got {deadline!r}")
         plan: list[tuple[_Route, Rail, int, int, int, int, _Peer]] = []  # route, rail, op, local, remote, len, peer
+        staged: list[tuple[Request, StagedPath]] = []
         for req in requests:
-            self._plan_request(req, timeout, plan)
-        batch = _native.Batch(len(plan))
+            self._plan_request(req, timeout, plan, staged)
+        batch = _native.Batch(len(plan) + len(staged))
         handle = BatchHandle(self, batch, time.monotonic() + timeout, len(requests))
         if plan:
             PROGRESS.track(handle)
             self._dispatch(batch, plan)
+        for req, path in staged:
+            self._staged_workers().submit(run_staged, self, handle, req, path, self._staging_pool())
         return handle
 
-    def _plan_request(self, req: Request, timeout: float, plan: list) -> None:
+    def _staged_workers(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._staged_pool_threads is None:
+                self._staged_pool_threads = ThreadPoolExecutor(
+                    max_workers=self.config.staging_workers, thread_name_prefix="tent-staged"
+                )
+            return self._staged_pool_threads
+
+    def _staging_pool(self) -> StagingPool:
+        with self._lock:
+            if self._staging is None:
+                self._staging = StagingPool(self, self.config.staging_chunk_bytes, self.config.staging_buffers)
+            return self._staging
+
+    def _plan_request(self, req: Request, timeout: float, plan: list, staged: list) -> None:
         if not isinstance(req, Request):
             raise errors.InvalidRequestError(f"expected a Request, got {type(req).__name__}")
         op = OpCode(req.op)
@@ -546,7 +569,13 @@ class Engine:
             return
         local = buf.addr + req.local_offset
         prio = Priority(req.priority)
-        for rbuf, raddr, length in self._map_remote(peer, seg, req.remote_offset, req.length, op):
+        pieces = self._map_remote(peer, seg, req.remote_offset, req.length, op)
+        path = self._staged_path(peer, buf.kind, pieces[0][0].kind, op) if len(pieces) == 1 else None
+        if path is not None:
+            self._check_local_stage(buf, req, op)
+            staged.append((req, path))
+            return
+        for rbuf, raddr, length in pieces:
             route = self._route(peer, buf.kind, rbuf.kind)
             rails = route.rails
             if len(rails) == 1:
@@ -562,6 +591,31 @@ class Engine:
                 for idx, off, ln in self.scheduler.plan(length, [r.telemetry for r in rails], prio, weights):
                     plan.append((route, rails[idx], op, local + off, raddr + off, ln, peer))
             local += length
+
+    def _staged_path(self, peer: _Peer, local_kind: MemoryKind, remote_kind: MemoryKind, op: OpCode) -> StagedPath | None:
+        """A synthesized path when no single transport serves the pair (None: a direct one exists)."""
+        reachable = [n for n, t in self.transports.items() if t.can_reach(peer.info) is None]
+        if resolver.rank_transports(self._profiles, local_kind, remote_kind, peer.same_host, reachable):
+            return None
+        path = plan_staged_path(self._profiles, local_kind, remote_kind, peer.same_host, reachable, op)
+        if path is None:
+            raise errors.NoPathError(
+                resolver.explain_no_path(self._profiles, local_kind, remote_kind, peer.same_host, reachable)
+                + "; no staged path through host memory either"
+            )
+        key = (peer.engine_id, local_kind, remote_kind, op)
+        if key not in self._announced_paths:
+            self._announced_paths.add(key)
+            log.info("synthesized path to %s: %s", peer.engine_id, path.describe())
+        return path
+
+    def _check_local_stage(self, buf: LocalBuffer, req: Request, op: OpCode) -> None:
+        # the local buffer is reached through our own segment: validate that leg now, not mid-pipeline
+        self_peer = self._peer(self.engine_id, self.config.control_timeout_s)
+        self._map_remote(self_peer, buf.segment, buf.offset + req.local_offset, req.length,
+                         OpCode.READ if op == OpCode.WRITE else OpCode.WRITE)
+        if self_peer.segments.get(buf.segment) is None:
+            raise errors.NotRegisteredError("local buffer's segment vanished")
 
     def _dispatch(self, batch: Any, plan: list) -> None:
         if len(plan) == 1:
@@ -723,6 +777,8 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        if self._staged_pool_threads is not None:
+            self._staged_pool_threads.shutdown(wait=True, cancel_futures=True)
         PROGRESS.detach(self)
         self._control.close()
         for peer in self._peers.values():

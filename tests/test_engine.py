@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+from peers import Peer, sha
 
 from tent_core import (
     READ,
@@ -22,8 +23,6 @@ from tent_core import (
     UnknownSegmentError,
 )
 from tent_core.bench.runner import pattern
-
-from peers import Peer, sha
 
 TRANSPORTS = ["tcp", "shm"]
 

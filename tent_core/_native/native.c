@@ -246,6 +246,19 @@ static PyObject *Batch_fail_slice(BatchObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* Finalize one outstanding unit as successful from Python (staged paths drive their own pipeline). */
+static PyObject *Batch_complete_slice(BatchObject *self, PyObject *args) {
+  long long nbytes = 0;
+  if (!PyArg_ParseTuple(args, "|L", &nbytes)) return NULL;
+  if (atomic_load(&self->b->remaining) <= 0) {
+    PyErr_SetString(PyExc_RuntimeError, "batch has no outstanding slice");
+    return NULL;
+  }
+  atomic_fetch_add(&self->b->bytes_done, (long)nbytes);
+  batch_finish_one(self->b);
+  Py_RETURN_NONE;
+}
+
 static PyObject *Batch_note_retry(BatchObject *self, PyObject *unused) {
   atomic_fetch_add(&self->b->retries, 1);
   Py_RETURN_NONE;
@@ -263,6 +276,7 @@ static PyMethodDef Batch_methods[] = {
     {"wait", (PyCFunction)Batch_wait, METH_VARARGS, "wait(timeout=-1) -> bool: True when every slice finished"},
     {"cancel", (PyCFunction)Batch_cancel, METH_NOARGS, "mark cancelled; queued slices complete as cancelled"},
     {"fail_slice", (PyCFunction)Batch_fail_slice, METH_VARARGS, "finalize one outstanding slice with an error"},
+    {"complete_slice", (PyCFunction)Batch_complete_slice, METH_VARARGS, "finalize one outstanding slice as done"},
     {"note_retry", (PyCFunction)Batch_note_retry, METH_NOARGS, "count one retry"},
     {NULL}};
 

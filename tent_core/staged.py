@@ -1,0 +1,175 @@
+"""Executing synthesized paths: chunks through pooled host staging buffers, stages overlapped.
+
+Chunk n+1's first stage runs while chunk n's second stage does; the application sees
+one unit of its batch complete when every chunk has passed both stages.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from . import errors
+from .path_planner import StagedPath, chunk_plan
+from .types import OpCode, Permission
+
+if TYPE_CHECKING:
+    from .batch import BatchHandle
+    from .engine import Engine, LocalBuffer, Request
+
+log = logging.getLogger(__name__)
+
+STAGING_SEGMENT = "_tent_staging"
+
+_ERROR_STATUS: list[tuple[type[Exception], int]] = [
+    (errors.CancelledError, -13),
+    (errors.OutOfBoundsError, -10),
+    (errors.NotRegisteredError, -10),
+    (errors.PermissionDeniedError, -11),
+    (errors.PeerUnreachableError, -2),
+    (errors.DeadlineExceededError, -3),
+]
+
+
+def status_of(exc: BaseException) -> int:
+    for cls, code in _ERROR_STATUS:
+        if isinstance(exc, cls):
+            return code
+    return -14
+
+
+class StagingPool:
+    """A bounded pool of pre-faulted host buffers, registered lazily, local-only (no remote access)."""
+
+    def __init__(self, engine: Engine, chunk_bytes: int, count: int) -> None:
+        self.engine = engine
+        self.chunk_bytes = chunk_bytes
+        self.count = count
+        self._free: queue.Queue[LocalBuffer] = queue.Queue()
+        self._made = 0
+        self._lock = threading.Lock()
+
+    def acquire(self, timeout: float) -> LocalBuffer | None:
+        try:
+            return self._free.get_nowait()
+        except queue.Empty:
+            pass
+        with self._lock:
+            if self._made < self.count:
+                self._made += 1
+                return self.engine.allocate(self.chunk_bytes, segment=STAGING_SEGMENT, perm=Permission.NONE)
+        try:
+            return self._free.get(timeout=max(0.0, timeout))
+        except queue.Empty:
+            return None
+
+    def try_acquire(self) -> LocalBuffer | None:
+        return self.acquire(0.0)
+
+    def release(self, buf: LocalBuffer) -> None:
+        self._free.put(buf)
+
+
+def run_staged(engine: Engine, handle: BatchHandle, req: Request, path: StagedPath, pool: StagingPool) -> None:
+    """Drive one staged request to completion; finalizes exactly one unit of `handle`'s batch."""
+    batch = handle._batch
+    try:
+        _pipeline(engine, handle, req, path, pool)
+    except BaseException as exc:  # every outcome must finalize the unit
+        if isinstance(exc, errors.TentError):
+            log.debug("staged transfer failed: %s", exc)
+        else:
+            log.exception("staged transfer crashed")
+        batch.fail_slice(status_of(exc))
+        return
+    batch.complete_slice(req.length)
+
+
+def _pipeline(engine: Engine, handle: BatchHandle, req: Request, path: StagedPath, pool: StagingPool) -> None:
+    from .engine import Request as Req
+
+    batch = handle._batch
+    self_seg = engine.segment_name(req.local.segment)
+    local_base = req.local.offset + req.local_offset  # the local buffer seen as our own segment
+    chunks = chunk_plan(req.length, pool.chunk_bytes)
+    write = req.op == OpCode.WRITE
+
+    def stage1(off: int, ln: int, st: LocalBuffer) -> Any:
+        if write:  # local -> staging
+            r = Req(OpCode.READ, st, 0, self_seg, local_base + off, ln, req.priority)
+        else:  # remote -> staging
+            r = Req(OpCode.READ, st, 0, req.remote, req.remote_offset + off, ln, req.priority)
+        return engine.submit([r], deadline=_left(handle))
+
+    def stage2(off: int, ln: int, st: LocalBuffer) -> Any:
+        if write:  # staging -> remote
+            r = Req(OpCode.WRITE, st, 0, req.remote, req.remote_offset + off, ln, req.priority)
+        else:  # staging -> local
+            r = Req(OpCode.WRITE, st, 0, self_seg, local_base + off, ln, req.priority)
+        return engine.submit([r], deadline=_left(handle))
+
+    first: deque[tuple[int, int, LocalBuffer, Any]] = deque()
+    second: deque[tuple[LocalBuffer, Any]] = deque()
+    nxt = 0
+    try:
+        while nxt < len(chunks) or first or second:
+            if batch.cancelled:
+                raise errors.CancelledError("staged transfer cancelled")
+            # keep the first stage fed while staging buffers are free
+            while nxt < len(chunks):
+                st = pool.try_acquire() if (first or second) else pool.acquire(_left(handle))
+                if st is None:
+                    if not (first or second):
+                        raise errors.DeadlineExceededError("no staging buffer became free before the deadline")
+                    break
+                off, ln = chunks[nxt]
+                try:
+                    first.append((off, ln, st, stage1(off, ln, st)))
+                except BaseException:
+                    pool.release(st)
+                    raise
+                nxt += 1
+            if first:
+                off, ln, st, h = first[0]
+                h.wait()
+                first.popleft()
+                try:
+                    second.append((st, stage2(off, ln, st)))
+                except BaseException:
+                    pool.release(st)
+                    raise
+            # retire finished second stages; block on the oldest only when nothing else can move
+            while second and (second[0][1].poll() != "pending" or (not first and nxt >= len(chunks)) or
+                              (not first and pool._free.empty() and pool._made >= pool.count)):
+                st, h = second.popleft()
+                try:
+                    h.wait()
+                finally:
+                    pool.release(st)
+    finally:
+        for _, _, st, h in first:
+            h.cancel()
+            _drain(h)
+            pool.release(st)
+        for st, h in second:
+            h.cancel()
+            _drain(h)
+            pool.release(st)
+
+
+def _left(handle: BatchHandle) -> float:
+    left = handle.deadline - time.monotonic()
+    if left <= 0:
+        raise errors.DeadlineExceededError("staged transfer missed its deadline")
+    return left
+
+
+def _drain(h: Any) -> None:
+    try:
+        h.wait(5.0)
+    except errors.TentError:
+        pass
