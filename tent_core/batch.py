@@ -39,6 +39,7 @@ class BatchHandle:
         self.num_requests = num_requests
         self.submitted_at = time.monotonic()
         self._deadline_hit = False
+        self.is_probe = False  # heartbeat slices of the rail monitor
 
     @property
     def bytes_done(self) -> int:

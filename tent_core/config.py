@@ -185,9 +185,10 @@ class EngineConfig:
     # A request not complete by then fails with a timeout (C++ has no request deadline by default;
     # 30 s bounds every wait an application can get stuck in).
     request_deadline_s: float = 30.0
-    # A slice not complete by then is cancelled and retried on another rail (C++ 10 s; our rails
-    # are slower, but a dead rail is mostly caught earlier by stall detection and pausing).
-    slice_timeout_s: float = 5.0
+    # Progress timeout handed to transports: a slice that moves no byte for this long fails and is
+    # retried elsewhere (C++ TENT: 10 s per slice). A downed veth raises no socket error at all, so
+    # this timer and the engine's stall detection are what see it; short = a dead rail costs little.
+    slice_timeout_s: float = 0.5
     # Retries of one slice before the request falls back to another transport (C++ 8).
     max_retries_per_slice: int = 8
     # Transport substitutions per request before it fails (C++ `max_failover_attempts` 3).

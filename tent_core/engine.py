@@ -28,7 +28,7 @@ from .memory import MemfdBuffer, describe
 from .metadata import ControlClient, ControlServer, host_identity
 from .path_planner import StagedPath, plan_staged_path
 from .plugin_manager import PluginSet, discover, instantiate
-from .rail_monitor import RailMonitor
+from .rail_monitor import RailMonitor, RailState
 from .rails import RAILS, Rail
 from .slice_scheduler import SliceScheduler
 from .staged import StagingPool, run_staged
@@ -45,6 +45,10 @@ from .types import (
 )
 
 log = logging.getLogger(__name__)
+
+HEALTH_TICK_S = 0.01  # telemetry/health cadence of the progress thread
+PROBE_SEGMENT = "_tent_probe"
+PROBE_BYTES = 4096
 
 # Registered files get synthetic, non-overlapping "addresses" far above user space.
 FILE_BASE = 1 << 56
@@ -190,7 +194,7 @@ class Engine:
                 ctx = TransportContext(
                     engine_id=self.engine_id,
                     host_id=self.host_id,
-                    config=dict(self.config.transports.get(name, {})),
+                    config={"slice_timeout_ms": int(self.config.slice_timeout_s * 1000), **self.config.transports.get(name, {})},
                     bind_host=host,
                 )
                 try:
@@ -204,6 +208,10 @@ class Engine:
         if not self.transports:
             log.warning("engine %s has no available transport: %s", self.engine_id, self.availability)
         self._profiles = {n: t.capabilities() for n, t in self.transports.items()}
+        self._probe_remote: dict[str, int] = {}
+        self._probes: list[tuple[Rail, Any, float]] = []
+        # every engine exposes a tiny read-only buffer that peers' heartbeat slices read
+        self._probe_buf = self.allocate(PROBE_BYTES, segment=PROBE_SEGMENT, perm=Permission.READ) if self.transports else None
         PROGRESS.attach(self)
         log.info("engine %s up with transports %s", self.engine_id, sorted(self.transports))
 
@@ -587,7 +595,9 @@ class Engine:
                         plan.append((route, rails[0], op, local + off, raddr + off, min(step, length - off), peer))
             else:
                 now = time.monotonic()
-                weights = [self.monitor.weight(r.slot, now) for r in rails]
+                weights: list[float] | None = [self.monitor.weight(r.slot, now) for r in rails]
+                if not any(weights):  # type: ignore[arg-type]
+                    weights = None  # every rail paused: try them all rather than fail; retries sort it out
                 for idx, off, ln in self.scheduler.plan(length, [r.telemetry for r in rails], prio, weights):
                     plan.append((route, rails[idx], op, local + off, raddr + off, ln, peer))
             local += length
@@ -653,6 +663,9 @@ class Engine:
         status = int(rec["status"])
         now = time.monotonic()
         batch = handle._batch
+        if handle.is_probe:  # heartbeats are never retried; the health tick reads the outcome
+            batch.fail_slice(status)
+            return
         rail = RAILS.by_slot(int(s["stat_index"]))
         if rail is not None:
             self.monitor.on_error(rail.slot, now, congestion=status == -4)
@@ -723,6 +736,59 @@ class Engine:
                 return alt, alt.rails[attempt % len(alt.rails)]
         return None
 
+    # ------------------------------------------------------------------ health
+    def _health_tick(self, now: float) -> None:
+        """Feed telemetry to the rail monitor: completions, stalls, heartbeats of paused rails."""
+        now_ns = _native.now_ns()
+        hc = self.config.health
+        for peer in list(self._peers.values()):
+            for route in list(peer.routes.values()):
+                if len(route.rails) < 2:
+                    continue  # a single rail has nowhere else to go: transport substitution handles it
+                for rail in route.rails:
+                    tel = rail.telemetry
+                    delta = tel.observe(RAILS.row(rail.slot), now_ns)
+                    if delta.slices_done and self.monitor.state(rail.slot, now) != RailState.PAUSED:
+                        self.monitor.on_success(rail.slot, now)
+                    elif tel.inflight_slices and tel.is_stalled(now_ns, hc.stall_min_s, hc.stall_factor):
+                        if self.monitor.state(rail.slot, now) != RailState.PAUSED:
+                            log.info("rail %s to %s stalled (%.0f ms without progress): pausing",
+                                     rail.info.name, peer.engine_id, tel.stall_s(now_ns) * 1e3)
+                            self.monitor.pause(rail.slot, now)
+                    if self.monitor.due_probe(rail.slot, now):
+                        self._send_probe(peer, route, rail, now)
+        still: list[tuple[Rail, Any, float]] = []
+        for rail, h, sent in self._probes:
+            b = h._batch
+            if b.remaining:
+                if now - sent > max(hc.probe_timeout_s, self.config.slice_timeout_s) * 4:
+                    h.cancel()  # the executor's progress timer ends it; stop waiting here
+                    self.monitor.on_error(rail.slot, now)
+                    continue
+                still.append((rail, h, sent))
+            elif b.error == 0:
+                rail.telemetry.reset_bandwidth()
+                self.monitor.on_success(rail.slot, now)
+            else:
+                self.monitor.on_error(rail.slot, now)
+        self._probes = still
+
+    def _send_probe(self, peer: _Peer, route: _Route, rail: Rail, now: float) -> None:
+        bufs = peer.segments.get(PROBE_SEGMENT)
+        if not bufs or self._probe_buf is None:
+            self.monitor.on_success(rail.slot, now)  # nothing to probe with: re-admit on trust
+            return
+        batch = _native.Batch(1)
+        h = BatchHandle(self, batch, now + 10.0, 1)
+        h.is_probe = True
+        PROGRESS.track(h)
+        ex = route.transport.executor
+        rc = _native.submit_one(ex.ops, ex.handle, batch, int(OpCode.READ), self._probe_buf.addr, bufs[0].addr,
+                                PROBE_BYTES, route.link.handle, rail.info.index, rail.slot, 0)
+        if rc != 0:
+            batch.fail_slice(rc)
+        self._probes.append((rail, h, now))
+
     # ---------------------------------------------------------------- helpers
     def transfer(
         self,
@@ -756,7 +822,6 @@ class Engine:
             for route in list(peer.routes.values()):
                 for r in route.rails:
                     row = RAILS.row(r.slot)
-                    r.telemetry.observe(row, _native.now_ns())
                     out.append(
                         {
                             "transport": r.transport,
@@ -840,9 +905,9 @@ class _Progress:
     def _run(self) -> None:
         import select
 
-        last_sweep = time.monotonic()
+        last_sweep = last_tick = time.monotonic()
         while True:
-            r, _, _ = select.select([self._fd], [], [], 0.05)
+            r, _, _ = select.select([self._fd], [], [], HEALTH_TICK_S)
             if r:
                 try:
                     os.read(self._fd, 8)
@@ -864,11 +929,22 @@ class _Progress:
                             except RuntimeError:
                                 pass
             now = time.monotonic()
+            if now - last_tick >= HEALTH_TICK_S:
+                last_tick = now
+                with self._lock:
+                    engines = list(self._engines)
+                for eng in engines:
+                    try:
+                        eng._health_tick(now)
+                    except Exception:
+                        log.exception("health tick failed")
             if now - last_sweep > 0.2:
                 last_sweep = now
                 for tok, h in list(self._inflight.items()):
                     if h._batch.remaining == 0:
                         self._inflight.pop(tok, None)
+                    elif now > h.deadline and not h._batch.cancelled:
+                        h._expire()  # nobody waits on it: stop its slices anyway
                     elif now > h.deadline + 60:
                         log.error("batch %x still has %d slices a minute past its deadline", tok, h._batch.remaining)
 

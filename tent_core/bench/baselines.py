@@ -67,7 +67,13 @@ MiB = 1 << 20
 _OPS = ("READ", "WRITE")
 _STARTUP_TIMEOUT_S = 60.0
 _SOCK_CHUNK = 4 * MiB
-_SOCK_BUF = 16 * MiB
+# SO_SNDBUF/SO_RCVBUF for the socket baseline.  None (default) keeps the kernel's
+# TCP buffer autotuning (tcp_rmem/tcp_wmem max, 32 MiB / 4 MiB here): setting the
+# options explicitly disables autotuning, and forcing 16 or 32 MiB measured
+# slower on loopback (2.3-2.6 vs 4.5-4.8 GB/s at 64 MiB blocks).  Override with the
+# environment variable TENT_BASELINE_SOCKBUF=<bytes> (applied with SO_*BUFFORCE
+# when permitted, so net.core.[rw]mem_max does not cap it).
+SOCKET_BUFFER_BYTES: int | None = None
 
 # Mooncake / glog environment applied in the mooncake child processes (setdefault:
 # a value already in the environment wins).
@@ -107,6 +113,10 @@ class BaselineSweep:
     max_buffer_bytes: int = 256 * MiB
     # How long the parent waits for one point's row before giving up (None = derived).
     point_timeout_s: float | None = None
+    # True: consecutive batches walk through the whole buffer (cache-cold, like
+    # real traffic).  False: every batch reuses offsets 0..batch_size-1 (matches
+    # a benchmark that always transfers the same region; small blocks stay cached).
+    walk_buffer: bool = True
 
     def validate(self) -> None:
         if not self.block_sizes or any(int(b) <= 0 for b in self.block_sizes):
@@ -150,20 +160,19 @@ def _addr(arr: np.ndarray) -> int:
 
 
 class _Slots:
-    """Offsets of consecutive blocks, walking through a buffer."""
+    """Offsets of the blocks of consecutive batches inside a buffer."""
 
-    def __init__(self, buf_bytes: int, block: int):
+    def __init__(self, buf_bytes: int, block: int, walk: bool = True):
         self.block = block
         self.n = max(1, buf_bytes // block)
         self.i = 0
-
-    def next(self) -> int:
-        off = (self.i % self.n) * self.block
-        self.i += 1
-        return off
+        self.walk = walk
 
     def batch(self, count: int) -> list[int]:
-        return [self.next() for _ in range(count)]
+        """Offsets of the next batch: walking through the buffer, or always from 0."""
+        start = self.i if self.walk else 0
+        self.i = start + count
+        return [((start + j) % self.n) * self.block for j in range(count)]
 
 
 def _measure(engine: str, transport: str, op: str, block: int, batch: int, sweep: BaselineSweep, run_batch) -> dict:
@@ -374,18 +383,28 @@ def _run_procs(
 
 # --------------------------------------------------------------------------- socket
 
-_SOCK_HDR = struct.Struct("<cQI")  # command (b"W" / b"R" / b"Q"), block size, batch size
+_SOCK_HDR = struct.Struct("<cQI")
+_MSG_MORE = getattr(socket, "MSG_MORE", 0)  # command (b"W" / b"R" / b"Q"), block size, batch size
+
+
+def _socket_buffer_bytes() -> int | None:
+    env = os.environ.get("TENT_BASELINE_SOCKBUF")
+    if env:
+        return int(env)
+    return SOCKET_BUFFER_BYTES
 
 
 def _tune_socket(s: socket.socket) -> None:
-    for opt, force in ((socket.SO_SNDBUF, 32), (socket.SO_RCVBUF, 33)):  # SO_*BUFFORCE
-        try:
-            s.setsockopt(socket.SOL_SOCKET, force, _SOCK_BUF)
-        except OSError:
+    size = _socket_buffer_bytes()
+    if size:
+        for opt, force in ((socket.SO_SNDBUF, 32), (socket.SO_RCVBUF, 33)):  # SO_*BUFFORCE
             try:
-                s.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
+                s.setsockopt(socket.SOL_SOCKET, force, size)
             except OSError:
-                pass
+                try:
+                    s.setsockopt(socket.SOL_SOCKET, opt, size)
+                except OSError:
+                    pass
     if s.family in (socket.AF_INET, socket.AF_INET6):
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
@@ -429,7 +448,7 @@ def _socket_target(conn, sweep: BaselineSweep, info: dict) -> None:
             if cmd == b"Q":
                 return
             if key != (cmd, block, batch):
-                key, slots = (cmd, block, batch), _Slots(len(buf), block)
+                key, slots = (cmd, block, batch), _Slots(len(buf), block, sweep.walk_buffer)
             if cmd == b"W":
                 for off in slots.batch(batch):
                     _recv_exact_into(s, mv[off : off + block])
@@ -450,12 +469,12 @@ def _socket_initiator(conn, sweep: BaselineSweep, info: dict) -> None:
         s.settimeout(_socket_io_timeout(sweep))
         ack = bytearray(1)
         for op, block, batch in sweep.points():
-            slots = _Slots(len(buf), block)
+            slots = _Slots(len(buf), block, sweep.walk_buffer)
             if op == "WRITE":
                 hdr = _SOCK_HDR.pack(b"W", block, batch)
 
                 def run(hdr=hdr, slots=slots, block=block, batch=batch):
-                    s.sendall(hdr)
+                    s.sendall(hdr, _MSG_MORE)  # coalesce the header with the first block
                     for off in slots.batch(batch):
                         s.sendall(mv[off : off + block])
                     _recv_exact_into(s, memoryview(ack))
@@ -558,7 +577,7 @@ def _cma_initiator(conn, sweep: BaselineSweep, info: dict) -> None:
             done += k
 
     for op, block, batch in sweep.points():
-        slots = _Slots(size, block)
+        slots = _Slots(size, block, sweep.walk_buffer)
         fn = readv if op == "READ" else writev
 
         def run(fn=fn, slots=slots, block=block, batch=batch):
@@ -585,7 +604,7 @@ def _memcpy_initiator(conn, sweep: BaselineSweep, info: dict) -> None:
     _ml, local = _prefaulted(nbytes)
     _mr, remote = _prefaulted(nbytes)
     for op, block, batch in sweep.points():
-        slots = _Slots(nbytes, block)
+        slots = _Slots(nbytes, block, sweep.walk_buffer)
         src, dst = (remote, local) if op == "READ" else (local, remote)
 
         def run(src=src, dst=dst, slots=slots, block=block, batch=batch):
@@ -680,12 +699,12 @@ def _mooncake_initiator(conn, sweep: BaselineSweep, info: dict) -> None:
     if rc != 0:
         raise BaselineError(f"transfer_sync_read to {seg} returned {rc} (handshake)")
     for op, block, batch in sweep.points():
-        slots = _Slots(size, block)
+        slots = _Slots(size, block, sweep.walk_buffer)
         if batch == 1:
             fn = te.transfer_sync_read if op == "READ" else te.transfer_sync_write
 
             def run(fn=fn, slots=slots, block=block):
-                off = slots.next()
+                (off,) = slots.batch(1)
                 rc = fn(seg, laddr + off, raddr + off, block)
                 if rc != 0:
                     raise BaselineError(f"{fn.__name__} returned {rc}")
@@ -711,9 +730,7 @@ def mooncake_baseline(sweep: BaselineSweep) -> list[dict]:
     reason = _mooncake_unavailable_reason()
     if reason is not None:
         raise BaselineUnavailable(reason, "mooncake")
-    return _run_procs(
-        "mooncake", sweep, "mooncake_initiator", "mooncake_target", env=MOONCAKE_ENV, capture_log=True
-    )
+    return _run_procs("mooncake", sweep, "mooncake_initiator", "mooncake_target", env=MOONCAKE_ENV, capture_log=True)
 
 
 # --------------------------------------------------------------------------- registry

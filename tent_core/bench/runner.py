@@ -79,7 +79,7 @@ def _readline_with_timeout(proc: subprocess.Popen[str], timeout: float) -> str:
     t.join(timeout)
     if t.is_alive():
         proc.kill()
-        raise TimeoutError("bench target did not start within %.0fs" % timeout)
+        raise TimeoutError(f"bench target did not start within {timeout:.0f}s")
     return out[0] if out else ""
 
 
