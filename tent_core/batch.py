@@ -40,6 +40,7 @@ class BatchHandle:
         self.submitted_at = time.monotonic()
         self._deadline_hit = False
         self.is_probe = False  # heartbeat slices of the rail monitor
+        self.rule_rails: dict[str, frozenset[int]] = {}  # policy-pinned rails per transport (retries obey)
 
     @property
     def bytes_done(self) -> int:

@@ -117,6 +117,9 @@ class SchedulerConfig:
 class QosConfig:
     """QoS: priority-slot rotation and anti-starvation (paper 4.2 "Quality of Service")."""
 
+    # Priority slots on/off. Off by default: with them a lone MID/LOW flow cannot use every rail at
+    # every instant (C++ behaviour); turn on where HIGH-priority mice share rails with elephants.
+    enabled: bool = False
     # Rail priority slots rotate this often (C++ `local_rotation_interval_us`).
     rotation_interval_us: int = 200
     # Entries waiting longer than this move up one priority level (C++ 10 000 us).
@@ -199,6 +202,8 @@ class EngineConfig:
     staging_chunk_bytes: int = 4 * MiB
     staging_buffers: int = 8
     staging_workers: int = 4
+    # Administrator policy rules (tent_core.policy_rules): first match restricts/orders transports and rails.
+    rules: list[dict[str, Any]] = field(default_factory=list)
     # Per-transport sections, handed to each plugin's start() as-is (e.g. {"tcp": {"rails": [...]}}).
     transports: dict[str, Any] = field(default_factory=dict)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

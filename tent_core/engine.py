@@ -28,6 +28,8 @@ from .memory import MemfdBuffer, describe
 from .metadata import ControlClient, ControlServer, host_identity
 from .path_planner import StagedPath, plan_staged_path
 from .plugin_manager import PluginSet, discover, instantiate
+from .policy_rules import RequestTraits, Rule, first_match, parse_rules
+from .qos import PrioritySlots
 from .rail_monitor import RailMonitor, RailState
 from .rails import RAILS, Rail
 from .slice_scheduler import SliceScheduler
@@ -176,7 +178,13 @@ class Engine:
         self._closed = False
         self._control = ControlServer(host, port, self._handle_control)
         self.engine_id = f"{host}:{self._control.port}"
-        self.scheduler = SliceScheduler(self.config.scheduler)
+        self.scheduler = SliceScheduler(
+            self.config.scheduler, qos=PrioritySlots(self.config.qos) if self.config.qos.enabled else None
+        )
+        try:
+            self._rules = parse_rules(self.config.rules)
+        except ValueError as exc:
+            raise errors.InvalidRequestError(f"bad policy rules in config: {exc}") from exc
         self.monitor = RailMonitor(self.config.health)
         self._file_bases = 0
         self._staged_pool_threads: ThreadPoolExecutor | None = None
@@ -440,7 +448,14 @@ class Engine:
             for r in peer.routes.values():
                 r.transport.connect(peer.info, peer.raw_buffers)
 
-    def _route(self, peer: _Peer, local_kind: MemoryKind, remote_kind: MemoryKind, skip: Iterable[str] = ()) -> _Route:
+    def _route(
+        self,
+        peer: _Peer,
+        local_kind: MemoryKind,
+        remote_kind: MemoryKind,
+        skip: Iterable[str] = (),
+        rule: Rule | None = None,
+    ) -> _Route:
         key = (local_kind, remote_kind)
         skip = set(skip)
         order = peer.route_order.get(key)
@@ -452,6 +467,13 @@ class Engine:
                 raise errors.NoPathError(
                     resolver.explain_no_path(self._profiles, local_kind, remote_kind, peer.same_host, reachable)
                 )
+        if rule is not None:
+            allowed = rule.filter_transports(order)
+            if not allowed:
+                raise errors.PolicyRejectedError(
+                    f"policy rule {rule.name!r} allows none of the transports that could serve this request ({', '.join(order)})"
+                )
+            order = allowed
         last_exc: Exception | None = None
         for name in order:
             if name in skip or name in peer.dead_transports:
@@ -530,10 +552,12 @@ class Engine:
             raise errors.InvalidRequestError(f"deadline must be > 0 seconds, got {deadline!r}")
         plan: list[tuple[_Route, Rail, int, int, int, int, _Peer]] = []  # route, rail, op, local, remote, len, peer
         staged: list[tuple[Request, StagedPath]] = []
+        rule_rails: dict[str, frozenset[int]] = {}
         for req in requests:
-            self._plan_request(req, timeout, plan, staged)
+            self._plan_request(req, timeout, plan, staged, rule_rails)
         batch = _native.Batch(len(plan) + len(staged))
         handle = BatchHandle(self, batch, time.monotonic() + timeout, len(requests))
+        handle.rule_rails = rule_rails
         if plan:
             PROGRESS.track(handle)
             self._dispatch(batch, plan)
@@ -555,7 +579,9 @@ class Engine:
                 self._staging = StagingPool(self, self.config.staging_chunk_bytes, self.config.staging_buffers)
             return self._staging
 
-    def _plan_request(self, req: Request, timeout: float, plan: list, staged: list) -> None:
+    def _plan_request(
+        self, req: Request, timeout: float, plan: list, staged: list, handle_rails: dict[str, frozenset[int]]
+    ) -> None:
         if not isinstance(req, Request):
             raise errors.InvalidRequestError(f"expected a Request, got {type(req).__name__}")
         op = OpCode(req.op)
@@ -584,8 +610,20 @@ class Engine:
             staged.append((req, path))
             return
         for rbuf, raddr, length in pieces:
-            route = self._route(peer, buf.kind, rbuf.kind)
+            rule = None
+            if self._rules:
+                traits = RequestTraits(prio, req.length, buf.kind, rbuf.kind, peer.same_host, req.tag)
+                rule = first_match(self._rules, traits)
+            route = self._route(peer, buf.kind, rbuf.kind, rule=rule)
             rails = route.rails
+            if rule is not None and rule.rails is not None:
+                rails = [r for r in rails if r.info.index in rule.rails]
+                if not rails:
+                    raise errors.PolicyRejectedError(
+                        f"policy rule {rule.name!r} allows rails {sorted(rule.rails)} but {route.transport.name} to "
+                        f"{peer.engine_id} has rails {[r.info.index for r in route.rails]}"
+                    )
+                handle_rails[route.transport.name] = rule.rails
             if len(rails) == 1:
                 step = route.transport.split_bytes
                 if step <= 0 or length <= step:
@@ -678,7 +716,7 @@ class Engine:
         if peer is None:
             batch.fail_slice(status)
             return
-        target = self._pick_retry(peer, rail, attempt, now)
+        target = self._pick_retry(peer, rail, attempt, now, handle.rule_rails.get(rail.transport))
         if target is None:
             batch.fail_slice(status)
             return
@@ -701,20 +739,23 @@ class Engine:
         if rc != 0:
             batch.fail_slice(rc)
 
-    def _pick_retry(self, peer: _Peer, failed: Rail, attempt: int, now: float) -> tuple[_Route, Rail] | None:
+    def _pick_retry(
+        self, peer: _Peer, failed: Rail, attempt: int, now: float, allowed: frozenset[int] | None = None
+    ) -> tuple[_Route, Rail] | None:
         route = peer.routes.get(failed.transport)
         if route is not None:
-            states = {r.slot: self.monitor.state(r.slot, now) for r in route.rails}
+            rails = [r for r in route.rails if allowed is None or r.info.index in allowed]
             idx = self.scheduler.pick_retry_rail(
-                [r.telemetry for r in route.rails],
-                route.rails.index(failed) if failed in route.rails else -1,
-                [states[r.slot] for r in route.rails],
+                [r.telemetry for r in rails],
+                rails.index(failed) if failed in rails else -1,
+                [self.monitor.state(r.slot, now) for r in rails],
                 set(),
             )
-            if idx is not None and (route.rails[idx] is not failed or len(route.rails) == 1):
-                return route, route.rails[idx]
-            if len(route.rails) == 1 and attempt <= self.config.max_retries_per_slice // 2:
-                return route, failed  # one rail only: try it again before giving up on the transport
+            if idx is not None and (rails[idx] is not failed or len(rails) == 1):
+                if rails[idx] is not failed or attempt <= self.config.max_retries_per_slice // 2:
+                    return route, rails[idx]  # one rail only: try it again before giving up on the transport
+            if allowed is not None:
+                return None  # policy pins this flow to these rails of this transport
         # every rail of this transport failed: substitute another transport
         if attempt > self.config.max_transport_failovers + 1 and route is not None and len(route.rails) > 1:
             return None
