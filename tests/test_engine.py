@@ -170,7 +170,7 @@ def test_same_host_prefers_shm(peer_module):
         local = eng.allocate(1 << 20)
         eng.read(local, peer_module.seg("rw"), 1 << 20)
         used = {r["transport"] for r in eng.rail_stats() if r["bytes"] > 0}
-        assert used == {"shm"}
+        assert used == {"shm"}, eng.rail_stats()
 
 
 def test_read_only_local_registration_and_segments(peer_module):
