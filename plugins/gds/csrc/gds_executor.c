@@ -1,0 +1,964 @@
+/*
+ * tent_gds._executor: file slice executor for tent_core (executor ABI v1).
+ *
+ * Requests are local memory <-> file. Every peer (an engine on this host, possibly this
+ * one) owns a table of registered files: [base, base+len) virtual ranges -> open fds.
+ * A slice's file offset is remote_addr - base.  op READ = file -> memory, WRITE = memory -> file.
+ *
+ * I/O engines (config `engine`):
+ *   io_uring  raw syscalls (io_uring_setup / io_uring_enter, mmap'ed rings; no liburing);
+ *             every worker owns one ring and keeps up to `queue_depth` I/Os in flight.
+ *   pread     synchronous pread/pwrite loops, one I/O per worker.
+ *   auto      io_uring when the kernel allows it (setup works and IORING_OP_READ/WRITE are
+ *             supported), else pread.
+ * Slices are split into `chunk`-sized work items (default 1 MiB) taken by `threads` workers
+ * from one FIFO; the last finished chunk reports the slice exactly once (first error wins).
+ *
+ * O_DIRECT: with config direct=1 the plugin opens a second O_DIRECT fd per file. A chunk
+ * whose memory address and file offset are 4096-aligned goes through it for its
+ * 4096-multiple prefix; the rest (unaligned chunks, tails, short-read continuations)
+ * uses the buffered fd.
+ *
+ * Status mapping: range outside every registered file / EOF before `length` on READ ->
+ * TENT_E_BOUNDS; WRITE into a file registered read-only -> TENT_E_PERMISSION; EIO, ENOSPC
+ * and other I/O errors -> TENT_E_IO; unknown peer -> TENT_E_CONNECT.
+ *
+ * Private (non-ABI) exports used by tent_gds.plugin through ctypes:
+ *   uint64_t tent_gds_peer_add(void *ex);
+ *   int32_t  tent_gds_peer_remove(void *ex, uint64_t peer);
+ *   int32_t  tent_gds_file_add(void *ex, uint64_t peer, uint64_t base, uint64_t length,
+ *                              int32_t fd, int32_t direct_fd, int32_t writable);   (takes the fds)
+ *   int32_t  tent_gds_file_remove(void *ex, uint64_t peer, uint64_t base);
+ *   int32_t  tent_gds_engine(void *ex);            0 = pread, 1 = io_uring
+ *   int32_t  tent_gds_uring_supported(char *why, uint64_t whylen);
+ *   int64_t  tent_gds_fs_magic(const char *path);  statfs f_type or -errno
+ *   void     tent_gds_config(void *ex, uint64_t out[4]);  threads, queue_depth, chunk, direct
+ *   void     tent_gds_stats(void *ex, uint64_t out[8]);
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/io_uring.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "tent/executor_abi.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+#define MAX_THREADS 64
+#define MAX_QD 256
+#define DIRECT_ALIGN 4096u
+#define ENGINE_PREAD 0
+#define ENGINE_URING 1
+
+/* ---------------------------------------------------------------- files and peers */
+typedef struct gfile {
+  atomic_int refs;
+  uint64_t base, len;
+  int fd, dfd; /* dfd: O_DIRECT fd or -1 */
+  int writable;
+} gfile_t;
+
+static void file_unref(gfile_t *f) {
+  if (atomic_fetch_sub(&f->refs, 1) == 1) {
+    if (f->fd >= 0) close(f->fd);
+    if (f->dfd >= 0) close(f->dfd);
+    free(f);
+  }
+}
+
+typedef struct peer {
+  uint64_t handle;
+  gfile_t **files; /* sorted by base, non-overlapping */
+  size_t nfiles, cap;
+} peer_t;
+
+/* ---------------------------------------------------------------- work */
+typedef struct job {
+  tent_slice_t s;
+  atomic_uint remaining;
+  atomic_int status;
+} job_t;
+
+typedef struct work {
+  job_t *job;
+  uint64_t off, len;
+} work_t;
+
+/* one I/O in flight (a work item after lookup) */
+typedef struct io {
+  job_t *job;
+  gfile_t *file;
+  uint64_t pos, end; /* offsets within the slice */
+  int direct_ok;     /* the file has an O_DIRECT fd and direct I/O may be tried */
+  int used_direct;   /* the last request went to dfd */
+  int uring_slot;    /* index in the worker's io array */
+} io_t;
+
+typedef struct uring {
+  int fd;
+  unsigned *sq_head, *sq_tail, *sq_mask, *sq_array, sq_entries;
+  struct io_uring_sqe *sqes;
+  unsigned *cq_head, *cq_tail, *cq_mask;
+  struct io_uring_cqe *cqes;
+  void *sq_ptr, *cq_ptr;
+  size_t sq_sz, cq_sz, sqes_sz;
+  unsigned pending; /* sqes queued, not yet submitted */
+} uring_t;
+
+typedef struct executor executor_t;
+
+typedef struct worker {
+  executor_t *ex;
+  pthread_t thread;
+  uring_t ring;
+  int has_ring;
+  io_t *ios;
+  int *free_slots;
+  unsigned nfree, inflight;
+} worker_t;
+
+struct executor {
+  const tent_host_api_t *host;
+  uint32_t nthreads, qd;
+  uint64_t chunk;
+  int direct, engine;
+  worker_t workers[MAX_THREADS];
+  uint32_t started;
+
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  work_t *q;
+  size_t qcap, qhead, qlen;
+  int stop;
+
+  pthread_rwlock_t tab; /* peers and their file tables */
+  peer_t **slots;
+  uint32_t *gens;
+  size_t nslots;
+
+  atomic_ullong st_direct_bytes, st_buffered_bytes, st_uring_ios, st_sync_ios, st_ok, st_failed;
+};
+
+/* ---------------------------------------------------------------- io_uring (raw syscalls) */
+static int sys_uring_setup(unsigned entries, struct io_uring_params *p) {
+  return (int)syscall(__NR_io_uring_setup, entries, p);
+}
+static int sys_uring_enter(int fd, unsigned to_submit, unsigned min_complete, unsigned flags) {
+  return (int)syscall(__NR_io_uring_enter, fd, to_submit, min_complete, flags, NULL, 0);
+}
+static int sys_uring_register(int fd, unsigned op, void *arg, unsigned nr) {
+  return (int)syscall(__NR_io_uring_register, fd, op, arg, nr);
+}
+
+static void uring_close(uring_t *r) {
+  if (r->sqes && r->sqes != MAP_FAILED) munmap(r->sqes, r->sqes_sz);
+  if (r->cq_ptr && r->cq_ptr != MAP_FAILED && r->cq_ptr != r->sq_ptr) munmap(r->cq_ptr, r->cq_sz);
+  if (r->sq_ptr && r->sq_ptr != MAP_FAILED) munmap(r->sq_ptr, r->sq_sz);
+  if (r->fd >= 0) close(r->fd);
+  memset(r, 0, sizeof *r);
+  r->fd = -1;
+}
+
+/* 0 or -errno */
+static int uring_init(uring_t *r, unsigned entries) {
+  memset(r, 0, sizeof *r);
+  struct io_uring_params p;
+  memset(&p, 0, sizeof p);
+  r->fd = sys_uring_setup(entries, &p);
+  if (r->fd < 0) {
+    int e = errno;
+    r->fd = -1;
+    return -e;
+  }
+  r->sq_sz = p.sq_off.array + p.sq_entries * sizeof(unsigned);
+  r->cq_sz = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
+  int single = (p.features & IORING_FEAT_SINGLE_MMAP) != 0;
+  if (single) {
+    if (r->cq_sz > r->sq_sz) r->sq_sz = r->cq_sz;
+    r->cq_sz = r->sq_sz;
+  }
+  r->sq_ptr = mmap(NULL, r->sq_sz, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd, IORING_OFF_SQ_RING);
+  if (r->sq_ptr == MAP_FAILED) goto fail;
+  if (single) {
+    r->cq_ptr = r->sq_ptr;
+  } else {
+    r->cq_ptr = mmap(NULL, r->cq_sz, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd, IORING_OFF_CQ_RING);
+    if (r->cq_ptr == MAP_FAILED) goto fail;
+  }
+  r->sqes_sz = p.sq_entries * sizeof(struct io_uring_sqe);
+  r->sqes = mmap(NULL, r->sqes_sz, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd, IORING_OFF_SQES);
+  if (r->sqes == MAP_FAILED) goto fail;
+  char *sq = r->sq_ptr, *cq = r->cq_ptr;
+  r->sq_head = (unsigned *)(sq + p.sq_off.head);
+  r->sq_tail = (unsigned *)(sq + p.sq_off.tail);
+  r->sq_mask = (unsigned *)(sq + p.sq_off.ring_mask);
+  r->sq_array = (unsigned *)(sq + p.sq_off.array);
+  r->sq_entries = p.sq_entries;
+  r->cq_head = (unsigned *)(cq + p.cq_off.head);
+  r->cq_tail = (unsigned *)(cq + p.cq_off.tail);
+  r->cq_mask = (unsigned *)(cq + p.cq_off.ring_mask);
+  r->cqes = (struct io_uring_cqe *)(cq + p.cq_off.cqes);
+  return 0;
+fail : {
+  int e = errno;
+  uring_close(r);
+  return -e;
+}
+}
+
+static struct io_uring_sqe *uring_get_sqe(uring_t *r) {
+  unsigned head = __atomic_load_n(r->sq_head, __ATOMIC_ACQUIRE);
+  unsigned tail = *r->sq_tail;
+  if (tail - head >= r->sq_entries) return NULL;
+  unsigned idx = tail & *r->sq_mask;
+  struct io_uring_sqe *sqe = &r->sqes[idx];
+  memset(sqe, 0, sizeof *sqe);
+  r->sq_array[idx] = idx;
+  __atomic_store_n(r->sq_tail, tail + 1, __ATOMIC_RELEASE);
+  r->pending++;
+  return sqe;
+}
+
+/* Submit what is queued and, if wait, block for at least one completion. 0 or -errno. */
+static int uring_submit(uring_t *r, int wait) {
+  for (;;) {
+    int n = sys_uring_enter(r->fd, r->pending, wait ? 1 : 0, wait ? IORING_ENTER_GETEVENTS : 0);
+    if (n >= 0) {
+      r->pending -= (unsigned)n <= r->pending ? (unsigned)n : r->pending;
+      if (r->pending == 0 || wait) return 0;
+      continue;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EBUSY) { /* completions must be reaped first */
+      if (!wait) return 0;
+      n = sys_uring_enter(r->fd, 0, 1, IORING_ENTER_GETEVENTS);
+      if (n >= 0 || errno == EINTR) return 0;
+    }
+    return -errno;
+  }
+}
+
+/* ---------------------------------------------------------------- lookup */
+static peer_t *peer_lookup(executor_t *ex, uint64_t h) { /* tab lock held */
+  uint64_t idx = h & 0xffffffffu;
+  if (idx == 0 || idx > ex->nslots) return NULL;
+  peer_t *p = ex->slots[idx - 1];
+  return p && p->handle == h ? p : NULL;
+}
+
+static size_t file_pos(const peer_t *p, uint64_t base) { /* first file with f->base >= base */
+  size_t lo = 0, hi = p->nfiles;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (p->files[mid]->base < base)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+/* The file holding [addr, addr+len) of `peer`, referenced; or NULL with *st set. */
+static gfile_t *file_get(executor_t *ex, uint64_t peer, uint64_t addr, uint64_t len, int *st) {
+  gfile_t *f = NULL;
+  pthread_rwlock_rdlock(&ex->tab);
+  peer_t *p = peer_lookup(ex, peer);
+  if (!p) {
+    *st = TENT_E_CONNECT;
+  } else {
+    size_t i = file_pos(p, addr + 1); /* files with base <= addr are before i */
+    gfile_t *c = i > 0 ? p->files[i - 1] : NULL;
+    if (!c || addr - c->base > c->len || len > c->len - (addr - c->base)) {
+      *st = TENT_E_BOUNDS;
+    } else {
+      f = c;
+      atomic_fetch_add(&f->refs, 1);
+    }
+  }
+  pthread_rwlock_unlock(&ex->tab);
+  return f;
+}
+
+/* ---------------------------------------------------------------- completion */
+static int errno_status(int e) {
+  switch (e) {
+    case EFBIG:
+    case EINVAL: /* offset beyond what the fs allows */
+    case ENXIO:
+      return TENT_E_BOUNDS;
+    case EBADF:
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return TENT_E_PERMISSION;
+    case EFAULT:
+      return TENT_E_INTERNAL; /* bad local address */
+    default:
+      return TENT_E_IO; /* EIO, ENOSPC, EDQUOT, ... */
+  }
+}
+
+static void finish_work(executor_t *ex, job_t *j, int st) {
+  if (st != TENT_OK) {
+    int expected = 0;
+    atomic_compare_exchange_strong(&j->status, &expected, st);
+  }
+  if (atomic_fetch_sub(&j->remaining, 1) == 1) {
+    int final = atomic_load(&j->status);
+    atomic_fetch_add(final == TENT_OK ? &ex->st_ok : &ex->st_failed, 1);
+    ex->host->complete(ex->host->ctx, &j->s, final);
+    free(j);
+  }
+}
+
+/* Validate a work item and turn it into an io. Returns TENT_OK, or a status (item is done). */
+static int io_prepare(executor_t *ex, const work_t *w, io_t *io) {
+  job_t *j = w->job;
+  const tent_slice_t *s = &j->s;
+  if (atomic_load(&j->status) != TENT_OK) return 1; /* an earlier chunk failed: skip */
+  if (ex->host->is_cancelled(ex->host->ctx, s->token)) return TENT_E_CANCELLED;
+  if (s->opcode != TENT_OP_READ && s->opcode != TENT_OP_WRITE) return TENT_E_PROTOCOL;
+  if (s->remote_addr + s->length < s->remote_addr) return TENT_E_BOUNDS;
+  if (w->len == 0) {
+    int st = TENT_OK;
+    if (s->length == 0) { /* a zero-length slice must still name a registered file */
+      gfile_t *f = file_get(ex, s->peer, s->remote_addr, 0, &st);
+      if (f) file_unref(f);
+    }
+    return st;
+  }
+  int st = TENT_OK;
+  gfile_t *f = file_get(ex, s->peer, s->remote_addr, s->length, &st);
+  if (!f) return st;
+  if (s->opcode == TENT_OP_WRITE && !f->writable) {
+    file_unref(f);
+    return TENT_E_PERMISSION;
+  }
+  io->job = j;
+  io->file = f;
+  io->pos = w->off;
+  io->end = w->off + w->len;
+  io->direct_ok = ex->direct && f->dfd >= 0;
+  io->used_direct = 0;
+  return -1000; /* "go" */
+}
+
+/* Where the next request of `io` goes: fd, memory pointer, file offset, length. */
+static void io_next(executor_t *ex, io_t *io, int *fd, char **mem, uint64_t *foff, uint64_t *len) {
+  const tent_slice_t *s = &io->job->s;
+  uint64_t left = io->end - io->pos;
+  uint64_t local = s->local_addr + io->pos;
+  uint64_t off = s->remote_addr - io->file->base + io->pos;
+  *mem = (char *)(uintptr_t)local;
+  *foff = off;
+  io->used_direct = 0;
+  if (io->direct_ok && left >= DIRECT_ALIGN && (local % DIRECT_ALIGN) == 0 && (off % DIRECT_ALIGN) == 0) {
+    *fd = io->file->dfd;
+    *len = left & ~(uint64_t)(DIRECT_ALIGN - 1);
+    io->used_direct = 1;
+  } else {
+    *fd = io->file->fd;
+    *len = left;
+  }
+  if (*len > (1u << 30)) *len = 1u << 30; /* one request moves at most 1 GiB */
+  (void)ex;
+}
+
+/* Account the result of one request. Returns 1 if the io needs another request, 0 when done
+ * (with *st the status). */
+static int io_advance(executor_t *ex, io_t *io, int64_t res, int *st) {
+  uint32_t op = io->job->s.opcode;
+  if (res < 0) {
+    int e = (int)-res;
+    if (e == EINTR || e == EAGAIN) return 1;
+    if (io->used_direct && e == EINVAL) { /* the fs refused this direct request: go buffered */
+      io->direct_ok = 0;
+      return 1;
+    }
+    *st = errno_status(e);
+    return 0;
+  }
+  if (res == 0) {
+    /* READ: end of file before the registered length -> never hand back garbage */
+    *st = op == TENT_OP_READ ? TENT_E_BOUNDS : TENT_E_IO;
+    return 0;
+  }
+  atomic_fetch_add(io->used_direct ? &ex->st_direct_bytes : &ex->st_buffered_bytes, (unsigned long long)res);
+  io->pos += (uint64_t)res;
+  if (io->pos < io->end) {
+    if (io->used_direct && (res % DIRECT_ALIGN) != 0) io->direct_ok = 0; /* short direct read: EOF near */
+    return 1;
+  }
+  *st = TENT_OK;
+  return 0;
+}
+
+static void io_done(executor_t *ex, io_t *io, int st) {
+  file_unref(io->file);
+  io->file = NULL;
+  finish_work(ex, io->job, st);
+}
+
+/* ---------------------------------------------------------------- queue */
+/* Pop one work item; blocks if `block`. Returns 0 if got one, -1 if none / stopping. */
+static int queue_pop(executor_t *ex, work_t *out, int block) {
+  pthread_mutex_lock(&ex->mu);
+  while (block && !ex->stop && ex->qlen == 0) pthread_cond_wait(&ex->cv, &ex->mu);
+  if (ex->stop || ex->qlen == 0) {
+    pthread_mutex_unlock(&ex->mu);
+    return -1;
+  }
+  *out = ex->q[ex->qhead];
+  ex->qhead = (ex->qhead + 1) % ex->qcap;
+  ex->qlen--;
+  int more = ex->qlen > 0;
+  pthread_mutex_unlock(&ex->mu);
+  if (more && block) pthread_cond_signal(&ex->cv); /* hand the rest to an idle worker */
+  return 0;
+}
+
+/* ---------------------------------------------------------------- pread engine */
+static void run_sync(executor_t *ex, const work_t *w) {
+  io_t io;
+  int st = io_prepare(ex, w, &io);
+  if (st != -1000) {
+    finish_work(ex, w->job, st == 1 ? TENT_OK : st);
+    return;
+  }
+  for (;;) {
+    int fd;
+    char *mem;
+    uint64_t off, len;
+    io_next(ex, &io, &fd, &mem, &off, &len);
+    ssize_t n = io.job->s.opcode == TENT_OP_READ ? pread(fd, mem, len, (off_t)off) : pwrite(fd, mem, len, (off_t)off);
+    atomic_fetch_add(&ex->st_sync_ios, 1);
+    int64_t res = n < 0 ? -(int64_t)errno : (int64_t)n;
+    if (!io_advance(ex, &io, res, &st)) break;
+  }
+  io_done(ex, &io, st);
+}
+
+static void *worker_sync(void *arg) {
+  worker_t *wk = arg;
+  executor_t *ex = wk->ex;
+  work_t w;
+  while (queue_pop(ex, &w, 1) == 0) run_sync(ex, &w);
+  return NULL;
+}
+
+/* ---------------------------------------------------------------- io_uring engine */
+static int uring_queue(worker_t *wk, io_t *io) {
+  int fd;
+  char *mem;
+  uint64_t off, len;
+  io_next(wk->ex, io, &fd, &mem, &off, &len);
+  if (len > 0x7ffff000u) len = 0x7ffff000u; /* sqe len is 32 bits; the kernel caps rw at this */
+  struct io_uring_sqe *sqe = uring_get_sqe(&wk->ring);
+  if (!sqe) return -EBUSY;
+  sqe->opcode = io->job->s.opcode == TENT_OP_READ ? IORING_OP_READ : IORING_OP_WRITE;
+  sqe->fd = fd;
+  sqe->addr = (uint64_t)(uintptr_t)mem;
+  sqe->len = (uint32_t)len;
+  sqe->off = off;
+  sqe->user_data = (uint64_t)io->uring_slot;
+  atomic_fetch_add(&wk->ex->st_uring_ios, 1);
+  return 0;
+}
+
+static void *worker_uring(void *arg) {
+  worker_t *wk = arg;
+  executor_t *ex = wk->ex;
+  uring_t *r = &wk->ring;
+  for (;;) {
+    /* fill: take work while there is room; block only when nothing is in flight */
+    while (wk->inflight < ex->qd) {
+      work_t w;
+      if (queue_pop(ex, &w, wk->inflight == 0) != 0) break;
+      io_t *io = &wk->ios[wk->free_slots[wk->nfree - 1]];
+      int st = io_prepare(ex, &w, io);
+      if (st != -1000) {
+        finish_work(ex, w.job, st == 1 ? TENT_OK : st);
+        continue;
+      }
+      wk->nfree--;
+      if (uring_queue(wk, io) != 0) { /* cannot happen: ring entries >= qd */
+        wk->free_slots[wk->nfree++] = io->uring_slot;
+        io_done(ex, io, TENT_E_INTERNAL);
+        continue;
+      }
+      wk->inflight++;
+    }
+    if (wk->inflight == 0) {
+      pthread_mutex_lock(&ex->mu);
+      int stop = ex->stop;
+      pthread_mutex_unlock(&ex->mu);
+      if (stop) break;
+      continue;
+    }
+    int rc = uring_submit(r, 1);
+    if (rc < 0) {
+      /* the ring is broken: fail what is in flight once it drains is impossible; fail fast */
+      fprintf(stderr, "tent_gds: io_uring_enter failed: %s\n", strerror(-rc));
+    }
+    unsigned head = *r->cq_head;
+    unsigned tail = __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE);
+    while (head != tail) {
+      struct io_uring_cqe *cqe = &r->cqes[head & *r->cq_mask];
+      int slot = (int)cqe->user_data;
+      int64_t res = cqe->res;
+      head++;
+      io_t *io = &wk->ios[slot];
+      int st = TENT_OK;
+      if (io_advance(ex, io, res, &st) && uring_queue(wk, io) == 0) continue; /* still in flight */
+      if (st == TENT_OK && io->pos < io->end) st = TENT_E_INTERNAL;
+      wk->inflight--;
+      wk->free_slots[wk->nfree++] = slot;
+      io_done(ex, io, st);
+    }
+    __atomic_store_n(r->cq_head, head, __ATOMIC_RELEASE);
+    if (rc < 0 && r->pending == 0 && wk->inflight > 0) {
+      /* nothing will complete: wait for the kernel without spinning */
+      usleep(1000);
+    }
+  }
+  return NULL;
+}
+
+/* ---------------------------------------------------------------- config */
+static int parse_config(executor_t *ex, const char *cfg, char *err, size_t errlen) {
+  ex->nthreads = 2;
+  ex->qd = 16;
+  ex->chunk = 1u << 20;
+  ex->direct = 0;
+  ex->engine = -1; /* auto */
+  if (!cfg) return 0;
+  const char *p = cfg;
+  while (*p) {
+    const char *end = strchr(p, ';');
+    size_t n = end ? (size_t)(end - p) : strlen(p);
+    char kv[256];
+    if (n < sizeof kv) {
+      memcpy(kv, p, n);
+      kv[n] = 0;
+      char *eq = strchr(kv, '=');
+      if (eq) {
+        *eq = 0;
+        const char *k = kv, *v = eq + 1;
+        if (!strcmp(k, "threads")) {
+          long t = strtol(v, NULL, 10);
+          ex->nthreads = t < 1 ? 1 : (t > MAX_THREADS ? MAX_THREADS : (uint32_t)t);
+        } else if (!strcmp(k, "queue_depth")) {
+          long t = strtol(v, NULL, 10);
+          ex->qd = t < 1 ? 1 : (t > MAX_QD ? MAX_QD : (uint32_t)t);
+        } else if (!strcmp(k, "chunk")) {
+          ex->chunk = strtoull(v, NULL, 10);
+          if (ex->chunk && ex->chunk < DIRECT_ALIGN) ex->chunk = DIRECT_ALIGN;
+          ex->chunk &= ~(uint64_t)(DIRECT_ALIGN - 1);
+          if (ex->chunk > (1u << 30)) ex->chunk = 1u << 30;
+        } else if (!strcmp(k, "direct")) {
+          ex->direct = !strcmp(v, "1") || !strcmp(v, "true") || !strcmp(v, "True");
+        } else if (!strcmp(k, "engine")) {
+          if (!strcmp(v, "auto"))
+            ex->engine = -1;
+          else if (!strcmp(v, "io_uring"))
+            ex->engine = ENGINE_URING;
+          else if (!strcmp(v, "pread"))
+            ex->engine = ENGINE_PREAD;
+          else {
+            snprintf(err, errlen, "tent_gds: engine must be auto, io_uring or pread, got %s", v);
+            return -1;
+          }
+        }
+      }
+    }
+    p += n;
+    if (*p == ';') p++;
+  }
+  return 0;
+}
+
+EXPORT int32_t tent_gds_uring_supported(char *why, uint64_t whylen) {
+  uring_t r;
+  int rc = uring_init(&r, 4);
+  if (rc < 0) {
+    if (why) snprintf(why, whylen, "io_uring_setup: %s", strerror(-rc));
+    return 0;
+  }
+  size_t sz = sizeof(struct io_uring_probe) + 256 * sizeof(struct io_uring_probe_op);
+  struct io_uring_probe *pr = calloc(1, sz);
+  int ok = 0;
+  if (!pr) {
+    if (why) snprintf(why, whylen, "out of memory");
+  } else if (sys_uring_register(r.fd, IORING_REGISTER_PROBE, pr, 256) < 0) {
+    if (why) snprintf(why, whylen, "IORING_REGISTER_PROBE: %s", strerror(errno));
+  } else if (pr->last_op < IORING_OP_WRITE || !(pr->ops[IORING_OP_READ].flags & IO_URING_OP_SUPPORTED) ||
+             !(pr->ops[IORING_OP_WRITE].flags & IO_URING_OP_SUPPORTED)) {
+    if (why) snprintf(why, whylen, "kernel lacks IORING_OP_READ/WRITE");
+  } else {
+    ok = 1;
+    if (why && whylen) why[0] = 0;
+  }
+  free(pr);
+  uring_close(&r);
+  return ok;
+}
+
+/* ---------------------------------------------------------------- ABI */
+static void ex_destroy(void *self);
+
+static void *ex_create(const tent_host_api_t *host, const char *config, char *err, size_t errlen) {
+  if (!host || host->abi_version != TENT_EXECUTOR_ABI_VERSION || host->struct_size < sizeof(tent_host_api_t)) {
+    snprintf(err, errlen, "tent_gds: host API version mismatch");
+    return NULL;
+  }
+  executor_t *ex = calloc(1, sizeof *ex);
+  if (!ex) {
+    snprintf(err, errlen, "tent_gds: out of memory");
+    return NULL;
+  }
+  ex->host = host;
+  pthread_mutex_init(&ex->mu, NULL);
+  pthread_cond_init(&ex->cv, NULL);
+  pthread_rwlock_init(&ex->tab, NULL);
+  if (parse_config(ex, config, err, errlen) != 0) {
+    ex_destroy(ex);
+    return NULL;
+  }
+  char why[160] = "";
+  int uring_ok = ex->engine == ENGINE_PREAD ? 0 : tent_gds_uring_supported(why, sizeof why);
+  if (ex->engine == ENGINE_URING && !uring_ok) {
+    snprintf(err, errlen, "tent_gds: engine=io_uring requested but unusable: %s", why);
+    ex_destroy(ex);
+    return NULL;
+  }
+  ex->engine = uring_ok ? ENGINE_URING : ENGINE_PREAD;
+  for (uint32_t i = 0; i < ex->nthreads; i++) {
+    worker_t *wk = &ex->workers[i];
+    wk->ex = ex;
+    wk->ring.fd = -1;
+    if (ex->engine == ENGINE_URING) {
+      unsigned entries = 1;
+      while (entries < ex->qd) entries <<= 1;
+      int rc = uring_init(&wk->ring, entries);
+      wk->ios = calloc(ex->qd, sizeof(io_t));
+      wk->free_slots = calloc(ex->qd, sizeof(int));
+      if (rc < 0 || !wk->ios || !wk->free_slots) {
+        snprintf(err, errlen, "tent_gds: io_uring ring for worker %u: %s", i, rc < 0 ? strerror(-rc) : "out of memory");
+        if (rc == 0) uring_close(&wk->ring);
+        free(wk->ios);
+        free(wk->free_slots);
+        wk->ios = NULL;
+        wk->free_slots = NULL;
+        ex_destroy(ex);
+        return NULL;
+      }
+      wk->has_ring = 1;
+      for (uint32_t k = 0; k < ex->qd; k++) {
+        wk->ios[k].uring_slot = (int)k;
+        wk->free_slots[k] = (int)(ex->qd - 1 - k);
+      }
+      wk->nfree = ex->qd;
+    }
+    int rc = pthread_create(&wk->thread, NULL, ex->engine == ENGINE_URING ? worker_uring : worker_sync, wk);
+    if (rc) {
+      snprintf(err, errlen, "tent_gds: pthread_create: %s", strerror(rc));
+      if (wk->has_ring) {
+        uring_close(&wk->ring);
+        wk->has_ring = 0;
+      }
+      ex_destroy(ex);
+      return NULL;
+    }
+    ex->started++;
+  }
+  return ex;
+}
+
+static void ex_destroy(void *self) {
+  executor_t *ex = self;
+  if (!ex) return;
+  pthread_mutex_lock(&ex->mu);
+  ex->stop = 1;
+  pthread_cond_broadcast(&ex->cv);
+  pthread_mutex_unlock(&ex->mu);
+  /* uring workers drain their in-flight I/O before they see stop */
+  for (uint32_t i = 0; i < ex->started; i++) pthread_join(ex->workers[i].thread, NULL);
+  for (uint32_t i = 0; i < MAX_THREADS; i++) {
+    worker_t *wk = &ex->workers[i];
+    if (wk->has_ring) uring_close(&wk->ring);
+    free(wk->ios);
+    free(wk->free_slots);
+  }
+  while (ex->qlen > 0) { /* every queued slice is still reported exactly once */
+    work_t w = ex->q[ex->qhead];
+    ex->qhead = (ex->qhead + 1) % ex->qcap;
+    ex->qlen--;
+    finish_work(ex, w.job, TENT_E_CANCELLED);
+  }
+  free(ex->q);
+  for (size_t i = 0; i < ex->nslots; i++) {
+    peer_t *p = ex->slots[i];
+    if (!p) continue;
+    for (size_t k = 0; k < p->nfiles; k++) file_unref(p->files[k]);
+    free(p->files);
+    free(p);
+  }
+  free(ex->slots);
+  free(ex->gens);
+  pthread_mutex_destroy(&ex->mu);
+  pthread_cond_destroy(&ex->cv);
+  pthread_rwlock_destroy(&ex->tab);
+  free(ex);
+}
+
+static int queue_reserve(executor_t *ex, size_t extra) { /* queue lock held */
+  if (ex->qlen + extra <= ex->qcap) return 0;
+  size_t cap = ex->qcap ? ex->qcap : 256;
+  while (cap < ex->qlen + extra) cap *= 2;
+  work_t *n = malloc(cap * sizeof(work_t));
+  if (!n) return -1;
+  for (size_t i = 0; i < ex->qlen; i++) n[i] = ex->q[(ex->qhead + i) % ex->qcap];
+  free(ex->q);
+  ex->q = n;
+  ex->qcap = cap;
+  ex->qhead = 0;
+  return 0;
+}
+
+static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
+  executor_t *ex = self;
+  if (n == 0) return TENT_OK;
+  job_t **jobs = malloc(n * sizeof(job_t *));
+  uint64_t *parts = malloc(n * sizeof(uint64_t));
+  if (!jobs || !parts) {
+    free(jobs);
+    free(parts);
+    return TENT_E_INTERNAL;
+  }
+  size_t total = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t len = slices[i].length;
+    uint64_t k = (ex->chunk > 0 && len > ex->chunk) ? (len + ex->chunk - 1) / ex->chunk : 1;
+    if (k > UINT32_MAX) k = UINT32_MAX;
+    parts[i] = k;
+    total += k;
+    jobs[i] = malloc(sizeof(job_t));
+    if (!jobs[i]) {
+      for (uint32_t j = 0; j < i; j++) free(jobs[j]);
+      free(jobs);
+      free(parts);
+      return TENT_E_INTERNAL;
+    }
+    jobs[i]->s = slices[i];
+    atomic_init(&jobs[i]->remaining, (unsigned)k);
+    atomic_init(&jobs[i]->status, TENT_OK);
+  }
+  pthread_mutex_lock(&ex->mu);
+  if (ex->stop || queue_reserve(ex, total) != 0) {
+    pthread_mutex_unlock(&ex->mu);
+    for (uint32_t i = 0; i < n; i++) free(jobs[i]);
+    free(jobs);
+    free(parts);
+    return TENT_E_INTERNAL;
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t len = slices[i].length;
+    uint64_t per = parts[i] > 1 ? ex->chunk : len;
+    if (parts[i] > 1 && parts[i] * per < len) per = (len + parts[i] - 1) / parts[i];
+    uint64_t off = 0;
+    for (uint64_t k = 0; k < parts[i]; k++) {
+      uint64_t l = off >= len ? 0 : (len - off < per ? len - off : per);
+      work_t *w = &ex->q[(ex->qhead + ex->qlen) % ex->qcap];
+      w->job = jobs[i];
+      w->off = off;
+      w->len = l;
+      ex->qlen++;
+      off += l;
+    }
+  }
+  if (total > 1)
+    pthread_cond_broadcast(&ex->cv);
+  else
+    pthread_cond_signal(&ex->cv);
+  pthread_mutex_unlock(&ex->mu);
+  free(jobs);
+  free(parts);
+  return TENT_OK;
+}
+
+static const tent_executor_ops_t g_ops = {
+    TENT_EXECUTOR_ABI_VERSION, sizeof(tent_executor_ops_t), "gds", ex_create, ex_destroy, ex_submit,
+};
+
+EXPORT const tent_executor_ops_t *tent_executor_ops(void) { return &g_ops; }
+
+/* ---------------------------------------------------------------- private API */
+EXPORT uint64_t tent_gds_peer_add(void *self) {
+  executor_t *ex = self;
+  if (!ex) return 0;
+  peer_t *p = calloc(1, sizeof *p);
+  if (!p) return 0;
+  pthread_rwlock_wrlock(&ex->tab);
+  size_t idx = ex->nslots;
+  for (size_t i = 0; i < ex->nslots; i++)
+    if (!ex->slots[i]) {
+      idx = i;
+      break;
+    }
+  if (idx == ex->nslots) {
+    size_t cap = ex->nslots ? ex->nslots * 2 : 16;
+    peer_t **ns = realloc(ex->slots, cap * sizeof(peer_t *));
+    if (ns) ex->slots = ns;
+    uint32_t *ng = ns ? realloc(ex->gens, cap * sizeof(uint32_t)) : NULL;
+    if (!ns || !ng) {
+      pthread_rwlock_unlock(&ex->tab);
+      free(p);
+      return 0;
+    }
+    ex->gens = ng;
+    for (size_t i = ex->nslots; i < cap; i++) {
+      ex->slots[i] = NULL;
+      ex->gens[i] = 0;
+    }
+    ex->nslots = cap;
+  }
+  ex->gens[idx]++;
+  p->handle = ((uint64_t)ex->gens[idx] << 32) | (uint64_t)(idx + 1);
+  ex->slots[idx] = p;
+  uint64_t h = p->handle;
+  pthread_rwlock_unlock(&ex->tab);
+  return h;
+}
+
+/* Forget a peer and its files; I/O in flight keeps its file alive until it completes. */
+EXPORT int32_t tent_gds_peer_remove(void *self, uint64_t h) {
+  executor_t *ex = self;
+  pthread_rwlock_wrlock(&ex->tab);
+  peer_t *p = peer_lookup(ex, h);
+  if (p) ex->slots[(h & 0xffffffffu) - 1] = NULL;
+  pthread_rwlock_unlock(&ex->tab);
+  if (!p) return -ENOENT;
+  for (size_t k = 0; k < p->nfiles; k++) file_unref(p->files[k]);
+  free(p->files);
+  free(p);
+  return 0;
+}
+
+/* Register [base, base+len) -> fd (and O_DIRECT dfd or -1). The executor owns the fds from
+ * here on, also on failure. A file at the same base is replaced. 0 or -errno. */
+EXPORT int32_t tent_gds_file_add(void *self, uint64_t h, uint64_t base, uint64_t len, int32_t fd, int32_t dfd,
+                                 int32_t writable) {
+  executor_t *ex = self;
+  gfile_t *f = calloc(1, sizeof *f);
+  if (!f || base + len < base || fd < 0) {
+    if (fd >= 0) close(fd);
+    if (dfd >= 0) close(dfd);
+    free(f);
+    return f ? -EINVAL : -ENOMEM;
+  }
+  atomic_init(&f->refs, 1);
+  f->base = base;
+  f->len = len;
+  f->fd = fd;
+  f->dfd = dfd;
+  f->writable = writable != 0;
+  int rc = 0;
+  gfile_t *old = NULL;
+  pthread_rwlock_wrlock(&ex->tab);
+  peer_t *p = peer_lookup(ex, h);
+  if (!p) {
+    rc = -ENOENT;
+  } else {
+    size_t pos = file_pos(p, base);
+    if (pos < p->nfiles && p->files[pos]->base == base) {
+      old = p->files[pos];
+      uint64_t nb = pos + 1 < p->nfiles ? p->files[pos + 1]->base : UINT64_MAX;
+      if (len > nb - base) {
+        rc = -EEXIST;
+        old = NULL;
+      } else {
+        p->files[pos] = f;
+      }
+    } else if ((pos > 0 && p->files[pos - 1]->base + p->files[pos - 1]->len > base) ||
+               (pos < p->nfiles && base + len > p->files[pos]->base)) {
+      rc = -EEXIST; /* overlaps another file */
+    } else {
+      if (p->nfiles == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 8;
+        gfile_t **nf = realloc(p->files, cap * sizeof(gfile_t *));
+        if (!nf)
+          rc = -ENOMEM;
+        else {
+          p->files = nf;
+          p->cap = cap;
+        }
+      }
+      if (rc == 0) {
+        memmove(&p->files[pos + 1], &p->files[pos], (p->nfiles - pos) * sizeof(gfile_t *));
+        p->files[pos] = f;
+        p->nfiles++;
+      }
+    }
+  }
+  pthread_rwlock_unlock(&ex->tab);
+  if (old) file_unref(old);
+  if (rc != 0) file_unref(f);
+  return rc;
+}
+
+EXPORT int32_t tent_gds_file_remove(void *self, uint64_t h, uint64_t base) {
+  executor_t *ex = self;
+  gfile_t *f = NULL;
+  pthread_rwlock_wrlock(&ex->tab);
+  peer_t *p = peer_lookup(ex, h);
+  if (p) {
+    size_t pos = file_pos(p, base);
+    if (pos < p->nfiles && p->files[pos]->base == base) {
+      f = p->files[pos];
+      memmove(&p->files[pos], &p->files[pos + 1], (p->nfiles - pos - 1) * sizeof(gfile_t *));
+      p->nfiles--;
+    }
+  }
+  pthread_rwlock_unlock(&ex->tab);
+  if (!p) return -ENOENT;
+  if (!f) return -ENOENT;
+  file_unref(f);
+  return 0;
+}
+
+EXPORT int32_t tent_gds_engine(void *self) { return ((executor_t *)self)->engine; }
+
+EXPORT int64_t tent_gds_fs_magic(const char *path) {
+  struct statfs s;
+  if (statfs(path, &s) != 0) return -(int64_t)errno;
+  return (int64_t)(uint64_t)(unsigned long)s.f_type;
+}
+
+EXPORT void tent_gds_config(void *self, uint64_t out[4]) {
+  executor_t *ex = self;
+  out[0] = ex->nthreads;
+  out[1] = ex->qd;
+  out[2] = ex->chunk;
+  out[3] = (uint64_t)ex->direct;
+}
+
+EXPORT void tent_gds_stats(void *self, uint64_t out[8]) {
+  executor_t *ex = self;
+  out[0] = atomic_load(&ex->st_direct_bytes);
+  out[1] = atomic_load(&ex->st_buffered_bytes);
+  out[2] = atomic_load(&ex->st_uring_ios);
+  out[3] = atomic_load(&ex->st_sync_ios);
+  out[4] = atomic_load(&ex->st_ok);
+  out[5] = atomic_load(&ex->st_failed);
+  out[6] = 0;
+  out[7] = 0;
+}

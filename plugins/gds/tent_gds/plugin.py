@@ -1,0 +1,395 @@
+"""The ``gds`` transport: local host memory <-> registered files on this host.
+
+A file registered with the engine (``Engine.register_file``) is a buffer of
+:attr:`MemoryKind.FILE` whose ``addr`` is a synthetic virtual base unique per file
+and whose ``length`` is the file size. A slice touching it has
+``file_offset = remote_addr - base``. The peer owning the file may be this engine (its
+self-peer) or another engine on the same host: :meth:`GdsTransport.export_buffer` advertises
+``{"path", "perm"}`` and :meth:`GdsTransport.connect` opens every advertised file
+(``O_RDONLY`` unless the buffer is writable, plus an ``O_DIRECT`` fd when configured) and
+registers ``(base, length, fds, writable)`` with the compiled executor. op READ moves
+file -> memory, WRITE memory -> file.
+
+The executor (``csrc/gds_executor.c``) runs io_uring through raw syscalls with several
+I/Os in flight per worker, or pread/pwrite loops where io_uring is not allowed. No cuFile
+(GPUDirect Storage) here yet: CUDA <-> file goes through host staging, synthesized by the core.
+
+Config keys (this transport's section of the engine config):
+  ``engine``       "auto" (default: io_uring when usable, else pread), "io_uring", "pread"
+  ``threads``      executor worker threads (default 2)
+  ``queue_depth``  I/Os in flight per io_uring worker (default 16)
+  ``chunk``        slices are split into pieces of this many bytes (default 1 MiB, multiple of 4096)
+  ``direct``       open an O_DIRECT fd per file and use it for 4096-aligned pieces (default False;
+                   ignored on filesystems that refuse O_DIRECT, e.g. older tmpfs)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tent_core.errors import InvalidRequestError, PeerUnreachableError
+from tent_core.executor import EXECUTOR_ABI_VERSION, Executor, ExecutorLibrary, find_extension, load_executor_library
+from tent_core.plugin_spec import hookimpl
+from tent_core.transport import Transport, TransportContext
+from tent_core.types import (
+    Availability,
+    BufferInfo,
+    CapabilityProfile,
+    MemoryKind,
+    PeerInfo,
+    PeerLink,
+    Permission,
+    RailInfo,
+)
+
+from . import __version__
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("auto", "io_uring", "pread")
+_ENGINE_NAMES = {0: "pread", 1: "io_uring"}
+TMPFS_MAGIC = 0x01021994
+DIRECT_ALIGN = 4096
+
+
+def _as_bool(v: Any) -> bool:
+    if isinstance(v, str):
+        return v.strip().lower() in ("1", "true", "yes", "on")
+    return bool(v)
+
+
+# --------------------------------------------------------------------------- library
+class _Lib:
+    """The compiled executor library plus ctypes prototypes of its private functions."""
+
+    def __init__(self) -> None:
+        path = find_extension(Path(__file__).parent, "_executor")
+        self.library: ExecutorLibrary = load_executor_library(path)
+        c = self.library.cdll
+        u64, i32, i64, vp = ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
+        protos: dict[str, tuple[Any, list[Any]]] = {
+            "tent_gds_peer_add": (u64, [vp]),
+            "tent_gds_peer_remove": (i32, [vp, u64]),
+            "tent_gds_file_add": (i32, [vp, u64, u64, u64, i32, i32, i32]),
+            "tent_gds_file_remove": (i32, [vp, u64, u64]),
+            "tent_gds_engine": (i32, [vp]),
+            "tent_gds_uring_supported": (i32, [ctypes.c_char_p, u64]),
+            "tent_gds_fs_magic": (i64, [ctypes.c_char_p]),
+            "tent_gds_config": (None, [vp, ctypes.POINTER(u64)]),
+            "tent_gds_stats": (None, [vp, ctypes.POINTER(u64)]),
+        }
+        for name, (res, args) in protos.items():
+            fn = getattr(c, name)
+            fn.restype = res
+            fn.argtypes = args
+            setattr(self, name.removeprefix("tent_gds_"), fn)
+
+    peer_add: Any
+    peer_remove: Any
+    file_add: Any
+    file_remove: Any
+    engine: Any
+    uring_supported: Any
+    fs_magic: Any
+    config: Any
+    stats: Any
+
+    def uring_reason(self) -> str | None:
+        """None if io_uring (with IORING_OP_READ/WRITE) works in this process, else why not."""
+        why = ctypes.create_string_buffer(256)
+        ok = self.uring_supported(why, len(why))
+        return None if ok else why.value.decode(errors="replace")
+
+
+_lib_instance: _Lib | None = None
+_lib_lock = threading.Lock()
+
+
+def get_lib() -> _Lib:
+    global _lib_instance
+    with _lib_lock:
+        if _lib_instance is None:
+            _lib_instance = _Lib()
+        return _lib_instance
+
+
+def is_tmpfs(path: str) -> bool:
+    """True if `path` (or its directory) lives on tmpfs, where O_DIRECT is not real direct I/O."""
+    lib = get_lib()
+    probe = path if os.path.exists(path) else os.path.dirname(os.path.abspath(path)) or "."
+    return int(lib.fs_magic(os.fsencode(probe))) == TMPFS_MAGIC
+
+
+def open_direct(path: str, writable: bool) -> int:
+    """An O_DIRECT fd for `path`, or -1 where the filesystem refuses it (logged)."""
+    flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC | getattr(os, "O_DIRECT", 0)
+    if not getattr(os, "O_DIRECT", 0):
+        return -1
+    try:
+        return os.open(path, flags)
+    except OSError as exc:
+        log.info("gds: %s: O_DIRECT open refused (%s); buffered I/O only", path, exc.strerror)
+        return -1
+
+
+# --------------------------------------------------------------------------- links
+@dataclass
+class _File:
+    base: int
+    length: int
+    path: str
+    writable: bool
+    direct: bool
+
+
+@dataclass
+class _Link:
+    engine_id: str
+    handle: int
+    files: dict[int, _File] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _remote_files(name: str, remote_buffers: list[dict[str, Any]]) -> dict[int, tuple[str, int, bool]]:
+    """base -> (path, length, writable) for the peer's FILE buffers that advertise a path."""
+    out: dict[int, tuple[str, int, bool]] = {}
+    for b in remote_buffers:
+        if str(b.get("kind", "")) not in (MemoryKind.FILE.value, str(MemoryKind.FILE)):
+            continue
+        desc = b.get("desc") or {}
+        mine = desc.get(name) if isinstance(desc, dict) else None
+        if not isinstance(mine, dict) or not mine.get("path"):
+            continue
+        perm = Permission(int(b.get("perm", mine.get("perm", int(Permission.READ_WRITE)))))
+        perm &= Permission(int(mine.get("perm", int(Permission.READ_WRITE))))
+        out[int(b["addr"])] = (str(mine["path"]), int(b["length"]), bool(perm & Permission.WRITE))
+    return out
+
+
+class GdsTransport(Transport):
+    name = "gds"
+    version = __version__
+
+    def __init__(self) -> None:
+        self._lib: _Lib | None = None
+        self._executor: Executor | None = None
+        self._host_id = ""
+        self._direct = False
+        self._links: dict[str, _Link] = {}
+        self._by_handle: dict[int, _Link] = {}
+        self._lock = threading.RLock()
+
+    # -- discovery
+    def probe(self) -> Availability:
+        if not sys.platform.startswith("linux"):
+            return Availability.unavailable("gds transport needs Linux")
+        try:
+            lib = get_lib()
+        except Exception as exc:  # not built, wrong ABI...
+            return Availability.unavailable(f"gds executor library unusable: {exc}")
+        why = lib.uring_reason()
+        return Availability(
+            True, "io engine: io_uring" if why is None else f"io engine: pread (io_uring unusable: {why})"
+        )
+
+    def capabilities(self) -> CapabilityProfile:
+        return CapabilityProfile(
+            kind_pairs=frozenset({(MemoryKind.HOST, MemoryKind.FILE)}), same_host=True, cross_host=False, rank=20
+        )
+
+    # -- lifecycle
+    def start(self, ctx: TransportContext) -> None:
+        cfg = dict(ctx.config or {})
+        engine = str(cfg.get("engine", "auto")).lower()
+        if engine not in ENGINES:
+            raise InvalidRequestError(f"gds: config engine must be one of {ENGINES}, got {engine!r}")
+        self._direct = _as_bool(cfg.get("direct", False))
+        self._host_id = ctx.host_id
+        self._lib = get_lib()
+        ex_cfg = {
+            "engine": engine,
+            "threads": int(cfg.get("threads", 2)),
+            "queue_depth": int(cfg.get("queue_depth", 16)),
+            "chunk": int(cfg.get("chunk", 1 << 20)),
+            "direct": int(self._direct),
+        }
+        self._executor = self._lib.library.create(ex_cfg)
+        c = self.executor_config()
+        log.info(
+            "gds transport started: engine=%s threads=%d queue_depth=%d chunk=%d direct=%s",
+            self.io_engine,
+            c["threads"],
+            c["queue_depth"],
+            c["chunk"],
+            bool(c["direct"]),
+        )
+
+    @property
+    def executor(self) -> Executor:
+        if self._executor is None:
+            raise RuntimeError("gds transport not started")
+        return self._executor
+
+    @property
+    def io_engine(self) -> str:
+        """ "io_uring" or "pread": what the running executor uses."""
+        assert self._lib is not None
+        return _ENGINE_NAMES[int(self._lib.engine(self.executor.handle))]
+
+    def executor_config(self) -> dict[str, int]:
+        assert self._lib is not None
+        out = (ctypes.c_uint64 * 4)()
+        self._lib.config(self.executor.handle, out)
+        return {"threads": out[0], "queue_depth": out[1], "chunk": out[2], "direct": out[3]}
+
+    def stats(self) -> dict[str, int]:
+        """Executor counters: bytes moved direct / buffered, I/O requests, slices ok / failed."""
+        assert self._lib is not None
+        out = (ctypes.c_uint64 * 8)()
+        self._lib.stats(self.executor.handle, out)
+        keys = ("direct_bytes", "buffered_bytes", "uring_ios", "sync_ios", "slices_ok", "slices_failed")
+        return {k: int(out[i]) for i, k in enumerate(keys)}
+
+    def local_descriptor(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "host_id": self._host_id, "version": __version__}
+
+    def rail_names(self) -> list[str]:
+        return [f"gds-{self.io_engine}"] if self._executor is not None else []
+
+    # -- buffers
+    def export_buffer(self, buf: BufferInfo) -> dict[str, Any] | None:
+        if buf.kind != MemoryKind.FILE:
+            return None
+        if not buf.path:
+            raise InvalidRequestError("gds: a FILE buffer needs a path")
+        return {"path": os.path.abspath(buf.path), "perm": int(buf.perm)}
+
+    def release_buffer(self, buf: BufferInfo) -> None:
+        """Nothing to revoke: peers opened the path themselves (same host, same permissions)."""
+
+    # -- peers
+    def can_reach(self, peer: PeerInfo) -> str | None:
+        if self.name not in peer.transports:
+            return f"peer does not offer {self.name}"
+        if not self._host_id or peer.host_id != self._host_id:
+            return f"peer {peer.engine_id} is on another host ({peer.host_id} != {self._host_id})"
+        return None
+
+    def connect(self, peer: PeerInfo, remote_buffers: list[dict[str, Any]]) -> PeerLink:
+        if self._executor is None or self._lib is None:
+            raise RuntimeError("gds transport not started")
+        reason = self.can_reach(peer)
+        if reason:
+            raise PeerUnreachableError(f"gds: cannot reach {peer.engine_id}: {reason}")
+        with self._lock:
+            link = self._links.get(peer.engine_id)
+            if link is None:
+                h = int(self._lib.peer_add(self._executor.handle))
+                if not h:
+                    raise PeerUnreachableError(f"gds: executor could not add peer {peer.engine_id}")
+                link = _Link(peer.engine_id, h)
+                self._links[peer.engine_id] = link
+                self._by_handle[h] = link
+        self._sync_files(link, _remote_files(self.name, remote_buffers))
+        return PeerLink(
+            handle=link.handle, rails=[RailInfo(0, f"gds-{self.io_engine}")], extra={"engine": self.io_engine}
+        )
+
+    def _sync_files(self, link: _Link, wanted: dict[int, tuple[str, int, bool]]) -> None:
+        assert self._lib is not None and self._executor is not None
+        with link.lock:
+            for base in [b for b, f in link.files.items() if wanted.get(b) != (f.path, f.length, f.writable)]:
+                self._lib.file_remove(self._executor.handle, link.handle, base)
+                del link.files[base]
+            for base, (path, length, writable) in wanted.items():
+                if base in link.files:
+                    continue
+                link.files[base] = self._open_one(link, base, path, length, writable)
+
+    def _open_one(self, link: _Link, base: int, path: str, length: int, writable: bool) -> _File:
+        assert self._lib is not None and self._executor is not None
+        flags = os.O_CLOEXEC | (os.O_RDWR if writable else os.O_RDONLY)
+        try:
+            fd = os.open(path, flags)
+        except PermissionError:
+            if not writable:
+                raise PeerUnreachableError(f"gds: cannot open {path} of {link.engine_id}: permission denied") from None
+            log.warning("gds: %s is not writable by this process; registering it read-only", path)
+            writable = False
+            fd = os.open(path, os.O_CLOEXEC | os.O_RDONLY)
+        except OSError as exc:
+            raise PeerUnreachableError(f"gds: cannot open {path} of {link.engine_id}: {exc.strerror}") from exc
+        dfd = -1
+        if self._direct:
+            if is_tmpfs(path):
+                log.info("gds: %s is on tmpfs: O_DIRECT is meaningless there, using buffered I/O", path)
+            else:
+                dfd = open_direct(path, writable)
+        try:
+            size = os.fstat(fd).st_size
+        except OSError:
+            size = -1
+        if 0 <= size < length:
+            log.warning("gds: %s holds %d bytes, %d advertised: reads past EOF fail with E_BOUNDS", path, size, length)
+        rc = int(self._lib.file_add(self._executor.handle, link.handle, base, length, fd, dfd, int(writable)))
+        if rc != 0:  # the executor closed the fds
+            raise PeerUnreachableError(f"gds: registering {path} ({base:#x}+{length}) failed: {os.strerror(-rc)}")
+        log.debug(
+            "gds: %s file %s at %#x+%d writable=%s direct=%s", link.engine_id, path, base, length, writable, dfd >= 0
+        )
+        return _File(base, length, path, writable, dfd >= 0)
+
+    def link_files(self, link_or_handle: PeerLink | int) -> dict[int, dict[str, Any]]:
+        """base -> {path, length, writable, direct} of a connected peer (for tests and tools)."""
+        h = link_or_handle.handle if isinstance(link_or_handle, PeerLink) else int(link_or_handle)
+        with self._lock:
+            link = self._by_handle.get(h)
+        if link is None:
+            raise KeyError(f"gds: no peer link with handle {h:#x}")
+        with link.lock:
+            return {
+                b: dict(path=f.path, length=f.length, writable=f.writable, direct=f.direct)
+                for b, f in link.files.items()
+            }
+
+    def _teardown(self, link: _Link) -> None:
+        """Forget a link (caller holds self._lock); in-flight I/O finishes on its own fds."""
+        assert self._lib is not None and self._executor is not None
+        self._links.pop(link.engine_id, None)
+        self._by_handle.pop(link.handle, None)
+        self._lib.peer_remove(self._executor.handle, link.handle)
+        with link.lock:
+            link.files.clear()
+
+    def disconnect(self, link: PeerLink) -> None:
+        with self._lock:
+            lk = self._by_handle.get(link.handle)
+            if lk is not None:
+                self._teardown(lk)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._executor is None:
+                return
+            for lk in list(self._links.values()):
+                self._teardown(lk)
+            self._executor.close()
+            self._executor = None
+
+
+@hookimpl
+def tent_register_transports(registry: Any) -> None:
+    registry.add(
+        "gds",
+        GdsTransport,
+        abi_version=EXECUTOR_ABI_VERSION,
+        version=__version__,
+        description="local memory <-> registered files: io_uring (raw syscalls) or pread, O_DIRECT when aligned",
+    )

@@ -1,0 +1,420 @@
+"""The gds transport against real files, driven through the core's native submit path."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import select
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from tent_gds.plugin import GdsTransport, get_lib, is_tmpfs
+
+import tent_core.rails  # noqa: F401  (sets the native telemetry array)
+from tent_core import _native
+from tent_core.errors import InvalidRequestError
+from tent_core.transport import TransportContext
+from tent_core.types import BufferInfo, MemoryKind, PeerInfo, Permission
+
+READ, WRITE = 0, 1
+E_CONNECT, E_IO, E_BOUNDS, E_PERMISSION, E_CANCELLED = -1, -2, -10, -11, -13
+HOST_ID = "gds-test-host"
+BASE = 1 << 52
+
+SLICE_DTYPE = np.dtype(
+    [
+        ("local_addr", "<u8"),
+        ("remote_addr", "<u8"),
+        ("length", "<u8"),
+        ("peer", "<u8"),
+        ("token", "<u8"),
+        ("submit_ns", "<u8"),
+        ("opcode", "<u4"),
+        ("rail", "<u4"),
+        ("stat_index", "<u4"),
+        ("attempt", "<u4"),
+    ]
+)
+assert SLICE_DTYPE.itemsize == _native.SLICE_SIZE
+
+URING_OK = get_lib().uring_reason() is None
+ENGINES = ["pread"] + (["io_uring"] if URING_OK else [])
+
+
+def pattern(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def aligned(n: int, align: int = 4096) -> np.ndarray:
+    raw = np.zeros(n + align, np.uint8)
+    off = (-raw.ctypes.data) % align
+    return raw[off : off + n]
+
+
+def make_file(path: Path, data: np.ndarray | int) -> Path:
+    if isinstance(data, int):
+        with open(path, "wb") as f:
+            f.truncate(data)
+    else:
+        path.write_bytes(data.tobytes())
+    return path
+
+
+def rbuf(base: int, path: Path, length: int | None = None, perm: Permission = Permission.READ_WRITE) -> dict[str, Any]:
+    n = os.path.getsize(path) if length is None else length
+    return {
+        "segment": "files",
+        "offset": 0,
+        "addr": base,
+        "length": n,
+        "perm": int(perm),
+        "kind": MemoryKind.FILE.value,
+        "desc": {"gds": {"path": str(path), "perm": int(perm)}},
+    }
+
+
+def peer() -> PeerInfo:
+    return PeerInfo("self", HOST_ID, os.getpid(), {"gds": {"pid": os.getpid()}})
+
+
+def make_transport(**cfg: Any) -> GdsTransport:
+    tr = GdsTransport()
+    assert tr.probe().available
+    tr.start(TransportContext(engine_id="self", host_id=HOST_ID, config=cfg, bind_host="127.0.0.1"))
+    return tr
+
+
+def one(tr: GdsTransport, op: int, local: int, remote: int, n: int, handle: int, timeout: float = 30) -> int:
+    b = _native.Batch(1)
+    ex = tr.executor
+    assert _native.submit_one(ex.ops, ex.handle, b, op, local, remote, n, handle, 0, 1, 0) == 0
+    assert b.wait(timeout)
+    return int(b.error)
+
+
+FAILURE_DTYPE = np.dtype([("slice", SLICE_DTYPE), ("status", "<i4"), ("pad", "<i4")])
+
+
+def one_retryable(tr: GdsTransport, op: int, local: int, remote: int, n: int, handle: int, timeout: float = 10) -> int:
+    """Submit one slice expected to fail retryably: its status comes back through the core's
+    failure queue (the engine would retry it), not through the batch."""
+    b = _native.Batch(1)
+    ex = tr.executor
+    assert _native.submit_one(ex.ops, ex.handle, b, op, local, remote, n, handle, 0, 1, 0) == 0
+    fd = _native.failure_fd()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        select.select([fd], [], [], 0.2)
+        try:
+            os.read(fd, 8)
+        except BlockingIOError:
+            pass
+        recs = np.frombuffer(_native.pop_failures(), FAILURE_DTYPE)
+        mine = recs[recs["slice"]["token"] == b.token]
+        if len(mine):
+            b.fail_slice(int(mine[0]["status"]))
+            return int(mine[0]["status"])
+        if b.wait(0):
+            return int(b.error)
+    raise AssertionError("no completion")
+
+
+def many(tr: GdsTransport, slices: list[tuple[int, int, int, int]], handle: int, timeout: float = 30) -> Any:
+    arr = np.zeros(len(slices), SLICE_DTYPE)
+    for i, (op, local, remote, n) in enumerate(slices):
+        arr[i] = (local, remote, n, handle, 0, 0, op, 0, 1, 0)
+    b = _native.Batch(len(slices))
+    ex = tr.executor
+    assert _native.submit(ex.ops, ex.handle, b, arr) == 0
+    assert b.wait(timeout)
+    return b
+
+
+@pytest.fixture(params=ENGINES)
+def tr(request: pytest.FixtureRequest) -> Iterator[GdsTransport]:
+    t = make_transport(engine=request.param, threads=2, queue_depth=8, chunk=256 << 10)
+    assert t.io_engine == request.param
+    yield t
+    t.close()
+
+
+# ------------------------------------------------------------------ plugin surface
+def test_probe_and_capabilities() -> None:
+    t = GdsTransport()
+    av = t.probe()
+    assert av.available and av.reason.startswith("io engine: ")
+    assert ("io_uring" in av.reason) == URING_OK
+    cap = t.capabilities()
+    assert cap.kind_pairs == frozenset({(MemoryKind.HOST, MemoryKind.FILE)})
+    assert cap.same_host and not cap.cross_host
+    assert cap.serves(MemoryKind.HOST, MemoryKind.FILE, True)
+    assert not cap.serves(MemoryKind.HOST, MemoryKind.FILE, False)
+
+
+def test_bad_engine_config() -> None:
+    with pytest.raises(InvalidRequestError):
+        make_transport(engine="aio")
+
+
+def test_export_buffer(tmp_path: Path) -> None:
+    t = make_transport()
+    try:
+        f = make_file(tmp_path / "x", 100)
+        info = BufferInfo("files", 0, BASE, 100, MemoryKind.FILE, perm=Permission.READ, path=str(f))
+        assert t.export_buffer(info) == {"path": str(f), "perm": 1}
+        assert t.export_buffer(BufferInfo("m", 0, 4096, 100, MemoryKind.HOST)) is None
+        pl = t.connect(peer(), [rbuf(BASE, f)])
+        assert pl.rails[0].name == f"gds-{t.io_engine}"
+        other = PeerInfo("other", "another-host", 1, {"gds": {}})
+        assert t.can_reach(other) is not None
+    finally:
+        t.close()
+
+
+# ------------------------------------------------------------------ data path
+def test_roundtrip_unaligned(tr: GdsTransport, tmp_path: Path) -> None:
+    size = 3 * (1 << 20) + 12345
+    src = pattern(size, 1)
+    f = make_file(tmp_path / "a.bin", src)
+    h = tr.connect(peer(), [rbuf(BASE, f)]).handle
+    dst = np.zeros(size, np.uint8)
+    assert one(tr, READ, dst.ctypes.data, BASE, size, h) == 0
+    assert np.array_equal(dst, src)
+    # odd offsets on both sides, several slices in one batch, zero-length slice included
+    new = pattern(200_001, 2)
+    b = many(
+        tr,
+        [
+            (WRITE, new.ctypes.data + 1, BASE + 7, 100_000),
+            (WRITE, new.ctypes.data + 100_001, BASE + 7 + 100_000, 100_000),
+            (WRITE, new.ctypes.data, BASE + size, 0),
+        ],
+        h,
+    )
+    assert b.error == 0 and b.bytes_done == 200_000
+    expect = src.copy()
+    expect[7 : 7 + 200_000] = new[1:200_001]
+    assert f.read_bytes() == expect.tobytes()
+    back = np.zeros(200_002, np.uint8)
+    assert one(tr, READ, back.ctypes.data + 1, BASE + 7, 200_000, h) == 0
+    assert back[1:-1].tobytes() == new[1:].tobytes() and back[0] == 0 and back[-1] == 0
+
+
+def test_bounds(tr: GdsTransport, tmp_path: Path) -> None:
+    f = make_file(tmp_path / "b.bin", pattern(10_000, 3))
+    g = make_file(tmp_path / "c.bin", pattern(5_000, 4))
+    h = tr.connect(peer(), [rbuf(BASE, f), rbuf(BASE + (1 << 40), g)]).handle
+    buf = np.zeros(20_000, np.uint8)
+    assert one(tr, READ, buf.ctypes.data, BASE + 9_000, 1_001, h) == E_BOUNDS  # runs past the end
+    assert one(tr, READ, buf.ctypes.data, BASE + 10_000, 1, h) == E_BOUNDS
+    assert one(tr, WRITE, buf.ctypes.data, BASE + 20_000, 10, h) == E_BOUNDS  # in the gap
+    assert one(tr, READ, buf.ctypes.data, BASE - 1, 10, h) == E_BOUNDS  # below every file
+    assert one(tr, READ, buf.ctypes.data, BASE + (1 << 40) + 4_990, 20, h) == E_BOUNDS
+    assert one(tr, READ, buf.ctypes.data, BASE + 9_000, 1_000, h) == 0  # exactly to the end
+    assert one(tr, READ, buf.ctypes.data, BASE + 10_000, 0, h) == 0  # zero length at the end
+    assert one(tr, READ, buf.ctypes.data, BASE + (1 << 40), 5_000, h) == 0
+    assert buf[:5_000].tobytes() == g.read_bytes()
+    assert os.path.getsize(f) == 10_000  # a refused write never extends the file
+    assert (
+        one_retryable(tr, READ, buf.ctypes.data, BASE, 10, h + (1 << 32)) == E_CONNECT
+    )  # stale peer handle -> retryable
+
+
+def test_permission(tr: GdsTransport, tmp_path: Path) -> None:
+    data = pattern(8192, 5)
+    f = make_file(tmp_path / "ro.bin", data)
+    h = tr.connect(peer(), [rbuf(BASE, f, perm=Permission.READ)]).handle
+    assert tr.link_files(h)[BASE]["writable"] is False
+    src = pattern(8192, 6)
+    assert one(tr, WRITE, src.ctypes.data, BASE, 8192, h) == E_PERMISSION
+    assert f.read_bytes() == data.tobytes()
+    dst = np.zeros(8192, np.uint8)
+    assert one(tr, READ, dst.ctypes.data, BASE, 8192, h) == 0
+    assert np.array_equal(dst, data)
+
+
+def test_permission_from_filesystem(tr: GdsTransport, tmp_path: Path) -> None:
+    """Advertised writable, but the file mode denies writes: registered read-only, WRITE refused."""
+    if os.geteuid() == 0:
+        pytest.skip("root ignores file modes")
+    f = make_file(tmp_path / "mode.bin", pattern(4096, 7))
+    f.chmod(0o444)
+    h = tr.connect(peer(), [rbuf(BASE, f)]).handle
+    src = pattern(4096, 8)
+    assert one(tr, WRITE, src.ctypes.data, BASE, 4096, h) == E_PERMISSION
+
+
+def test_short_file(tr: GdsTransport, tmp_path: Path) -> None:
+    """The file is shorter than its registered length: READ past EOF fails, never returns garbage."""
+    data = pattern(3 * 4096 + 100, 9)
+    f = make_file(tmp_path / "short.bin", data)
+    h = tr.connect(peer(), [rbuf(BASE, f, length=1 << 20)]).handle
+    dst = np.full(1 << 20, 0xAB, np.uint8)
+    assert one(tr, READ, dst.ctypes.data, BASE, 1 << 20, h) == E_BOUNDS
+    assert one(tr, READ, dst.ctypes.data, BASE + 4096, 3 * 4096, h) == E_BOUNDS
+    assert one(tr, READ, dst.ctypes.data, BASE + 4096, 2 * 4096 + 100, h) == 0  # up to EOF exactly
+    assert dst[: 2 * 4096 + 100].tobytes() == data[4096:].tobytes()
+    # truncated under us after connect
+    os.truncate(f, 4096)
+    assert one(tr, READ, dst.ctypes.data, BASE, 8192, h) == E_BOUNDS
+
+
+def test_reconnect_updates_table(tr: GdsTransport, tmp_path: Path) -> None:
+    a = make_file(tmp_path / "a", pattern(4096, 10))
+    b = make_file(tmp_path / "b", pattern(4096, 11))
+    base_b = BASE + (1 << 40)
+    pl = tr.connect(peer(), [rbuf(BASE, a)])
+    dst = np.zeros(4096, np.uint8)
+    assert one(tr, READ, dst.ctypes.data, base_b, 4096, pl.handle) == E_BOUNDS
+    pl2 = tr.connect(peer(), [rbuf(base_b, b, perm=Permission.READ)])  # a gone, b new
+    assert pl2.handle == pl.handle
+    assert set(tr.link_files(pl.handle)) == {base_b}
+    assert one(tr, READ, dst.ctypes.data, BASE, 4096, pl.handle) == E_BOUNDS
+    assert one(tr, READ, dst.ctypes.data, base_b, 4096, pl.handle) == 0
+    assert dst.tobytes() == b.read_bytes()
+    assert one(tr, WRITE, dst.ctypes.data, base_b, 4096, pl.handle) == E_PERMISSION
+    tr.connect(peer(), [rbuf(base_b, b, perm=Permission.READ_WRITE)])  # perm changed: reopened writable
+    assert one(tr, WRITE, dst.ctypes.data, base_b, 4096, pl.handle) == 0
+    tr.disconnect(pl)
+    assert one_retryable(tr, READ, dst.ctypes.data, base_b, 4096, pl.handle) == E_CONNECT
+
+
+def test_cancelled(tr: GdsTransport, tmp_path: Path) -> None:
+    f = make_file(tmp_path / "c", pattern(1 << 20, 12))
+    h = tr.connect(peer(), [rbuf(BASE, f)]).handle
+    dst = np.zeros(1 << 20, np.uint8)
+    b = _native.Batch(1)
+    b.cancel()
+    ex = tr.executor
+    assert _native.submit_one(ex.ops, ex.handle, b, READ, dst.ctypes.data, BASE, 1 << 20, h, 0, 1, 0) == 0
+    assert b.wait(10) and b.error == E_CANCELLED
+    assert not dst.any()
+
+
+# ------------------------------------------------------------------ O_DIRECT
+@pytest.mark.parametrize("engine", ENGINES)
+def test_direct_aligned_and_unaligned(engine: str, tmp_path: Path) -> None:
+    if is_tmpfs(str(tmp_path)):
+        pytest.skip("tmp_path is on tmpfs")
+    tr = make_transport(engine=engine, direct=1, chunk=1 << 20)
+    try:
+        size = 4 << 20
+        data = pattern(size, 13)
+        f = make_file(tmp_path / "d.bin", data)
+        h = tr.connect(peer(), [rbuf(BASE, f)]).handle
+        if not tr.link_files(h)[BASE]["direct"]:
+            pytest.skip("filesystem refuses O_DIRECT")
+        dst = aligned(size)
+        s0 = tr.stats()
+        assert one(tr, READ, dst.ctypes.data, BASE, size, h) == 0  # aligned: direct
+        s1 = tr.stats()
+        assert np.array_equal(dst, data)
+        assert s1["direct_bytes"] - s0["direct_bytes"] == size
+        assert s1["buffered_bytes"] == s0["buffered_bytes"]
+        # unaligned memory: buffered fallback, same bytes
+        dst2 = np.zeros(size + 1, np.uint8)
+        assert one(tr, READ, dst2.ctypes.data + 1, BASE, 100_000, h) == 0
+        s2 = tr.stats()
+        assert dst2[1:100_001].tobytes() == data[:100_000].tobytes()
+        assert s2["direct_bytes"] == s1["direct_bytes"] and s2["buffered_bytes"] - s1["buffered_bytes"] == 100_000
+        # aligned start, unaligned length: direct prefix + buffered tail
+        assert one(tr, READ, dst.ctypes.data, BASE + 8192, 3 * 4096 + 10, h) == 0
+        s3 = tr.stats()
+        assert dst[: 3 * 4096 + 10].tobytes() == data[8192 : 8192 + 3 * 4096 + 10].tobytes()
+        assert s3["direct_bytes"] - s2["direct_bytes"] == 3 * 4096 and s3["buffered_bytes"] - s2["buffered_bytes"] == 10
+        # direct writes, read back through the page cache
+        new = aligned(1 << 20)
+        new[:] = pattern(1 << 20, 14)
+        assert one(tr, WRITE, new.ctypes.data, BASE + (1 << 20), 1 << 20, h) == 0
+        assert tr.stats()["direct_bytes"] - s3["direct_bytes"] == 1 << 20
+        with open(f, "rb") as fh:
+            fh.seek(1 << 20)
+            assert fh.read(1 << 20) == new.tobytes()
+        # direct read hitting EOF of a short file: E_BOUNDS
+        pl = tr.connect(peer(), [rbuf(BASE, f, length=size + (1 << 20))])
+        assert one(tr, READ, dst.ctypes.data, BASE + size - 4096, 8192, pl.handle) == E_BOUNDS
+    finally:
+        tr.close()
+
+
+def test_direct_on_tmpfs_uses_buffered() -> None:
+    if not os.path.isdir("/dev/shm") or not is_tmpfs("/dev/shm"):
+        pytest.skip("no tmpfs at /dev/shm")
+    tr = make_transport(direct=1)
+    path = Path(f"/dev/shm/tent-gds-test-{os.getpid()}")
+    try:
+        data = pattern(1 << 20, 15)
+        make_file(path, data)
+        h = tr.connect(peer(), [rbuf(BASE, path)]).handle
+        assert tr.link_files(h)[BASE]["direct"] is False
+        dst = aligned(1 << 20)
+        assert one(tr, READ, dst.ctypes.data, BASE, 1 << 20, h) == 0
+        assert np.array_equal(dst, data)
+        assert tr.stats()["direct_bytes"] == 0
+    finally:
+        tr.close()
+        path.unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------ large files
+@pytest.mark.parametrize("engine", ENGINES)
+def test_large_file_checksums(engine: str, tmp_path: Path) -> None:
+    size = 256 << 20
+    tr = make_transport(engine=engine, direct=1, threads=2, queue_depth=16, chunk=1 << 20)
+    try:
+        f = make_file(tmp_path / "big.bin", size)
+        h = tr.connect(peer(), [rbuf(BASE, f)]).handle
+        src = aligned(size)
+        src[:] = np.random.default_rng(16).integers(0, 256, size, dtype=np.uint8)
+        digest = hashlib.sha256(src).hexdigest()
+        assert one(tr, WRITE, src.ctypes.data, BASE, size, h, timeout=120) == 0
+        h2 = hashlib.sha256()
+        with open(f, "rb") as fh:
+            while chunk := fh.read(16 << 20):
+                h2.update(chunk)
+        assert h2.hexdigest() == digest
+        dst = aligned(size)
+        # 4 slices in one batch
+        q = size // 4
+        b = many(tr, [(READ, dst.ctypes.data + i * q, BASE + i * q, q) for i in range(4)], h, timeout=120)
+        assert b.error == 0 and b.bytes_done == size
+        assert hashlib.sha256(dst).hexdigest() == digest
+    finally:
+        tr.close()
+
+
+# ------------------------------------------------------------------ through the engine
+def test_engine_register_file(tmp_path: Path) -> None:
+    from tent_core.engine import Engine
+
+    if not hasattr(Engine, "register_file"):
+        pytest.skip("Engine.register_file not in this tent_core yet")
+    from tent_core.types import READ_ONLY
+
+    data = pattern(2 << 20, 17)
+    fpath = make_file(tmp_path / "e.bin", data)
+    with Engine(transports=["gds"]) as eng:
+        assert "gds" in eng.transports, eng.availability
+        fb = eng.register_file(str(fpath), segment="files")
+        assert fb.kind == MemoryKind.FILE and fb.length == 2 << 20
+        ro = eng.register_file(str(make_file(tmp_path / "ro.bin", pattern(4096, 18))), segment="ro", perm=READ_ONLY)
+        assert ro.length == 4096
+        created = eng.register_file(str(tmp_path / "new.bin"), segment="new", size=1 << 20)
+        assert os.path.getsize(tmp_path / "new.bin") == 1 << 20 and created.length == 1 << 20
+        mem = np.zeros(2 << 20, np.uint8)
+        lb = eng.register(mem)
+        eng.read(lb, eng.segment_name("files"), 2 << 20)
+        assert np.array_equal(mem, data)
+        mem[:] = pattern(2 << 20, 19)
+        eng.write(lb, eng.segment_name("new"), 1 << 20, local_offset=12345)
+        assert (tmp_path / "new.bin").read_bytes() == mem[12345 : 12345 + (1 << 20)].tobytes()
+        from tent_core import errors
+
+        with pytest.raises(errors.TentError):
+            eng.write(lb, eng.segment_name("ro"), 4096)
+        with pytest.raises(errors.TentError):
+            eng.read(lb, eng.segment_name("files"), 4096, remote_offset=(2 << 20) - 100)

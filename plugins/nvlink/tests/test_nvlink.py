@@ -1,0 +1,187 @@
+"""nvlink transport: import/probe/descriptor/capability tests run everywhere; data path needs CUDA."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+from tent_nvlink import cuda
+from tent_nvlink.plugin import KIND_PAIRS, NvlinkTransport, get_lib
+
+import tent_core.rails  # noqa: F401  (sets the native telemetry array)
+from tent_core import _native
+from tent_core.transport import TransportContext
+from tent_core.types import BufferInfo, MemoryKind, PeerInfo, Permission
+
+READ, WRITE = 0, 1
+E_BOUNDS, E_PERMISSION = -10, -11
+HOST_ID = "nvl-test-host"
+
+
+def test_import_does_not_load_cuda() -> None:
+    import importlib
+    import subprocess
+    import sys
+
+    code = "import tent_nvlink.plugin, sys; print(any('cudart' in l for l in open('/proc/self/maps')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"
+    importlib.import_module("tent_nvlink.plugin")
+
+
+def test_executor_library_loads_without_cuda() -> None:
+    lib = get_lib()
+    assert lib.library.name == "nvlink"
+
+
+def test_probe_reason() -> None:
+    av = NvlinkTransport().probe()
+    n, why = cuda.device_status()
+    if n == 0:
+        assert not av.available
+        assert av.reason.startswith("no CUDA device: ") and len(av.reason) > len("no CUDA device: ")
+        assert why in av.reason
+    else:
+        assert av.available
+
+
+def test_capabilities() -> None:
+    cap = NvlinkTransport().capabilities()
+    assert (
+        cap.kind_pairs
+        == KIND_PAIRS
+        == frozenset(
+            {(MemoryKind.CUDA, MemoryKind.CUDA), (MemoryKind.HOST, MemoryKind.CUDA), (MemoryKind.CUDA, MemoryKind.HOST)}
+        )
+    )
+    assert cap.same_host and not cap.cross_host
+    assert cap.serves(MemoryKind.HOST, MemoryKind.CUDA, True)
+    assert not cap.serves(MemoryKind.CUDA, MemoryKind.CUDA, False)
+    assert not cap.serves(MemoryKind.HOST, MemoryKind.HOST, True)
+
+
+def test_descriptor_roundtrip() -> None:
+    h = bytes(range(64))
+    d = cuda.pack_ipc_desc(h, 1, 4096, 1 << 30, 1234)
+    assert cuda.unpack_ipc_desc(d) == (h, 1, 4096, 1 << 30, 1234)
+    import json
+
+    assert cuda.unpack_ipc_desc(json.loads(json.dumps(d))) == (h, 1, 4096, 1 << 30, 1234)
+    for bad in (
+        None,
+        {},
+        {"ipc": "zz", "device": 0, "offset": 0},
+        {"ipc": h[:10].hex(), "device": 0, "offset": 0},
+        {"ipc": h.hex(), "device": -1, "offset": 0},
+        {"ipc": h.hex(), "device": 0, "offset": -5},
+    ):
+        with pytest.raises(ValueError):
+            cuda.unpack_ipc_desc(bad)
+    with pytest.raises(ValueError):
+        cuda.pack_ipc_desc(b"short", 0, 0, 0, 0)
+
+
+def test_host_buffers_export_and_unreachable_remote_host() -> None:
+    t = NvlinkTransport()
+    assert t.export_buffer(BufferInfo("s", 0, 4096, 10, MemoryKind.HOST)) == {"host": True, "pid": os.getpid()}
+    assert t.export_buffer(BufferInfo("s", 0, 4096, 10, MemoryKind.FILE, path="/x")) is None
+    assert t.can_reach(PeerInfo("p", "other", 1, {"nvlink": {}})) is not None
+
+
+# ---------------------------------------------------------------- CUDA data path
+def _transport() -> NvlinkTransport:
+    t = NvlinkTransport()
+    assert t.probe().available
+    t.start(TransportContext(engine_id="self", host_id=HOST_ID, config={}, bind_host="127.0.0.1"))
+    return t
+
+
+def _one(t: NvlinkTransport, op: int, local: int, remote: int, n: int, h: int) -> int:
+    b = _native.Batch(1)
+    ex = t.executor
+    assert _native.submit_one(ex.ops, ex.handle, b, op, local, remote, n, h, 0, 1, 0) == 0
+    assert b.wait(30)
+    return int(b.error)
+
+
+def _rbuf(addr: int, n: int, desc: dict[str, Any], kind: str = "cuda", perm: int = 3) -> dict[str, Any]:
+    return {"addr": addr, "length": n, "perm": perm, "kind": kind, "desc": {"nvlink": desc}}
+
+
+@pytest.mark.cuda
+def test_self_peer_host_device_roundtrip() -> None:
+    rt = cuda.runtime()
+    t = _transport()
+    n = 8 << 20
+    dev = rt.malloc(n)
+    try:
+        info = BufferInfo("g", 0, dev + 4096, n - 4096, MemoryKind.CUDA, device=0)
+        d = t.export_buffer(info)
+        assert d is not None and d["offset"] == 4096 and len(bytes.fromhex(d["ipc"])) == 64
+        ro = _rbuf(dev, 4096, d, perm=int(Permission.READ))
+        pl = t.connect(
+            PeerInfo("self", HOST_ID, os.getpid(), {"nvlink": t.local_descriptor()}),
+            [_rbuf(dev + 4096, n - 4096, d), ro],
+        )
+        src = np.random.default_rng(1).integers(0, 256, n - 4096, dtype=np.uint8)
+        assert _one(t, WRITE, src.ctypes.data, dev + 4096, n - 4096, pl.handle) == 0
+        dst = np.zeros_like(src)
+        assert _one(t, READ, dst.ctypes.data, dev + 4096, n - 4096, pl.handle) == 0
+        assert np.array_equal(src, dst)
+        assert _one(t, READ, dst.ctypes.data, dev + 4096, n, pl.handle) == E_BOUNDS
+        assert _one(t, WRITE, src.ctypes.data, dev, 4096, pl.handle) == E_PERMISSION
+    finally:
+        t.close()
+        rt.free(dev)
+
+
+def _child(conn: Any, n: int) -> None:
+    from tent_nvlink import cuda as c
+
+    rt = c.runtime()
+    rt.set_device(0)
+    p = rt.malloc(n)
+    host = np.arange(n, dtype=np.uint8) ^ 0x5A
+    rt.memcpy(p, host.ctypes.data, n)
+    base, _size = c.driver().address_range(p)
+    conn.send((p, c.pack_ipc_desc(rt.ipc_get(base), 0, p - base, _size, os.getpid())))
+    conn.recv()  # parent done
+    out = np.zeros(n, np.uint8)
+    rt.memcpy(out.ctypes.data, p, n)
+    conn.send(out.tobytes())
+    rt.free(p)
+
+
+@pytest.mark.cuda
+def test_two_process_ipc() -> None:
+    n = 16 << 20
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_child, args=(child, n), daemon=True)
+    proc.start()
+    try:
+        addr, desc = parent.recv()
+        t = _transport()
+        rt = cuda.runtime()
+        local = rt.malloc(n)
+        try:
+            pl = t.connect(
+                PeerInfo("child", HOST_ID, proc.pid or 0, {"nvlink": {"pid": proc.pid}}), [_rbuf(addr, n, desc)]
+            )
+            assert _one(t, READ, local, addr, n, pl.handle) == 0  # device <- peer device
+            host = np.zeros(n, np.uint8)
+            rt.memcpy(host.ctypes.data, local, n)
+            assert np.array_equal(host, np.arange(n, dtype=np.uint8) ^ 0x5A)
+            new = np.random.default_rng(2).integers(0, 256, n, dtype=np.uint8)
+            assert _one(t, WRITE, new.ctypes.data, addr, n, pl.handle) == 0  # host -> peer device
+            t.disconnect(pl)
+            parent.send("done")
+            assert parent.recv() == new.tobytes()
+        finally:
+            t.close()
+            rt.free(local)
+    finally:
+        proc.join(30)
