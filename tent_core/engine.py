@@ -48,6 +48,7 @@ from .types import (
 
 log = logging.getLogger(__name__)
 
+_UNSET: Any = object()
 HEALTH_TICK_S = 0.01  # telemetry/health cadence of the progress thread
 PROBE_SEGMENT = "_tent_probe"
 PROBE_BYTES = 4096
@@ -190,6 +191,8 @@ class Engine:
         self._staged_pool_threads: ThreadPoolExecutor | None = None
         self._staging: StagingPool | None = None
         self._announced_paths: set[tuple[Any, ...]] = set()
+        self._remote_cache: dict[str, tuple[_Peer, str]] = {}
+        self._path_cache: dict[tuple[Any, ...], Any] = {}
         self.plugins: PluginSet = discover(plugins, autoload=autoload)
         self.availability: dict[str, Availability] = {}
         self.transports: dict[str, Transport] = {}
@@ -584,7 +587,12 @@ class Engine:
     ) -> None:
         if not isinstance(req, Request):
             raise errors.InvalidRequestError(f"expected a Request, got {type(req).__name__}")
-        op = OpCode(req.op)
+        op = req.op
+        if op is not OpCode.READ and op is not OpCode.WRITE:
+            try:
+                op = OpCode(op)
+            except ValueError as exc:
+                raise errors.InvalidRequestError(f"op must be READ or WRITE, got {req.op!r}") from exc
         buf = req.local
         if not isinstance(buf, LocalBuffer) or not buf.registered or buf._engine_id != self.engine_id:
             raise errors.NotRegisteredError("the local buffer is not registered with this engine")
@@ -596,15 +604,32 @@ class Engine:
             raise errors.OutOfBoundsError(
                 f"local range [{req.local_offset}, {req.local_offset + req.length}) exceeds the {buf.length}-byte buffer"
             )
-        engine_id, seg = parse_segment_name(req.remote)
-        peer = self._peer(engine_id, min(timeout, self.config.control_timeout_s))
+        target = self._remote_cache.get(req.remote)
+        if target is None:
+            engine_id, seg = parse_segment_name(req.remote)
+            peer = self._peer(engine_id, min(timeout, self.config.control_timeout_s))
+            if len(self._remote_cache) < 65536:
+                self._remote_cache[req.remote] = (peer, seg)
+        else:
+            peer, seg = target
         if req.length == 0:
             self._map_remote(peer, seg, req.remote_offset, 0, op) if peer.segments.get(seg) is None else None
             return
         local = buf.addr + req.local_offset
-        prio = Priority(req.priority)
+        prio = req.priority
+        if prio.__class__ is not Priority:
+            try:
+                prio = Priority(prio)
+            except ValueError as exc:
+                raise errors.InvalidRequestError(f"priority must be HIGH, MID or LOW, got {req.priority!r}") from exc
         pieces = self._map_remote(peer, seg, req.remote_offset, req.length, op)
-        path = self._staged_path(peer, buf.kind, pieces[0][0].kind, op) if len(pieces) == 1 else None
+        if len(pieces) == 1:
+            pkey = (peer.engine_id, buf.kind, pieces[0][0].kind, op)
+            path = self._path_cache.get(pkey, _UNSET)
+            if path is _UNSET:
+                path = self._path_cache[pkey] = self._staged_path(peer, buf.kind, pieces[0][0].kind, op)
+        else:
+            path = None
         if path is not None:
             self._check_local_stage(buf, req, op)
             staged.append((req, path))
