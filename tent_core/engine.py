@@ -981,10 +981,11 @@ class _Progress:
                     pass
                 data = _native.pop_failures()
                 if data:
+                    foreign = []
                     for rec in np.frombuffer(data, FAILURE_DTYPE):
                         handle = self._inflight.get(int(rec["slice"]["token"]))
                         if handle is None:
-                            log.error("failure for an unknown batch; dropping")
+                            foreign.append(rec)  # someone drives an executor directly: theirs to pop
                             continue
                         try:
                             handle.engine._handle_failure(handle, rec)
@@ -994,6 +995,8 @@ class _Progress:
                                 handle._batch.fail_slice(int(rec["status"]))
                             except RuntimeError:
                                 pass
+                    if foreign:
+                        _native.requeue_failures(np.array(foreign, FAILURE_DTYPE).tobytes())
             now = time.monotonic()
             if now - last_tick >= HEALTH_TICK_S:
                 last_tick = now

@@ -387,6 +387,32 @@ static PyObject *py_pop_failures(PyObject *m, PyObject *args) {
   return out;
 }
 
+/* requeue_failures(bytes): give back records this process's engine does not own (e.g. a test
+ * harness driving an executor directly pops its own). Does not signal the eventfd. */
+static PyObject *py_requeue_failures(PyObject *m, PyObject *arg) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+  size_t n = (size_t)view.len / sizeof(failure_t);
+  pthread_mutex_lock(&g_fail_mu);
+  if (g_fail_len + n > g_fail_cap) {
+    size_t cap = g_fail_cap ? g_fail_cap : 256;
+    while (cap < g_fail_len + n) cap *= 2;
+    failure_t *nf = realloc(g_fail, cap * sizeof(failure_t));
+    if (!nf) {
+      pthread_mutex_unlock(&g_fail_mu);
+      PyBuffer_Release(&view);
+      return PyErr_NoMemory();
+    }
+    g_fail = nf;
+    g_fail_cap = cap;
+  }
+  memcpy(g_fail + g_fail_len, view.buf, n * sizeof(failure_t));
+  g_fail_len += n;
+  pthread_mutex_unlock(&g_fail_mu);
+  PyBuffer_Release(&view);
+  Py_RETURN_NONE;
+}
+
 /* set_stats(buffer) : telemetry slots live in a Python-owned (possibly shared) buffer. */
 static PyObject *g_stats_owner = NULL;
 static PyObject *py_set_stats(PyObject *m, PyObject *arg) {
@@ -411,6 +437,7 @@ static PyMethodDef methods[] = {
     {"submit", py_submit, METH_VARARGS, "submit(ops, exec, batch, slices) -> rc"},
     {"submit_one", (PyCFunction)(void (*)(void))py_submit_one, METH_FASTCALL, "submit one slice"},
     {"pop_failures", py_pop_failures, METH_VARARGS, "take queued retryable failures"},
+    {"requeue_failures", py_requeue_failures, METH_O, "put back failure records not ours"},
     {"set_stats", py_set_stats, METH_O, "use this writable buffer for telemetry slots"},
     {"host_api_address", py_host_api_address, METH_NOARGS, "address of the tent_host_api_t"},
     {"failure_fd", py_failure_fd, METH_NOARGS, "eventfd signalled when failures are queued"},

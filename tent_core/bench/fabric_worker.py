@@ -37,7 +37,7 @@ import numpy as np
 
 from ..engine import Engine, LocalBuffer, Request
 from ..types import OpCode, Priority
-from .runner import percentile, pattern, run_point
+from .runner import pattern, percentile, run_point
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +78,13 @@ class Sampler:
 
     def snapshot(self) -> dict[str, Any]:
         stats = sorted((r for r in self.eng.rail_stats() if r["transport"] == "tcp"), key=lambda r: r["index"])
+        t = time.monotonic()  # stamped next to the wire read: the timeline is drawn from the wire counters
         return {
-            "t": time.monotonic(),
+            "t": t,
             "bytes": [r["bytes"] for r in stats],
             "errors": [r["errors"] for r in stats],
             "state": [r["state"][0] for r in stats],  # H / D / P
+            "bw": [round(r["bandwidth_GBps"] * 8, 4) for r in stats],  # the engine's estimate, Gbit/s
             "wire": _wire_bytes(self.ifaces),
         }
 
@@ -142,10 +144,11 @@ def run_sweep(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, 
             for block in blocks:
                 before = _rail_bytes(eng)
                 t0 = time.monotonic()
-                gbps, lat = run_point(eng, local, spec["remote"], OpCode[op_name], block, batch, threads,
-                                      sw["iters"], sw["warmup"], sw["budget_s"])  # fmt: skip
+                gbps, lat, window = _point(eng, local, spec["remote"], OpCode[op_name], block, batch, threads,
+                                           sw["iters"], sw["warmup"], sw["budget_s"])  # fmt: skip
                 t1 = time.monotonic()
                 after = _rail_bytes(eng)
+                steady = _steady_gbit(sampler.samples, *window)
                 rows.append(
                     {
                         "engine": "tent",
@@ -155,7 +158,10 @@ def run_sweep(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, 
                         "batch_size": batch,
                         "threads": threads,
                         "gbps": round(gbps, 4),
-                        "gbit": round(gbps * 8, 4),
+                        # steady state: bytes the rails delivered while every submitter was busy
+                        "gbit": round(steady if steady is not None else gbps * 8, 4),
+                        "gbit_wall": round(gbps * 8, 4),  # the local runner's accounting (timed requests / wall)
+                        "steady_window_s": round(window[1] - window[0], 3),
                         "avg_us": round(float(np.mean(lat)) * 1e6, 2),
                         "p50_us": round(percentile(lat, 50) * 1e6, 2),
                         "p99_us": round(percentile(lat, 99) * 1e6, 2),
@@ -167,6 +173,57 @@ def run_sweep(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, 
                 )
                 log.info("point %s %d x%d: %.3f Gbit/s", op_name, block, batch, gbps * 8)
     return {"rows": rows}
+
+
+def _point(eng: Engine, local: LocalBuffer, remote: str, op: OpCode, block: int, batch: int, threads: int,
+           iters: int, warmup: int, budget_s: float) -> tuple[float, list[float], tuple[float, float]]:
+    """runner.run_point plus the window in which every submitter was in its timed loop.
+
+    With few large requests in flight, "timed requests / wall" undercounts: other threads' warm-up
+    requests and the drain share the wire. The window [last thread started, first thread ended]
+    has every submitter busy, and the rail counters say what was delivered in it."""
+    lock = threading.Lock()
+    starts: dict[int, float] = {}
+    ends: dict[int, float] = {}
+
+    def tick() -> None:
+        tid = threading.get_ident()
+        now = time.monotonic()
+        with lock:
+            starts.setdefault(tid, now)
+            ends[tid] = now
+
+    class _Eng:
+        def submit(self, reqs: Any, deadline: float | None = None) -> Any:
+            h = eng.submit(reqs, deadline)
+            return _H(h)
+
+    class _H:
+        def __init__(self, h: Any) -> None:
+            self.h = h
+
+        def wait(self, timeout: float | None = None) -> bool:
+            r = self.h.wait(timeout)
+            tick()
+            return r
+
+    gbps, lat = run_point(_Eng(), local, remote, op, block, batch, threads, iters, warmup, budget_s)  # type: ignore[arg-type]
+    # starts[tid]: the thread's first completion = the end of its warm-up (the fabric sweep uses warmup=1)
+    if not starts:
+        return gbps, lat, (0.0, 0.0)
+    return gbps, lat, (max(starts.values()), min(ends.values()))
+
+
+def _steady_gbit(samples: list[dict[str, Any]], a: float, b: float) -> float | None:
+    """Gbit/s the rails completed between monotonic times a and b (None if too short to say)."""
+    if b - a < 0.2:
+        return None
+    good = [s for s in list(samples) if s["bytes"]]
+    ts = np.array([s["t"] for s in good])
+    if len(ts) < 2 or ts[0] > a or ts[-1] < b:
+        return None
+    tot = np.array([sum(s["bytes"]) for s in good], dtype=np.float64)
+    return float((np.interp(b, ts, tot) - np.interp(a, ts, tot)) * 8 / (b - a) / 1e9)
 
 
 # ------------------------------------------------------------------ verify
@@ -326,6 +383,56 @@ def run_mixed(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, 
     }
 
 
+# ------------------------------------------------------------------ experiments
+
+
+def _waterfill_counts(n: int, length: int, rails: Any, cand: list[int], weights: Any) -> list[int]:
+    """EXPERIMENT (not the engine's rule): slice counts that equalize predicted completion times.
+
+    Rail i gets x_i = max(0, T * B_i - A_i) bytes (B_i = health-weighted bandwidth / penalty, A_i = bytes
+    already queued on it), with T chosen so the x_i sum to `length`: every rail finishes its share at
+    the same predicted time, which is the earliest possible completion for the request. The engine's
+    `_spray_counts` (shares proportional to 1 / cost) gives equal shares whenever the queues are
+    equal *in time*, so a slow rail keeps receiving too much once queues have formed.
+    """
+    bw = []
+    for i in cand:
+        w = 1.0 if weights is None else float(weights[i])
+        bw.append(max(rails[i].bandwidth_Bps * w / rails[i].penalty, 1.0))
+    queued = [float(rails[i].queued_bytes) for i in cand]
+    order = sorted(range(len(cand)), key=lambda j: queued[j] / bw[j])
+    total_b = 0.0
+    total_a = 0.0
+    level = 0.0
+    for k, j in enumerate(order):
+        total_b += bw[j]
+        total_a += queued[j]
+        level = (length + total_a) / total_b
+        nxt = order[k + 1] if k + 1 < len(order) else None
+        if nxt is None or level <= queued[nxt] / bw[nxt]:
+            break
+    shares = [max(0.0, level * bw[j] - queued[j]) for j in range(len(cand))]
+    tot = sum(shares) or 1.0
+    exact = [x * n / tot for x in shares]
+    counts = [int(x) for x in exact]
+    for j in sorted(range(len(cand)), key=lambda j: counts[j] - exact[j])[: n - sum(counts)]:
+        counts[j] += 1
+    return counts
+
+
+def apply_experiment(name: str | None) -> None:
+    """Opt-in scheduler experiments for evidence gathering (TENT_FABRIC_EXPERIMENT); never the default."""
+    if not name:
+        return
+    if name == "waterfill":
+        from .. import slice_scheduler
+
+        slice_scheduler.SliceScheduler._spray_counts = staticmethod(_waterfill_counts)  # type: ignore[method-assign]
+        log.warning("EXPERIMENT: spray uses water-filling slice counts")
+    else:
+        raise ValueError(f"unknown experiment {name!r}")
+
+
 MODES = {"sweep": run_sweep, "verify": run_verify, "mixed": run_mixed}
 
 
@@ -337,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=spec.get("log_level", logging.WARNING), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
     mode = MODES[spec["mode"]]
+    apply_experiment(spec.get("experiment"))
     with Engine(spec["config"], host=spec["host"], transports=["tcp"]) as eng:
         sampler = Sampler(eng, spec.get("ifaces", []), spec.get("sample_ms", 10) / 1e3)
         sampler.start()

@@ -42,8 +42,7 @@ assert SLICE_DTYPE.itemsize == _native.SLICE_SIZE == 64
 assert FAILURE_DTYPE.itemsize == _native.FAILURE_SIZE
 
 READ, WRITE = 0, 1
-STATS = np.zeros(64 * 8, np.int64)
-_native.set_stats(STATS)
+import tent_core.rails  # noqa: E402,F401  (the core owns the telemetry slots; importing sets them)
 
 
 def pattern(seed: int, n: int) -> np.ndarray:
