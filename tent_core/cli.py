@@ -109,6 +109,8 @@ def plugins(as_json: bool) -> None:
 @click.option("--duration", default=None, type=click.FloatRange(0.5, 600), metavar="SECONDS",
               help="--fabric: continuous verified transfers for this long (default 5 with --fault).")
 @click.option("--mixed", is_flag=True, help="--fabric: 64 KiB HIGH-priority mice under 64 MiB LOW-priority elephants, QoS off/on.")
+@click.option("--offered-load", "offered", default=None, type=click.FloatRange(0.01, 1000), metavar="GBIT",
+              help="--fabric sweep: open loop at this offered load (Gbit/s) instead of closed-loop submitters.")
 def bench(
     quick: bool,
     as_json: bool,
@@ -128,6 +130,7 @@ def bench(
     fault: str | None,
     duration: float | None,
     mixed: bool,
+    offered: float | None,
 ) -> None:
     """TEBench-style sweep between a target and an initiator process on this host.
 
@@ -137,14 +140,14 @@ def bench(
     from .bench import runner
 
     fabric_only = {"--degrade": degrade, "--policy": policies, "--timeline": timeline, "--fault": fault,
-                   "--duration": duration, "--mixed": mixed or None}  # fmt: skip
+                   "--duration": duration, "--mixed": mixed or None, "--offered-load": offered}  # fmt: skip
     if fabric is None:
         given = [k for k, v in fabric_only.items() if v is not None]
         if given:
             raise click.UsageError(f"{', '.join(given)} only apply with --fabric")
     else:
         _bench_fabric(fabric, quick, as_json, block_sizes, batch_sizes, ops, threads, iters, degrade, policies,
-                      timeline, fault, duration, mixed, baseline, submit_cost, transports)  # fmt: skip
+                      timeline, fault, duration, mixed, baseline, submit_cost, transports, offered)  # fmt: skip
         return
     threads = threads or 1
     spec = runner.BenchSpec(threads=threads, verify=not no_verify)
@@ -230,6 +233,7 @@ def _bench_fabric(
     baseline: str | None,
     submit_cost: bool,
     transports: str | None,
+    offered: float | None = None,
 ) -> None:
     """`tent bench --fabric SPEC ...`: build, run every policy, tear down, print rows."""
     from .bench import fabric_bench as fb
@@ -257,6 +261,9 @@ def _bench_fabric(
     if mixed and (fault or duration):
         raise click.UsageError("--mixed runs its own fixed load; drop --fault/--duration")
     spec.threads = threads or 4
+    spec.offered_gbit = offered
+    if offered and (fault or duration or mixed):
+        raise click.UsageError("--offered-load applies to the sweep (not with --fault/--duration/--mixed)")
     if quick:
         spec.block_sizes, spec.budget_s = [1 * MiB, 64 * MiB], 1.5
         spec.mixed_duration_s = 2.0

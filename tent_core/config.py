@@ -148,8 +148,14 @@ class RailHealthConfig:
     # with a 0.2 s base a rail that is back is used again within ~0.2-0.7 s, and one that stays dead
     # costs one small heartbeat slice per cooldown, the cooldown growing to 5 s (25 doublings would
     # be needed to reach the C++ cap; 5 doublings reach ours).
-    cooldown_base_s: float = 0.2
-    cooldown_cap_s: float = 5.0
+    # Heartbeats of a paused rail keep this cadence while it stays down (a failed heartbeat does not
+    # lengthen it); each re-pause after a re-admission (a flapping rail) doubles it up to the cap.
+    cooldown_base_s: float = 0.1
+    cooldown_cap_s: float = 0.4
+    # Each cooldown is spread by +-this fraction (seeded RNG), so heartbeats cannot phase-lock with a
+    # periodic fault. 0 makes cooldowns exact (tests).
+    cooldown_jitter: float = 0.5
+    jitter_seed: int = 0x7E47
     # A rail that stays HEALTHY this long after re-admission starts its next pause at the base again.
     cooldown_reset_s: float = 30.0
     # DEGRADED rails get this weight in the spray (paper: 0.5).

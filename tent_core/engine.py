@@ -496,7 +496,7 @@ class Engine:
                     peer.dead_transports.add(name)
                     last_exc = exc
                     continue
-                rails = [RAILS.get(name, peer.engine_id, ri) for ri in link.rails]
+                rails = [RAILS.get(name, peer.engine_id, ri, self.config.scheduler) for ri in link.rails]
                 route = peer.routes[name] = _Route(transport, link, rails)
                 return route
         raise errors.NoPathError(
@@ -746,6 +746,7 @@ class Engine:
             batch.fail_slice(status)
             return
         route, new_rail = target
+        new_rail.telemetry.add_pending(int(s["length"]), _native.now_ns())  # spread a burst of retries
         batch.note_retry()
         ex = route.transport.executor
         rc = _native.submit_one(
@@ -811,16 +812,28 @@ class Engine:
             for route in list(peer.routes.values()):
                 if len(route.rails) < 2:
                     continue  # a single rail has nowhere else to go: transport substitution handles it
+                latest = 0
                 for rail in route.rails:
                     tel = rail.telemetry
                     delta = tel.observe(RAILS.row(rail.slot), now_ns)
                     if delta.slices_done and self.monitor.state(rail.slot, now) != RailState.PAUSED:
                         self.monitor.on_success(rail.slot, now)
-                    elif tel.inflight_slices and tel.is_stalled(now_ns, hc.stall_min_s, hc.stall_factor):
-                        if self.monitor.state(rail.slot, now) != RailState.PAUSED:
-                            log.info("rail %s to %s stalled (%.0f ms without progress): pausing",
-                                     rail.info.name, peer.engine_id, tel.stall_s(now_ns) * 1e3)
-                            self.monitor.pause(rail.slot, now)
+                    latest = max(latest, tel.last_complete_ns)
+                # A rail is stalled when it has work and has completed nothing for stall_min_s while
+                # another rail to the same peer kept completing (so it is the rail, not the peer or
+                # our CPU). Queue-inclusive latencies are not used: under load they are long.
+                stall_ns = hc.stall_min_s * 1e9
+                for rail in route.rails:
+                    tel = rail.telemetry
+                    if (
+                        tel.inflight_slices
+                        and tel.stall_s(now_ns) * 1e9 > stall_ns
+                        and now_ns - latest < stall_ns
+                        and self.monitor.state(rail.slot, now) != RailState.PAUSED
+                    ):
+                        log.info("rail %s to %s stalled (%.0f ms without progress): pausing",
+                                 rail.info.name, peer.engine_id, tel.stall_s(now_ns) * 1e3)
+                        self.monitor.pause(rail.slot, now)
                     if self.monitor.due_probe(rail.slot, now):
                         self._send_probe(peer, route, rail, now)
         still: list[tuple[Rail, Any, float]] = []

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import random
 import statistics
 from collections import deque
 from collections.abc import Hashable, Iterable, Mapping, Sequence
@@ -69,6 +70,7 @@ class RailMonitor:
         self.config = config or RailHealthConfig()
         self._rails: dict[Hashable, _Rail] = {}
         self._units_to_pause = float(self.config.error_threshold)
+        self._rng = random.Random(self.config.jitter_seed)
 
     def _get(self, rail: Hashable) -> _Rail:
         r = self._rails.get(rail)
@@ -84,7 +86,7 @@ class RailMonitor:
         if r.state is RailState.PAUSED:
             if r.probe_sent is not None and now - r.probe_sent >= cfg.probe_timeout_s:
                 log.info("rail %s: heartbeat unanswered for %.3fs, stays paused", rail, now - r.probe_sent)
-                self._pause(rail, r, r.probe_sent + cfg.probe_timeout_s)
+                self._rearm(r, r.probe_sent + cfg.probe_timeout_s)
             return
         if r.state is RailState.DEGRADED:
             if r.readmit_step >= 0:
@@ -106,7 +108,7 @@ class RailMonitor:
     def _pause(self, rail: Hashable, r: _Rail, now: float) -> None:
         cfg = self.config
         r.pause_count += 1
-        cooldown = min(cfg.cooldown_cap_s, cfg.cooldown_base_s * (2 ** (r.pause_count - 1)))
+        cooldown = self._jitter(min(cfg.cooldown_cap_s, cfg.cooldown_base_s * (2 ** (r.pause_count - 1))))
         r.state = RailState.PAUSED
         r.resume_at = now + cooldown
         r.probe_sent = None
@@ -114,6 +116,21 @@ class RailMonitor:
         r.errors.clear()
         r.last_event = now
         log.warning("rail %s: PAUSED for %.3fs (pause #%d)", rail, cooldown, r.pause_count)
+
+    def _rearm(self, r: _Rail, now: float) -> None:
+        """A paused rail failed its heartbeat: keep probing at the same cadence. Only a rail that
+        fails again after re-admission (a flapping rail) earns a longer cooldown, so a rail that
+        was down for seconds is back within one cooldown of its return."""
+        cfg = self.config
+        r.resume_at = now + self._jitter(min(cfg.cooldown_cap_s, cfg.cooldown_base_s * (2 ** max(0, r.pause_count - 1))))
+        r.probe_sent = None
+        r.last_event = now
+
+    def _jitter(self, cooldown: float) -> float:
+        # Heartbeats at a fixed period can phase-lock with a periodic fault (a rail flapping at the
+        # probe period is always probed while down); a random spread breaks the lock.
+        j = self.config.cooldown_jitter
+        return cooldown * (1.0 + j * (2.0 * self._rng.random() - 1.0)) if j > 0 else cooldown
 
     def on_success(self, rail: Hashable, now: float) -> None:
         """A slice (or heartbeat) completed on `rail`."""
@@ -136,7 +153,7 @@ class RailMonitor:
         self._advance(rail, r, now)
         if r.state is RailState.PAUSED:
             if r.probe_sent is not None or now >= r.resume_at:
-                self._pause(rail, r, now)  # the heartbeat failed: longer cooldown
+                self._rearm(r, now)  # the heartbeat failed: probe again after the same cooldown
             return r.state
         units = 1.0 / cfg.congestion_multiplier if congestion else 1.0
         errs = r.errors

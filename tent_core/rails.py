@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _native
+from .config import SchedulerConfig
 from .telemetry import RailTelemetry
 from .types import RailInfo
 
@@ -36,7 +37,7 @@ class RailTable:
         self._by_key: dict[tuple[str, str, int], Rail] = {}
         self._by_slot: list[Rail] = []
 
-    def get(self, transport: str, peer_id: str, info: RailInfo) -> Rail:
+    def get(self, transport: str, peer_id: str, info: RailInfo, config: SchedulerConfig | None = None) -> Rail:
         key = (transport, peer_id, info.index)
         with self._lock:
             rail = self._by_key.get(key)
@@ -44,7 +45,7 @@ class RailTable:
                 slot = len(self._by_slot)
                 if slot >= len(self.stats):
                     raise RuntimeError(f"more than {len(self.stats)} rails in one process")
-                tel = RailTelemetry(slot, info.nominal_gbps * 1e9, info.penalty)
+                tel = RailTelemetry(slot, info.nominal_gbps * 1e9, info.penalty, config=config, name=info.name)
                 rail = Rail(transport, peer_id, info, slot, tel)
                 self._by_key[key] = rail
                 self._by_slot.append(rail)

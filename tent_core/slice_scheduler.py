@@ -33,6 +33,7 @@ Cost: pure Python over a handful of rails, a few microseconds per small request;
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from collections.abc import Collection, Sequence
@@ -202,19 +203,26 @@ class SliceScheduler:
     def _spray_counts(
         n: int, length: int, rails: Sequence[RailTelemetry], cand: list[int], weights: Sequence[float] | None
     ) -> list[int]:
-        """Slice counts proportional to health/cost (largest remainder; ties to the cheapest rail)."""
-        if weights is None:
-            w = [1.0 / rails[i].predicted_cost(length) for i in cand]
-        else:
-            w = [weights[i] / rails[i].predicted_cost(length) for i in cand]
-        total = sum(w)
-        shares = [x * n / total for x in w]
-        counts = [int(s) for s in shares]
-        left = n - sum(counts)
-        if left:
-            by_rem = sorted(range(len(cand)), key=lambda j: (counts[j] - shares[j], -w[j]))
-            for j in by_rem[:left]:
-                counts[j] += 1
+        """Water-filling (Algorithm 1's greedy form): give each slice to the rail that would finish it
+        first, counting what this plan already gave it. In steady state the shares follow the rails'
+        rates; a plain 1/cost split would hand equal shares to rails whose queues are equal in time.
+        """
+        size = length / n
+        finish: list[float] = []
+        step: list[float] = []
+        for i in cand:
+            r = rails[i]
+            w = 1.0 if weights is None else weights[i]
+            rate = max(r.bandwidth_Bps * w, 1.0) / r.penalty  # health and topology shrink the rate
+            finish.append(r.predicted_cost(0) / w if w > 0 else float("inf"))
+            step.append(size / rate)
+        counts = [0] * len(cand)
+        heap = [(finish[j] + step[j], j) for j in range(len(cand))]
+        heapq.heapify(heap)
+        for _ in range(n):
+            t, j = heap[0]
+            counts[j] += 1
+            heapq.heapreplace(heap, (t + step[j], j))
         return counts
 
     @staticmethod
@@ -251,12 +259,14 @@ class SliceScheduler:
         start = failed_index + 1
         for want in (RailState.HEALTHY, RailState.DEGRADED):
             best: int | None = None
-            best_key: tuple[float, int] = (0.0, 0)
+            best_key: tuple[float, float, int] = (0.0, 0.0, 0)
             for d in range(n):
                 i = (start + d) % n
                 if i in tried or health_states[i] != want:
                     continue
-                key = (rails[i].penalty, d)
+                # affinity first, then the rail that would finish soonest (the caller adds the
+                # retried bytes to its pending count, so a burst of retries spreads out)
+                key = (rails[i].penalty, rails[i].predicted_cost(0) if i != failed_index else float("inf"), d)
                 if best is None or key < best_key:
                     best, best_key = i, key
             if best is not None:

@@ -98,6 +98,8 @@ class RailTelemetry:
         "_prev_ns",
         "_window_start_ns",
         "_peak",
+        "_busy_bytes",
+        "_busy_ns",
         "_nominal_Bps",
     )
 
@@ -142,6 +144,8 @@ class RailTelemetry:
         self._prev_ns = 0
         self._window_start_ns = 0
         self._peak = 0.0
+        self._busy_bytes = 0
+        self._busy_ns = 0
 
     @classmethod
     def from_rail_info(
@@ -205,13 +209,14 @@ class RailTelemetry:
             little = min(prev_infl, infl_b) / mean_lat_s  # queued slices (Little's law)
             if little > sample:
                 sample = little
-            dt = now_ns - self._prev_ns
-            if dt > 0:
-                good = (d_bytes - max(prev_infl, 0)) / (dt * _NS)
-                if good > sample:
-                    sample = good
             if sample > self._peak:
                 self._peak = sample
+        # While the rail stays busy the whole interval, what it delivered is its capacity: this is
+        # the estimate that holds under deep queues, where queue-inclusive latencies mislead.
+        dt = now_ns - self._prev_ns
+        if prev_infl > 0 and infl_b > 0 and dt > 0:
+            self._busy_bytes += d_bytes
+            self._busy_ns += dt
 
         if now_ns - self._window_start_ns >= self._window_ns:
             self._roll_window(now_ns)
@@ -221,6 +226,13 @@ class RailTelemetry:
 
     def _roll_window(self, now_ns: int) -> None:
         peak = self._peak
+        window = now_ns - self._window_start_ns
+        if self._busy_ns * 2 >= window > 0 and self._busy_bytes > 0:
+            busy_rate = self._busy_bytes / (self._busy_ns * _NS)
+            if busy_rate > peak:
+                peak = busy_rate
+        self._busy_bytes = 0
+        self._busy_ns = 0
         if peak > 0:
             peak = min(max(peak, self._lo), self._hi)
             a = self._alpha

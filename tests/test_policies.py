@@ -65,11 +65,11 @@ def test_load_config_dict_toml_env(tmp_path):
     assert c.transports == {"tcp": {"conns_per_rail": 2}} and c.control_timeout_s == 1.0
     assert EngineConfig().transports == {}
     p = tmp_path / "tent.toml"
-    p.write_text("request_deadline_s = 5\n[health]\ncooldown_base_s = 0.5\n[scheduler]\ntier_penalties = [1, 2]\n")
+    p.write_text("request_deadline_s = 5\n[health]\ncooldown_base_s = 0.3\n[scheduler]\ntier_penalties = [1, 2]\n")
     env = {"TENT_SCHEDULER_GAMMA": "0.25", "TENT_HEALTH_ERROR_THRESHOLD": "5", "TENT_SLICE_TIMEOUT_S": "1.5",
            "TENT_QOS_PROMOTION_PER_ENTRY": "false", "TENT_SCHEDULER_TIER_PENALTIES": "1,3,9", "TENT_UNRELATED": "x"}  # fmt: skip
     c = load_config(p, env=env)
-    assert c.request_deadline_s == 5.0 and c.health.cooldown_base_s == 0.5
+    assert c.request_deadline_s == 5.0 and c.health.cooldown_base_s == 0.3
     assert c.scheduler.gamma == 0.25 and c.health.error_threshold == 5 and c.slice_timeout_s == 1.5
     assert c.qos.promotion_per_entry is False and c.scheduler.tier_penalties == (1.0, 3.0, 9.0)
     assert load_config(None, env={"TENT_CONFIG": str(p)}).request_deadline_s == 5.0
@@ -301,7 +301,8 @@ def test_qos_filter_in_plan():
         now = epoch * 200_000
         used = {r for r, _, _ in s.plan(64 * MiB, rails, Priority.LOW, now_ns=now)}
         assert len(used) == 2 and used == set(slots.admitted(4, Priority.LOW, now))
-        used = {r for r, _, _ in s.plan(64 * MiB, rails, Priority.HIGH, now_ns=now)}
+        fresh = rails_at(1, 1, 1, 1)  # HIGH on idle rails: every rail admits it
+        used = {r for r, _, _ in s.plan(64 * MiB, fresh, Priority.HIGH, now_ns=now)}
         assert len(used) == 4
 
 
@@ -334,7 +335,7 @@ def test_pick_retry_rail():
 
 
 def test_monitor_error_threshold_and_congestion():
-    m = RailMonitor(RailHealthConfig(error_threshold=3))
+    m = RailMonitor(RailHealthConfig(cooldown_jitter=0, error_threshold=3))
     assert m.state(0, 0.0) is RailState.HEALTHY and m.weight(0, 0.0) == 1.0
     assert m.on_error(0, 1.0) is RailState.DEGRADED and m.weight(0, 1.0) == 0.5
     m.on_error(0, 1.1)
@@ -346,7 +347,7 @@ def test_monitor_error_threshold_and_congestion():
 
 
 def test_monitor_errors_age_out_of_window():
-    m = RailMonitor(RailHealthConfig(error_threshold=3, error_window_s=10, quiet_period_s=0.5))
+    m = RailMonitor(RailHealthConfig(cooldown_jitter=0, error_threshold=3, error_window_s=10, quiet_period_s=0.5))
     m.on_error(0, 0.0)
     m.on_error(0, 5.0)
     assert m.on_error(0, 12.0) is RailState.DEGRADED  # first error aged out
@@ -355,7 +356,7 @@ def test_monitor_errors_age_out_of_window():
 
 
 def test_monitor_degraded_quiet_period():
-    m = RailMonitor(RailHealthConfig(quiet_period_s=0.5))
+    m = RailMonitor(RailHealthConfig(cooldown_jitter=0, quiet_period_s=0.5))
     m.mark_degraded(0, 1.0)
     assert m.state(0, 1.4) is RailState.DEGRADED
     m.mark_degraded(0, 1.4)  # a new event restarts the quiet period
@@ -363,33 +364,45 @@ def test_monitor_degraded_quiet_period():
     assert m.state(0, 1.95) is RailState.HEALTHY and m.weight(0, 1.95) == 1.0
 
 
-def test_monitor_cooldown_doubling_probe_and_gradual_readmission():
-    cfg = RailHealthConfig(cooldown_base_s=0.2, cooldown_cap_s=1.0, probe_timeout_s=0.25,
+def test_monitor_steady_heartbeats_while_down_then_gradual_readmission():
+    cfg = RailHealthConfig(cooldown_jitter=0, cooldown_base_s=0.2, cooldown_cap_s=1.0, probe_timeout_s=0.25,
                            readmit_weights=(0.25,), readmit_step_s=0.1, quiet_period_s=0.5)  # fmt: skip
     m = RailMonitor(cfg)
     m.pause(0, 0.0)
     assert m.state(0, 0.1) is RailState.PAUSED and not m.due_probe(0, 0.1)
     assert m.resume_at(0) == pytest.approx(0.2)
     assert m.due_probe(0, 0.2) and not m.due_probe(0, 0.21)  # one heartbeat outstanding
-    m.on_error(0, 0.22)  # heartbeat failed -> cooldown doubles
-    assert m.resume_at(0) == pytest.approx(0.22 + 0.4)
-    assert not m.due_probe(0, 0.5) and m.due_probe(0, 0.62)
-    # unanswered heartbeat (dead veth: no error ever) expires -> paused again, 0.8 s
-    assert m.state(0, 0.9) is RailState.PAUSED
-    assert m.resume_at(0) == pytest.approx(0.62 + 0.25 + 0.8)
-    assert m.due_probe(0, 1.67)
-    m.on_error(0, 1.7)  # -> cooldown capped at 1.0
-    assert m.resume_at(0) == pytest.approx(2.7)
-    assert m.due_probe(0, 2.7)
-    m.on_success(0, 2.75)  # heartbeat ok: gradual re-admission
-    assert m.state(0, 2.75) is RailState.DEGRADED and m.weight(0, 2.75) == 0.25
-    assert m.weight(0, 2.86) == 0.5
-    assert m.state(0, 3.3) is RailState.DEGRADED
-    assert m.state(0, 3.4) is RailState.HEALTHY and m.weight(0, 3.4) == 1.0
+    m.on_error(0, 0.22)  # heartbeat failed -> probe again after the same cooldown
+    assert m.resume_at(0) == pytest.approx(0.22 + 0.2)
+    assert not m.due_probe(0, 0.3) and m.due_probe(0, 0.421)
+    # unanswered heartbeat (dead veth: no error ever) expires -> still paused, same cadence
+    assert m.state(0, 0.8) is RailState.PAUSED
+    assert m.resume_at(0) == pytest.approx(0.421 + 0.25 + 0.2)
+    assert m.due_probe(0, 0.872)
+    m.on_success(0, 0.9)  # heartbeat ok: gradual re-admission
+    assert m.state(0, 0.9) is RailState.DEGRADED and m.weight(0, 0.9) == 0.25
+    assert m.weight(0, 1.01) == 0.5
+    assert m.state(0, 1.45) is RailState.DEGRADED
+    assert m.state(0, 1.55) is RailState.HEALTHY and m.weight(0, 1.55) == 1.0
+
+
+def test_monitor_flapping_rail_cooldown_doubles_to_the_cap():
+    cfg = RailHealthConfig(cooldown_jitter=0, cooldown_base_s=0.2, cooldown_cap_s=0.5, readmit_weights=(), quiet_period_s=0.1)
+    m = RailMonitor(cfg)
+    t = 0.0
+    expected = [0.2, 0.4, 0.5, 0.5]
+    for cd in expected:
+        m.pause(0, t)
+        assert m.resume_at(0) == pytest.approx(t + cd)
+        t = m.resume_at(0)
+        assert m.due_probe(0, t)
+        m.on_success(0, t)  # back...
+        t += 0.05
+        assert m.state(0, t) is not RailState.PAUSED  # ...and flaps again right away
 
 
 def test_monitor_error_during_readmission_repauses():
-    m = RailMonitor(RailHealthConfig(cooldown_base_s=0.2, readmit_weights=(0.25,)))
+    m = RailMonitor(RailHealthConfig(cooldown_jitter=0, cooldown_base_s=0.2, readmit_weights=(0.25,)))
     m.pause(0, 0.0)
     assert m.due_probe(0, 0.3)
     m.on_success(0, 0.31)
@@ -399,7 +412,7 @@ def test_monitor_error_during_readmission_repauses():
 
 
 def test_monitor_cooldown_resets_after_long_health():
-    cfg = RailHealthConfig(cooldown_base_s=0.2, cooldown_reset_s=30, readmit_weights=(), quiet_period_s=0.5)
+    cfg = RailHealthConfig(cooldown_jitter=0, cooldown_base_s=0.2, cooldown_reset_s=30, readmit_weights=(), quiet_period_s=0.5)
     m = RailMonitor(cfg)
     m.pause(0, 0.0)
     assert m.due_probe(0, 0.2)
@@ -411,7 +424,7 @@ def test_monitor_cooldown_resets_after_long_health():
 
 
 def test_monitor_outliers():
-    m = RailMonitor(RailHealthConfig(outlier_cost_ratio=8.0))
+    m = RailMonitor(RailHealthConfig(cooldown_jitter=0, outlier_cost_ratio=8.0))
     marked = m.check_outliers([1e-3, 1.2e-3, 0.9e-3, 50e-3], 0.0)
     assert marked == [3] and m.state(3, 0.0) is RailState.DEGRADED
     assert m.check_outliers({"a": 1.0}, 0.0) == []
@@ -504,3 +517,39 @@ def test_shared_rail_load_reclaims_dead_process(tmp_path):
     finally:
         a.close()
         a.unlink()
+
+
+def test_spray_water_fills_by_rate_when_queues_are_level():
+    """Equal queues in time must not mean equal shares: new work follows the rates."""
+    s = SliceScheduler(SchedulerConfig(probe_every=0))
+    rails = rails_at(1, 1, 1, 0.5)
+    for r in rails:  # every rail has 10 ms of work queued
+        r.inflight_bytes = int(r.bandwidth_Bps * 0.010)
+    plan = s.plan(64 * MiB, rails, Priority.MID)
+    share = {i: sum(ln for r, _, ln in plan if r == i) / (64 * MiB) for i in range(4)}
+    assert abs(share[3] - 0.5 / 3.5) < 0.03, share
+    assert all(abs(share[i] - 1 / 3.5) < 0.03 for i in range(3)), share
+
+
+def test_retries_go_to_the_least_loaded_healthy_rail():
+    rails = rails_at(1, 1, 1, 1)
+    rails[1].inflight_bytes = 64 * MiB
+    rails[2].inflight_bytes = 1 * MiB
+    states = [RailState.PAUSED, RailState.HEALTHY, RailState.HEALTHY, RailState.HEALTHY]
+    assert SliceScheduler.pick_retry_rail(rails, 0, states) == 3
+    rails[3].inflight_bytes = 128 * MiB
+    assert SliceScheduler.pick_retry_rail(rails, 0, states) == 2
+
+
+def test_monitor_jitter_spreads_heartbeats():
+    m = RailMonitor(RailHealthConfig(cooldown_base_s=0.2, cooldown_cap_s=0.2, cooldown_jitter=0.5))
+    gaps = []
+    t = 0.0
+    m.pause(0, t)
+    for _ in range(50):
+        t = m.resume_at(0)
+        assert m.due_probe(0, t)
+        m.on_error(0, t)  # heartbeat failed
+        gaps.append(m.resume_at(0) - t)
+    assert all(0.1 - 1e-9 <= g <= 0.3 + 1e-9 for g in gaps)
+    assert max(gaps) - min(gaps) > 0.1  # really spread, not one fixed period

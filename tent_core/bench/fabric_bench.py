@@ -173,6 +173,7 @@ class FabricBenchSpec:
     iters: int = 400
     warmup: int = 1
     budget_s: float = 3.0
+    offered_gbit: float | None = None  # open loop: fixed offered load instead of closed-loop submitters
     # verify / faults
     duration_s: float | None = None
     fault: str | None = None
@@ -569,7 +570,6 @@ def _base_spec(fab: Fabric, spec: FabricBenchSpec, remote: str, policy: str) -> 
         "ifaces": [fab.link(i).if0 for i in range(fab.rails)],
         "sample_ms": spec.sample_ms,
         "log_level": spec.log_level,
-        "experiment": os.environ.get("TENT_FABRIC_EXPERIMENT") or None,
     }
 
 
@@ -645,7 +645,7 @@ def run_fabric_bench(spec: FabricBenchSpec, progress: Callable[[str], None] | No
                 ws["mode"] = "sweep"
                 ws["sweep"] = {"block_sizes": spec.block_sizes, "batch_sizes": spec.batch_sizes, "ops": spec.ops,
                                "threads": spec.threads, "iters": spec.iters, "warmup": spec.warmup,
-                               "budget_s": spec.budget_s}  # fmt: skip
+                               "budget_s": spec.budget_s, "offered_gbit": spec.offered_gbit}  # fmt: skip
                 npoints = len(spec.block_sizes) * len(spec.batch_sizes) * len(spec.ops)
                 limit = 120 + npoints * (spec.budget_s * 4 + 30)
                 with _worker(fab, ws) as w:

@@ -27,9 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import random
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -144,8 +146,12 @@ def run_sweep(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, 
             for block in blocks:
                 before = _rail_bytes(eng)
                 t0 = time.monotonic()
-                gbps, lat, window = _point(eng, local, spec["remote"], OpCode[op_name], block, batch, threads,
-                                           sw["iters"], sw["warmup"], sw["budget_s"])  # fmt: skip
+                if sw.get("offered_gbit"):
+                    gbps, lat, window = _open_point(eng, local, spec["remote"], OpCode[op_name], block, threads,
+                                                    float(sw["offered_gbit"]), sw["budget_s"])  # fmt: skip
+                else:
+                    gbps, lat, window = _point(eng, local, spec["remote"], OpCode[op_name], block, batch, threads,
+                                               sw["iters"], sw["warmup"], sw["budget_s"])  # fmt: skip
                 t1 = time.monotonic()
                 after = _rail_bytes(eng)
                 steady = _steady_gbit(sampler.samples, *window)
@@ -173,6 +179,65 @@ def run_sweep(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, 
                 )
                 log.info("point %s %d x%d: %.3f Gbit/s", op_name, block, batch, gbps * 8)
     return {"rows": rows}
+
+
+def _open_point(eng: Engine, local: LocalBuffer, remote: str, op: OpCode, block: int, slots: int,
+                offered_gbit: float, duration_s: float) -> tuple[float, list[float], tuple[float, float]]:
+    """Open loop: one request of `block` bytes every block*8/offered seconds, whatever the engine's
+    state. Latency runs from the *scheduled* submit time, so a path that cannot keep up shows its
+    queue (a closed loop hides it: fewer requests are offered when they are slow)."""
+    interval = block * 8 / (offered_gbit * 1e9)
+    duration_s = max(duration_s, OPEN_LOOP_MIN_REQUESTS * interval)
+    rng = random.Random(1234)  # Poisson arrivals (deterministic ones at < capacity never queue)
+    pending: deque[tuple[float, Any]] = deque()
+    cv = threading.Condition()
+    lat: list[float] = []
+    done = {"submitting": True}
+    errors: list[BaseException] = []
+
+    def waiter() -> None:
+        while True:
+            with cv:
+                while not pending and done["submitting"]:
+                    cv.wait(0.1)
+                if not pending:
+                    return
+                t_sched, h = pending.popleft()
+            try:
+                h.wait()
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+                return
+            if warm["left"] > 0:
+                warm["left"] -= 1  # the first requests meet cold estimates and fresh connections
+                warm["t"] = time.monotonic()
+                continue
+            lat.append(time.monotonic() - t_sched)
+
+    wt = threading.Thread(target=waiter, daemon=True)
+    wt.start()
+    t0 = time.monotonic()
+    warm = {"t": t0, "left": OPEN_LOOP_WARMUP}
+    t_next, end, k = t0, t0 + duration_s, 0
+    while t_next < end and not errors:
+        now = time.monotonic()
+        if now < t_next:
+            time.sleep(t_next - now)
+        off = (k % slots) * block
+        h = eng.submit([Request(op, local, off, remote, off, block)], deadline=120)
+        with cv:
+            pending.append((t_next, h))
+            cv.notify()
+        k += 1
+        t_next += rng.expovariate(1.0 / interval)
+    with cv:
+        done["submitting"] = False
+        cv.notify()
+    wt.join(timeout=180)
+    if errors:
+        raise errors[0]
+    t1 = time.monotonic()
+    return len(lat) * block / max(t1 - warm["t"], 1e-9) / 1e9, lat, (warm["t"], t_next)
 
 
 def _point(eng: Engine, local: LocalBuffer, remote: str, op: OpCode, block: int, batch: int, threads: int,
@@ -383,55 +448,10 @@ def run_mixed(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, 
     }
 
 
-# ------------------------------------------------------------------ experiments
 
 
-def _waterfill_counts(n: int, length: int, rails: Any, cand: list[int], weights: Any) -> list[int]:
-    """EXPERIMENT (not the engine's rule): slice counts that equalize predicted completion times.
-
-    Rail i gets x_i = max(0, T * B_i - A_i) bytes (B_i = health-weighted bandwidth / penalty, A_i = bytes
-    already queued on it), with T chosen so the x_i sum to `length`: every rail finishes its share at
-    the same predicted time, which is the earliest possible completion for the request. The engine's
-    `_spray_counts` (shares proportional to 1 / cost) gives equal shares whenever the queues are
-    equal *in time*, so a slow rail keeps receiving too much once queues have formed.
-    """
-    bw = []
-    for i in cand:
-        w = 1.0 if weights is None else float(weights[i])
-        bw.append(max(rails[i].bandwidth_Bps * w / rails[i].penalty, 1.0))
-    queued = [float(rails[i].queued_bytes) for i in cand]
-    order = sorted(range(len(cand)), key=lambda j: queued[j] / bw[j])
-    total_b = 0.0
-    total_a = 0.0
-    level = 0.0
-    for k, j in enumerate(order):
-        total_b += bw[j]
-        total_a += queued[j]
-        level = (length + total_a) / total_b
-        nxt = order[k + 1] if k + 1 < len(order) else None
-        if nxt is None or level <= queued[nxt] / bw[nxt]:
-            break
-    shares = [max(0.0, level * bw[j] - queued[j]) for j in range(len(cand))]
-    tot = sum(shares) or 1.0
-    exact = [x * n / tot for x in shares]
-    counts = [int(x) for x in exact]
-    for j in sorted(range(len(cand)), key=lambda j: counts[j] - exact[j])[: n - sum(counts)]:
-        counts[j] += 1
-    return counts
-
-
-def apply_experiment(name: str | None) -> None:
-    """Opt-in scheduler experiments for evidence gathering (TENT_FABRIC_EXPERIMENT); never the default."""
-    if not name:
-        return
-    if name == "waterfill":
-        from .. import slice_scheduler
-
-        slice_scheduler.SliceScheduler._spray_counts = staticmethod(_waterfill_counts)  # type: ignore[method-assign]
-        log.warning("EXPERIMENT: spray uses water-filling slice counts")
-    else:
-        raise ValueError(f"unknown experiment {name!r}")
-
+OPEN_LOOP_WARMUP = 3
+OPEN_LOOP_MIN_REQUESTS = 60
 
 MODES = {"sweep": run_sweep, "verify": run_verify, "mixed": run_mixed}
 
@@ -444,7 +464,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=spec.get("log_level", logging.WARNING), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
     mode = MODES[spec["mode"]]
-    apply_experiment(spec.get("experiment"))
     with Engine(spec["config"], host=spec["host"], transports=["tcp"]) as eng:
         sampler = Sampler(eng, spec.get("ifaces", []), spec.get("sample_ms", 10) / 1e3)
         sampler.start()
