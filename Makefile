@@ -33,7 +33,9 @@ lint: install
 
 # Peers for side-by-side benchmarks (not needed by the tests).
 bench-deps: install
-	$(PIP) install -q mooncake-transfer-engine-non-cuda torch==2.13.0 ray
+	@command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && { dpkg -s libibverbs1 >/dev/null 2>&1 || \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1); } || true
+	$(PIP) install -q mooncake-transfer-engine-non-cuda torch==2.13.0 ray xxhash
 
 clean:
 	rm -rf $(VENV) build */build plugins/*/build *.egg-info plugins/*/*.egg-info

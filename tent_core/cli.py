@@ -33,6 +33,12 @@ def parse_size(text: str) -> int:
     return value
 
 
+def _out() -> Console:
+    """Tables on stdout; a pipe or file gets a wide console instead of an 80-column squeeze."""
+    con = Console()
+    return con if con.is_terminal else Console(width=160)
+
+
 def _csv(value: str | None) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()] if value else []
 
@@ -83,7 +89,7 @@ def plugins(as_json: bool) -> None:
     for r in rows:
         color = {"available": "green", "unavailable": "yellow", "broken": "red"}[r["status"]]
         table.add_row(r["name"], r["distribution"], r["version"], f"[{color}]{r['status']}[/]", r["reason"])
-    Console().print(table)
+    _out().print(table)
 
 
 @main.command()
@@ -196,6 +202,7 @@ def bench(
         sweep = bl.BaselineSweep(
             block_sizes=spec.block_sizes, batch_sizes=spec.batch_sizes, ops=spec.ops,
             iters=spec.iters, warmup=spec.warmup, time_budget_s=spec.time_budget_s,
+            walk_buffer=False,  # like our own sweep: every batch moves the same region
         )
         for name in baselines:
             prog.update(task, description=f"baseline {name}")
@@ -212,7 +219,8 @@ def bench(
         return
     _print_rows(rows, baselines)
     if extra:
-        Console().print(f"submit() cost, one 64 KiB request: median {extra['median_us']:.2f} us, p99 {extra['p99_us']:.2f} us")
+        _out().print(f"submit() cost, one 64 KiB request: median {extra['median_us']:.2f} us, p99 {extra['p99_us']:.2f} us, "
+                     f"back to back {extra['queued_median_us']:.2f} us")
 
 
 def _bench_fabric(
@@ -297,7 +305,7 @@ def _bench_fabric(
 
 
 def _print_fabric_rows(rows: list[dict[str, Any]]) -> None:
-    con = Console()
+    con = _out()
     fab = next((r for r in rows if r.get("kind") == "fabric"), None)
     if fab:
         con.print(f"fabric {fab['spec']}: rails {fab['rail_gbit_actual']} Gbit/s (nominal sum {fab['nominal_sum_gbit']}, "
@@ -343,7 +351,7 @@ def _print_rows(rows: list[dict[str, Any]], baselines: list[str]) -> None:
         ]
         cells += [f"{r[c]:.2f}" if c in r else "" for c in ratio_cols]
         table.add_row(*cells)
-    Console().print(table)
+    _out().print(table)
 
 
 if __name__ == "__main__":
