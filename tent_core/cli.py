@@ -39,6 +39,24 @@ def _out() -> Console:
     return con if con.is_terminal else Console(width=160)
 
 
+def _load_config_arg(src: str | None) -> dict[str, Any] | None:
+    if not src:
+        return None
+    from .config import load_config
+
+    try:
+        data = json.loads(src) if src.lstrip().startswith("{") else None
+        if data is None:
+            import tomllib
+
+            with open(src, "rb") as f:
+                data = tomllib.load(f)
+        load_config(data)  # validate now: a typo is a usage error, not a crash in a subprocess
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise click.BadParameter(f"--config: {exc}") from exc
+    return data
+
+
 def _csv(value: str | None) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()] if value else []
 
@@ -115,6 +133,11 @@ def plugins(as_json: bool) -> None:
 @click.option("--duration", default=None, type=click.FloatRange(0.5, 600), metavar="SECONDS",
               help="--fabric: continuous verified transfers for this long (default 5 with --fault).")
 @click.option("--mixed", is_flag=True, help="--fabric: 64 KiB HIGH-priority mice under 64 MiB LOW-priority elephants, QoS off/on.")
+@click.option("--path", "path_spec", default=None, metavar="KIND:TRANSPORT",
+              help="A synthesized path: e.g. file:tcp = a file here -> memory in another process, staged, vs each stage alone.")
+@click.option("--config", "config_src", default=None, metavar="JSON|PATH",
+              help="Engine config for both sides: inline JSON or a TOML file (see tent_core/config.py).")
+@click.option("--file-dir", default="/var/tmp", show_default=True, help="Where file benchmarks keep their file.")
 @click.option("--offered-load", "offered", default=None, type=click.FloatRange(0.01, 1000), metavar="GBIT",
               help="--fabric sweep: open loop at this offered load (Gbit/s) instead of closed-loop submitters.")
 def bench(
@@ -136,6 +159,9 @@ def bench(
     fault: str | None,
     duration: float | None,
     mixed: bool,
+    path_spec: str | None,
+    config_src: str | None,
+    file_dir: str,
     offered: float | None,
 ) -> None:
     """TEBench-style sweep between a target and an initiator process on this host.
@@ -156,7 +182,7 @@ def bench(
                       timeline, fault, duration, mixed, baseline, submit_cost, transports, offered)  # fmt: skip
         return
     threads = threads or 1
-    spec = runner.BenchSpec(threads=threads, verify=not no_verify)
+    spec = runner.BenchSpec(threads=threads, verify=not no_verify, file_dir=file_dir, config=_load_config_arg(config_src))
     if quick:
         spec.block_sizes = [64 * KiB, 4 * MiB, 64 * MiB]
         spec.iters, spec.time_budget_s = 20, 0.3
@@ -198,11 +224,19 @@ def bench(
         def step(desc: str) -> None:
             prog.update(task, advance=1, description=desc)
 
-        rows += runner.run_tent(spec, step)
+        if path_spec:
+            try:
+                rows += runner.run_staged_path(spec, path_spec, file_dir)
+            except (ValueError, RuntimeError) as exc:
+                raise click.ClickException(str(exc)) from exc
+        else:
+            rows += runner.run_tent(spec, step)
+        file_size = max(spec.block_sizes) * max(spec.batch_sizes) * spec.threads
         sweep = bl.BaselineSweep(
             block_sizes=spec.block_sizes, batch_sizes=spec.batch_sizes, ops=spec.ops,
             iters=spec.iters, warmup=spec.warmup, time_budget_s=spec.time_budget_s,
             walk_buffer=False,  # like our own sweep: every batch moves the same region
+            file_path=runner.bench_file(file_dir, file_size) if "fio" in baselines else None,
         )
         for name in baselines:
             prog.update(task, description=f"baseline {name}")

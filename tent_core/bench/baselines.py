@@ -37,9 +37,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import importlib.util
+import json
 import mmap
 import multiprocessing as mp
 import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -117,6 +119,8 @@ class BaselineSweep:
     # real traffic).  False: every batch reuses offsets 0..batch_size-1 (matches
     # a benchmark that always transfers the same region; small blocks stay cached).
     walk_buffer: bool = True
+    # File baselines (fio) run against this file.
+    file_path: str | None = None
 
     def validate(self) -> None:
         if not self.block_sizes or any(int(b) <= 0 for b in self.block_sizes):
@@ -745,11 +749,53 @@ _ROLES: dict[str, Callable] = {
     "mooncake_initiator": _mooncake_initiator,
 }
 
+def fio_baseline(sweep: BaselineSweep) -> list[dict]:
+    """The real `fio` (io_uring engine) on the same file, per op and block size.
+
+    fio runs at the I/O shape our file executor uses inside one request: bs = min(block, 1 MiB),
+    iodepth 16, 2 jobs, buffered (page cache) like our default; row block_size = our block size."""
+    path = sweep.file_path
+    if not path or not os.path.exists(path):
+        raise BaselineUnavailable("fio needs the benchmark file (run with a file transport, e.g. --transport gds)")
+    fio = shutil.which("fio")
+    if fio is None:
+        raise BaselineUnavailable("fio is not installed (apt-get install -y fio)")
+    size = os.path.getsize(path)
+    rows = []
+    for op in sweep.ops:
+        for block in sweep.block_sizes:
+            bs = min(block, 1 * MiB)
+            jobs = 2
+            per_job = (size // jobs) // bs * bs
+            cmd = [
+                fio, "--name=tent-baseline", f"--filename={path}", "--ioengine=io_uring",
+                f"--rw={'read' if op == 'READ' else 'write'}", f"--bs={bs}", f"--size={per_job}",
+                f"--offset_increment={per_job}", f"--numjobs={jobs}", "--iodepth=16", "--direct=0", "--thread",
+                "--group_reporting", "--invalidate=0", "--time_based",
+                f"--runtime={max(1, int(round(sweep.time_budget_s or 2)))}", "--output-format=json",
+            ]  # fmt: skip
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            if out.returncode != 0:
+                raise BaselineError(f"fio failed: {out.stderr.strip()[-500:]}")
+            job = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
+            side = job["read" if op == "READ" else "write"]
+            clat = side.get("clat_ns", {}).get("percentile", {})
+            rows.append({
+                "engine": "fio", "transport": "io_uring", "op": op, "block_size": block, "batch_size": 1,
+                "gbps": round(side["bw_bytes"] / 1e9, 4),
+                "avg_us": round(side.get("clat_ns", {}).get("mean", 0.0) / 1e3, 2),
+                "p99_us": round(float(clat.get("99.000000", 0.0)) / 1e3, 2),
+                "fio_bs": bs,
+            })  # fmt: skip
+    return rows
+
+
 BASELINES: dict[str, Callable[[BaselineSweep], list[dict]]] = {
     "socket": socket_baseline,
     "cma": cma_baseline,
     "memcpy": memcpy_baseline,
     "mooncake": mooncake_baseline,
+    "fio": fio_baseline,
 }
 
 
@@ -760,6 +806,7 @@ def available_baselines(refresh: bool = False) -> dict[str, str | None]:
         "cma": _cma_unavailable_reason(),
         "memcpy": None,
         "mooncake": _mooncake_unavailable_reason(refresh),
+        "fio": None if shutil.which("fio") else "fio is not installed",
     }
 
 

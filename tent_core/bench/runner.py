@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..engine import Engine, Request
-from ..types import OpCode
+from ..types import MemoryKind, OpCode, Permission
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ class BenchSpec:
     host: str = "127.0.0.1"
     config: dict[str, Any] | None = None
     verify: bool = True
+    file_dir: str = "/var/tmp"  # where file benchmarks keep their file (disk, not tmpfs)
 
 
 @contextmanager
@@ -146,15 +147,25 @@ def run_tent(spec: BenchSpec, progress: Callable[[str], None] | None = None) -> 
     max_batch = max(spec.batch_sizes)
     size = max_block * max_batch * spec.threads
     rows: list[dict[str, Any]] = []
+    memory, files = classify_transports(spec)
+    wanted = spec.transports or memory + files
+    missing = [t for t in wanted if t not in memory and t not in files]
+    if missing:
+        raise SystemExit(f"transport(s) not available: {', '.join(missing)} (have {sorted(memory + files)})")
+    if any(t in files for t in wanted):
+        path = bench_file(spec.file_dir, size)
+        rows += run_tent_files(spec, [t for t in wanted if t in files], path)
+        if progress:
+            progress("files")
+    names = [t for t in wanted if t in memory]
+    if not names:
+        return rows
     with target_process(size, spec.host, spec.config) as target:
         remote = target["segment"]
-        probe = Engine(spec.config, host=spec.host)
-        offered = sorted(set(probe.transports) & set(target["transports"]))
-        probe.close()
-        names = [t for t in (spec.transports or offered) if t in offered]
-        missing = [t for t in (spec.transports or []) if t not in offered]
+        offered = set(target["transports"])
+        missing = [t for t in names if t not in offered]
         if missing:
-            raise SystemExit(f"transport(s) not available on both sides: {', '.join(missing)} (have {offered})")
+            raise SystemExit(f"transport(s) not available on both sides: {', '.join(missing)} (target has {sorted(offered)})")
         for tname in names:
             with Engine(spec.config, host=spec.host, transports=[tname]) as eng:
                 local = eng.allocate(size, segment="bench-local")
@@ -256,3 +267,118 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
 
 def env_info() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "python": sys.version.split()[0], "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+# ---------------------------------------------------------------- files and synthesized paths
+def bench_file(directory: str, size: int) -> str:
+    """A pattern-filled file of `size` bytes for file benchmarks (reused when already there)."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"tent-bench-{size}.bin")
+    if not (os.path.exists(path) and os.path.getsize(path) == size):
+        chunk = pattern(16 * MiB)
+        with open(path, "wb") as f:
+            left = size
+            while left > 0:
+                n = min(left, len(chunk))
+                f.write(chunk[:n].tobytes())
+                left -= n
+            f.flush()
+            os.fsync(f.fileno())
+    return path
+
+
+def classify_transports(spec: BenchSpec) -> tuple[list[str], list[str]]:
+    """Available transports that move host memory between processes, and those that serve files."""
+    probe = Engine(spec.config, host=spec.host)
+    try:
+        prof = probe._profiles
+        memory = sorted(n for n, p in prof.items() if p.serves(MemoryKind.HOST, MemoryKind.HOST, True))
+        files = sorted(n for n, p in prof.items() if p.serves(MemoryKind.HOST, MemoryKind.FILE, True))
+    finally:
+        probe.close()
+    return memory, files
+
+
+def run_tent_files(spec: BenchSpec, transports: list[str], path: str) -> list[dict[str, Any]]:
+    """Host memory <-> a registered file, through each transport that serves (host, file)."""
+    rows: list[dict[str, Any]] = []
+    size = os.path.getsize(path)
+    for tname in transports:
+        with Engine(spec.config, host=spec.host, transports=[tname]) as eng:
+            f = eng.register_file(path, segment="bench-file")
+            remote = eng.segment_name("bench-file")
+            local = eng.allocate(size, segment="bench-local")
+            local.array[:] = np.resize(pattern(16 * MiB), size)  # WRITEs keep the file's content
+            for op_name in spec.ops:
+                op = OpCode[op_name]
+                for batch in spec.batch_sizes:
+                    for block in spec.block_sizes:
+                        if block * batch * spec.threads > size:
+                            continue
+                        gbps, lat = run_point(eng, local, remote, op, block, batch, spec.threads, spec.iters,
+                                              spec.warmup, spec.time_budget_s)  # fmt: skip
+                        rows.append(_row(tname, op_name, block, batch, spec.threads, gbps, lat, kind="file"))
+            eng.unregister(f)
+    return rows
+
+
+def _row(transport: str, op: str, block: int, batch: int, threads: int, gbps: float, lat: list[float], **extra: Any) -> dict[str, Any]:
+    return {
+        "engine": "tent",
+        "transport": transport,
+        "op": op,
+        "block_size": block,
+        "batch_size": batch,
+        "threads": threads,
+        "gbps": round(gbps, 4),
+        "avg_us": round(float(np.mean(lat)) * 1e6, 2),
+        "p99_us": round(percentile(lat, 99) * 1e6, 2),
+        "iters": len(lat),
+        **extra,
+    }
+
+
+def run_staged_path(spec: BenchSpec, path_spec: str, file_dir: str) -> list[dict[str, Any]]:
+    """`--path file:tcp`: a file here -> memory in another process, through a synthesized path
+    (file -> host staging -> remote transport), next to each stage alone, in one run.
+
+    Rows: the staged transfer ("file:tcp"), stage 1 alone (file -> local memory) and stage 2 alone
+    (local memory -> remote memory). `x_slower_stage` = staged / min(stage 1, stage 2)."""
+    kind, _, remote_transport = path_spec.partition(":")
+    if kind != "file" or not remote_transport:
+        raise ValueError(f"--path takes file:TRANSPORT (e.g. file:tcp), got {path_spec!r}")
+    size = max(spec.block_sizes) * max(spec.batch_sizes)
+    path = bench_file(file_dir, size)
+    expect = np.fromfile(path, np.uint8, count=min(size, 16 * MiB))
+    rows: list[dict[str, Any]] = []
+    with target_process(size, spec.host, spec.config, pattern_fill=False) as target:
+        remote = target["segment"]
+        probe = Engine(spec.config, host=spec.host)
+        file_transports = [n for n, p in probe._profiles.items() if p.serves(MemoryKind.HOST, MemoryKind.FILE, True)]
+        probe.close()
+        if not file_transports:
+            raise RuntimeError("no installed transport serves files (install tent-gds)")
+        if remote_transport not in target["transports"]:
+            raise RuntimeError(f"the target does not offer {remote_transport}")
+        with Engine(spec.config, host=spec.host, transports=[file_transports[0], remote_transport]) as eng:
+            f = eng.register_file(path, segment="bench-file", perm=Permission.READ)
+            local = eng.allocate(size, segment="bench-local")
+            own = eng.segment_name("bench-file")
+            for block in spec.block_sizes:
+                for batch in spec.batch_sizes:
+                    # stage 1 alone: file -> local memory; stage 2 alone: local memory -> remote
+                    g1, l1 = run_point(eng, local, own, OpCode.READ, block, batch, 1, spec.iters, spec.warmup, spec.time_budget_s)
+                    g2, l2 = run_point(eng, local, remote, OpCode.WRITE, block, batch, 1, spec.iters, spec.warmup, spec.time_budget_s)
+                    gs, ls = run_point(eng, f, remote, OpCode.WRITE, block, batch, 1, spec.iters, spec.warmup, spec.time_budget_s)
+                    rows.append(_row(file_transports[0], "READ", block, batch, 1, g1, l1, stage="file->memory"))
+                    rows.append(_row(remote_transport, "WRITE", block, batch, 1, g2, l2, stage="memory->remote"))
+                    rows.append(_row(path_spec, "WRITE", block, batch, 1, gs, ls, stage="file->remote (staged)",
+                                     x_slower_stage=round(gs / max(min(g1, g2), 1e-9), 3)))  # fmt: skip
+            # every byte of the last staged transfer arrived: read it back from the target and compare
+            n = len(expect)
+            local.array[:n] = 0
+            eng.submit([Request(OpCode.READ, local, 0, remote, 0, n)]).wait()
+            if not np.array_equal(local.array[:n], expect[:n]):
+                raise RuntimeError("staged path verification failed: the target holds wrong bytes")
+            eng.unregister(f)
+    return rows
