@@ -325,7 +325,7 @@ def _bench_fabric(
     if iters:
         spec.iters = iters
     if logging.getLogger().isEnabledFor(logging.INFO):
-        spec.log_level = logging.INFO
+        spec.log_level = logging.getLogger().getEffectiveLevel()
     try:
         fb.check_available()
     except RuntimeError as exc:

@@ -731,7 +731,12 @@ class Engine:
             return
         rail = RAILS.by_slot(int(s["stat_index"]))
         if rail is not None:
-            self.monitor.on_error(rail.slot, now, congestion=status == -4)
+            was = self.monitor.state(rail.slot, now)
+            if self.monitor.on_error(rail.slot, now, congestion=status == -4) == RailState.PAUSED and was != RailState.PAUSED:
+                peer_ = self._peers.get(rail.peer_id)
+                route_ = peer_.routes.get(rail.transport) if peer_ else None
+                if route_ is not None and len(route_.rails) > 1:
+                    self._abort_rail(route_, rail)
         attempt = int(s["attempt"]) + 1
         if batch.cancelled or now >= handle.deadline or attempt > self.config.max_retries_per_slice or rail is None:
             log.debug("slice failed for good (status %d, attempt %d)", status, attempt)
@@ -834,6 +839,7 @@ class Engine:
                         log.info("rail %s to %s stalled (%.0f ms without progress): pausing",
                                  rail.info.name, peer.engine_id, tel.stall_s(now_ns) * 1e3)
                         self.monitor.pause(rail.slot, now)
+                        self._abort_rail(route, rail)
                     if self.monitor.due_probe(rail.slot, now):
                         self._send_probe(peer, route, rail, now)
         still: list[tuple[Rail, Any, float]] = []
@@ -846,11 +852,22 @@ class Engine:
                     continue
                 still.append((rail, h, sent))
             elif b.error == 0:
+                log.debug("heartbeat on rail %s ok after %.1f ms", rail.info.name, (now - sent) * 1e3)
                 rail.telemetry.reset_bandwidth()
                 self.monitor.on_success(rail.slot, now)
             else:
+                log.debug("heartbeat on rail %s failed (status %d) after %.1f ms", rail.info.name, b.error, (now - sent) * 1e3)
                 self.monitor.on_error(rail.slot, now)
         self._probes = still
+
+    def _abort_rail(self, route: _Route, rail: Rail) -> None:
+        try:
+            n = route.transport.abort_rail(route.link, rail.info.index)
+        except Exception:
+            log.exception("transport %s failed to abort rail %s", route.transport.name, rail.info.name)
+            return
+        if n:
+            log.info("re-routing %d queued slice(s) off rail %s", n, rail.info.name)
 
     def _send_probe(self, peer: _Peer, route: _Route, rail: Rail, now: float) -> None:
         bufs = peer.segments.get(PROBE_SEGMENT)

@@ -76,6 +76,12 @@ class Transport(abc.ABC):
         (addr, length, perm, kind and this transport's per-buffer descriptor).
         May be called again when the peer's buffer list changed."""
 
+    def abort_rail(self, link: PeerLink, rail: int) -> int:
+        """The engine paused this rail (it looks dead): fail its queued and in-flight slices now
+        with a retryable status so they are re-routed, instead of each waiting out a timeout.
+        Optional; returns how many queued slices were handed back."""
+        return 0
+
     def disconnect(self, link: PeerLink) -> None:
         """Forget a peer (it died or the engine closes)."""
 

@@ -277,6 +277,8 @@ class Worker:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.stderr.append(line.rstrip())
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("worker: %s", line.rstrip())
             log.debug("worker: %s", line.rstrip())
 
     def expect(self, event: str, timeout: float) -> dict[str, Any]:

@@ -113,6 +113,12 @@ def _run(argv: Sequence[str], check: bool = True, timeout: float = CMD_TIMEOUT_S
     return p
 
 
+def _mac(ns: str, ifname: str) -> str:
+    out = _run(["ip", "-n", ns, "-o", "link", "show", "dev", ifname]).stdout
+    parts = out.split()
+    return parts[parts.index("link/ether") + 1]
+
+
 def list_namespaces() -> list[str]:
     p = _run(["ip", "netns", "list"], check=False)
     return [line.split()[0] for line in p.stdout.splitlines() if line.strip()]
@@ -348,12 +354,24 @@ class Fabric:
                 self._shape(lk, self.rates[lk.rail])
                 _run(["ip", "-n", n0, "link", "set", lk.if0, "up"])
                 _run(["ip", "-n", n1, "link", "set", lk.if1, "up"])
+                self._static_neighbours(lk)
         except BaseException:
             self.close()
             raise
         log.info("fabric %s: %d nodes, %d rails each, rates %s", self.prefix, self.nodes, self.rails,
                  [format_rate(r) for r in self.rates])  # fmt: skip
         return self
+
+    def _static_neighbours(self, lk: Link) -> None:
+        """Permanent ARP entries on both ends. A rail taken down and up must behave like a NIC
+        losing and regaining its link; with dynamic ARP the kernel's neighbour entry goes
+        INCOMPLETE/FAILED while the link is down and resolves again only on its ~1 s
+        retransmit timer, which would dominate any failover or re-admission measurement."""
+        n0, n1 = self.ns(0), self.ns(lk.peer)
+        mac0 = _mac(n0, lk.if0)
+        mac1 = _mac(n1, lk.if1)
+        _run(["ip", "-n", n0, "neigh", "replace", lk.addr1, "lladdr", mac1, "dev", lk.if0, "nud", "permanent"])
+        _run(["ip", "-n", n1, "neigh", "replace", lk.addr0, "lladdr", mac0, "dev", lk.if1, "nud", "permanent"])
 
     def close(self) -> None:
         """Delete the namespaces (and with them every veth). Safe to call twice."""

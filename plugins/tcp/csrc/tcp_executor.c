@@ -851,6 +851,33 @@ EXPORT void tcp_remove_peer(void *self, int64_t handle) {
   pthread_mutex_unlock(&ex->mu);
 }
 
+/* The core believes this rail is dead: queued slices fail at once (retryable, so the core
+ * re-routes them) and in-flight ones are cut short instead of waiting out the progress timer.
+ * Returns the number of queued slices handed back, or -EINVAL. */
+EXPORT int tcp_abort_rail(void *self, int64_t handle, int rail) {
+  tcp_exec_t *ex = self;
+  if (!ex) return -EINVAL;
+  pthread_mutex_lock(&ex->mu);
+  peer_t *pe = peer_lookup_locked(ex, (uint64_t)handle);
+  if (!pe || pe->removed || rail < 0 || rail >= pe->nrails) {
+    pthread_mutex_unlock(&ex->mu);
+    return -EINVAL;
+  }
+  rail_t *r = &pe->rails[rail];
+  int n = 0;
+  tent_slice_t s;
+  while (r->q.len) {
+    q_pop(&r->q, &s);
+    q_push(&ex->orphans, &s);
+    n++;
+  }
+  for (int k = 0; k < ex->conns_per_rail; k++)
+    if (r->slot_fd[k] >= 0) shutdown(r->slot_fd[k], SHUT_RDWR);
+  pthread_cond_broadcast(&ex->cv);
+  pthread_mutex_unlock(&ex->mu);
+  return n;
+}
+
 /* out[0..3] = bytes ok, slices ok, errors, connects. Returns 0 or -EINVAL. */
 EXPORT int tcp_get_rail_counters(void *self, int64_t handle, int rail, uint64_t *out, int nout) {
   tcp_exec_t *ex = self;

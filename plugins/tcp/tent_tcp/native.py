@@ -57,6 +57,8 @@ def _bind(cdll: ctypes.CDLL) -> None:
     cdll.tcp_add_peer.restype = ctypes.c_int64
     cdll.tcp_remove_peer.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     cdll.tcp_remove_peer.restype = None
+    cdll.tcp_abort_rail.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    cdll.tcp_abort_rail.restype = ctypes.c_int
     cdll.tcp_get_rail_counters.argtypes = [
         ctypes.c_void_p,
         ctypes.c_int64,
@@ -130,6 +132,10 @@ class TcpExecutor:
         h = self.executor.handle
         if h:
             self._cdll.tcp_remove_peer(h, peer)
+
+    def abort_rail(self, peer: int, rail: int) -> int:
+        h = self.executor.handle
+        return int(self._cdll.tcp_abort_rail(h, peer, rail)) if h else 0
 
     def rail_counters(self, peer: int, rail: int) -> dict[str, int]:
         out = (ctypes.c_uint64 * 4)()

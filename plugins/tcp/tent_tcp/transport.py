@@ -242,6 +242,10 @@ class TcpTransport(Transport):
         log.debug("tcp: peer %s handle %d rails %s", peer.engine_id, handle, [r.name for r in infos])
         return link
 
+    def abort_rail(self, link: PeerLink, rail: int) -> int:
+        ex = self._exec
+        return ex.abort_rail(link.handle, rail) if ex is not None else 0
+
     def disconnect(self, link: PeerLink) -> None:
         with self._lock:
             for eid, (_, known) in list(self._peers.items()):
