@@ -48,7 +48,7 @@ def _no_leftover_children() -> None:
 
 
 def test_registry_and_availability():
-    assert set(BASELINES) == {"socket", "cma", "memcpy", "mooncake"}
+    assert set(BASELINES) == {"socket", "cma", "memcpy", "mooncake", "fio"}
     av = available_baselines()
     assert set(av) == set(BASELINES)
     assert av["socket"] is None and av["memcpy"] is None

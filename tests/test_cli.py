@@ -57,3 +57,28 @@ def test_bad_arguments_fail_clearly(args, msg):
 def test_plugins_table():
     out = tent("plugins")
     assert out.returncode == 0 and "tcp" in out.stdout and "available" in out.stdout
+
+
+def test_file_transport_bench_against_fio(tmp_path):
+    import shutil
+
+    if shutil.which("fio") is None:
+        pytest.skip("fio not installed")
+    out = tent("bench", "--transport", "gds", "--baseline", "fio", "--block-sizes", "1M", "--iters", "3",
+               "--file-dir", str(tmp_path), "--json")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    ours = [r for r in rows if r["engine"] == "tent"]
+    assert {r["op"] for r in ours} == {"READ", "WRITE"} and all(r["transport"] == "gds" for r in ours)
+    assert all(r["gbps"] > 0 and "x_fio" in r for r in ours)
+
+
+def test_synthesized_path_bench(tmp_path):
+    out = tent("bench", "--path", "file:tcp", "--block-sizes", "4M", "--iters", "3", "--file-dir", str(tmp_path), "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    stages = {r["stage"]: r for r in rows}
+    assert set(stages) == {"file->memory", "memory->remote", "file->remote (staged)"}
+    assert stages["file->remote (staged)"]["x_slower_stage"] > 0
+    bad = tent("bench", "--path", "disk:tcp", "--block-sizes", "4M", "--iters", "1", "--file-dir", str(tmp_path))
+    assert bad.returncode != 0 and "file:TRANSPORT" in bad.stderr + bad.stdout
