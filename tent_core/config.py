@@ -127,6 +127,9 @@ class QosConfig:
     # True: promote every timed-out entry; False: C++ default "head-only" (if the head of a level
     # timed out, that whole level moves up).
     promotion_per_entry: bool = True
+    # Publish per-rail queued bytes to, and read other processes' from, a host-wide table in
+    # /dev/shm, so engines in different processes sharing rails see each other's load.
+    shared_load: bool = True
     # Shared (cross-process) rail load table in /dev/shm.
     shared_load_name: str = "default"
     shared_load_max_rails: int = 64

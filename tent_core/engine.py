@@ -29,7 +29,7 @@ from .metadata import ControlClient, ControlServer, host_identity
 from .path_planner import StagedPath, plan_staged_path
 from .plugin_manager import PluginSet, discover, instantiate
 from .policy_rules import RequestTraits, Rule, first_match, parse_rules
-from .qos import PrioritySlots
+from .qos import PrioritySlots, SharedRailLoad
 from .rail_monitor import RailMonitor, RailState
 from .rails import RAILS, Rail
 from .slice_scheduler import SliceScheduler
@@ -49,6 +49,7 @@ from .types import (
 log = logging.getLogger(__name__)
 
 _UNSET: Any = object()
+_SHARED_LOAD: Any = None  # the process's SharedRailLoad (False: unavailable)
 HEALTH_TICK_S = 0.01  # telemetry/health cadence of the progress thread
 PROBE_SEGMENT = "_tent_probe"
 PROBE_BYTES = 4096
@@ -818,9 +819,14 @@ class Engine:
                 if len(route.rails) < 2:
                     continue  # a single rail has nowhere else to go: transport substitution handles it
                 latest = 0
+                shared = self._shared_load()
                 for rail in route.rails:
                     tel = rail.telemetry
                     delta = tel.observe(RAILS.row(rail.slot), now_ns)
+                    if shared is not None:
+                        key = f"{rail.transport}:{rail.info.name}"
+                        shared.set(key, tel.inflight_bytes)
+                        tel.set_external(shared.others(key))
                     if delta.slices_done and self.monitor.state(rail.slot, now) != RailState.PAUSED:
                         self.monitor.on_success(rail.slot, now)
                     latest = max(latest, tel.last_complete_ns)
@@ -859,6 +865,19 @@ class Engine:
                 log.debug("heartbeat on rail %s failed (status %d) after %.1f ms", rail.info.name, b.error, (now - sent) * 1e3)
                 self.monitor.on_error(rail.slot, now)
         self._probes = still
+
+    def _shared_load(self) -> SharedRailLoad | None:
+        """The host-wide rail load table (one per process), or None when off or unavailable."""
+        global _SHARED_LOAD
+        if not self.config.qos.shared_load:
+            return None
+        if _SHARED_LOAD is None:
+            try:
+                _SHARED_LOAD = SharedRailLoad(config=self.config.qos)
+            except (OSError, ValueError) as exc:
+                log.warning("shared rail load table unavailable (%s); each process sees only its own load", exc)
+                _SHARED_LOAD = False
+        return _SHARED_LOAD or None
 
     def _abort_rail(self, route: _Route, rail: Rail) -> None:
         try:

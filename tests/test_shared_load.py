@@ -1,0 +1,60 @@
+"""Two engine processes on the same rails see each other's load through the host-wide table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+from peers import Peer
+
+from tent_core import READ, Engine, Request
+
+RAILS2 = {"rails": ["127.0.0.1", "127.0.0.2"]}
+
+PUMP = textwrap.dedent(
+    """
+    import sys, time
+    from tent_core import Engine, Request, READ
+    seg, seconds = sys.argv[1], float(sys.argv[2])
+    cfg = {"transports": {"tcp": {"rails": ["127.0.0.1", "127.0.0.2"]}},
+           "rules": [{"name": "rail0", "match": {}, "rails": [0]}]}
+    with Engine(cfg, transports=["tcp"]) as eng:
+        buf = eng.allocate(32 << 20)
+        end = time.monotonic() + seconds
+        print("pumping", flush=True)
+        while time.monotonic() < end:
+            eng.submit([Request(READ, buf, i << 23, seg, i << 23, 8 << 20) for i in range(4)]).wait()
+    """
+)
+
+
+def test_other_process_load_steers_spraying():
+    peer = Peer(size=64 << 20, config={"transports": {"tcp": RAILS2}}, transports=["tcp"])
+    pump = None
+    try:
+        with Engine({"transports": {"tcp": RAILS2}, "scheduler": {"probe_every": 0}}, transports=["tcp"]) as eng:
+            local = eng.allocate(64 << 20)
+            eng.read(local, peer.seg("rw"), 8 << 20)  # connect both rails
+            pump = subprocess.Popen([sys.executable, "-c", PUMP, peer.seg("rw"), "6"], stdout=subprocess.PIPE, text=True)
+            assert pump.stdout is not None and pump.stdout.readline().strip() == "pumping"
+            rails = {r.info.index: r for p in eng._peers.values() for rt in p.routes.values() for r in rt.rails}
+            deadline = time.monotonic() + 4
+            seen = 0
+            while time.monotonic() < deadline and not seen:
+                seen = rails[0].telemetry.external_bytes
+                time.sleep(0.01)
+            assert seen > 0, "the other process's load on rail 0 never showed up"
+            assert rails[1].telemetry.external_bytes == 0
+            before = {i: r["bytes"] for i, r in ((r["index"], r) for r in eng.rail_stats())}
+            for _ in range(6):
+                eng.submit([Request(READ, local, 0, peer.seg("rw"), 0, 32 << 20)]).wait()
+            after = {i: r["bytes"] for i, r in ((r["index"], r) for r in eng.rail_stats())}
+            moved = {i: after[i] - before[i] for i in after}
+            assert moved[1] > moved[0], moved  # the busier (shared) rail got less of our traffic
+    finally:
+        if pump is not None:
+            pump.kill()
+            pump.wait(10)
+        peer.close()
