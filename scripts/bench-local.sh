@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Every same-host benchmark of docs/benchmarks.md, in one go (~3 minutes). Needs `make bench-deps`
+# for the Mooncake baseline. Usage: scripts/bench-local.sh [OUTDIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-/tmp/tent-local-bench}
+mkdir -p "$OUT"
+T=".venv/bin/tent bench --json"
+$T --transport tcp --block-sizes 4M,64M --iters 40 --baseline socket,mooncake         > "$OUT/tcp.json"
+$T --transport shm --block-sizes 4M,64M --iters 40 --baseline cma                     > "$OUT/shm-cma.json"
+$T --transport shm --block-sizes 4M,64M --iters 40 --baseline memcpy \
+   --config '{"transports": {"shm": {"mode": "memfd"}}}'                               > "$OUT/shm-memfd.json"
+$T --transport tcp --block-sizes 64K --iters 200 --ops WRITE --submit-cost             > "$OUT/submit.json"
+$T --transport gds --block-sizes 1M,64M --iters 40 --baseline fio                      > "$OUT/gds-fio.json"
+$T --path file:tcp --block-sizes 64M --iters 20                                        > "$OUT/path-buffered.json"
+$T --path file:tcp --block-sizes 64M --iters 20 \
+   --config '{"transports": {"gds": {"direct": 1}}}'                                   > "$OUT/path-direct.json"
+echo "results in $OUT"
