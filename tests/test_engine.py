@@ -184,3 +184,38 @@ def test_read_only_local_registration_and_segments(peer_module):
             eng.register(object())
         with pytest.raises(InvalidRequestError):
             eng.register(np.zeros((4, 4))[:, ::2])
+
+
+def test_control_port_answers_garbage_with_errors_and_keeps_serving(peer_module):
+    import msgpack
+    import zmq
+
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(f"tcp://{peer_module.engine_id}")
+    try:
+        for payload in (b"\xc1\xff not msgpack", msgpack.packb([1, 2, 3]), msgpack.packb({"op": 7}),
+                        msgpack.packb({"op": "format-disk"})):  # fmt: skip
+            s.send_multipart([b"", payload])
+            assert s.poll(5000), "no reply to a malformed message"
+            reply = msgpack.unpackb(s.recv_multipart()[-1])
+            assert reply["ok"] is False and reply["error"]
+    finally:
+        s.close(0)
+    with Engine(transports=["tcp"]) as eng:  # and it still serves real requests
+        local = eng.allocate(4096)
+        eng.read(local, peer_module.seg("rw"), 4096)
+        assert np.array_equal(local.array, pattern(peer_module.size, seed=0)[:4096])
+
+
+def test_torch_tensors_register_and_move(peer_module):
+    torch = pytest.importorskip("torch")
+    t = torch.zeros(1 << 18, dtype=torch.float32)
+    with Engine(transports=["tcp"]) as eng:
+        buf = eng.register(t)
+        assert buf.length == t.numel() * 4 and buf.kind.value == "host"
+        eng.read(buf, peer_module.seg("ro"), buf.length)
+        assert np.array_equal(t.numpy().view(np.uint8), pattern(peer_module.size, seed=1)[: buf.length])
+        with pytest.raises(InvalidRequestError):
+            eng.register(torch.zeros(8, 8)[:, ::2])
