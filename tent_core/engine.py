@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import _native, errors, resolver
+from .abi import FAILURE_DTYPE, SLICE_DTYPE
 from .batch import BatchHandle, status_error
 from .config import EngineConfig, load_config
 from .memory import MemfdBuffer, describe
@@ -58,22 +59,6 @@ PROBE_BYTES = 4096
 FILE_BASE = 1 << 56
 FILE_STRIDE = 1 << 44
 
-SLICE_DTYPE = np.dtype(
-    [
-        ("local_addr", "<u8"),
-        ("remote_addr", "<u8"),
-        ("length", "<u8"),
-        ("peer", "<u8"),
-        ("token", "<u8"),
-        ("submit_ns", "<u8"),
-        ("opcode", "<u4"),
-        ("rail", "<u4"),
-        ("stat_index", "<u4"),
-        ("attempt", "<u4"),
-    ]
-)
-FAILURE_DTYPE = np.dtype([("slice", SLICE_DTYPE), ("status", "<i4"), ("pad", "<i4")])
-assert SLICE_DTYPE.itemsize == _native.SLICE_SIZE and FAILURE_DTYPE.itemsize == _native.FAILURE_SIZE
 
 
 @dataclass

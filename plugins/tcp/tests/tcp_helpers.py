@@ -23,22 +23,9 @@ from tent_core import _native  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-SLICE_DTYPE = np.dtype(
-    [
-        ("local_addr", "<u8"),
-        ("remote_addr", "<u8"),
-        ("length", "<u8"),
-        ("peer", "<u8"),
-        ("token", "<u8"),
-        ("submit_ns", "<u8"),
-        ("opcode", "<u4"),
-        ("rail", "<u4"),
-        ("stat_index", "<u4"),
-        ("attempt", "<u4"),
-    ]
-)
+from tent_core.abi import SLICE_DTYPE  # noqa: E402
+
 FAILURE_DTYPE = np.dtype(SLICE_DTYPE.descr + [("status", "<i4"), ("pad", "<i4")])
-assert SLICE_DTYPE.itemsize == _native.SLICE_SIZE == 64
 assert FAILURE_DTYPE.itemsize == _native.FAILURE_SIZE
 
 READ, WRITE = 0, 1

@@ -27,21 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from tent_tcp.native import PERM_REMOTE_READ, PERM_REMOTE_WRITE, TcpExecutor  # noqa: E402
 
 from tent_core import _native  # noqa: E402
-
-SLICE = np.dtype(
-    [
-        ("local_addr", "<u8"),
-        ("remote_addr", "<u8"),
-        ("length", "<u8"),
-        ("peer", "<u8"),
-        ("token", "<u8"),
-        ("submit_ns", "<u8"),
-        ("opcode", "<u4"),
-        ("rail", "<u4"),
-        ("stat_index", "<u4"),
-        ("attempt", "<u4"),
-    ]
-)
+from tent_core.abi import SLICE_DTYPE as SLICE  # noqa: E402
 
 
 def serve(size: int, cfg: dict[str, int]) -> None:
