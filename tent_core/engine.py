@@ -423,6 +423,8 @@ class Engine:
             fetched = self._fetch_peer(engine_id, timeout)
             with self._lock:
                 peer = self._peers.setdefault(engine_id, fetched)
+            if peer is not fetched and fetched.client is not None:
+                fetched.client.close()  # another thread won the race
         return peer
 
     def refresh_peer(self, engine_id: str, timeout: float | None = None) -> None:
@@ -724,16 +726,19 @@ class Engine:
                 if route_ is not None and len(route_.rails) > 1:
                     self._abort_rail(route_, rail)
         attempt = int(s["attempt"]) + 1
-        if batch.cancelled or now >= handle.deadline or attempt > self.config.max_retries_per_slice or rail is None:
-            log.debug("slice failed for good (status %d, attempt %d)", status, attempt)
+        if batch.cancelled or now >= handle.deadline or rail is None:
             batch.fail_slice(status)
             return
         peer = self._peers.get(rail.peer_id)
         if peer is None:
             batch.fail_slice(status)
             return
-        target = self._pick_retry(peer, rail, attempt, now, handle.rule_rails.get(rail.transport))
+        target = None
+        if attempt <= self.config.max_retries_per_slice:
+            target = self._pick_retry(peer, rail, attempt, now, handle.rule_rails.get(rail.transport))
         if target is None:
+            log.info("slice to %s failed on every path (status %d, attempt %d)", peer.engine_id, status, attempt)
+            self._forget_peer(peer)  # next time, ask the peer afresh (it may have restarted)
             batch.fail_slice(status)
             return
         route, new_rail = target
@@ -850,6 +855,24 @@ class Engine:
                 log.debug("heartbeat on rail %s failed (status %d) after %.1f ms", rail.info.name, b.error, (now - sent) * 1e3)
                 self.monitor.on_error(rail.slot, now)
         self._probes = still
+
+    def _forget_peer(self, peer: _Peer) -> None:
+        """Drop a peer that no path reaches: cached routes, segments and parsed names."""
+        with self._lock:
+            if self._peers.get(peer.engine_id) is not peer:
+                return
+            del self._peers[peer.engine_id]
+            for key in [k for k, (p, _) in self._remote_cache.items() if p is peer]:
+                del self._remote_cache[key]
+            for key in [k for k in self._path_cache if k[0] == peer.engine_id]:
+                del self._path_cache[key]
+        for route in peer.routes.values():
+            try:
+                route.transport.disconnect(route.link)
+            except Exception:
+                log.exception("disconnect from %s failed", peer.engine_id)
+        if peer.client is not None:
+            peer.client.close()
 
     def _shared_load(self) -> SharedRailLoad | None:
         """The host-wide rail load table (one per process), or None when off or unavailable."""
