@@ -19,7 +19,10 @@ $(STAMP): $(SOURCES)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q pluggy pyzmq msgpack numpy click rich matplotlib prometheus-client \
 	    pytest pytest-timeout hypothesis ruff
-	$(PIP) install -q --no-build-isolation -e . $(foreach d,$(PLUGIN_DIRS),-e $(d)) $(if $(wildcard refhub/pyproject.toml),-e refhub)
+	$(PIP) install -q --no-build-isolation -e . $(foreach d,$(PLUGIN_DIRS),-e $(d))
+	# refhub/ (the distribution folder) would shadow the refhub package as a namespace package when
+	# Python runs from the repo root; a path-based editable install puts the real package first
+	$(PIP) install -q --no-build-isolation --config-settings editable_mode=compat -e refhub
 	touch $(STAMP)
 
 demo: install
