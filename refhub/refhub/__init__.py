@@ -2,7 +2,8 @@
 
     import refhub
     h = refhub.open("policy", replica="trainer", shard=0, num_shards=1, server="tcp://127.0.0.1:5555")
-    h.register("w", weights)       # numpy array or CPU torch tensor
+    h.register("w", weights)       # numpy array or CPU torch tensor (zero-copy "direct" mode)
+    h.register("e", emb, mode="copy")  # reallocated often: served via pre-registered staging slots
     h.publish(1)                   # reference passing: only metadata goes to the server
     ...
     r = refhub.open("policy", replica="rollout-3", server=...)

@@ -1,12 +1,12 @@
-"""Data-plane benchmarks (paper §5.1.1-5.1.3), one process per worker on this host.
+"""Data-plane benchmarks on one host (paper §5.1.1, and §5.1.3 without namespaces).
 
-- dataplane: one publisher, one reader; replicate latency and GB/s vs a raw tent_core READ of the
-  same bytes (the loopback "line rate").
-- burst: one publisher, K readers replicating at once, each capped by an emulated NIC (token
-  bucket in the reader); total stall time with pipeline replication vs without.
-- failover: trainer -> A (capped) -> B; SIGKILL A mid-transfer; B's completion time vs no failure.
+- dataplane: one publisher and one reader process, a model-like 1 GiB shard (500 tensors, half of
+  them tiny); verified replicate GB/s vs raw tent_core READs of the same bytes into the same
+  buffers, by the same reader process, interleaved.
+- failover (loopback fallback of bench_net.failover): trainer -> A (reader-side cap) -> B; SIGKILL
+  A mid-transfer; B's completion time vs no failure.
 
-Loopback numbers show trends only (no RDMA, 2 cores).
+The burst benchmark and the shaped-link failover live in bench_net (network namespaces).
 """
 
 from __future__ import annotations
@@ -68,93 +68,183 @@ def _server(pipeline: bool = True) -> str:
     return start_embedded(hb_timeout=3.0, pipeline=pipeline)
 
 
-def dataplane(size_mb: float = 256, repeat: int = 5) -> dict:
+def shard_sizes(total_mb: float = 1024, count: int = 500, seed: int = 0) -> list[int]:
+    """A model-like shard: `count` tensors, half of them tiny (1-64 KB, packed), the rest large
+    (>= 2 MB, varied sizes) filling `total_mb` in all."""
+    rng = np.random.default_rng(seed)
+    n_tiny = count // 2
+    tiny = [int(x) for x in np.exp(rng.uniform(np.log(1024), np.log(64 * 1024), n_tiny))]
+    big_total = int(total_mb * MB) - sum(tiny)
+    floor = 2 * MB + 4096
+    extra = big_total - floor * (count - n_tiny)
+    if extra < 0:
+        raise ValueError(f"{total_mb} MB is too small for {count - n_tiny} large tensors")
+    w = np.exp(rng.uniform(0, np.log(4), count - n_tiny))
+    big = [floor + (int(x) & ~4095) for x in w / w.sum() * extra]
+    big[-1] += big_total - sum(big)
+    sizes = tiny + big
+    order = rng.permutation(len(sizes))
+    return [sizes[i] for i in order]
+
+
+def _dp_engine(transport: str | None) -> Any:
+    from tent_core import Engine
+
+    return Engine(transports=[transport]) if transport else Engine()
+
+
+def _dp_publisher(addr: str, sizes: list[int], ready: Any, stop: Any, transport: str | None = None) -> None:
+    import refhub
+
+    h = refhub.open("dp", replica="trainer", server=addr, hb_interval=0.2, engine=_dp_engine(transport))
+    rng = np.random.default_rng(1)
+    ts = [rng.integers(0, 255, n, dtype=np.uint8) for n in sizes]
+    for i, t in enumerate(ts):
+        h.register(f"w{i:04d}", t)
+    h.publish(1)
+    ready.put({"ref": h._ref(), "publish_checksum_s": h.stats.get("publish_checksum_s")})
+    stop.wait()
+    h.close()
+
+
+def _dp_reader(addr: str, sizes: list[int], ref: dict, repeat: int, q: Any, transport: str | None = None) -> None:
+    """The same process does both: raw tent_core READs of the publisher's bytes into this handle's
+    own registered buffers, and refhub replicate (control plane + verification), interleaved."""
+    from collections import deque
+
+    import refhub
+    from refhub import client as C
+    from tent_core import READ, Request
+
+    try:
+        h = refhub.open("dp", replica="reader", server=addr, hb_interval=0.2, engine=_dp_engine(transport))
+        ts = [np.ones(n, dtype=np.uint8) for n in sizes]  # pre-faulted, as a rollout's weights are
+        for i, t in enumerate(ts):
+            h.register(f"w{i:04d}", t)
+        h._build_layout()
+        h._pack.array[:] = 1
+        mine = h._stream()
+        reqs = []
+        for (_, lb, loff, nb), (_, roff, _) in zip(mine, ref["items"], strict=True):
+            for c in range(0, nb, C.CHUNK):
+                reqs.append(Request(READ, lb, loff + c, ref["seg"], roff + c, min(C.CHUNK, nb - c)))
+        total = sum(m[3] for m in mine)
+        eng = h.engine
+        eng.submit(reqs[:8], deadline=30).wait()  # connect
+
+        def raw_windowed() -> float:
+            t0 = time.perf_counter()
+            inflight: deque = deque()
+            batch: list = []
+            nbytes = 0
+            for r in reqs:
+                batch.append(r)
+                nbytes += r.length
+                if nbytes >= C.BATCH:
+                    inflight.append(eng.submit(batch, deadline=30))
+                    batch, nbytes = [], 0
+                    if len(inflight) >= C.WINDOW:
+                        inflight.popleft().wait()
+            if batch:
+                inflight.append(eng.submit(batch, deadline=30))
+            while inflight:
+                inflight.popleft().wait()
+            return total / (time.perf_counter() - t0) / 1e9
+
+        def raw_one() -> float:
+            t0 = time.perf_counter()
+            eng.submit(reqs, deadline=30).wait()
+            return total / (time.perf_counter() - t0) / 1e9
+
+        out: dict[str, list] = {"raw_windowed": [], "raw_one_batch": [], "refhub": [], "refhub_s": [], "verify_s": [],
+                                "unverified": []}
+        for i in range(repeat + 1):
+            rw, ro = raw_windowed(), raw_one()
+            h._verify = False  # diagnostic: the same path without the receive-side hash
+            t0 = time.perf_counter()
+            h.replicate(1, timeout=120)
+            uv = total / (time.perf_counter() - t0) / 1e9
+            h.unpublish()
+            h._verify = True
+            t0 = time.perf_counter()
+            h.replicate(1, timeout=120)
+            dt = time.perf_counter() - t0
+            st = dict(h.stats)
+            h.unpublish()
+            if i == 0:
+                continue  # warm-up round
+            out["raw_windowed"].append(rw)
+            out["raw_one_batch"].append(ro)
+            out["unverified"].append(uv)
+            out["refhub"].append(total / dt / 1e9)
+            out["refhub_s"].append(dt)
+            out["verify_s"].append(st["verify_s"])
+        ok = bool(st["verified"])
+        hash_only = []
+        for _ in range(3):  # the receive-side hash alone, one thread, nothing else running
+            t0 = time.perf_counter()
+            for t in ts:
+                C.checksum(t)
+            hash_only.append(time.perf_counter() - t0)
+        out["hash_only_s"] = hash_only
+        h.close()
+        q.put({"ok": ok, "total": total, "tensors": len(sizes), "stream_items": len(mine), **out})
+    except Exception as exc:  # reported to the parent
+        import traceback
+
+        q.put({"error": repr(exc), "tb": traceback.format_exc()})
+
+
+def dataplane(size_mb: float = 1024, repeat: int = 5, tensors: int = 500, transport: str | None = None) -> dict:
+    """One publisher, one reader process: refhub replicate (every byte verified) vs raw tent_core READs
+    of the same bytes between the same two processes, interleaved, medians."""
     ctx = mp.get_context("spawn")
     addr = _server()
-    ready, stop = ctx.Queue(), ctx.Event()
-    pub = ctx.Process(target=_publisher, args=(addr, size_mb, ready, stop))
+    sizes = shard_sizes(size_mb, tensors)
+    ready, stop, q = ctx.Queue(), ctx.Event(), ctx.Queue()
+    pub = ctx.Process(target=_dp_publisher, args=(addr, sizes, ready, stop, transport))
     pub.start()
-    seg = ready.get(timeout=120)
-    times, gbps, xfer = [], [], []
     try:
-        for i in range(repeat):
-            q, start = ctx.Queue(), ctx.Event()
-            rd = ctx.Process(target=_reader, args=(addr, f"r{i}", size_mb, None, start, q))
-            rd.start()
-            q.get(timeout=60)
-            start.set()
-            msg = q.get(timeout=300)
-            rd.join(timeout=30)
-            if msg[0] != "done":
-                raise RuntimeError(msg)
-            times.append(msg[2])
-            gbps.append(msg[3]["GBps"])
-            xfer.append(msg[3]["transfer_GBps"])
-        # raw engine READ of the same bytes (no refhub): the line rate of this host
-        from tent_core import Engine
-
-        eng = Engine()
-        total = sum(t.nbytes for t in _tensors(size_mb)[:4])
-        dst = eng.allocate(total)
-        raw = []
-        for _ in range(repeat):
-            t0 = time.monotonic()
-            # the same number of bytes from the publisher's segment (progress word, pack, large tensors)
-            eng.read(dst, seg, total, remote_offset=0, timeout=60)
-            raw.append(total / (time.monotonic() - t0) / 1e9)
-        eng.close()
+        info = ready.get(timeout=300)
+        rd = ctx.Process(target=_dp_reader, args=(addr, sizes, info["ref"], repeat, q, transport))
+        rd.start()
+        res = q.get(timeout=900)
+        rd.join(timeout=30)
     finally:
         stop.set()
         pub.join(timeout=30)
+    if "error" in res:
+        raise RuntimeError(res["error"] + "\n" + res.get("tb", ""))
+    med = statistics.median
+    raw_w, raw_o, rh = med(res["raw_windowed"]), med(res["raw_one_batch"]), med(res["refhub"])
+    raw = max(raw_w, raw_o)
+    from .client import _xxhash
+
     return {
         "bench": "dataplane",
         "size_MB": size_mb,
-        "replicate_s_median": round(statistics.median(times), 4),
-        "replicate_GBps_median": round(statistics.median(gbps), 3),
-        "transfer_only_GBps_median": round(statistics.median(xfer), 3),
-        "raw_tent_read_GBps_median": round(statistics.median(raw), 3),
-        "efficiency": round(statistics.median(gbps) / statistics.median(raw), 3),
-        "transfer_efficiency": round(statistics.median(xfer) / statistics.median(raw), 3),
+        "bytes": res["total"],
+        "tensors": res["tensors"],
+        "tiny_tensors_packed": sum(1 for n in sizes if n < 2 * MB),
+        "transport": transport or "engine's choice (shm between local processes)",
+        "checksum": "xxh3_64" if _xxhash is not None else "adler32",
+        "verified_every_byte": res["ok"],
+        "refhub_GBps_median": round(rh, 3),
+        "refhub_s_median": round(med(res["refhub_s"]), 4),
+        "verify_in_loop_s_median": round(med(res["verify_s"]), 4),
+        "hash_only_s_median": round(med(res["hash_only_s"]), 4),
+        "raw_GBps_median": round(raw, 3),
+        "raw_windowed_GBps_median": round(raw_w, 3),
+        "raw_one_batch_GBps_median": round(raw_o, 3),
+        "ratio": round(rh / raw, 3),
+        "diagnostic_unverified_GBps_median": round(med(res["unverified"]), 3),
+        "diagnostic_unverified_ratio": round(med(res["unverified"]) / raw, 3),
+        "publish_checksum_s": round(info["publish_checksum_s"] or 0.0, 4),
         "repeat": repeat,
-        "note": "loopback, one host; trend only",
+        "samples": {k: [round(x, 3) for x in res[k]] for k in ("refhub", "raw_windowed", "raw_one_batch")},
+        "note": "one host, shm transport between two processes; raw = best of windowed / one-batch tent_core READs "
+                "of the same bytes into the same buffers, same processes, interleaved with the refhub runs",
     }
-
-
-def _burst_once(k: int, size_mb: float, cap_MBps: float, pipeline: bool) -> dict:
-    ctx = mp.get_context("spawn")
-    addr = _server(pipeline)
-    ready, stop = ctx.Queue(), ctx.Event()
-    pub = ctx.Process(target=_publisher, args=(addr, size_mb, ready, stop))
-    pub.start()
-    ready.get(timeout=120)
-    q, start = ctx.Queue(), ctx.Event()
-    rds = [ctx.Process(target=_reader, args=(addr, f"r{i}", size_mb, cap_MBps * 1e6, start, q)) for i in range(k)]
-    for r in rds:
-        r.start()
-    for _ in rds:
-        q.get(timeout=120)
-    start.set()
-    res = [q.get(timeout=600) for _ in rds]
-    for r in rds:
-        r.join(timeout=30)
-    stop.set()
-    pub.join(timeout=30)
-    errs = [r for r in res if r[0] != "done"]
-    if errs:
-        raise RuntimeError(errs)
-    stalls = [r[2] for r in res]
-    return {"k": k, "total_stall_s": round(sum(stalls), 3), "makespan_s": round(max(stalls), 3),
-            "partial_sources": sum(1 for r in res if r[3]["sources"][0][1])}
-
-
-def burst(ks: tuple[int, ...] = (1, 2, 4), size_mb: float = 64, cap_MBps: float = 200) -> dict:
-    """K readers at once, each capped (emulated NIC ingress). Sources are not capped on egress here, so
-    without pipeline the trainer is limited only by this host's copy bandwidth: a trend, not the paper's curve."""
-    rows = []
-    for k in ks:
-        rows.append({"pipeline": _burst_once(k, size_mb, cap_MBps, True), "no_pipeline": _burst_once(k, size_mb, cap_MBps, False)})
-    return {"bench": "burst", "size_MB": size_mb, "reader_cap_MBps": cap_MBps, "rows": rows,
-            "note": "loopback; reader-side token bucket; trend only"}
 
 
 def failover(size_mb: float = 64, cap_MBps: float = 100, kill_at: float = 0.5) -> dict:

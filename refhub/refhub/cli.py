@@ -20,11 +20,13 @@ def main(verbose: int) -> None:
 @click.option("--bind", default="tcp://127.0.0.1:5555", show_default=True, help="ZeroMQ endpoint to bind.")
 @click.option("--hb-timeout", default=5.0, show_default=True, help="Seconds of silence before a client is failed.")
 @click.option("--barrier-timeout", default=30.0, show_default=True, help="Per-replica barrier timeout (s).")
-def serve(bind: str, hb_timeout: float, barrier_timeout: float) -> None:
+@click.option("--pipeline/--no-pipeline", default=True, show_default=True,
+              help="Pipeline replication (partially received replicas serve others).")
+def serve(bind: str, hb_timeout: float, barrier_timeout: float, pipeline: bool) -> None:
     """Run a reference server (primary or backup: they are the same program)."""
     from .server import serve as _serve
 
-    _serve(bind, hb_timeout=hb_timeout, barrier_timeout=barrier_timeout)
+    _serve(bind, hb_timeout=hb_timeout, barrier_timeout=barrier_timeout, pipeline=pipeline)
 
 
 @main.command()
@@ -88,38 +90,67 @@ def bench_server(clients: int, procs: int, sockets: int, shards: int, duration: 
 
 
 @bench.command("dataplane")
-@click.option("--size-mb", default=256.0, show_default=True)
+@click.option("--size-mb", default=1024.0, show_default=True, help="Shard size.")
+@click.option("--tensors", default=500, show_default=True, help="Tensors in the shard (half of them tiny, packed).")
 @click.option("--repeat", default=5, show_default=True)
+@click.option("--transport", default=None, help="Restrict both engines to one transport (e.g. tcp); default: engine's choice.")
 @click.option("--json", "as_json", is_flag=True)
-def bench_dataplane(size_mb: float, repeat: int, as_json: bool) -> None:
-    """One publisher, one reader: replicate GB/s vs a raw tent_core READ."""
+def bench_dataplane(size_mb: float, tensors: int, repeat: int, transport: str | None, as_json: bool) -> None:
+    """One publisher, one reader: verified replicate GB/s vs raw tent_core READs of the same bytes."""
     from .bench_data import dataplane
 
-    _emit(dataplane(size_mb, repeat), as_json)
+    _emit(dataplane(size_mb, repeat, tensors, transport), as_json)
 
 
 @bench.command("burst")
-@click.option("--k", "ks", default="1,2,4", show_default=True, help="Reader counts.")
-@click.option("--size-mb", default=64.0, show_default=True)
-@click.option("--cap-mbps", default=200.0, show_default=True, help="Emulated per-reader NIC cap (MB/s).")
+@click.option("--n", "ns", default="1,2,3,4,5,6", show_default=True, help="Receiver counts N.")
+@click.option("--size-mb", default=128.0, show_default=True)
+@click.option("--tensors", default=32, show_default=True, help="Tensors in the shard (half tiny).")
+@click.option("--rate", default="500mbit", show_default=True, help="Every node's link rate, each direction.")
+@click.option("--peers", default="gloo,ray", show_default=True, help="Baselines to run in the same run (gloo, ray).")
+@click.option("--loopback", is_flag=True, help="Loopback processes even when namespaces are available.")
 @click.option("--json", "as_json", is_flag=True)
-def bench_burst(ks: str, size_mb: float, cap_mbps: float, as_json: bool) -> None:
-    """K readers at once, with and without pipeline replication."""
-    from .bench_data import burst
+def bench_burst(ns: str, size_mb: float, tensors: int, rate: str, peers: str, loopback: bool, as_json: bool) -> None:
+    """One publisher, N receivers replicating at once over shaped links: pipeline vs not, gloo, Ray."""
+    from .bench_net import burst
 
-    _emit(burst(tuple(int(x) for x in ks.split(",")), size_mb, cap_mbps), as_json)
+    res = burst([int(x) for x in ns.split(",")], size_mb, tensors, rate,
+                tuple(p for p in peers.split(",") if p), loopback)
+    if as_json:
+        click.echo(json.dumps(res, indent=2))
+        return
+    for k, v in res.items():
+        if k != "rows":
+            click.echo(f"{k:>24}: {v}")
+    for row in res["rows"]:
+        click.echo("  " + "  ".join(f"{k}={v}" for k, v in row.items()))
 
 
 @bench.command("failover")
 @click.option("--size-mb", default=64.0, show_default=True)
-@click.option("--cap-mbps", default=100.0, show_default=True)
-@click.option("--kill-at", default=0.5, show_default=True)
+@click.option("--tensors", default=32, show_default=True)
+@click.option("--rate", default="500mbit", show_default=True, help="Link rate (namespaces, as root).")
+@click.option("--kill-at", default=0.5, show_default=True, help="Kill A at this fraction of one transfer time.")
+@click.option("--loopback", is_flag=True, help="Loopback with an emulated NIC cap on A (the old benchmark).")
+@click.option("--cap-mbps", default=100.0, show_default=True, help="Loopback only: A's emulated cap (MB/s).")
 @click.option("--json", "as_json", is_flag=True)
-def bench_failover(size_mb: float, cap_mbps: float, kill_at: float, as_json: bool) -> None:
-    """trainer -> A -> B; SIGKILL A mid-transfer; B's completion time vs no failure."""
-    from .bench_data import failover
+def bench_failover(size_mb: float, tensors: int, rate: str, kill_at: float, loopback: bool, cap_mbps: float,
+                   as_json: bool) -> None:
+    """publisher -> A -> B; SIGKILL A mid-transfer; B's completion time vs no failure."""
+    from tent_core.testbed import Fabric
 
-    _emit(failover(size_mb, cap_mbps, kill_at), as_json)
+    ok, why = Fabric.available()
+    if loopback or not ok:
+        from .bench_data import failover
+
+        res = failover(size_mb, cap_mbps, kill_at)
+        res["note"] = "loopback (" + ("requested" if loopback else why) + "): A's NIC emulated by a reader-side cap"
+        res["extra_s"] = round(res["with_failure"]["B_seconds"] - res["no_failure"]["B_seconds"], 3)
+    else:
+        from .bench_net import failover as net_failover
+
+        res = net_failover(size_mb, tensors, rate, kill_at)
+    _emit(res, as_json)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,22 @@ Layout of a shard as served to peers: one engine segment per handle holding, in 
 tensor registered in place (direct mode: zero copy). The byte stream a reader copies is the pack
 followed by the large tensors sorted by name; the progress word ``(version << 40) | bytes`` says
 how much of that stream a *receiving* replica already holds (pipeline replication).
+
+Copy mode (``register(name, t, mode="copy")``): a tensor the application reallocates often is not
+registered with the engine at all. Its bytes are served slice by slice through a few staging
+buffers pre-registered once per handle: the reader asks the holder's *stager* (a small ZeroMQ
+ROUTER next to the engine) to copy a slice into a free staging slot, READs the slot, and releases
+it. A receiving copy-mode tensor lands in a registered landing buffer and is copied into place.
+
+Verification: the publisher hashes every tensor once at publish (xxh3_64 when ``xxhash`` is
+installed, adler32 otherwise); a reader keeps a window of READ batches in flight and hashes each
+tensor as soon as the contiguous prefix covering it has arrived (while later batches are still on
+the wire), so end-to-end verification of every byte overlaps with the transfer.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import logging
 import os
@@ -31,7 +43,18 @@ import zmq
 log = logging.getLogger("refhub.client")
 
 TINY = 2 * 1024 * 1024
-CHUNK = 16 * 1024 * 1024
+MB = 1024 * 1024
+CHUNK = int(float(os.environ.get("REFHUB_CHUNK_MB", "4")) * MB)  # one READ request at most
+BATCH = int(float(os.environ.get("REFHUB_BATCH_MB", "16")) * MB)  # bytes per submitted batch at most
+BATCH_S = 0.02  # ... and about this many seconds of the measured rate (>= 1 MB): small batches on slow
+# links keep pipeline hops close behind each other (a downstream reader sees a batch once it is complete)
+WINDOW = int(os.environ.get("REFHUB_WINDOW", "2"))  # batches in flight at least (the oldest is verified meanwhile)
+INFLIGHT_S = float(os.environ.get("REFHUB_INFLIGHT_S", "0.5"))  # ... and up to this many seconds of measured rate
+MAX_INFLIGHT = 1 << 30  # bytes in flight at most
+STAGE_SLOT = int(float(os.environ.get("REFHUB_STAGE_MB", "4")) * MB)  # copy mode: one staging slot
+STAGE_SLOTS = int(os.environ.get("REFHUB_STAGE_SLOTS", "4"))  # copy mode: staging slots per handle
+STAGE_DEPTH = 2  # copy mode: stage requests a reader keeps outstanding
+MODES = ("direct", "copy")
 VERSION_SHIFT = 40
 BYTES_MASK = (1 << VERSION_SHIFT) - 1
 
@@ -309,7 +332,156 @@ class _Item:
     keep: Any
     buf: Any = None  # engine LocalBuffer when registered in place
     pack_off: int = -1  # offset inside the pack when tiny
+    mode: str = "direct"  # "direct" (registered in place) or "copy" (served through staging slots)
 
+
+class _SourceFailed(RuntimeError):
+    """A source stopped answering stage requests (or refused them): re-route like an I/O error."""
+
+
+class _Reroute(Exception):
+    def __init__(self, src: dict) -> None:
+        super().__init__("re-routed")
+        self.src = src
+
+
+class _Stager:
+    """Copy mode, serving side: a ROUTER socket next to the engine and `STAGE_SLOTS` staging slots,
+    registered once in the handle's segment. ``stage`` copies a slice of a copy-mode tensor into a
+    free slot (requests queue while none is free) and answers with the slot's segment offset; the
+    reader READs it and sends ``release``. A slot whose reader vanished is reclaimed after `lease_s`."""
+
+    def __init__(self, handle: ShardHandle, lease_s: float = 5.0) -> None:
+        from collections import deque
+
+        self.h = handle
+        self.lease_s = lease_s
+        self.slots = [handle.engine.allocate(STAGE_SLOT, segment=handle.segment) for _ in range(STAGE_SLOTS)]
+        self.free = list(range(len(self.slots)))
+        self.leases: dict[int, tuple[bytes, float]] = {}
+        self.queue: deque = deque()
+        self.served = 0
+        self.sock = handle.conn.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        host = handle.engine.engine_id.rpartition(":")[0] or "127.0.0.1"
+        self.sock.bind(f"tcp://{host}:0")
+        self.address = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"refhub-stager-{handle.segment}", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        from . import protocol
+
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        while not self._stop.is_set():
+            if poller.poll(100):
+                while True:
+                    try:
+                        ident, payload = self.sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    except ValueError:
+                        continue
+                    try:
+                        msg = protocol.unpack(payload)
+                        op = protocol.validate_stage(msg)
+                    except protocol.ProtocolError as exc:
+                        self._reply(ident, protocol.error(0, protocol.E_BAD_MESSAGE, str(exc)))
+                        continue
+                    if op == "release":
+                        self._release(ident, msg["slot"])
+                    else:
+                        self.queue.append((ident, msg))
+            now = time.monotonic()
+            for slot, (_, exp) in list(self.leases.items()):
+                if exp < now:
+                    log.warning("stager %s: reclaiming slot %d (lease expired)", self.address, slot)
+                    del self.leases[slot]
+                    self.free.append(slot)
+            while self.queue and self.free:
+                ident, msg = self.queue.popleft()
+                self._stage(ident, msg)
+        self.sock.close(0)
+
+    def _reply(self, ident: bytes, rep: dict) -> None:
+        try:
+            self.sock.send_multipart((ident, msgpack.packb(rep, use_bin_type=True)), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+
+    def _release(self, ident: bytes, slot: int) -> None:
+        lease = self.leases.get(slot)
+        if lease is not None and lease[0] == ident:
+            del self.leases[slot]
+            self.free.append(slot)
+
+    def _stage(self, ident: bytes, msg: dict) -> None:
+        from .protocol import E_STATE, error
+
+        rid, h = msg.get("rid", 0), self.h
+        it = h.items.get(msg["item"])
+        off, n = msg["off"], msg["len"]
+        if h.state == "idle" or h.version != msg["v"]:
+            self._reply(ident, error(rid, E_STATE, f"not holding v{msg['v']} (state {h.state}, v{h.version})"))
+            return
+        if it is None or off < 0 or n <= 0 or n > STAGE_SLOT or off + n > it.arr.nbytes:
+            self._reply(ident, error(rid, "bad_range", f"no slice [{off}, {off + n}) of {msg['item']!r}"))
+            return
+        slot = self.free.pop()
+        buf = self.slots[slot]
+        buf.array[:n] = it.arr[off:off + n]
+        self.leases[slot] = (ident, time.monotonic() + self.lease_s)
+        self.served += 1
+        self._reply(ident, {"rid": rid, "ok": True, "slot": slot, "roff": buf.offset})
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        for b in self.slots:
+            try:
+                self.h.engine.unregister(b)
+            except Exception:  # engine already closed
+                pass
+
+
+class _Verifier:
+    """Hashes each tensor once the contiguous received prefix covers it (the pack: all tiny tensors,
+    unpacked first) and compares with the publisher's checksums."""
+
+    def __init__(self, handle: ShardHandle, mine: list, cks: list | None, v: int) -> None:
+        self.h = handle
+        self.v = v
+        if cks is not None and len(cks) != len(handle.items):
+            raise RefhubError("layout_mismatch", f"the source published {len(cks)} tensors, this handle has {len(handle.items)}")
+        self.exp = dict(zip(sorted(handle.items), cks, strict=True)) if cks is not None else None
+        self.checks: list[tuple[int, str]] = []
+        pos = 0
+        for name, _, _, nb in mine:
+            pos += nb
+            self.checks.append((pos, name))
+        self.i = 0
+        self.seconds = 0.0
+
+    def advance(self, done: int) -> None:
+        t0 = time.perf_counter()
+        h = self.h
+        while self.i < len(self.checks) and self.checks[self.i][0] <= done:
+            name = self.checks[self.i][1]
+            self.i += 1
+            if name == "__pack__":
+                names = [n for n, it in h.items.items() if it.buf is None and it.pack_off >= 0]
+                for n in names:
+                    it = h.items[n]
+                    it.arr[:] = h._pack.array[it.pack_off:it.pack_off + it.arr.nbytes]
+            else:
+                names = [name]
+            if self.exp is not None:
+                for n in names:
+                    if checksum(h.items[n].arr) != self.exp[n]:
+                        raise ChecksumError("checksum", f"v{self.v} shard {h.shard}: end-to-end checksum mismatch in {n!r}")
+        self.seconds += time.perf_counter() - t0
 
 _seg_counter = itertools.count()
 
@@ -319,7 +491,17 @@ class ShardHandle:
 
     def __init__(self, conn: Connection, engine: Any, model: str, replica: str, shard: int, num_shards: int,
                  retain: dict | None, datacenter: str, spot: bool, kind: str = "normal",
-                 request_timeout: float = 30.0, throttle_Bps: float | None = None) -> None:
+                 request_timeout: float = 30.0, throttle_Bps: float | None = None, mode: str = "direct",
+                 stage_timeout: float = 5.0) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+        self.mode = mode  # default registration mode of this handle
+        self.stage_timeout = stage_timeout  # copy mode: a stager silent this long is a failed source
+        self._stager: _Stager | None = None
+        self._stage_socks: dict[str, zmq.Socket] = {}
+        self._stage_rid = itertools.count(1)
+        self._landing = None  # copy mode, receiving side: registered landing buffer
+        self._verify = True  # diagnostics only (bench dataplane): False skips the receive-side hash
         self.throttle_Bps = throttle_Bps  # emulate a NIC cap on this reader (benchmarks/tests)
         self.conn = conn
         self.engine = engine
@@ -377,19 +559,32 @@ class ShardHandle:
                     log.warning("re-open attempt %d failed: %s", attempt, exc)
                     time.sleep(0.2)
 
-    def register(self, name: str, tensor: Any) -> None:
-        """Register a tensor (numpy array or CPU torch tensor). Large ones are registered in place."""
+    def register(self, name: str, tensor: Any, mode: str | None = None) -> None:
+        """Register a tensor (numpy array or CPU torch tensor).
+
+        mode="direct" (default, or the handle's `mode`): a large tensor is registered with the engine
+        in place and peers READ it zero-copy. mode="copy": nothing is registered; peers get its bytes
+        slice by slice through this handle's pre-registered staging slots, so an application that
+        reallocates the tensor every version just registers the new one (no engine registration).
+        Tensors under 2 MB are always packed into one registered buffer at publish."""
+        mode = mode or self.mode
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         with self._lock:
             if self.state != "idle":
                 raise RefhubError("bad_state", "register while published/receiving: unpublish first")
             arr, keep = _as_array(tensor)
-            if name in self.items:
+            old = self.items.get(name)
+            if old is not None:
                 self.unregister(name)
-            it = _Item(name, arr, keep)
-            if arr.nbytes >= TINY:
+            it = _Item(name, arr, keep, mode=mode)
+            if arr.nbytes >= TINY and mode == "direct":
                 it.buf = self.engine.register(arr, segment=self.segment)
             self.items[name] = it
-            self._layout_dirty = True
+            if old is None or old.arr.nbytes != arr.nbytes or (old.arr.nbytes < TINY) != (arr.nbytes < TINY):
+                self._layout_dirty = True
+            elif arr.nbytes < TINY:
+                it.pack_off = old.pack_off
 
     def unregister(self, name: str) -> None:
         with self._lock:
@@ -401,9 +596,13 @@ class ShardHandle:
             self._layout_dirty = True
 
     def _build_layout(self) -> None:
+        if any(it.mode == "copy" and it.arr.nbytes >= TINY for it in self.items.values()) and self._stager is None:
+            self._stager = _Stager(self)
         if not self._layout_dirty:
             return
-        tiny = sorted((n for n, it in self.items.items() if it.buf is None))
+        tiny = sorted(n for n, it in self.items.items() if it.arr.nbytes < TINY)
+        for it in self.items.values():
+            it.pack_off = -1
         size = 0
         for n in tiny:
             self.items[n].pack_off = size
@@ -416,25 +615,30 @@ class ShardHandle:
         self._layout_dirty = False
 
     def _stream(self) -> list[tuple[str, Any, int, int]]:
-        """The byte stream served to readers: [(name, LocalBuffer, offset inside it, nbytes)]."""
-        out = []
+        """The byte stream served to readers: [(name, LocalBuffer or None for copy mode, offset, nbytes)]."""
+        out: list[tuple[str, Any, int, int]] = []
         if self._pack is not None:
-            used = max((it.pack_off + it.arr.nbytes for it in self.items.values() if it.buf is None), default=0)
+            used = max((it.pack_off + it.arr.nbytes for it in self.items.values() if it.pack_off >= 0), default=0)
             out.append(("__pack__", self._pack, 0, used))
-        for n in sorted(n for n, it in self.items.items() if it.buf is not None):
+        for n in sorted(n for n, it in self.items.items() if it.arr.nbytes >= TINY):
             it = self.items[n]
             out.append((n, it.buf, 0, it.arr.nbytes))
         return out
 
     def _ref(self, with_layout: bool = True) -> dict:
         stream = self._stream()
-        return {
+        ref = {
             "seg": self.engine.segment_name(self.segment),
             "progress": self._ctrl.offset,
-            "items": [[n, b.offset + off, nb] for n, b, off, nb in stream],
+            # remote offset -1: copy mode (ask the stager for the slice)
+            "items": [[n, b.offset + off if b is not None else -1, nb] for n, b, off, nb in stream],
             "total": sum(s[3] for s in stream),
-            "pack": sorted([n, it.pack_off, it.arr.nbytes] for n, it in self.items.items() if it.buf is None),
+            "pack": sorted([n, it.pack_off, it.arr.nbytes] for n, it in self.items.items() if it.pack_off >= 0),
         }
+        if self._stager is not None:
+            ref["stager"] = self._stager.address
+            ref["slot"] = STAGE_SLOT
+        return ref
 
     def _set_progress(self, version: int, nbytes: int) -> None:
         self._ctrl.array[:8] = np.frombuffer(np.uint64((version << VERSION_SHIFT) | nbytes).tobytes(), dtype=np.uint8)
@@ -444,14 +648,17 @@ class ShardHandle:
 
     # -------------------------------------------------------------- ROS primitives
     def publish(self, version: int) -> None:
-        """Make the registered tensors visible as `version` (immutability commitment until unpublish)."""
+        """Make the registered tensors visible as `version` (immutability commitment until unpublish).
+        Every tensor is hashed here, once; readers verify against these checksums."""
         with self._lock:
             self._build_layout()
             if self._pack is not None:
                 for it in self.items.values():
-                    if it.buf is None:
+                    if it.pack_off >= 0:
                         self._pack.array[it.pack_off:it.pack_off + it.arr.nbytes] = it.arr
+            t0 = time.perf_counter()
             cks = self._checksums()
+            self.stats = {"publish_checksum_s": time.perf_counter() - t0}
             ref = self._ref()
             self._set_progress(version, ref["total"])
             self.conn.request({"op": "publish", "h": self.hid, "version": int(version), "ref": ref, "checksum": cks},
@@ -540,19 +747,21 @@ class ShardHandle:
             self.state = "published"
             return v
 
-    def _read(self, reqs: list, deadline: float) -> None:
+    def _submit(self, reqs: list, deadline: float) -> Any:
         from tent_core import READ, Request
         from tent_core.errors import NotRegisteredError, UnknownSegmentError
 
         rq = [Request(READ, lb, loff, seg, roff, n) for lb, loff, seg, roff, n in reqs]
         for attempt in range(2):
             try:
-                self.engine.submit(rq, deadline=max(0.05, min(10.0, deadline - time.monotonic()))).wait()
-                return
+                return self.engine.submit(rq, deadline=max(0.05, min(10.0, deadline - time.monotonic())))
             except (UnknownSegmentError, NotRegisteredError):
                 if attempt:
                     raise
                 self.engine.refresh_peer(reqs[0][2].partition("/")[0])
+
+    def _read(self, reqs: list, deadline: float) -> None:
+        self._submit(reqs, deadline).wait()
 
     def _pull(self, v: int, src: dict, cks: list | None, deadline: float) -> None:
         from tent_core.errors import TentError
@@ -562,75 +771,215 @@ class ShardHandle:
         self._set_progress(v, 0)
         mine = self._stream()
         total = sum(s[3] for s in mine)
-        done = 0
+        if not self._verify:
+            cks = None
+        ver = _Verifier(self, mine, cks, v)
+        st = {"done": 0, "batches": 0, "staged": 0}
         reroutes = 0
-        last_report = time.monotonic()
-        sleep = 0.0005
         while True:
             ref = src["ref"]
             if [i[2] for i in ref.get("items", [])] != [s[3] for s in mine] or ref.get("pack") != self._ref()["pack"]:
                 raise RefhubError("layout_mismatch", f"source {src.get('replica')} has a different tensor layout")
-            seg = ref["seg"]
             try:
-                while done < total:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"replicate v{v}: deadline passed at {done}/{total} bytes")
-                    if src.get("partial"):
+                self._pull_from(v, src, mine, total, ver, st, deadline)
+                break
+            except _Reroute as rr:
+                src = rr.src
+            except (TentError, OSError, _SourceFailed) as exc:
+                log.warning("replicate v%d: source %s failed at %d/%d bytes: %s", v, src.get("replica"), st["done"], total, exc)
+                src = self._next_source(st["done"], deadline)
+            sources.append((src.get("replica"), bool(src.get("partial"))))
+            reroutes += 1
+        ver.advance(total)
+        dt = time.monotonic() - t0
+        self.stats = {"bytes": total, "seconds": dt, "verify_s": ver.seconds, "reroutes": reroutes, "sources": sources,
+                      "batches": st["batches"], "staged_slices": st["staged"], "GBps": total / dt / 1e9 if dt else 0.0,
+                      "verified": cks is not None}
+
+    def _pull_from(self, v: int, src: dict, mine: list, total: int, ver: _Verifier, st: dict, deadline: float) -> None:
+        """Windowed READs of [st["done"], total) from one source: up to WINDOW batches in flight; each
+        completed batch advances the progress word and the verifier (hashing overlaps the wire)."""
+        from collections import deque
+
+        ref = src["ref"]
+        seg = ref["seg"]
+        ritems = ref["items"]
+        partial = bool(src.get("partial"))
+        starts = []
+        pos = 0
+        for m in mine:
+            starts.append(pos)
+            pos += m[3]
+        copyish = [m[1] is None or r[1] < 0 for m, r in zip(mine, ritems, strict=True)]
+        inflight: deque = deque()
+        issued = done0 = st["done"]
+        t_start = time.monotonic()
+        avail = total if not partial else 0
+        thr = self.throttle_Bps
+        t_thr, base = time.monotonic(), issued
+        batch_bytes = min(CHUNK, BATCH)
+        window = WINDOW * batch_bytes
+        last_report = time.monotonic()
+        sleep = 0.0005
+        try:
+            while st["done"] < total:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"replicate v{v}: deadline passed at {st['done']}/{total} bytes")
+                if issued < total and (issued - st["done"] < window or not inflight):
+                    if partial and avail <= issued:
                         self._read([(self._scratch, 0, seg, ref["progress"], 8)], deadline)
                         word = int(self._scratch.array[:8].view(np.uint64)[0])
                         avail = word & BYTES_MASK if (word >> VERSION_SHIFT) == v else 0
-                    else:
-                        avail = total
-                    if avail <= done:
-                        if time.monotonic() - last_report > 0.5:
-                            last_report = time.monotonic()
-                            rep = self.conn.request({"op": "progress", "h": self.hid, "done": done}, self.request_timeout)
-                            if "src" in rep:
-                                src = rep["src"]
-                                sources.append((src.get("replica"), bool(src.get("partial"))))
-                                reroutes += 1
+                    if avail > issued:
+                        k = bisect.bisect_right(starts, issued) - 1
+                        if copyish[k]:
+                            if not inflight:
+                                end = min(avail, starts[k] + mine[k][3])
+                                self._copy_range(v, src, mine[k], ritems[k], starts[k], issued, end, st, deadline)
+                                issued = st["done"] = end
+                                self._set_progress(v, end)
+                                ver.advance(end)
+                                sleep = 0.0005
+                            else:
+                                self._complete_oldest(v, inflight, st, ver)
+                            continue
+                        end = min(avail, issued + batch_bytes)
+                        reqs = []
+                        for j in range(k, len(mine)):
+                            if starts[j] >= end or copyish[j]:
+                                end = min(end, starts[j])
                                 break
-                        time.sleep(sleep)
-                        sleep = min(sleep * 2, 0.02)
+                            _, lb, loff, nb = mine[j]
+                            a, b = max(issued, starts[j]), min(end, starts[j] + nb)
+                            step = min(CHUNK, batch_bytes)
+                            for c in range(a, b, step):
+                                n = min(step, b - c)
+                                reqs.append((lb, loff + c - starts[j], seg, ritems[j][1] + c - starts[j], n))
+                        if thr:
+                            time.sleep(max(0.0, t_thr + (end - base) / thr - time.monotonic()))
+                        inflight.append((end, self._submit(reqs, deadline)))
+                        st["batches"] += 1
+                        issued = end
+                        sleep = 0.0005
                         continue
-                    sleep = 0.0005
-                    end = min(avail, done + (CHUNK if self.throttle_Bps else CHUNK * 4))
-                    reqs = []
-                    pos = 0
-                    for (_, lb, loff, nb), (_, roff, _) in zip(mine, ref["items"], strict=True):
-                        a, b = max(done, pos), min(end, pos + nb)
-                        if a < b:
-                            for c in range(a, b, CHUNK):
-                                n = min(CHUNK, b - c)
-                                reqs.append((lb, loff + c - pos, seg, roff + c - pos, n))
-                        pos += nb
-                    t_chunk = time.monotonic()
-                    self._read(reqs, deadline)
-                    if self.throttle_Bps:
-                        time.sleep(max(0.0, (end - done) / self.throttle_Bps - (time.monotonic() - t_chunk)))
-                    done = end
-                    self._set_progress(v, done)
+                if inflight:
+                    self._complete_oldest(v, inflight, st, ver)
+                    # keep about INFLIGHT_S seconds of the measured rate on the wire (every batch must
+                    # finish within its deadline even on a slow link), at least WINDOW batches
+                    rate = (st["done"] - done0) / max(1e-6, time.monotonic() - t_start)
+                    if not thr:
+                        batch_bytes = max(MB, min(BATCH, int(rate * BATCH_S)))
+                    window = max(WINDOW * batch_bytes, min(MAX_INFLIGHT, int(rate * INFLIGHT_S)))
+                    continue
+                # a partial source has nothing more yet: wait, and ask the server now and then
+                if time.monotonic() - last_report > 0.5:
+                    last_report = time.monotonic()
+                    rep = self.conn.request({"op": "progress", "h": self.hid, "done": st["done"]}, self.request_timeout)
+                    if "src" in rep:
+                        raise _Reroute(rep["src"])
+                time.sleep(sleep)
+                sleep = min(sleep * 2, 0.02)
+        finally:
+            for _, hdl in inflight:  # an error or a re-route: stop what is still on the wire
+                hdl.cancel()
+                try:
+                    hdl.wait(2.0)
+                except Exception:
+                    pass
+
+    def _complete_oldest(self, v: int, inflight: Any, st: dict, ver: _Verifier) -> None:
+        end, hdl = inflight[0]
+        hdl.wait()
+        inflight.popleft()
+        st["done"] = end
+        self._set_progress(v, end)
+        ver.advance(end)
+
+    def _stage_sock(self, addr: str) -> zmq.Socket:
+        s = self._stage_socks.get(addr)
+        if s is None:
+            s = self.conn.ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(addr)
+            self._stage_socks[addr] = s
+        return s
+
+    def _drop_stage_sock(self, addr: str) -> None:
+        s = self._stage_socks.pop(addr, None)
+        if s is not None:
+            s.close(0)
+
+    def _copy_range(self, v: int, src: dict, m: tuple, r: list, start: int, a: int, b: int, st: dict,
+                    deadline: float) -> None:
+        """[a, b) of one stream item where either side is a copy-mode tensor: slice by slice, the source
+        stages a slice (STAGE_DEPTH requests ahead), we READ it (into a landing buffer when our tensor
+        is copy mode too, then copied into place), release the slot and advance the progress word."""
+        from collections import deque
+
+        ref = src["ref"]
+        seg = ref["seg"]
+        name, lb, loff, _ = m
+        src_copy = r[1] < 0
+        slot_bytes = min(int(ref.get("slot", STAGE_SLOT)), STAGE_SLOT) if src_copy else STAGE_SLOT
+        pieces = [(x, min(x + slot_bytes, b)) for x in range(a, b, slot_bytes)]
+        if lb is None and self._landing is None:
+            self._landing = self.engine.allocate(STAGE_SLOT, segment=f"{self.segment}-landing")
+        addr = ref.get("stager") if src_copy else None
+        if src_copy and not addr:
+            raise _SourceFailed(f"source {src.get('replica')} serves {r[0]!r} in copy mode but runs no stager")
+        sock = self._stage_sock(addr) if src_copy else None
+        asked: deque = deque()
+        replies: dict[int, dict] = {}
+        held: list[int] = []
+
+        def ask(i: int) -> None:
+            x, y = pieces[i]
+            rid = next(self._stage_rid)
+            sock.send(msgpack.packb({"op": "stage", "rid": rid, "v": v, "item": r[0], "off": x - start, "len": y - x}))
+            asked.append(rid)
+
+        def answer(rid: int) -> dict:
+            end_t = min(deadline, time.monotonic() + self.stage_timeout)
+            while rid not in replies:
+                left = end_t - time.monotonic()
+                if left <= 0 or not sock.poll(int(left * 1000) + 1):
+                    raise _SourceFailed(f"stager {addr} did not answer within {self.stage_timeout:.1f}s")
+                rep = msgpack.unpackb(sock.recv(), raw=False, strict_map_key=False)
+                replies[rep.get("rid", 0)] = rep
+            rep = replies.pop(rid)
+            if not rep.get("ok"):
+                raise _SourceFailed(f"stager {addr}: {rep.get('err')}: {rep.get('msg')}")
+            return rep
+
+        t_c = time.monotonic()
+        try:
+            if src_copy:
+                for i in range(min(STAGE_DEPTH, len(pieces))):
+                    ask(i)
+            for i, (x, y) in enumerate(pieces):
+                if src_copy:
+                    rep = answer(asked.popleft())
+                    held.append(rep["slot"])
+                    roff = rep["roff"]
+                    if i + STAGE_DEPTH < len(pieces):
+                        ask(i + STAGE_DEPTH)
+                    st["staged"] += 1
                 else:
-                    break
-            except (TentError, OSError) as exc:
-                log.warning("replicate v%d: source %s failed at %d/%d bytes: %s", v, src.get("replica"), done, total, exc)
-                src = self._next_source(done, deadline)
-                sources.append((src.get("replica"), bool(src.get("partial"))))
-                reroutes += 1
-        t_xfer = time.monotonic() - t0
-        # unpack tiny tensors and verify
-        if self._pack is not None:
-            for it in self.items.values():
-                if it.buf is None:
-                    it.arr[:] = self._pack.array[it.pack_off:it.pack_off + it.arr.nbytes]
-        if cks is not None:
-            got = self._checksums()
-            if list(got) != list(cks):
-                raise ChecksumError("checksum", f"v{v} shard {self.shard}: end-to-end checksum mismatch")
-        dt = time.monotonic() - t0
-        self.stats = {"bytes": total, "seconds": dt, "transfer_s": t_xfer, "checksum_s": dt - t_xfer, "reroutes": reroutes,
-                      "sources": sources, "GBps": total / dt / 1e9 if dt else 0.0,
-                      "transfer_GBps": total / t_xfer / 1e9 if t_xfer else 0.0}
+                    roff = r[1] + x - start
+                local, lo = (self._landing, 0) if lb is None else (lb, loff + x - start)
+                if self.throttle_Bps:
+                    time.sleep(max(0.0, t_c + (y - a) / self.throttle_Bps - time.monotonic()))
+                self._read([(local, lo, seg, roff, y - x)], deadline)
+                if src_copy:
+                    sock.send(msgpack.packb({"op": "release", "rid": 0, "slot": held.pop()}))
+                if lb is None:
+                    self.items[name].arr[x - start:y - start] = self._landing.array[:y - x]
+                st["done"] = y
+                self._set_progress(v, y)
+        except BaseException:
+            if src_copy:
+                self._drop_stage_sock(addr)  # late replies must not reach a later pull; leases expire
+            raise
 
     def _next_source(self, done: int, deadline: float) -> dict:
         while time.monotonic() < deadline:
@@ -660,13 +1009,16 @@ class ShardHandle:
                 log.warning("close: %s", exc)
             self._closed = True
             self.conn.handles.pop(self.hid, None)
+            if self._stager is not None:
+                self._stager.close()
+            for addr in list(self._stage_socks):
+                self._drop_stage_sock(addr)
             for it in self.items.values():
                 if it.buf is not None:
                     self.engine.unregister(it.buf)
-            if self._pack is not None:
-                self.engine.unregister(self._pack)
-            self.engine.unregister(self._ctrl)
-            self.engine.unregister(self._scratch)
+            for b in (self._pack, self._landing, self._ctrl, self._scratch):
+                if b is not None:
+                    self.engine.unregister(b)
             self.items.clear()
 
     def __enter__(self) -> ShardHandle:
@@ -679,15 +1031,16 @@ class ShardHandle:
 def open(model: str, *, replica: str = "0", shard: int = 0, num_shards: int = 1, retain: dict | None = None,
          datacenter: str = "default", spot: bool = False, server: str = "tcp://127.0.0.1:5555",
          backup: str | None = None, engine: Any = None, hb_interval: float = 0.5, failover_after: float = 2.0,
-         request_timeout: float = 30.0, throttle_Bps: float | None = None) -> ShardHandle:
-    """Open a shard handle. `server` may be an address or "embedded" (start a server in this process)."""
+         request_timeout: float = 30.0, throttle_Bps: float | None = None, mode: str = "direct") -> ShardHandle:
+    """Open a shard handle. `server` may be an address or "embedded" (start a server in this process).
+    `mode` is the default for register(): "direct" (zero copy, the default) or "copy" (staging slots)."""
     if server == "embedded":
         from .server import start_embedded
 
         server = start_embedded()
     conn = _connection(server, backup, hb_interval, failover_after)
     return ShardHandle(conn, engine or default_engine(), model, replica, shard, num_shards, retain, datacenter, spot,
-                       request_timeout=request_timeout, throttle_Bps=throttle_Bps)
+                       request_timeout=request_timeout, throttle_Bps=throttle_Bps, mode=mode)
 
 
 Predicate = Callable[[dict], bool]

@@ -58,6 +58,15 @@ SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "stats": {},
 }
 
+# Copy mode: requests a reader sends straight to a holder's stager (not to the reference server).
+# stage: copy bytes [off, off+len) of tensor `item` of version `v` into a free staging slot; the
+# reply is {"rid", "ok": True, "slot": int, "roff": segment offset of the slot}. release: the slot
+# may be reused (no reply).
+STAGE_SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
+    "stage": {"v": (_INT, True), "item": (_STR, True), "off": (_INT, True), "len": (_INT, True)},
+    "release": {"slot": (_INT, True)},
+}
+
 TXN_OPS = frozenset({"replicate", "update", "list", "wait"})
 
 PREDICATES = {
@@ -70,6 +79,37 @@ PREDICATES = {
 
 class ProtocolError(ValueError):
     """A malformed message."""
+
+
+def validate_stage(msg: Any) -> str:
+    """Check one stager request (copy mode); return its op. Raises ProtocolError."""
+    op = _check_fields(msg, STAGE_SCHEMA)
+    if op == "stage" and (msg["off"] < 0 or msg["len"] <= 0):
+        raise ProtocolError("stage: need off >= 0 and len > 0")
+    return op
+
+
+def _check_fields(msg: Any, schema: dict) -> str:
+    if not isinstance(msg, dict):
+        raise ProtocolError(f"a request must be a map, got {type(msg).__name__}")
+    op = msg.get("op")
+    if not isinstance(op, str):
+        raise ProtocolError("missing or non-string 'op'")
+    fields = schema.get(op)
+    if fields is None:
+        raise ProtocolError(f"unknown op {op!r}")
+    rid = msg.get("rid", 0)
+    if not isinstance(rid, int) or isinstance(rid, bool):
+        raise ProtocolError("'rid' must be an int")
+    for name, (types, required) in fields.items():
+        val = msg.get(name)
+        if val is None:
+            if required:
+                raise ProtocolError(f"op {op!r}: missing field {name!r}")
+            continue
+        if not isinstance(val, types) or (isinstance(val, bool) and bool not in types):
+            raise ProtocolError(f"op {op!r}: field {name!r} must be {'/'.join(t.__name__ for t in types)}")
+    return op
 
 
 def validate(msg: Any) -> str:

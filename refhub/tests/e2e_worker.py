@@ -30,6 +30,8 @@ def main() -> None:
     ap.add_argument("--throttle-mbps", type=float, default=0)
     ap.add_argument("--dc", default="default")
     ap.add_argument("--spot", action="store_true")
+    ap.add_argument("--mode", default="direct", help="registration mode of the large tensors: direct or copy")
+    ap.add_argument("--torch", action="store_true", help="register CPU torch tensors (float32 + bfloat16)")
     a = ap.parse_args()
     h = refhub.open(a.model, replica=a.replica, shard=a.shard, num_shards=a.num_shards, server=a.server,
                     backup=a.backup, retain={"keep_latest": a.retain} if a.retain else None, datacenter=a.dc,
@@ -37,16 +39,39 @@ def main() -> None:
                     throttle_Bps=a.throttle_mbps * 1e6 if a.throttle_mbps else None)
     big = int(a.size_mb * (1 << 20))
     sizes = [big // 2, big - big // 2, 1000, 4096, 70000]  # two large, three tiny (packed)
-    tensors = [np.zeros(n, dtype=np.uint8) for n in sizes]
-    for i, t in enumerate(tensors):
-        h.register(f"t{i}", t)
+    if a.torch:
+        import torch
+
+        def alloc(n: int, i: int):  # float32 and bfloat16 tensors of n bytes (n rounded to the element size)
+            dt = torch.float32 if i % 2 == 0 else torch.bfloat16
+            esz = 4 if dt == torch.float32 else 2
+            return torch.zeros(n // esz, dtype=dt)
+
+        sizes = [n - n % 4 for n in sizes]
+
+        def u8(t):
+            return t.view(torch.uint8).numpy()
+    else:
+        def alloc(n: int, i: int):
+            return np.zeros(n, dtype=np.uint8)
+
+        def u8(t):
+            return t
+
+    tensors = [alloc(n, i) for i, n in enumerate(sizes)]
+
+    def register_all() -> None:
+        for i, t in enumerate(tensors):
+            h.register(f"t{i}", t, mode=a.mode)
+
+    register_all()
 
     def fill(v: int) -> None:
         for i, t in enumerate(tensors):
-            t[:] = data(v, a.shard, t.nbytes, i)
+            u8(t)[:] = data(v, a.shard, sizes[i], i)
 
     def check(v: int) -> bool:
-        return all((t == data(v, a.shard, t.nbytes, i)).all() for i, t in enumerate(tensors))
+        return all((u8(t) == data(v, a.shard, sizes[i], i)).all() for i, t in enumerate(tensors))
 
     def retrying(fn, deadline=20.0):
         end = time.monotonic() + deadline
@@ -80,6 +105,11 @@ def main() -> None:
                 spec = arg or "latest"
                 v = h.replicate(int(spec) if spec.isdigit() else spec, timeout=60) if cmd == "replicate" else h.update(timeout=60)
                 res = {"v": v, "data_ok": check(v) if v is not None else None, "stats": h.stats}
+            elif cmd == "realloc":  # the application reallocates its tensors (copy mode: no engine registration)
+                tensors[:] = [alloc(n, i) for i, n in enumerate(sizes)]
+                t1 = time.monotonic()
+                register_all()
+                res = {"register_s": round(time.monotonic() - t1, 4)}
             elif cmd == "check":
                 res = {"data_ok": check(int(arg))}
             elif cmd == "wait":

@@ -239,3 +239,82 @@ def test_bad_messages_server_keeps_serving(procs) -> None:
     rep = msgpack.unpackb(s.recv(), strict_map_key=False)
     assert rep["ok"] and rep["errors"] >= len(bad)
     s.close()
+
+
+def test_copy_mode_staging_across_processes(procs) -> None:
+    """Copy-mode tensors are served through the holder's staging slots; every combination of
+    copy/direct on either side lands the right bytes, and a reallocated tensor needs no engine
+    registration before it is published again."""
+    srv, addr = start_server()
+    procs.append(srv)
+    t = Worker(addr, "trainer", "--mode", "copy", "--size-mb", "12")
+    procs.append(t)
+    r = Worker(addr, "rollout", "--size-mb", "12")  # direct mode, reading from a copy-mode source
+    procs.append(r)
+    t.cmd("fill 1")
+    assert t.cmd("publish 1")["ok"]
+    rep = r.cmd("replicate latest")
+    assert rep["ok"] and rep["v"] == 1 and rep["data_ok"], rep
+    assert rep["stats"]["staged_slices"] >= 3 and rep["stats"]["verified"], rep["stats"]
+    # a copy-mode receiver, first from the copy-mode trainer, then (trainer gone) from the direct rollout
+    c = Worker(addr, "rollout-copy", "--mode", "copy", "--size-mb", "12")
+    procs.append(c)
+    rep = c.cmd("replicate 1")
+    assert rep["ok"] and rep["data_ok"], rep
+    assert c.cmd("unpublish")["ok"]
+    assert t.cmd("unpublish")["ok"]
+    rep = c.cmd("replicate 1")
+    assert rep["ok"] and rep["data_ok"] and rep["stats"]["sources"][0][0] == "rollout", rep
+    # the trainer reallocates its tensors: re-registering in copy mode touches no engine memory
+    rep = t.cmd("realloc")
+    assert rep["ok"] and rep["register_s"] < 0.05, rep
+    t.cmd("fill 2")
+    assert t.cmd("publish 2")["ok"]
+    rep = r.cmd("update")
+    assert rep["ok"] and rep["v"] == 2 and rep["data_ok"], rep
+
+
+def test_copy_mode_source_death_reroutes(procs) -> None:
+    """A copy-mode pipeline source killed mid-transfer: the reader's stage requests go unanswered,
+    it reports the source failed and finishes from the trainer with correct checksums."""
+    srv, addr = start_server()
+    procs.append(srv)
+    t = Worker(addr, "trainer", "--size-mb", "48")
+    procs.append(t)
+    t.cmd("fill 1")
+    t.cmd("publish 1")
+    a = Worker(addr, "rolloutA", "--mode", "copy", "--size-mb", "48", "--throttle-mbps", "60")
+    procs.append(a)
+    b = Worker(addr, "rolloutB", "--size-mb", "48")
+    procs.append(b)
+    a.send("replicate latest")
+    time.sleep(0.3)
+    b.send("replicate latest")  # served by A (partial, copy mode)
+    time.sleep(0.3)
+    a.kill()
+    rep = b.read(60)
+    assert rep["ok"] and rep["v"] == 1 and rep["data_ok"], rep
+    srcs = rep["stats"]["sources"]
+    assert srcs[0] == ["rolloutA", True] and ["trainer", False] in srcs[1:], srcs
+
+
+def test_torch_cpu_tensors(procs) -> None:
+    pytest.importorskip("torch")
+    srv, addr = start_server()
+    procs.append(srv)
+    t = Worker(addr, "trainer", "--torch")
+    procs.append(t)
+    r = Worker(addr, "rollout", "--torch")
+    procs.append(r)
+    rc = Worker(addr, "rollout-copy", "--torch", "--mode", "copy")
+    procs.append(rc)
+    t.cmd("fill 1")
+    assert t.cmd("publish 1")["ok"]
+    rep = r.cmd("replicate latest")
+    assert rep["ok"] and rep["v"] == 1 and rep["data_ok"] and rep["stats"]["verified"], rep
+    rep = rc.cmd("replicate 1")
+    assert rep["ok"] and rep["data_ok"], rep
+    assert t.cmd("unpublish")["ok"] and t.cmd("realloc")["ok"] and t.cmd("fill 2")["ok"]
+    assert t.cmd("publish 2")["ok"]
+    rep = rc.cmd("update")
+    assert rep["ok"] and rep["v"] == 2 and rep["data_ok"], rep

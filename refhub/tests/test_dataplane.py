@@ -1,0 +1,136 @@
+"""Data-plane pieces in one process (embedded server, one engine): windowed verified pulls, copy-mode
+staging, checksum failures, and the stager's message validation."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+pytest.importorskip("tent_core.engine")
+
+from refhub.bench_data import shard_sizes  # noqa: E402
+
+from refhub import client as C  # noqa: E402
+from refhub import protocol  # noqa: E402
+
+MB = 1 << 20
+
+
+@pytest.fixture
+def server():
+    from refhub.server import start_embedded, stop_embedded
+
+    addr = start_embedded(hb_timeout=3.0)
+    yield addr
+    stop_embedded(addr)
+
+
+def _tensors(sizes, seed):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 255, n, dtype=np.uint8) for n in sizes]
+
+
+@pytest.fixture
+def small_batches(monkeypatch):
+    monkeypatch.setattr(C, "BATCH", 1 * MB)
+    monkeypatch.setattr(C, "CHUNK", 512 * 1024)
+    monkeypatch.setattr(C, "STAGE_SLOT", 1 * MB)
+
+
+@pytest.mark.parametrize("pub_mode,rd_mode", [("direct", "direct"), ("copy", "direct"), ("direct", "copy"), ("copy", "copy")])
+def test_windowed_pull_verifies_every_tensor(server, small_batches, pub_mode, rd_mode) -> None:
+    sizes = [3 * MB + 5, 2 * MB, 7000, 123, 2 * MB + 4096, 65536, 5 * MB - 3]
+    src = _tensors(sizes, 1)
+    p = C.open("m", replica="pub", server=server, mode=pub_mode)
+    for i, t in enumerate(src):
+        p.register(f"t{i}", t)
+    p.publish(1)
+    r = C.open("m", replica="rd", server=server, mode=rd_mode)
+    dst = [np.zeros(n, np.uint8) for n in sizes]
+    for i, t in enumerate(dst):
+        r.register(f"t{i}", t)
+    assert r.replicate(1, timeout=30) == 1
+    assert all((a == b).all() for a, b in zip(src, dst, strict=True))
+    st = r.stats
+    assert st["verified"] and st["bytes"] >= sum(sizes)  # the pack pads tiny tensors to 64 bytes
+    if "copy" in (pub_mode, rd_mode):
+        assert st["staged_slices"] >= 10 or rd_mode == "copy"
+    else:
+        assert st["batches"] >= 10  # many batches, verified as each prefix completed
+    r.close()
+    p.close()
+
+
+def test_mutated_source_fails_checksum(server, small_batches) -> None:
+    sizes = [3 * MB, 4 * MB, 1000]
+    src = _tensors(sizes, 2)
+    p = C.open("m", replica="pub", server=server)
+    for i, t in enumerate(src):
+        p.register(f"t{i}", t)
+    p.publish(1)
+    src[1][12345] ^= 0xFF  # breaks the mutability contract after publish
+    r = C.open("m", replica="rd", server=server)
+    for i, n in enumerate(sizes):
+        r.register(f"t{i}", np.zeros(n, np.uint8))
+    with pytest.raises(C.ChecksumError, match="t1"):
+        r.replicate(1, timeout=30)
+    assert r.state == "idle"
+    r.close()
+    p.close()
+
+
+def test_stager_validates_and_refuses(server) -> None:
+    p = C.open("m", replica="pub", server=server, mode="copy")
+    t = _tensors([3 * MB], 3)[0]
+    p.register("w", t)
+    p.publish(4)
+    addr = p._ref()["stager"]
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(addr)
+
+    def ask(msg):
+        s.send(msgpack.packb(msg) if not isinstance(msg, bytes) else msg)
+        assert s.poll(3000)
+        return msgpack.unpackb(s.recv(), strict_map_key=False)
+
+    assert ask(b"\xc1garbage")["err"] == "bad_message"
+    assert ask({"op": "stage", "rid": 1, "v": 4, "item": "w", "off": -1, "len": 5})["err"] == "bad_message"
+    assert ask({"op": "stage", "rid": 2, "v": 3, "item": "w", "off": 0, "len": 5})["err"] == "bad_state"
+    assert ask({"op": "stage", "rid": 3, "v": 4, "item": "nope", "off": 0, "len": 5})["err"] == "bad_range"
+    assert ask({"op": "stage", "rid": 4, "v": 4, "item": "w", "off": 3 * MB - 2, "len": 5})["err"] == "bad_range"
+    rep = ask({"op": "stage", "rid": 5, "v": 4, "item": "w", "off": 100, "len": 4096})
+    assert rep["ok"] and rep["rid"] == 5
+    slot = p._stager.slots[rep["slot"]]
+    assert (slot.array[:4096] == t[100:4196]).all()
+    s.send(msgpack.packb({"op": "release", "rid": 0, "slot": rep["slot"]}))
+    p.unpublish()
+    assert ask({"op": "stage", "rid": 6, "v": 4, "item": "w", "off": 0, "len": 5})["err"] == "bad_state"
+    s.close()
+    p.close()
+
+
+def test_validate_stage_schema() -> None:
+    assert protocol.validate_stage({"op": "stage", "rid": 1, "v": 1, "item": "a", "off": 0, "len": 1}) == "stage"
+    assert protocol.validate_stage({"op": "release", "slot": 2}) == "release"
+    for bad in ({"op": "stage", "v": 1, "item": "a", "off": 0}, {"op": "publish", "h": 1, "version": 1},
+                {"op": "release", "slot": "x"}, [1], {"op": "stage", "rid": True, "v": 1, "item": "a", "off": 0, "len": 1}):
+        with pytest.raises(protocol.ProtocolError):
+            protocol.validate_stage(bad)
+
+
+def test_shard_sizes_model_like() -> None:
+    sizes = shard_sizes(1024, 500)
+    assert len(sizes) == 500 and sum(sizes) == 1024 * MB
+    assert sum(1 for n in sizes if n < 2 * MB) == 250
+    assert sum(n for n in sizes if n < 2 * MB) < 16 * MB  # the pack stays small
+
+
+def test_checksum_is_xxh3_when_available() -> None:
+    a = np.arange(1 << 16, dtype=np.float32)
+    if C._xxhash is not None:
+        assert C.checksum(a) == C._xxhash.xxh3_64_intdigest(a.view(np.uint8))
+    assert C.checksum(a) == C.checksum(a.copy())
