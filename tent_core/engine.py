@@ -814,9 +814,7 @@ class Engine:
                     tel = rail.telemetry
                     delta = tel.observe(RAILS.row(rail.slot), now_ns)
                     if shared is not None:
-                        key = f"{rail.transport}:{rail.info.name}"
-                        shared.set(key, tel.inflight_bytes)
-                        tel.set_external(shared.others(key))
+                        self._share_load(shared, rail)
                     if delta.slices_done and self.monitor.state(rail.slot, now) != RailState.PAUSED:
                         self.monitor.on_success(rail.slot, now)
                     latest = max(latest, tel.last_complete_ns)
@@ -873,6 +871,18 @@ class Engine:
                 log.exception("disconnect from %s failed", peer.engine_id)
         if peer.client is not None:
             peer.client.close()
+
+    def _share_load(self, shared: SharedRailLoad, rail: Rail) -> None:
+        global _SHARED_LOAD
+        # the physical path (transport, local address -> remote address), not the remote port:
+        # engines of different processes talking through the same NICs share it
+        key = f"{rail.transport}:{rail.info.name.rsplit(':', 1)[0]}"
+        try:
+            shared.set(key, rail.telemetry.inflight_bytes)
+            rail.telemetry.set_external(shared.others(key))
+        except (RuntimeError, OSError, ValueError) as exc:
+            log.warning("shared rail load table unusable (%s); each process now sees only its own load", exc)
+            _SHARED_LOAD = False
 
     def _shared_load(self) -> SharedRailLoad | None:
         """The host-wide rail load table (one per process), or None when off or unavailable."""

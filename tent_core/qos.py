@@ -252,10 +252,25 @@ class SharedRailLoad:
                 try:
                     i = names.index(b"")
                 except ValueError:
-                    raise RuntimeError(f"{self.path}: all {self.max_rails} rail names in use") from None
+                    i = self._idle_name()  # full: recycle a name no attached process has load on
+                    if i < 0:
+                        raise RuntimeError(f"{self.path}: all {self.max_rails} rail names carry load") from None
+                    stale = names[i].decode(errors="replace")
+                    for k in [k for k, v in self._index.items() if v == i]:
+                        del self._index[k]
+                    log.debug("shared rail load %s: recycling idle rail name %s", self.path, stale)
                 self._names[i] = key
         self._index[rail] = i
         return i
+
+    def _idle_name(self) -> int:
+        """A name slot whose row is all zero (no process has bytes queued on it), or -1."""
+        idle = (self._load == 0).all(axis=1).nonzero()[0]
+        own = set(self._index.values())
+        for i in idle.tolist():
+            if i not in own:
+                return int(i)
+        return int(idle[0]) if len(idle) else -1
 
     # ---- updates (own column only: no lock) ---------------------------------------------------
 

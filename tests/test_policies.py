@@ -553,3 +553,20 @@ def test_monitor_jitter_spreads_heartbeats():
         gaps.append(m.resume_at(0) - t)
     assert all(0.1 - 1e-9 <= g <= 0.3 + 1e-9 for g in gaps)
     assert max(gaps) - min(gaps) > 0.1  # really spread, not one fixed period
+
+
+def test_shared_load_recycles_idle_names_when_full(tmp_path):
+    cfg = QosConfig(shared_load_max_rails=4, shared_load_max_procs=4)
+    t = SharedRailLoad(f"full-{uuid.uuid4().hex[:8]}", config=cfg, directory=str(tmp_path))
+    try:
+        t.set("busy", 100)
+        for k in range(20):  # far more names than slots: idle ones are recycled
+            t.set(f"idle-{k}", 0)
+        assert t.own("busy") == 100
+        for k in range(3):
+            t.set(f"loaded-{k}", 5)
+        with pytest.raises(RuntimeError, match="carry load"):
+            t.set("one-too-many", 1)
+    finally:
+        t.close()
+        t.unlink()
