@@ -111,6 +111,7 @@ class Model:
     checksums: dict = field(default_factory=dict)  # (version, shard) -> publisher's checksum
     retained: frozenset = frozenset()
     retained_key: tuple | None = None
+    offload_handles: dict = field(default_factory=dict)  # Handle -> None: the (few) offload replicas' shards
 
 
 class ServerState:
@@ -263,6 +264,8 @@ class ServerState:
         if rep.kind == "offload":
             rep.formed = True  # offload replicas hold whichever shards had the last copy: no barrier
         h = Handle(hid, client, model, rep, shard, now)
+        if rep.kind == "offload":
+            model.offload_handles[h] = None
         rep.shards[shard] = h
         self.handles[hid] = h
         out.append((client, {"rid": rid, "ok": True, "h": hid, "epoch": self.epoch, "hb_timeout": self.hb_timeout}))
@@ -286,6 +289,7 @@ class ServerState:
         """Forget a closed handle (its readers have drained)."""
         h.alive = False
         self.handles.pop(h.hid, None)
+        h.model.offload_handles.pop(h, None)
         rep = h.replica
         if rep.shards.get(h.shard) is h:
             del rep.shards[h.shard]
@@ -302,6 +306,7 @@ class ServerState:
             h.alive = False
             h.pending = None
             self.handles.pop(h.hid, None)
+            h.model.offload_handles.pop(h, None)
         rep.shards.clear()
         self._forget_replica(rep, now, out)
 
@@ -461,10 +466,16 @@ class ServerState:
         self._reeval(model, now, out)
 
     def _release_offloads(self, model: Model, v: int, shard: int, out: list[Reply]) -> None:
+        # walk the few offload handles, not every holder: a publish must not cost O(replicas)
+        if not model.offload_handles:
+            return
         per = model.holders.get(v)
         if per is None:
             return
-        for c in per[shard]:
+        holders = per[shard]
+        for c in [c for c in holders if c in model.offload_handles] if len(holders) < len(model.offload_handles) else [
+            c for c in model.offload_handles if c in holders
+        ]:
             if c.replica.kind == "offload" and c.state == PUBLISHED and not c.closing:
                 out.append((c.client, {"ev": "release", "h": c.hid, "version": v}))
 
