@@ -39,8 +39,8 @@ def test_burst_pipeline_beats_fan_out_over_shaped_links() -> None:
     assert three["pipeline_per_receiver_s"] < 2.0 * one["pipeline_per_receiver_s"], res
     if peers:
         assert three["gloo_s"] is not None and three["gloo_s"] > three["pipeline_s"], res
-    else:
-        assert "torch" in res["notes"]["gloo"]
+    else:  # torch is an optional benchmark dependency: gloo was not asked for
+        assert res["notes"].get("gloo") == "not requested", res["notes"]
     assert res["notes"].get("ray") == "not requested"
 
 
