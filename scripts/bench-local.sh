@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:-/tmp/tent-local-bench}
 mkdir -p "$OUT"
 T=".venv/bin/tent bench --json"
-$T --transport tcp --block-sizes 4M,64M --iters 40 --baseline socket,mooncake         > "$OUT/tcp.json"
+$T --transport tcp --block-sizes 4M,64M --iters 100 --baseline socket,mooncake         > "$OUT/tcp.json"
 $T --transport shm --block-sizes 4M,64M --iters 40 --baseline cma                     > "$OUT/shm-cma.json"
 $T --transport shm --block-sizes 4M,64M --iters 40 --baseline memcpy \
    --config '{"transports": {"shm": {"mode": "memfd"}}}'                               > "$OUT/shm-memfd.json"

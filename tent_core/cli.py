@@ -247,7 +247,7 @@ def bench(
     runner.add_ratios(rows)
     extra: dict[str, Any] = {}
     if submit_cost:
-        extra = runner.submit_cost_us()
+        extra = runner.submit_cost_us(transports=spec.transports)
     if as_json:
         click.echo(json.dumps(rows if not extra else rows + [dict(kind="submit_cost", **extra)], indent=1))
         return

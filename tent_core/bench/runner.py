@@ -214,11 +214,11 @@ def _verify(eng: Engine, local: Any, remote: str, n: int) -> None:
     eng.submit([Request(OpCode.WRITE, local, 0, remote, 0, n)]).wait()
 
 
-def submit_cost_us(samples: int = 2000) -> dict[str, float]:
+def submit_cost_us(samples: int = 2000, transports: list[str] | None = None) -> dict[str, Any]:
     """Cost of submit() for one 64 KiB request (call to return), against a local target."""
     block = 64 * KiB
     with target_process(block, pattern_fill=False) as target:
-        with Engine() as eng:
+        with Engine(transports=transports) as eng:
             local = eng.allocate(block, segment="bench-local")
             req = [Request(OpCode.WRITE, local, 0, target["segment"], 0, block)]
             for _ in range(50):
@@ -239,9 +239,9 @@ def submit_cost_us(samples: int = 2000) -> dict[str, float]:
                 queued.append((time.perf_counter_ns() - t0) / 1e3 / 200)
                 for h in handles:
                     h.wait()
-            transport = sorted(eng.transports)[0] if eng.transports else "?"
+            used = sorted({r["transport"] for r in eng.rail_stats() if r["bytes"] > 0})
     return {
-        "transport_hint": transport,
+        "transport": ",".join(used),
         "median_us": float(np.median(costs)),
         "p99_us": percentile(costs, 99),
         "queued_median_us": float(np.median(queued)),
