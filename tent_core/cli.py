@@ -347,8 +347,9 @@ def _print_fabric_rows(rows: list[dict[str, Any]]) -> None:
     perf = [r for r in rows if r.get("engine") == "tent"]
     if perf:
         table = Table(title="tent bench --fabric")
-        for c in ("policy", "op", "block", "batch", "Gbit/s", "x nominal", "x actual", "p50 ms", "p99 ms", "rail share"):
-            table.add_column(c, justify="left" if c in ("policy", "op", "rail share") else "right")
+        for c in ("policy", "op", "block", "batch", "Gbit/s", "x nominal", "x actual", "p50 ms", "p99 ms", "rail share",
+                  "rail estimate Gbit/s", "rail state"):  # fmt: skip
+            table.add_column(c, justify="left" if c in ("policy", "op", "rail share", "rail estimate Gbit/s", "rail state") else "right")
         for r in perf:
             table.add_row(
                 r["policy"], r["op"], human(r["block_size"]), str(r["batch_size"]), f"{r['gbit']:.3f}",
@@ -356,6 +357,8 @@ def _print_fabric_rows(rows: list[dict[str, Any]]) -> None:
                 f"{r.get('x_actual', r['gbit'] / r['actual_sum_gbit']):.3f}",
                 f"{r.get('p50_us', 0) / 1e3:.1f}", f"{r['p99_us'] / 1e3:.1f}",
                 " ".join(f"{x:.2f}" for x in r.get("rail_share", [])),
+                " ".join(f"{x:.2f}" for x in r.get("rail_est_gbit", [])),
+                " ".join(str(x)[0] for x in r.get("rail_state", [])),  # H(ealthy) D(egraded) P(aused)
             )  # fmt: skip
         con.print(table)
     for r in rows:

@@ -119,6 +119,12 @@ def _rail_bytes(eng: Engine) -> list[int]:
     return [r["bytes"] for r in stats]
 
 
+def _rail_view(eng: Engine) -> dict[str, list[Any]]:
+    """The engine's own view of each rail: bandwidth estimate and health state."""
+    stats = sorted((r for r in eng.rail_stats() if r["transport"] == "tcp"), key=lambda r: r["index"])
+    return {"rail_est_gbit": [round(r["bandwidth_GBps"] * 8, 3) for r in stats], "rail_state": [r["state"] for r in stats]}
+
+
 def _connect(eng: Engine, local: LocalBuffer, remote: str, n: int) -> None:
     """First READ: connects every rail, and checks the bytes once."""
     expect = pattern(n)
@@ -173,6 +179,7 @@ def run_sweep(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, 
                         "p99_us": round(percentile(lat, 99) * 1e6, 2),
                         "iters": len(lat),
                         "rail_bytes": [a - b for a, b in zip(after, before, strict=False)],
+                        **_rail_view(eng),
                         "t0": t0,
                         "t1": t1,
                     }
