@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +50,7 @@ from .types import (
 log = logging.getLogger(__name__)
 
 _UNSET: Any = object()
+_PERM_READ, _PERM_WRITE = int(Permission.READ), int(Permission.WRITE)
 _SHARED_LOAD: Any = None  # the process's SharedRailLoad (False: unavailable)
 HEALTH_TICK_S = 0.01  # telemetry/health cadence of the progress thread
 PROBE_SEGMENT = "_tent_probe"
@@ -106,7 +107,7 @@ class _RemoteBuffer:
     offset: int
     addr: int
     length: int
-    perm: Permission
+    perm: int  # Permission bits as a plain int: checked on every request
     kind: MemoryKind
     desc: dict[str, Any]
 
@@ -406,7 +407,7 @@ class Engine:
             rb = sorted(
                 (
                     _RemoteBuffer(
-                        int(b["offset"]), int(b["addr"]), int(b["length"]), Permission(b["perm"]), MemoryKind(b["kind"]), b["desc"]
+                        int(b["offset"]), int(b["addr"]), int(b["length"]), int(b["perm"]), MemoryKind(b["kind"]), b["desc"]
                     )
                     for b in bufs
                 ),
@@ -444,11 +445,10 @@ class Engine:
         peer: _Peer,
         local_kind: MemoryKind,
         remote_kind: MemoryKind,
-        skip: Iterable[str] = (),
+        skip: frozenset[str] | set[str] = frozenset(),
         rule: Rule | None = None,
     ) -> _Route:
         key = (local_kind, remote_kind)
-        skip = set(skip)
         order = peer.route_order.get(key)
         if order is None:
             reachable = [n for n, t in self.transports.items() if t.can_reach(peer.info) is None]
@@ -510,7 +510,7 @@ class Engine:
         starts = peer.starts[seg]
         pieces: list[tuple[_RemoteBuffer, int, int]] = []
         pos, end = offset, offset + length
-        need = Permission.READ if op == OpCode.READ else Permission.WRITE
+        need = _PERM_READ if op == OpCode.READ else _PERM_WRITE
         while True:
             i = bisect.bisect_right(starts, pos) - 1
             b = bufs[i] if i >= 0 else None
@@ -525,7 +525,8 @@ class Engine:
                 raise errors.NotRegisteredError(f"{peer.engine_id}/{seg}: offset {pos} is not inside a registered buffer")
             if not (b.perm & need):
                 raise errors.PermissionDeniedError(
-                    f"{peer.engine_id}/{seg}: buffer at offset {b.offset} is registered {b.perm.name}, {op.name} needs {need.name}"
+                    f"{peer.engine_id}/{seg}: buffer at offset {b.offset} is registered {Permission(b.perm)!r}, "
+                    f"{op.name} needs {Permission(need).name}"
                 )
             take = min(end, b.offset + b.length) - pos
             pieces.append((b, b.addr + (pos - b.offset), take))
