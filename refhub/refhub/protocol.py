@@ -114,25 +114,7 @@ def _check_fields(msg: Any, schema: dict) -> str:
 
 def validate(msg: Any) -> str:
     """Check one request map; return its op. Raises ProtocolError with a readable reason."""
-    if not isinstance(msg, dict):
-        raise ProtocolError(f"a request must be a map, got {type(msg).__name__}")
-    op = msg.get("op")
-    if not isinstance(op, str):
-        raise ProtocolError("missing or non-string 'op'")
-    fields = SCHEMA.get(op)
-    if fields is None:
-        raise ProtocolError(f"unknown op {op!r}")
-    rid = msg.get("rid", 0)
-    if not isinstance(rid, int) or isinstance(rid, bool):
-        raise ProtocolError("'rid' must be an int")
-    for name, (types, required) in fields.items():
-        val = msg.get(name)
-        if val is None:
-            if required:
-                raise ProtocolError(f"op {op!r}: missing field {name!r}")
-            continue
-        if not isinstance(val, types) or (isinstance(val, bool) and bool not in types):
-            raise ProtocolError(f"op {op!r}: field {name!r} must be {'/'.join(t.__name__ for t in types)}")
+    op = _check_fields(msg, SCHEMA)
     if op == "open":
         if msg["shard"] < 0 or msg["num_shards"] < 1 or msg["shard"] >= msg["num_shards"]:
             raise ProtocolError("open: need 0 <= shard < num_shards")
