@@ -602,7 +602,8 @@ class Engine:
         else:
             peer, seg = target
         if req.length == 0:
-            self._map_remote(peer, seg, req.remote_offset, 0, op) if peer.segments.get(seg) is None else None
+            if seg not in peer.segments:  # nothing to move, but the segment must exist
+                self._map_remote(peer, seg, req.remote_offset, 0, op)  # refreshes once, then raises
             return
         local = buf.addr + req.local_offset
         prio = req.priority

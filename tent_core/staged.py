@@ -70,6 +70,10 @@ class StagingPool:
     def try_acquire(self) -> LocalBuffer | None:
         return self.acquire(0.0)
 
+    def exhausted(self) -> bool:
+        """Every buffer the pool may make is made and handed out."""
+        return self._made >= self.count and self._free.empty()
+
     def release(self, buf: LocalBuffer) -> None:
         self._free.put(buf)
 
@@ -143,8 +147,10 @@ def _pipeline(engine: Engine, handle: BatchHandle, req: Request, path: StagedPat
                     pool.release(st)
                     raise
             # retire finished second stages; block on the oldest only when nothing else can move
-            while second and (second[0][1].poll() != "pending" or (not first and nxt >= len(chunks)) or
-                              (not first and pool._free.empty() and pool._made >= pool.count)):
+            def stuck() -> bool:
+                return not first and (nxt >= len(chunks) or pool.exhausted())
+
+            while second and (second[0][1].poll() != "pending" or stuck()):
                 st, h = second.popleft()
                 try:
                     h.wait()
