@@ -147,10 +147,9 @@ def _pipeline(engine: Engine, handle: BatchHandle, req: Request, path: StagedPat
                     pool.release(st)
                     raise
             # retire finished second stages; block on the oldest only when nothing else can move
-            def stuck() -> bool:
-                return not first and (nxt >= len(chunks) or pool.exhausted())
-
-            while second and (second[0][1].poll() != "pending" or stuck()):
+            while second and (
+                second[0][1].poll() != "pending" or (not first and (nxt >= len(chunks) or pool.exhausted()))
+            ):
                 st, h = second.popleft()
                 try:
                     h.wait()
