@@ -219,3 +219,20 @@ def test_torch_tensors_register_and_move(peer_module):
         assert np.array_equal(t.numpy().view(np.uint8), pattern(peer_module.size, seed=1)[: buf.length])
         with pytest.raises(InvalidRequestError):
             eng.register(torch.zeros(8, 8)[:, ::2])
+
+
+def test_deadline_exceeded_when_the_peer_stalls(peer_factory):
+    import signal
+
+    peer = peer_factory(size=8 << 20)
+    with Engine(transports=["tcp"]) as eng:
+        local = eng.allocate(8 << 20)
+        eng.read(local, peer.seg("rw"), 1 << 20)
+        peer.proc.send_signal(signal.SIGSTOP)  # alive but silent: no socket error, just no progress
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(DeadlineExceededError):
+                eng.submit([Request(READ, local, 0, peer.seg("rw"), 0, 8 << 20)], deadline=0.3).wait()
+            assert time.monotonic() - t0 < 1.0
+        finally:
+            peer.proc.send_signal(signal.SIGCONT)
