@@ -19,6 +19,8 @@ $(STAMP): $(SOURCES)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q pluggy pyzmq msgpack numpy click rich matplotlib prometheus-client \
 	    pytest pytest-timeout hypothesis ruff
+	# NVIDIA's libcufile (1 MB, no CUDA needed to load it): the gds tests load the real library
+	$(PIP) install -q nvidia-cufile-cu12 || echo "nvidia-cufile-cu12 not installable here: its test skips"
 	$(PIP) install -q --no-build-isolation -e . $(foreach d,$(PLUGIN_DIRS),-e $(d))
 	# refhub/ (the distribution folder) would shadow the refhub package as a namespace package when
 	# Python runs from the repo root; a path-based editable install puts the real package first

@@ -1,23 +1,40 @@
 #!/usr/bin/env bash
-# GPU check for the nvlink transport (needs a CUDA device; meant for scripts/gpu_check.sh).
-# Builds the plugin, runs its tests (CUDA ones included) and a two-process device<->device
-# and host->device bandwidth check against cudaMemcpy in the same run. Prints one JSON line.
+# GPU check (needs a CUDA device): builds the nvlink and gds plugins, runs their tests (the CUDA
+# ones included), then in the same run
+#   - nvlink: two-process device<->device and host->device bandwidth against cudaMemcpy;
+#   - gds: file -> GPU through our cuFile path against cuFile called directly and against
+#     pread + host->device copy.
+# Prints one JSON line. SIZE (nvlink, e.g. 256M), GDS_SIZE (e.g. 1G), ITERS and GDS_DIR tune it.
+# A machine that cannot reach PyPI needs the missing wheels carried in a folder named by WHEELS
+# (prepare it with: pip download --only-binary=:all: --python-version 3.12 -d wheels pyzmq).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(git rev-parse --show-toplevel 2>/dev/null || pwd)
 cd "$ROOT"
 PY=${PY:-$ROOT/.venv/bin/python}
 [ -x "$PY" ] || PY=python3
-NV=plugins/nvlink
-[ -d "$NV" ] || NV=$(dirname "$0")
-"$PY" -m pip install -q --no-build-isolation -e "$NV" >/tmp/nvlink_pip.log 2>&1 || { echo '{"ok": false, "stage": "install"}'; exit 1; }
-(cd "$NV" && "$PY" -m pytest -q tests) >/tmp/nvlink_tests.log 2>&1
-TESTS_RC=$?
-TESTS_SUMMARY=$(tail -1 /tmp/nvlink_tests.log)
-BENCH=$("$PY" -m tent_nvlink.bench --size "${SIZE:-256M}" --iters "${ITERS:-10}" 2>/tmp/nvlink_bench.err) || BENCH='null'
-[ -n "$BENCH" ] || BENCH='null'
-"$PY" - "$TESTS_RC" "$TESTS_SUMMARY" "$BENCH" <<'PYEOF'
-import json, sys
-rc, summary, bench = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
-print(json.dumps({"ok": rc == 0 and bench is not None, "tests_rc": rc, "tests": summary, "bandwidth": bench}))
+LOG=${LOG:-/tmp/tent-gpu-check}
+mkdir -p "$LOG"
+if [ -n "${WHEELS:-}" ]; then
+    "$PY" -m pip install -q --no-index --find-links "$WHEELS" "$WHEELS"/*.whl >"$LOG/wheels.log" 2>&1 ||
+        { echo '{"ok": false, "stage": "wheels", "log": "'"$LOG"'/wheels.log"}'; exit 1; }
+fi
+"$PY" -m pip install -q --no-build-isolation -e . -e plugins/nvlink -e plugins/gds >"$LOG/pip.log" 2>&1 ||
+    { echo '{"ok": false, "stage": "install", "log": "'"$LOG"'/pip.log"}'; exit 1; }
+(cd plugins/nvlink && "$PY" -m pytest -q tests) >"$LOG/nvlink_tests.log" 2>&1
+NV_RC=$?
+(cd plugins/gds && "$PY" -m pytest -q tests) >"$LOG/gds_tests.log" 2>&1
+GDS_RC=$?
+NV_BENCH=$("$PY" -m tent_nvlink.bench --size "${SIZE:-256M}" --iters "${ITERS:-10}" 2>"$LOG/nvlink_bench.err") || NV_BENCH='null'
+GDS_BENCH=$("$PY" -m tent_gds.gpu_bench --size "${GDS_SIZE:-1G}" --iters "${ITERS:-5}" --dir "${GDS_DIR:-/var/tmp}" \
+    2>"$LOG/gds_bench.err") || GDS_BENCH='null'
+"$PY" - "$NV_RC" "$(tail -1 "$LOG/nvlink_tests.log")" "${NV_BENCH:-null}" \
+    "$GDS_RC" "$(tail -1 "$LOG/gds_tests.log")" "${GDS_BENCH:-null}" <<'PYEOF'
+import datetime, json, sys
+nv_rc, nv_sum, nv_bench, gds_rc, gds_sum, gds_bench = sys.argv[1:7]
+nv, gds = json.loads(nv_bench), json.loads(gds_bench)
+ok = int(nv_rc) == 0 and int(gds_rc) == 0 and bool(nv and nv.get("ok")) and bool(gds and gds.get("ok"))
+print(json.dumps({"ok": ok, "date": datetime.date.today().isoformat(),
+                  "nvlink": {"tests_rc": int(nv_rc), "tests": nv_sum, "bandwidth": nv},
+                  "gds": {"tests_rc": int(gds_rc), "tests": gds_sum, "cufile": gds}}))
 PYEOF

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 from dataclasses import dataclass
@@ -52,9 +53,95 @@ def _from_cuda_interface(obj: Any) -> MemoryRegion:
     return MemoryRegion(addr, n * itemsize, MemoryKind.CUDA, device, obj, None)
 
 
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [
+        ("major", ctypes.c_uint32),
+        ("minor", ctypes.c_uint32),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+        ("flags", ctypes.c_uint64),
+        ("dl_tensor", _DLTensor),
+    ]
+
+
+# private function objects, so the shared ctypes.pythonapi attributes are left untouched
+_capsule_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_IsValid", ctypes.pythonapi)
+)
+_capsule_get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi)
+)
+
+_DL_HOST_DEVICES = {1, 3}  # kDLCPU, kDLCUDAHost (pinned host memory)
+_DL_CUDA_DEVICES = {2, 13}  # kDLCUDA, kDLCUDAManaged
+_DL_DEVICE_NAMES = {
+    4: "kDLOpenCL",
+    7: "kDLVulkan",
+    8: "kDLMetal",
+    9: "kDLVPI",
+    10: "kDLROCM",
+    11: "kDLROCMHost",
+    12: "kDLExtDev",
+    14: "kDLOneAPI",
+    15: "kDLWebGPU",
+    16: "kDLHexagon",
+    17: "kDLMAIA",
+}
+
+
+def _from_dlpack(obj: Any) -> MemoryRegion:
+    device_type, device_id = (int(v) for v in obj.__dlpack_device__())
+    if device_type not in _DL_HOST_DEVICES and device_type not in _DL_CUDA_DEVICES:
+        name = _DL_DEVICE_NAMES.get(device_type, "unknown")
+        raise InvalidRequestError(f"unsupported DLPack device type {device_type} ({name}) for {type(obj).__name__}")
+    capsule = obj.__dlpack__()
+    # read the DLManagedTensor in place without consuming the capsule: its destructor frees it
+    if _capsule_is_valid(capsule, b"dltensor"):
+        tensor = _DLTensor.from_address(_capsule_get_pointer(capsule, b"dltensor"))
+    elif _capsule_is_valid(capsule, b"dltensor_versioned"):
+        tensor = _DLManagedTensorVersioned.from_address(_capsule_get_pointer(capsule, b"dltensor_versioned")).dl_tensor
+    else:
+        raise InvalidRequestError(f"{type(obj).__name__}.__dlpack__() did not return a usable DLPack capsule")
+    shape = [tensor.shape[i] for i in range(tensor.ndim)]
+    if tensor.strides and 0 not in shape:
+        expected = 1
+        for i in reversed(range(tensor.ndim)):
+            if shape[i] != 1 and tensor.strides[i] != expected:
+                raise InvalidRequestError("DLPack tensor must be contiguous (row-major) to be registered")
+            expected *= shape[i]
+    length = int(np.prod(shape, dtype=np.int64)) * ((tensor.dtype.bits * tensor.dtype.lanes + 7) // 8)
+    addr = (tensor.data or 0) + tensor.byte_offset
+    keepalive = (obj, capsule)
+    if device_type in _DL_CUDA_DEVICES:
+        return MemoryRegion(addr, length, MemoryKind.CUDA, device_id, keepalive, None)
+    arr = np.ctypeslib.as_array((ctypes.c_uint8 * length).from_address(addr)) if length else np.empty(0, np.uint8)
+    return MemoryRegion(addr, length, MemoryKind.HOST, -1, keepalive, arr)
+
+
 def describe(obj: Any) -> MemoryRegion:
     """numpy arrays, torch tensors (CPU or CUDA), CUDA-array-interface objects,
-    writable buffer-protocol objects, or an ``(addr, length)`` tuple."""
+    DLPack objects (CPU, pinned host or CUDA), writable buffer-protocol objects,
+    or an ``(addr, length)`` tuple."""
     if isinstance(obj, np.ndarray):
         return _from_numpy(obj)
     mod = type(obj).__module__
@@ -70,6 +157,8 @@ def describe(obj: Any) -> MemoryRegion:
         return MemoryRegion(obj.data_ptr(), length, MemoryKind.HOST, -1, obj, arr)
     if hasattr(obj, "__cuda_array_interface__"):
         return _from_cuda_interface(obj)
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        return _from_dlpack(obj)
     if isinstance(obj, tuple) and len(obj) == 2 and all(isinstance(v, int) for v in obj):
         addr, length = obj
         if addr <= 0 or length < 0:
@@ -80,7 +169,7 @@ def describe(obj: Any) -> MemoryRegion:
         arr = np.frombuffer(obj, dtype=np.uint8)
     except TypeError as exc:
         raise InvalidRequestError(
-            f"cannot register {type(obj).__name__}: expected numpy array, torch tensor, (addr, length) or a buffer"
+            f"cannot register {type(obj).__name__}: expected numpy array, torch tensor, DLPack object, (addr, length) or a buffer"
         ) from exc
     if arr.size and not arr.flags.writeable:
         # read-only objects (bytes) can still be exported for remote READs

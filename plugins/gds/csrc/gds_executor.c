@@ -19,6 +19,17 @@
  * 4096-multiple prefix; the rest (unaligned chunks, tails, short-read continuations)
  * uses the buffered fd.
  *
+ * GPU memory <-> file (cuFile / GPUDirect Storage): nothing CUDA is linked. With config
+ * cufile=auto|on the executor dlopen()s libcufile (config cufile_lib, else libcufile.so.0) and
+ * libcuda (config cuda_lib, else libcuda.so.1), checks for a device and opens the cuFile driver
+ * (reference counted by cuFile, closed in destroy). The plugin registers the engine's CUDA
+ * buffers (tent_gds_gpu_add: cuFileBufRegister when it works, else cuFile's bounce buffers); a
+ * slice whose local range lies inside one of them runs as cuFileRead/cuFileWrite on the
+ * worker thread, with that buffer's CUDA context made current first. Every file gets its
+ * cuFile handle on its first GPU I/O (through the O_DIRECT fd when it has one) and loses it
+ * with its last reference. Without cuFile, CUDA buffers are never registered here: the core
+ * stages GPU <-> file through host memory instead.
+ *
  * Status mapping: range outside every registered file / EOF before `length` on READ ->
  * TENT_E_BOUNDS; WRITE into a file registered read-only -> TENT_E_PERMISSION; EIO, ENOSPC
  * and other I/O errors -> TENT_E_IO; unknown peer -> TENT_E_CONNECT.
@@ -34,7 +45,11 @@
  *   int64_t  tent_gds_fs_magic(const char *path);  statfs f_type or -errno
  *   void     tent_gds_config(void *ex, uint64_t out[4]);  threads, queue_depth, chunk, direct
  *   void     tent_gds_stats(void *ex, uint64_t out[8]);
+ *   int32_t  tent_gds_cufile_state(void *ex, char *why, uint64_t whylen);  1 active, 0 not (why)
+ *   int32_t  tent_gds_gpu_add(void *ex, uint64_t base, uint64_t length, char *err, uint64_t errlen);
+ *   int32_t  tent_gds_gpu_remove(void *ex, uint64_t base);
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/io_uring.h>
@@ -58,6 +73,138 @@
 #define DIRECT_ALIGN 4096u
 #define ENGINE_PREAD 0
 #define ENGINE_URING 1
+#define CUFILE_OFF 0
+#define CUFILE_AUTO 1
+#define CUFILE_ON 2
+
+/* ---------------------------------------------------------------- cuFile (runtime-loaded) */
+/* The few declarations of cufile.h / cuda.h used here (layouts as in cuFile 1.x, CUDA 11-13). */
+typedef struct cf_error {
+  int err;    /* CUfileOpError: 0 or 5000 + n */
+  int cu_err; /* CUresult when err == CU_FILE_CUDA_DRIVER_ERROR */
+} cf_error_t;
+typedef struct cf_descr {
+  int type; /* CU_FILE_HANDLE_TYPE_OPAQUE_FD */
+  union {
+    int fd;
+    void *handle;
+  } handle;
+  const void *fs_ops;
+} cf_descr_t;
+#define CF_HANDLE_TYPE_OPAQUE_FD 1
+#define CF_BASE_ERR 5000
+#define CF_PERMISSION_DENIED (CF_BASE_ERR + 25)
+#define CU_POINTER_ATTRIBUTE_CONTEXT 1
+
+typedef struct cufile_api {
+  int loaded;
+  char why[256]; /* why it is not loaded */
+  cf_error_t (*DriverOpen)(void);
+  cf_error_t (*DriverClose)(void);
+  cf_error_t (*HandleRegister)(void **fh, cf_descr_t *descr);
+  void (*HandleDeregister)(void *fh);
+  cf_error_t (*BufRegister)(const void *base, size_t length, int flags);
+  cf_error_t (*BufDeregister)(const void *base);
+  ssize_t (*Read)(void *fh, void *base, size_t size, off_t file_offset, off_t buf_offset);
+  ssize_t (*Write)(void *fh, const void *base, size_t size, off_t file_offset, off_t buf_offset);
+  int (*cuInit)(unsigned flags);
+  int (*cuDeviceGetCount)(int *count);
+  int (*cuPointerGetAttribute)(void *data, int attribute, uint64_t ptr);
+  int (*cuCtxSetCurrent)(void *ctx);
+} cufile_api_t;
+
+/* One per process: cuFile's driver state is process-wide, and libraries stay loaded. */
+static cufile_api_t g_cf;
+static pthread_mutex_t g_cf_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Load libcufile + libcuda; 0 or -1 with g_cf.why set. */
+static int cufile_load(const char *cufile_lib, const char *cuda_lib) {
+  pthread_mutex_lock(&g_cf_mu);
+  if (g_cf.loaded) { /* the first libraries that worked serve the whole process */
+    pthread_mutex_unlock(&g_cf_mu);
+    return 0;
+  }
+  g_cf.why[0] = 0; /* failures are not cached: a later engine may name other paths */
+  /* a configured path is the only candidate; otherwise the loader path */
+  const char *cf_default[] = {"libcufile.so.0", "libcufile.so", NULL}, *cf_given[] = {cufile_lib, NULL};
+  const char **cf_names = cufile_lib && *cufile_lib ? cf_given : cf_default;
+  void *cf = NULL;
+  for (size_t i = 0; cf_names[i] && !cf; i++) cf = dlopen(cf_names[i], RTLD_NOW | RTLD_LOCAL);
+  if (!cf) {
+    snprintf(g_cf.why, sizeof g_cf.why, "libcufile not found: %s", dlerror());
+    pthread_mutex_unlock(&g_cf_mu);
+    return -1;
+  }
+  const char *cu_default[] = {"libcuda.so.1", "libcuda.so", NULL}, *cu_given[] = {cuda_lib, NULL};
+  const char **cu_names = cuda_lib && *cuda_lib ? cu_given : cu_default;
+  void *cu = NULL;
+  for (size_t i = 0; cu_names[i] && !cu; i++) cu = dlopen(cu_names[i], RTLD_NOW | RTLD_LOCAL);
+  if (!cu) {
+    snprintf(g_cf.why, sizeof g_cf.why, "no CUDA driver: %s", dlerror());
+    pthread_mutex_unlock(&g_cf_mu);
+    return -1;
+  }
+#define CF_SYM(lib, libname, field, name)                                      \
+  do {                                                                         \
+    *(void **)(&g_cf.field) = dlsym(lib, name);                                \
+    if (!g_cf.field) {                                                         \
+      snprintf(g_cf.why, sizeof g_cf.why, "%s lacks %s", libname, name);       \
+      pthread_mutex_unlock(&g_cf_mu);                                          \
+      return -1;                                                               \
+    }                                                                          \
+  } while (0)
+  CF_SYM(cf, "libcufile", DriverOpen, "cuFileDriverOpen");
+  *(void **)(&g_cf.DriverClose) = dlsym(cf, "cuFileDriverClose_v2"); /* cufile.h maps Close to _v2 */
+  if (!g_cf.DriverClose) CF_SYM(cf, "libcufile", DriverClose, "cuFileDriverClose");
+  CF_SYM(cf, "libcufile", HandleRegister, "cuFileHandleRegister");
+  CF_SYM(cf, "libcufile", HandleDeregister, "cuFileHandleDeregister");
+  CF_SYM(cf, "libcufile", BufRegister, "cuFileBufRegister");
+  CF_SYM(cf, "libcufile", BufDeregister, "cuFileBufDeregister");
+  CF_SYM(cf, "libcufile", Read, "cuFileRead");
+  CF_SYM(cf, "libcufile", Write, "cuFileWrite");
+  CF_SYM(cu, "libcuda", cuInit, "cuInit");
+  CF_SYM(cu, "libcuda", cuDeviceGetCount, "cuDeviceGetCount");
+  CF_SYM(cu, "libcuda", cuPointerGetAttribute, "cuPointerGetAttribute");
+  CF_SYM(cu, "libcuda", cuCtxSetCurrent, "cuCtxSetCurrent");
+#undef CF_SYM
+  int n = 0, rc = g_cf.cuInit(0);
+  if (rc == 0) rc = g_cf.cuDeviceGetCount(&n);
+  if (rc != 0 || n <= 0) {
+    snprintf(g_cf.why, sizeof g_cf.why, rc != 0 ? "cuInit failed (CUresult %d): no usable CUDA device" : "no CUDA device",
+             rc);
+    pthread_mutex_unlock(&g_cf_mu);
+    return -1;
+  }
+  g_cf.loaded = 1;
+  pthread_mutex_unlock(&g_cf_mu);
+  return 0;
+}
+
+/* What a negative cuFileRead/Write result or a cf_error means for a slice. */
+static int cufile_status(int64_t res) {
+  int64_t e = res < 0 ? -res : res;
+  if (e == CF_PERMISSION_DENIED) return TENT_E_PERMISSION;
+  if (e > CF_BASE_ERR + 11 && e <= CF_BASE_ERR + 17) return TENT_E_INTERNAL; /* bad local pointer / context */
+  return TENT_E_IO;
+}
+
+/* A registered CUDA allocation of this engine. */
+typedef struct gbuf {
+  atomic_int refs;
+  uint64_t base, len;
+  void *ctx;           /* its CUDA context, made current before I/O */
+  int buf_registered; /* cuFileBufRegister succeeded (else cuFile uses bounce buffers) */
+} gbuf_t;
+
+static void gbuf_unref(gbuf_t *b) {
+  if (atomic_fetch_sub(&b->refs, 1) == 1) {
+    if (b->buf_registered) {
+      cf_error_t e = g_cf.BufDeregister((const void *)(uintptr_t)b->base);
+      if (e.err != 0) fprintf(stderr, "tent_gds: cuFileBufDeregister(%#llx): error %d\n", (unsigned long long)b->base, e.err);
+    }
+    free(b);
+  }
+}
 
 /* ---------------------------------------------------------------- files and peers */
 typedef struct gfile {
@@ -65,10 +212,15 @@ typedef struct gfile {
   uint64_t base, len;
   int fd, dfd; /* dfd: O_DIRECT fd or -1 */
   int writable;
+  pthread_mutex_t cf_mu;
+  void *cfh; /* cuFile handle, made on the first GPU I/O */
+  int cf_err; /* cuFileHandleRegister's error, once it failed (not retried) */
 } gfile_t;
 
 static void file_unref(gfile_t *f) {
   if (atomic_fetch_sub(&f->refs, 1) == 1) {
+    if (f->cfh) g_cf.HandleDeregister(f->cfh);
+    pthread_mutex_destroy(&f->cf_mu);
     if (f->fd >= 0) close(f->fd);
     if (f->dfd >= 0) close(f->dfd);
     free(f);
@@ -97,6 +249,7 @@ typedef struct work {
 typedef struct io {
   job_t *job;
   gfile_t *file;
+  gbuf_t *gpu;       /* the CUDA buffer holding the local range, or NULL for host memory */
   uint64_t pos, end; /* offsets within the slice */
   int direct_ok;     /* the file has an O_DIRECT fd and direct I/O may be tried */
   int used_direct;   /* the last request went to dfd */
@@ -140,12 +293,17 @@ struct executor {
   size_t qcap, qhead, qlen;
   int stop;
 
-  pthread_rwlock_t tab; /* peers and their file tables */
+  pthread_rwlock_t tab; /* peers and their file tables, the CUDA buffers */
+  gbuf_t **gbufs;       /* sorted by base, non-overlapping */
+  size_t ngbufs, gcap;
+  int cufile_mode, cufile_open;
+  char cufile_lib[256], cuda_lib[256], cufile_why[256];
   peer_t **slots;
   uint32_t *gens;
   size_t nslots;
 
   atomic_ullong st_direct_bytes, st_buffered_bytes, st_uring_ios, st_sync_ios, st_ok, st_failed;
+  atomic_ullong st_gpu_bytes, st_gpu_ios;
 };
 
 /* ---------------------------------------------------------------- io_uring (raw syscalls) */
@@ -288,6 +446,35 @@ static gfile_t *file_get(executor_t *ex, uint64_t peer, uint64_t addr, uint64_t 
   return f;
 }
 
+/* The CUDA buffer holding [addr, addr+len), referenced; NULL if the range is host memory.
+ * *partial is set when the range starts inside a CUDA buffer but runs past its end. */
+static gbuf_t *gbuf_get(executor_t *ex, uint64_t addr, uint64_t len, int *partial) {
+  gbuf_t *b = NULL;
+  *partial = 0;
+  pthread_rwlock_rdlock(&ex->tab);
+  if (ex->ngbufs) {
+    size_t lo = 0, hi = ex->ngbufs; /* first buffer with base > addr */
+    while (lo < hi) {
+      size_t mid = (lo + hi) / 2;
+      if (ex->gbufs[mid]->base <= addr)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    gbuf_t *c = lo > 0 ? ex->gbufs[lo - 1] : NULL;
+    if (c && addr - c->base < c->len) {
+      if (len > c->len - (addr - c->base)) {
+        *partial = 1;
+      } else {
+        b = c;
+        atomic_fetch_add(&b->refs, 1);
+      }
+    }
+  }
+  pthread_rwlock_unlock(&ex->tab);
+  return b;
+}
+
 /* ---------------------------------------------------------------- completion */
 static int errno_status(int e) {
   switch (e) {
@@ -342,6 +529,12 @@ static int io_prepare(executor_t *ex, const work_t *w, io_t *io) {
   if (s->opcode == TENT_OP_WRITE && !f->writable) {
     file_unref(f);
     return TENT_E_PERMISSION;
+  }
+  int partial = 0;
+  io->gpu = ex->ngbufs ? gbuf_get(ex, s->local_addr, s->length, &partial) : NULL;
+  if (partial) { /* local range straddles the end of a CUDA buffer */
+    file_unref(f);
+    return TENT_E_BOUNDS;
   }
   io->job = j;
   io->file = f;
@@ -405,6 +598,8 @@ static int io_advance(executor_t *ex, io_t *io, int64_t res, int *st) {
 static void io_done(executor_t *ex, io_t *io, int st) {
   file_unref(io->file);
   io->file = NULL;
+  if (io->gpu) gbuf_unref(io->gpu);
+  io->gpu = NULL;
   finish_work(ex, io->job, st);
 }
 
@@ -426,12 +621,67 @@ static int queue_pop(executor_t *ex, work_t *out, int block) {
   return 0;
 }
 
+/* ---------------------------------------------------------------- cuFile engine */
+/* The file's cuFile handle, registered on first use; NULL with *st set if cuFile refuses it. */
+static void *file_cufile_handle(gfile_t *f, int *st) {
+  pthread_mutex_lock(&f->cf_mu);
+  if (!f->cfh && !f->cf_err) {
+    cf_descr_t d;
+    memset(&d, 0, sizeof d);
+    d.type = CF_HANDLE_TYPE_OPAQUE_FD;
+    d.handle.fd = f->dfd >= 0 ? f->dfd : f->fd; /* GPUDirect wants O_DIRECT; compat mode takes either */
+    void *fh = NULL;
+    cf_error_t e = g_cf.HandleRegister(&fh, &d);
+    if (e.err == 0 && fh)
+      f->cfh = fh;
+    else {
+      f->cf_err = e.err ? e.err : CF_BASE_ERR + 30;
+      fprintf(stderr, "tent_gds: cuFileHandleRegister(fd %d): error %d (cuda %d)\n", d.handle.fd, e.err, e.cu_err);
+    }
+  }
+  void *fh = f->cfh;
+  int err = f->cf_err;
+  pthread_mutex_unlock(&f->cf_mu);
+  if (!fh) *st = cufile_status(err);
+  return fh;
+}
+
+/* Run a GPU <-> file io to the end with cuFileRead/cuFileWrite on this thread. */
+static int run_gpu(executor_t *ex, io_t *io) {
+  const tent_slice_t *s = &io->job->s;
+  int st = TENT_OK;
+  if (io->gpu->ctx && g_cf.cuCtxSetCurrent(io->gpu->ctx) != 0) return TENT_E_INTERNAL;
+  void *fh = file_cufile_handle(io->file, &st);
+  if (!fh) return st;
+  void *base = (void *)(uintptr_t)io->gpu->base;
+  uint64_t buf_off0 = s->local_addr - io->gpu->base;
+  uint64_t file_off0 = s->remote_addr - io->file->base;
+  while (io->pos < io->end) {
+    uint64_t len = io->end - io->pos;
+    if (len > (1u << 30)) len = 1u << 30;
+    off_t foff = (off_t)(file_off0 + io->pos), boff = (off_t)(buf_off0 + io->pos);
+    ssize_t n = s->opcode == TENT_OP_READ ? g_cf.Read(fh, base, len, foff, boff) : g_cf.Write(fh, base, len, foff, boff);
+    atomic_fetch_add(&ex->st_gpu_ios, 1);
+    if (n == -1 && errno == EINTR) continue;
+    if (n == -1) return errno_status(errno);
+    if (n < 0) return cufile_status(n);
+    if (n == 0) return s->opcode == TENT_OP_READ ? TENT_E_BOUNDS : TENT_E_IO; /* EOF before the registered length */
+    atomic_fetch_add(&ex->st_gpu_bytes, (unsigned long long)n);
+    io->pos += (uint64_t)n;
+  }
+  return TENT_OK;
+}
+
 /* ---------------------------------------------------------------- pread engine */
 static void run_sync(executor_t *ex, const work_t *w) {
   io_t io;
   int st = io_prepare(ex, w, &io);
   if (st != -1000) {
     finish_work(ex, w->job, st == 1 ? TENT_OK : st);
+    return;
+  }
+  if (io.gpu) {
+    io_done(ex, &io, run_gpu(ex, &io));
     return;
   }
   for (;;) {
@@ -489,6 +739,10 @@ static void *worker_uring(void *arg) {
         finish_work(ex, w.job, st == 1 ? TENT_OK : st);
         continue;
       }
+      if (io->gpu) { /* cuFile calls block: run them here, between ring submissions */
+        io_done(ex, io, run_gpu(ex, io));
+        continue;
+      }
       wk->nfree--;
       if (uring_queue(wk, io) != 0) { /* cannot happen: ring entries >= qd */
         wk->free_slots[wk->nfree++] = io->uring_slot;
@@ -540,6 +794,7 @@ static int parse_config(executor_t *ex, const char *cfg, char *err, size_t errle
   ex->chunk = 1u << 20;
   ex->direct = 0;
   ex->engine = -1; /* auto */
+  ex->cufile_mode = CUFILE_AUTO;
   if (!cfg) return 0;
   const char *p = cfg;
   while (*p) {
@@ -566,6 +821,21 @@ static int parse_config(executor_t *ex, const char *cfg, char *err, size_t errle
           if (ex->chunk > (1u << 30)) ex->chunk = 1u << 30;
         } else if (!strcmp(k, "direct")) {
           ex->direct = !strcmp(v, "1") || !strcmp(v, "true") || !strcmp(v, "True");
+        } else if (!strcmp(k, "cufile")) {
+          if (!strcmp(v, "auto"))
+            ex->cufile_mode = CUFILE_AUTO;
+          else if (!strcmp(v, "on") || !strcmp(v, "1") || !strcmp(v, "true") || !strcmp(v, "True"))
+            ex->cufile_mode = CUFILE_ON;
+          else if (!strcmp(v, "off") || !strcmp(v, "0") || !strcmp(v, "false") || !strcmp(v, "False"))
+            ex->cufile_mode = CUFILE_OFF;
+          else {
+            snprintf(err, errlen, "tent_gds: cufile must be auto, on or off, got %s", v);
+            return -1;
+          }
+        } else if (!strcmp(k, "cufile_lib")) {
+          snprintf(ex->cufile_lib, sizeof ex->cufile_lib, "%s", v);
+        } else if (!strcmp(k, "cuda_lib")) {
+          snprintf(ex->cuda_lib, sizeof ex->cuda_lib, "%s", v);
         } else if (!strcmp(k, "engine")) {
           if (!strcmp(v, "auto"))
             ex->engine = -1;
@@ -641,6 +911,22 @@ static void *ex_create(const tent_host_api_t *host, const char *config, char *er
     return NULL;
   }
   ex->engine = uring_ok ? ENGINE_URING : ENGINE_PREAD;
+  if (ex->cufile_mode == CUFILE_OFF) {
+    snprintf(ex->cufile_why, sizeof ex->cufile_why, "disabled by config (cufile=off)");
+  } else if (cufile_load(ex->cufile_lib, ex->cuda_lib) != 0) {
+    snprintf(ex->cufile_why, sizeof ex->cufile_why, "%s", g_cf.why);
+  } else {
+    cf_error_t e = g_cf.DriverOpen();
+    if (e.err != 0)
+      snprintf(ex->cufile_why, sizeof ex->cufile_why, "cuFileDriverOpen: error %d (cuda %d)", e.err, e.cu_err);
+    else
+      ex->cufile_open = 1;
+  }
+  if (ex->cufile_mode == CUFILE_ON && !ex->cufile_open) {
+    snprintf(err, errlen, "tent_gds: cufile=on but cuFile is unusable: %s", ex->cufile_why);
+    ex_destroy(ex);
+    return NULL;
+  }
   for (uint32_t i = 0; i < ex->nthreads; i++) {
     worker_t *wk = &ex->workers[i];
     wk->ex = ex;
@@ -714,6 +1000,9 @@ static void ex_destroy(void *self) {
   }
   free(ex->slots);
   free(ex->gens);
+  for (size_t i = 0; i < ex->ngbufs; i++) gbuf_unref(ex->gbufs[i]);
+  free(ex->gbufs);
+  if (ex->cufile_open) g_cf.DriverClose();
   pthread_mutex_destroy(&ex->mu);
   pthread_cond_destroy(&ex->cv);
   pthread_rwlock_destroy(&ex->tab);
@@ -866,6 +1155,7 @@ EXPORT int32_t tent_gds_file_add(void *self, uint64_t h, uint64_t base, uint64_t
     return f ? -EINVAL : -ENOMEM;
   }
   atomic_init(&f->refs, 1);
+  pthread_mutex_init(&f->cf_mu, NULL);
   f->base = base;
   f->len = len;
   f->fd = fd;
@@ -951,6 +1241,90 @@ EXPORT void tent_gds_config(void *self, uint64_t out[4]) {
   out[3] = (uint64_t)ex->direct;
 }
 
+EXPORT int32_t tent_gds_cufile_state(void *self, char *why, uint64_t whylen) {
+  executor_t *ex = self;
+  if (why && whylen) snprintf(why, whylen, "%s", ex->cufile_open ? "" : ex->cufile_why);
+  return ex->cufile_open;
+}
+
+/* Register a CUDA allocation for cuFile I/O. 0 or -errno (message in err). */
+EXPORT int32_t tent_gds_gpu_add(void *self, uint64_t base, uint64_t len, char *err, uint64_t errlen) {
+  executor_t *ex = self;
+  if (!ex->cufile_open) {
+    snprintf(err, errlen, "cuFile is not active: %s", ex->cufile_why);
+    return -ENOTSUP;
+  }
+  if (base == 0 || len == 0 || base + len < base) {
+    snprintf(err, errlen, "bad CUDA range %#llx+%llu", (unsigned long long)base, (unsigned long long)len);
+    return -EINVAL;
+  }
+  void *ctx = NULL;
+  int cr = g_cf.cuPointerGetAttribute(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, base);
+  if (cr != 0) {
+    snprintf(err, errlen, "cuPointerGetAttribute(%#llx): CUresult %d (not device memory?)", (unsigned long long)base, cr);
+    return -EINVAL;
+  }
+  gbuf_t *b = calloc(1, sizeof *b);
+  if (!b) return -ENOMEM;
+  atomic_init(&b->refs, 1);
+  b->base = base;
+  b->len = len;
+  b->ctx = ctx;
+  if (ctx) g_cf.cuCtxSetCurrent(ctx);
+  cf_error_t e = g_cf.BufRegister((const void *)(uintptr_t)base, len, 0);
+  b->buf_registered = e.err == 0;
+  if (!b->buf_registered) /* still usable: cuFile stages through its own bounce buffers */
+    fprintf(stderr, "tent_gds: cuFileBufRegister(%#llx+%llu): error %d; using cuFile bounce buffers\n",
+            (unsigned long long)base, (unsigned long long)len, e.err);
+  int rc = 0;
+  pthread_rwlock_wrlock(&ex->tab);
+  size_t pos = 0;
+  while (pos < ex->ngbufs && ex->gbufs[pos]->base < base) pos++;
+  if ((pos > 0 && ex->gbufs[pos - 1]->base + ex->gbufs[pos - 1]->len > base) ||
+      (pos < ex->ngbufs && base + len > ex->gbufs[pos]->base)) {
+    rc = -EEXIST;
+  } else if (ex->ngbufs == ex->gcap) {
+    size_t cap = ex->gcap ? ex->gcap * 2 : 8;
+    gbuf_t **nb = realloc(ex->gbufs, cap * sizeof(gbuf_t *));
+    if (!nb)
+      rc = -ENOMEM;
+    else {
+      ex->gbufs = nb;
+      ex->gcap = cap;
+    }
+  }
+  if (rc == 0) {
+    memmove(&ex->gbufs[pos + 1], &ex->gbufs[pos], (ex->ngbufs - pos) * sizeof(gbuf_t *));
+    ex->gbufs[pos] = b;
+    ex->ngbufs++;
+  }
+  pthread_rwlock_unlock(&ex->tab);
+  if (rc != 0) {
+    snprintf(err, errlen, "CUDA range %#llx+%llu overlaps a registered one", (unsigned long long)base,
+             (unsigned long long)len);
+    gbuf_unref(b);
+  }
+  return rc;
+}
+
+/* Forget a CUDA buffer; I/O in flight keeps it (and its cuFile registration) until it completes. */
+EXPORT int32_t tent_gds_gpu_remove(void *self, uint64_t base) {
+  executor_t *ex = self;
+  gbuf_t *b = NULL;
+  pthread_rwlock_wrlock(&ex->tab);
+  for (size_t i = 0; i < ex->ngbufs; i++)
+    if (ex->gbufs[i]->base == base) {
+      b = ex->gbufs[i];
+      memmove(&ex->gbufs[i], &ex->gbufs[i + 1], (ex->ngbufs - i - 1) * sizeof(gbuf_t *));
+      ex->ngbufs--;
+      break;
+    }
+  pthread_rwlock_unlock(&ex->tab);
+  if (!b) return -ENOENT;
+  gbuf_unref(b);
+  return 0;
+}
+
 EXPORT void tent_gds_stats(void *self, uint64_t out[8]) {
   executor_t *ex = self;
   out[0] = atomic_load(&ex->st_direct_bytes);
@@ -959,6 +1333,6 @@ EXPORT void tent_gds_stats(void *self, uint64_t out[8]) {
   out[3] = atomic_load(&ex->st_sync_ios);
   out[4] = atomic_load(&ex->st_ok);
   out[5] = atomic_load(&ex->st_failed);
-  out[6] = 0;
-  out[7] = 0;
+  out[6] = atomic_load(&ex->st_gpu_bytes);
+  out[7] = atomic_load(&ex->st_gpu_ios);
 }

@@ -11,8 +11,14 @@ registers ``(base, length, fds, writable)`` with the compiled executor. op READ 
 file -> memory, WRITE memory -> file.
 
 The executor (``csrc/gds_executor.c``) runs io_uring through raw syscalls with several
-I/Os in flight per worker, or pread/pwrite loops where io_uring is not allowed. No cuFile
-(GPUDirect Storage) here yet: CUDA <-> file goes through host staging, synthesized by the core.
+I/Os in flight per worker, or pread/pwrite loops where io_uring is not allowed.
+
+GPU memory <-> file goes through cuFile (GPUDirect Storage, the library KvikIO wraps) when
+libcufile, a CUDA driver and a device are present: the transport then also serves
+(CUDA, FILE), registers the engine's CUDA buffers with cuFile and the executor runs
+cuFileRead/cuFileWrite for slices that land in them. Nothing CUDA is linked; the executor
+dlopen()s the libraries at start. Without them, :attr:`GdsTransport.cufile_reason` says why
+and the core synthesizes CUDA <-> file through host staging buffers instead.
 
 Config keys (this transport's section of the engine config):
   ``engine``       "auto" (default: io_uring when usable, else pread), "io_uring", "pread"
@@ -21,11 +27,15 @@ Config keys (this transport's section of the engine config):
   ``chunk``        slices are split into pieces of this many bytes (default 1 MiB, multiple of 4096)
   ``direct``       open an O_DIRECT fd per file and use it for 4096-aligned pieces (default False;
                    ignored on filesystems that refuse O_DIRECT, e.g. older tmpfs)
+  ``cufile``       "auto" (default: use cuFile when it works), "on" (start fails without it), "off"
+  ``cufile_lib``   path of libcufile (default: ``TENT_CUFILE``, the nvidia-cufile wheel, the loader path)
+  ``cuda_lib``     path of the CUDA driver library (default: libcuda.so.1 on the loader path)
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import logging
 import os
 import sys
@@ -54,6 +64,7 @@ from . import __version__
 log = logging.getLogger(__name__)
 
 ENGINES = ("auto", "io_uring", "pread")
+CUFILE_MODES = ("auto", "on", "off")
 _ENGINE_NAMES = {0: "pread", 1: "io_uring"}
 TMPFS_MAGIC = 0x01021994
 DIRECT_ALIGN = 4096
@@ -84,6 +95,9 @@ class _Lib:
             "tent_gds_fs_magic": (i64, [ctypes.c_char_p]),
             "tent_gds_config": (None, [vp, ctypes.POINTER(u64)]),
             "tent_gds_stats": (None, [vp, ctypes.POINTER(u64)]),
+            "tent_gds_cufile_state": (i32, [vp, ctypes.c_char_p, u64]),
+            "tent_gds_gpu_add": (i32, [vp, u64, u64, ctypes.c_char_p, u64]),
+            "tent_gds_gpu_remove": (i32, [vp, u64]),
         }
         for name, (res, args) in protos.items():
             fn = getattr(c, name)
@@ -100,6 +114,9 @@ class _Lib:
     fs_magic: Any
     config: Any
     stats: Any
+    cufile_state: Any
+    gpu_add: Any
+    gpu_remove: Any
 
     def uring_reason(self) -> str | None:
         """None if io_uring (with IORING_OP_READ/WRITE) works in this process, else why not."""
@@ -118,6 +135,23 @@ def get_lib() -> _Lib:
         if _lib_instance is None:
             _lib_instance = _Lib()
         return _lib_instance
+
+
+def find_cufile_library(configured: str | None = None) -> str | None:
+    """Where libcufile is: the configured path, ``TENT_CUFILE``, the nvidia-cufile-cu* wheel's
+    copy (not on the loader path), else None (the executor then tries the loader path)."""
+    for candidate in (configured, os.environ.get("TENT_CUFILE")):
+        if candidate:
+            return candidate
+    try:  # nvidia-cufile-cu12 puts it in nvidia/cufile/lib, the CUDA 13 wheels under nvidia/cu13/lib
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        spec = None
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for lib in sorted(Path(root).glob("*/lib/libcufile.so*")):
+            if "rdma" not in lib.name:
+                return str(lib)
+    return None
 
 
 def is_tmpfs(path: str) -> bool:
@@ -182,6 +216,9 @@ class GdsTransport(Transport):
         self._executor: Executor | None = None
         self._host_id = ""
         self._direct = False
+        self._cufile_active = False
+        self._cufile_reason = "transport not started"
+        self._gpu_bufs: set[int] = set()
         self._links: dict[str, _Link] = {}
         self._by_handle: dict[int, _Link] = {}
         self._lock = threading.RLock()
@@ -195,14 +232,26 @@ class GdsTransport(Transport):
         except Exception as exc:  # not built, wrong ABI...
             return Availability.unavailable(f"gds executor library unusable: {exc}")
         why = lib.uring_reason()
-        return Availability(
-            True, "io engine: io_uring" if why is None else f"io engine: pread (io_uring unusable: {why})"
-        )
+        io = "io engine: io_uring" if why is None else f"io engine: pread (io_uring unusable: {why})"
+        cufile = find_cufile_library()
+        gpu = f"cuFile: {cufile} (used at start if a CUDA device is present)" if cufile else "cuFile: not installed"
+        return Availability(True, f"{io}; {gpu}")
 
     def capabilities(self) -> CapabilityProfile:
-        return CapabilityProfile(
-            kind_pairs=frozenset({(MemoryKind.HOST, MemoryKind.FILE)}), same_host=True, cross_host=False, rank=20
-        )
+        pairs = {(MemoryKind.HOST, MemoryKind.FILE)}
+        if self._cufile_active:
+            pairs.add((MemoryKind.CUDA, MemoryKind.FILE))
+        return CapabilityProfile(kind_pairs=frozenset(pairs), same_host=True, cross_host=False, rank=20)
+
+    @property
+    def cufile_active(self) -> bool:
+        """True when GPU memory <-> file runs through cuFile in this transport."""
+        return self._cufile_active
+
+    @property
+    def cufile_reason(self) -> str:
+        """Why cuFile is not active ("" when it is)."""
+        return self._cufile_reason
 
     # -- lifecycle
     def start(self, ctx: TransportContext) -> None:
@@ -210,6 +259,9 @@ class GdsTransport(Transport):
         engine = str(cfg.get("engine", "auto")).lower()
         if engine not in ENGINES:
             raise InvalidRequestError(f"gds: config engine must be one of {ENGINES}, got {engine!r}")
+        cufile = str(cfg.get("cufile", "auto")).lower()
+        if cufile not in CUFILE_MODES:
+            raise InvalidRequestError(f"gds: config cufile must be one of {CUFILE_MODES}, got {cufile!r}")
         self._direct = _as_bool(cfg.get("direct", False))
         self._host_id = ctx.host_id
         self._lib = get_lib()
@@ -219,8 +271,18 @@ class GdsTransport(Transport):
             "queue_depth": int(cfg.get("queue_depth", 16)),
             "chunk": int(cfg.get("chunk", 1 << 20)),
             "direct": int(self._direct),
+            "cufile": cufile,
+            "cufile_lib": find_cufile_library(cfg.get("cufile_lib")) or "",
+            "cuda_lib": str(cfg.get("cuda_lib", "")),
         }
         self._executor = self._lib.library.create(ex_cfg)
+        why = ctypes.create_string_buffer(256)
+        self._cufile_active = bool(self._lib.cufile_state(self._executor.handle, why, len(why)))
+        self._cufile_reason = "" if self._cufile_active else why.value.decode(errors="replace")
+        if self._cufile_active:
+            log.info("gds: cuFile active: GPU memory <-> file runs through GPUDirect Storage")
+        else:
+            log.info("gds: cuFile unavailable (%s): GPU memory <-> file is staged through host memory", self._cufile_reason)
         c = self.executor_config()
         log.info(
             "gds transport started: engine=%s threads=%d queue_depth=%d chunk=%d direct=%s",
@@ -254,7 +316,16 @@ class GdsTransport(Transport):
         assert self._lib is not None
         out = (ctypes.c_uint64 * 8)()
         self._lib.stats(self.executor.handle, out)
-        keys = ("direct_bytes", "buffered_bytes", "uring_ios", "sync_ios", "slices_ok", "slices_failed")
+        keys = (
+            "direct_bytes",
+            "buffered_bytes",
+            "uring_ios",
+            "sync_ios",
+            "slices_ok",
+            "slices_failed",
+            "gpu_bytes",
+            "gpu_ios",
+        )
         return {k: int(out[i]) for i, k in enumerate(keys)}
 
     def local_descriptor(self) -> dict[str, Any]:
@@ -265,14 +336,34 @@ class GdsTransport(Transport):
 
     # -- buffers
     def export_buffer(self, buf: BufferInfo) -> dict[str, Any] | None:
+        if buf.kind == MemoryKind.CUDA:
+            self._register_gpu(buf)
+            return None  # local only: peers never reach our GPU memory through gds
         if buf.kind != MemoryKind.FILE:
             return None
         if not buf.path:
             raise InvalidRequestError("gds: a FILE buffer needs a path")
         return {"path": os.path.abspath(buf.path), "perm": int(buf.perm)}
 
+    def _register_gpu(self, buf: BufferInfo) -> None:
+        if self._lib is None or self._executor is None or not self._cufile_active or buf.length == 0:
+            return
+        err = ctypes.create_string_buffer(256)
+        rc = int(self._lib.gpu_add(self._executor.handle, buf.addr, buf.length, err, len(err)))
+        if rc != 0:
+            raise InvalidRequestError(f"gds: cannot register CUDA buffer with cuFile: {err.value.decode(errors='replace')}")
+        with self._lock:
+            self._gpu_bufs.add(buf.addr)
+
     def release_buffer(self, buf: BufferInfo) -> None:
-        """Nothing to revoke: peers opened the path themselves (same host, same permissions)."""
+        """CUDA buffers leave cuFile; files need nothing: peers opened the path themselves."""
+        if buf.kind != MemoryKind.CUDA or self._lib is None or self._executor is None:
+            return
+        with self._lock:
+            if buf.addr not in self._gpu_bufs:
+                return
+            self._gpu_bufs.discard(buf.addr)
+        self._lib.gpu_remove(self._executor.handle, buf.addr)
 
     # -- peers
     def can_reach(self, peer: PeerInfo) -> str | None:
@@ -327,7 +418,7 @@ class GdsTransport(Transport):
         except OSError as exc:
             raise PeerUnreachableError(f"gds: cannot open {path} of {link.engine_id}: {exc.strerror}") from exc
         dfd = -1
-        if self._direct:
+        if self._direct or self._cufile_active:  # GPUDirect Storage reads through an O_DIRECT fd
             if is_tmpfs(path):
                 log.info("gds: %s is on tmpfs: O_DIRECT is meaningless there, using buffered I/O", path)
             else:
@@ -380,8 +471,11 @@ class GdsTransport(Transport):
                 return
             for lk in list(self._links.values()):
                 self._teardown(lk)
-            self._executor.close()
+            self._executor.close()  # drops the CUDA buffers' cuFile registrations and the driver
             self._executor = None
+            self._gpu_bufs.clear()
+            self._cufile_active = False
+            self._cufile_reason = "transport closed"
 
 
 @hookimpl

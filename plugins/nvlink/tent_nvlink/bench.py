@@ -16,6 +16,8 @@ import os
 import time
 from typing import Any
 
+CHILD_DEADLINE_S = 120
+
 
 def _child(conn: Any, n: int) -> None:
     from tent_nvlink import cuda as c
@@ -45,11 +47,17 @@ def run(size: int, iters: int) -> dict[str, Any]:
     from . import cuda as c
     from .plugin import NvlinkTransport
 
+    n_dev, why = c.device_status()
+    if not n_dev:
+        return {"ok": False, "reason": f"no CUDA device: {why}"}
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_child, args=(child, size), daemon=True)
     proc.start()
+    child.close()  # a child that dies now ends recv() with EOFError instead of a hang
     try:
+        if not parent.poll(CHILD_DEADLINE_S):
+            raise TimeoutError(f"the exporting child sent nothing within {CHILD_DEADLINE_S} s")
         addr, desc = parent.recv()
         rt = c.runtime()
         rt.set_device(0)
@@ -82,10 +90,16 @@ def run(size: int, iters: int) -> dict[str, Any]:
         t.close()
         rt.free(local)
         rt.free_host(pinned)
+        res["ok"] = True
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in res.items()}
     finally:
-        parent.send("done")
+        try:
+            parent.send("done")
+        except (BrokenPipeError, OSError):
+            pass  # the child is gone already
         proc.join(30)
+        if proc.is_alive():
+            proc.kill()
 
 
 def main() -> None:

@@ -1,0 +1,129 @@
+"""Drive GPU <-> file transfers through the gds transport's cuFile path against a stand-in
+library (cufile_double.c) and print what happened as JSON.
+
+Runs in its own process (the test starts it): the executor loads cuFile once per process, and
+the stand-in must not leak into the other tests. Usage: cufile_double_run.py LIB DIR SCENARIO
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tent_core import READ, READ_ONLY, WRITE, Engine, NoPathError, PermissionDeniedError, Request
+from tent_core.types import MemoryKind
+
+
+class DeviceArrayStandIn:
+    """Host memory presented through ``__cuda_array_interface__`` (the stand-in's "device")."""
+
+    def __init__(self, arr: np.ndarray) -> None:
+        self.arr = arr
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return {"shape": (self.arr.size,), "typestr": "|u1", "data": (self.arr.ctypes.data, False), "version": 3}
+
+
+def counters(lib: ctypes.CDLL) -> dict[str, int]:
+    out = (ctypes.c_int64 * 8)()
+    lib.cufile_double_counters(out)
+    keys = ("driver_open", "driver_close", "handles_live", "bufs_live", "reads", "writes", "ctx_miss", "range_miss")
+    return dict(zip(keys, (int(v) for v in out), strict=True))
+
+
+def active(lib_path: str, work: Path, double: ctypes.CDLL) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    n = (3 << 20) + 5  # several executor chunks and a short tail
+    data = np.random.default_rng(7).integers(0, 256, n, dtype=np.uint8)
+    path = work / "weights.bin"
+    data.tofile(path)
+    cfg = {"transports": {"gds": {"cufile": "on", "cufile_lib": lib_path, "cuda_lib": lib_path, "threads": 4, "chunk": 1 << 20}}}
+    with Engine(cfg, transports=["gds"]) as eng:
+        gds = eng.transports["gds"]
+        res["active"] = gds.cufile_active
+        res["cuda_pair"] = (MemoryKind.CUDA, MemoryKind.FILE) in gds.capabilities().kind_pairs
+        eng.register_file(str(path), segment="files")
+        dev_mem = np.zeros(n, np.uint8)
+        dev = eng.register(DeviceArrayStandIn(dev_mem))
+        res["kind"] = dev.kind.value
+        res["bufs_after_register"] = counters(double)["bufs_live"]
+
+        eng.read(dev, eng.segment_name("files"), n, timeout=30)
+        res["read_ok"] = bool(np.array_equal(dev_mem, data))
+
+        dev_mem[:] = np.random.default_rng(8).integers(0, 256, n, dtype=np.uint8)
+        eng.write(dev, eng.segment_name("files"), n - 4101, local_offset=4101, remote_offset=17, timeout=30)
+        on_disk = np.fromfile(path, np.uint8)
+        res["write_ok"] = bool(
+            np.array_equal(on_disk[17 : 17 + n - 4101], dev_mem[4101:]) and np.array_equal(on_disk[:17], data[:17])
+        )
+
+        # one batch mixing host memory and "device" memory: each slice takes its own path
+        host_mem = np.zeros(1 << 20, np.uint8)
+        hb = eng.register(host_mem)
+        dev_mem[:] = 0
+        seg = eng.segment_name("files")
+        h = eng.submit([Request(READ, dev, 0, seg, 0, 1 << 20), Request(READ, hb, 0, seg, 1 << 20, 1 << 20)])
+        res["mixed_ok"] = bool(
+            h.wait(30) and np.array_equal(dev_mem[: 1 << 20], on_disk[: 1 << 20])
+            and np.array_equal(host_mem, on_disk[1 << 20 : 2 << 20])
+        )
+
+        ro_path = work / "ro.bin"
+        data[:8192].tofile(ro_path)
+        eng.register_file(str(ro_path), segment="ro", perm=READ_ONLY)
+        try:
+            eng.submit([Request(WRITE, dev, 0, eng.segment_name("ro"), 0, 4096)])
+            res["ro_refused"] = False
+        except PermissionDeniedError:
+            res["ro_refused"] = True
+
+        res["stats"] = gds.stats()
+        eng.unregister(dev)
+        res["bufs_after_unregister"] = counters(double)["bufs_live"]
+        res["handles_before_close"] = counters(double)["handles_live"]
+    res["after_close"] = counters(double)
+    return res
+
+
+def no_device(lib_path: str, work: Path, double: ctypes.CDLL) -> dict[str, Any]:
+    os.environ["CUFILE_DOUBLE_NO_DEVICE"] = "1"
+    res: dict[str, Any] = {}
+    path = work / "w.bin"
+    np.ones(8192, np.uint8).tofile(path)
+    cfg = {"transports": {"gds": {"cufile_lib": lib_path, "cuda_lib": lib_path}}}
+    with Engine(cfg, transports=["gds"]) as eng:
+        gds = eng.transports["gds"]
+        res["active"] = gds.cufile_active
+        res["reason"] = gds.cufile_reason
+        eng.register_file(str(path), segment="files")
+        dev = eng.register(DeviceArrayStandIn(np.zeros(8192, np.uint8)))
+        try:
+            eng.read(dev, eng.segment_name("files"), 8192, timeout=10)
+            res["no_path"] = ""
+        except NoPathError as exc:
+            res["no_path"] = str(exc)
+    res["after_close"] = counters(double)
+    # cufile=on without a device: the transport does not start, and the engine says why
+    with Engine({"transports": {"gds": {"cufile": "on", "cufile_lib": lib_path, "cuda_lib": lib_path}}}, transports=["gds"]) as eng:
+        res["on_started"] = "gds" in eng.transports
+        res["on_reason"] = eng.availability["gds"].reason
+    return res
+
+
+def main() -> None:
+    lib_path, work, scenario = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    double = ctypes.CDLL(lib_path)
+    fn = {"active": active, "no_device": no_device}[scenario]
+    print(json.dumps(fn(lib_path, work, double)))
+
+
+if __name__ == "__main__":
+    main()
