@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.tent-installed
 PLUGINS := tcp shm gds nvlink
 PLUGIN_DIRS := $(foreach p,$(PLUGINS),$(wildcard plugins/$(p)))
-SOURCES := pyproject.toml setup.py tent_core/_native/native.c tent_core/include/tent/executor_abi.h \
+SOURCES := pyproject.toml setup.py tent_core/_native/native.c $(wildcard tent_core/include/tent/*.h) \
            $(wildcard plugins/*/pyproject.toml plugins/*/setup.py plugins/*/csrc/*.c refhub/pyproject.toml)
 
 .PHONY: install demo test lint bench-deps clean

@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import Any, ClassVar
 
 from . import _native
 from .errors import PluginABIError
@@ -113,3 +114,23 @@ def load_executor_library(path: str) -> ExecutorLibrary:
         if lib is None:
             lib = _libraries[path] = ExecutorLibrary(path)
         return lib
+
+
+class PluginLibrary:
+    """A plugin's compiled executor library plus ctypes handles on its private (non-ABI) exports.
+
+    Subclasses set ``PREFIX`` and ``PROTOTYPES`` (``{name: (restype, argtypes)}`` for functions
+    exported as ``PREFIX + name``); each becomes an attribute ``name``. Construct with the
+    plugin's package directory, which holds the library built as ``_executor``.
+    """
+
+    PREFIX: ClassVar[str] = ""
+    PROTOTYPES: ClassVar[dict[str, tuple[Any, list[Any]]]] = {}
+
+    def __init__(self, package_dir: str | os.PathLike[str], stem: str = "_executor") -> None:
+        self.library = load_executor_library(find_extension(package_dir, stem))
+        for name, (restype, argtypes) in self.PROTOTYPES.items():
+            fn = getattr(self.library.cdll, self.PREFIX + name)
+            fn.restype = restype
+            fn.argtypes = argtypes
+            setattr(self, name, fn)

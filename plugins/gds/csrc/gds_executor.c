@@ -64,7 +64,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "tent/chunk_queue.h"
 #include "tent/executor_abi.h"
+#include "tent/handle_table.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -234,16 +236,8 @@ typedef struct peer {
 } peer_t;
 
 /* ---------------------------------------------------------------- work */
-typedef struct job {
-  tent_slice_t s;
-  atomic_uint remaining;
-  atomic_int status;
-} job_t;
-
-typedef struct work {
-  job_t *job;
-  uint64_t off, len;
-} work_t;
+typedef tent_job_t job_t;
+typedef tent_chunk_t work_t;
 
 /* one I/O in flight (a work item after lookup) */
 typedef struct io {
@@ -289,8 +283,7 @@ struct executor {
 
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  work_t *q;
-  size_t qcap, qhead, qlen;
+  tent_chunk_queue_t q;
   int stop;
 
   pthread_rwlock_t tab; /* peers and their file tables, the CUDA buffers */
@@ -298,9 +291,7 @@ struct executor {
   size_t ngbufs, gcap;
   int cufile_mode, cufile_open;
   char cufile_lib[256], cuda_lib[256], cufile_why[256];
-  peer_t **slots;
-  uint32_t *gens;
-  size_t nslots;
+  tent_handle_table_t peers;
 
   atomic_ullong st_direct_bytes, st_buffered_bytes, st_uring_ios, st_sync_ios, st_ok, st_failed;
   atomic_ullong st_gpu_bytes, st_gpu_ios;
@@ -407,10 +398,7 @@ static int uring_submit(uring_t *r, int wait) {
 
 /* ---------------------------------------------------------------- lookup */
 static peer_t *peer_lookup(executor_t *ex, uint64_t h) { /* tab lock held */
-  uint64_t idx = h & 0xffffffffu;
-  if (idx == 0 || idx > ex->nslots) return NULL;
-  peer_t *p = ex->slots[idx - 1];
-  return p && p->handle == h ? p : NULL;
+  return tent_ht_get(&ex->peers, h);
 }
 
 static size_t file_pos(const peer_t *p, uint64_t base) { /* first file with f->base >= base */
@@ -495,12 +483,8 @@ static int errno_status(int e) {
 }
 
 static void finish_work(executor_t *ex, job_t *j, int st) {
-  if (st != TENT_OK) {
-    int expected = 0;
-    atomic_compare_exchange_strong(&j->status, &expected, st);
-  }
-  if (atomic_fetch_sub(&j->remaining, 1) == 1) {
-    int final = atomic_load(&j->status);
+  int final;
+  if (tent_job_chunk_done(j, st, &final)) {
     atomic_fetch_add(final == TENT_OK ? &ex->st_ok : &ex->st_failed, 1);
     ex->host->complete(ex->host->ctx, &j->s, final);
     free(j);
@@ -607,15 +591,12 @@ static void io_done(executor_t *ex, io_t *io, int st) {
 /* Pop one work item; blocks if `block`. Returns 0 if got one, -1 if none / stopping. */
 static int queue_pop(executor_t *ex, work_t *out, int block) {
   pthread_mutex_lock(&ex->mu);
-  while (block && !ex->stop && ex->qlen == 0) pthread_cond_wait(&ex->cv, &ex->mu);
-  if (ex->stop || ex->qlen == 0) {
+  while (block && !ex->stop && ex->q.len == 0) pthread_cond_wait(&ex->cv, &ex->mu);
+  if (ex->stop || tent_cq_pop(&ex->q, out) != 0) {
     pthread_mutex_unlock(&ex->mu);
     return -1;
   }
-  *out = ex->q[ex->qhead];
-  ex->qhead = (ex->qhead + 1) % ex->qcap;
-  ex->qlen--;
-  int more = ex->qlen > 0;
+  int more = ex->q.len > 0;
   pthread_mutex_unlock(&ex->mu);
   if (more && block) pthread_cond_signal(&ex->cv); /* hand the rest to an idle worker */
   return 0;
@@ -984,22 +965,17 @@ static void ex_destroy(void *self) {
     free(wk->ios);
     free(wk->free_slots);
   }
-  while (ex->qlen > 0) { /* every queued slice is still reported exactly once */
-    work_t w = ex->q[ex->qhead];
-    ex->qhead = (ex->qhead + 1) % ex->qcap;
-    ex->qlen--;
-    finish_work(ex, w.job, TENT_E_CANCELLED);
-  }
-  free(ex->q);
-  for (size_t i = 0; i < ex->nslots; i++) {
-    peer_t *p = ex->slots[i];
+  work_t w;
+  while (tent_cq_pop(&ex->q, &w) == 0) finish_work(ex, w.job, TENT_E_CANCELLED); /* reported exactly once */
+  tent_cq_free(&ex->q);
+  for (size_t i = 0; i < ex->peers.cap; i++) {
+    peer_t *p = ex->peers.items[i];
     if (!p) continue;
     for (size_t k = 0; k < p->nfiles; k++) file_unref(p->files[k]);
     free(p->files);
     free(p);
   }
-  free(ex->slots);
-  free(ex->gens);
+  tent_ht_free(&ex->peers);
   for (size_t i = 0; i < ex->ngbufs; i++) gbuf_unref(ex->gbufs[i]);
   free(ex->gbufs);
   if (ex->cufile_open) g_cf.DriverClose();
@@ -1009,79 +985,9 @@ static void ex_destroy(void *self) {
   free(ex);
 }
 
-static int queue_reserve(executor_t *ex, size_t extra) { /* queue lock held */
-  if (ex->qlen + extra <= ex->qcap) return 0;
-  size_t cap = ex->qcap ? ex->qcap : 256;
-  while (cap < ex->qlen + extra) cap *= 2;
-  work_t *n = malloc(cap * sizeof(work_t));
-  if (!n) return -1;
-  for (size_t i = 0; i < ex->qlen; i++) n[i] = ex->q[(ex->qhead + i) % ex->qcap];
-  free(ex->q);
-  ex->q = n;
-  ex->qcap = cap;
-  ex->qhead = 0;
-  return 0;
-}
-
 static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
   executor_t *ex = self;
-  if (n == 0) return TENT_OK;
-  job_t **jobs = malloc(n * sizeof(job_t *));
-  uint64_t *parts = malloc(n * sizeof(uint64_t));
-  if (!jobs || !parts) {
-    free(jobs);
-    free(parts);
-    return TENT_E_INTERNAL;
-  }
-  size_t total = 0;
-  for (uint32_t i = 0; i < n; i++) {
-    uint64_t len = slices[i].length;
-    uint64_t k = (ex->chunk > 0 && len > ex->chunk) ? (len + ex->chunk - 1) / ex->chunk : 1;
-    if (k > UINT32_MAX) k = UINT32_MAX;
-    parts[i] = k;
-    total += k;
-    jobs[i] = malloc(sizeof(job_t));
-    if (!jobs[i]) {
-      for (uint32_t j = 0; j < i; j++) free(jobs[j]);
-      free(jobs);
-      free(parts);
-      return TENT_E_INTERNAL;
-    }
-    jobs[i]->s = slices[i];
-    atomic_init(&jobs[i]->remaining, (unsigned)k);
-    atomic_init(&jobs[i]->status, TENT_OK);
-  }
-  pthread_mutex_lock(&ex->mu);
-  if (ex->stop || queue_reserve(ex, total) != 0) {
-    pthread_mutex_unlock(&ex->mu);
-    for (uint32_t i = 0; i < n; i++) free(jobs[i]);
-    free(jobs);
-    free(parts);
-    return TENT_E_INTERNAL;
-  }
-  for (uint32_t i = 0; i < n; i++) {
-    uint64_t len = slices[i].length;
-    uint64_t per = parts[i] > 1 ? ex->chunk : len;
-    if (parts[i] > 1 && parts[i] * per < len) per = (len + parts[i] - 1) / parts[i];
-    uint64_t off = 0;
-    for (uint64_t k = 0; k < parts[i]; k++) {
-      uint64_t l = off >= len ? 0 : (len - off < per ? len - off : per);
-      work_t *w = &ex->q[(ex->qhead + ex->qlen) % ex->qcap];
-      w->job = jobs[i];
-      w->off = off;
-      w->len = l;
-      ex->qlen++;
-      off += l;
-    }
-  }
-  if (total > 1)
-    pthread_cond_broadcast(&ex->cv);
-  else
-    pthread_cond_signal(&ex->cv);
-  pthread_mutex_unlock(&ex->mu);
-  free(jobs);
-  free(parts);
-  return TENT_OK;
+  return tent_cq_submit(&ex->q, &ex->mu, &ex->cv, &ex->stop, slices, n, ex->chunk, UINT32_MAX);
 }
 
 static const tent_executor_ops_t g_ops = {
@@ -1097,34 +1003,10 @@ EXPORT uint64_t tent_gds_peer_add(void *self) {
   peer_t *p = calloc(1, sizeof *p);
   if (!p) return 0;
   pthread_rwlock_wrlock(&ex->tab);
-  size_t idx = ex->nslots;
-  for (size_t i = 0; i < ex->nslots; i++)
-    if (!ex->slots[i]) {
-      idx = i;
-      break;
-    }
-  if (idx == ex->nslots) {
-    size_t cap = ex->nslots ? ex->nslots * 2 : 16;
-    peer_t **ns = realloc(ex->slots, cap * sizeof(peer_t *));
-    if (ns) ex->slots = ns;
-    uint32_t *ng = ns ? realloc(ex->gens, cap * sizeof(uint32_t)) : NULL;
-    if (!ns || !ng) {
-      pthread_rwlock_unlock(&ex->tab);
-      free(p);
-      return 0;
-    }
-    ex->gens = ng;
-    for (size_t i = ex->nslots; i < cap; i++) {
-      ex->slots[i] = NULL;
-      ex->gens[i] = 0;
-    }
-    ex->nslots = cap;
-  }
-  ex->gens[idx]++;
-  p->handle = ((uint64_t)ex->gens[idx] << 32) | (uint64_t)(idx + 1);
-  ex->slots[idx] = p;
-  uint64_t h = p->handle;
+  uint64_t h = tent_ht_insert(&ex->peers, p);
+  p->handle = h;
   pthread_rwlock_unlock(&ex->tab);
+  if (!h) free(p);
   return h;
 }
 
@@ -1132,8 +1014,7 @@ EXPORT uint64_t tent_gds_peer_add(void *self) {
 EXPORT int32_t tent_gds_peer_remove(void *self, uint64_t h) {
   executor_t *ex = self;
   pthread_rwlock_wrlock(&ex->tab);
-  peer_t *p = peer_lookup(ex, h);
-  if (p) ex->slots[(h & 0xffffffffu) - 1] = NULL;
+  peer_t *p = tent_ht_take(&ex->peers, h);
   pthread_rwlock_unlock(&ex->tab);
   if (!p) return -ENOENT;
   for (size_t k = 0; k < p->nfiles; k++) file_unref(p->files[k]);

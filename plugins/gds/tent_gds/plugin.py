@@ -35,6 +35,7 @@ Config keys (this transport's section of the engine config):
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import logging
 import os
@@ -42,10 +43,10 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from tent_core.errors import InvalidRequestError, PeerUnreachableError
-from tent_core.executor import EXECUTOR_ABI_VERSION, Executor, ExecutorLibrary, find_extension, load_executor_library
+from tent_core.executor import EXECUTOR_ABI_VERSION, Executor, PluginLibrary
 from tent_core.plugin_spec import hookimpl
 from tent_core.transport import Transport, TransportContext
 from tent_core.types import (
@@ -77,33 +78,27 @@ def _as_bool(v: Any) -> bool:
 
 
 # --------------------------------------------------------------------------- library
-class _Lib:
+u64, i32, i64, vp = ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
+
+
+class _Lib(PluginLibrary):
     """The compiled executor library plus ctypes prototypes of its private functions."""
 
-    def __init__(self) -> None:
-        path = find_extension(Path(__file__).parent, "_executor")
-        self.library: ExecutorLibrary = load_executor_library(path)
-        c = self.library.cdll
-        u64, i32, i64, vp = ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
-        protos: dict[str, tuple[Any, list[Any]]] = {
-            "tent_gds_peer_add": (u64, [vp]),
-            "tent_gds_peer_remove": (i32, [vp, u64]),
-            "tent_gds_file_add": (i32, [vp, u64, u64, u64, i32, i32, i32]),
-            "tent_gds_file_remove": (i32, [vp, u64, u64]),
-            "tent_gds_engine": (i32, [vp]),
-            "tent_gds_uring_supported": (i32, [ctypes.c_char_p, u64]),
-            "tent_gds_fs_magic": (i64, [ctypes.c_char_p]),
-            "tent_gds_config": (None, [vp, ctypes.POINTER(u64)]),
-            "tent_gds_stats": (None, [vp, ctypes.POINTER(u64)]),
-            "tent_gds_cufile_state": (i32, [vp, ctypes.c_char_p, u64]),
-            "tent_gds_gpu_add": (i32, [vp, u64, u64, ctypes.c_char_p, u64]),
-            "tent_gds_gpu_remove": (i32, [vp, u64]),
-        }
-        for name, (res, args) in protos.items():
-            fn = getattr(c, name)
-            fn.restype = res
-            fn.argtypes = args
-            setattr(self, name.removeprefix("tent_gds_"), fn)
+    PREFIX = "tent_gds_"
+    PROTOTYPES: ClassVar[dict[str, tuple[Any, list[Any]]]] = {
+        "peer_add": (u64, [vp]),
+        "peer_remove": (i32, [vp, u64]),
+        "file_add": (i32, [vp, u64, u64, u64, i32, i32, i32]),
+        "file_remove": (i32, [vp, u64, u64]),
+        "engine": (i32, [vp]),
+        "uring_supported": (i32, [ctypes.c_char_p, u64]),
+        "fs_magic": (i64, [ctypes.c_char_p]),
+        "config": (None, [vp, ctypes.POINTER(u64)]),
+        "stats": (None, [vp, ctypes.POINTER(u64)]),
+        "cufile_state": (i32, [vp, ctypes.c_char_p, u64]),
+        "gpu_add": (i32, [vp, u64, u64, ctypes.c_char_p, u64]),
+        "gpu_remove": (i32, [vp, u64]),
+    }
 
     peer_add: Any
     peer_remove: Any
@@ -125,16 +120,9 @@ class _Lib:
         return None if ok else why.value.decode(errors="replace")
 
 
-_lib_instance: _Lib | None = None
-_lib_lock = threading.Lock()
-
-
+@functools.cache
 def get_lib() -> _Lib:
-    global _lib_instance
-    with _lib_lock:
-        if _lib_instance is None:
-            _lib_instance = _Lib()
-        return _lib_instance
+    return _Lib(Path(__file__).parent)
 
 
 def find_cufile_library(configured: str | None = None) -> str | None:

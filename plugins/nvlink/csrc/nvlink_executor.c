@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "tent/executor_abi.h"
+#include "tent/handle_table.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_DEV 32
@@ -97,9 +98,7 @@ typedef struct executor {
   int started;
 
   pthread_rwlock_t tab;
-  peer_t **slots;
-  uint32_t *gens;
-  size_t nslots;
+  tent_handle_table_t peers;
 
   atomic_ullong st_issued, st_ok, st_failed, st_bytes;
 } executor_t;
@@ -134,12 +133,7 @@ static void report(executor_t *ex, const tent_slice_t *s, int st) {
 }
 
 /* ------------------------------------------------------------------ table */
-static peer_t *peer_lookup(executor_t *ex, uint64_t h) {
-  uint64_t idx = h & 0xffffffffu;
-  if (idx == 0 || idx > ex->nslots) return NULL;
-  peer_t *p = ex->slots[idx - 1];
-  return p && p->handle == h ? p : NULL;
-}
+static peer_t *peer_lookup(executor_t *ex, uint64_t h) { return tent_ht_get(&ex->peers, h); }
 
 /* translate; tab read lock held by caller */
 static int translate(executor_t *ex, const tent_slice_t *s, uint64_t *lptr, int *dev) {
@@ -418,13 +412,14 @@ static void ex_destroy(void *self) {
   free(ex->evfree);
   free(ex->inq.a);
   free(ex->doneq.a);
-  for (size_t i = 0; i < ex->nslots; i++)
-    if (ex->slots[i]) {
-      free(ex->slots[i]->r);
-      free(ex->slots[i]);
+  for (size_t i = 0; i < ex->peers.cap; i++) {
+    peer_t *p = ex->peers.items[i];
+    if (p) {
+      free(p->r);
+      free(p);
     }
-  free(ex->slots);
-  free(ex->gens);
+  }
+  tent_ht_free(&ex->peers);
   pthread_mutex_destroy(&ex->mu);
   pthread_cond_destroy(&ex->cv_submit);
   pthread_cond_destroy(&ex->cv_done);
@@ -465,34 +460,10 @@ EXPORT uint64_t tent_nvl_peer_add(void *self) {
   peer_t *p = calloc(1, sizeof *p);
   if (!p) return 0;
   pthread_rwlock_wrlock(&ex->tab);
-  size_t idx = ex->nslots;
-  for (size_t i = 0; i < ex->nslots; i++)
-    if (!ex->slots[i]) {
-      idx = i;
-      break;
-    }
-  if (idx == ex->nslots) {
-    size_t cap = ex->nslots ? ex->nslots * 2 : 16;
-    peer_t **ns = realloc(ex->slots, cap * sizeof *ns);
-    if (ns) ex->slots = ns;
-    uint32_t *ng = ns ? realloc(ex->gens, cap * sizeof *ng) : NULL;
-    if (!ns || !ng) {
-      pthread_rwlock_unlock(&ex->tab);
-      free(p);
-      return 0;
-    }
-    ex->gens = ng;
-    for (size_t i = ex->nslots; i < cap; i++) {
-      ex->slots[i] = NULL;
-      ex->gens[i] = 0;
-    }
-    ex->nslots = cap;
-  }
-  ex->gens[idx]++;
-  p->handle = ((uint64_t)ex->gens[idx] << 32) | (uint64_t)(idx + 1);
-  ex->slots[idx] = p;
-  uint64_t h = p->handle;
+  uint64_t h = tent_ht_insert(&ex->peers, p);
+  p->handle = h;
   pthread_rwlock_unlock(&ex->tab);
+  if (!h) free(p);
   return h;
 }
 
@@ -501,8 +472,7 @@ EXPORT uint64_t tent_nvl_peer_add(void *self) {
 EXPORT int32_t tent_nvl_peer_remove(void *self, uint64_t h) {
   executor_t *ex = self;
   pthread_rwlock_wrlock(&ex->tab);
-  peer_t *p = peer_lookup(ex, h);
-  if (p) ex->slots[(h & 0xffffffffu) - 1] = NULL;
+  peer_t *p = tent_ht_take(&ex->peers, h);
   pthread_rwlock_unlock(&ex->tab);
   if (!p) return -ENOENT;
   free(p->r);

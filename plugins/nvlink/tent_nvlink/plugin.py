@@ -21,16 +21,17 @@ Config keys: ``streams`` (per device, default 4), ``cudart`` (path of libcudart 
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from tent_core.errors import PeerUnreachableError
-from tent_core.executor import EXECUTOR_ABI_VERSION, Executor, ExecutorLibrary, find_extension, load_executor_library
+from tent_core.executor import EXECUTOR_ABI_VERSION, Executor, PluginLibrary
 from tent_core.plugin_spec import hookimpl
 from tent_core.transport import Transport, TransportContext
 from tent_core.types import (
@@ -58,24 +59,20 @@ KIND_PAIRS = frozenset(
 )
 
 
-class _Lib:
-    def __init__(self) -> None:
-        path = find_extension(Path(__file__).parent, "_executor")
-        self.library: ExecutorLibrary = load_executor_library(path)
-        c = self.library.cdll
-        u64, i32, vp = ctypes.c_uint64, ctypes.c_int32, ctypes.c_void_p
-        protos: dict[str, tuple[Any, list[Any]]] = {
-            "tent_nvl_peer_add": (u64, [vp]),
-            "tent_nvl_peer_remove": (i32, [vp, u64]),
-            "tent_nvl_map_add": (i32, [vp, u64, u64, u64, u64, i32, i32]),
-            "tent_nvl_map_remove": (i32, [vp, u64, u64]),
-            "tent_nvl_stats": (None, [vp, ctypes.POINTER(u64)]),
-        }
-        for name, (res, args) in protos.items():
-            fn = getattr(c, name)
-            fn.restype = res
-            fn.argtypes = args
-            setattr(self, name.removeprefix("tent_nvl_"), fn)
+u64, i32, vp = ctypes.c_uint64, ctypes.c_int32, ctypes.c_void_p
+
+
+class _Lib(PluginLibrary):
+    """The compiled executor library plus ctypes prototypes of its private functions."""
+
+    PREFIX = "tent_nvl_"
+    PROTOTYPES: ClassVar[dict[str, tuple[Any, list[Any]]]] = {
+        "peer_add": (u64, [vp]),
+        "peer_remove": (i32, [vp, u64]),
+        "map_add": (i32, [vp, u64, u64, u64, u64, i32, i32]),
+        "map_remove": (i32, [vp, u64, u64]),
+        "stats": (None, [vp, ctypes.POINTER(u64)]),
+    }
 
     peer_add: Any
     peer_remove: Any
@@ -84,16 +81,9 @@ class _Lib:
     stats: Any
 
 
-_lib_instance: _Lib | None = None
-_lib_lock = threading.Lock()
-
-
+@functools.cache
 def get_lib() -> _Lib:
-    global _lib_instance
-    with _lib_lock:
-        if _lib_instance is None:
-            _lib_instance = _Lib()
-        return _lib_instance
+    return _Lib(Path(__file__).parent)
 
 
 @dataclass

@@ -38,7 +38,9 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "tent/chunk_queue.h"
 #include "tent/executor_abi.h"
+#include "tent/handle_table.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -66,16 +68,8 @@ typedef struct peer {
 } peer_t;
 
 /* ---------------------------------------------------------------- work */
-typedef struct job {
-  tent_slice_t s;
-  atomic_uint remaining; /* chunks not yet finished */
-  atomic_int status;     /* first error */
-} job_t;
-
-typedef struct work {
-  job_t *job;
-  uint64_t off, len;
-} work_t;
+typedef tent_job_t job_t;
+typedef tent_chunk_t work_t;
 
 typedef struct executor {
   const tent_host_api_t *host;
@@ -86,14 +80,11 @@ typedef struct executor {
 
   pthread_mutex_t mu; /* queue */
   pthread_cond_t cv;
-  work_t *q;
-  size_t qcap, qhead, qlen;
+  tent_chunk_queue_t q;
   int stop;
 
   pthread_mutex_t peers_mu;
-  peer_t **slots;
-  uint32_t *gens;
-  size_t nslots;
+  tent_handle_table_t peers;
 } executor_t;
 
 static void peer_unref(peer_t *p) {
@@ -106,15 +97,9 @@ static void peer_unref(peer_t *p) {
 }
 
 static peer_t *peer_get(executor_t *ex, uint64_t h) {
-  uint64_t idx = (h & 0xffffffffu);
-  peer_t *p = NULL;
-  if (idx == 0) return NULL;
-  idx -= 1;
   pthread_mutex_lock(&ex->peers_mu);
-  if (idx < ex->nslots && ex->slots[idx] && ex->slots[idx]->handle == h) {
-    p = ex->slots[idx];
-    atomic_fetch_add(&p->refs, 1);
-  }
+  peer_t *p = tent_ht_get(&ex->peers, h);
+  if (p) atomic_fetch_add(&p->refs, 1);
   pthread_mutex_unlock(&ex->peers_mu);
   return p;
 }
@@ -216,12 +201,9 @@ static int run_work(executor_t *ex, const work_t *w) {
 
 static void finish_work(executor_t *ex, work_t *w, int st) {
   job_t *j = w->job;
-  if (st != TENT_OK) {
-    int expected = 0;
-    atomic_compare_exchange_strong(&j->status, &expected, st);
-  }
-  if (atomic_fetch_sub(&j->remaining, 1) == 1) {
-    ex->host->complete(ex->host->ctx, &j->s, atomic_load(&j->status));
+  int final;
+  if (tent_job_chunk_done(j, st, &final)) {
+    ex->host->complete(ex->host->ctx, &j->s, final);
     free(j);
   }
 }
@@ -242,12 +224,10 @@ static void *worker_main(void *arg) {
   executor_t *ex = arg;
   pthread_mutex_lock(&ex->mu);
   for (;;) {
-    while (!ex->stop && ex->qlen == 0) pthread_cond_wait(&ex->cv, &ex->mu);
-    if (ex->stop) break;
-    work_t w = ex->q[ex->qhead];
-    ex->qhead = (ex->qhead + 1) % ex->qcap;
-    ex->qlen--;
-    int more = ex->qlen > 0;
+    while (!ex->stop && ex->q.len == 0) pthread_cond_wait(&ex->cv, &ex->mu);
+    work_t w;
+    if (ex->stop || tent_cq_pop(&ex->q, &w) != 0) break;
+    int more = ex->q.len > 0;
     pthread_mutex_unlock(&ex->mu);
     if (more) pthread_cond_signal(&ex->cv); /* hand the rest to an idle worker */
     process(ex, &w);
@@ -255,21 +235,6 @@ static void *worker_main(void *arg) {
   }
   pthread_mutex_unlock(&ex->mu);
   return NULL;
-}
-
-/* queue lock held */
-static int queue_reserve(executor_t *ex, size_t extra) {
-  if (ex->qlen + extra <= ex->qcap) return 0;
-  size_t cap = ex->qcap ? ex->qcap : 256;
-  while (cap < ex->qlen + extra) cap *= 2;
-  work_t *n = malloc(cap * sizeof(work_t));
-  if (!n) return -1;
-  for (size_t i = 0; i < ex->qlen; i++) n[i] = ex->q[(ex->qhead + i) % ex->qcap];
-  free(ex->q);
-  ex->q = n;
-  ex->qcap = cap;
-  ex->qhead = 0;
-  return 0;
 }
 
 /* ---------------------------------------------------------------- ABI */
@@ -340,17 +305,12 @@ static void ex_destroy(void *self) {
   pthread_mutex_unlock(&ex->mu);
   for (uint32_t i = 0; i < ex->started; i++) pthread_join(ex->threads[i], NULL);
   /* every queued slice is still reported exactly once */
-  while (ex->qlen > 0) {
-    work_t w = ex->q[ex->qhead];
-    ex->qhead = (ex->qhead + 1) % ex->qcap;
-    ex->qlen--;
-    finish_work(ex, &w, TENT_E_CANCELLED);
-  }
-  free(ex->q);
-  for (size_t i = 0; i < ex->nslots; i++)
-    if (ex->slots[i]) peer_unref(ex->slots[i]);
-  free(ex->slots);
-  free(ex->gens);
+  work_t w;
+  while (tent_cq_pop(&ex->q, &w) == 0) finish_work(ex, &w, TENT_E_CANCELLED);
+  tent_cq_free(&ex->q);
+  for (size_t i = 0; i < ex->peers.cap; i++)
+    if (ex->peers.items[i]) peer_unref(ex->peers.items[i]);
+  tent_ht_free(&ex->peers);
   pthread_mutex_destroy(&ex->mu);
   pthread_cond_destroy(&ex->cv);
   pthread_mutex_destroy(&ex->peers_mu);
@@ -359,66 +319,8 @@ static void ex_destroy(void *self) {
 
 static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
   executor_t *ex = self;
-  if (n == 0) return TENT_OK;
-  /* count work items and allocate jobs outside the lock */
-  job_t **jobs = malloc(n * sizeof(job_t *));
-  uint32_t *parts = malloc(n * sizeof(uint32_t));
-  if (!jobs || !parts) {
-    free(jobs);
-    free(parts);
-    return TENT_E_INTERNAL;
-  }
-  size_t total = 0;
-  for (uint32_t i = 0; i < n; i++) {
-    uint64_t len = slices[i].length;
-    uint32_t k = 1;
-    if (ex->nthreads > 1 && ex->chunk > 0 && len > ex->chunk) {
-      uint64_t c = (len + ex->chunk - 1) / ex->chunk;
-      k = c > 65536 ? 65536 : (uint32_t)c;
-    }
-    parts[i] = k;
-    total += k;
-    jobs[i] = malloc(sizeof(job_t));
-    if (!jobs[i]) {
-      for (uint32_t j = 0; j < i; j++) free(jobs[j]);
-      free(jobs);
-      free(parts);
-      return TENT_E_INTERNAL;
-    }
-    jobs[i]->s = slices[i];
-    atomic_init(&jobs[i]->remaining, k);
-    atomic_init(&jobs[i]->status, TENT_OK);
-  }
-  pthread_mutex_lock(&ex->mu);
-  if (ex->stop || queue_reserve(ex, total) != 0) {
-    pthread_mutex_unlock(&ex->mu);
-    for (uint32_t i = 0; i < n; i++) free(jobs[i]);
-    free(jobs);
-    free(parts);
-    return TENT_E_INTERNAL;
-  }
-  for (uint32_t i = 0; i < n; i++) {
-    uint64_t len = slices[i].length, per = parts[i] > 1 ? (len + parts[i] - 1) / parts[i] : len;
-    if (parts[i] > 1) per = (per + 4095) & ~(uint64_t)4095; /* page-sized pieces */
-    uint64_t off = 0;
-    for (uint32_t k = 0; k < parts[i]; k++) {
-      uint64_t l = off >= len ? 0 : (len - off < per ? len - off : per);
-      work_t *w = &ex->q[(ex->qhead + ex->qlen) % ex->qcap];
-      w->job = jobs[i];
-      w->off = off;
-      w->len = l;
-      ex->qlen++;
-      off += l;
-    }
-  }
-  if (total > 1)
-    pthread_cond_broadcast(&ex->cv);
-  else
-    pthread_cond_signal(&ex->cv);
-  pthread_mutex_unlock(&ex->mu);
-  free(jobs);
-  free(parts);
-  return TENT_OK;
+  /* one worker gains nothing from cutting; more share a slice in page-aligned pieces */
+  return tent_cq_submit(&ex->q, &ex->mu, &ex->cv, &ex->stop, slices, n, ex->nthreads > 1 ? ex->chunk : 0, 65536);
 }
 
 static const tent_executor_ops_t g_ops = {
@@ -448,34 +350,10 @@ EXPORT uint64_t tent_shm_peer_add(void *self, int32_t pid, int32_t mode) {
   pthread_rwlockattr_destroy(&a);
 
   pthread_mutex_lock(&ex->peers_mu);
-  size_t idx = ex->nslots;
-  for (size_t i = 0; i < ex->nslots; i++)
-    if (!ex->slots[i]) {
-      idx = i;
-      break;
-    }
-  if (idx == ex->nslots) {
-    size_t cap = ex->nslots ? ex->nslots * 2 : 16;
-    peer_t **ns = realloc(ex->slots, cap * sizeof(peer_t *));
-    if (ns) ex->slots = ns;
-    uint32_t *ng = ns ? realloc(ex->gens, cap * sizeof(uint32_t)) : NULL;
-    if (!ns || !ng) {
-      pthread_mutex_unlock(&ex->peers_mu);
-      peer_unref(p);
-      return 0;
-    }
-    ex->gens = ng;
-    for (size_t i = ex->nslots; i < cap; i++) {
-      ex->slots[i] = NULL;
-      ex->gens[i] = 0;
-    }
-    ex->nslots = cap;
-  }
-  ex->gens[idx]++;
-  p->handle = ((uint64_t)ex->gens[idx] << 32) | (uint64_t)(idx + 1);
-  ex->slots[idx] = p;
-  uint64_t h = p->handle;
+  uint64_t h = tent_ht_insert(&ex->peers, p);
+  p->handle = h;
   pthread_mutex_unlock(&ex->peers_mu);
+  if (!h) peer_unref(p);
   return h;
 }
 
@@ -485,9 +363,7 @@ EXPORT int32_t tent_shm_peer_remove(void *self, uint64_t h) {
   peer_t *p = peer_get(ex, h);
   if (!p) return -ENOENT;
   pthread_mutex_lock(&ex->peers_mu);
-  size_t idx = (size_t)(h & 0xffffffffu) - 1;
-  int owned = idx < ex->nslots && ex->slots[idx] == p;
-  if (owned) ex->slots[idx] = NULL;
+  int owned = tent_ht_take(&ex->peers, h) == p;
   pthread_mutex_unlock(&ex->peers_mu);
   pthread_rwlock_wrlock(&p->rw);
   p->removed = 1;

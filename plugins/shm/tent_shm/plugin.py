@@ -28,6 +28,7 @@ Config keys (this transport's section of the engine config):
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import logging
 import os
@@ -38,10 +39,10 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from tent_core.errors import InvalidRequestError, PeerUnreachableError
-from tent_core.executor import EXECUTOR_ABI_VERSION, Executor, ExecutorLibrary, find_extension, load_executor_library
+from tent_core.executor import EXECUTOR_ABI_VERSION, Executor, PluginLibrary
 from tent_core.plugin_spec import hookimpl
 from tent_core.transport import Transport, TransportContext
 from tent_core.types import (
@@ -67,33 +68,26 @@ _MAX_MSG = 65536
 
 
 # --------------------------------------------------------------------------- library
-class _Lib:
+u64, i32, i64, u32, vp = ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32, ctypes.c_void_p
+
+
+class _Lib(PluginLibrary):
     """The compiled executor library plus ctypes prototypes of its private functions."""
 
-    def __init__(self) -> None:
-        path = find_extension(Path(__file__).parent, "_executor")
-        self.library: ExecutorLibrary = load_executor_library(path)
-        c = self.library.cdll
-        u64, i32, i64, u32, vp = ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32, ctypes.c_void_p
-        protos: dict[str, tuple[Any, list[Any]]] = {
-            "tent_shm_peer_add": (u64, [vp, i32, i32]),
-            "tent_shm_peer_remove": (i32, [vp, u64]),
-            "tent_shm_peer_set_dead": (i32, [vp, u64]),
-            "tent_shm_map_add": (i32, [vp, u64, u64, u64, u64, i32]),
-            "tent_shm_map_remove": (i32, [vp, u64, u64]),
-            "tent_shm_cma_probe": (i32, [i32, u64, u64, u64]),
-            "tent_shm_mmap_fd": (i64, [i32, u64, u64, i32, i32]),
-            "tent_shm_munmap": (i32, [u64, u64]),
-            "tent_shm_threads": (u32, [vp]),
-            "tent_shm_chunk": (u64, [vp]),
-        }
-        for name, (res, args) in protos.items():
-            fn = getattr(c, name)
-            fn.restype = res
-            fn.argtypes = args
-            setattr(self, name.removeprefix("tent_shm_"), fn)
+    PREFIX = "tent_shm_"
+    PROTOTYPES: ClassVar[dict[str, tuple[Any, list[Any]]]] = {
+        "peer_add": (u64, [vp, i32, i32]),
+        "peer_remove": (i32, [vp, u64]),
+        "peer_set_dead": (i32, [vp, u64]),
+        "map_add": (i32, [vp, u64, u64, u64, u64, i32]),
+        "map_remove": (i32, [vp, u64, u64]),
+        "cma_probe": (i32, [i32, u64, u64, u64]),
+        "mmap_fd": (i64, [i32, u64, u64, i32, i32]),
+        "munmap": (i32, [u64, u64]),
+        "threads": (u32, [vp]),
+        "chunk": (u64, [vp]),
+    }
 
-    # typed attribute stubs for the prototypes set above
     peer_add: Any
     peer_remove: Any
     peer_set_dead: Any
@@ -106,16 +100,9 @@ class _Lib:
     chunk: Any
 
 
-_lib_instance: _Lib | None = None
-_lib_lock = threading.Lock()
-
-
+@functools.cache
 def get_lib() -> _Lib:
-    global _lib_instance
-    with _lib_lock:
-        if _lib_instance is None:
-            _lib_instance = _Lib()
-        return _lib_instance
+    return _Lib(Path(__file__).parent)
 
 
 # --------------------------------------------------------------------------- control messages
