@@ -207,6 +207,10 @@ class EngineConfig:
     max_transport_failovers: int = 3
     # Metadata (control-port) calls to a peer fail after this long: a dead peer is an error, not a hang.
     control_timeout_s: float = 5.0
+    # BatchHandle.wait() polls for this long before it sleeps: waking a sleeping thread costs tens of
+    # microseconds on small VMs, more than a 64 KiB copy, so small transfers finish while polling.
+    # Process-wide (the last engine created sets it); 0 turns polling off.
+    wait_spin_us: float = 50.0
     # Synthesized paths (e.g. file -> staging -> TCP): chunk size, pooled staging buffers, driver threads.
     staging_chunk_bytes: int = 4 * MiB
     staging_buffers: int = 8

@@ -159,6 +159,9 @@ class Engine:
         autoload: bool = True,
     ) -> None:
         self.config: EngineConfig = load_config(config)
+        if not 0 <= self.config.wait_spin_us <= 10_000:
+            raise errors.InvalidRequestError(f"wait_spin_us must be within [0, 10000], got {self.config.wait_spin_us}")
+        _native.set_wait_spin_ns(int(self.config.wait_spin_us * 1000))
         self.host_id = host_identity()
         self._lock = threading.RLock()
         self._segments: dict[str, _LocalSegment] = {}

@@ -195,6 +195,19 @@ static void Batch_dealloc(BatchObject *self) {
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* How long wait() polls the counter before it sleeps on the condition variable. Waking a
+ * sleeping thread costs tens of microseconds on small VMs, longer than a small transfer
+ * itself; a short poll catches those completions first. Set from the engine config. */
+static atomic_llong g_wait_spin_ns = 0;
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
 static PyObject *Batch_wait(BatchObject *self, PyObject *args) {
   double timeout = -1.0;
   if (!PyArg_ParseTuple(args, "|d", &timeout)) return NULL;
@@ -202,6 +215,12 @@ static PyObject *Batch_wait(BatchObject *self, PyObject *args) {
   if (atomic_load(&b->remaining) == 0) Py_RETURN_TRUE;
   int done;
   Py_BEGIN_ALLOW_THREADS;
+  long long spin = atomic_load_explicit(&g_wait_spin_ns, memory_order_relaxed);
+  if (spin > 0) {
+    if (timeout >= 0 && spin > (long long)(timeout * 1e9)) spin = (long long)(timeout * 1e9);
+    uint64_t until = now_ns() + (uint64_t)spin;
+    while (atomic_load(&b->remaining) > 0 && now_ns() < until) cpu_relax();
+  }
   struct timespec dl;
   clock_gettime(CLOCK_MONOTONIC, &dl);
   if (timeout >= 0) {
@@ -433,6 +452,17 @@ static PyObject *py_host_api_address(PyObject *m, PyObject *unused) {
 static PyObject *py_failure_fd(PyObject *m, PyObject *unused) { return PyLong_FromLong(g_fail_fd); }
 static PyObject *py_now_ns(PyObject *m, PyObject *unused) { return PyLong_FromUnsignedLongLong(now_ns()); }
 
+static PyObject *py_set_wait_spin_ns(PyObject *m, PyObject *arg) {
+  long long ns = PyLong_AsLongLong(arg);
+  if (ns == -1 && PyErr_Occurred()) return NULL;
+  if (ns < 0 || ns > 10000000LL) {
+    PyErr_SetString(PyExc_ValueError, "wait spin must be between 0 and 10 ms");
+    return NULL;
+  }
+  long long old = atomic_exchange(&g_wait_spin_ns, ns);
+  return PyLong_FromLongLong(old);
+}
+
 static PyMethodDef methods[] = {
     {"submit", py_submit, METH_VARARGS, "submit(ops, exec, batch, slices) -> rc"},
     {"submit_one", (PyCFunction)(void (*)(void))py_submit_one, METH_FASTCALL, "submit one slice"},
@@ -442,6 +472,7 @@ static PyMethodDef methods[] = {
     {"host_api_address", py_host_api_address, METH_NOARGS, "address of the tent_host_api_t"},
     {"failure_fd", py_failure_fd, METH_NOARGS, "eventfd signalled when failures are queued"},
     {"now_ns", py_now_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns"},
+    {"set_wait_spin_ns", py_set_wait_spin_ns, METH_O, "poll this long in Batch.wait before sleeping; returns the old value"},
     {NULL}};
 
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_native", "tent_core compiled hot path", -1, methods};

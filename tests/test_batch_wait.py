@@ -1,0 +1,55 @@
+"""Batch.wait polls the completion counter briefly before it sleeps; the poll never outlives
+the caller's timeout, and completions from another thread end it early."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tent_core import Engine, _native
+from tent_core.errors import InvalidRequestError
+
+
+@pytest.fixture
+def restore_spin():
+    old = _native.set_wait_spin_ns(0)
+    yield
+    _native.set_wait_spin_ns(old)
+
+
+def test_poll_is_bounded_by_the_timeout(restore_spin) -> None:
+    _native.set_wait_spin_ns(10_000_000)  # 10 ms of polling asked for
+    b = _native.Batch(1)
+    t0 = time.monotonic()
+    assert b.wait(0.001) is False  # an unfinished batch: the 1 ms timeout wins
+    assert time.monotonic() - t0 < 0.009
+    b.fail_slice(-14)
+    assert b.wait(0) is True
+
+
+def test_completion_during_the_poll_and_after_it(restore_spin) -> None:
+    for spin_ns in (0, 2_000_000):
+        _native.set_wait_spin_ns(spin_ns)
+        for delay in (0.0005, 0.02):  # inside the poll window, then well after it (sleeping)
+            b = _native.Batch(1)
+            t = threading.Timer(delay, lambda b=b: b.complete_slice(1))
+            t.start()
+            assert b.wait(5.0) is True
+            t.join()
+            assert b.remaining == 0
+
+
+def test_bad_values_are_refused(restore_spin) -> None:
+    with pytest.raises(ValueError):
+        _native.set_wait_spin_ns(-1)
+    with pytest.raises(ValueError):
+        _native.set_wait_spin_ns(10_000_001)
+    with pytest.raises(InvalidRequestError, match="wait_spin_us"):
+        Engine({"wait_spin_us": -5}, transports=[])
+
+
+def test_engine_config_sets_the_poll(restore_spin) -> None:
+    with Engine({"wait_spin_us": 7}, transports=[]):
+        assert _native.set_wait_spin_ns(0) == 7000
