@@ -96,7 +96,11 @@ class ExecutorLibrary:
         self._destroy = _DESTROY(ops.destroy)
 
     def create(self, config: dict[str, object] | None = None) -> Executor:
-        cfg = ";".join(f"{k}={v}" for k, v in (config or {}).items()).encode()
+        items = [(str(k), str(v)) for k, v in (config or {}).items()]
+        for k, v in items:  # the C side splits on these: a path holding one would be misread
+            if not k or any(c in k for c in ";= ") or ";" in v:
+                raise PluginABIError(f"executor {self.name}: config entry {k!r}={v!r} cannot hold ';' (or '=' in the key)")
+        cfg = ";".join(f"{k}={v}" for k, v in items).encode()
         err = ctypes.create_string_buffer(512)
         handle = self._create(_native.host_api_address(), cfg, err, len(err))
         if not handle:

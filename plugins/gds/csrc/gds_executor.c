@@ -65,6 +65,7 @@
 #include <unistd.h>
 
 #include "tent/chunk_queue.h"
+#include "tent/config_kv.h"
 #include "tent/executor_abi.h"
 #include "tent/handle_table.h"
 
@@ -776,63 +777,48 @@ static int parse_config(executor_t *ex, const char *cfg, char *err, size_t errle
   ex->direct = 0;
   ex->engine = -1; /* auto */
   ex->cufile_mode = CUFILE_AUTO;
-  if (!cfg) return 0;
-  const char *p = cfg;
-  while (*p) {
-    const char *end = strchr(p, ';');
-    size_t n = end ? (size_t)(end - p) : strlen(p);
-    char kv[256];
-    if (n < sizeof kv) {
-      memcpy(kv, p, n);
-      kv[n] = 0;
-      char *eq = strchr(kv, '=');
-      if (eq) {
-        *eq = 0;
-        const char *k = kv, *v = eq + 1;
-        if (!strcmp(k, "threads")) {
-          long t = strtol(v, NULL, 10);
-          ex->nthreads = t < 1 ? 1 : (t > MAX_THREADS ? MAX_THREADS : (uint32_t)t);
-        } else if (!strcmp(k, "queue_depth")) {
-          long t = strtol(v, NULL, 10);
-          ex->qd = t < 1 ? 1 : (t > MAX_QD ? MAX_QD : (uint32_t)t);
-        } else if (!strcmp(k, "chunk")) {
-          ex->chunk = strtoull(v, NULL, 10);
-          if (ex->chunk && ex->chunk < DIRECT_ALIGN) ex->chunk = DIRECT_ALIGN;
-          ex->chunk &= ~(uint64_t)(DIRECT_ALIGN - 1);
-          if (ex->chunk > (1u << 30)) ex->chunk = 1u << 30;
-        } else if (!strcmp(k, "direct")) {
-          ex->direct = !strcmp(v, "1") || !strcmp(v, "true") || !strcmp(v, "True");
-        } else if (!strcmp(k, "cufile")) {
-          if (!strcmp(v, "auto"))
-            ex->cufile_mode = CUFILE_AUTO;
-          else if (!strcmp(v, "on") || !strcmp(v, "1") || !strcmp(v, "true") || !strcmp(v, "True"))
-            ex->cufile_mode = CUFILE_ON;
-          else if (!strcmp(v, "off") || !strcmp(v, "0") || !strcmp(v, "false") || !strcmp(v, "False"))
-            ex->cufile_mode = CUFILE_OFF;
-          else {
-            snprintf(err, errlen, "tent_gds: cufile must be auto, on or off, got %s", v);
-            return -1;
-          }
-        } else if (!strcmp(k, "cufile_lib")) {
-          snprintf(ex->cufile_lib, sizeof ex->cufile_lib, "%s", v);
-        } else if (!strcmp(k, "cuda_lib")) {
-          snprintf(ex->cuda_lib, sizeof ex->cuda_lib, "%s", v);
-        } else if (!strcmp(k, "engine")) {
-          if (!strcmp(v, "auto"))
-            ex->engine = -1;
-          else if (!strcmp(v, "io_uring"))
-            ex->engine = ENGINE_URING;
-          else if (!strcmp(v, "pread"))
-            ex->engine = ENGINE_PREAD;
-          else {
-            snprintf(err, errlen, "tent_gds: engine must be auto, io_uring or pread, got %s", v);
-            return -1;
-          }
-        }
+  char k[64], v[256];
+  for (const char *c = cfg; tent_config_next(&c, k, sizeof k, v, sizeof v);) {
+    if (!strcmp(k, "threads")) {
+      long t = strtol(v, NULL, 10);
+      ex->nthreads = t < 1 ? 1 : (t > MAX_THREADS ? MAX_THREADS : (uint32_t)t);
+    } else if (!strcmp(k, "queue_depth")) {
+      long t = strtol(v, NULL, 10);
+      ex->qd = t < 1 ? 1 : (t > MAX_QD ? MAX_QD : (uint32_t)t);
+    } else if (!strcmp(k, "chunk")) {
+      ex->chunk = strtoull(v, NULL, 10);
+      if (ex->chunk && ex->chunk < DIRECT_ALIGN) ex->chunk = DIRECT_ALIGN;
+      ex->chunk &= ~(uint64_t)(DIRECT_ALIGN - 1);
+      if (ex->chunk > (1u << 30)) ex->chunk = 1u << 30;
+    } else if (!strcmp(k, "direct")) {
+      ex->direct = !strcmp(v, "1") || !strcmp(v, "true") || !strcmp(v, "True");
+    } else if (!strcmp(k, "cufile")) {
+      if (!strcmp(v, "auto"))
+        ex->cufile_mode = CUFILE_AUTO;
+      else if (!strcmp(v, "on"))
+        ex->cufile_mode = CUFILE_ON;
+      else if (!strcmp(v, "off"))
+        ex->cufile_mode = CUFILE_OFF;
+      else {
+        snprintf(err, errlen, "tent_gds: cufile must be auto, on or off, got %s", v);
+        return -1;
+      }
+    } else if (!strcmp(k, "cufile_lib")) {
+      snprintf(ex->cufile_lib, sizeof ex->cufile_lib, "%s", v);
+    } else if (!strcmp(k, "cuda_lib")) {
+      snprintf(ex->cuda_lib, sizeof ex->cuda_lib, "%s", v);
+    } else if (!strcmp(k, "engine")) {
+      if (!strcmp(v, "auto"))
+        ex->engine = -1;
+      else if (!strcmp(v, "io_uring"))
+        ex->engine = ENGINE_URING;
+      else if (!strcmp(v, "pread"))
+        ex->engine = ENGINE_PREAD;
+      else {
+        snprintf(err, errlen, "tent_gds: engine must be auto, io_uring or pread, got %s", v);
+        return -1;
       }
     }
-    p += n;
-    if (*p == ';') p++;
   }
   return 0;
 }

@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tent/config_kv.h"
 #include "tent/executor_abi.h"
 #include "tent/handle_table.h"
 
@@ -318,28 +319,14 @@ static int load_cudart(cudart_t *rt, const char *path, char *err, size_t errlen)
 static void parse_config(executor_t *ex, const char *cfg, char *lib, size_t liblen) {
   ex->nstreams = 4;
   lib[0] = 0;
-  if (!cfg) return;
-  const char *p = cfg;
-  while (*p) {
-    const char *end = strchr(p, ';');
-    size_t n = end ? (size_t)(end - p) : strlen(p);
-    char kv[512];
-    if (n < sizeof kv) {
-      memcpy(kv, p, n);
-      kv[n] = 0;
-      char *eq = strchr(kv, '=');
-      if (eq) {
-        *eq = 0;
-        if (!strcmp(kv, "streams")) {
-          long t = strtol(eq + 1, NULL, 10);
-          ex->nstreams = t < 1 ? 1 : (t > MAX_STREAMS ? MAX_STREAMS : (uint32_t)t);
-        } else if (!strcmp(kv, "cudart")) {
-          snprintf(lib, liblen, "%s", eq + 1);
-        }
-      }
+  char k[64], v[256];
+  for (const char *c = cfg; tent_config_next(&c, k, sizeof k, v, sizeof v);) {
+    if (!strcmp(k, "streams")) {
+      long t = strtol(v, NULL, 10);
+      ex->nstreams = t < 1 ? 1 : (t > MAX_STREAMS ? MAX_STREAMS : (uint32_t)t);
+    } else if (!strcmp(k, "cudart")) {
+      snprintf(lib, liblen, "%s", v);
     }
-    p += n;
-    if (*p == ';') p++;
   }
 }
 

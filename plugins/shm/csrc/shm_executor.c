@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "tent/chunk_queue.h"
+#include "tent/config_kv.h"
 #include "tent/executor_abi.h"
 #include "tent/handle_table.h"
 
@@ -241,29 +242,14 @@ static void *worker_main(void *arg) {
 static void parse_config(executor_t *ex, const char *cfg) {
   ex->nthreads = 2;
   ex->chunk = 4u << 20;
-  if (!cfg) return;
-  const char *p = cfg;
-  while (*p) {
-    const char *end = strchr(p, ';');
-    size_t n = end ? (size_t)(end - p) : strlen(p);
-    char kv[256];
-    if (n < sizeof kv) {
-      memcpy(kv, p, n);
-      kv[n] = 0;
-      char *eq = strchr(kv, '=');
-      if (eq) {
-        *eq = 0;
-        const char *k = kv, *v = eq + 1;
-        if (!strcmp(k, "threads")) {
-          long t = strtol(v, NULL, 10);
-          ex->nthreads = t < 1 ? 1 : (t > MAX_THREADS ? MAX_THREADS : (uint32_t)t);
-        } else if (!strcmp(k, "chunk")) {
-          ex->chunk = strtoull(v, NULL, 10);
-        }
-      }
+  char k[64], v[256];
+  for (const char *c = cfg; tent_config_next(&c, k, sizeof k, v, sizeof v);) {
+    if (!strcmp(k, "threads")) {
+      long t = strtol(v, NULL, 10);
+      ex->nthreads = t < 1 ? 1 : (t > MAX_THREADS ? MAX_THREADS : (uint32_t)t);
+    } else if (!strcmp(k, "chunk")) {
+      ex->chunk = strtoull(v, NULL, 10);
     }
-    p += n;
-    if (*p == ';') p++;
   }
 }
 

@@ -40,6 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tent/config_kv.h"
 #include "tent/executor_abi.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -258,17 +259,8 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->slice_timeout_ms = 2000;
   ex->connect_timeout_ms = 1000;
   ex->sockbuf = 4 << 20;
-  if (!cfg) return 0;
-  char *dup = strdup(cfg);
-  if (!dup) return -1;
-  char *save = NULL;
-  for (char *tok = strtok_r(dup, ";", &save); tok; tok = strtok_r(NULL, ";", &save)) {
-    while (*tok == ' ') tok++;
-    if (!*tok) continue;
-    char *eq = strchr(tok, '=');
-    if (!eq) continue;
-    *eq = 0;
-    const char *key = tok, *val = eq + 1;
+  char key[64], val[256];
+  for (const char *c = cfg; tent_config_next(&c, key, sizeof key, val, sizeof val);) {
     char *end = NULL;
     long v = strtol(val, &end, 10);
     int *dst = NULL;
@@ -281,12 +273,10 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
     else continue; /* unknown keys are ignored (the transport may pass extra ones) */
     if (end == val || *end || v < lo || v > hi) {
       snprintf(err, errlen, "bad value for %s: %s", key, val);
-      free(dup);
       return -1;
     }
     *dst = (int)v;
   }
-  free(dup);
   return 0;
 }
 

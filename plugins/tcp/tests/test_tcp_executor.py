@@ -358,3 +358,7 @@ def test_bad_config_rejected() -> None:
 
     with pytest.raises(PluginABIError, match="threads"):
         TcpExecutor({"threads": "many"})
+    with pytest.raises(PluginABIError, match="cannot hold ';'"):
+        TcpExecutor({"threads": "2;conns_per_rail=9"})
+    with pytest.raises(PluginABIError, match="cannot hold ';'"):
+        TcpExecutor({"a=b": 1})
