@@ -114,6 +114,7 @@ typedef struct cufile_api {
   int (*cuDeviceGetCount)(int *count);
   int (*cuPointerGetAttribute)(void *data, int attribute, uint64_t ptr);
   int (*cuCtxSetCurrent)(void *ctx);
+  int (*cuCtxGetCurrent)(void **ctx);
 } cufile_api_t;
 
 /* One per process: cuFile's driver state is process-wide, and libraries stay loaded. */
@@ -169,6 +170,7 @@ static int cufile_load(const char *cufile_lib, const char *cuda_lib) {
   CF_SYM(cu, "libcuda", cuDeviceGetCount, "cuDeviceGetCount");
   CF_SYM(cu, "libcuda", cuPointerGetAttribute, "cuPointerGetAttribute");
   CF_SYM(cu, "libcuda", cuCtxSetCurrent, "cuCtxSetCurrent");
+  CF_SYM(cu, "libcuda", cuCtxGetCurrent, "cuCtxGetCurrent");
 #undef CF_SYM
   int n = 0, rc = g_cf.cuInit(0);
   if (rc == 0) rc = g_cf.cuDeviceGetCount(&n);
@@ -516,7 +518,8 @@ static int io_prepare(executor_t *ex, const work_t *w, io_t *io) {
     return TENT_E_PERMISSION;
   }
   int partial = 0;
-  io->gpu = ex->ngbufs ? gbuf_get(ex, s->local_addr, s->length, &partial) : NULL;
+  /* the unlocked count only spares host-only executors the lookup; gbuf_get locks */
+  io->gpu = __atomic_load_n(&ex->ngbufs, __ATOMIC_RELAXED) ? gbuf_get(ex, s->local_addr, s->length, &partial) : NULL;
   if (partial) { /* local range straddles the end of a CUDA buffer */
     file_unref(f);
     return TENT_E_BOUNDS;
@@ -1137,8 +1140,11 @@ EXPORT int32_t tent_gds_gpu_add(void *self, uint64_t base, uint64_t len, char *e
   b->base = base;
   b->len = len;
   b->ctx = ctx;
+  void *caller_ctx = NULL; /* registration runs in the buffer's context; the caller keeps its own */
+  g_cf.cuCtxGetCurrent(&caller_ctx);
   if (ctx) g_cf.cuCtxSetCurrent(ctx);
   cf_error_t e = g_cf.BufRegister((const void *)(uintptr_t)base, len, 0);
+  if (ctx && ctx != caller_ctx) g_cf.cuCtxSetCurrent(caller_ctx);
   b->buf_registered = e.err == 0;
   if (!b->buf_registered) /* still usable: cuFile stages through its own bounce buffers */
     fprintf(stderr, "tent_gds: cuFileBufRegister(%#llx+%llu): error %d; using cuFile bounce buffers\n",
@@ -1163,7 +1169,7 @@ EXPORT int32_t tent_gds_gpu_add(void *self, uint64_t base, uint64_t len, char *e
   if (rc == 0) {
     memmove(&ex->gbufs[pos + 1], &ex->gbufs[pos], (ex->ngbufs - pos) * sizeof(gbuf_t *));
     ex->gbufs[pos] = b;
-    ex->ngbufs++;
+    __atomic_fetch_add(&ex->ngbufs, 1, __ATOMIC_RELAXED);
   }
   pthread_rwlock_unlock(&ex->tab);
   if (rc != 0) {
@@ -1183,7 +1189,7 @@ EXPORT int32_t tent_gds_gpu_remove(void *self, uint64_t base) {
     if (ex->gbufs[i]->base == base) {
       b = ex->gbufs[i];
       memmove(&ex->gbufs[i], &ex->gbufs[i + 1], (ex->ngbufs - i - 1) * sizeof(gbuf_t *));
-      ex->ngbufs--;
+      __atomic_fetch_sub(&ex->ngbufs, 1, __ATOMIC_RELAXED);
       break;
     }
   pthread_rwlock_unlock(&ex->tab);

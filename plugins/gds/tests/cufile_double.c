@@ -61,6 +61,12 @@ EXPORT int cuCtxSetCurrent(void *ctx) {
   current_ctx = ctx;
   return 0;
 }
+EXPORT int cuCtxGetCurrent(void **ctx) {
+  *ctx = current_ctx;
+  return 0;
+}
+/* the calling thread's current context, for tests */
+EXPORT void *cufile_double_current_ctx(void) { return current_ctx; }
 
 /* ---- libcufile */
 EXPORT cf_error_t cuFileDriverOpen(void) {

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from tent_core import READ, READ_ONLY, WRITE, Engine, NoPathError, PermissionDeniedError, Request
+from tent_core.errors import InvalidRequestError
 from tent_core.types import MemoryKind
 
 
@@ -54,6 +55,15 @@ def active(lib_path: str, work: Path, double: ctypes.CDLL) -> dict[str, Any]:
         dev = eng.register(DeviceArrayStandIn(dev_mem))
         res["kind"] = dev.kind.value
         res["bufs_after_register"] = counters(double)["bufs_live"]
+        double.cufile_double_current_ctx.restype = ctypes.c_void_p
+        res["caller_ctx_kept"] = double.cufile_double_current_ctx() is None  # registering did not leave it switched
+
+        try:  # a second registration over the same device memory
+            eng.register(DeviceArrayStandIn(dev_mem[4096:8192]))
+            res["overlap_refused"] = ""
+        except InvalidRequestError as exc:
+            res["overlap_refused"] = str(exc)
+        res["bufs_after_overlap"] = counters(double)["bufs_live"]
 
         eng.read(dev, eng.segment_name("files"), n, timeout=30)
         res["read_ok"] = bool(np.array_equal(dev_mem, data))

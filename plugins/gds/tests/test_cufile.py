@@ -76,6 +76,8 @@ def test_gpu_file_transfers_run_through_cufile(standin: str, tmp_path: Path) -> 
     r = _run(standin, tmp_path, "active")
     assert r["active"] and r["cuda_pair"] and r["kind"] == "cuda"
     assert r["bufs_after_register"] == 1  # the CUDA buffer was handed to cuFileBufRegister
+    assert "overlaps a registered one" in r["overlap_refused"] and r["bufs_after_overlap"] == 1
+    assert r["caller_ctx_kept"]  # registration switched to the buffer's context and back
     assert r["read_ok"] and r["write_ok"] and r["mixed_ok"]
     assert r["ro_refused"]
     n = (3 << 20) + 5
