@@ -414,9 +414,11 @@ def parse_rate_Bps(rate: str) -> float:
 
 def failover(size_mb: float = 64, tensors: int = 32, rate: str = "500mbit", kill_at: float = 0.5,
              force_loopback: bool = False, lead_s: float = 0.25) -> dict:
-    """publisher -> A -> B over shaped links: A starts, B starts `lead_s` later (and reads A's partial
-    copy), A is SIGKILLed at `kill_at` of one transfer time after A started; B must finish from the
-    publisher with correct checksums. Reported: B's time with and without the kill."""
+    """publisher -> A -> B over shaped links: A starts, B starts `lead_s` after the server sees A
+    receiving (so it reads A's partial copy), A is SIGKILLed at `kill_at` of one transfer time after
+    it began receiving; B must finish from the publisher with correct checksums. Reported: B's time
+    with and without the kill. Both starts wait on events, not on fixed sleeps, so a slow machine
+    shifts the timeline instead of changing the scenario."""
     sizes = _sizes(size_mb, tensors)
     out: dict[str, Any] = {}
     with Nodes(4, rate, force_loopback) as nodes:
@@ -436,10 +438,13 @@ def failover(size_mb: float = 64, tensors: int = 32, rate: str = "500mbit", kill
                 procs += [a, b]
                 _read(a, 120, "A")
                 _read(b, 120, "B")
-                t_a = time.monotonic()
                 _send(a, {"cmd": "replicate"})
-                time.sleep(lead_s)  # A is receiving: B is scheduled on A's partial copy (pipeline)
-                _send(b, {"cmd": "replicate"})
+                # B starts once A is receiving: it is scheduled on A's partial copy (pipeline)
+                _send(b, {"cmd": "replicate", "once_receiving": True, "lead": lead_s})
+                started = _read(b, 60, "B start")
+                if started.get("event") != "started":
+                    raise RuntimeError(f"B did not start: {started}")
+                t_a = time.monotonic() - lead_s  # about when A began receiving
                 if inject:
                     time.sleep(max(0.0, t_a + (expected or 0.5) * kill_at - time.monotonic()))
                     a.send_signal(signal.SIGKILL)
@@ -450,7 +455,7 @@ def failover(size_mb: float = 64, tensors: int = 32, rate: str = "500mbit", kill
                 row = {"B_seconds": round(res["secs"], 3), "B_sources": res["sources"], "B_data_ok": res["data_ok"],
                        "B_started_on_A": res["sources"][0] == ["A", True]}
                 if inject:
-                    row["A_killed_after_s"] = round(killed_after, 3)  # after A's replicate began
+                    row["A_killed_after_s"] = round(killed_after, 3)  # after A began receiving
                 out["with_failure" if inject else "no_failure"] = row
             finally:
                 for p in procs[1:]:

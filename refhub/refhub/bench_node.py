@@ -52,6 +52,19 @@ def _engine(spec: dict) -> Any:
     return Engine()
 
 
+def _await_receiving(server: str, timeout: float) -> None:
+    """Until the server reports a shard of the benchmark model being received (or TimeoutError)."""
+    from .client import query
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listing = query(server, {"op": "list", "model": "burst"})
+        if any(v.get("receiving_shards", 0) > 0 for v in listing.get("versions", {}).values()):
+            return
+        time.sleep(0.005)
+    raise TimeoutError(f"no replica started receiving within {timeout:.0f}s")
+
+
 def run_refhub(role: str, spec: dict) -> None:
     from . import client
 
@@ -72,6 +85,10 @@ def run_refhub(role: str, spec: dict) -> None:
             break
         try:
             if cmd == "replicate":
+                if msg.get("once_receiving"):  # start on a partial copy: wait until some replica receives
+                    _await_receiving(spec["server"], float(msg.get("timeout", 60)))
+                    time.sleep(float(msg.get("lead", 0)))
+                    emit({"event": "started"})
                 t0 = time.monotonic()
                 v = h.replicate(1, timeout=600)
                 dt = time.monotonic() - t0

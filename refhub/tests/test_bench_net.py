@@ -49,4 +49,6 @@ def test_failover_masks_a_killed_pipeline_source() -> None:
     nf, wf = res["no_failure"], res["with_failure"]
     assert nf["B_data_ok"] and wf["B_data_ok"]
     assert wf["B_started_on_A"] and ["publisher", False] in wf["B_sources"][1:], wf
-    assert res["extra_s"] < 3.0, res
+    # no hang: B's recovery is bounded by the failure-detection timeouts, not by a time budget
+    # (how long it takes is a benchmark figure, docs/benchmarks.md, not a test)
+    assert res["extra_s"] < 30.0, res
