@@ -82,7 +82,7 @@ def test_failed_rail_is_avoided_retried_and_readmitted(peer):
 
 
 def _slots(eng: Engine, index: int):
-    for peer in eng._peers.values():
+    for peer in eng.peers.peers():
         for route in peer.routes.values():
             for r in route.rails:
                 if r.info.index == index:
