@@ -106,5 +106,10 @@ class RailTable:
         with self._lock:
             return len(self._by_key)
 
+    @property
+    def high_water(self) -> int:
+        """Slots ever handed out (the table never shrinks; reuse keeps this at the peak in use)."""
+        return len(self._by_slot)
+
 
 RAILS = RailTable()
