@@ -13,11 +13,12 @@ from tent_nvlink.plugin import KIND_PAIRS, NvlinkTransport, get_lib
 
 import tent_core.rails  # noqa: F401  (sets the native telemetry array)
 from tent_core import _native
+from tent_core.abi import Status
 from tent_core.transport import TransportContext
 from tent_core.types import BufferInfo, MemoryKind, PeerInfo, Permission
 
 READ, WRITE = 0, 1
-E_BOUNDS, E_PERMISSION = -10, -11
+E_BOUNDS, E_PERMISSION = Status.E_BOUNDS, Status.E_PERMISSION
 HOST_ID = "nvl-test-host"
 
 
