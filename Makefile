@@ -21,10 +21,9 @@ $(STAMP): $(SOURCES)
 	    pytest pytest-timeout hypothesis ruff
 	# NVIDIA's libcufile (1 MB, no CUDA needed to load it): the gds tests load the real library
 	$(PIP) install -q nvidia-cufile-cu12 || echo "nvidia-cufile-cu12 not installable here: its test skips"
-	$(PIP) install -q --no-build-isolation -e . $(foreach d,$(PLUGIN_DIRS),-e $(d))
-	# refhub/ (the distribution folder) would shadow the refhub package as a namespace package when
-	# Python runs from the repo root; a path-based editable install puts the real package first
-	$(PIP) install -q --no-build-isolation --config-settings editable_mode=compat -e refhub
+	# tent-core first: the plugins' setup.py files build through tent_core.build
+	$(PIP) install -q --no-build-isolation -e .
+	$(PIP) install -q --no-build-isolation $(foreach d,$(PLUGIN_DIRS),-e $(d)) -e refhub
 	touch $(STAMP)
 
 demo: install
