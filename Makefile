@@ -7,7 +7,8 @@ STAMP  := $(VENV)/.tent-installed
 PLUGINS := tcp shm gds nvlink
 PLUGIN_DIRS := $(foreach p,$(PLUGINS),$(wildcard plugins/$(p)))
 SOURCES := pyproject.toml setup.py tent_core/_native/native.c $(wildcard tent_core/include/tent/*.h) \
-           $(wildcard plugins/*/pyproject.toml plugins/*/setup.py plugins/*/csrc/*.c refhub/pyproject.toml)
+           $(wildcard plugins/*/pyproject.toml plugins/*/setup.py plugins/*/csrc/*.c refhub/pyproject.toml \
+           bench/pyproject.toml)
 
 .PHONY: install demo test lint bench-deps clean
 
@@ -23,7 +24,7 @@ $(STAMP): $(SOURCES)
 	$(PIP) install -q nvidia-cufile-cu12 || echo "nvidia-cufile-cu12 not installable here: its test skips"
 	# tent-core first: the plugins' setup.py files build through tent_core.build
 	$(PIP) install -q --no-build-isolation -e .
-	$(PIP) install -q --no-build-isolation $(foreach d,$(PLUGIN_DIRS),-e $(d)) -e refhub
+	$(PIP) install -q --no-build-isolation $(foreach d,$(PLUGIN_DIRS),-e $(d)) -e refhub -e bench
 	touch $(STAMP)
 
 demo: install

@@ -12,6 +12,8 @@ import ctypes
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .abi import Status
 from .executor import EXECUTOR_ABI_VERSION, Executor, find_extension, load_executor_library
 from .plugin_spec import hookimpl
@@ -21,6 +23,12 @@ from .types import Availability, BufferInfo, CapabilityProfile, PeerInfo, PeerLi
 TENT_E_CONNECT, TENT_E_IO, TENT_E_TIMEOUT, TENT_E_CONGESTED = (
     Status.E_CONNECT, Status.E_IO, Status.E_TIMEOUT, Status.E_CONGESTED,
 )
+
+
+def pattern(n: int, seed: int = 0) -> np.ndarray:
+    """A cheap, position-dependent byte pattern (verifies offsets, not just lengths)."""
+    idx = np.arange(n, dtype=np.uint32)
+    return ((idx * 2654435761 + seed * 97) >> 13).astype(np.uint8)
 
 
 class FaultyTransport(Transport):
