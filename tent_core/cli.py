@@ -88,11 +88,13 @@ def plugins(as_json: bool) -> None:
                 "abi_version": entry.abi_version,
                 "status": "available" if avail.available else "unavailable",
                 "reason": avail.reason,
+                "config_keys": dict(transport.config_keys) if transport is not None else {},
             }
         )
     for b in ps.registry.broken:
         rows.append(
-            {"name": b.name, "distribution": b.distribution, "version": "", "abi_version": None, "status": "broken", "reason": b.reason}
+            {"name": b.name, "distribution": b.distribution, "version": "", "abi_version": None, "status": "broken",
+             "reason": b.reason, "config_keys": {}}
         )
     if as_json:
         click.echo(json.dumps(rows, indent=2))

@@ -37,6 +37,7 @@ class FaultyTransport(Transport):
         self.name = name or f"faulty_{inner.name}"
         self.version = inner.version
         self.split_bytes = inner.split_bytes
+        self.config_keys = inner.config_keys  # the wrapper takes the inner transport's section
         self._executor: Executor | None = None
         self._lib: Any = None
 
