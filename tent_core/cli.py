@@ -109,5 +109,22 @@ def plugins(as_json: bool) -> None:
 
 
 
+@main.command("new-plugin")
+@click.argument("name")
+@click.argument("directory", type=click.Path(file_okay=False))
+def new_plugin(name: str, directory: str) -> None:
+    """Write a transport plugin skeleton NAME into DIRECTORY (a working same-host transport:
+    build it with `pip install DIRECTORY`, check it with `python -m tent_core.conformance NAME`)."""
+    from .plugin_template import render
+
+    try:
+        files = render(name, directory)
+    except (ValueError, FileExistsError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    for f in files:
+        click.echo(f"  {f}")
+    click.echo(f"plugin {name!r} written to {directory}: pip install {directory} && python -m tent_core.conformance {name}")
+
+
 if __name__ == "__main__":
     main()

@@ -92,6 +92,8 @@ def test_core_wheel_ships_the_plugin_sdk(outside: dict[str, Path]) -> None:
     for h in HEADERS:
         assert f"tent_core/include/tent/{h}" in names
     assert "tent_core/build.py" in names and "tent_core/py.typed" in names
+    assert "tent_core/templates/plugin/csrc/executor.c.tmpl" in names  # `tent new-plugin` works from the wheel
+    assert "tent_core/conformance/__main__.py" in names
     assert not [n for n in names if n.endswith(".c")], "C sources do not belong in the wheel"
 
 
