@@ -25,6 +25,7 @@ from . import _native, errors, resolver
 from .abi import FAILURE_DTYPE, SLICE_DTYPE
 from .batch import BatchHandle, status_error
 from .config import EngineConfig, load_config
+from .directory import EngineDirectory, open_directory
 from .memory import MemfdBuffer, describe
 from .metadata import ControlClient, ControlServer, host_identity
 from .path_planner import StagedPath, plan_staged_path
@@ -169,6 +170,10 @@ class Engine:
         self._closed = False
         self._control = ControlServer(host, port, self._handle_control)
         self.engine_id = f"{host}:{self._control.port}"
+        # metadata directory hook (tent_core.directory): a fixed name instead of the control endpoint
+        self._directory: EngineDirectory | None = None
+        if self.config.directory.url and self.config.directory.name:
+            self.engine_id = self.config.directory.name
         self.scheduler = SliceScheduler(
             self.config.scheduler, qos=PrioritySlots(self.config.qos) if self.config.qos.enabled else None
         )
@@ -213,6 +218,12 @@ class Engine:
         self._probes: list[tuple[Rail, Any, float]] = []
         # every engine exposes a tiny read-only buffer that peers' heartbeat slices read
         self._probe_buf = self.allocate(PROBE_BYTES, segment=PROBE_SEGMENT, perm=Permission.READ) if self.transports else None
+        if self.config.directory.url:
+            self._attach_directory(f"{host}:{self._control.port}")
+        if self.config.metrics.port:
+            from . import metrics
+
+            metrics.attach(self, self.config.metrics)
         PROGRESS.attach(self)
         log.info("engine %s up with transports %s", self.engine_id, sorted(self.transports))
 
@@ -316,6 +327,8 @@ class Engine:
             info.extra["desc"] = exported
             info.extra["exported"] = called
             seg.buffers.append(buf)
+        if self._directory is not None:
+            self._directory.segment_changed(segment)
         return buf
 
     def unregister(self, buf: LocalBuffer) -> None:
@@ -336,9 +349,33 @@ class Engine:
         if buf._owned is not None:
             buf.array = None
             buf._owned.close()
+        if self._directory is not None:
+            self._directory.segment_changed(buf.segment)
 
     def segment_name(self, segment: str = "default") -> str:
         return f"{self.engine_id}/{segment}"
+
+    def _attach_directory(self, control: str) -> None:
+        """Publish this engine in the configured directory; peers are then resolved through it only."""
+        dcfg = self.config.directory
+        try:
+            directory = open_directory(dcfg.url, prefix=dcfg.prefix, lease_ttl_s=dcfg.lease_ttl_s, timeout_s=dcfg.timeout_s)
+            binding = EngineDirectory(directory, self.engine_id, control, self.describe)
+            binding.start()
+        except errors.TentError:
+            self.close()
+            raise
+        self._directory = binding
+
+    def peer_buffers(self, engine_id: str, refresh: bool = False) -> list[dict[str, Any]]:
+        """A peer's registered buffers as its metadata describes them: dicts with ``segment``,
+        ``offset`` (inside the segment), ``addr`` (its virtual address there), ``length``, ``perm``
+        and ``kind``. For adapters that address remote memory by raw address (the Mooncake facade)."""
+        timeout = self.config.control_timeout_s
+        if refresh and engine_id in self._peers:
+            self.refresh_peer(engine_id, timeout)
+        peer = self._peer(engine_id, timeout)
+        return [{k: b[k] for k in ("segment", "offset", "addr", "length", "perm", "kind")} for b in peer.raw_buffers]
 
     # ----------------------------------------------------------- metadata (server side)
     def describe(self) -> dict[str, Any]:
@@ -379,6 +416,9 @@ class Engine:
         if engine_id == self.engine_id:
             client = None
             desc = self.describe()
+        elif self._directory is not None:
+            client = None
+            desc = self._directory.describe_peer(engine_id)
         else:
             client = ControlClient(engine_id)
             try:
@@ -434,7 +474,9 @@ class Engine:
     def refresh_peer(self, engine_id: str, timeout: float | None = None) -> None:
         """Re-read a peer's segments (it registered new memory)."""
         peer = self._peer(engine_id, timeout or self.config.control_timeout_s)
-        if peer.client is None:
+        if self._directory is not None and engine_id != self.engine_id:
+            desc = self._directory.describe_peer(engine_id)
+        elif peer.client is None:
             desc = self.describe()
         else:
             desc = peer.client.call({"op": "describe"}, timeout or self.config.control_timeout_s)
@@ -983,6 +1025,12 @@ class Engine:
         if self._staged_pool_threads is not None:
             self._staged_pool_threads.shutdown(wait=True, cancel_futures=True)
         PROGRESS.detach(self)
+        if self._directory is not None:
+            self._directory.close()
+        if self.config.metrics.port:
+            from . import metrics
+
+            metrics.detach(self)
         self._control.close()
         for peer in self._peers.values():
             if peer.client is not None:
