@@ -1,4 +1,4 @@
-"""The `tent` command line: `tent plugins`, `tent bench`."""
+"""The `tent` command line: `tent plugins`, `tent bench`, `tent doctor`."""
 
 from __future__ import annotations
 
@@ -389,6 +389,19 @@ def _print_rows(rows: list[dict[str, Any]], baselines: list[str]) -> None:
         cells += [f"{r[c]:.2f}" if c in r else "" for c in ratio_cols]
         table.add_row(*cells)
     _out().print(table)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def doctor(as_json: bool) -> None:
+    """What this host offers TENT (transports, NICs, RDMA, GPUs, limits) and what to fix."""
+    from .doctor import render, report
+
+    rep = report()
+    if as_json:
+        click.echo(json.dumps(rep.as_dict(), indent=2))
+        return
+    render(rep, _out())
 
 
 if __name__ == "__main__":

@@ -367,6 +367,26 @@ class Engine:
             raise
         self._directory = binding
 
+    def ping(self, engine_id: str, timeout: float | None = None) -> float:
+        """Round trip (seconds) to a peer's control port, found through the directory when one is
+        configured. Raises PeerUnreachableError when the peer is unknown or does not answer."""
+        if engine_id == self.engine_id:
+            return 0.0
+        endpoint = engine_id
+        if self._directory is not None:
+            endpoint = str(self._directory.describe_peer(engine_id).get("control") or "")
+            if not endpoint:
+                raise errors.PeerUnreachableError(f"the directory has no control endpoint for {engine_id!r}")
+        client = ControlClient(endpoint)
+        try:
+            t0 = time.monotonic()
+            rep = client.call({"op": "ping"}, timeout or self.config.control_timeout_s)
+            if not rep.get("ok"):
+                raise errors.PeerUnreachableError(f"engine {engine_id} refused ping: {rep.get('error')}")
+            return time.monotonic() - t0
+        finally:
+            client.close()
+
     def peer_buffers(self, engine_id: str, refresh: bool = False) -> list[dict[str, Any]]:
         """A peer's registered buffers as its metadata describes them: dicts with ``segment``,
         ``offset`` (inside the segment), ``addr`` (its virtual address there), ``length``, ``perm``
