@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import errors
@@ -24,6 +25,11 @@ _STATUS_ERRORS: dict[int, tuple[type[errors.TentError], str]] = {
 }
 
 
+# Metrics hook (tent_core.metrics): called once per batch as HOOK(handle, outcome) when its end is first
+# observed by wait()/poll(); outcome is "done", "failed", "cancelled" or "timeout". None (the default) = off.
+COMPLETION_HOOK: Callable[[BatchHandle, str], None] | None = None
+
+
 def status_error(status: int, context: str = "") -> errors.TentError:
     cls, text = _STATUS_ERRORS.get(status, (errors.TransferError, f"transfer failed with status {status}"))
     return cls(f"{text}{' (' + context + ')' if context else ''} [status {status}]")
@@ -41,6 +47,7 @@ class BatchHandle:
         self._deadline_hit = False
         self.is_probe = False  # heartbeat slices of the rail monitor
         self.rule_rails: dict[str, frozenset[int]] = {}  # policy-pinned rails per transport (retries obey)
+        self._reported = False  # COMPLETION_HOOK already called
 
     @property
     def bytes_done(self) -> int:
@@ -54,14 +61,36 @@ class BatchHandle:
         """'pending', 'done', 'failed' or 'cancelled'. Never blocks."""
         b = self._batch
         if b.remaining == 0:
+            if COMPLETION_HOOK is not None:
+                self._report()
             err = b.error
             if err == 0:
                 return "done"
             return "cancelled" if err == -13 and not self._deadline_hit else "failed"
         if time.monotonic() >= self.deadline:
             self._expire()
+            if COMPLETION_HOOK is not None:
+                self._report()
             return "failed"
         return "pending"
+
+    def _report(self) -> None:
+        if self._reported or self.is_probe or COMPLETION_HOOK is None:
+            return
+        self._reported = True
+        err = self._batch.error
+        if self._deadline_hit:
+            outcome = "timeout"
+        elif err == 0 and self._batch.remaining == 0:
+            outcome = "done"
+        else:
+            outcome = "cancelled" if err == -13 else "failed"
+        try:
+            COMPLETION_HOOK(self, outcome)
+        except Exception:  # metrics must never break a transfer
+            import logging
+
+            logging.getLogger(__name__).exception("batch completion hook failed")
 
     def _expire(self) -> None:
         self._deadline_hit = True
@@ -87,10 +116,14 @@ class BatchHandle:
         end = self.deadline if timeout is None else min(self.deadline, now + max(0.0, timeout))
         done = self._batch.wait(max(0.0, end - now))
         if done:
+            if COMPLETION_HOOK is not None:
+                self._report()
             self._raise_if_failed()
             return True
         if time.monotonic() >= self.deadline:
             self._expire()
+            if COMPLETION_HOOK is not None:
+                self._report()
             raise errors.DeadlineExceededError(self._deadline_text())
         return False
 

@@ -1032,6 +1032,7 @@ class Engine:
                             "slices": int(row[3]),
                             "errors": int(row[4]),
                             "inflight_bytes": int(row[0]),
+                            "inflight_slices": int(row[1]),
                             "bandwidth_GBps": r.telemetry.bandwidth_Bps / 1e9,
                             "state": self.monitor.state(r.slot, now).name,
                         }
