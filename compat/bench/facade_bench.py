@@ -12,7 +12,8 @@ With ``--mooncake`` a second pair of processes runs the real Mooncake (``mooncak
 TCP, P2P handshake) through the same calls on the same sizes. Per round every engine runs every point
 (the order of engines rotates each round); a point runs for ``--duration`` seconds. The table gives the
 median GB/s of the rounds, the spread (min-max) and ``facade / native`` computed per round, then the
-median. Bytes are checked once before timing with data that never repeats (fresh random bytes).
+median. Within a point and round, facade and native alternate in ``--slices`` short turns (A B B A ...),
+so a change of load on a shared host affects both alike. Bytes are checked once before timing with data that never repeats (fresh random bytes).
 
     .venv/bin/python compat/bench/facade_bench.py [--rounds 5] [--duration 0.5] [--mooncake] [--force-tcp] [--json]
 """
@@ -115,9 +116,7 @@ def _verify(te: Any, native: Any, target: str, laddr: int, raddr: int) -> None:
     assert te.read_bytes_from_buffer(laddr, n) == data, "verify: bytes differ"
 
 
-def _measure(te: Any, native: Any, cmd: dict, target: str, laddr: int, raddr: int) -> dict:
-    api, op, block, batch, duration = cmd["api"], cmd["op"], cmd["block"], cmd["batch"], cmd["duration"]
-    walk = _walk(block, batch)
+def _runner(te: Any, native: Any, api: str, op: str, block: int, batch: int, target: str, laddr: int, raddr: int) -> Any:
     lengths = [block] * batch
     if api == "native":
         from tent_core import READ, WRITE
@@ -143,19 +142,40 @@ def _measure(te: Any, native: Any, cmd: dict, target: str, laddr: int, raddr: in
             if fn(target, [laddr + o for o in offs], [raddr + o for o in offs], lengths) != 0:
                 raise RuntimeError(f"{fn.__name__} failed")
 
-    for offs in walk[: min(len(walk), 3)]:
-        run(offs)  # warm-up
-    n = 0
-    t0 = time.perf_counter()
-    end = t0 + duration
-    while True:
-        run(walk[n % len(walk)])
-        n += 1
-        now = time.perf_counter()
-        if now >= end and n >= 3:
-            break
-    dt = now - t0
-    return {"gbps": n * batch * block / dt / 1e9, "batches": n, "seconds": dt}
+    return run
+
+
+def _measure(te: Any, native: Any, cmd: dict, target: str, laddr: int, raddr: int) -> dict:
+    """Run each API of cmd["apis"] for cmd["duration"] seconds in total, alternating between them in
+    cmd["slices"] short turns (A B B A A B ...), so a load change on the host hits all of them alike."""
+    apis, op, block, batch = cmd["apis"], cmd["op"], cmd["block"], cmd["batch"]
+    walk = _walk(block, batch)
+    runs = {api: _runner(te, native, api, op, block, batch, target, laddr, raddr) for api in apis}
+    for run in runs.values():
+        for offs in walk[: min(len(walk), 3)]:
+            run(offs)  # warm-up
+    turns = max(1, int(cmd.get("slices", 1)))
+    turn_s = cmd["duration"] / turns
+    done = dict.fromkeys(apis, 0)
+    spent = dict.fromkeys(apis, 0.0)
+    pos = 0
+    for k in range(turns):
+        order = apis if k % 2 == 0 else apis[::-1]
+        for api in order:
+            run = runs[api]
+            n = 0
+            t0 = time.perf_counter()
+            end = t0 + turn_s
+            while True:
+                run(walk[pos % len(walk)])
+                pos += 1
+                n += 1
+                now = time.perf_counter()
+                if now >= end:
+                    break
+            done[api] += n
+            spent[api] += now - t0
+    return {api: done[api] * batch * block / spent[api] / 1e9 for api in apis}
 
 
 # ---------------------------------------------------------------------------- orchestration
@@ -210,7 +230,8 @@ def main() -> None:
     ap.add_argument("--target", help=argparse.SUPPRESS)
     ap.add_argument("--addr", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--duration", type=float, default=0.5, help="seconds per point and engine, each round")
+    ap.add_argument("--duration", type=float, default=0.5, help="seconds per point and API, each round")
+    ap.add_argument("--slices", type=int, default=10, help="turns facade and native take within each point")
     ap.add_argument("--ops", default="READ,WRITE")
     ap.add_argument("--points", default=None, help="BLOCK:BATCH,... e.g. 65536:32,4194304:8")
     ap.add_argument("--mooncake", action="store_true", help="also the real Mooncake (make bench-deps)")
@@ -241,18 +262,22 @@ def main() -> None:
             t, i = _pair("mooncake", {**base_env, **MOONCAKE_ENV})
             procs += [t, i]
             workers["mooncake"] = i
-        apis = list(workers)
+        # the TENT worker alternates facade and native in short turns within each point; the
+        # Mooncake worker (another process pair) runs before or after it, the order rotating per round
+        groups = [("tent", ["facade", "native"])] + ([("mooncake", ["facade"])] if a.mooncake else [])
         res: dict[tuple, dict[str, list[float]]] = {}
         for r in range(a.rounds):
-            order = apis[r % len(apis):] + apis[: r % len(apis)]
+            order = groups[r % len(groups):] + groups[: r % len(groups)]
             for op in ops:
                 for block, batch in points:
-                    for api in order:
-                        w = workers[api]
-                        w.send({"api": "facade" if api == "mooncake" else api, "op": op, "block": block,
-                                "batch": batch, "duration": a.duration})
-                        got = w.read(timeout=a.duration * 20 + 60)
-                        res.setdefault((op, block, batch), {}).setdefault(api, []).append(got["gbps"])
+                    for kind, apis in order:
+                        w = workers["native" if kind == "tent" else "mooncake"]
+                        w.send({"apis": apis, "op": op, "block": block, "batch": batch,
+                                "duration": a.duration * len(apis), "slices": a.slices})
+                        got = w.read(timeout=a.duration * 40 + 60)
+                        for api, gbps in got.items():
+                            name = "mooncake" if kind == "mooncake" else api
+                            res.setdefault((op, block, batch), {}).setdefault(name, []).append(gbps)
             print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
         for w in (p for p in procs[1::2]):
             w.send({"quit": True})

@@ -113,18 +113,27 @@ class _Fail(Exception):
         self.code = code
 
 
-@dataclass(frozen=True)
 class _Regions:
-    """Sorted, immutable view of registered buffers: lookups never take a lock."""
+    """Sorted, immutable view of registered buffers: lookups never take a lock. Rebuilt (and swapped in
+    whole) on every registration change; `_last` remembers the last hit (transfers cluster on a few buffers)."""
 
-    starts: tuple[int, ...] = ()
-    ends: tuple[int, ...] = ()
-    items: tuple[Any, ...] = ()
+    __slots__ = ("starts", "ends", "items", "_last")
+
+    def __init__(self, starts: tuple[int, ...] = (), ends: tuple[int, ...] = (), items: tuple[Any, ...] = ()) -> None:
+        self.starts = starts
+        self.ends = ends
+        self.items = items
+        self._last = 0
 
     def find(self, addr: int, length: int) -> Any | None:
-        i = bisect.bisect_right(self.starts, addr) - 1
+        i = self._last
+        starts = self.starts
+        if i < len(starts) and starts[i] <= addr and addr + length <= self.ends[i]:
+            return self.items[i]
+        i = bisect.bisect_right(starts, addr) - 1
         if i < 0 or addr + length > self.ends[i]:
             return None
+        self._last = i
         return self.items[i]
 
     def overlaps(self, addr: int, length: int) -> bool:
@@ -663,15 +672,35 @@ class TransferEngine:
             return -1
         return 0
 
+    def _sync_one(self, what: str, target_hostname: str, laddr: int, raddr: int, length: int, op: OpCode) -> int:
+        """One request: the common case, without the batch path's lists (same checks, same codes)."""
+        t = self._targets.get(target_hostname)
+        eng = self._engine
+        if t is not None and eng is not None and length >= 0:
+            lb = self._local.find(laddr, length)
+            rb = t.regions.find(raddr, length)
+            if lb is not None and rb is not None:
+                try:
+                    eng.submit(
+                        Request(op, lb, laddr - lb.addr, t.remote, rb.offset + (raddr - rb.addr), length),
+                        deadline=self._timeout_s + length / 1e9,
+                    ).wait()
+                except errors.TentError as exc:
+                    self._targets.pop(target_hostname, None)
+                    log.error("%s to %s failed: %s: %s", what, target_hostname, type(exc).__name__, exc)
+                    return -1
+                return 0
+        return self._run_sync(what, target_hostname, (laddr,), (raddr,), (length,), op, None)
+
     def transfer_sync_write(
         self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int, transport_hint: str = ""
     ) -> int:
-        return self._run_sync("transfer_sync_write", target_hostname, (buffer,), (peer_buffer_address,), (length,), OpCode.WRITE, None)
+        return self._sync_one("transfer_sync_write", target_hostname, buffer, peer_buffer_address, length, OpCode.WRITE)
 
     def transfer_sync_read(
         self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int, transport_hint: str = ""
     ) -> int:
-        return self._run_sync("transfer_sync_read", target_hostname, (buffer,), (peer_buffer_address,), (length,), OpCode.READ, None)
+        return self._sync_one("transfer_sync_read", target_hostname, buffer, peer_buffer_address, length, OpCode.READ)
 
     def transfer_sync(
         self,
