@@ -169,7 +169,8 @@ class Engine:
         self._peers: dict[str, _Peer] = {}
         self._closed = False
         self._control = ControlServer(host, port, self._handle_control)
-        self.engine_id = f"{host}:{self._control.port}"
+        self.control_endpoint = f"{host}:{self._control.port}"  # where peers send metadata requests
+        self.engine_id = self.control_endpoint
         # metadata directory hook (tent_core.directory): a fixed name instead of the control endpoint
         self._directory: EngineDirectory | None = None
         if self.config.directory.url and self.config.directory.name:
@@ -219,7 +220,7 @@ class Engine:
         # every engine exposes a tiny read-only buffer that peers' heartbeat slices read
         self._probe_buf = self.allocate(PROBE_BYTES, segment=PROBE_SEGMENT, perm=Permission.READ) if self.transports else None
         if self.config.directory.url:
-            self._attach_directory(f"{host}:{self._control.port}")
+            self._attach_directory(self.control_endpoint)
         if self.config.metrics.port:
             from . import metrics
 
@@ -360,9 +361,14 @@ class Engine:
         dcfg = self.config.directory
         try:
             directory = open_directory(dcfg.url, prefix=dcfg.prefix, lease_ttl_s=dcfg.lease_ttl_s, timeout_s=dcfg.timeout_s)
-            binding = EngineDirectory(directory, self.engine_id, control, self.describe)
-            binding.start()
         except errors.TentError:
+            self.close()
+            raise
+        binding = EngineDirectory(directory, self.engine_id, control, self.describe)
+        try:
+            binding.start()
+        except BaseException:
+            binding.close()  # revokes the lease and stops its keepalive thread
             self.close()
             raise
         self._directory = binding

@@ -94,7 +94,7 @@ class EngineCollector:
             eid = eng.engine_id
             for name, a in sorted(eng.availability.items()):
                 avail.add_metric([eid, name], 1.0 if a.available and name in eng.transports else 0.0)
-            peers.add_metric([eid], float(len(eng._peers)))
+            peers.add_metric([eid], float(len(getattr(eng, "_peers", ()))))
             try:
                 rows = eng.rail_stats()
             except RuntimeError:  # a peer table changed under the scrape: report the next time

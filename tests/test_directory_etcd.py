@@ -153,3 +153,19 @@ def test_lost_lease_is_regranted_and_entries_republished(etcd: EtcdServer) -> No
         eng.close()
     assert d.lookup(name) is None, "close() revokes the lease: the engine leaves at once"
     d.close()
+
+
+def test_a_refused_engine_leaves_no_keepalive_behind(etcd: EtcdServer) -> None:
+    import threading
+
+    prefix = "t-leak/"
+    name = "127.0.0.1:12385"
+    holder = Engine(_cfg(etcd, name, prefix))
+    try:
+        before = sum(t.name == "tent-etcd-lease" for t in threading.enumerate())
+        for _ in range(3):
+            with pytest.raises(NameTakenError):
+                Engine(_cfg(etcd, name, prefix))
+        assert sum(t.name == "tent-etcd-lease" for t in threading.enumerate()) == before
+    finally:
+        holder.close()

@@ -63,7 +63,7 @@ class Target:
 
 def run_initiator(env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(SUITE / "initiator_test.py")], env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, str(SUITE / "initiator.py")], env=env, capture_output=True, text=True, timeout=timeout
     )
 
 

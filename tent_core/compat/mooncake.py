@@ -351,7 +351,7 @@ class TransferEngine:
         if self._engine is None:
             log.error("get_rpc_port: not initialized")
             return -1
-        return self._engine._control.port
+        return int(self._engine.control_endpoint.rpartition(":")[2])
 
     def close(self) -> None:
         """Stop the engine (Mooncake frees it in its destructor)."""
