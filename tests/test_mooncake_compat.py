@@ -147,3 +147,23 @@ def test_same_suite_against_real_mooncake(etcd: EtcdServer) -> None:
         target.close()
     assert res.returncode == 0, res.stderr[-6000:]
     assert "1000 random write/read round trips verified" in res.stdout
+
+
+def test_shim_distribution_builds(tmp_path: Path) -> None:
+    """The opt-in distribution packages exactly the `mooncake` stand-in (built, not installed)."""
+    import shutil
+    import zipfile
+
+    src = tmp_path / "src"  # build from a copy: setuptools writes build/ and egg-info next to the sources
+    shutil.copytree(SHIM, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(src)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    (wheel,) = tmp_path.glob("tent_mooncake_shim-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "mooncake/engine.py" in names and "mooncake/__init__.py" in names
+    meta = next(n for n in names if n.endswith("METADATA"))
+    text = zipfile.ZipFile(wheel).read(meta).decode()
+    assert "Name: tent-mooncake-shim" in text and "Requires-Dist: tent-core" in text
