@@ -1054,6 +1054,7 @@ class Engine:
         PROGRESS.detach(self)
         if self._directory is not None:
             self._directory.close()
+            self._directory = None
         if self.config.metrics.port:
             from . import metrics
 
