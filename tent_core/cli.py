@@ -1,4 +1,4 @@
-"""The `tent` command line: `tent plugins`, `tent new-plugin`, and the subcommands other
+"""The `tent` command line: `tent plugins`, `tent new-plugin`, `tent doctor`, and the subcommands other
 distributions contribute through the entry-point group ``tent_core.cli`` (``tent bench`` comes
 from tent-bench)."""
 
@@ -124,6 +124,19 @@ def new_plugin(name: str, directory: str) -> None:
     for f in files:
         click.echo(f"  {f}")
     click.echo(f"plugin {name!r} written to {directory}: pip install {directory} && python -m tent_core.conformance {name}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def doctor(as_json: bool) -> None:
+    """What this host offers TENT (transports, NICs, RDMA, GPUs, limits) and what to fix."""
+    from .doctor import render, report
+
+    rep = report()
+    if as_json:
+        click.echo(json.dumps(rep.as_dict(), indent=2))
+        return
+    render(rep, _out())
 
 
 if __name__ == "__main__":

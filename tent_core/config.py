@@ -12,7 +12,7 @@ Defaults follow the C++ TENT (Mooncake `tent/`) unless a comment says why we dif
 
 1. the defaults below;
 2. a TOML file (path) or a dict, laid out as top-level engine keys plus the tables
-   `[scheduler]`, `[qos]` and `[health]`::
+   `[scheduler]`, `[qos]`, `[health]`, `[directory]` and `[metrics]`::
 
        request_deadline_s = 10.0
        [scheduler]
@@ -191,6 +191,35 @@ class RailHealthConfig:
 
 
 @dataclass(frozen=True)
+class DirectoryConfig:
+    """Cluster metadata directory (tent_core.directory); off = the embedded peer-to-peer exchange."""
+
+    # "" keeps the embedded exchange (peers are named by their control port). "etcd://host:port[,...]"
+    # publishes this engine there and resolves every peer name through it.
+    url: str = ""
+    # This engine's fixed name in the directory, "host:port" shaped (e.g. a Mooncake server name);
+    # "" = its control endpoint.
+    name: str = ""
+    prefix: str = "tent/"
+    # An engine that stops renewing (crashed, SIGKILLed) disappears from the directory after this long.
+    lease_ttl_s: float = 10.0
+    # One directory request (HTTP to etcd) fails after this long.
+    timeout_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Prometheus metrics (tent_core.metrics, needs prometheus-client); off by default."""
+
+    # > 0: the engine registers its collector and serves /metrics on host:port (one server per process).
+    port: int = 0
+    # Localhost by default: metrics name peers and rails.
+    host: str = "127.0.0.1"
+    # Metric name prefix. Not "tent": Mooncake's C++ TENT already exports tent_* series.
+    namespace: str = "tent_core"
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Engine-level defaults plus the policy sections."""
 
@@ -222,9 +251,17 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     qos: QosConfig = field(default_factory=QosConfig)
     health: RailHealthConfig = field(default_factory=RailHealthConfig)
+    directory: DirectoryConfig = field(default_factory=DirectoryConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
 
-_SECTIONS: dict[str, type] = {"scheduler": SchedulerConfig, "qos": QosConfig, "health": RailHealthConfig}
+_SECTIONS: dict[str, type] = {
+    "scheduler": SchedulerConfig,
+    "qos": QosConfig,
+    "health": RailHealthConfig,
+    "directory": DirectoryConfig,
+    "metrics": MetricsConfig,
+}
 ENV_PREFIX = "TENT_"
 
 
@@ -327,7 +364,9 @@ def load_config(
 
 __all__ = [
     "POLICIES",
+    "DirectoryConfig",
     "EngineConfig",
+    "MetricsConfig",
     "QosConfig",
     "RailHealthConfig",
     "SchedulerConfig",

@@ -8,7 +8,8 @@ over that transport's rails (phase 2) and retries failed slices on other rails o
 The work is done by (one object each per engine):
 
 * `segments.LocalSegments`: registered local memory and its export to the transports;
-* `peers.PeerDirectory`: remote engines, their segments and the connected routes to them;
+* `peers.PeerDirectory`: remote engines, their segments and the connected routes to them (found
+  through their control ports, or through a cluster directory, `tent_core.directory`);
 * `routing.Router`: every transport / rail choice (pure policy);
 * `dispatch.Submitter`: the submit path (validation, planning, slicing, native submit);
 * `recovery.Recovery`: failed slices, rail health and heartbeats, driven by the process-wide
@@ -50,8 +51,9 @@ from .types import Availability, OpCode, Permission, Priority
 
 log = logging.getLogger(__name__)
 
-_BYTES, _SLICES, _ERRORS, _INFLIGHT = (
+_BYTES, _SLICES, _ERRORS, _INFLIGHT, _INFLIGHT_SLICES = (
     int(StatField.BYTES_DONE), int(StatField.SLICES_DONE), int(StatField.ERRORS), int(StatField.INFLIGHT_BYTES),
+    int(StatField.INFLIGHT_SLICES),
 )
 
 
@@ -80,7 +82,10 @@ class Engine:
         self._closed = False
         self._close_lock = threading.Lock()
         self._control = ControlServer(host, port, self._handle_control)
-        self.engine_id = f"{host}:{self._control.port}"
+        self.control_endpoint = f"{host}:{self._control.port}"  # where peers send metadata requests
+        dcfg = self.config.directory
+        # with a directory, peers may know this engine by a fixed name instead of its control endpoint
+        self.engine_id = dcfg.name if dcfg.url and dcfg.name else self.control_endpoint
         self.plugins: PluginSet = discover(plugins, autoload=autoload)
         self.availability: dict[str, Availability] = {}
         self.transports: dict[str, Transport] = self._start_transports(host, transports)
@@ -100,8 +105,30 @@ class Engine:
         # every engine exposes a tiny read-only buffer that peers' heartbeat slices read
         if self.transports:
             self._probe_buf = self.allocate(PROBE_BYTES, segment=PROBE_SEGMENT, perm=Permission.READ)
+        if dcfg.url:
+            self._attach_directory()
+        if cfg.metrics.port:
+            from . import metrics
+
+            try:
+                metrics.attach(self, cfg.metrics)  # e.g. its port is taken
+            except BaseException:
+                self.close()
+                raise
         PROGRESS.attach(self)
         log.info("engine %s up with transports %s", self.engine_id, sorted(self.transports))
+
+    def _attach_directory(self) -> None:
+        """Publish this engine in the configured directory; peers are then resolved through it only."""
+        from .directory import bind_engine
+
+        try:
+            binding = bind_engine(self.config.directory, self.engine_id, self.control_endpoint, self.describe)
+        except BaseException:
+            self.close()
+            raise
+        self.peers.use_directory(binding)  # closed with the peers
+        self._segments.on_change = binding.segment_changed
 
     def _start_transports(self, host: str, only: Sequence[str] | None) -> dict[str, Transport]:
         started: dict[str, Transport] = {}
@@ -190,6 +217,19 @@ class Engine:
         """Re-read a peer's segments (it registered new memory)."""
         self.peers.refresh(engine_id, timeout or self.config.control_timeout_s)
 
+    def peer_buffers(self, engine_id: str, refresh: bool = False) -> list[dict[str, Any]]:
+        """A peer's registered buffers: dicts with ``segment``, ``offset`` (inside the segment), ``addr``
+        (its virtual address there), ``length``, ``perm`` and ``kind``. For adapters that address
+        remote memory by raw address (the Mooncake facade)."""
+        self._check_open()
+        return self.peers.buffers(engine_id, refresh)
+
+    def ping(self, engine_id: str, timeout: float | None = None) -> float:
+        """Round trip (seconds) to a peer's control port. Raises PeerUnreachableError when the peer
+        is unknown (to the directory, if one is configured) or does not answer."""
+        self._check_open()
+        return self.peers.ping(engine_id, timeout)
+
     # ----------------------------------------------------------------- transfers
     def _check_open(self) -> None:
         if self._closed:
@@ -250,6 +290,7 @@ class Engine:
                             "slices": int(row[_SLICES]),
                             "errors": int(row[_ERRORS]),
                             "inflight_bytes": int(row[_INFLIGHT]),
+                            "inflight_slices": int(row[_INFLIGHT_SLICES]),
                             "bandwidth_GBps": r.telemetry.bandwidth_Bps / 1e9,
                             "state": self.monitor.state(r.slot, now).name,
                         }
@@ -267,8 +308,12 @@ class Engine:
             self._closed = True
         self._submitter.close()  # staged pipelines finish (their legs fail fast once transports go)
         PROGRESS.detach(self)  # fence: no retry, tick or probe of this engine runs after this
+        if self.config.metrics.port:
+            from . import metrics
+
+            metrics.detach(self)
+        self.peers.close()  # withdraw from the directory, disconnect every route, release rails
         self._control.close()
-        self.peers.close()  # disconnect every route, release rails
         for t in self.transports.values():
             try:
                 t.close()  # executors retire (no submit reaches them) and report what they held

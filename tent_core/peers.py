@@ -7,6 +7,10 @@ a class of requests is routed (`plan`: a `routing.Decision` or `StagedPath`, cac
 which connected `Route` serves a Decision (`route`: connects lazily, rails acquired from
 `tent_core.rails`). Routing choices themselves are the Router's; this module holds the state.
 
+Where a peer's description comes from: by default its own control port (the peer is named by that
+port, ``host:port``); with a cluster directory (`use_directory`, ``[directory]`` in the config) the
+directory, where engines publish themselves under fixed names (`tent_core.directory`).
+
 Peer lifecycle: a peer whose slices ran out of every path is only marked *suspect* (`mark_suspect`);
 nothing in flight is disturbed. The next request to it re-reads its description: the same process
 answering keeps its routes (dead transports are given another chance), a restarted process (new pid
@@ -19,9 +23,10 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import errors
 from .config import SchedulerConfig
@@ -33,6 +38,9 @@ from .request import parse_segment_name
 from .routing import Decision, Router, StagedPath
 from .transport import Transport
 from .types import MemoryKind, OpCode, PeerInfo, PeerLink, Permission
+
+if TYPE_CHECKING:
+    from .directory import EngineDirectory
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +138,11 @@ class PeerDirectory:
         self._lock = threading.RLock()
         self._peers: dict[str, Peer] = {}
         self._remote_cache: dict[str, tuple[Peer, str]] = {}
+        self.directory: EngineDirectory | None = None  # peers are described by the directory, not their port
+
+    def use_directory(self, directory: EngineDirectory) -> None:
+        """Resolve every peer name through `directory` from now on (it is closed with this object)."""
+        self.directory = directory
 
     # ---- lookup --------------------------------------------------------------------------------
 
@@ -165,15 +178,18 @@ class PeerDirectory:
         return peer
 
     def _describe(self, engine_id: str, client: ControlClient | None, timeout: float) -> dict[str, Any]:
-        if client is None:
+        if engine_id == self.engine_id:
             return self._describe_self()
+        if self.directory is not None:
+            return self.directory.describe_peer(engine_id)
+        assert client is not None
         desc = client.call({"op": "describe"}, timeout)
         if not desc.get("ok"):
             raise errors.PeerUnreachableError(f"engine {engine_id} refused describe: {desc.get('error')}")
         return desc
 
     def _fetch(self, engine_id: str, timeout: float, client: ControlClient | None = None) -> Peer:
-        if client is None and engine_id != self.engine_id:
+        if client is None and engine_id != self.engine_id and self.directory is None:
             client = ControlClient(engine_id)
             try:
                 desc = self._describe(engine_id, client, timeout)
@@ -201,6 +217,35 @@ class PeerDirectory:
             for r in peer.routes.values():
                 r.transport.connect(peer.info, peer.raw_buffers)
         return peer
+
+    def buffers(self, engine_id: str, refresh: bool = False) -> list[dict[str, Any]]:
+        """A peer's registered buffers as its description lists them (``segment``, ``offset``,
+        ``addr``, ``length``, ``perm``, ``kind``); `refresh` re-reads an already known peer first."""
+        known = engine_id in self._peers
+        peer = self.refresh(engine_id) if refresh and known else self.get(engine_id)
+        keys = ("segment", "offset", "addr", "length", "perm", "kind")
+        return [{k: b[k] for k in keys} for b in peer.raw_buffers]
+
+    def ping(self, engine_id: str, timeout: float | None = None) -> float:
+        """Round trip (seconds) to a peer's control port, found through the directory when there is
+        one. Raises PeerUnreachableError when the peer is unknown or does not answer."""
+        timeout = self._control_timeout_s if timeout is None else timeout
+        if engine_id == self.engine_id:
+            return 0.0
+        endpoint = engine_id
+        if self.directory is not None:
+            endpoint = str(self.directory.describe_peer(engine_id).get("control") or "")
+            if not endpoint:
+                raise errors.PeerUnreachableError(f"the directory has no control endpoint for {engine_id!r}")
+        client = ControlClient(endpoint)
+        try:
+            t0 = time.monotonic()
+            rep = client.call({"op": "ping"}, timeout)
+            if not rep.get("ok"):
+                raise errors.PeerUnreachableError(f"engine {engine_id} refused ping: {rep.get('error')}")
+            return time.monotonic() - t0
+        finally:
+            client.close()
 
     # ---- suspicion, restart, forgetting ---------------------------------------------------------
 
@@ -264,6 +309,10 @@ class PeerDirectory:
                 self._monitor.forget(rail.slot)
 
     def close(self) -> None:
+        """Withdraw from the directory (if any), then drop every peer."""
+        directory, self.directory = self.directory, None
+        if directory is not None:
+            directory.close()
         with self._lock:
             peers, self._peers = list(self._peers.values()), {}
         for peer in peers:

@@ -27,11 +27,12 @@ def main(verbose: int) -> None:
 @click.option("--barrier-timeout", default=30.0, show_default=True, help="Per-replica barrier timeout (s).")
 @click.option("--pipeline/--no-pipeline", default=True, show_default=True,
               help="Pipeline replication (partially received replicas serve others).")
-def serve(bind: str, hb_timeout: float, barrier_timeout: float, pipeline: bool) -> None:
+@click.option("--metrics-port", default=0, show_default=True, help="Serve Prometheus /metrics on 127.0.0.1:PORT (0: off).")
+def serve(bind: str, hb_timeout: float, barrier_timeout: float, pipeline: bool, metrics_port: int) -> None:
     """Run a reference server (primary or backup: they are the same program)."""
     from .server import serve as _serve
 
-    _serve(bind, hb_timeout=hb_timeout, barrier_timeout=barrier_timeout, pipeline=pipeline)
+    _serve(bind, hb_timeout=hb_timeout, barrier_timeout=barrier_timeout, pipeline=pipeline, metrics_port=metrics_port)
 
 
 @main.command()

@@ -147,8 +147,13 @@ def stop_embedded(address: str | None = None) -> None:
             _embedded.remove((srv, t))
 
 
-def serve(bind: str, hb_timeout: float = 5.0, barrier_timeout: float = 30.0, pipeline: bool = True) -> None:
+def serve(bind: str, hb_timeout: float = 5.0, barrier_timeout: float = 30.0, pipeline: bool = True,
+          metrics_port: int = 0) -> None:
     srv = Server(bind, hb_timeout=hb_timeout, barrier_timeout=barrier_timeout, pipeline=pipeline)
+    if metrics_port:
+        from .metrics import expose
+
+        expose(srv, metrics_port)
     print(f"refhub server listening on {srv.address} (pid {os.getpid()}, epoch {srv.state.epoch})", flush=True)
     try:
         srv.serve_forever()
