@@ -16,17 +16,38 @@ from __future__ import annotations
 import abc
 from typing import Any
 
+from .auth import ClusterAuth, default_auth
 from .types import Availability, BufferInfo, CapabilityProfile, PeerInfo, PeerLink
+
+_FROM_ENV: Any = object()
 
 
 class TransportContext:
     """What the engine hands a transport at start()."""
 
-    def __init__(self, *, engine_id: str, host_id: str, config: dict[str, Any], bind_host: str) -> None:
+    def __init__(
+        self,
+        *,
+        engine_id: str,
+        host_id: str,
+        config: dict[str, Any],
+        bind_host: str,
+        auth: ClusterAuth | None = _FROM_ENV,
+    ) -> None:
         self.engine_id = engine_id
         self.host_id = host_id
         self.config = config  # this transport's section of the engine config
         self.bind_host = bind_host  # the address the engine's control port listens on
+        self._auth = auth
+
+    @property
+    def auth(self) -> ClusterAuth | None:
+        """The cluster secret (None: authentication off, loopback only). A transport authenticates
+        every connection its listeners accept with ``auth.key(<its purpose>)`` (tent_core.auth);
+        when the engine did not pass one, it comes from $TENT_AUTH_TOKEN[_FILE]."""
+        if self._auth is _FROM_ENV:
+            self._auth = default_auth([self.bind_host], what="transport")
+        return self._auth
 
 
 class Transport(abc.ABC):
