@@ -454,8 +454,10 @@ class ZmqServerAuth:
         if self.key is None:
             if len(body) == 1 and not body[0].startswith(HELLO_MAGIC):
                 return body[0], None
-            return None, self._deny(HANDSHAKE_DENIAL + "this endpoint has authentication off (no auth token "
-                                    "configured) but the client expects it")
+            if len(body) == 2 or (body and body[0].startswith(HELLO_MAGIC)):
+                return None, self._deny(HANDSHAKE_DENIAL + "this endpoint has authentication off (no auth token "
+                                        "configured) but the client expects it")
+            return None, self._deny("malformed message (unexpected frame count)")
         now = time.monotonic() if now is None else now
         if len(body) == 1:
             msg = body[0]
