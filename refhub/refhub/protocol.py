@@ -38,6 +38,7 @@ MAX_ID = (1 << 63) - 1
 MAX_NAME = 256  # model, replica, datacenter names (UTF-8 characters)
 MAX_HB_HANDLES = 65536
 MAX_CHECKSUMS = 1 << 20
+MAX_REF_BYTES = 4 << 20  # a reference (segment, layout) as packed: replies carry it to every reader
 CID_BYTES = (8, 64)  # a client id (owner credential) is 8..64 bytes
 KINDS = ("normal", "offload")
 
@@ -221,6 +222,9 @@ def validate(msg: Any) -> str:
             raise ProtocolError(f"wait: predicate {name!r} needs a version in [0, {MAX_VERSION}]")
     if "txn" in msg and not 0 <= msg["txn"] <= MAX_ID:
         raise ProtocolError("'txn' out of range")
+    ref = msg.get("ref")
+    if ref is not None and len(pack(ref)) > MAX_REF_BYTES:
+        raise ProtocolError(f"op {op!r}: 'ref' is larger than {MAX_REF_BYTES} bytes packed")
     return op
 
 

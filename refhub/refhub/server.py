@@ -23,7 +23,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import zmq
@@ -39,7 +39,11 @@ log = logging.getLogger("refhub.server")
 
 MAX_BATCH = 4096
 MAX_MSG_BYTES = 64 << 20  # a publish carries a layout and per-tensor checksums: large models need MiBs
-SEND_HWM = 1000  # reply frames queued per client
+# Reply frames queued per client, each at most FRAME_BYTES unless a single reply is larger (a reference,
+# <= protocol.MAX_REF_BYTES): what a client that never reads can pin in this process is bounded by
+# about SEND_HWM x FRAME_BYTES; replies beyond it are dropped and counted.
+SEND_HWM = 100
+FRAME_BYTES = 1 << 20
 RECV_HWM = 10000  # request frames queued per client before ZeroMQ stops reading its socket
 FROM_ENV: Any = object()
 
@@ -192,16 +196,43 @@ class Server:
             self.rlog.info("dropped", "reply to %.40r dropped: %s", dest, exc)
 
     def _flush(self, outq: dict[Any, list]) -> None:
-        pack = protocol.pack
         wrap = self.sessions.wrap
         for dest, reps in outq.items():
-            self._send(dest, wrap(dest, pack(reps[0] if len(reps) == 1 else reps)))
+            for data in _frames(reps):
+                self._send(dest, wrap(dest, data))
 
     def _send_all(self, replies: list) -> None:
         outq: dict[Any, list] = {}
         for dest, rep in replies:
             outq.setdefault(dest, []).append(rep)
         self._flush(outq)
+
+
+def _array(parts: list[bytes]) -> bytes:
+    """A msgpack array of already packed items (no repacking)."""
+    n = len(parts)
+    head = bytes([0x90 | n]) if n < 16 else (b"\xdc" + n.to_bytes(2, "big") if n < 65536 else b"\xdd" + n.to_bytes(4, "big"))
+    return head + b"".join(parts)
+
+
+def _frames(reps: list) -> Iterator[bytes]:
+    """The replies packed into frames of at most FRAME_BYTES (a single larger reply stays whole); each
+    reply is packed once, and only one frame's worth is held at a time."""
+    pack = protocol.pack
+    if len(reps) == 1:
+        yield pack(reps[0])
+        return
+    batch: list[bytes] = []
+    size = 0
+    for rep in reps:
+        b = pack(rep)
+        if batch and size + len(b) > FRAME_BYTES:
+            yield _array(batch) if len(batch) > 1 else batch[0]
+            batch, size = [], 0
+        batch.append(b)
+        size += len(b)
+    if batch:
+        yield _array(batch) if len(batch) > 1 else batch[0]
 
 
 _embedded: list[tuple[Server, threading.Thread]] = []

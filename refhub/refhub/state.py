@@ -45,6 +45,7 @@ from .protocol import (
     E_UNKNOWN_HANDLE,
     TXN_OPS,
     ProtocolError,
+    pack,
     parse_version,
     validate,
 )
@@ -67,6 +68,7 @@ class Handle:
     shard: int
     last_seen: float
     owner: Any = None  # ("cid", bytes) or ("conn", client): who may act on this handle
+    ref_bytes: int = 0  # packed size of `ref`, charged to the owner
     state: int = IDLE
     version: int | None = None
     ref: dict | None = None
@@ -143,6 +145,8 @@ class ServerState:
         max_handles: int = 1 << 18,
         max_handles_per_owner: int = 4096,
         max_models: int = 1 << 16,
+        max_ref_bytes_per_owner: int = 256 << 20,
+        max_ref_bytes: int = 4 << 30,
     ) -> None:
         self.pipeline = pipeline  # False: only complete replicas serve (for the burst benchmark's baseline)
         self.hb_timeout = hb_timeout
@@ -153,7 +157,11 @@ class ServerState:
         self.max_handles = max_handles
         self.max_handles_per_owner = max_handles_per_owner
         self.max_models = max_models
+        self.max_ref_bytes_per_owner = max_ref_bytes_per_owner
+        self.max_ref_bytes = max_ref_bytes
         self.owned: dict[Any, int] = {}  # owner -> live handles
+        self.ref_bytes: dict[Any, int] = {}  # owner -> packed bytes of its handles' references
+        self.ref_bytes_total = 0
         self.stats_hook: Any = None  # the I/O shell's counters (frames, drops, sessions), merged into stats
         self._now = 0.0  # the time of the call being handled: the log limiter's clock (no clock reads)
         self.rlog = RateLimitedLog(log, clock=lambda: self._now)
@@ -193,11 +201,12 @@ class ServerState:
     def tick(self, now: float) -> list[Reply]:
         """Apply timeouts: silent handles fail (whole replica), barriers and waits expire."""
         out: list[Reply] = []
+        self._now = now
         limit = now - self.hb_timeout
         dead = {h.replica for h in self.handles.values() if h.last_seen < limit}
         for rep in dead:
             if rep.model.replicas.get(rep.name) is rep:
-                log.warning("replica %s/%s missed heartbeats: removed", rep.model.name, rep.name)
+                self.rlog.warning("hb", "replica %s/%s missed heartbeats: removed", rep.model.name, rep.name)
                 self.failures += 1
                 self._remove_replica(rep, now, out)
         for model in self.models.values():
@@ -253,6 +262,13 @@ class ServerState:
             self.rlog.warning("not-owner", "client %.60r tried %s on handle %d it does not own", client, op, h.hid)
             out.append((client, _err(rid, E_NOT_OWNER, f"handle {h.hid} belongs to another client")))
             return
+        if op in ("publish", "replicate", "update") and msg.get("ref"):
+            # references are kept per handle and sent to every reader: the owner's total is capped
+            size = len(pack(msg["ref"]))
+            mine = self.ref_bytes.get(h.owner, 0) - h.ref_bytes + size
+            if mine > self.max_ref_bytes_per_owner or self.ref_bytes_total - h.ref_bytes + size > self.max_ref_bytes:
+                out.append((client, _err(rid, E_LIMIT, "references too large (per-client or server limit)")))
+                return
         h.last_seen = now
         h.client = client
         rep = h.replica
@@ -304,7 +320,7 @@ class ServerState:
         model.keep_latest = max(model.keep_latest, retain.get("keep_latest", 0))
         if rep is not None and (shard in rep.shards or (rep.formed and rep.kind != "offload")):
             # A shard re-opening (restart, failover) invalidates its whole old replica.
-            log.info("replica %s/%s re-registered: dropping the old instance", mname, rname)
+            self.rlog.info("reopen", "replica %s/%s re-registered: dropping the old instance", mname, rname)
             self._remove_replica(rep, now, out)
             rep = None
         if rep is None:
@@ -385,7 +401,24 @@ class ServerState:
             return
         self._reeval(model, now, out)
 
+    def _set_ref(self, h: Handle, ref: dict) -> None:
+        size = len(pack(ref)) if ref else 0
+        self._charge(h, size - h.ref_bytes)
+        h.ref = ref
+        h.ref_bytes = size
+
+    def _charge(self, h: Handle, delta: int) -> None:
+        if delta:
+            n = self.ref_bytes.get(h.owner, 0) + delta
+            if n > 0:
+                self.ref_bytes[h.owner] = n
+            else:
+                self.ref_bytes.pop(h.owner, None)
+            self.ref_bytes_total += delta
+
     def _disown(self, h: Handle) -> None:
+        self._charge(h, -h.ref_bytes)
+        h.ref_bytes = 0
         n = self.owned.get(h.owner, 0) - 1
         if n > 0:
             self.owned[h.owner] = n
@@ -493,7 +526,8 @@ class ServerState:
     def _publish(self, h: Handle, msg: dict, rid: int, now: float, out: list[Reply]) -> None:
         v = msg["version"]
         if h.state == PUBLISHED and h.version == v:
-            h.ref = msg.get("ref") or h.ref
+            if msg.get("ref"):
+                self._set_ref(h, msg["ref"])
             out.append((h.client, {"rid": rid, "ok": True}))
             return
         if h.state != IDLE:
@@ -502,7 +536,7 @@ class ServerState:
         h.state = PUBLISHED
         h.version = v
         h.complete = True
-        h.ref = msg.get("ref") or {}
+        self._set_ref(h, msg.get("ref") or {})
         self._join_holders(h)
         cks = msg.get("checksum")
         if cks is not None:
@@ -599,7 +633,7 @@ class ServerState:
             if not txn.decided:
                 rep.model.pending.add((rep.name, k))
         elif txn.op != op:
-            log.warning("replica %s shard %d: txn %d is %s, got %s", rep.name, h.shard, k, txn.op, op)
+            self.rlog.warning("txn", "replica %s shard %d: txn %d is %s, got %s", rep.name, h.shard, k, txn.op, op)
             txn.consumed.add(h.shard)
             out.append((h.client, _err(rid, E_TXN, f"call {k} of this replica is {txn.op}, not {op}")))
             self._gc_txns(rep, now, out)
@@ -733,7 +767,7 @@ class ServerState:
             h.state = RECEIVING
             h.version = v
             h.complete = False
-            h.ref = msg.get("ref") or {}
+            self._set_ref(h, msg.get("ref") or {})
             h.src = src
             h.src_key = key
             h.seeding = src.replica.dc != rep.dc
@@ -799,7 +833,8 @@ class ServerState:
             return
         if src is not None and failed:
             src.suspect_until = now + self.suspect_s
-            log.info("handle %d reports source %d failed (%s)", h.hid, src.hid, "corrupt" if msg.get("corrupt") else "io")
+            self.rlog.info("src-failed", "handle %d reports source %d failed (%s)", h.hid, src.hid,
+                           "corrupt" if msg.get("corrupt") else "io")
         was_seeding = h.seeding
         if src is not None and key is not None:
             src.readers.pop(key, None)
@@ -925,6 +960,11 @@ class ServerState:
             assert self.models.get(h.model.name) is h.model, f"handle {h.hid} of a forgotten model"
             assert h.replica.model.replicas.get(h.replica.name) is h.replica, f"handle {h.hid} of a forgotten replica"
         assert owned == self.owned, "per-owner handle counts drifted"
+        refs: dict[Any, int] = {}
+        for h in self.handles.values():
+            if h.ref_bytes:
+                refs[h.owner] = refs.get(h.owner, 0) + h.ref_bytes
+        assert refs == self.ref_bytes and sum(refs.values()) == self.ref_bytes_total, "reference byte counts drifted"
         for model in self.models.values():
             assert model.replicas, f"model {model.name} has no replica but was kept"
             for rname, k in model.pending:
