@@ -25,8 +25,8 @@ from security_tools import packb, raw_request
 from tent_core import Engine
 from tent_core import auth as tauth
 from tent_core.auth import AuthError, AuthRequiredError, ClusterAuth, ZmqClientAuth
-from tent_core.bench.runner import pattern
 from tent_core.metadata import ControlClient, ControlServer
+from tent_core.testing import pattern
 
 TOKEN = "control-cluster-token-0123456789ab"
 SIZE = 1 << 20

@@ -21,9 +21,9 @@ from peers import Peer, sha
 from security_tools import NOBODY, as_user, attack_memfd
 
 from tent_core import READ, WRITE, Engine
-from tent_core.bench.runner import pattern
 from tent_core.errors import NoPathError, PeerUnreachableError, TentError
 from tent_core.metadata import ControlClient, ControlServer
+from tent_core.testing import pattern
 
 SIZE = 1 << 20
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (to become another uid)")

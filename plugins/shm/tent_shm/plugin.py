@@ -26,16 +26,7 @@ fds of memfds sealed ``F_SEAL_FUTURE_WRITE`` (a re-open through /proc cannot wri
 shared memfd is sealed against shrinking (a peer cannot SIGBUS us). CMA bypasses the target, so it
 is used only when both sides enable it (``mode`` "auto" or "cma") and both run as the same uid.
 
-Config keys (this transport's section of the engine config):
-  ``mode``            "memfd" (default), "auto" (CMA when both sides allow it and a probe read of the
-                      peer works, else memfd), "cma" (CMA only)
-  ``allow_uids``      further uids (besides ours and root) allowed to map our memfd buffers (default none)
-  ``max_conns``       concurrent control connections the memfd server accepts (default 256)
-  ``threads``         executor worker threads (default 2)
-  ``chunk``           slices longer than this are split across workers (bytes, default 4 MiB; 0 = never)
-  ``populate``        MAP_POPULATE peer memfd mappings at connect (default True)
-  ``connect_timeout`` seconds for the memfd control exchange (default 5.0)
-  ``revoke_timeout``  seconds release_buffer waits for peers to unmap a buffer (default 2.0)
+Config keys, with their defaults and meaning: :attr:`ShmTransport.config_keys`.
 """
 
 from __future__ import annotations
@@ -61,7 +52,7 @@ from tent_core.errors import InvalidRequestError, PeerUnreachableError
 from tent_core.executor import EXECUTOR_ABI_VERSION, Executor, PluginLibrary
 from tent_core.plugin_spec import hookimpl
 from tent_core.ratelog import RateLimitedLog
-from tent_core.transport import Transport, TransportContext
+from tent_core.transport import AccessControl, Transport, TransportContext
 from tent_core.types import (
     Availability,
     BufferInfo,
@@ -584,15 +575,21 @@ def _field(d: dict[str, Any], *names: str, default: Any = None) -> Any:
     return default
 
 
-def _as_bool(v: Any) -> bool:
-    if isinstance(v, str):
-        return v.strip().lower() not in ("0", "false", "no", "off", "")
-    return bool(v)
-
-
 class ShmTransport(Transport):
     name = "shm"
     version = __version__
+    config_keys = {
+        # "memfd" (peers map our sealed memfds, the target enforces), "auto" (CMA when both sides allow it,
+        # run as one uid and a probe read works, else memfd), "cma" (CMA only). CMA bypasses the target.
+        "mode": DEFAULT_MODE,
+        "allow_uids": None,  # further uids (besides ours and root) allowed to map our memfd buffers (list or "1,2")
+        "max_conns": 256,  # concurrent control connections the memfd server accepts
+        "threads": 2,  # executor worker threads
+        "chunk": 4 << 20,  # slices longer than this are split across workers (bytes; 0 = never)
+        "populate": True,  # MAP_POPULATE peer memfd mappings at connect
+        "connect_timeout": 5.0,  # seconds for the memfd control exchange
+        "revoke_timeout": 2.0,  # seconds release_buffer waits for peers to unmap a buffer
+    }
 
     def __init__(self) -> None:
         self._lib: _Lib | None = None
@@ -629,11 +626,11 @@ class ShmTransport(Transport):
 
     # -- lifecycle
     def start(self, ctx: TransportContext) -> None:
-        cfg = dict(ctx.config or {})
-        mode = str(cfg.get("mode", DEFAULT_MODE)).lower()
+        cfg = self.resolve_config(ctx.config)
+        mode = str(cfg["mode"]).lower()
         if mode not in MODES:
             raise InvalidRequestError(f"shm: config mode must be one of {MODES}, got {mode!r}")
-        allow_uids = cfg.get("allow_uids", [])
+        allow_uids = cfg["allow_uids"] or []
         if isinstance(allow_uids, str):
             allow_uids = [u for u in allow_uids.split(",") if u.strip()]
         try:
@@ -643,12 +640,12 @@ class ShmTransport(Transport):
         self._mode = mode
         self._auth = ctx.auth
         self._engine_id = ctx.engine_id
-        self._populate = _as_bool(cfg.get("populate", True))
-        self._connect_timeout = float(cfg.get("connect_timeout", 5.0))
-        self._revoke_timeout = float(cfg.get("revoke_timeout", 2.0))
+        self._populate = bool(cfg["populate"])
+        self._connect_timeout = float(cfg["connect_timeout"])
+        self._revoke_timeout = float(cfg["revoke_timeout"])
         self._host_id = ctx.host_id
         self._lib = get_lib()
-        ex_cfg = {"threads": int(cfg.get("threads", 2)), "chunk": int(cfg.get("chunk", 4 << 20))}
+        ex_cfg = {"threads": int(cfg["threads"]), "chunk": int(cfg["chunk"])}
         self._executor = self._lib.library.create(ex_cfg)
         # the server runs in every mode: peers verify who we are through it before any same-host path
         self._server = _ShmServer(
@@ -656,7 +653,7 @@ class ShmTransport(Transport):
             self._auth.key("shm") if self._auth else self._secret.encode(),
             allow_cma=mode in ("auto", "cma"),
             allow_uids=uids,
-            max_conns=int(cfg.get("max_conns", 256)),
+            max_conns=int(cfg["max_conns"]),
         )
         log.info(
             "shm transport started: mode=%s threads=%d chunk=%d sock=%s",
@@ -762,6 +759,17 @@ class ShmTransport(Transport):
                 raise
         return PeerLink(
             handle=link.handle, rails=[RailInfo(0, _MODE_NAMES[link.mode])], extra={"mode": _MODE_NAMES[link.mode]}
+        )
+
+    def access_control(self, link: PeerLink) -> AccessControl:
+        if link.extra.get("mode") == "memfd":
+            return AccessControl()  # the executor only reaches the peer's mapped memfds, with their modes
+        return AccessControl(
+            bounds=False,
+            permission=False,
+            revocation=False,
+            reason="CMA (process_vm_readv/writev) reaches the peer's whole address space: the core's "
+            "initiator-side check is the only one (mode=memfd enforces them)",
         )
 
     def _new_link(self, peer: PeerInfo, desc: dict[str, Any], pid: int) -> _Link:

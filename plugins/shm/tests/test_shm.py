@@ -15,12 +15,15 @@ from shm_target import HOST_ID, pattern, target_main
 from tent_shm.plugin import ShmTransport
 
 from tent_core import _native
+from tent_core.abi import Status
 from tent_core.errors import PeerUnreachableError
 from tent_core.transport import TransportContext
 from tent_core.types import PeerInfo, Permission
 
 READ, WRITE = 0, 1
-E_CONNECT, E_IO, E_BOUNDS, E_PERMISSION, E_CANCELLED = -1, -2, -10, -11, -13
+E_CONNECT, E_IO, E_BOUNDS, E_PERMISSION, E_CANCELLED = (
+    Status.E_CONNECT, Status.E_IO, Status.E_BOUNDS, Status.E_PERMISSION, Status.E_CANCELLED,
+)
 
 from tent_core.abi import FAILURE_DTYPE, SLICE_DTYPE  # noqa: E402
 

@@ -1,12 +1,15 @@
 /*
  * tent_tcp executor: the TCP slice executor behind the TENT executor C ABI.
  *
- * Client side: submit() appends slices to per-(peer, rail) FIFO queues. A pool of
- * worker threads takes a slice from a (peer, rail) that has work and a free
- * connection slot (at most conns_per_rail slices in flight per rail), borrows a
- * persistent connection (connecting lazily), runs the slice synchronously on it and
- * reports it through host->complete. Payload bytes go straight between the user's
- * memory and send()/recv(): no intermediate copies, no Python.
+ * Client side: peers live in a generation-counted handle table (tent/handle_table.h). submit()
+ * turns each slice into a job of one or more chunks (tent/chunk_queue.h; config `chunk`, default
+ * 0 = whole slices) on its (peer, rail) FIFO. A rail with queued chunks and a free connection
+ * slot (at most conns_per_rail chunks in flight per rail) sits in a ready list, so a worker finds
+ * work in O(1) however many peers there are; it borrows a persistent connection (connecting
+ * lazily), runs the chunk synchronously and, for a job's last chunk, reports the slice through
+ * host->complete. Payload bytes go straight between the user's memory and send()/recv(): no
+ * intermediate copies, no Python. A removed peer leaves the table at once and is freed when its
+ * last in-flight chunk returns; its queued chunks fail as unreachable (retryable).
  *
  * Server side: one accept thread per listener, one thread per accepted connection.
  * Every request is checked against the registered regions (bounds + permission).
@@ -40,8 +43,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tent/chunk_queue.h"
 #include "tent/config_kv.h"
 #include "tent/executor_abi.h"
+#include "tent/handle_table.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -144,33 +149,30 @@ typedef struct region {
   struct region *next;
 } region_t;
 
-typedef struct slice_queue {
-  tent_slice_t *buf;
-  size_t cap, head, len;
-} slice_queue_t;
-
 typedef struct rail {
+  struct peer *peer;
   struct sockaddr_in local;  /* sin_addr 0 = don't bind */
   struct sockaddr_in remote;
   char name[96];
-  slice_queue_t q;
-  int *idle;     /* idle connected fds */
+  tent_chunk_queue_t q; /* chunks waiting for a connection slot */
+  int *idle;            /* idle connected fds */
   int nidle;
-  int *slot_fd;  /* per in-flight slot: SLOT_FREE, -1 (connecting) or the fd in use */
-  int busy;      /* slices in flight on this rail */
+  int *slot_fd;         /* per in-flight slot: SLOT_FREE, -1 (connecting) or the fd in use */
+  int busy;             /* chunks in flight on this rail */
   uint64_t down_until_ms; /* connect failed recently: fail fast until then */
+  int ready;                       /* linked into the executor's ready list */
+  struct rail *ready_prev, *ready_next;
   /* counters */
   atomic_ullong bytes, slices, errors, connects;
 } rail_t;
 
 typedef struct peer {
-  int64_t handle;
+  uint64_t handle;
   int nrails;
-  int removed;
+  int removed; /* out of the table; freed when refs drops to 0 */
+  int refs;    /* the table's + one per chunk in flight; under ex->mu */
   rail_t *rails;
 } peer_t;
-
-struct tcp_exec;
 
 typedef struct listener {
   struct tcp_exec *ex;
@@ -192,13 +194,15 @@ typedef struct tcp_exec {
   const tent_host_api_t *host;
   int nthreads, conns_per_rail, slice_timeout_ms, connect_timeout_ms, sockbuf;
 
+  uint64_t chunk;     /* cut slices into chunks of at most this many bytes (0: whole slices) */
+  uint32_t max_parts;
+
   pthread_mutex_t mu; /* queues, peers, connection pools */
   pthread_cond_t cv;  /* work available / slot freed */
   int stopping;
-  peer_t **peers;
-  int npeers, cap_peers;
-  unsigned rr; /* round-robin cursor over (peer, rail) */
-  slice_queue_t orphans; /* slices whose peer was removed: complete with TENT_E_CONNECT */
+  tent_handle_table_t peers;
+  size_t live_peers, allocated_peers; /* in the table; not yet freed (removed ones draining too) */
+  rail_t *ready_head, *ready_tail;    /* rails with work a worker may take now, FIFO */
   pthread_t *workers;
   int nworkers;
   atomic_ullong next_reqid;
@@ -213,43 +217,11 @@ typedef struct tcp_exec {
   int wake_fd; /* eventfd, readable once stopping */
 } tcp_exec_t;
 
-/* ------------------------------------------------------------------ queues */
+/* ------------------------------------------------------------------ ready list */
 
-static int q_push(slice_queue_t *q, const tent_slice_t *s) {
-  if (q->len == q->cap) {
-    size_t ncap = q->cap ? q->cap * 2 : 64;
-    tent_slice_t *nb = malloc(ncap * sizeof *nb);
-    if (!nb) return -1;
-    for (size_t i = 0; i < q->len; i++) nb[i] = q->buf[(q->head + i) % q->cap];
-    free(q->buf);
-    q->buf = nb;
-    q->cap = ncap;
-    q->head = 0;
-  }
-  q->buf[(q->head + q->len) % q->cap] = *s;
-  q->len++;
-  return 0;
-}
-
-static int q_reserve(slice_queue_t *q, size_t extra) {
-  if (q->len + extra <= q->cap) return 0;
-  size_t ncap = q->cap ? q->cap : 64;
-  while (ncap < q->len + extra) ncap *= 2;
-  tent_slice_t *nb = malloc(ncap * sizeof *nb);
-  if (!nb) return -1;
-  for (size_t i = 0; i < q->len; i++) nb[i] = q->buf[(q->head + i) % q->cap];
-  free(q->buf);
-  q->buf = nb;
-  q->cap = ncap;
-  q->head = 0;
-  return 0;
-}
-
-static void q_pop(slice_queue_t *q, tent_slice_t *out) {
-  *out = q->buf[q->head];
-  q->head = (q->head + 1) % q->cap;
-  q->len--;
-}
+/* A rail is ready when a worker may pop a chunk from it now: it has queued chunks and a free
+ * connection slot. Called with ex->mu after anything that changes those. */
+static void rail_update_ready(struct tcp_exec *ex, rail_t *r);
 
 /* ------------------------------------------------------------------ config */
 
@@ -259,12 +231,24 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->slice_timeout_ms = 2000;
   ex->connect_timeout_ms = 1000;
   ex->sockbuf = 4 << 20;
+  ex->chunk = 0;
+  ex->max_parts = 64;
   char key[64], val[256];
   for (const char *c = cfg; tent_config_next(&c, key, sizeof key, val, sizeof val);) {
     char *end = NULL;
     long v = strtol(val, &end, 10);
     int *dst = NULL;
     long lo = 0, hi = 1L << 30;
+    if (!strcmp(key, "chunk")) {
+      char *e = NULL;
+      unsigned long long c = strtoull(val, &e, 10);
+      if (e == val || *e) {
+        snprintf(err, errlen, "bad value for chunk: %s", val);
+        return -1;
+      }
+      ex->chunk = c;
+      continue;
+    }
     if (!strcmp(key, "threads")) dst = &ex->nthreads, lo = 1, hi = 256;
     else if (!strcmp(key, "conns_per_rail")) dst = &ex->conns_per_rail, lo = 1, hi = 64;
     else if (!strcmp(key, "slice_timeout_ms")) dst = &ex->slice_timeout_ms, lo = 1;
@@ -587,19 +571,21 @@ static int io_status(int rc) {
   }
 }
 
-/* Run one slice on a connected socket. *broken set when the connection must be dropped. */
-static int run_slice(tcp_exec_t *ex, int fd, const tent_slice_t *s, int *broken) {
+/* Run one chunk [off, off+len) of slice `s` on a connected socket. *broken set when the
+ * connection must be dropped. */
+static int run_chunk(tcp_exec_t *ex, int fd, const tent_slice_t *s, uint64_t off, uint64_t len, int *broken) {
   uint8_t h[REQ_SIZE];
   uint64_t reqid = atomic_fetch_add(&ex->next_reqid, 1);
+  uint64_t local = s->local_addr + off;
   put32(h, WIRE_MAGIC);
   put16(h + 4, WIRE_VERSION);
   put16(h + 6, (uint16_t)s->opcode);
-  put64(h + 8, s->remote_addr);
-  put64(h + 16, s->length);
+  put64(h + 8, s->remote_addr + off);
+  put64(h + 16, len);
   put64(h + 24, reqid);
   *broken = 1;
   int rc = send_all(fd, h, REQ_SIZE, s->opcode == TENT_OP_WRITE);
-  if (rc == IO_OK && s->opcode == TENT_OP_WRITE) rc = send_all(fd, (const void *)(uintptr_t)s->local_addr, s->length, 0);
+  if (rc == IO_OK && s->opcode == TENT_OP_WRITE) rc = send_all(fd, (const void *)(uintptr_t)local, len, 0);
   if (rc != IO_OK) return io_status(rc);
   uint8_t rsp[RSP_SIZE];
   rc = recv_all(fd, rsp, RSP_SIZE);
@@ -607,7 +593,7 @@ static int run_slice(tcp_exec_t *ex, int fd, const tent_slice_t *s, int *broken)
   if (get32(rsp) != WIRE_MAGIC || get16(rsp + 4) != WIRE_VERSION || get64(rsp + 16) != reqid) return TENT_E_PROTOCOL;
   int32_t status = (int32_t)get32(rsp + 8);
   if (status == TENT_OK && s->opcode == TENT_OP_READ) {
-    rc = recv_all(fd, (void *)(uintptr_t)s->local_addr, s->length);
+    rc = recv_all(fd, (void *)(uintptr_t)local, len);
     if (rc != IO_OK) return io_status(rc);
   }
   *broken = 0;
@@ -615,93 +601,128 @@ static int run_slice(tcp_exec_t *ex, int fd, const tent_slice_t *s, int *broken)
   return status;
 }
 
-/* Find a rail with queued work and a free slot; pops one slice. Called with ex->mu. */
-static rail_t *take_work_locked(tcp_exec_t *ex, tent_slice_t *out, peer_t **peer_out) {
-  /* count (peer, rail) pairs for the round-robin cursor */
-  unsigned total = 0;
-  for (int p = 0; p < ex->npeers; p++)
-    if (ex->peers[p]) total += (unsigned)ex->peers[p]->nrails;
-  if (!total) return NULL;
-  unsigned start = ex->rr % total, idx = 0;
-  rail_t *best = NULL;
-  peer_t *bestp = NULL;
-  unsigned best_idx = 0;
-  for (int p = 0; p < ex->npeers && !best; p++) {
-    peer_t *pe = ex->peers[p];
-    if (!pe) continue;
-    for (int i = 0; i < pe->nrails; i++, idx++) {
-      rail_t *r = &pe->rails[i];
-      if (r->q.len && r->busy < ex->conns_per_rail && idx >= start) {
-        best = r, bestp = pe, best_idx = idx;
-        break;
-      }
-    }
+/* ------------------------------------------------------------------ ready list */
+
+static int rail_is_ready(const tcp_exec_t *ex, const rail_t *r) {
+  return r->q.len > 0 && r->busy < ex->conns_per_rail && !r->peer->removed;
+}
+
+static void ready_unlink(tcp_exec_t *ex, rail_t *r) {
+  if (!r->ready) return;
+  if (r->ready_prev) r->ready_prev->ready_next = r->ready_next;
+  else ex->ready_head = r->ready_next;
+  if (r->ready_next) r->ready_next->ready_prev = r->ready_prev;
+  else ex->ready_tail = r->ready_prev;
+  r->ready_prev = r->ready_next = NULL;
+  r->ready = 0;
+}
+
+static void ready_append(tcp_exec_t *ex, rail_t *r) {
+  r->ready_prev = ex->ready_tail;
+  r->ready_next = NULL;
+  if (ex->ready_tail) ex->ready_tail->ready_next = r;
+  else ex->ready_head = r;
+  ex->ready_tail = r;
+  r->ready = 1;
+}
+
+static void rail_update_ready(tcp_exec_t *ex, rail_t *r) {
+  int want = rail_is_ready(ex, r);
+  if (want && !r->ready) ready_append(ex, r);
+  else if (!want && r->ready) ready_unlink(ex, r);
+}
+
+/* ------------------------------------------------------------------ workers */
+
+/* Account one finished chunk; reports the slice when it was its job's last chunk. */
+static void finish_chunk(tcp_exec_t *ex, const tent_chunk_t *c, int status) {
+  tent_job_t *j = c->job;
+  int final;
+  if (tent_job_chunk_done(j, status, &final)) {
+    ex->host->complete(ex->host->ctx, &j->s, final);
+    free(j);
   }
-  if (!best) { /* wrap around */
-    idx = 0;
-    for (int p = 0; p < ex->npeers && !best; p++) {
-      peer_t *pe = ex->peers[p];
-      if (!pe) continue;
-      for (int i = 0; i < pe->nrails && idx < start; i++, idx++) {
-        rail_t *r = &pe->rails[i];
-        if (r->q.len && r->busy < ex->conns_per_rail) {
-          best = r, bestp = pe, best_idx = idx;
-          break;
-        }
-      }
-    }
-  }
-  if (!best) return NULL;
-  ex->rr = best_idx + 1;
-  q_pop(&best->q, out);
-  *peer_out = bestp;
-  return best;
+}
+
+/* Fail every chunk of a queue taken off a rail (called without ex->mu) and free it. */
+static void fail_queue(tcp_exec_t *ex, tent_chunk_queue_t *q, int status) {
+  tent_chunk_t c;
+  while (tent_cq_pop(q, &c) == 0) finish_chunk(ex, &c, status);
+  tent_cq_free(q);
+}
+
+/* Take a rail's queued chunks out (O(1)); the caller fails them after dropping ex->mu. */
+static tent_chunk_queue_t rail_take_queue(tcp_exec_t *ex, rail_t *r) {
+  tent_chunk_queue_t q = r->q;
+  memset(&r->q, 0, sizeof r->q);
+  ready_unlink(ex, r);
+  return q;
+}
+
+static void rail_free(rail_t *r) {
+  tent_cq_free(&r->q);
+  for (int k = 0; k < r->nidle; k++) close(r->idle[k]);
+  free(r->idle);
+  free(r->slot_fd);
+}
+
+static void peer_free(peer_t *pe) {
+  for (int i = 0; i < pe->nrails; i++) rail_free(&pe->rails[i]);
+  free(pe->rails);
+  free(pe);
+}
+
+/* Drop one reference; a removed peer is freed with its last. Called with ex->mu. */
+static void peer_unref_locked(tcp_exec_t *ex, peer_t *pe) {
+  if (--pe->refs > 0) return;
+  for (int i = 0; i < pe->nrails; i++) ready_unlink(ex, &pe->rails[i]);
+  ex->allocated_peers--;
+  peer_free(pe);
 }
 
 static void *worker_main(void *arg) {
   tcp_exec_t *ex = arg;
+  tent_chunk_t c;
   pthread_mutex_lock(&ex->mu);
   for (;;) {
     if (ex->stopping) break;
-    tent_slice_t s;
-    if (ex->orphans.len) {
-      q_pop(&ex->orphans, &s);
-      pthread_mutex_unlock(&ex->mu);
-      ex->host->complete(ex->host->ctx, &s, TENT_E_CONNECT);
-      pthread_mutex_lock(&ex->mu);
-      continue;
-    }
-    peer_t *pe = NULL;
-    rail_t *r = take_work_locked(ex, &s, &pe);
+    rail_t *r = ex->ready_head;
     if (!r) {
       pthread_cond_wait(&ex->cv, &ex->mu);
       continue;
     }
-    int status;
-    if (ex->host->is_cancelled(ex->host->ctx, s.token)) {
-      pthread_mutex_unlock(&ex->mu);
-      ex->host->complete(ex->host->ctx, &s, TENT_E_CANCELLED);
-      pthread_mutex_lock(&ex->mu);
-      continue;
-    }
-    if (s.length == 0) {
-      pthread_mutex_unlock(&ex->mu);
-      ex->host->complete(ex->host->ctx, &s, TENT_OK);
-      pthread_mutex_lock(&ex->mu);
-      continue;
-    }
-    if (r->down_until_ms && mono_ms() < r->down_until_ms && r->nidle == 0) {
+    peer_t *pe = r->peer;
+    tent_cq_pop(&r->q, &c);
+    /* round robin: the rail goes to the back of the ready list (or leaves it) */
+    ready_unlink(ex, r);
+    const tent_slice_t *s = &c.job->s;
+    int status = TENT_OK, run = 0;
+    if (atomic_load(&c.job->status) != TENT_OK) {
+      status = TENT_OK; /* an earlier chunk of the slice failed: skip, its status stands */
+    } else if (ex->host->is_cancelled(ex->host->ctx, s->token)) {
+      status = TENT_E_CANCELLED;
+    } else if (c.len == 0) {
+      status = TENT_OK;
+    } else if (r->down_until_ms && mono_ms() < r->down_until_ms && r->nidle == 0) {
       atomic_fetch_add(&r->errors, 1);
+      status = TENT_E_CONNECT;
+    } else {
+      run = 1;
+    }
+    if (!run) {
+      rail_update_ready(ex, r);
       pthread_mutex_unlock(&ex->mu);
-      ex->host->complete(ex->host->ctx, &s, TENT_E_CONNECT);
+      finish_chunk(ex, &c, status);
       pthread_mutex_lock(&ex->mu);
       continue;
     }
     int slot = 0;
     while (r->slot_fd[slot] != SLOT_FREE) slot++; /* busy < conns_per_rail: a free slot exists */
     r->busy++;
+    pe->refs++;
     int fd = r->nidle ? r->idle[--r->nidle] : -1;
     r->slot_fd[slot] = fd;
+    rail_update_ready(ex, r);
     pthread_mutex_unlock(&ex->mu);
 
     int broken = 0;
@@ -723,7 +744,7 @@ static void *worker_main(void *arg) {
       }
       pthread_mutex_unlock(&ex->mu);
     }
-    if (fd >= 0) status = run_slice(ex, fd, &s, &broken);
+    if (fd >= 0) status = run_chunk(ex, fd, s, c.off, c.len, &broken);
 
     pthread_mutex_lock(&ex->mu);
     if (fd >= 0) {
@@ -733,15 +754,17 @@ static void *worker_main(void *arg) {
     r->slot_fd[slot] = SLOT_FREE;
     r->busy--;
     if (status == TENT_OK) {
-      atomic_fetch_add(&r->bytes, s.length);
+      atomic_fetch_add(&r->bytes, c.len);
       atomic_fetch_add(&r->slices, 1);
     } else {
       atomic_fetch_add(&r->errors, 1);
     }
     if (status != TENT_OK && ex->stopping && status > TENT_E_BOUNDS) status = TENT_E_CANCELLED;
-    pthread_cond_signal(&ex->cv); /* a slot freed on this rail */
+    if (!pe->removed) rail_update_ready(ex, r); /* a slot freed on this rail */
+    peer_unref_locked(ex, pe);
+    pthread_cond_signal(&ex->cv);
     pthread_mutex_unlock(&ex->mu);
-    ex->host->complete(ex->host->ctx, &s, status);
+    finish_chunk(ex, &c, status);
     pthread_mutex_lock(&ex->mu);
   }
   pthread_mutex_unlock(&ex->mu);
@@ -749,12 +772,6 @@ static void *worker_main(void *arg) {
 }
 
 /* ------------------------------------------------------------------ peers */
-
-static void rail_free(rail_t *r) {
-  free(r->q.buf);
-  free(r->idle);
-  free(r->slot_fd);
-}
 
 EXPORT int64_t tcp_add_peer(void *self, int nrails, const char **local_ips, const char **remote_ips,
                             const int *remote_ports) {
@@ -770,6 +787,7 @@ EXPORT int64_t tcp_add_peer(void *self, int nrails, const char **local_ips, cons
   pe->nrails = nrails;
   for (int i = 0; i < nrails; i++) {
     rail_t *r = &pe->rails[i];
+    r->peer = pe;
     r->local.sin_family = AF_INET;
     r->remote.sin_family = AF_INET;
     r->remote.sin_port = htons((uint16_t)remote_ports[i]);
@@ -780,100 +798,88 @@ EXPORT int64_t tcp_add_peer(void *self, int nrails, const char **local_ips, cons
     r->idle = calloc((size_t)ex->conns_per_rail, sizeof(int));
     r->slot_fd = calloc((size_t)ex->conns_per_rail, sizeof(int));
     if (bad || !r->idle || !r->slot_fd) {
-      for (int j = 0; j <= i; j++) rail_free(&pe->rails[j]);
-      free(pe->rails);
-      free(pe);
+      pe->nrails = i + 1;
+      peer_free(pe);
       return bad ? -EINVAL : -ENOMEM;
     }
-    if (r->slot_fd)
-      for (int k = 0; k < ex->conns_per_rail; k++) r->slot_fd[k] = SLOT_FREE;
+    for (int k = 0; k < ex->conns_per_rail; k++) r->slot_fd[k] = SLOT_FREE;
     snprintf(r->name, sizeof r->name, "%s->%s:%d", (lip && *lip) ? lip : "*", remote_ips[i], remote_ports[i]);
   }
   pthread_mutex_lock(&ex->mu);
-  if (ex->npeers == ex->cap_peers) {
-    int ncap = ex->cap_peers ? ex->cap_peers * 2 : 16;
-    peer_t **np = realloc(ex->peers, (size_t)ncap * sizeof *np);
-    if (!np) {
-      pthread_mutex_unlock(&ex->mu);
-      for (int j = 0; j < nrails; j++) rail_free(&pe->rails[j]);
-      free(pe->rails);
-      free(pe);
-      return -ENOMEM;
-    }
-    ex->peers = np;
-    ex->cap_peers = ncap;
+  uint64_t h = tent_ht_insert(&ex->peers, pe);
+  if (!h || h > (uint64_t)INT64_MAX) { /* out of memory (or handles exhausted: never in practice) */
+    if (h) tent_ht_take(&ex->peers, h);
+    pthread_mutex_unlock(&ex->mu);
+    peer_free(pe);
+    return -ENOMEM;
   }
-  ex->peers[ex->npeers++] = pe;
-  pe->handle = ex->npeers; /* handle = index + 1 */
+  pe->handle = h;
+  pe->refs = 1; /* the table's */
+  ex->live_peers++;
+  ex->allocated_peers++;
   pthread_mutex_unlock(&ex->mu);
-  return pe->handle;
+  return (int64_t)h;
 }
 
-static peer_t *peer_lookup_locked(tcp_exec_t *ex, uint64_t h) {
-  if (h == 0 || h > (uint64_t)ex->npeers) return NULL;
-  return ex->peers[h - 1];
-}
-
+/* Forget a peer: its handle stops resolving at once, queued chunks fail as unreachable
+ * (retryable: the core may re-route them) before this returns, in-flight ones are cut short;
+ * the peer is freed when the last of them returns. */
 EXPORT void tcp_remove_peer(void *self, int64_t handle) {
   tcp_exec_t *ex = self;
   if (!ex) return;
+  tent_chunk_queue_t queued[MAX_RAILS];
   pthread_mutex_lock(&ex->mu);
-  peer_t *pe = peer_lookup_locked(ex, (uint64_t)handle);
-  if (!pe || pe->removed) {
+  peer_t *pe = tent_ht_take(&ex->peers, (uint64_t)handle);
+  if (!pe) {
     pthread_mutex_unlock(&ex->mu);
     return;
   }
   pe->removed = 1;
-  for (int i = 0; i < pe->nrails; i++) {
+  ex->live_peers--;
+  int nrails = pe->nrails;
+  for (int i = 0; i < nrails; i++) {
     rail_t *r = &pe->rails[i];
-    tent_slice_t s;
-    while (r->q.len) { /* queued slices fail as unreachable (retryable: the core may reroute) */
-      q_pop(&r->q, &s);
-      q_push(&ex->orphans, &s);
-    }
+    queued[i] = rail_take_queue(ex, r);
     for (int k = 0; k < r->nidle; k++) close(r->idle[k]);
     r->nidle = 0;
     for (int k = 0; k < ex->conns_per_rail; k++)
       if (r->slot_fd[k] >= 0) shutdown(r->slot_fd[k], SHUT_RDWR);
   }
-  /* the peer struct stays (handles are indices) until destroy; in-flight workers close their fds */
+  peer_unref_locked(ex, pe); /* the table's reference: freed now unless chunks are in flight */
   pthread_cond_broadcast(&ex->cv);
   pthread_mutex_unlock(&ex->mu);
+  for (int i = 0; i < nrails; i++) fail_queue(ex, &queued[i], TENT_E_CONNECT);
 }
 
-/* The core believes this rail is dead: queued slices fail at once (retryable, so the core
+/* The core believes this rail is dead: queued chunks fail at once (retryable, so the core
  * re-routes them) and in-flight ones are cut short instead of waiting out the progress timer.
- * Returns the number of queued slices handed back, or -EINVAL. */
+ * Returns the number of queued chunks handed back, or -EINVAL. */
 EXPORT int tcp_abort_rail(void *self, int64_t handle, int rail) {
   tcp_exec_t *ex = self;
   if (!ex) return -EINVAL;
   pthread_mutex_lock(&ex->mu);
-  peer_t *pe = peer_lookup_locked(ex, (uint64_t)handle);
-  if (!pe || pe->removed || rail < 0 || rail >= pe->nrails) {
+  peer_t *pe = tent_ht_get(&ex->peers, (uint64_t)handle);
+  if (!pe || rail < 0 || rail >= pe->nrails) {
     pthread_mutex_unlock(&ex->mu);
     return -EINVAL;
   }
   rail_t *r = &pe->rails[rail];
-  int n = 0;
-  tent_slice_t s;
-  while (r->q.len) {
-    q_pop(&r->q, &s);
-    q_push(&ex->orphans, &s);
-    n++;
-  }
+  tent_chunk_queue_t q = rail_take_queue(ex, r);
   for (int k = 0; k < ex->conns_per_rail; k++)
     if (r->slot_fd[k] >= 0) shutdown(r->slot_fd[k], SHUT_RDWR);
   pthread_cond_broadcast(&ex->cv);
   pthread_mutex_unlock(&ex->mu);
+  int n = (int)q.len;
+  fail_queue(ex, &q, TENT_E_CONNECT);
   return n;
 }
 
-/* out[0..3] = bytes ok, slices ok, errors, connects. Returns 0 or -EINVAL. */
+/* out[0..3] = bytes ok, chunks ok, errors, connects. Returns 0 or -EINVAL. */
 EXPORT int tcp_get_rail_counters(void *self, int64_t handle, int rail, uint64_t *out, int nout) {
   tcp_exec_t *ex = self;
   if (!ex || !out) return -EINVAL;
   pthread_mutex_lock(&ex->mu);
-  peer_t *pe = peer_lookup_locked(ex, (uint64_t)handle);
+  peer_t *pe = tent_ht_get(&ex->peers, (uint64_t)handle);
   if (!pe || rail < 0 || rail >= pe->nrails) {
     pthread_mutex_unlock(&ex->mu);
     return -EINVAL;
@@ -884,6 +890,17 @@ EXPORT int tcp_get_rail_counters(void *self, int64_t handle, int rail, uint64_t 
   pthread_mutex_unlock(&ex->mu);
   for (int i = 0; i < nout && i < 4; i++) out[i] = v[i];
   return 0;
+}
+
+/* out[0..2] = peers in the table, peers not yet freed (removed ones still draining count),
+ * handle-table capacity. */
+EXPORT void tcp_peer_stats(void *self, uint64_t *out) {
+  tcp_exec_t *ex = self;
+  pthread_mutex_lock(&ex->mu);
+  out[0] = ex->live_peers;
+  out[1] = ex->allocated_peers;
+  out[2] = ex->peers.cap;
+  pthread_mutex_unlock(&ex->mu);
 }
 
 /* ------------------------------------------------------------------ ABI */
@@ -936,34 +953,70 @@ static void *ex_create(const tent_host_api_t *host, const char *config, char *er
 static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
   tcp_exec_t *ex = self;
   if (!ex) return TENT_E_INTERNAL;
-  if (n == 0) return 0;
-  pthread_mutex_lock(&ex->mu);
-  if (ex->stopping) {
+  if (n == 0) return TENT_OK;
+  /* jobs are made outside the lock; the submit is all or nothing */
+  tent_job_t *one_job[1];
+  uint64_t one_plan[2];
+  tent_job_t **jobs = n == 1 ? one_job : malloc(n * sizeof *jobs);
+  uint64_t *plan = n == 1 ? one_plan : malloc(2 * (size_t)n * sizeof *plan); /* parts, per */
+  int rc = jobs && plan ? TENT_OK : TENT_E_INTERNAL;
+  uint32_t made = 0;
+  for (; rc == TENT_OK && made < n; made++) {
+    plan[2 * made] = tent_cq_parts(slices[made].length, ex->chunk, ex->max_parts, &plan[2 * made + 1]);
+    jobs[made] = tent_job_new(&slices[made], (uint32_t)plan[2 * made]);
+    if (!jobs[made]) rc = TENT_E_INTERNAL;
+  }
+  uint32_t gone = 0; /* slices naming a removed peer: reported unreachable after the lock */
+  if (rc == TENT_OK) {
+    pthread_mutex_lock(&ex->mu);
+    if (ex->stopping) rc = TENT_E_CANCELLED;
+    for (uint32_t i = 0; rc == TENT_OK && i < n; i++) {
+      const tent_slice_t *s = &slices[i];
+      peer_t *pe = tent_ht_get(&ex->peers, s->peer);
+      if (s->opcode != TENT_OP_READ && s->opcode != TENT_OP_WRITE) rc = TENT_E_INTERNAL;
+      else if (pe) rc = s->rail < (uint32_t)pe->nrails ? TENT_OK : TENT_E_INTERNAL;
+      else if (tent_ht_was_issued(&ex->peers, s->peer)) plan[2 * i] = 0, gone++; /* 0 parts: gone */
+      else rc = TENT_E_INTERNAL;
+    }
+    uint32_t pushed = 0;
+    for (; rc == TENT_OK && pushed < n; pushed++) {
+      if (plan[2 * pushed] == 0) continue;
+      peer_t *pe = tent_ht_get(&ex->peers, slices[pushed].peer);
+      rail_t *r = &pe->rails[slices[pushed].rail];
+      if (tent_cq_reserve(&r->q, plan[2 * pushed]) != 0) {
+        rc = TENT_E_INTERNAL;
+        while (pushed-- > 0) { /* take back what this submit queued, newest first */
+          if (plan[2 * pushed] == 0) continue;
+          peer_t *p2 = tent_ht_get(&ex->peers, slices[pushed].peer);
+          p2->rails[slices[pushed].rail].q.len -= plan[2 * pushed];
+        }
+        break;
+      }
+      tent_cq_push_job(&r->q, jobs[pushed], plan[2 * pushed], plan[2 * pushed + 1]);
+    }
+    if (rc == TENT_OK) {
+      for (uint32_t i = 0; i < n; i++)
+        if (plan[2 * i]) rail_update_ready(ex, &((peer_t *)tent_ht_get(&ex->peers, slices[i].peer))->rails[slices[i].rail]);
+      if (n == 1 && plan[0] == 1) pthread_cond_signal(&ex->cv);
+      else pthread_cond_broadcast(&ex->cv);
+    }
     pthread_mutex_unlock(&ex->mu);
-    return TENT_E_CANCELLED;
   }
-  /* validate everything first: all or nothing */
-  for (uint32_t i = 0; i < n; i++) {
-    peer_t *pe = peer_lookup_locked(ex, slices[i].peer);
-    if (!pe || slices[i].rail >= (uint32_t)pe->nrails ||
-        (slices[i].opcode != TENT_OP_READ && slices[i].opcode != TENT_OP_WRITE)) {
-      pthread_mutex_unlock(&ex->mu);
-      return TENT_E_INTERNAL;
-    }
-    slice_queue_t *q = pe->removed ? &ex->orphans : &pe->rails[slices[i].rail].q;
-    if (q_reserve(q, n) != 0) {
-      pthread_mutex_unlock(&ex->mu);
-      return TENT_E_INTERNAL;
+  if (rc != TENT_OK) {
+    for (uint32_t i = 0; i < made; i++) free(jobs[i]);
+  } else if (gone) {
+    for (uint32_t i = 0; i < n; i++) {
+      if (plan[2 * i] == 0) {
+        ex->host->complete(ex->host->ctx, &jobs[i]->s, TENT_E_CONNECT); /* peer forgotten: retryable */
+        free(jobs[i]);
+      }
     }
   }
-  for (uint32_t i = 0; i < n; i++) {
-    peer_t *pe = peer_lookup_locked(ex, slices[i].peer);
-    q_push(pe->removed ? &ex->orphans : &pe->rails[slices[i].rail].q, &slices[i]);
+  if (n != 1) {
+    free(jobs);
+    free(plan);
   }
-  if (n == 1) pthread_cond_signal(&ex->cv);
-  else pthread_cond_broadcast(&ex->cv);
-  pthread_mutex_unlock(&ex->mu);
-  return 0;
+  return rc;
 }
 
 static void ex_destroy(void *self) {
@@ -972,9 +1025,9 @@ static void ex_destroy(void *self) {
   /* 1. stop: wake workers, pollers, and everything blocked in socket I/O */
   pthread_mutex_lock(&ex->mu);
   ex->stopping = 1;
-  for (int p = 0; p < ex->npeers; p++) {
-    peer_t *pe = ex->peers[p];
-    for (int i = 0; i < pe->nrails; i++)
+  for (size_t p = 0; p < ex->peers.cap; p++) {
+    peer_t *pe = ex->peers.items[p];
+    for (int i = 0; pe && i < pe->nrails; i++)
       for (int k = 0; k < ex->conns_per_rail; k++)
         if (pe->rails[i].slot_fd[k] >= 0) shutdown(pe->rails[i].slot_fd[k], SHUT_RDWR);
   }
@@ -991,34 +1044,24 @@ static void ex_destroy(void *self) {
     if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
   pthread_mutex_unlock(&ex->srv_mu);
 
-  /* 2. join */
+  /* 2. join: in-flight chunks are reported (removed peers freed) before their workers exit */
   for (int i = 0; i < ex->nworkers; i++) pthread_join(ex->workers[i], NULL);
   for (listener_t *l = ex->listeners; l; l = l->next) pthread_join(l->thread, NULL);
   /* accept threads are gone: the sconn list is stable now */
   for (sconn_t *c = ex->sconns; c; c = c->next) pthread_join(c->thread, NULL);
 
-  /* 3. fail what is still queued, free */
-  tent_slice_t s;
-  while (ex->orphans.len) {
-    q_pop(&ex->orphans, &s);
-    ex->host->complete(ex->host->ctx, &s, TENT_E_CANCELLED);
-  }
-  free(ex->orphans.buf);
-  for (int p = 0; p < ex->npeers; p++) {
-    peer_t *pe = ex->peers[p];
+  /* 3. fail what is still queued (each slice reported exactly once), free */
+  for (size_t p = 0; p < ex->peers.cap; p++) {
+    peer_t *pe = ex->peers.items[p];
+    if (!pe) continue;
     for (int i = 0; i < pe->nrails; i++) {
-      rail_t *r = &pe->rails[i];
-      while (r->q.len) {
-        q_pop(&r->q, &s);
-        ex->host->complete(ex->host->ctx, &s, TENT_E_CANCELLED);
-      }
-      for (int k = 0; k < r->nidle; k++) close(r->idle[k]);
-      rail_free(r);
+      tent_chunk_queue_t q = pe->rails[i].q;
+      memset(&pe->rails[i].q, 0, sizeof q);
+      fail_queue(ex, &q, TENT_E_CANCELLED);
     }
-    free(pe->rails);
-    free(pe);
+    peer_free(pe);
   }
-  free(ex->peers);
+  tent_ht_free(&ex->peers);
   while (ex->listeners) {
     listener_t *l = ex->listeners;
     ex->listeners = l->next;

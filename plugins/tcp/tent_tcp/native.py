@@ -7,9 +7,12 @@ The executor library (``_executor*.so``) exports the standard ``tent_executor_op
     int     tcp_unregister_region(void *self, uint64_t addr, uint64_t len);   (drains in-flight I/O)
     int64_t tcp_add_peer(void *self, int nrails, const char **local_ips,
                          const char **remote_ips, const int *remote_ports);   -> handle > 0 or -errno
-    void    tcp_remove_peer(void *self, int64_t peer);
+    void    tcp_remove_peer(void *self, int64_t peer);        (queued slices fail retryable at once)
+    int     tcp_abort_rail(void *self, int64_t peer, int rail);   -> queued slices handed back
     int     tcp_get_rail_counters(void *self, int64_t peer, int rail, uint64_t *out, int nout);
-            out = [bytes_ok, slices_ok, errors, connects]
+            out = [bytes_ok, chunks_ok, errors, connects]
+    void    tcp_peer_stats(void *self, uint64_t out[3]);
+            out = [peers in the table, peers not yet freed, handle-table capacity]
 
 perm bits: 1 = remote READ allowed, 2 = remote WRITE allowed (same values as tent_core.Permission).
 """
@@ -67,6 +70,8 @@ def _bind(cdll: ctypes.CDLL) -> None:
         ctypes.c_int,
     ]
     cdll.tcp_get_rail_counters.restype = ctypes.c_int
+    cdll.tcp_peer_stats.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]
+    cdll.tcp_peer_stats.restype = None
     cdll._tent_tcp_bound = True
 
 
@@ -143,6 +148,12 @@ class TcpExecutor:
         if rc < 0:
             raise ValueError(f"no rail {rail} on peer {peer}")
         return {"bytes": out[0], "slices": out[1], "errors": out[2], "connects": out[3]}
+
+    def peer_stats(self) -> dict[str, int]:
+        """Peers in the handle table, peers not freed yet (removed ones still draining), table size."""
+        out = (ctypes.c_uint64 * 3)()
+        self._cdll.tcp_peer_stats(self._h(), out)
+        return {"live": out[0], "allocated": out[1], "capacity": out[2]}
 
     def close(self) -> None:
         with self._lock:

@@ -13,6 +13,7 @@ from tcp_helpers import READ, WRITE, pattern, run
 from tent_tcp import __version__
 from tent_tcp.transport import TcpTransport, pair_rails
 
+from tent_core.abi import Status
 from tent_core.executor import EXECUTOR_ABI_VERSION
 from tent_core.transport import Transport, TransportContext
 from tent_core.types import BufferInfo, MemoryKind, PeerInfo, Permission
@@ -82,11 +83,11 @@ def test_transfer_through_transport(pair: tuple[TcpTransport, TcpTransport]) -> 
     back = np.zeros(4096, np.uint8)
     assert run(a.executor, [(READ, back.ctypes.data, ro.ctypes.data, 4096, link.handle, 1)]).error == 0
     assert np.array_equal(back, ro)
-    assert run(a.executor, [(WRITE, src.ctypes.data, ro.ctypes.data, 16, link.handle, 0)]).error == -11
+    assert run(a.executor, [(WRITE, src.ctypes.data, ro.ctypes.data, 16, link.handle, 0)]).error == Status.E_PERMISSION
     assert a.native.rail_counters(link.handle, 1)["slices"] == 2
 
     b.release_buffer(buffer(target))
-    assert run(a.executor, [(WRITE, src.ctypes.data, target.ctypes.data, 16, link.handle, 0)]).error == -10
+    assert run(a.executor, [(WRITE, src.ctypes.data, target.ctypes.data, 16, link.handle, 0)]).error == Status.E_BOUNDS
     b.release_buffer(buffer(target))  # releasing twice is harmless
 
     a.disconnect(link)
