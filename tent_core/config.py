@@ -222,6 +222,11 @@ class EngineConfig:
     control_max_reply_bytes: int = 256 * MiB
     # ZeroMQ send queue per peer (messages); a peer that does not read loses replies beyond it.
     control_send_hwm: int = 256
+    # A connection to the control port that has not completed the ZeroMQ handshake by then is dropped.
+    control_handshake_ms: int = 5000
+    # Raise the process's open-file soft limit to its hard limit at start: every listener caps its
+    # connections, but the caps add up, and the common soft default (1024) is low for a server.
+    raise_fd_limit: bool = True
     # BatchHandle.wait() polls for this long before it sleeps: waking a sleeping thread costs tens of
     # microseconds on small VMs, more than a 64 KiB copy, so small transfers finish while polling.
     # Process-wide (the last engine created sets it); 0 turns polling off.

@@ -67,6 +67,7 @@ class ControlServer:
         auth: ClusterAuth | None = FROM_ENV,
         max_request_bytes: int = _DEFAULTS.control_max_request_bytes,
         send_hwm: int = _DEFAULTS.control_send_hwm,
+        handshake_ms: int = _DEFAULTS.control_handshake_ms,
     ) -> None:
         if auth is FROM_ENV:
             auth = default_auth([host], what="engine control port")
@@ -79,6 +80,7 @@ class ControlServer:
         self._sock.setsockopt(zmq.MAXMSGSIZE, max_request_bytes)
         self._sock.setsockopt(zmq.SNDHWM, send_hwm)
         self._sock.setsockopt(zmq.RCVHWM, RECV_HWM)
+        self._sock.setsockopt(zmq.HANDSHAKE_IVL, handshake_ms)
         try:
             if port:
                 self._sock.bind(f"tcp://{host}:{port}")

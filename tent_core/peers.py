@@ -118,6 +118,7 @@ class PeerDirectory:
         *,
         control_timeout_s: float,
         scheduler: SchedulerConfig | None = None,
+        control_client: Callable[[str], ControlClient] | None = None,
     ) -> None:
         self.engine_id = engine_id
         self.host_id = host_id
@@ -127,6 +128,8 @@ class PeerDirectory:
         self._monitor = monitor
         self._control_timeout_s = control_timeout_s
         self._scheduler = scheduler
+        # how to reach a peer's control port (the engine passes its auth and bounds)
+        self._control_client = control_client or ControlClient
         self._lock = threading.RLock()
         self._peers: dict[str, Peer] = {}
         self._remote_cache: dict[str, tuple[Peer, str]] = {}
@@ -174,7 +177,7 @@ class PeerDirectory:
 
     def _fetch(self, engine_id: str, timeout: float, client: ControlClient | None = None) -> Peer:
         if client is None and engine_id != self.engine_id:
-            client = ControlClient(engine_id)
+            client = self._control_client(engine_id)
             try:
                 desc = self._describe(engine_id, client, timeout)
             except BaseException:

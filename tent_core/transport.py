@@ -14,11 +14,12 @@ compiled slice executor (:class:`tent_core.executor.Executor`) the core submits 
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .auth import ClusterAuth, default_auth
+from .auth import ClusterAuth, default_auth, resolve
 from .errors import ConfigError
 from .types import Availability, BufferInfo, CapabilityProfile, PeerInfo, PeerLink
 
@@ -82,12 +83,15 @@ class TransportContext:
         config: dict[str, Any],
         bind_host: str,
         auth: ClusterAuth | None = _FROM_ENV,
+        require_auth: str | None = None,
     ) -> None:
         self.engine_id = engine_id
         self.host_id = host_id
         self.config = config  # this transport's section of the engine config
         self.bind_host = bind_host  # the address the engine's control port listens on
         self._auth = auth
+        # when a missing token is an error (EngineConfig.require_auth; default from $TENT_REQUIRE_AUTH)
+        self.require_auth = require_auth or os.environ.get("TENT_REQUIRE_AUTH", "non_loopback")
 
     @property
     def auth(self) -> ClusterAuth | None:
@@ -97,6 +101,12 @@ class TransportContext:
         if self._auth is _FROM_ENV:
             self._auth = default_auth([self.bind_host], what="transport")
         return self._auth
+
+    def check_exposure(self, binds: list[str], what: str = "transport") -> None:
+        """A transport without `auth` about to listen on `binds`: raises AuthRequiredError unless the
+        engine's require_auth policy allows it (loopback only, by default)."""
+        if self.auth is None:
+            resolve("", binds, require=self.require_auth, what=what)
 
 
 class Transport(abc.ABC):

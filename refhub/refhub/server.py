@@ -45,6 +45,7 @@ MAX_MSG_BYTES = 64 << 20  # a publish carries a layout and per-tensor checksums:
 SEND_HWM = 100
 FRAME_BYTES = 1 << 20
 RECV_HWM = 10000  # request frames queued per client before ZeroMQ stops reading its socket
+HANDSHAKE_MS = 5000
 FROM_ENV: Any = object()
 
 
@@ -91,6 +92,7 @@ class Server:
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.setsockopt(zmq.SNDHWM, send_hwm)
         self.sock.setsockopt(zmq.RCVHWM, recv_hwm)
+        self.sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)  # a silent TCP connection is dropped by then
         self.sock.setsockopt(zmq.MAXMSGSIZE, max_msg_bytes)
         try:
             self.sock.bind(bind)
