@@ -13,7 +13,7 @@
  *
  * Server side: one accept thread per listener, one thread per accepted connection, at most
  * `max_conns` connections at once (more are closed at accept; those still authenticating hold at
- * most a quarter of them, for `auth_timeout_ms` at most). With an `auth_key` (the per-purpose
+ * most a quarter of them, for `auth_timeout_ms` at most, the oldest cut first). With an `auth_key` (the per-purpose
  * key tent_core.auth derives from the cluster token) every connection runs the handshake of
  * tent/auth.h first, both ways: a server serves no byte to a client that did not prove the key
  * within `auth_timeout_ms`, a client sends none to a server that did not. A connection idle for
@@ -231,6 +231,9 @@ typedef struct sconn {
   int fd;
   int done;
   region_t *cur; /* the region this connection's I/O is using now (under ex->reg_mu) */
+  int pending;   /* still authenticating (under srv_mu) */
+  int evicted;   /* cut to make room for a newer unauthenticated client (under srv_mu) */
+  uint64_t accepted_ms;
   char who[64];  /* the client's address, for logs */
   pthread_t thread;
   struct sconn *next;
@@ -501,7 +504,8 @@ static void *sconn_main(void *arg) {
     char why[160];
     int rc = tent_auth_server(fd, ex->auth_key, sizeof ex->auth_key, NULL, 0, ex->auth_timeout_ms, why, sizeof why);
     pthread_mutex_lock(&ex->srv_mu);
-    ex->pending_auth--;
+    if (!c->evicted) ex->pending_auth--;
+    c->pending = 0;
     pthread_mutex_unlock(&ex->srv_mu);
     if (rc != TENT_AUTH_OK) {
       atomic_fetch_add(&ex->auth_failures, 1);
@@ -591,10 +595,22 @@ static void *accept_main(void *arg) {
     }
     pthread_mutex_lock(&ex->srv_mu);
     reap_sconns_locked(ex);
-    /* a thread and an fd per connection: never more than max_conns of them; clients that have not
-     * authenticated (yet) hold at most a quarter, so a flood of them cannot lock peers out */
-    int full = ex->active_conns >= ex->max_conns ||
-               (ex->auth_on && ex->pending_auth >= (ex->max_conns + 3) / 4);
+    /* A thread and an fd per connection: never more than max_conns of them. Clients that have not
+     * authenticated (yet) hold at most a quarter; when those are all taken, the oldest of them is cut
+     * for the newcomer: a flood of clients that never authenticate cannot lock real peers out (a
+     * peer finishes its handshake in a round trip or two, long before it is the oldest). */
+    if (ex->auth_on && ex->pending_auth >= (ex->max_conns + 3) / 4) {
+      sconn_t *oldest = NULL;
+      for (sconn_t *o = ex->sconns; o; o = o->next)
+        if (o->pending && !o->evicted && o->fd >= 0 && (!oldest || o->accepted_ms < oldest->accepted_ms)) oldest = o;
+      if (oldest) {
+        oldest->evicted = 1;
+        ex->pending_auth--; /* its handshake fails now; it no longer counts against newcomers */
+        shutdown(oldest->fd, SHUT_RDWR);
+        atomic_fetch_add(&ex->refused_conns, 1);
+      }
+    }
+    int full = ex->active_conns >= ex->max_conns || (ex->auth_on && ex->pending_auth >= (ex->max_conns + 3) / 4);
     pthread_mutex_unlock(&ex->srv_mu);
     if (full) {
       close(fd);
@@ -620,7 +636,11 @@ static void *accept_main(void *arg) {
       continue;
     }
     ex->active_conns++;
-    if (ex->auth_on) ex->pending_auth++;
+    if (ex->auth_on) {
+      ex->pending_auth++;
+      c->pending = 1;
+    }
+    c->accepted_ms = mono_ms();
     c->next = ex->sconns;
     ex->sconns = c;
     pthread_mutex_unlock(&ex->srv_mu);

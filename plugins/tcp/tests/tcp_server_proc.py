@@ -66,7 +66,8 @@ def main() -> None:
             a[:] = pattern(req["seed"], a.nbytes)
             out = {"ok": True}
         elif cmd == "unregister":
-            out = {"ok": name_unregister(ex, rids, req["region"])}
+            t0 = time.monotonic()
+            out = {"ok": name_unregister(ex, rids, req["region"]), "secs": time.monotonic() - t0}
         elif cmd == "register":
             out = {"id": ex.register_region(a.ctypes.data, a.nbytes, int(req["perm"]))}
         elif cmd == "unregister_id":
