@@ -275,6 +275,9 @@ class Connection:
                                         self.server, exc)
                             self._auth.reset()
                             self._reset_handles()
+                        else:  # the server wants a token we do not have: say so to every caller
+                            self._fail_pending(RefhubError("auth", f"reference server {self.server}: {exc} "
+                                                           "(set REFHUB_AUTH_TOKEN[_FILE] or TENT_AUTH_TOKEN[_FILE])"))
                         break
                     except AuthError as exc:
                         _rlog.warning("bad-reply", "refhub: dropped a reply from %s: %s", self.server, exc)

@@ -346,6 +346,14 @@ def test_the_client_library_authenticates_and_owns_its_handles(server: LiveServe
     monkeypatch.delenv("TENT_AUTH_TOKEN", raising=False)
     with pytest.raises(SessionLost, match="authentication required"):
         query(server.address, {"op": "stats"})
+    conn = Connection(server.address, hb_interval=0.2)  # no token at all: a clear error, not a timeout
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RefhubError, match="authentication required"):
+            conn.request({"op": "stats"}, 20)
+        assert time.monotonic() - t0 < 10
+    finally:
+        conn.close()
 
 
 def test_binding_non_loopback_without_a_token_is_refused() -> None:
