@@ -8,9 +8,10 @@ proves it knows a key derived from it, over nonces both sides chose. The wire fo
 size and specified in SECURITY.md so the C executors implement it without any library
 (``tent/auth.h`` carries a compact SHA-256/HMAC).
 
-Keys: ``K_purpose = HMAC-SHA256(token, "tent-auth-v1 key " + purpose)``; purposes are
-``control``, ``tcp``, ``shm``, ``refhub``, ``refhub-stage``. A MAC made for one listener is
-useless on another.
+Keys: ``K_root = HMAC-SHA256(token, "tent-auth-v1 root")`` and
+``K_purpose = HMAC-SHA256(K_root, "tent-auth-v1 key " + purpose)``; the core's purposes are
+``control``, ``tcp``, ``shm``, ``refhub``, ``refhub-stage``, a plugin uses its own name. A MAC made
+for one listener is useless on another, and a process keeps only K_root, never the token.
 
 Handshake (client C, server S, ``ctx`` = bytes both sides expect to identify S, may be empty)::
 
@@ -83,13 +84,15 @@ RESULT_LEN = 8  # OK; a DENY may carry up to MAX_REASON more bytes
 MAX_REASON = 120
 TAG_LEN = 8 + MAC_BYTES  # 40
 
+_LABEL_ROOT = b"tent-auth-v1 root"
 _LABEL_KEY = b"tent-auth-v1 key "
 _LABEL_SERVER = b"tent-auth-v1 server\0"
 _LABEL_CLIENT = b"tent-auth-v1 client\0"
 _LABEL_SESSION = b"tent-auth-v1 session\0"
 C2S, S2C = b"c2s", b"s2c"
 
-PURPOSES = frozenset({"control", "tcp", "shm", "refhub", "refhub-stage"})
+PURPOSES = frozenset({"control", "tcp", "shm", "refhub", "refhub-stage"})  # the core's; plugins add their names
+_PURPOSE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_.:")
 
 REQUIRE_MODES = REQUIRE_AUTH_MODES
 
@@ -110,19 +113,25 @@ def _mac(key: bytes, *parts: bytes) -> bytes:
     return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
 
 
-def derive_key(token: bytes, purpose: str) -> bytes:
-    """The per-purpose key: HMAC-SHA256(token, "tent-auth-v1 key " + purpose)."""
-    if purpose not in PURPOSES:
-        raise ValueError(f"unknown auth purpose {purpose!r} (one of {sorted(PURPOSES)})")
-    return _mac(token, _LABEL_KEY, purpose.encode())
+def root_key(token: bytes) -> bytes:
+    """K_root = HMAC-SHA256(token, "tent-auth-v1 root")."""
+    return _mac(token, _LABEL_ROOT)
+
+
+def derive_key(root: bytes, purpose: str) -> bytes:
+    """K_purpose = HMAC-SHA256(K_root, "tent-auth-v1 key " + purpose)."""
+    if not purpose or len(purpose) > 64 or not set(purpose) <= _PURPOSE_CHARS:
+        raise ValueError(f"bad auth purpose {purpose!r}: 1-64 of [a-z0-9-_.:] (a plugin uses its name)")
+    return _mac(root, _LABEL_KEY, purpose.encode())
 
 
 @dataclass(frozen=True)
 class ClusterAuth:
-    """The cluster secret, held as per-purpose keys (the token bytes are not kept)."""
+    """The cluster secret, held as its root key (the token bytes are not kept)."""
 
-    keys: Mapping[str, bytes] = field(repr=False)
+    root: bytes = field(repr=False)
     fingerprint: str  # first 8 hex digits of SHA-256(token): safe to log, tells tokens apart
+    _keys: dict[str, bytes] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_token(cls, token: str | bytes) -> ClusterAuth:
@@ -133,13 +142,14 @@ class ClusterAuth:
                 f"auth token is {len(raw)} bytes; at least {MIN_TOKEN_BYTES} are required "
                 "(generate one with `tent token`)"
             )
-        return cls({p: derive_key(raw, p) for p in PURPOSES}, hashlib.sha256(raw).hexdigest()[:8])
+        return cls(root_key(raw), hashlib.sha256(raw).hexdigest()[:8])
 
     def key(self, purpose: str) -> bytes:
-        try:
-            return self.keys[purpose]
-        except KeyError:
-            raise ValueError(f"unknown auth purpose {purpose!r}") from None
+        """The key of one kind of listener: the core's PURPOSES, or a plugin's own name."""
+        k = self._keys.get(purpose)
+        if k is None:
+            k = self._keys[purpose] = derive_key(self.root, purpose)
+        return k
 
 
 def new_token() -> str:
