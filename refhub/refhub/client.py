@@ -503,6 +503,7 @@ class _Stager:
         self.sock.setsockopt(zmq.MAXMSGSIZE, STAGE_MAX_MSG)
         self.sock.setsockopt(zmq.SNDHWM, STAGE_HWM)
         self.sock.setsockopt(zmq.RCVHWM, STAGE_HWM)
+        self.sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)  # a silent TCP connection is dropped by then
         self.sock.bind(f"tcp://{host}:0")
         self.address = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         self._stop = threading.Event()
