@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -68,6 +69,23 @@ def main(verbose: int) -> None:
     """TENT: a declarative transfer engine."""
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+@main.command()
+@click.option("--file", "path", default=None, type=click.Path(dir_okay=False),
+              help="Write it to this file (mode 0600) instead of stdout.")
+def token(path: str | None) -> None:
+    """Make a new cluster auth token (256 random bits) for TENT_AUTH_TOKEN / auth_token_file."""
+    from .auth import new_token
+
+    tok = new_token()
+    if path is None:
+        click.echo(tok)
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(tok + "\n")
+    click.echo(f"wrote a new token to {path}; set TENT_AUTH_TOKEN_FILE={path} (and REFHUB_AUTH_TOKEN_FILE) on every node")
 
 
 @main.command()

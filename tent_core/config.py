@@ -50,6 +50,7 @@ KiB = 1024
 MiB = 1024 * KiB
 
 POLICIES = ("spray", "round_robin", "single", "stripe")
+REQUIRE_AUTH_MODES = ("non_loopback", "always", "never")
 
 
 @dataclass(frozen=True)
@@ -236,6 +237,25 @@ class EngineConfig:
     max_transport_failovers: int = 3
     # Metadata (control-port) calls to a peer fail after this long: a dead peer is an error, not a hang.
     control_timeout_s: float = 5.0
+    # The cluster secret (SECURITY.md): peers prove they know it at connect with an HMAC
+    # challenge-response; it never crosses the wire. `TENT_AUTH_TOKEN`, or a file holding it
+    # (`auth_token_file` / `TENT_AUTH_TOKEN_FILE`: keeps it out of the environment and argv).
+    auth_token: str = field(default="", repr=False)
+    auth_token_file: str = ""
+    # When a token is mandatory: "non_loopback" (as soon as a listener binds a non-loopback address;
+    # loopback-only engines may run without one, with a warning), "always", or "never" (explicit
+    # opt-out: anyone who reaches the ports can read and write registered memory).
+    require_auth: str = "non_loopback"
+    # Control-port bounds: requests (describe, ping) are tiny; replies carry a whole buffer list.
+    control_max_request_bytes: int = 1 * MiB
+    control_max_reply_bytes: int = 256 * MiB
+    # ZeroMQ send queue per peer (messages); a peer that does not read loses replies beyond it.
+    control_send_hwm: int = 256
+    # A connection to the control port that has not completed the ZeroMQ handshake by then is dropped.
+    control_handshake_ms: int = 5000
+    # Raise the process's open-file soft limit to its hard limit at start: every listener caps its
+    # connections, but the caps add up, and the common soft default (1024) is low for a server.
+    raise_fd_limit: bool = True
     # BatchHandle.wait() polls for this long before it sleeps: waking a sleeping thread costs tens of
     # microseconds on small VMs, more than a 64 KiB copy, so small transfers finish while polling.
     # Process-wide (the last engine created sets it); 0 turns polling off.
@@ -253,6 +273,13 @@ class EngineConfig:
     health: RailHealthConfig = field(default_factory=RailHealthConfig)
     directory: DirectoryConfig = field(default_factory=DirectoryConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+
+    def __post_init__(self) -> None:
+        if self.require_auth not in REQUIRE_AUTH_MODES:
+            raise ValueError(f"require_auth must be one of {REQUIRE_AUTH_MODES}, not {self.require_auth!r}")
+        if self.control_max_request_bytes < 4096 or self.control_max_reply_bytes < 4096 or self.control_send_hwm < 1:
+            raise ValueError("control_max_*_bytes must be >= 4096 and control_send_hwm >= 1")
 
 
 _SECTIONS: dict[str, type] = {

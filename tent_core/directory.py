@@ -367,8 +367,16 @@ class EtcdDirectory(Directory):
 class EngineDirectory:
     """An engine's use of a directory: publishes its record and segments, describes peers by name."""
 
-    def __init__(self, directory: Directory, name: str, control: str, describe: Callable[[], dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        directory: Directory,
+        name: str,
+        control: str,
+        describe: Callable[[], dict[str, Any]],
+        control_client: Callable[[str], Any] | None = None,
+    ) -> None:
         self.directory = directory
+        self._control_client = control_client
         self.name = name
         self.control = control
         self._describe = describe
@@ -385,7 +393,7 @@ class EngineDirectory:
             "transports": desc["transports"],
         }
         with self._lock:
-            self.directory.claim(self.name, record, _answers_ping)
+            self.directory.claim(self.name, record, lambda rec: _answers_ping(rec, self._control_client))
             for segment, buffers in desc["segments"].items():
                 self.directory.publish_segment(self.name, segment, buffers)
         log.info("engine %s published in %s (control %s)", self.name, self.directory.url, self.control)
@@ -422,14 +430,15 @@ class EngineDirectory:
         self.directory.close()
 
 
-def _answers_ping(record: dict[str, Any]) -> bool:
-    """Is the engine behind a directory record still alive? (its control port answers a ping)"""
+def _answers_ping(record: dict[str, Any], control_client: Callable[[str], Any] | None = None) -> bool:
+    """Is the engine behind a directory record still alive? (its control port answers a ping;
+    `control_client` makes the engine's authenticated clients)"""
     from .metadata import ControlClient
 
     endpoint = record.get("control")
     if not endpoint:
         return False
-    client = ControlClient(str(endpoint))
+    client = (control_client or ControlClient)(str(endpoint))
     try:
         return bool(client.call({"op": "ping"}, 1.0).get("ok"))
     except errors.TentError:
@@ -447,12 +456,16 @@ def open_directory(url: str, *, prefix: str = "tent/", lease_ttl_s: float = 10.0
 
 
 def bind_engine(
-    config: DirectoryConfig, name: str, control: str, describe: Callable[[], dict[str, Any]]
+    config: DirectoryConfig,
+    name: str,
+    control: str,
+    describe: Callable[[], dict[str, Any]],
+    control_client: Callable[[str], Any] | None = None,
 ) -> EngineDirectory:
     """Open the directory `config.url` and publish the engine `name` there (its record and every
     segment `describe` lists). On failure nothing stays behind (no lease, no keepalive thread)."""
     directory = open_directory(config.url, prefix=config.prefix, lease_ttl_s=config.lease_ttl_s, timeout_s=config.timeout_s)
-    binding = EngineDirectory(directory, name, control, describe)
+    binding = EngineDirectory(directory, name, control, describe, control_client)
     try:
         binding.start()
     except BaseException:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import threading
 import time
 from collections.abc import Sequence
@@ -31,10 +32,12 @@ import numpy as np
 
 from . import _native, errors
 from .abi import SLICE_DTYPE, StatField
+from .auth import AuthError, ClusterAuth
+from .auth import from_config as auth_from_config
 from .batch import BatchHandle, status_error
 from .config import EngineConfig, load_config
 from .dispatch import Submitter
-from .metadata import ControlServer, host_identity
+from .metadata import ControlClient, ControlServer, host_identity
 from .peers import PeerDirectory
 from .plugin_manager import PluginSet, discover, instantiate
 from .policy_rules import parse_rules
@@ -55,6 +58,18 @@ _BYTES, _SLICES, _ERRORS, _INFLIGHT, _INFLIGHT_SLICES = (
     int(StatField.BYTES_DONE), int(StatField.SLICES_DONE), int(StatField.ERRORS), int(StatField.INFLIGHT_BYTES),
     int(StatField.INFLIGHT_SLICES),
 )
+
+
+def _raise_fd_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit (capped at 1 Mi): see EngineConfig.raise_fd_limit."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 1 << 20 if hard == resource.RLIM_INFINITY else min(hard, 1 << 20)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            log.debug("open-file limit raised from %d to %d", soft, want)
+    except (OSError, ValueError) as exc:
+        log.debug("cannot raise the open-file limit: %s", exc)
 
 
 class Engine:
@@ -81,7 +96,16 @@ class Engine:
         self.host_id = host_identity()
         self._closed = False
         self._close_lock = threading.Lock()
-        self._control = ControlServer(host, port, self._handle_control)
+        # the cluster secret (SECURITY.md): every control request and data connection is authenticated
+        self.auth: ClusterAuth | None = auth_from_config(self.config, [host], what="engine")
+        cfg = self.config
+        if cfg.raise_fd_limit:
+            _raise_fd_limit()
+        self._control = ControlServer(
+            host, port, self._handle_control, auth=self.auth,
+            max_request_bytes=cfg.control_max_request_bytes, send_hwm=cfg.control_send_hwm,
+            handshake_ms=cfg.control_handshake_ms,
+        )
         self.control_endpoint = f"{host}:{self._control.port}"  # where peers send metadata requests
         dcfg = self.config.directory
         # with a directory, peers may know this engine by a fixed name instead of its control endpoint
@@ -90,7 +114,6 @@ class Engine:
         self.availability: dict[str, Availability] = {}
         self.transports: dict[str, Transport] = self._start_transports(host, transports)
         self._profiles = {n: t.capabilities() for n, t in self.transports.items()}
-        cfg = self.config
         self.router = Router(self._profiles, rules, RetryLimits(cfg.max_retries_per_slice, cfg.max_transport_failovers))
         self.scheduler = SliceScheduler(cfg.scheduler, qos=PrioritySlots(cfg.qos) if cfg.qos.enabled else None)
         self.monitor = RailMonitor(cfg.health)
@@ -98,6 +121,9 @@ class Engine:
         self.peers = PeerDirectory(
             self.engine_id, self.host_id, self.transports, self.router, self.describe, self.monitor,
             control_timeout_s=cfg.control_timeout_s, scheduler=cfg.scheduler,
+            control_client=lambda endpoint: ControlClient(
+                endpoint, auth=self.auth, max_reply_bytes=cfg.control_max_reply_bytes, send_hwm=cfg.control_send_hwm
+            ),
         )
         self._probe_buf: LocalBuffer | None = None
         self._recovery = Recovery(self, cfg, self.peers, self.router, self.monitor, lambda: self._probe_buf, PROGRESS)
@@ -123,7 +149,9 @@ class Engine:
         from .directory import bind_engine
 
         try:
-            binding = bind_engine(self.config.directory, self.engine_id, self.control_endpoint, self.describe)
+            binding = bind_engine(
+                self.config.directory, self.engine_id, self.control_endpoint, self.describe, self.peers.control_client
+            )
         except BaseException:
             self.close()
             raise
@@ -149,9 +177,15 @@ class Engine:
                     self._control.close()
                     raise
             if transport is not None and avail.available:
-                ctx = TransportContext(engine_id=self.engine_id, host_id=self.host_id, config=section, bind_host=host)
+                ctx = TransportContext(engine_id=self.engine_id, host_id=self.host_id, config=section, bind_host=host,
+                                       auth=self.auth, require_auth=self.config.require_auth)
                 try:
                     transport.start(ctx)
+                except AuthError:  # a listener would be exposed without a token: refuse, do not degrade
+                    for running in started.values():
+                        running.close()
+                    self._control.close()
+                    raise
                 except Exception as exc:
                     avail = Availability.unavailable(f"start failed: {type(exc).__name__}: {exc}")
                     log.warning("transport %s could not start: %s", name, exc)

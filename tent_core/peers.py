@@ -126,6 +126,7 @@ class PeerDirectory:
         *,
         control_timeout_s: float,
         scheduler: SchedulerConfig | None = None,
+        control_client: Callable[[str], ControlClient] | None = None,
     ) -> None:
         self.engine_id = engine_id
         self.host_id = host_id
@@ -135,6 +136,8 @@ class PeerDirectory:
         self._monitor = monitor
         self._control_timeout_s = control_timeout_s
         self._scheduler = scheduler
+        # how to reach a peer's control port (the engine passes its auth and bounds)
+        self.control_client: Callable[[str], ControlClient] = control_client or ControlClient
         self._lock = threading.RLock()
         self._peers: dict[str, Peer] = {}
         self._remote_cache: dict[str, tuple[Peer, str]] = {}
@@ -190,7 +193,7 @@ class PeerDirectory:
 
     def _fetch(self, engine_id: str, timeout: float, client: ControlClient | None = None) -> Peer:
         if client is None and engine_id != self.engine_id and self.directory is None:
-            client = ControlClient(engine_id)
+            client = self.control_client(engine_id)
             try:
                 desc = self._describe(engine_id, client, timeout)
             except BaseException:
@@ -237,7 +240,7 @@ class PeerDirectory:
             endpoint = str(self.directory.describe_peer(engine_id).get("control") or "")
             if not endpoint:
                 raise errors.PeerUnreachableError(f"the directory has no control endpoint for {engine_id!r}")
-        client = ControlClient(endpoint)
+        client = self.control_client(endpoint)
         try:
             t0 = time.monotonic()
             rep = client.call({"op": "ping"}, timeout)
