@@ -22,6 +22,7 @@ Config keys, with their defaults and meaning: :attr:`ShmTransport.config_keys`.
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
 import json
 import logging
@@ -126,6 +127,9 @@ def _recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
     return msg, fds
 
 
+_BIND_ATTEMPTS = 8
+
+
 def _abstract(name: str) -> str:
     return "\0" + name
 
@@ -160,13 +164,22 @@ class _ShmServer:
 
     def __init__(self, secret: str) -> None:
         self.secret = secret
-        self.name = f"tent-shm-{os.getpid()}-{secrets.token_hex(6)}"
         self._lock = threading.Lock()
         self._exports: dict[int, _Export] = {}
         self._conns: set[_ServerConn] = set()
         self._closed = False
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-        self._sock.bind(_abstract(self.name))
+        # an abstract name: nothing in the file system, gone with the socket; random, so another
+        # process (of any user) holding a name never collides with ours, and if one did we pick again
+        for attempt in range(_BIND_ATTEMPTS):
+            self.name = f"tent-shm-{os.getpid()}-{secrets.token_hex(6)}"
+            try:
+                self._sock.bind(_abstract(self.name))
+                break
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE or attempt == _BIND_ATTEMPTS - 1:
+                    self._sock.close()
+                    raise
         self._sock.listen(64)
         self._thread = threading.Thread(target=self._accept_loop, name="tent-shm-server", daemon=True)
         self._thread.start()
