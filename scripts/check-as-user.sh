@@ -38,7 +38,7 @@ fi
 ls -l "$BENCH_FILE" "$LOAD_TABLE" /dev/shm/tent-load-u0-* > "$LOGDIR/leftovers.txt" 2>&1
 git -C "$REPO" bundle create "$LOGDIR/repo.bundle" HEAD >/dev/null 2>&1 || exit 1
 chmod 644 "$LOGDIR/repo.bundle"
-su - "$USERNAME" -c "git clone -q '$LOGDIR/repo.bundle' '$home/tent'" || exit 1
+su - "$USERNAME" -c "git -c advice.detachedHead=false clone -q '$LOGDIR/repo.bundle' '$home/tent'" || exit 1
 
 rc=0
 for t in "${TARGETS[@]}"; do

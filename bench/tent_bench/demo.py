@@ -330,8 +330,8 @@ def run_demo(con: Console, rollouts: int, spec: ModelSpec, bench: bool) -> dict[
 
             cast.send("trainer", "publish", 2)
             pub2 = cast.wait_for("published", {"trainer"})["trainer"]
-            con.print(f"\n[bold]2. The trainer publishes v2; {rollouts} rollouts update at once[/] (pipeline replication: "
-                      "a receiving rollout serves what it already holds)")  # fmt: skip
+            con.print(f"\n[bold]2. The trainer publishes v2; {rollouts} rollouts update at once[/] (pipeline: a receiving "
+                      "rollout serves what it holds)")  # fmt: skip
             together = _replicate_with_bars(con, cast, roll, ("update",))
             for res, pub in ((alone, pub1), (together, pub2)):
                 bad = [n for n, r in res.items() if r["digest"] != pub["digest"] or not r["stats"].get("verified")]
@@ -442,7 +442,6 @@ def _summary(con: Console, res: dict[str, Any]) -> None:
         con.print("  [dim](p): read while that rollout was itself still receiving v2 (pipeline replication)[/]")
     n = len(together)
     slowest = max(r["seconds"] for r in together.values())
-    stall = sum(r["seconds"] for r in together.values())
     total = sum(used.values()) or 1
     idle = [t for t in info["trainer"]["memory_transports"] if t not in used]
     grid = Table.grid(padding=(0, 2))
@@ -451,10 +450,9 @@ def _summary(con: Console, res: dict[str, Any]) -> None:
     grid.add_row(
         "  receivers",
         f"one transfer alone: {t_alone:.2f} s (median of {len(alone)}); {n} at once: the slowest took {slowest:.2f} s "
-        f"({slowest / t_alone:.1f}x one), {stall:.2f} s of stall in all ({stall / (n * t_alone):.2f}x {n} one after "
-        f"another). On one host every copy runs on the same {os.cpu_count()} cores and memory bus; across hosts, where "
-        "a sender's link is the limit, pipeline replication keeps each receiver near one transfer "
-        "(refhub bench burst).",
+        f"({slowest / t_alone:.1f}x one), against {n * t_alone:.2f} s for {n} one after another. On one host every "
+        f"copy runs on the same {os.cpu_count()} cores and memory bus; across hosts, where a sender's link is the "
+        "limit, pipeline replication keeps each receiver near one transfer (refhub bench burst).",
     )  # fmt: skip
     grid.add_row(
         "  engine chose",
