@@ -18,6 +18,7 @@ All time is passed in (ns); nothing here sleeps or starts threads.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import mmap
@@ -135,6 +136,11 @@ _HDR = struct.Struct("<8sIII")  # magic, version, max_rails, max_procs
 _HDR_SIZE = 64
 _NAME_BYTES = 48
 _OPEN_ATTEMPTS = 5
+_NAME_CANDIDATES = 8
+
+
+class _NotOurs(ValueError):
+    """A file under the table's name that this user must not use (another owner, a link, shared mode)."""
 
 
 class SharedRailLoad:
@@ -152,8 +158,9 @@ class SharedRailLoad:
     file. Columns of processes that died without `close()` are reclaimed (zeroed) on attach.
 
     The file belongs to one user: its name carries the uid (``tent-load-u<uid>-<name>``), it is
-    created mode 0600 and never followed through a link, and a file of that name owned by someone
-    else is refused (ValueError), so another user's table can neither break nor steer this one. The
+    created mode 0600 and never followed through a link; a file under that name that is not the
+    user's own private file is left alone and the next name (``.1``, ``.2``, ...) is used, the same
+    walk in every process of the user, so another user can neither break nor steer this table. The
     last process to close it removes it; an opener that finds the file removed meanwhile retries.
     """
 
@@ -170,40 +177,56 @@ class SharedRailLoad:
         name = name or cfg.shared_load_name
         if "/" in name or not name:
             raise ValueError(f"bad shared load name {name!r}")
-        self.path = os.path.join(directory, f"tent-load-u{os.geteuid()}-{name}")
+        base = os.path.join(directory, f"tent-load-u{os.geteuid()}-{name}")
         want_rails = int(max_rails or cfg.shared_load_max_rails)
         want_procs = int(max_procs or cfg.shared_load_max_procs)
         self._mm: mmap.mmap | None = None
+        refused: list[str] = []
+        # a file under our name that is not ours (planted by another user, or a link) is skipped:
+        # every process of this user walks the same names, so they still meet on one table
+        for k in range(_NAME_CANDIDATES):
+            self.path = base if k == 0 else f"{base}.{k}"
+            try:
+                self._open(want_rails, want_procs)
+                break
+            except _NotOurs as exc:
+                refused.append(str(exc))
+        else:
+            raise ValueError("no usable rail load table: " + "; ".join(refused))
+        self._index: dict[str, int] = {}
+        self._own: dict[str, int] = {}
+
+    def _open(self, want_rails: int, want_procs: int) -> None:
         for _ in range(_OPEN_ATTEMPTS):
             self._fd = self._open_own()
             try:
                 with self._locked():
                     if self._is_current():
                         self._attach(want_rails, want_procs)
-                        break
+                        return
             except BaseException:
                 self._release_views()
                 os.close(self._fd)
                 raise
             os.close(self._fd)  # its last user removed it after we opened it: open again
-        else:
-            raise ValueError(f"{self.path} keeps being removed while opening it")
-        self._index: dict[str, int] = {}
-        self._own: dict[str, int] = {}
+        raise ValueError(f"{self.path} keeps being removed while opening it")
 
     def _open_own(self) -> int:
-        """Open (or create, mode 0600) the table; refuse links and files of other users."""
+        """Open (or create, mode 0600) the table at self.path; links and files of other users or
+        with other modes raise _NotOurs."""
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except PermissionError:
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EPERM, errno.ELOOP):
+                raise
             st = os.lstat(self.path)
-            raise ValueError(f"{self.path} belongs to uid {st.st_uid}, not this user (uid {os.geteuid()}): "
-                             "not using it") from None  # fmt: skip
+            raise _NotOurs(f"{self.path} (uid {st.st_uid}, mode {stat.filemode(st.st_mode)}) is not this user's "
+                           f"(uid {os.geteuid()})") from None  # fmt: skip
         st = os.fstat(fd)
         if st.st_uid != os.geteuid() or not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
             os.close(fd)
-            raise ValueError(f"{self.path} is not a private file of this user (owner uid {st.st_uid}, "
-                             f"mode {stat.S_IMODE(st.st_mode):o}): not using it")  # fmt: skip
+            raise _NotOurs(f"{self.path} (uid {st.st_uid}, mode {stat.filemode(st.st_mode)}) is not a private file "
+                           f"of this user (uid {os.geteuid()})")  # fmt: skip
         return fd
 
     def _is_current(self) -> bool:
