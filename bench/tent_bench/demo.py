@@ -363,13 +363,13 @@ def _bench(con: Console) -> list[dict[str, Any]]:
     from . import baselines as bl
     from . import runner
 
-    spec = runner.BenchSpec(block_sizes=[4 * MiB, 64 * MiB], ops=["READ"], iters=30, warmup=2, time_budget_s=0.4)
+    spec = runner.BenchSpec(block_sizes=[64 * MiB], ops=["READ"], iters=30, warmup=2, time_budget_s=0.5)
     memory, _files = runner.classify_transports(spec)
     spec.transports = [t for t in LIMITS if t in memory]
     if not spec.transports:
         con.print("[yellow]no memory transport to benchmark[/]")
         return []
-    con.print(f"\n[bold]3. tent bench[/]: READs between two processes ({', '.join(spec.transports)}) next to the bare "
+    con.print(f"\n[bold]3. tent bench[/]: 64 MiB READs between two processes ({', '.join(spec.transports)}) next to the bare "
               "limits of this host")  # fmt: skip
     sweep = bl.BaselineSweep(block_sizes=spec.block_sizes, batch_sizes=spec.batch_sizes, ops=spec.ops,
                              iters=spec.iters, warmup=spec.warmup, time_budget_s=spec.time_budget_s,
