@@ -389,7 +389,7 @@ def _bench(con: Console) -> list[dict[str, Any]]:
                 con.print(f"  [yellow]limit {name} unavailable here: {exc.reason}[/]")
         steps.update(task, advance=1)
     table = Table(box=None, padding=(0, 2), show_edge=False)
-    for c in ("transport", "block", "tent GB/s", "bare limit", "limit GB/s", "tent / limit"):
+    for c in ("transport", "tent GB/s", "bare limit", "limit GB/s", "tent / limit"):
         table.add_column(c, justify="left" if c in ("transport", "bare limit") else "right")
     for r in (r for r in rows if r["engine"] == "tent"):
         for lim in LIMITS[r["transport"]]:
@@ -397,8 +397,7 @@ def _bench(con: Console) -> list[dict[str, Any]]:
             if b is None:
                 continue
             r[f"x_{lim}"] = r["gbps"] / b["gbps"] if b["gbps"] else 0.0
-            table.add_row(r["transport"], f"{r['block_size'] // MiB} MiB", f"{r['gbps']:.2f}", lim, f"{b['gbps']:.2f}",
-                          f"{r[f'x_{lim}']:.2f}")  # fmt: skip
+            table.add_row(r["transport"], f"{r['gbps']:.2f}", lim, f"{b['gbps']:.2f}", f"{r[f'x_{lim}']:.2f}")
     con.print(table)
     for name in names:
         con.print(f"  [dim]{name}: {LIMIT_TEXT[name]}[/]")
