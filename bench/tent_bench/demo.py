@@ -363,7 +363,7 @@ def _bench(con: Console) -> list[dict[str, Any]]:
     from . import baselines as bl
     from . import runner
 
-    spec = runner.BenchSpec(block_sizes=[64 * MiB], ops=["READ"], iters=30, warmup=2, time_budget_s=0.5)
+    spec = runner.BenchSpec(block_sizes=[64 * MiB], ops=["READ"], iters=40, warmup=2, time_budget_s=1.0)
     memory, _files = runner.classify_transports(spec)
     spec.transports = [t for t in LIMITS if t in memory]
     if not spec.transports:
