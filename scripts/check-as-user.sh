@@ -21,6 +21,7 @@ created=()
 cleanup() {
   for pid in $(pgrep -u "$USERNAME"); do kill -KILL "$pid" 2>/dev/null; done  # this throw-away user's only
   userdel -r "$USERNAME" >/dev/null 2>&1
+  rm -rf "/tmp/pytest-of-$USERNAME"  # pytest's own per-user folder of the throw-away user
   for f in "${created[@]}"; do rm -f "$f"; done
 }
 trap cleanup EXIT
