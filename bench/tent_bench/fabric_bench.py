@@ -565,9 +565,10 @@ def plot_timelines(path: str, panels: list[dict[str, Any]], title: str) -> None:
 # ------------------------------------------------------------------ runs
 
 
-def _base_spec(fab: Fabric, spec: FabricBenchSpec, remote: str, policy: str) -> dict[str, Any]:
+def _base_spec(fab: Fabric, spec: FabricBenchSpec, remote: str, policy: str, seed: int) -> dict[str, Any]:
     return {
         "remote": remote,
+        "seed": seed,  # the target's pattern (tent_core.testing.pattern)
         "host": fab.addrs(0, peer=1)[0],
         "config": initiator_config(fab, spec, policy),
         "ifaces": [fab.link(i).if0 for i in range(fab.rails)],
@@ -624,7 +625,7 @@ def run_fabric_bench(spec: FabricBenchSpec, progress: Callable[[str], None] | No
         target = stack.enter_context(
             target_process(tsize, fab.addrs(1)[0], target_config(fab, spec), True, fab.exec_argv(1, []))
         )
-        remote = target["segment"]
+        remote, seed = target["segment"], target["seed"]
         fabric_row = {"kind": "fabric", "spec": spec.fabric, "prefix": fab.prefix, "shaper": spec.shaper,
                       "degrade": spec.degrade, "mode": mode, **_rail_info(fab)}  # fmt: skip
         rows.append(fabric_row)
@@ -640,7 +641,7 @@ def run_fabric_bench(spec: FabricBenchSpec, progress: Callable[[str], None] | No
                     variants.append((p, f"{p} (no qos switch in the engine config)", {}))
         for policy, label, extra in variants:
             _reset_rails(fab, spec.degrade)
-            ws = _base_spec(fab, spec, remote, policy)
+            ws = _base_spec(fab, spec, remote, policy, seed)
             ws["config"] = _merge(ws["config"], extra)
             info = _rail_info(fab)
             say(f"{mode} {label}")

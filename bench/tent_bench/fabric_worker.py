@@ -126,9 +126,9 @@ def _rail_view(eng: Engine) -> dict[str, list[Any]]:
     return {"rail_est_gbit": [round(r["bandwidth_GBps"] * 8, 3) for r in stats], "rail_state": [r["state"] for r in stats]}
 
 
-def _connect(eng: Engine, local: LocalBuffer, remote: str, n: int) -> None:
+def _connect(eng: Engine, local: LocalBuffer, remote: str, n: int, seed: int) -> None:
     """First READ: connects every rail, and checks the bytes once."""
-    expect = pattern(n)
+    expect = pattern(n, seed)
     local.array[:n] = 0  # type: ignore[index]
     eng.submit([Request(OpCode.READ, local, 0, remote, 0, n)], deadline=30.0).wait()
     if not np.array_equal(local.array[:n], expect):  # type: ignore[index]
@@ -145,7 +145,7 @@ def run_sweep(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, 
     threads: int = sw["threads"]
     size = max(blocks) * max(batches) * threads
     local = eng.allocate(size, segment="fabric-local")
-    _connect(eng, local, spec["remote"], min(size, 8 * MiB))
+    _connect(eng, local, spec["remote"], min(size, 8 * MiB), spec["seed"])
     emit({"event": "ready", "t": time.monotonic()})
     rows: list[dict[str, Any]] = []
     for op_name in sw.get("ops", ["READ"]):
@@ -322,8 +322,8 @@ def run_verify(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str,
     if block + OFFSET_STEP * (OFFSET_SLOTS - 1) > tsize:
         raise ValueError("target buffer too small for the rotating offsets")
     local = eng.allocate(block * threads, segment="fabric-local")
-    _connect(eng, local, spec["remote"], min(block, 8 * MiB))
-    expect = pattern(tsize)
+    _connect(eng, local, spec["remote"], min(block, 8 * MiB), spec["seed"])
+    expect = pattern(tsize, spec["seed"])
     counters = _Counters()
     stop = threading.Event()
     # warm-up so the telemetry has seen every rail before the clock starts
@@ -399,7 +399,7 @@ def run_mixed(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, 
     interval = mx["mouse_interval_ms"] / 1e3
     remote = spec["remote"]
     local = eng.allocate(block * nel + mouse, segment="fabric-local")
-    _connect(eng, local, remote, min(block, 8 * MiB))
+    _connect(eng, local, remote, min(block, 8 * MiB), spec["seed"])
     mbase = block * nel
 
     def mice(duration: float, out: list[float]) -> None:
