@@ -315,9 +315,18 @@ def _bench_fabric(
     if mixed and (fault or duration):
         raise click.UsageError("--mixed runs its own fixed load; drop --fault/--duration")
     spec.threads = threads or 4
-    spec.offered_gbit = offered
+    try:
+        spec.offered_loads = [float(x) for x in _csv(offered)]
+    except ValueError as exc:
+        raise click.BadParameter(f"--offered-load takes Gbit/s values, e.g. 1.2 or 0.8,1.2: {offered!r}") from exc
+    if any(not 0.01 <= x <= 1000 for x in spec.offered_loads):
+        raise click.BadParameter("--offered-load values must lie in 0.01..1000 Gbit/s")
     if offered and (fault or duration or mixed):
         raise click.UsageError("--offered-load applies to the sweep (not with --fault/--duration/--mixed)")
+    if seeds and not offered:
+        raise click.UsageError("--seeds applies to --offered-load")
+    spec.seeds = seeds or 3
+    spec.rounds = rounds or (1 if quick else 3)
     if quick:
         spec.block_sizes, spec.budget_s = [1 * MiB, 64 * MiB], 1.5
         spec.mixed_duration_s = 2.0
