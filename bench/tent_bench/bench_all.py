@@ -304,6 +304,18 @@ def render_tail(text: str) -> str:
     return summary + "\n\n" + per_run
 
 
+def render_small(text: str) -> str:
+    """scripts/bench-small.sh: one JSON line per wait_spin_us setting, points as `<op>_<KiB>k`."""
+    data = parse_json_output(text)
+    if not isinstance(data, list) or not data or not all(isinstance(d, dict) and "wait_spin_us" in d for d in data):
+        return render_generic(text)
+    points = [k for k in data[0] if k != "wait_spin_us"]
+    header = ["point"] + [f"spin {d['wait_spin_us']} us: GB/s (x CMA), P99 us" for d in data]
+    rows = [[p] + [f"{fmt(d[p]['gbps'])} ({fmt(d[p].get('x_cma'))}x), {fmt(d[p].get('p99_us'))}" if p in d else "-"
+                   for d in data] for p in points]  # fmt: skip
+    return table(header, rows)
+
+
 # ------------------------------------------------------------------ targets (computed from the numbers)
 
 
@@ -414,7 +426,7 @@ def default_steps() -> list[Step]:
         Step("fabric-degraded", [*deg, "--block-sizes", "1M,64M", "--rounds", "3", "--timeline", "docs/timeline-degraded.png"],
              [*deg, "--block-sizes", "1M", "--quick", "--rounds", "1"],
              render_fabric, needs_root=True, covers=FABRIC_SCRIPTS),  # fmt: skip
-        Step("fabric-offered", [*deg, "--block-sizes", "64M", "--offered-load", "0.8,1.4", "--seeds", "3"],
+        Step("fabric-offered", [*deg, "--block-sizes", "64M", "--offered-load", "1.2", "--seeds", "3"],
              [*deg, "--block-sizes", "1M", "--offered-load", "0.5", "--seeds", "1"],
              render_fabric, target_offered, needs_root=True, covers=FABRIC_SCRIPTS, timeout_s=900),  # fmt: skip
         Step("fabric-mixed", [*fab, "--mixed", "--policy", "spray"], [*fab, "--mixed", "--policy", "spray", "--quick"],
@@ -422,23 +434,24 @@ def default_steps() -> list[Step]:
         Step("fault-down-up", [*fab, "--fault", "down 0 at 1s; up 0 at 3s", "--duration", "5", "--timeline",
                                "docs/timeline-down-up.png"],
              [*fab, "--fault", "down 0 at 1s; up 0 at 2s", "--duration", "3"],
-             render_fault, needs_root=True, covers=FABRIC_SCRIPTS),  # fmt: skip
+             render_fault, needs_root=True, covers=FABRIC_SCRIPTS, opt_in=True),  # fmt: skip
         Step("fault-degrade", [*fab, "--fault", "degrade 2:0.5 at 1s; restore 2 at 3s", "--duration", "5", "--timeline",
                                "docs/timeline-degrade.png"],
              [*fab, "--fault", "degrade 2:0.5 at 1s; restore 2 at 2s", "--duration", "3"],
-             render_fault, needs_root=True, covers=FABRIC_SCRIPTS),  # fmt: skip
+             render_fault, needs_root=True, covers=FABRIC_SCRIPTS, opt_in=True),  # fmt: skip
         Step("fault-flap", [*fab, "--fault", "flap 1 every 300ms from 1s until 11s", "--duration", "12", "--timeline",
                             "docs/timeline-flap.png"],
              [*fab, "--fault", "flap 1 every 300ms from 1s until 3s", "--duration", "4"],
-             render_fault, needs_root=True, covers=FABRIC_SCRIPTS),  # fmt: skip
+             render_fault, needs_root=True, covers=FABRIC_SCRIPTS, opt_in=True),  # fmt: skip
         Step("resilience", ["scripts/bench-resilience.sh"], needs=("scripts/bench-resilience.sh",), needs_root=True,
              covers=("scripts/bench-resilience.sh",), timeout_s=900),  # fmt: skip
         Step("small", ["scripts/bench-small.sh"], needs=("scripts/bench-small.sh",), covers=("scripts/bench-small.sh",),
-             quick_env={"ITERS": "50"}),  # fmt: skip
+             render=render_small, quick_env={"ITERS": "50"}),  # fmt: skip
         Step("auth", ["scripts/bench-auth.sh"], needs=("scripts/bench-auth.sh",), covers=("scripts/bench-auth.sh",),
              quick_env={"ROUNDS": "1", "BUDGET": "0.2"}),  # fmt: skip
-        Step("compat", ["scripts/bench-compat.sh"], needs=("scripts/bench-compat.sh",), covers=("scripts/bench-compat.sh",),
-             quick_env={"ROUNDS": "1", "DURATION": "0.2"}),  # fmt: skip
+        Step("compat", ["scripts/bench-compat.sh", "--json"], needs=("scripts/bench-compat.sh",),
+             covers=("scripts/bench-compat.sh",),
+             env={"ROUNDS": "5"}, quick_env={"ROUNDS": "1", "DURATION": "0.2"}),  # fmt: skip
         Step("staging", [TENT, "bench-staging", "--json"], probe=has_subcommand(TENT, "bench-staging")),
         Step("refhub-dataplane-shm", [REFHUB, "bench", "dataplane", "--json"], skip_if=("scripts/bench-refhub.sh",)),
         Step("refhub-dataplane-tcp", [REFHUB, "bench", "dataplane", "--json", "--transport", "tcp"],
@@ -641,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown step(s) {sorted(unknown)}; steps: {', '.join(names)}")
     if args.list:
         for s in steps:
-            print(f"{s.name:22s} {' '.join(shlex.quote(a) for a in s.argv)}")
+            print(f"{s.name:22s} {' '.join(shlex.quote(a) for a in s.argv)}{'   (opt-in)' if s.opt_in else ''}")
         return 0
     out_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="tent-bench-all-"))
     out_dir.mkdir(parents=True, exist_ok=True)
