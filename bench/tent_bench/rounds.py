@@ -98,7 +98,7 @@ def summarize(rows: Sequence[Row], ours: str = "tent", group: Sequence[str] = ("
                 continue
             med, lo, hi = spread(vals)
             agg[m], agg[f"{m}_min"], agg[f"{m}_max"] = round(med, digits), round(lo, digits), round(hi, digits)
-            agg[f"{m}_rounds"] = [round(v, digits) for v in vals]
+            agg[f"{m}_rounds"] = [round(v, digits + 3) for v in vals]
         out.append(agg)
     _add_round_ratios(rows, out, ours, group)
     return out
