@@ -930,6 +930,7 @@ def _mooncake_initiator(conn, sweep: BaselineSweep, info: dict) -> None:
                     raise BaselineError(f"{fn.__name__} returned {rc}")
 
         row = _measure("mooncake", "tcp", op, block, batch, sweep, run, verified)
+        row["parallel"] = None  # Mooncake's own (its lanes: see mooncake_env)
         row["mooncake_env"] = dict(sweep.mooncake_env or {})
         conn.send(("row", row))
     conn.send(("done",))
