@@ -295,10 +295,10 @@ def render_tail(text: str) -> str:
     runs = data["runs"]
     summary = table(
         ["op", "block", "requests", "P50 ms", "P99 ms", "P99 / P50", "max ms", "GB/s median run", "slowest run / median",
-         "verified bytes"],
+         "verified bytes", "slice errors"],
         [[data["op"], human(data["block_size"]), fmt(data["requests"]), fmt(data["p50_us"] / 1e3), fmt(data["p99_us"] / 1e3),
           f"**{fmt(data['p99_over_p50'])}**", fmt(data["max_us"] / 1e3), fmt(data["median_run_gbps"]),
-          f"**{fmt(data['slowest_run_over_median'])}**", fmt(data.get("verified_bytes"))]],
+          f"**{fmt(data['slowest_run_over_median'])}**", fmt(data.get("verified_bytes")), fmt(data.get("slice_errors"))]],
     )  # fmt: skip
     per_run = "Runs (GB/s, each of " + fmt(data["run_requests"]) + " requests): " + " ".join(fmt(r["gbps"]) for r in runs)
     return summary + "\n\n" + per_run

@@ -85,6 +85,9 @@ def measure(transport: str, op: str, block: int, requests: int, run: int, warmup
         if not ok:
             raise RuntimeError("tail: the bytes after the timed runs are wrong")
         verified += block
+        rails = [r for r in eng.rail_stats() if r["transport"] == transport]
+        slice_errors = sum(r["errors"] for r in rails)  # failed (e.g. timed-out) slices, retried
+        slices = sum(r["slices"] for r in rails)
     arr = np.asarray(lat)
     p50, p99 = float(np.percentile(arr, 50)), float(np.percentile(arr, 99))
     med_run = statistics.median(r["gbps"] for r in runs)
@@ -105,6 +108,8 @@ def measure(transport: str, op: str, block: int, requests: int, run: int, warmup
         "runs": runs,
         "slowest": [{"index": int(i), "at_s": round(stamps[i], 4), "us": round(lat[i] * 1e6, 1)} for i in slow_idx],
         "verified_bytes": verified,
+        "slices": slices,
+        "slice_errors": slice_errors,
     }
 
 
