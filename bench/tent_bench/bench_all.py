@@ -301,7 +301,12 @@ def render_tail(text: str) -> str:
           f"**{fmt(data['slowest_run_over_median'])}**", fmt(data.get("verified_bytes")), fmt(data.get("slice_errors"))]],
     )  # fmt: skip
     per_run = "Runs (GB/s, each of " + fmt(data["run_requests"]) + " requests): " + " ".join(fmt(r["gbps"]) for r in runs)
-    return summary + "\n\n" + per_run
+    slow = "Slowest requests (ms at s from the start): " + ", ".join(
+        f"{fmt(x['us'] / 1e3)} at {fmt(x['at_s'])}" for x in data.get("slowest", [])[:5])  # fmt: skip
+    kernel = data.get("tcp_counters")
+    tcp = ("Kernel TCP counters that moved during the runs (whole network namespace): "
+           + (", ".join(f"{k} +{v}" for k, v in kernel.items()) if kernel else "none")) if kernel is not None else ""  # fmt: skip
+    return "\n\n".join(x for x in (summary, per_run, slow, tcp) if x)
 
 
 def render_small(text: str) -> str:
@@ -453,14 +458,21 @@ def default_steps() -> list[Step]:
              covers=("scripts/bench-compat.sh",),
              env={"ROUNDS": "5"}, quick_env={"ROUNDS": "1", "DURATION": "0.2"}),  # fmt: skip
         Step("staging", [TENT, "bench-staging", "--json"], probe=has_subcommand(TENT, "bench-staging")),
-        Step("refhub-dataplane-shm", [REFHUB, "bench", "dataplane", "--json"], skip_if=("scripts/bench-refhub.sh",)),
+        Step("refhub-dataplane-shm", [REFHUB, "bench", "dataplane", "--json"],
+             [REFHUB, "bench", "dataplane", "--json", "--size-mb", "64", "--tensors", "40", "--repeat", "1"],
+             skip_if=("scripts/bench-refhub.sh",)),  # fmt: skip
         Step("refhub-dataplane-tcp", [REFHUB, "bench", "dataplane", "--json", "--transport", "tcp"],
+             [REFHUB, "bench", "dataplane", "--json", "--transport", "tcp", "--size-mb", "64", "--tensors", "40",
+              "--repeat", "1"], skip_if=("scripts/bench-refhub.sh",)),  # fmt: skip
+        Step("refhub-burst", [REFHUB, "bench", "burst", "--json"],
+             [REFHUB, "bench", "burst", "--json", "--n", "1,2", "--size-mb", "16", "--peers", ""],
+             needs_root=True, skip_if=("scripts/bench-refhub.sh",), timeout_s=1200),  # fmt: skip
+        Step("refhub-failover", [REFHUB, "bench", "failover", "--json"],
+             [REFHUB, "bench", "failover", "--json", "--size-mb", "16"], needs_root=True,
              skip_if=("scripts/bench-refhub.sh",)),  # fmt: skip
-        Step("refhub-burst", [REFHUB, "bench", "burst", "--json"], needs_root=True, skip_if=("scripts/bench-refhub.sh",),
-             timeout_s=1200),  # fmt: skip
-        Step("refhub-failover", [REFHUB, "bench", "failover", "--json"], needs_root=True,
+        Step("refhub-server", [REFHUB, "bench", "server", "--clients", "4096", "--json"],
+             [REFHUB, "bench", "server", "--clients", "256", "--duration", "1", "--json"],
              skip_if=("scripts/bench-refhub.sh",)),  # fmt: skip
-        Step("refhub-server", [REFHUB, "bench", "server", "--clients", "4096", "--json"], skip_if=("scripts/bench-refhub.sh",)),
         Step("rdma", ["scripts/rdma-vm.sh", "--out", "/tmp/tent-rdma-bench", "--", PY, "-m", "tent_rdma.bench", "single",
                       "--sizes", "64K,1M", "--bytes", "32M", "--rounds", "3"],
              needs=("scripts/rdma-vm.sh",), needs_root=True, opt_in=True, timeout_s=1800),  # fmt: skip
@@ -555,8 +567,14 @@ def run_step(step: Step, root: Path, quick: bool, out_dir: Path) -> Result:
     return res
 
 
+def display_command(argv: list[str]) -> str:
+    """The command as a reader types it (`tent bench ...`, `python -m ...`: the installed venv's)."""
+    shown = [a.removeprefix(".venv/bin/") if i == 0 else a for i, a in enumerate(argv)]
+    return " ".join(shlex.quote(a) for a in shown)
+
+
 def render_result(res: Result, quick: bool) -> str:
-    cmd = " ".join(shlex.quote(a) for a in res.step.command(quick))
+    cmd = display_command(res.step.command(quick))
     lines = [f"`{cmd}`", ""]
     if res.status == "skipped":
         lines.append(f"_Not run by `scripts/bench-all.sh`: {res.reason}._")

@@ -30,6 +30,28 @@ from .cli import parse_size
 from .runner import target_process
 
 SLOWEST = 10
+# Kernel TCP counters whose movement during the runs explains a stall (retransmission timeouts,
+# memory pressure, drops); read from /proc/net/{snmp,netstat}, for the whole network namespace.
+TCP_COUNTERS = ("RetransSegs", "TCPTimeouts", "TCPLossProbes", "TCPMemoryPressures", "TCPRcvQDrop", "TCPBacklogDrop",
+                "TCPZeroWindowDrop", "PruneCalled", "TCPOFODrop", "TCPRcvCollapsed", "TCPSpuriousRTOs",
+                "TCPFromZeroWindowAdv", "TCPToZeroWindowAdv", "TCPWantZeroWindowAdv")  # fmt: skip
+
+
+def tcp_counters() -> dict[str, int]:
+    out: dict[str, int] = {}
+    for path in ("/proc/net/snmp", "/proc/net/netstat"):
+        try:
+            lines = open(path).read().splitlines()
+        except OSError:
+            continue
+        for names, values in zip(lines[::2], lines[1::2], strict=False):
+            for k, v in zip(names.split()[1:], values.split()[1:], strict=False):
+                if k in TCP_COUNTERS:
+                    try:
+                        out[k] = int(v)
+                    except ValueError:
+                        pass
+    return out
 
 
 def measure(transport: str, op: str, block: int, requests: int, run: int, warmup: int = 5,
@@ -61,6 +83,7 @@ def measure(transport: str, op: str, block: int, requests: int, run: int, warmup
         lat: list[float] = []
         stamps: list[float] = []
         runs: list[dict[str, Any]] = []
+        counters0 = tcp_counters()
         t_begin = time.perf_counter()
         done = 0
         while done < requests:
@@ -75,6 +98,7 @@ def measure(transport: str, op: str, block: int, requests: int, run: int, warmup
             wall = time.perf_counter() - t_run
             runs.append({"requests": n, "seconds": round(wall, 4), "gbps": round(n * block / wall / 1e9, 4)})
             done += n
+        counters1 = tcp_counters()
         # after the last run: what the target holds is what we wrote (WRITE) / what we read is its (READ)
         if opcode is OpCode.WRITE:
             local.array[:] = 0
@@ -110,6 +134,7 @@ def measure(transport: str, op: str, block: int, requests: int, run: int, warmup
         "verified_bytes": verified,
         "slices": slices,
         "slice_errors": slice_errors,
+        "tcp_counters": {k: counters1[k] - counters0.get(k, 0) for k in counters1 if counters1[k] != counters0.get(k, 0)},
     }
 
 
