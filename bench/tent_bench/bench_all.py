@@ -700,7 +700,8 @@ def main(argv: list[str] | None = None) -> int:
             res = run_step(step, root, args.quick, out_dir)
         print(f"[{i}/{len(selected)}] {step.name}: {res.status} {res.reason} ({res.seconds:.0f} s)", file=sys.stderr, flush=True)
         results.append(res)
-        blocks[step.name] = render_result(res, args.quick)
+        if res.status != "skipped" or step.name in blocks_in(doc_path.read_text()):
+            blocks[step.name] = render_result(res, args.quick)  # a skipped step's reason is in the machine block
         # written after every step: an interrupted series keeps what it measured
         facts["load_end"] = os.getloadavg()
         blocks["machine"] = render_machine(facts, results, args.quick, time.monotonic() - t_start)

@@ -759,7 +759,7 @@ def run_fabric_bench(spec: FabricBenchSpec, progress: Callable[[str], None] | No
     return rows
 
 
-SWEEP_METRICS = ("gbit", "gbps", "p50_us", "p99_us", "realized_gbit")
+SWEEP_METRICS = ("gbit", "gbps", "p50_us", "p99_us", "realized_gbit", "x_nominal", "x_actual")
 
 
 def summarize_policies(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
