@@ -78,11 +78,13 @@ def _key(row: Row, fields: Sequence[str]) -> tuple[Any, ...]:
 
 
 def summarize(rows: Sequence[Row], ours: str = "tent", group: Sequence[str] = ("engine", "transport", *POINT),
-              metrics: Sequence[str] = METRICS, digits: int = 4) -> list[Row]:  # fmt: skip
+              metrics: Sequence[str] = METRICS, digits: int = 4, same_transport: bool = False) -> list[Row]:  # fmt: skip
     """One row per (engine, transport, point): every metric the median over the rounds, with
     `<metric>_min`, `<metric>_max` and `<metric>_rounds`; for each of our rows, `x_<baseline>` is the
     median of the per-round ratios ours / baseline (same point, same round) with its min-max, and
-    `p99_vs_<baseline>` likewise for P99. Row order follows first appearance."""
+    `p99_vs_<baseline>` likewise for P99. A baseline row matches ours by point (its transport is
+    its own: socket, cma...) or, with `same_transport`, by transport and point (two settings of the
+    same engine). Row order follows first appearance."""
     groups: dict[tuple[Any, ...], list[Row]] = {}
     for row in rows:
         groups.setdefault(_key(row, group), []).append(row)
@@ -100,31 +102,32 @@ def summarize(rows: Sequence[Row], ours: str = "tent", group: Sequence[str] = ("
             agg[m], agg[f"{m}_min"], agg[f"{m}_max"] = round(med, digits), round(lo, digits), round(hi, digits)
             agg[f"{m}_rounds"] = [round(v, digits + 3) for v in vals]
         out.append(agg)
-    _add_round_ratios(rows, out, ours, group)
+    _add_round_ratios(rows, out, ours, group, same_transport)
     return out
 
 
 def per_round_ratios(rows: Sequence[Row], ours: str, baseline: str, metric: str = "gbps",
-                     point: Sequence[str] = POINT) -> dict[tuple[Any, ...], list[float]]:  # fmt: skip
+                     point: Sequence[str] = POINT, same_transport: bool = False) -> dict[tuple[Any, ...], list[float]]:  # fmt: skip
     """(transport of ours, *point) -> [ours / baseline in round r, for every round where both ran]."""
-    base = {(r["round"], *_key(r, point)): r for r in rows if r.get("engine") == baseline}
+    match = ("transport", *point) if same_transport else tuple(point)
+    base = {(r["round"], *_key(r, match)): r for r in rows if r.get("engine") == baseline}
     ratios: dict[tuple[Any, ...], list[float]] = {}
     for r in rows:
         if r.get("engine") != ours:
             continue
-        b = base.get((r["round"], *_key(r, point)))
+        b = base.get((r["round"], *_key(r, match)))
         if b is None or not b.get(metric) or r.get(metric) is None:
             continue
         ratios.setdefault((r.get("transport"), *_key(r, point)), []).append(float(r[metric]) / float(b[metric]))
     return ratios
 
 
-def _add_round_ratios(rows: Sequence[Row], out: list[Row], ours: str, group: Sequence[str]) -> None:
+def _add_round_ratios(rows: Sequence[Row], out: list[Row], ours: str, group: Sequence[str], same_transport: bool) -> None:
     baselines = sorted({r["engine"] for r in rows if r.get("engine") not in (None, ours)})
     point = [f for f in group if f not in ("engine", "transport")]
     for b in baselines:
         for metric, prefix in (("gbps", "x_"), ("p99_us", "p99_vs_")):
-            ratios = per_round_ratios(rows, ours, b, metric, point)
+            ratios = per_round_ratios(rows, ours, b, metric, point, same_transport)
             for agg in out:
                 if agg.get("engine") != ours:
                     continue

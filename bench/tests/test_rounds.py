@@ -48,3 +48,13 @@ def test_ratios_are_per_round_then_median():
     assert t["x_base"] == 2.0 and (t["x_base_min"], t["x_base_max"]) == (2.0, 3.0)  # not 6.0 / 2.0 of the medians' luck
     assert t["p99_vs_base"] == 0.5
     assert "x_tent" not in b
+
+
+def test_same_transport_matches_two_settings_of_one_engine_per_transport():
+    rows = []
+    for r in range(2):
+        for t, tok, none in (("tcp", 1.0, 2.0), ("shm", 10.0, 5.0)):
+            rows += [{"engine": "token", "transport": t, "op": "READ", "block_size": 4, "batch_size": 1, "gbps": tok, "round": r},
+                     {"engine": "none", "transport": t, "op": "READ", "block_size": 4, "batch_size": 1, "gbps": none, "round": r}]  # fmt: skip
+    out = {(a["engine"], a["transport"]): a for a in summarize(rows, ours="token", same_transport=True)}
+    assert out[("token", "tcp")]["x_none"] == 0.5 and out[("token", "shm")]["x_none"] == 2.0
