@@ -550,18 +550,21 @@ def run_step(step: Step, root: Path, quick: bool, out_dir: Path) -> Result:
     env["PATH"] = f"{root / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     t0 = time.monotonic()
     try:
-        p = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=step.timeout_s,
-                           stdin=subprocess.DEVNULL)  # fmt: skip
-    except subprocess.TimeoutExpired as exc:
-        so = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        se = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        res = Result(step, "timeout", time.monotonic() - t0, f"timed out after {step.timeout_s:.0f} s", so, se)
+        # its own process group: on a timeout the whole step (target processes, fabric workers) is
+        # interrupted (SIGINT first, so its cleanup runs: namespaces, temporary files), then killed
+        p = subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     except OSError as exc:
         res = Result(step, "failed", time.monotonic() - t0, f"could not start: {exc}")
     else:
-        status = "ok" if p.returncode == 0 else "failed"
-        res = Result(step, status, time.monotonic() - t0, "" if status == "ok" else f"exit code {p.returncode}",
-                     p.stdout, p.stderr)  # fmt: skip
+        try:
+            so, se = p.communicate(timeout=step.timeout_s)
+        except subprocess.TimeoutExpired:
+            so, se = _stop_group(p)
+            res = Result(step, "timeout", time.monotonic() - t0, f"timed out after {step.timeout_s:.0f} s", so, se)
+        else:
+            status = "ok" if p.returncode == 0 else "failed"
+            res = Result(step, status, time.monotonic() - t0, "" if status == "ok" else f"exit code {p.returncode}", so, se)
     (out_dir / f"{step.name}.out").write_text(res.stdout)
     (out_dir / f"{step.name}.err").write_text(res.stderr)
     return res
@@ -571,6 +574,22 @@ def display_command(argv: list[str]) -> str:
     """The command as a reader types it (`tent bench ...`, `python -m ...`: the installed venv's)."""
     shown = [a.removeprefix(".venv/bin/") if i == 0 else a for i, a in enumerate(argv)]
     return " ".join(shlex.quote(a) for a in shown)
+
+
+def _stop_group(p: subprocess.Popen[str]) -> tuple[str, str]:
+    """SIGINT to the step's process group, 20 s to clean up, then SIGKILL; what it printed."""
+    import signal
+
+    for sig, grace in ((signal.SIGINT, 20.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            return p.communicate(timeout=grace)
+        except subprocess.TimeoutExpired:
+            continue
+    return "", ""
 
 
 def render_result(res: Result, quick: bool) -> str:
@@ -651,6 +670,8 @@ def main(argv: list[str] | None = None) -> int:
                                                 "with --quick: a copy in the output directory)")  # fmt: skip
     ap.add_argument("--out", default=None, help="directory for raw outputs (default: a fresh temporary one)")
     ap.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)
+    ap.add_argument("--step-timeout", type=float, default=None, metavar="SECONDS",
+                    help="cap every step's time limit (a step past it is interrupted and reported)")  # fmt: skip
     ap.add_argument("--step", action="append", default=[], metavar="NAME=COMMAND",
                     help="an extra step (shell-split command, generic rendering); may repeat")  # fmt: skip
     args = ap.parse_args(argv)
@@ -662,6 +683,9 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not name or not cmd:
             ap.error(f"--step takes NAME=COMMAND, got {spec!r}")
         steps.append(Step(name, shlex.split(cmd)))
+    if args.step_timeout:
+        for s in steps:
+            s.timeout_s = min(s.timeout_s, args.step_timeout)
     names = [s.name for s in steps]
     if len(set(names)) != len(names):
         ap.error(f"two steps share a name: {names}")

@@ -101,8 +101,9 @@ def test_quick_run_of_a_subset_one_step_failing(tmp_path):
     doc.write_text((ROOT / "docs" / "benchmarks.md").read_text())
     before = doc.read_text()
     p = subprocess.run(
-        [sys.executable, "-m", "tent_bench.bench_all", "--quick", "--only", "broken,shm-cma,needs-a-testbed",
+        [sys.executable, "-m", "tent_bench.bench_all", "--quick", "--only", "broken,hangs,shm-cma,needs-a-testbed",
          "--step", "broken=sh -c 'echo half a table >&2; exit 3'", "--step", "needs-a-testbed=/nonexistent/tool",
+         "--step", "hangs=sh -c 'echo started; sleep 600'", "--step-timeout", "40",
          "--doc", str(doc), "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
@@ -113,6 +114,7 @@ def test_quick_run_of_a_subset_one_step_failing(tmp_path):
     assert "| shm | READ | 4 MiB |" in shm and "| shm | WRITE | 4 MiB |" in shm
     assert "`cma` ran with 2 threads/streams" in shm and "Target >= 0.9x cma" in shm
     assert "failed** (exit code 3" in text and "half a table" in text
+    assert "timeout** (timed out after 40 s" in text and "started" in text  # interrupted, its output kept
     assert "/nonexistent/tool not found" in text or "could not start" in text
     machine = text.split("<!-- bench-all:begin machine -->")[1].split("<!-- bench-all:end machine -->")[0]
     assert f"{os.cpu_count()} cores" in machine and "Load average" in machine and "Quick mode" in machine
