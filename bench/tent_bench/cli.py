@@ -397,7 +397,7 @@ def _print_fabric_rows(rows: list[dict[str, Any]]) -> None:
 
 
 def _print_rows(rows: list[dict[str, Any]], baselines: list[str]) -> None:
-    table = Table(title="tent bench")
+    table = Table(title="tent bench (medians over the rounds; min-max)")
     cols = ["engine", "transport", "op", "block", "batch", "GB/s", "avg us", "p99 us"]
     ratio_cols = [f"x_{b}" for b in baselines]
     for c in cols + ratio_cols:
@@ -407,7 +407,8 @@ def _print_rows(rows: list[dict[str, Any]], baselines: list[str]) -> None:
             continue
         cells = [
             r["engine"], r["transport"], r["op"], human(r["block_size"]), str(r["batch_size"]),
-            f"{r['gbps']:.2f}", f"{r['avg_us']:.0f}", f"{r['p99_us']:.0f}",
+            f"{r['gbps']:.2f}" + (f" ({r['gbps_min']:.2f}-{r['gbps_max']:.2f})" if r.get("rounds", 1) > 1 else ""),
+            f"{r['avg_us']:.0f}", f"{r['p99_us']:.0f}",
         ]
         cells += [f"{r[c]:.2f}" if c in r else "" for c in ratio_cols]
         table.add_row(*cells)
