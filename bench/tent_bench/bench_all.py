@@ -301,8 +301,9 @@ def render_tail(text: str) -> str:
           f"**{fmt(data['slowest_run_over_median'])}**", fmt(data.get("verified_bytes")), fmt(data.get("slice_errors"))]],
     )  # fmt: skip
     per_run = "Runs (GB/s, each of " + fmt(data["run_requests"]) + " requests): " + " ".join(fmt(r["gbps"]) for r in runs)
-    slow = "Slowest requests (ms at s from the start): " + ", ".join(
-        f"{fmt(x['us'] / 1e3)} at {fmt(x['at_s'])}" for x in data.get("slowest", [])[:5])  # fmt: skip
+    slow = "Slowest requests (ms at s from the start; failed and retried slices in it): " + ", ".join(
+        f"{fmt(x['us'] / 1e3)} at {fmt(x['at_s'])}" + (f" ({x['failed_slices']} failed)" if x.get("failed_slices") else "")
+        for x in data.get("slowest", [])[:5])  # fmt: skip
     kernel = data.get("tcp_counters")
     tcp = ("Kernel TCP counters that moved during the runs (whole network namespace): "
            + (", ".join(f"{k} +{v}" for k, v in kernel.items()) if kernel else "none")) if kernel is not None else ""  # fmt: skip

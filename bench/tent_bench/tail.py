@@ -82,6 +82,12 @@ def measure(transport: str, op: str, block: int, requests: int, run: int, warmup
             eng.submit(req).wait()
         lat: list[float] = []
         stamps: list[float] = []
+        failed: list[int] = []  # slices that failed (and were retried) during each request
+
+        def errors() -> int:
+            return sum(r["errors"] for r in eng.rail_stats() if r["transport"] == transport)
+
+        e_prev = errors()
         runs: list[dict[str, Any]] = []
         counters0 = tcp_counters()
         t_begin = time.perf_counter()
@@ -95,6 +101,9 @@ def measure(transport: str, op: str, block: int, requests: int, run: int, warmup
                 t1 = time.perf_counter()
                 lat.append(t1 - t0)
                 stamps.append(t0 - t_begin)
+                e_now = errors()
+                failed.append(e_now - e_prev)
+                e_prev = e_now
             wall = time.perf_counter() - t_run
             runs.append({"requests": n, "seconds": round(wall, 4), "gbps": round(n * block / wall / 1e9, 4)})
             done += n
@@ -130,7 +139,9 @@ def measure(transport: str, op: str, block: int, requests: int, run: int, warmup
         "median_run_gbps": round(med_run, 4),
         "slowest_run_over_median": round(min(r["gbps"] for r in runs) / med_run, 3),
         "runs": runs,
-        "slowest": [{"index": int(i), "at_s": round(stamps[i], 4), "us": round(lat[i] * 1e6, 1)} for i in slow_idx],
+        "slowest": [{"index": int(i), "at_s": round(stamps[i], 4), "us": round(lat[i] * 1e6, 1), "failed_slices": failed[i]}
+                    for i in slow_idx],  # fmt: skip
+        "requests_with_failed_slices": sum(1 for f in failed if f),
         "verified_bytes": verified,
         "slices": slices,
         "slice_errors": slice_errors,
