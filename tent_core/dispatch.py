@@ -39,7 +39,7 @@ from .routing import Decision, Router, StagedPath
 from .segments import LocalSegments
 from .slice_scheduler import SliceScheduler
 from .staged import StagingPool, run_staged
-from .types import OpCode, Permission, Priority
+from .types import MemoryKind, OpCode, Permission, Priority
 
 log = logging.getLogger(__name__)
 
@@ -177,13 +177,14 @@ class Submitter:
             if p is None:
                 traits = RequestTraits(prio, req.length, buf.kind, rbuf.kind, peer.same_host, req.tag)
                 p = self.peers.plan(peer, traits, op, rule)
-            if p.__class__ is StagedPath:
+            if p.__class__ is not Decision:  # a StagedPath or TargetStagedPath
                 if len(pieces) > 1:
                     raise errors.NoPathError(
                         f"no transport moves {buf.kind.value} <-> {rbuf.kind.value} memory directly, and a staged "
                         f"path cannot span {len(pieces)} remote buffers: split the request at buffer boundaries"
                     )
-                self._check_local_stage(buf, req, op)
+                if buf.kind != MemoryKind.HOST:
+                    self._check_local_stage(buf, req, op)
                 staged.append((req, p))  # type: ignore[arg-type]
                 return
             self._plan_direct(peer, p, op, local, raddr, length, prio, plan, notes)  # type: ignore[arg-type]

@@ -4,6 +4,10 @@ Every engine answers metadata queries on its own control port (ZeroMQ ROUTER,
 msgpack messages): nothing else to start. A peer asks ``describe`` and gets the
 engine's host identity, its transports' descriptors and its segments' buffers.
 Malformed messages get an error reply and are logged; the server keeps serving.
+
+A handler may return a `concurrent.futures.Future` instead of a reply (target staging's copies):
+the server keeps serving and sends the future's result when it completes (at most
+`MAX_DEFERRED` replies outstanding; beyond that a request is refused as busy).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import msgpack
@@ -23,6 +28,7 @@ from .errors import PeerUnreachableError, ProtocolError
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
+MAX_DEFERRED = 4096
 
 
 def host_identity() -> str:
@@ -42,7 +48,9 @@ def host_identity() -> str:
 class ControlServer:
     """Serves `handler(request) -> reply` on a ROUTER socket in a daemon thread."""
 
-    def __init__(self, host: str, port: int, handler: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    def __init__(
+        self, host: str, port: int, handler: Callable[[dict[str, Any]], dict[str, Any] | Future[dict[str, Any]]]
+    ) -> None:
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -59,22 +67,62 @@ class ControlServer:
     def _run(self) -> None:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
-        while not self._stop.is_set():
-            if not poller.poll(100):
-                continue
-            try:
-                frames = self._sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.ZMQError:
-                continue
-            ident, payload = frames[0], frames[-1]
-            reply = self._dispatch(payload)
-            try:
-                self._sock.send_multipart([ident, b"", msgpack.packb(reply, use_bin_type=True)], zmq.NOBLOCK)
-            except zmq.ZMQError as exc:
-                log.debug("control reply dropped: %s", exc)
-        self._sock.close(0)
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # deferred replies ready
+        poller.register(wake_r, zmq.POLLIN)
+        deferred: list[tuple[bytes, Any, Future[dict[str, Any]]]] = []
 
-    def _dispatch(self, payload: bytes) -> dict[str, Any]:
+        def ready(_: Future[dict[str, Any]]) -> None:
+            try:
+                os.write(wake_w, b"x")
+            except OSError:
+                pass  # pipe full: the server is awake already, or closed
+
+        try:
+            while not self._stop.is_set():
+                events = dict(poller.poll(100))
+                if wake_r in events:
+                    try:
+                        os.read(wake_r, 4096)
+                    except OSError:
+                        pass
+                if deferred:
+                    still = []
+                    for ident, rid, fut in deferred:
+                        if fut.done():
+                            self._send(ident, _deferred_reply(fut, rid))
+                        else:
+                            still.append((ident, rid, fut))
+                    deferred = still
+                if self._sock not in events:
+                    continue
+                try:
+                    frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    continue
+                ident, payload = frames[0], frames[-1]
+                reply = self._dispatch(payload)
+                if isinstance(reply, _Deferred):
+                    if len(deferred) >= MAX_DEFERRED:
+                        self._send(ident, {"ok": False, "error": "busy: too many replies outstanding", "id": reply.rid})
+                        continue
+                    deferred.append((ident, reply.rid, reply.future))
+                    reply.future.add_done_callback(ready)
+                    continue
+                self._send(ident, reply)
+        finally:
+            for ident, rid, _ in deferred:
+                self._send(ident, {"ok": False, "error": "engine closing", "id": rid})
+            self._sock.close(0)
+            os.close(wake_r)
+            os.close(wake_w)
+
+    def _send(self, ident: bytes, reply: dict[str, Any]) -> None:
+        try:
+            self._sock.send_multipart([ident, b"", msgpack.packb(reply, use_bin_type=True)], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.debug("control reply dropped: %s", exc)
+
+    def _dispatch(self, payload: bytes) -> dict[str, Any] | _Deferred:
         try:
             msg = msgpack.unpackb(payload, raw=False, strict_map_key=True)
         except Exception as exc:
@@ -92,12 +140,31 @@ class ControlServer:
         except Exception as exc:  # keep serving whatever happens
             log.exception("control: handler failed for %s", msg.get("op"))
             reply = {"ok": False, "error": f"internal: {type(exc).__name__}: {exc}"}
+        if isinstance(reply, Future):
+            return _Deferred(reply, rid)
         reply["id"] = rid
         return reply
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=2)
+
+
+class _Deferred:
+    __slots__ = ("future", "rid")
+
+    def __init__(self, future: Future[dict[str, Any]], rid: Any) -> None:
+        self.future, self.rid = future, rid
+
+
+def _deferred_reply(fut: Future[dict[str, Any]], rid: Any) -> dict[str, Any]:
+    try:
+        reply = dict(fut.result(0))
+    except Exception as exc:
+        log.exception("control: a deferred reply failed")
+        reply = {"ok": False, "error": f"internal: {type(exc).__name__}: {exc}"}
+    reply["id"] = rid
+    return reply
 
 
 class ControlClient:

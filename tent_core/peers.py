@@ -30,7 +30,7 @@ from .policy_rules import RequestTraits, Rule
 from .rail_monitor import RailMonitor
 from .rails import RAILS, Rail
 from .request import parse_segment_name
-from .routing import Decision, Router, StagedPath
+from .routing import Decision, Path, Router
 from .transport import Transport
 from .types import MemoryKind, OpCode, PeerInfo, PeerLink, Permission
 
@@ -74,7 +74,7 @@ class Peer:
     starts: dict[str, list[int]] = field(default_factory=dict)
     raw_buffers: list[dict[str, Any]] = field(default_factory=list)
     routes: dict[str, Route] = field(default_factory=dict)
-    plans: dict[tuple[Any, ...], Decision | StagedPath] = field(default_factory=dict)
+    plans: dict[tuple[Any, ...], Path] = field(default_factory=dict)
     dead_transports: set[str] = field(default_factory=set)
     connect_errors: dict[str, str] = field(default_factory=dict)  # why a transport could not connect
     suspect: bool = False
@@ -185,7 +185,8 @@ class PeerDirectory:
         return self._build(engine_id, desc, client)
 
     def _build(self, engine_id: str, desc: Mapping[str, Any], client: ControlClient | None) -> Peer:
-        info = PeerInfo(engine_id, str(desc["host_id"]), int(desc["pid"]), dict(desc["transports"]))
+        info = PeerInfo(engine_id, str(desc["host_id"]), int(desc["pid"]), dict(desc["transports"]),
+                        dict(desc.get("staging") or {}))
         reachable = tuple(n for n, t in self._transports.items() if t.can_reach(info) is None)
         peer = Peer(engine_id, info, client, desc["host_id"] == self.host_id, reachable)
         peer.load_segments(desc["segments"])
@@ -311,14 +312,14 @@ class PeerDirectory:
 
     # ---- routing state --------------------------------------------------------------------------
 
-    def plan(self, peer: Peer, traits: RequestTraits, op: OpCode, rule: Rule | None) -> Decision | StagedPath:
+    def plan(self, peer: Peer, traits: RequestTraits, op: OpCode, rule: Rule | None) -> Path:
         """The Router's plan for (kinds, rule, op) to `peer`, cached on the peer."""
         key = (traits.local_kind, traits.remote_kind, op, rule)
         plan = peer.plans.get(key)
         if plan is None:
             local_reachable = self.get(self.engine_id).reachable if traits.local_kind != MemoryKind.HOST else ()
-            plan = self._router.plan(traits, peer.reachable, local_reachable, op, rule)
-            if isinstance(plan, StagedPath):
+            plan = self._router.plan(traits, peer.reachable, local_reachable, op, rule, peer.info.staging)
+            if not isinstance(plan, Decision):
                 log.info("synthesized path to %s: %s", peer.engine_id, plan.describe())
             peer.plans[key] = plan
         return plan
