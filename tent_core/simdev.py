@@ -67,9 +67,9 @@ class _Lib(PluginLibrary):
         "sim_event_record": (u64, [u64, u64]),
         "sim_gate_create": (u64, []),
         "sim_gate_open": (None, [u64]),
-        "sim_gate_destroy": (None, [u64]),
         "sim_stream_create": (u64, [u64]),
         "sim_stream_destroy": (None, [u64]),
+        "sim_stream_release": (None, [u64]),
         "sim_stream_synchronize": (i32, [u64, u64]),
         "sim_stream_wait_event": (i32, [u64, u64]),
         "sim_memcpy_async": (i32, [u64, u64, u64, u64, _P32]),
@@ -315,8 +315,8 @@ class _SimMark(devices.EventMark):
 
 
 class _SimGate(devices.Gate):
-    def __init__(self, runtime: SimRuntime, gate: int) -> None:
-        self.runtime, self.gate = runtime, gate
+    def __init__(self, gate: int) -> None:
+        self.gate = gate
         self._opened = False
         self._lock = threading.Lock()
 
@@ -325,8 +325,7 @@ class _SimGate(devices.Gate):
             if self._opened:
                 return
             self._opened = True
-        lib().sim_gate_open(self.gate)
-        self.runtime._retire_gate(self.gate)
+        lib().sim_gate_open(self.gate)  # and lets go of it: freed once its stream passed it
 
 
 class SimRuntime(devices.DeviceRuntime):
@@ -336,9 +335,7 @@ class SimRuntime(devices.DeviceRuntime):
     kinds = frozenset({MemoryKind.SIM})
 
     def __init__(self) -> None:
-        self._gate_stream = SimStream()
         self._lock = threading.Lock()
-        self._gates_done: list[int] = []
 
     def owns(self, obj: Any) -> bool:
         return isinstance(obj, (SimStream, SimEvent))
@@ -368,32 +365,25 @@ class SimRuntime(devices.DeviceRuntime):
         return mark
 
     def arm_signal(self, event: Any, deadline: float) -> devices.Gate:
+        """The event is recorded on a stream of its own behind a gate (gates of different batches
+        never wait for each other); the stream goes away by itself once the gate opened."""
         if not isinstance(event, SimEvent):
             raise InvalidRequestError(f"not a simulated event: {event!r}")
         g = int(lib().sim_gate_create())
         if not g:
             raise MemoryError("simdev: gate")
+        h = int(lib().sim_stream_create(0))
+        if not h:
+            lib().sim_gate_open(g)
+            raise MemoryError("simdev: stream")
         dl = int(lib().sim_now_ns()) + max(0, int((deadline - time.monotonic()) * 1e9)) + 5_000_000_000
-        _check(lib().sim_launch_gate(self._gate_stream.handle, g, dl), "gate")
-        event.record(self._gate_stream)
-        return _SimGate(self, g)
-
-    def _retire_gate(self, gate: int) -> None:
-        # a gate is freed once the gate stream passed it (it is opened in order of arming, mostly)
-        with self._lock:
-            self._gates_done.append(gate)
-            if len(self._gates_done) < 64:
-                return
-            done, self._gates_done = self._gates_done, []
-        ev = SimEvent()
-        ev.record(self._gate_stream)
-
-        def free_later() -> None:
-            ev.synchronize(3600)
-            for g in done:
-                lib().sim_gate_destroy(g)
-
-        threading.Thread(target=free_later, daemon=True, name="simdev-gates").start()
+        _check(lib().sim_launch_gate(h, g, dl), "gate")
+        recorded = lib().sim_event_record(event.handle, h)
+        lib().sim_stream_release(h)
+        if not recorded:
+            lib().sim_gate_open(g)
+            raise MemoryError("simdev: event record")
+        return _SimGate(g)
 
     def checksum(self, addr: int, length: int, first_word: int = 0) -> int:
         out = ctypes.c_uint64(0)

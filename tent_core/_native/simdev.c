@@ -127,7 +127,19 @@ typedef struct sim_gate {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int open;
+  int refs; /* the host's (until it opens the gate) + one per stream operation holding it */
 } sim_gate_t;
+
+static void gate_unref(sim_gate_t *g) {
+  pthread_mutex_lock(&g->mu);
+  int last = --g->refs == 0;
+  pthread_mutex_unlock(&g->mu);
+  if (last) {
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    free(g);
+  }
+}
 
 EXPORT uint64_t tent_sim_event_create(void) {
   sim_event_t *e = calloc(1, sizeof *e);
@@ -225,24 +237,18 @@ EXPORT uint64_t tent_sim_gate_create(void) {
   if (!g) return 0;
   pthread_mutex_init(&g->mu, NULL);
   mono_cond_init(&g->cv);
+  g->refs = 1;
   return (uint64_t)(uintptr_t)g;
 }
 
+/* Open the gate and let go of it (call once): it is freed when no stream operation holds it. */
 EXPORT void tent_sim_gate_open(uint64_t h) {
   sim_gate_t *g = (sim_gate_t *)(uintptr_t)h;
   pthread_mutex_lock(&g->mu);
   g->open = 1;
   pthread_cond_broadcast(&g->cv);
   pthread_mutex_unlock(&g->mu);
-}
-
-/* Only once no stream op holds it any more (the caller synchronized the stream). */
-EXPORT void tent_sim_gate_destroy(uint64_t h) {
-  sim_gate_t *g = (sim_gate_t *)(uintptr_t)h;
-  if (!g) return;
-  pthread_mutex_destroy(&g->mu);
-  pthread_cond_destroy(&g->cv);
-  free(g);
+  gate_unref(g);
 }
 
 /* ------------------------------------------------------------------ streams */
@@ -272,9 +278,12 @@ typedef struct sim_stream {
   size_t cap, head, len;
   uint64_t enq, done; /* operations queued / finished, ever */
   atomic_int stop;
+  int autofree; /* released: the thread frees the stream once its queue is empty */
   pthread_t thr;
   uint64_t delay_ns_per_mib; /* emulated copy cost (0: memcpy speed) */
 } sim_stream_t;
+
+static void stream_dispose(sim_stream_t *st);
 
 static void run_slice(sim_stream_t *st, sim_op_t *op);
 
@@ -385,6 +394,7 @@ static void run_op(sim_stream_t *st, sim_op_t *op) {
         if (op->deadline_ns && now_ns() >= op->deadline_ns) break; /* a lost gate never holds a stream forever */
       }
       pthread_mutex_unlock(&g->mu);
+      gate_unref(g);
       break;
     }
     case OP_SLEEP: {
@@ -402,7 +412,12 @@ static void *stream_main(void *arg) {
   sim_stream_t *st = arg;
   pthread_mutex_lock(&st->mu);
   for (;;) {
-    while (!st->len && !atomic_load(&st->stop)) pthread_cond_wait(&st->cv, &st->mu);
+    while (!st->len && !atomic_load(&st->stop) && !st->autofree) pthread_cond_wait(&st->cv, &st->mu);
+    if (!st->len && st->autofree) { /* released and drained: nobody holds the stream any more */
+      pthread_mutex_unlock(&st->mu);
+      stream_dispose(st);
+      return NULL;
+    }
     if (!st->len) break; /* stopped and drained */
     sim_op_t op = st->q[st->head];
     pthread_mutex_unlock(&st->mu);
@@ -451,6 +466,14 @@ static int stream_wait_done(sim_stream_t *st, uint64_t upto, uint64_t deadline_n
   return ok;
 }
 
+static void stream_dispose(sim_stream_t *st) {
+  free(st->q);
+  pthread_mutex_destroy(&st->mu);
+  pthread_cond_destroy(&st->cv);
+  pthread_cond_destroy(&st->cv_idle);
+  free(st);
+}
+
 static void stream_free(sim_stream_t *st) { /* runs what is queued, then stops */
   if (!st) return;
   pthread_mutex_lock(&st->mu);
@@ -458,11 +481,18 @@ static void stream_free(sim_stream_t *st) { /* runs what is queued, then stops *
   pthread_cond_broadcast(&st->cv);
   pthread_mutex_unlock(&st->mu);
   pthread_join(st->thr, NULL);
-  free(st->q);
-  pthread_mutex_destroy(&st->mu);
-  pthread_cond_destroy(&st->cv);
-  pthread_cond_destroy(&st->cv_idle);
-  free(st);
+  stream_dispose(st);
+}
+
+/* Like cudaStreamDestroy: returns at once; the stream goes once its queued work has run. */
+EXPORT void tent_sim_stream_release(uint64_t h) {
+  sim_stream_t *st = (sim_stream_t *)(uintptr_t)h;
+  if (!st) return;
+  pthread_detach(st->thr);
+  pthread_mutex_lock(&st->mu);
+  st->autofree = 1;
+  pthread_cond_broadcast(&st->cv);
+  pthread_mutex_unlock(&st->mu);
 }
 
 EXPORT uint64_t tent_sim_stream_create(uint64_t delay_ns_per_mib) { return (uint64_t)(uintptr_t)stream_new(delay_ns_per_mib); }
@@ -535,8 +565,14 @@ EXPORT int32_t tent_sim_launch_sleep(uint64_t stream_h, uint64_t us) {
 
 /* Hold the stream until the gate opens (or deadline_ns, CLOCK_MONOTONIC; 0 = never). */
 EXPORT int32_t tent_sim_launch_gate(uint64_t stream_h, uint64_t gate_h, uint64_t deadline_ns) {
-  sim_op_t op = {.type = OP_GATE, .gate = (sim_gate_t *)(uintptr_t)gate_h, .deadline_ns = deadline_ns};
-  return enqueue((sim_stream_t *)(uintptr_t)stream_h, &op);
+  sim_gate_t *g = (sim_gate_t *)(uintptr_t)gate_h;
+  pthread_mutex_lock(&g->mu);
+  g->refs++;
+  pthread_mutex_unlock(&g->mu);
+  sim_op_t op = {.type = OP_GATE, .gate = g, .deadline_ns = deadline_ns};
+  int rc = enqueue((sim_stream_t *)(uintptr_t)stream_h, &op);
+  if (rc != 0) gate_unref(g);
+  return rc;
 }
 
 /* Host-side wsum64 over host memory (the reference the tests and refhub compare with). */
