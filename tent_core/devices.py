@@ -146,6 +146,14 @@ class DeviceRuntime(abc.ABC):
         """Synchronous copy between host and device memory of this runtime (fallback paths)."""
         raise NotImplementedError(f"{self.name}: no copy")
 
+    def copy_to_host(self, dst: int, src: int, length: int) -> None:
+        """Device -> host; runtimes that need the direction (ACL) override it."""
+        self.copy(dst, src, length)
+
+    def copy_to_device(self, dst: int, src: int, length: int) -> None:
+        """Host -> device; runtimes that need the direction (ACL) override it."""
+        self.copy(dst, src, length)
+
 
 class _JoinedMark(EventMark):
     def __init__(self, runtime: DeviceRuntime, marks: list[EventMark]) -> None:

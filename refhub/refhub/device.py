@@ -42,13 +42,13 @@ class DeviceView:
     def to_host(self, dst: np.ndarray, off: int = 0) -> None:
         """dst[:] = tensor bytes [off, off + dst.size) (a device -> host copy)."""
         if dst.size:
-            self.runtime.copy(int(dst.ctypes.data), self.ptr + off, int(dst.size))
+            self.runtime.copy_to_host(int(dst.ctypes.data), self.ptr + off, int(dst.size))
 
     def from_host(self, src: np.ndarray, off: int = 0) -> None:
         """tensor bytes [off, off + src.size) = src (a host -> device copy)."""
         src = np.ascontiguousarray(src)
         if src.size:
-            self.runtime.copy(self.ptr + off, int(src.ctypes.data), int(src.size))
+            self.runtime.copy_to_device(self.ptr + off, int(src.ctypes.data), int(src.size))
 
     def host_copy(self) -> np.ndarray:
         out = np.empty(self.nbytes, np.uint8)
