@@ -196,10 +196,11 @@ class Submitter:
             rule = None
             if router.rules:
                 rule = router.match(RequestTraits(prio, req.length, buf.kind, rbuf.kind, peer.same_host, req.tag))
-            p = peer.plans.get((buf.kind, rbuf.kind, op, rule))
+            hidden = rbuf.hidden
+            p = peer.plans.get((buf.kind, rbuf.kind, op, rule) if not hidden else (buf.kind, rbuf.kind, op, rule, hidden))
             if p is None:
                 traits = RequestTraits(prio, req.length, buf.kind, rbuf.kind, peer.same_host, req.tag)
-                p = self.peers.plan(peer, traits, op, rule)
+                p = self.peers.plan(peer, traits, op, rule, hidden)
             if p.__class__ is not Decision:  # a StagedPath or TargetStagedPath
                 if len(pieces) > 1:
                     raise errors.NoPathError(

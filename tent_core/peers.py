@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -48,6 +49,9 @@ class RemoteBuffer:
     perm: int  # Permission bits as a plain int: checked on every request
     kind: MemoryKind
     desc: dict[str, Any]
+    # transports whose descriptor marks the buffer as local to its process ({"local": true}: e.g. a
+    # READ-only CUDA buffer nvlink does not share over IPC); another process routes around them
+    hidden: frozenset[str] = frozenset()
 
 
 @dataclass(eq=False)
@@ -85,10 +89,12 @@ class Peer:
         seg_map: dict[str, list[RemoteBuffer]] = {}
         starts: dict[str, list[int]] = {}
         raw: list[dict[str, Any]] = []
+        other_process = self.info.pid != os.getpid()
         for name, bufs in segments.items():
             rb = sorted(
                 (
-                    RemoteBuffer(int(b["offset"]), int(b["addr"]), int(b["length"]), int(b["perm"]), MemoryKind(b["kind"]), b["desc"])
+                    RemoteBuffer(int(b["offset"]), int(b["addr"]), int(b["length"]), int(b["perm"]), MemoryKind(b["kind"]), b["desc"],
+                                 _hidden(b["desc"]) if other_process else frozenset())
                     for b in bufs
                 ),
                 key=lambda r: r.offset,
@@ -97,6 +103,12 @@ class Peer:
             starts[name] = [r.offset for r in rb]
             raw.extend(dict(b, segment=name) for b in bufs)
         self.segments, self.starts, self.raw_buffers = seg_map, starts, raw
+
+
+def _hidden(desc: Any) -> frozenset[str]:
+    if not isinstance(desc, Mapping):
+        return frozenset()
+    return frozenset(t for t, d in desc.items() if isinstance(d, Mapping) and d.get("local"))
 
 
 def _identity(desc: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -312,13 +324,17 @@ class PeerDirectory:
 
     # ---- routing state --------------------------------------------------------------------------
 
-    def plan(self, peer: Peer, traits: RequestTraits, op: OpCode, rule: Rule | None) -> Path:
-        """The Router's plan for (kinds, rule, op) to `peer`, cached on the peer."""
-        key = (traits.local_kind, traits.remote_kind, op, rule)
+    def plan(self, peer: Peer, traits: RequestTraits, op: OpCode, rule: Rule | None,
+             hidden: frozenset[str] = frozenset()) -> Path:
+        """The Router's plan for (kinds, rule, op) to `peer`, cached on the peer. `hidden`: transports
+        the remote buffer is not shared with (RemoteBuffer.hidden); its plans are cached apart."""
+        key = (traits.local_kind, traits.remote_kind, op, rule) if not hidden else (
+            traits.local_kind, traits.remote_kind, op, rule, hidden)
         plan = peer.plans.get(key)
         if plan is None:
             local_reachable = self.get(self.engine_id).reachable if traits.local_kind != MemoryKind.HOST else ()
-            plan = self._router.plan(traits, peer.reachable, local_reachable, op, rule, peer.info.staging)
+            reachable = tuple(t for t in peer.reachable if t not in hidden) if hidden else peer.reachable
+            plan = self._router.plan(traits, reachable, local_reachable, op, rule, peer.info.staging)
             if not isinstance(plan, Decision):
                 log.info("synthesized path to %s: %s", peer.engine_id, plan.describe())
             peer.plans[key] = plan

@@ -450,6 +450,9 @@ class SimDeviceTransport(Transport):
         "ipc": True,  # other processes of this host may reach this process's device memory
         "copy_ns_per_mib": 0,  # emulated copy cost per MiB on top of memcpy (benchmarks)
         "bandwidth_gbps": 0.0,  # advertised rate for the path planner (0: unknown)
+        # share READ-only device memory with other processes (off: like nvlink, such buffers are local
+        # to their process and peers reach them through its target-side staging)
+        "share_read_only": True,
     }
 
     def __init__(self) -> None:
@@ -509,6 +512,8 @@ class SimDeviceTransport(Transport):
         dev = SimDevice.get()
         if not dev.contains(buf.addr, buf.length):
             raise InvalidRequestError(f"[{buf.addr:#x}, +{buf.length}) is not simulated device memory of this process")
+        if not self._cfg["share_read_only"] and not Permission(buf.perm) & Permission.WRITE:
+            return {"local": True, "pid": os.getpid()}
         return dev.ipc_descriptor()
 
     def access_control(self, link: PeerLink) -> AccessControl:
@@ -553,7 +558,7 @@ class SimDeviceTransport(Transport):
             kind = str(b.get("kind", ""))
             if d is None or kind not in (MemoryKind.SIM.value, MemoryKind.HOST.value):
                 continue
-            if kind == MemoryKind.HOST.value and not own:
+            if (kind == MemoryKind.HOST.value or d.get("local")) and not own:
                 continue
             wanted[int(b["addr"])] = (int(b["length"]), kind, d, bool(int(b.get("perm", 3)) & Permission.WRITE))
         ex = self.executor.handle

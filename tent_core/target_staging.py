@@ -119,6 +119,9 @@ class _Session:
     pending: int = 0
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # the session's copies run one after another, in arrival order (one device queue per session);
+    # the initiator keeps several requests in flight so the next copy is queued before one ends
+    copier: ThreadPoolExecutor | None = None
 
 
 class TargetStager:
@@ -142,7 +145,6 @@ class TargetStager:
         self._free: list[LocalBuffer] = []
         self._made = 0
         self._sids = itertools.count(1)
-        self._copies: ThreadPoolExecutor | None = None
         self._closed = False
         self.stats = {"sessions": 0, "pushed_bytes": 0, "pulled_bytes": 0, "refused": 0, "expired": 0}
 
@@ -205,6 +207,7 @@ class TargetStager:
             raise errors.TransferError(f"busy: every staging slot of {self.engine_id} is in use")
         sess = _Session(next(self._sids), str(msg.get("from", "?")), seg, offset, length, write, kind, decision, slots,
                         time.monotonic() + max(1.0, lease))
+        sess.copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tent-tstage-{sess.sid}")
         with self._lock:
             self._sessions[sess.sid] = sess
         self.stats["sessions"] += 1
@@ -254,17 +257,16 @@ class TargetStager:
         with sess.lock:
             sess.pending += 1
             sess.expires = time.monotonic() + self.config.target_staging_lease_s
-        timeout = self.config.request_deadline_s
+        assert sess.copier is not None
         try:
-            handle = self.engine.submit_leg(req, sess.decision, timeout)
-        except BaseException:
+            return sess.copier.submit(self._run_copy, sess, req, n, push)
+        except RuntimeError:  # the session closed meanwhile
             self._copy_done(sess)
-            raise
-        return self._workers().submit(self._finish, sess, handle, n, push)
+            raise errors.InvalidRequestError(f"staging session {sess.sid} is closed") from None
 
-    def _finish(self, sess: _Session, handle: BatchHandle, n: int, push: bool) -> dict[str, Any]:
+    def _run_copy(self, sess: _Session, req: Request, n: int, push: bool) -> dict[str, Any]:
         try:
-            handle.wait()
+            self.engine.submit_leg(req, sess.decision, self.config.request_deadline_s).wait()
         except errors.TentError as exc:
             return _error_reply(exc)
         finally:
@@ -278,12 +280,6 @@ class TargetStager:
             release = sess.closed and sess.pending == 0
         if release:
             self._release_slots(sess)
-
-    def _workers(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._copies is None:
-                self._copies = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tent-tstage")
-            return self._copies
 
     def _close_session(self, sid: int, reason: str) -> None:
         with self._lock:
@@ -301,6 +297,8 @@ class TargetStager:
         with self._lock:
             self._free.extend(sess.slots)
         sess.slots = []
+        if sess.copier is not None:
+            sess.copier.shutdown(wait=False)  # idle: every copy of the session has finished
 
     def _reap(self) -> None:
         now = time.monotonic()
@@ -312,10 +310,11 @@ class TargetStager:
 
     def close(self) -> None:
         with self._lock:
-            workers, self._copies = self._copies, None
             self._closed = True
-        if workers is not None:
-            workers.shutdown(wait=True, cancel_futures=False)
+            sessions = list(self._sessions.values())
+        for sess in sessions:  # copies in flight finish (each bounded by the request deadline)
+            if sess.copier is not None:
+                sess.copier.shutdown(wait=True)
 
 
 # ---------------------------------------------------------------------------------------- initiator
@@ -380,18 +379,25 @@ def _raise_for(rep: Mapping[str, Any]) -> None:
 
 
 class _Control:
-    """Control calls of one staging session, in order, on their own connection and thread."""
+    """Control calls of one staging session on `lanes` connections (each with its thread), so that
+    up to `lanes` copy requests are with the target at once: it queues the next copy of the session
+    before the current one ends, and no round trip separates two copies."""
 
-    def __init__(self, endpoint: str) -> None:
-        self.client = ControlClient(endpoint)
-        self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tent-tstage-ctl")
+    def __init__(self, endpoint: str, lanes: int = 2) -> None:
+        self.clients = [ControlClient(endpoint) for _ in range(max(1, lanes))]
+        self.threads = [ThreadPoolExecutor(max_workers=1, thread_name_prefix="tent-tstage-ctl") for _ in self.clients]
+        self._next = 0
 
     def call(self, msg: dict[str, Any], timeout: float) -> Future[dict[str, Any]]:
-        return self.thread.submit(self.client.call, msg, max(0.01, timeout))
+        i = self._next
+        self._next = (i + 1) % len(self.clients)
+        return self.threads[i].submit(self.clients[i].call, msg, max(0.01, timeout))
 
     def close(self) -> None:
-        self.thread.shutdown(wait=True)
-        self.client.close()
+        for t in self.threads:
+            t.shutdown(wait=True)
+        for c in self.clients:
+            c.close()
 
 
 def run_target_staged(engine: Any, handle: BatchHandle, req: Request, path: TargetStagedPath, pool: Any) -> None:
@@ -433,7 +439,7 @@ def _pipeline(engine: Any, handle: BatchHandle, req: Request, path: TargetStaged
     batch = handle._batch
     write = req.op == OpCode.WRITE
     peer, seg = engine.peers.resolve(req.remote, min(_left(handle), engine.config.control_timeout_s))
-    ctl = _Control(peer.engine_id)
+    ctl = _Control(peer.engine_id, lanes=min(2, engine.config.target_staging_depth))
     sid = 0
     try:
         depth = engine.config.target_staging_depth

@@ -216,3 +216,25 @@ def test_no_path_when_the_target_does_not_stage(host_engine):
         assert "chosen: direct" in ex_text  # host memory there: TCP reaches it directly
     finally:
         p.close()
+
+
+def test_memory_a_transport_keeps_local_is_reached_through_staging():
+    """Device memory shared with other processes goes direct; a READ-only buffer the owner's device
+    transport keeps to its own process (as nvlink does: CUDA IPC cannot enforce READ-only) is
+    reached through the owner's staging, where the owner checks every access."""
+    p = SimPeer(size=4 << 20, config={"transports": {"simdev": {"share_read_only": False}}}, transports=["tcp", "simdev"])
+    try:
+        with Engine(transports=["tcp", "simdev"], plugins=[SimDevicePlugin()]) as eng:
+            dst = SimArray(4 << 20)
+            lb = eng.register(dst, segment="mine")
+            assert eng.explain(Request(READ, lb, 0, p.seg("dev"), 0, 4 << 20)).chosen == "direct"
+            ex = eng.explain(Request(READ, lb, 0, p.seg("devro"), 0, 4 << 20))
+            assert ex.chosen == "both-staged", str(ex)
+            eng.transfer(READ, lb, 0, p.seg("devro"), 0, 4 << 20, timeout=60)
+            assert np.array_equal(dst.download(), pattern(4 << 20, seed=1))
+            eng.transfer(READ, lb, 0, p.seg("dev"), 0, 4 << 20, timeout=60)
+            assert np.array_equal(dst.download(), pattern(4 << 20, seed=0))
+            with pytest.raises(PermissionDeniedError):
+                eng.submit([Request(WRITE, lb, 0, p.seg("devro"), 0, 4096)])
+    finally:
+        p.close()

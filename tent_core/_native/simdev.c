@@ -640,6 +640,7 @@ static void run_slice(sim_stream_t *stream, sim_op_t *op) {
       memmove(local, remote, s->length);
     else
       memmove(remote, local, s->length);
+    emulate_cost(stream, s->length);
   }
   if (st == TENT_OK) {
     atomic_fetch_add(&ex->st_slices, 1);
