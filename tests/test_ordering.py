@@ -118,17 +118,17 @@ def test_a_wait_that_never_ends_fails_at_the_deadline(engine):
     dev, _ = _dev(engine, "dev")
     host = engine.allocate(N)
     s = SimStream()
-    s.sleep(3.0)  # longer than the deadline
+    s.sleep(10.0)  # far longer than the deadline
     t0 = time.monotonic()
     h = engine.submit([Request(READ, host, 0, engine.segment_name("dev"), 0, N, wait_stream=s)], deadline=0.5)
     with pytest.raises(DeadlineExceededError):
         h.wait()
-    assert time.monotonic() - t0 < 2.5
+    assert time.monotonic() - t0 < 8.0  # the deadline ended it, not the producer
     end = time.monotonic() + 10
     while h._batch.remaining and time.monotonic() < end:
         time.sleep(0.01)
     assert h._batch.remaining == 0  # every unit finalized, nothing left behind
-    s.synchronize(10)
+    s.synchronize(30)
 
 
 def test_host_held_batches_fail_at_deadline_or_cancel():
