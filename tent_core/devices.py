@@ -221,9 +221,10 @@ def for_request(objs: list[Any], kinds: list[MemoryKind]) -> DeviceRuntime:
 
 
 def _cuda_factory() -> DeviceRuntime:
-    from .cuda import CudaRuntime
+    # by name: tent_core.cuda builds on this module (no import cycle), and loads nothing until used
+    import importlib
 
-    return CudaRuntime()
+    return importlib.import_module("tent_core.cuda").CudaRuntime()  # type: ignore[no-any-return]
 
 
 register(_cuda_factory, frozenset({MemoryKind.CUDA}))
