@@ -322,6 +322,44 @@ def render_small(text: str) -> str:
     return table(header, rows)
 
 
+def render_staging(text: str) -> str:
+    """`tent bench-staging --json`: each stage's GB/s and the staged path against its slower stage."""
+    data = parse_json_output(text)
+    ops = data.get("ops") if isinstance(data, dict) else None
+    if not isinstance(ops, dict) or not ops:
+        return render_generic(text)
+    stages: list[str] = []
+    for e in ops.values():
+        stages += [k for k, v in e.items() if isinstance(v, dict) and "median_GBps" in v and k not in stages]
+    both = any("ratio_both_vs_slower_stage" in e for e in ops.values())
+    header = ["op", *(f"{k} GB/s" for k in stages), "slower stage", "staged / slower stage"] + (["both / slower stage"] if both else [])
+
+    def med(d: dict[str, Any], key: str = "median") -> str:
+        return f"{fmt(d[key])} ({fmt(d['min'])}-{fmt(d['max'])})"
+
+    rows = []
+    for op, e in ops.items():
+        cells = [op] + [med(e[k], "median_GBps") if k in e else "-" for k in stages] + [str(e.get("slower_stage", "-"))]
+        cells.append(f"**{med(e['ratio_staged_vs_slower_stage'])}**" if "ratio_staged_vs_slower_stage" in e else "-")
+        if both:
+            cells.append(med(e["ratio_both_vs_slower_stage"]) if "ratio_both_vs_slower_stage" in e else "-")
+        rows.append(cells)
+    return table(header, rows)
+
+
+def target_staging(text: str) -> str:
+    data = parse_json_output(text)
+    ops = data.get("ops") if isinstance(data, dict) else None
+    if not isinstance(ops, dict):
+        return ""
+    vals = {op: e["ratio_staged_vs_slower_stage"]["median"] for op, e in ops.items() if "ratio_staged_vs_slower_stage" in e}
+    if not vals:
+        return ""
+    ok = all(v >= 0.8 for v in vals.values())
+    return f"Target staged >= 0.8x its slower stage: **{'met' if ok else 'not met'}** (" + ", ".join(
+        f"{op} {v:.2f}x" for op, v in vals.items()) + ")."  # fmt: skip
+
+
 # ------------------------------------------------------------------ targets (computed from the numbers)
 
 
@@ -458,7 +496,13 @@ def default_steps() -> list[Step]:
         Step("compat", ["scripts/bench-compat.sh", "--json"], needs=("scripts/bench-compat.sh",),
              covers=("scripts/bench-compat.sh",),
              env={"ROUNDS": "5"}, quick_env={"ROUNDS": "1", "DURATION": "0.2"}),  # fmt: skip
-        Step("staging", [TENT, "bench-staging", "--json"], probe=has_subcommand(TENT, "bench-staging")),
+        Step("staging-copy", [TENT, "bench-staging", "--size", "512M", "--rounds", "5", "--copy-ns-per-mib", "1500000",
+                              "--both", "--json"],
+             [TENT, "bench-staging", "--size", "32M", "--rounds", "1", "--copy-ns-per-mib", "1500000", "--json"],
+             render_staging, target_staging, probe=has_subcommand(TENT, "bench-staging")),  # fmt: skip
+        Step("staging-wire", [TENT, "bench-staging", "--size", "512M", "--rounds", "5", "--json"],
+             [TENT, "bench-staging", "--size", "32M", "--rounds", "1", "--json"],
+             render_staging, target_staging, probe=has_subcommand(TENT, "bench-staging")),  # fmt: skip
         Step("refhub-dataplane-shm", [REFHUB, "bench", "dataplane", "--json"],
              [REFHUB, "bench", "dataplane", "--json", "--size-mb", "64", "--tensors", "40", "--repeat", "1"],
              skip_if=("scripts/bench-refhub.sh",)),  # fmt: skip
