@@ -52,3 +52,16 @@ def test_never_repeats_and_offsets_compose():
     with pytest.raises(ValueError):
         pattern(-1, 0)
 
+
+
+def test_the_simulated_device_kernel_writes_the_same_pattern():
+    """tent_core/_native/simdev.c's fill kernel implements the pattern in C: byte for byte the same."""
+    from tent_core.simdev import SimArray, SimStream
+
+    n = 1 * MiB + 13
+    for seed in (0, 5, fresh_seed()):
+        arr = SimArray(n)
+        s = SimStream()
+        s.fill(arr, seed)
+        s.synchronize()
+        assert first_mismatch(arr.download(), seed) is None, seed
