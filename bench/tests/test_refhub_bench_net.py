@@ -43,11 +43,14 @@ def test_burst_pipeline_beats_fan_out_over_shaped_links() -> None:
     assert res["notes"].get("ray") == "not requested"
 
 
-def test_failover_masks_a_killed_pipeline_source() -> None:
+def test_failover_masks_a_failed_pipeline_source_loud_or_silent() -> None:
     res = failover(size_mb=24, tensors=16, rate="1gbit", kill_at=0.5, lead_s=0.08)
-    nf, wf = res["no_failure"], res["with_failure"]
-    assert nf["B_data_ok"] and wf["B_data_ok"]
-    assert wf["B_started_on_A"] and ["publisher", False] in wf["B_sources"][1:], wf
-    # no hang: B's recovery is bounded by the failure-detection timeouts, not by a time budget
-    # (how long it takes is a benchmark figure, docs/benchmarks.md, not a test)
-    assert res["extra_s"] < 30.0, res
+    assert set(res["failures"]) == {"kill", "stop", "cut"}, res
+    assert res["no_failure"]["B_data_ok"] and res["no_failure"]["B_started_on_A"], res["no_failure"]
+    for how, row in res["failures"].items():
+        assert row["B_data_ok"], (how, row)
+        # B was reading A's partial copy and finished from the publisher
+        assert row["B_started_on_A"] and ["publisher", False] in row["B_sources"][1:], (how, row)
+        # no hang: recovery is bounded by the failure-detection timeouts, not by a time budget
+        # (how long it takes is a benchmark figure, docs/benchmarks.md, not a test)
+        assert res["extra_s"][how] < 30.0, res
