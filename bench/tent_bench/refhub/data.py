@@ -293,6 +293,10 @@ def dataplane(size_mb: float = 1024, repeat: int = 5, tensors: int = 500, transp
         "raw_GBps": summary(res["raw"]),
         "diagnostic_unverified_GBps_median": round(med(res["unverified"]), 3),
         "diagnostic_unverified_ratio": ratio_summary(res["unverified"], res["raw"])["median"],
+        # when the raw copy keeps every core busy (the same-host copy runs on all of them), the receive-side
+        # hash can only take its share of the cores: refhub / raw cannot exceed this on this machine
+        "cpu_bound_ratio_limit": round((res["total"] / raw / 1e9) / ((res["total"] / raw / 1e9)
+                                       + med(res["hash_only_s"]) / (os.cpu_count() or 1)), 3),
         "publish_checksum_s": round(info["publish_checksum_s"] or 0.0, 4),
         "repeat": repeat,
         "samples": {k: [round(x, 3) for x in res[k]] for k in ("refhub", "raw_windowed", "raw_one_batch", "unverified")},

@@ -229,7 +229,8 @@ class _RefhubSystem:
         for i, p in enumerate(rcv):
             _read(p, 60, f"rollout{i} drop")
         return {**_stall(res), "from_publisher": sum(1 for r in res if r["sources"][0][0] == "publisher"),
-                "receivers": [{"secs": round(r["secs"], 3), "sources": r["sources"]} for r in res]}
+                "receivers": [{"secs": round(r["secs"], 3), "sources": r["sources"], "starved_s": r.get("starved_s"),
+                               "batches": r.get("batches"), "rail_errors": r.get("rail_errors")} for r in res]}
 
     def close(self) -> None:
         for p in self.procs[1:]:

@@ -96,6 +96,8 @@ def run_refhub(role: str, spec: dict) -> None:
 
                 ok = [checksum(t) for t in ts] == expect
                 emit({"ok": True, "v": v, "secs": dt, "data_ok": ok, "sources": h.stats.get("sources"),
+                      "starved_s": h.stats.get("starved_s"), "batches": h.stats.get("batches"),
+                      "rail_errors": sum(r["errors"] for r in eng.rail_stats()),
                       "t_end": time.monotonic()})
             elif cmd == "drop":
                 h.unpublish()
