@@ -49,7 +49,8 @@ def test_burst_pipeline_beats_fan_out_over_shaped_links() -> None:
 
 
 def test_failover_masks_a_failed_pipeline_source_loud_or_silent() -> None:
-    res = failover(size_mb=24, tensors=16, rate="1gbit", kill_at=0.5, lead_s=0.08)
+    # 0.5 s per transfer: B is scheduled on A's partial copy even when this machine is slow
+    res = failover(size_mb=24, tensors=16, rate="400mbit", kill_at=0.5, lead_s=0.08)
     assert set(res["failures"]) == {"kill", "stop", "cut"}, res
     assert res["no_failure"]["B_data_ok"] and res["no_failure"]["B_started_on_A"], res["no_failure"]
     for how, row in res["failures"].items():
