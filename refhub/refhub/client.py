@@ -607,6 +607,14 @@ class _Stager:
                 pass
 
 
+def _merge_avail(avail: int, seen: int, issued: int) -> int:
+    """What may be read from a partial source: it only grows with what the source reports, and stops
+    where we are (no new reads; the server re-routes us) once the source no longer holds the version."""
+    if seen < 0:
+        return min(avail, issued)
+    return max(avail, seen)
+
+
 class _Verifier:
     """Hashes each tensor once the contiguous received prefix covers it (the pack: all tiny tensors,
     unpacked first) and compares with the publisher's checksums."""
@@ -988,7 +996,10 @@ class ShardHandle:
         avail = total if not partial else 0
         thr = self.throttle_Bps
         t_thr, base = time.monotonic(), issued
-        batch_bytes = min(CHUNK, BATCH) if not partial else PARTIAL_MIN_BATCH
+        # the first batches are small: this reader's progress word (what readers of its own partial copy
+        # see) must move early, or every hop of a pipeline chain inherits the delay; the measured rate
+        # sizes the batches from the first completion on
+        batch_bytes = min(MB, CHUNK, BATCH) if not partial else PARTIAL_MIN_BATCH
         window = WINDOW * batch_bytes
 
         def adapt() -> None:
@@ -1014,11 +1025,11 @@ class ShardHandle:
                 if issued < total and (issued - st["done"] < window or not inflight) and len(inflight) < PROGRESS_SLOTS:
                     if partial and avail <= issued:
                         if inflight:  # their completions bring a fresher progress word: no blocking read
-                            avail = max(avail, self._complete_oldest(v, inflight, st, ver))
+                            avail = _merge_avail(avail, self._complete_oldest(v, inflight, st, ver), issued)
                             adapt()
                             continue
                         self._read([(self._scratch, 0, seg, ref["progress"], 8)], deadline)
-                        avail = max(avail, self._progress_word(v, 0))
+                        avail = _merge_avail(avail, self._progress_word(v, 0), issued)
                     if avail > issued:
                         k = bisect.bisect_right(starts, issued) - 1
                         if copyish[k]:
@@ -1030,7 +1041,7 @@ class ShardHandle:
                                 ver.advance(end)
                                 sleep = 0.0005
                             else:
-                                avail = max(avail, self._complete_oldest(v, inflight, st, ver))
+                                avail = _merge_avail(avail, self._complete_oldest(v, inflight, st, ver), issued)
                             continue
                         end = min(avail, issued + batch_bytes)
                         reqs = []
@@ -1056,7 +1067,7 @@ class ShardHandle:
                         sleep = 0.0005
                         continue
                 if inflight:
-                    avail = max(avail, self._complete_oldest(v, inflight, st, ver))
+                    avail = _merge_avail(avail, self._complete_oldest(v, inflight, st, ver), issued)
                     adapt()
                     continue
                 # a partial source has nothing more yet: wait, and ask the server now and then
@@ -1067,7 +1078,7 @@ class ShardHandle:
                         raise _Reroute(rep["src"])
                 time.sleep(sleep)
                 st["starved_s"] = st.get("starved_s", 0.0) + sleep
-                sleep = min(sleep * 2, 0.02)
+                sleep = min(sleep * 2, 0.005)  # how late this hop of a chain may notice the first bytes
         finally:
             for _, hdl, _ in inflight:  # an error or a re-route: stop what is still on the wire
                 hdl.cancel()
@@ -1088,8 +1099,10 @@ class ShardHandle:
         return self._progress_word(v, slot) if slot else 0
 
     def _progress_word(self, v: int, slot: int) -> int:
+        """Bytes of version v the source holds, per the word read into `slot`; -1: it holds none of v
+        (not started yet, its receive failed, or it moved on)."""
         word = int(self._scratch.array[8 * slot:8 * slot + 8].view(np.uint64)[0])
-        return word & BYTES_MASK if (word >> VERSION_SHIFT) == v else 0
+        return word & BYTES_MASK if (word >> VERSION_SHIFT) == v else -1
 
     def _stage_sock(self, addr: str) -> tuple[zmq.Socket, ZmqClientAuth]:
         s = self._stage_socks.get(addr)

@@ -392,12 +392,12 @@ def burst(ns: list[int], size_mb: float = 128, tensors: int = 32, rate: str = "1
 
                 systems += [_GlooSystem(nodes, nmax, sizes, f) for f in gloo_forms]
             except ImportError:
-                notes["gloo"] = "torch is not installed (pip install 'tent-bench[peers]'): gloo not measured"
+                notes["gloo"] = "torch is not installed (pip install 'tent-bench[refhub-peers]'): gloo not measured"
         else:
             notes["gloo"] = "not requested"
         if "ray" in peers:
             if shutil.which("ray", path=os.path.dirname(sys.executable)) is None:
-                notes["ray"] = "ray is not installed (pip install 'tent-bench[peers]'): not measured"
+                notes["ray"] = "ray is not installed (pip install 'tent-bench[refhub-peers]'): not measured"
             else:
                 systems.append(_RaySystem(nodes, nmax, sizes, store_mb))
         else:
