@@ -424,6 +424,7 @@ PY = ".venv/bin/python"
 REFHUB = ".venv/bin/refhub"
 LOCAL_SCRIPTS = ("scripts/bench-local.sh",)
 FABRIC_SCRIPTS = ("scripts/bench-fabric.sh",)
+REFHUB_SCRIPTS = ("scripts/bench-refhub.sh",)
 _Q = ["--quick", "--rounds", "1", "--iters", "5"]
 
 
@@ -503,21 +504,17 @@ def default_steps() -> list[Step]:
         Step("staging-wire", [TENT, "bench-staging", "--size", "512M", "--rounds", "5", "--json"],
              [TENT, "bench-staging", "--size", "32M", "--rounds", "1", "--json"],
              render_staging, target_staging, probe=has_subcommand(TENT, "bench-staging")),  # fmt: skip
+        # refhub's benchmarks, as scripts/bench-refhub.sh runs them, one block per table
         Step("refhub-dataplane-shm", [REFHUB, "bench", "dataplane", "--json"],
-             [REFHUB, "bench", "dataplane", "--json", "--size-mb", "64", "--tensors", "40", "--repeat", "1"],
-             skip_if=("scripts/bench-refhub.sh",)),  # fmt: skip
+             [REFHUB, "bench", "dataplane", "--json", "--quick"], covers=REFHUB_SCRIPTS),  # fmt: skip
         Step("refhub-dataplane-tcp", [REFHUB, "bench", "dataplane", "--json", "--transport", "tcp"],
-             [REFHUB, "bench", "dataplane", "--json", "--transport", "tcp", "--size-mb", "64", "--tensors", "40",
-              "--repeat", "1"], skip_if=("scripts/bench-refhub.sh",)),  # fmt: skip
-        Step("refhub-burst", [REFHUB, "bench", "burst", "--json"],
-             [REFHUB, "bench", "burst", "--json", "--n", "1,2", "--size-mb", "16", "--peers", ""],
-             needs_root=True, skip_if=("scripts/bench-refhub.sh",), timeout_s=1200),  # fmt: skip
-        Step("refhub-failover", [REFHUB, "bench", "failover", "--json"],
-             [REFHUB, "bench", "failover", "--json", "--size-mb", "16"], needs_root=True,
-             skip_if=("scripts/bench-refhub.sh",)),  # fmt: skip
-        Step("refhub-server", [REFHUB, "bench", "server", "--clients", "4096", "--json"],
-             [REFHUB, "bench", "server", "--clients", "256", "--duration", "1", "--json"],
-             skip_if=("scripts/bench-refhub.sh",)),  # fmt: skip
+             [REFHUB, "bench", "dataplane", "--json", "--transport", "tcp", "--quick"], covers=REFHUB_SCRIPTS),  # fmt: skip
+        Step("refhub-server", [REFHUB, "bench", "server-sweep", "--json"],
+             [REFHUB, "bench", "server-sweep", "--json", "--quick"], covers=REFHUB_SCRIPTS, timeout_s=900),  # fmt: skip
+        Step("refhub-burst", [REFHUB, "bench", "burst", "--json"], [REFHUB, "bench", "burst", "--json", "--quick"],
+             needs_root=True, covers=REFHUB_SCRIPTS, timeout_s=1800),  # fmt: skip
+        Step("refhub-failover", [REFHUB, "bench", "failover", "--json"], [REFHUB, "bench", "failover", "--json", "--quick"],
+             needs_root=True, covers=REFHUB_SCRIPTS),  # fmt: skip
         Step("rdma", ["scripts/rdma-vm.sh", "--out", "/tmp/tent-rdma-bench", "--", PY, "-m", "tent_rdma.bench", "single",
                       "--sizes", "64K,1M", "--bytes", "32M", "--rounds", "3"],
              needs=("scripts/rdma-vm.sh",), needs_root=True, opt_in=True, timeout_s=1800),  # fmt: skip
