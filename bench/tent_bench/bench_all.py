@@ -164,11 +164,15 @@ def render_generic(text: str) -> str:
     if isinstance(data, dict):
         data = [data]
     if isinstance(data, list) and data and all(isinstance(r, dict) for r in data):
-        keys: list[str] = []
+        scalar: list[str] = []
         for r in data:
             for k, v in r.items():
-                if k not in keys and (v is None or isinstance(v, (int, float, str, bool))) and len(keys) < 14:
-                    keys.append(k)
+                if k not in scalar and (v is None or isinstance(v, (int, float, str, bool))):
+                    scalar.append(k)
+        # at most 16 columns; ratios always among them
+        key_first = [k for k in scalar if "ratio" in k.lower() or k.startswith("x_") or "_x_" in k]
+        others = [k for k in scalar if k not in key_first][: max(0, 16 - len(key_first))]
+        keys = [k for k in scalar if k in key_first or k in others]
         return table(keys, [[fmt(r.get(k)) for k in keys] for r in data])
     tail = "\n".join(text.strip().splitlines()[-30:])
     return f"```\n{tail}\n```" if tail else "(no output)"
