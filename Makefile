@@ -11,7 +11,7 @@ SOURCES := pyproject.toml setup.py $(wildcard tent_core/_native/*.c tent_core/in
            $(wildcard plugins/*/pyproject.toml plugins/*/setup.py plugins/*/csrc/*.c refhub/pyproject.toml \
            bench/pyproject.toml)
 
-.PHONY: install demo test lint bench-deps accel-deps clean
+.PHONY: install demo test lint bench-deps bench-all accel-deps clean
 
 install: $(STAMP)
 
@@ -48,6 +48,11 @@ bench-deps: install
 	@command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && { dpkg -s libibverbs1 >/dev/null 2>&1 || \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1); } || true
 	$(PIP) install -q mooncake-transfer-engine-non-cuda torch==2.13.0 ray xxhash
+
+# Every table of docs/benchmarks.md, regenerated in one series of runs (root for the fabrics;
+# ~25 minutes on a quiet 2-core machine). ARGS=--quick for a smoke test.
+bench-all: install
+	./scripts/bench-all.sh $(ARGS)
 
 # CuPy (about 250 MB): its arrays are registered in a test where it imports (it cannot allocate
 # without a GPU; the test wraps host memory it does not own)

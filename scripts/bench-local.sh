@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every same-host benchmark of docs/benchmarks.md, in one go (~3 minutes). Needs `make bench-deps`
+# The same-host benchmarks of docs/benchmarks.md (3 interleaved rounds each, ~8 minutes; scripts/bench-all.sh
+# regenerates the document). Needs `make bench-deps`
 # for the Mooncake baseline. Usage: scripts/bench-local.sh [OUTDIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,4 +1,4 @@
-"""Test support: a fault-injecting wrapper around any real transport.
+"""Test support: byte patterns that never repeat, and a fault-injecting wrapper around any real transport.
 
 `FaultyTransport(inner)` behaves exactly like `inner` (same descriptor, buffers, peers),
 but its executor is the compiled fault executor wrapping `inner`'s: while a fault is
@@ -9,6 +9,7 @@ For testing the orchestrator's retry/failover logic; never evidence that a fabri
 from __future__ import annotations
 
 import ctypes
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,53 @@ TENT_E_CONNECT, TENT_E_IO, TENT_E_TIMEOUT, TENT_E_CONGESTED = (
 )
 
 
-def pattern(n: int, seed: int = 0) -> np.ndarray:
-    """A cheap, position-dependent byte pattern (verifies offsets, not just lengths)."""
-    idx = np.arange(n, dtype=np.uint32)
-    return ((idx * 2654435761 + seed * 97) >> 13).astype(np.uint8)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def pattern(n: int, seed: int = 0, offset: int = 0) -> np.ndarray:
+    """`n` verification bytes that never repeat: the bytes at `offset .. offset + n` of stream `seed`.
+
+    Every 8-byte word of the stream is splitmix64(word index XOR a key derived from `seed`), a
+    bijection of the word index, so no two aligned words of one stream are equal (a slice that
+    lands at the wrong offset, at any distance, fails the check), and different seeds give
+    unrelated streams (a stale buffer from an earlier round with another seed fails too).
+    `pattern(n, s, off)` equals `pattern(off + n, s)[off:]`."""
+    if n < 0 or offset < 0:
+        raise ValueError(f"pattern: n and offset must be >= 0 (got {n}, {offset})")
+    first, skip = divmod(offset, 8)
+    words = (skip + n + 7) // 8
+    z = np.arange(first, first + words, dtype=np.uint64)
+    z ^= np.uint64(_splitmix64(seed & _MASK64))
+    with np.errstate(over="ignore"):  # wrap-around arithmetic is the point
+        z += _GOLDEN
+        z ^= z >> np.uint64(30)
+        z *= _MIX1
+        z ^= z >> np.uint64(27)
+        z *= _MIX2
+        z ^= z >> np.uint64(31)
+    return z.view(np.uint8)[skip : skip + n]
+
+
+def fresh_seed() -> int:
+    """A seed no earlier round used (63 random bits): each benchmark round fills with its own stream."""
+    return secrets.randbits(63)
+
+
+def first_mismatch(data: np.ndarray, seed: int, offset: int = 0) -> int | None:
+    """Index of the first byte of `data` that differs from `pattern(len(data), seed, offset)`, or None."""
+    expect = pattern(len(data), seed, offset)
+    bad = np.flatnonzero(np.asarray(data, dtype=np.uint8).reshape(-1) != expect)
+    return int(bad[0]) if len(bad) else None
 
 
 class FaultyTransport(Transport):

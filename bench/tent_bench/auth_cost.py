@@ -8,7 +8,7 @@ with and without the token). Every round measures every point (transport x op x 
 settings back to back, the order alternating between rounds, so drift on a shared machine hits both
 alike. A point moves `size` bytes again and again for `budget` seconds (one request in flight)
 and reports GB/s; the table gives each setting's median over the rounds, its spread (min-max) and
-the ratio token / no token. Authentication is a handshake per connection (control port, each TCP
+the ratio token / no token (the median of the per-round ratios). Authentication is a handshake per connection (control port, each TCP
 data connection, the shm fd server), nothing per byte: the target is within 2%.
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -26,6 +25,8 @@ from typing import Any
 
 from tent_core import Engine, OpCode, Request
 from tent_core.auth import new_token
+
+from .rounds import round_order, summarize
 
 MiB = 1 << 20
 _TOKEN_VARS = ("TENT_AUTH_TOKEN", "TENT_AUTH_TOKEN_FILE")
@@ -61,7 +62,7 @@ def run(sizes: tuple[int, ...] = (4 * MiB, 64 * MiB), transports: tuple[str, ...
         ops: tuple[str, ...] = ("READ", "WRITE"), rounds: int = 7, budget_s: float = 0.6) -> dict[str, Any]:
     token = new_token()
     saved = {k: os.environ.pop(k) for k in _TOKEN_VARS if k in os.environ}  # the no-token engines must not see one
-    samples: dict[tuple[str, str, int, str], list[float]] = {}
+    per_round: list[dict[str, Any]] = []
     try:
         with ExitStack() as stack:
             targets = {}
@@ -77,29 +78,30 @@ def run(sizes: tuple[int, ...] = (4 * MiB, 64 * MiB), transports: tuple[str, ...
                     if t not in eng.transports:
                         raise RuntimeError(f"transport {t} unavailable: {eng.availability.get(t)}")
                     engines[(mode, t)] = (eng, eng.allocate(max(sizes)))
-            for r in range(rounds):
-                order = ("token", "none") if r % 2 == 0 else ("none", "token")
+            for r in range(rounds):  # both settings back to back per point, the order rotating per round
                 for t in transports:
                     for op in ops:
                         for size in sizes:
-                            for mode in order:
+                            for mode in round_order(["token", "none"], r):
                                 eng, buf = engines[(mode, t)]
                                 gbps = _point(eng, buf, targets[mode], OpCode[op], size, budget_s)
-                                samples.setdefault((t, op, size, mode), []).append(gbps)
+                                per_round.append({"engine": mode, "transport": t, "op": op, "block_size": size,
+                                                  "batch_size": 1, "gbps": gbps, "round": r})  # fmt: skip
     finally:
         os.environ.update(saved)
+    # medians over the rounds; the ratio is the median of the per-round ratios (tent_bench.rounds)
+    agg = {(a["engine"], a["transport"], a["op"], a["block_size"]): a for a in summarize(per_round, ours="token", same_transport=True)}
     rows = []
     for t in transports:
         for op in ops:
             for size in sizes:
-                tok, none = samples[(t, op, size, "token")], samples[(t, op, size, "none")]
-                mt, mn = statistics.median(tok), statistics.median(none)
+                tok, none = agg[("token", t, op, size)], agg[("none", t, op, size)]
                 rows.append({
                     "transport": t, "op": op, "size_MiB": size // MiB,
-                    "token_gbps": round(mt, 2), "token_spread": [round(min(tok), 2), round(max(tok), 2)],
-                    "none_gbps": round(mn, 2), "none_spread": [round(min(none), 2), round(max(none), 2)],
-                    "ratio": round(mt / mn, 3),
-                })
+                    "token_gbps": round(tok["gbps"], 2), "token_spread": [round(tok["gbps_min"], 2), round(tok["gbps_max"], 2)],
+                    "none_gbps": round(none["gbps"], 2), "none_spread": [round(none["gbps_min"], 2), round(none["gbps_max"], 2)],
+                    "ratio": tok["x_none"], "ratio_spread": [tok["x_none_min"], tok["x_none_max"]],
+                })  # fmt: skip
     return {"bench": "auth_cost", "rounds": rounds, "budget_s": budget_s, "rows": rows}
 
 
@@ -116,12 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps(res, indent=2))
         return 0
-    print("| transport | op | size | no token GB/s (min-max) | token GB/s (min-max) | token / no token |")
+    print("| transport | op | size | no token GB/s (min-max) | token GB/s (min-max) | token / no token (min-max) |")
     print("|---|---|---|---|---|---|")
     for row in res["rows"]:
         print(f"| {row['transport']} | {row['op']} | {row['size_MiB']} MiB | {row['none_gbps']:.2f} "
               f"({row['none_spread'][0]:.2f}-{row['none_spread'][1]:.2f}) | {row['token_gbps']:.2f} "
-              f"({row['token_spread'][0]:.2f}-{row['token_spread'][1]:.2f}) | **{row['ratio']:.3f}** |")
+              f"({row['token_spread'][0]:.2f}-{row['token_spread'][1]:.2f}) | **{row['ratio']:.3f}** "
+              f"({row['ratio_spread'][0]:.3f}-{row['ratio_spread'][1]:.3f}) |")
     return 0
 
 

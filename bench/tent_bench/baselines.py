@@ -4,16 +4,24 @@ Every baseline runs the same sweep as the engine benchmark (block sizes x batch
 sizes x READ/WRITE) and returns rows of the same shape, so the benchmark can
 print ratios against them:
 
-    {"engine", "transport", "op", "block_size", "batch_size", "gbps", "avg_us", "p99_us"}
+    {"engine", "transport", "op", "block_size", "batch_size", "gbps", "avg_us", "p50_us", "p99_us",
+     "iters", "parallel", "verified_bytes"}
 
-* ``socket``   -- plain TCP stream between two processes on loopback (the
-                  physical limit of a TCP transport on this host).
+* ``socket``   -- plain TCP streams between two processes on loopback (the
+                  physical limit of a TCP transport on this host), as many
+                  streams as the engine has connections, each block cut over them.
 * ``cma``      -- bare ``process_vm_readv``/``process_vm_writev`` between two
-                  processes, one call per block (limit for same-host one-sided copies).
-* ``memcpy``   -- ``np.copyto`` between two buffers of one process (limit for
-                  shared-memory copies).
+                  processes, 1 MiB pieces on as many threads as the shm executor
+                  (limit for same-host one-sided copies).
+* ``memcpy``   -- ``memmove`` between two buffers of one process, same pieces and
+                  threads (limit for shared-memory copies).
 * ``mooncake`` -- Mooncake Transfer Engine (PyPI ``mooncake-transfer-engine-non-cuda``)
-                  over its TCP transport, target and initiator in separate processes.
+                  over its TCP transport, target and initiator in separate processes;
+                  ``mooncake_tune`` sweeps its TCP knobs and keeps the best setting.
+* ``fio``      -- the real fio on the engine's file, same byte range and I/O count.
+
+Every baseline first checks, on its own copy path, that it moves the right bytes (the
+target holds ``tent_core.testing.pattern(size, seed)``); rows carry ``verified_bytes``.
 
 A batch is ``batch_size`` blocks of ``block_size`` bytes; its latency is the
 wall time of one batch as seen by the initiator (for a socket WRITE that
@@ -121,6 +129,17 @@ class BaselineSweep:
     walk_buffer: bool = True
     # File baselines (fio) run against this file.
     file_path: str | None = None
+    # Parallelism, matched to the engine's (the CLI sets them from the engine config):
+    # copy threads of cma/memcpy (the shm executor's worker threads), the piece each thread copies
+    # at a time, and the TCP streams of the socket baseline (the tcp transport's connections).
+    threads: int = 2
+    piece_bytes: int = 1 * MiB
+    streams: int = 4
+    # The target's buffer holds tent_core.testing.pattern(size, seed); every baseline checks
+    # that its copy path moves those bytes (and a second pattern back) before timing anything.
+    seed: int = 0
+    # Mooncake: extra environment for its processes (one point of its knob sweep).
+    mooncake_env: dict | None = None
 
     def validate(self) -> None:
         if not self.block_sizes or any(int(b) <= 0 for b in self.block_sizes):
@@ -132,6 +151,8 @@ class BaselineSweep:
             raise ValueError(f"ops must be a non-empty subset of {_OPS}: {self.ops!r}")
         if self.iters < 1 or self.warmup < 0:
             raise ValueError("iters must be >= 1 and warmup >= 0")
+        if self.threads < 1 or self.streams < 1 or self.piece_bytes < 4096:
+            raise ValueError("threads and streams must be >= 1, piece_bytes >= 4096")
 
     def points(self) -> list[tuple[str, int, int]]:
         return [(op, int(bs), int(n)) for op in self.ops for bs in self.block_sizes for n in self.batch_sizes]
@@ -163,6 +184,104 @@ def _addr(arr: np.ndarray) -> int:
     return int(arr.ctypes.data)
 
 
+def _pattern(n: int, seed: int) -> np.ndarray:
+    from tent_core.testing import pattern
+
+    return pattern(n, seed)
+
+
+class _Team:
+    """`n` threads, the caller being one of them, each running its share of a batch.
+
+    The calls they make (process_vm_*, memmove, socket I/O) release the GIL, so the shares
+    really run in parallel, like the engine's executor threads."""
+
+    def __init__(self, n: int):
+        import queue
+        import threading
+
+        self.n = n
+        self._jobs: list = [queue.SimpleQueue() for _ in range(n - 1)]
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._loop, args=(q,), daemon=True) for q in self._jobs]
+        for t in self._threads:
+            t.start()
+
+    def _loop(self, q) -> None:
+        while True:
+            fn = q.get()
+            if fn is None:
+                return
+            try:
+                fn()
+            except BaseException as e:  # noqa: BLE001 - handed to run()
+                self._done.put(e)
+            else:
+                self._done.put(None)
+
+    def run(self, shares: list[Callable[[], None]]) -> None:
+        if len(shares) > self.n:
+            raise ValueError("more shares than threads")
+        for q, fn in zip(self._jobs, shares[1:], strict=False):
+            q.put(fn)
+        err: BaseException | None = None
+        try:
+            if shares:
+                shares[0]()
+        except BaseException as e:  # noqa: BLE001 - re-raised below, after the others finished
+            err = e
+        for _ in shares[1:]:
+            e = self._done.get(timeout=_STARTUP_TIMEOUT_S * 5)
+            err = err or e
+        if err is not None:
+            raise err
+
+    def close(self) -> None:
+        for q in self._jobs:
+            q.put(None)
+        for t in self._threads:
+            t.join(timeout=5)
+
+
+def _pieces(offsets: list[int], block: int, piece: int) -> list[tuple[int, int]]:
+    """(offset, length) of every piece of `piece` bytes of the blocks at `offsets`."""
+    return [(off + p, min(piece, block - p)) for off in offsets for p in range(0, block, piece)]
+
+
+def _shares(items: list, n: int) -> list[list]:
+    """`items` dealt into at most `n` contiguous, near-equal shares (none empty)."""
+    n = max(1, min(n, len(items)))
+    k, extra = divmod(len(items), n)
+    out, i = [], 0
+    for j in range(n):
+        m = k + (1 if j < extra else 0)
+        out.append(items[i : i + m])
+        i += m
+    return out
+
+
+def _check_bytes(name: str, got: np.ndarray, expect: np.ndarray, what: str) -> None:
+    if not np.array_equal(got, expect):
+        bad = int(np.flatnonzero(got != expect)[0])
+        raise BaselineError(f"{name}: {what} moved wrong bytes (first bad byte at {bad})")
+
+
+def _verify_path(name: str, buf: np.ndarray, seed: int, read_all: Callable[[], None], write_all: Callable[[], None]) -> int:
+    """READ the target's pattern into `buf`, WRITE a second pattern, READ it back: both checked.
+    The target keeps the second pattern (timed runs only move bytes). Returns the bytes checked."""
+    n = len(buf)
+    buf.fill(0)
+    read_all()
+    _check_bytes(name, buf, _pattern(n, seed), "READ")
+    second = _pattern(n, seed + 1)
+    buf[:] = second
+    write_all()
+    buf.fill(0)
+    read_all()
+    _check_bytes(name, buf, second, "WRITE then READ")
+    return 3 * n
+
+
 class _Slots:
     """Offsets of the blocks of consecutive batches inside a buffer."""
 
@@ -179,7 +298,8 @@ class _Slots:
         return [((start + j) % self.n) * self.block for j in range(count)]
 
 
-def _measure(engine: str, transport: str, op: str, block: int, batch: int, sweep: BaselineSweep, run_batch) -> dict:
+def _measure(engine: str, transport: str, op: str, block: int, batch: int, sweep: BaselineSweep, run_batch,
+             verified: int = 0, parallel: int = 1) -> dict:  # fmt: skip
     deadline = None if sweep.time_budget_s is None else time.perf_counter() + sweep.time_budget_s
     for _ in range(sweep.warmup):
         if deadline is not None and time.perf_counter() >= deadline:
@@ -203,7 +323,11 @@ def _measure(engine: str, transport: str, op: str, block: int, batch: int, sweep
         "batch_size": batch,
         "gbps": nbytes / total / 1e9 if total > 0 else float("inf"),
         "avg_us": float(arr.mean()) * 1e6,
+        "p50_us": float(np.percentile(arr, 50)) * 1e6,
         "p99_us": float(np.percentile(arr, 99)) * 1e6,
+        "iters": len(lat),
+        "parallel": parallel,  # threads (cma, memcpy) or streams (socket) moving each batch
+        "verified_bytes": verified,
     }
 
 
@@ -225,6 +349,8 @@ def _child_entry(role: str, conn, sweep: BaselineSweep, info: dict | None, log_p
     if env:
         for k, v in env.items():
             os.environ.setdefault(k, v)
+    for k, v in (sweep.mooncake_env or {}).items() if role.startswith("mooncake") else ():
+        os.environ[k] = str(v)  # the knob setting under test wins over the environment
     if log_path:  # keep native log noise (glog) out of the parent's terminal
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         sys.stdout.flush()
@@ -385,8 +511,8 @@ def _run_procs(
 
 # --------------------------------------------------------------------------- socket
 
-_SOCK_HDR = struct.Struct("<cQI")
-_MSG_MORE = getattr(socket, "MSG_MORE", 0)  # command (b"W" / b"R" / b"Q"), block size, batch size
+_SOCK_HDR = struct.Struct("<cQQ")  # command (b"W" / b"R" / b"Q"), offset, length
+_MSG_MORE = getattr(socket, "MSG_MORE", 0)
 
 
 def _socket_buffer_bytes() -> int | None:
@@ -424,78 +550,121 @@ def _socket_io_timeout(sweep: BaselineSweep) -> float:
     return max(30.0, sweep.row_timeout())
 
 
+def _socket_serve(s: socket.socket, mv: memoryview) -> None:
+    """One stream of the target: W = receive into [off, off+len) then ack, R = send it, Q = quit."""
+    hdr = bytearray(_SOCK_HDR.size)
+    while True:
+        _recv_exact_into(s, memoryview(hdr))
+        cmd, off, n = _SOCK_HDR.unpack(hdr)
+        if cmd == b"Q":
+            return
+        if off + n > len(mv):
+            raise BaselineError(f"socket target: [{off}, {off + n}) outside the buffer")
+        if cmd == b"W":
+            _recv_exact_into(s, mv[off : off + n])
+            s.sendall(b"A")
+        elif cmd == b"R":
+            s.sendall(mv[off : off + n])
+        else:
+            raise BaselineError(f"socket target: bad command {cmd!r}")
+
+
 def _socket_target(conn, sweep: BaselineSweep, info: dict) -> None:
+    import threading
+
     _m, buf = _prefaulted(sweep.buffer_bytes())
+    buf[:] = _pattern(len(buf), sweep.seed)
     mv = memoryview(buf)
     fam = socket.AF_INET6 if ":" in sweep.host else socket.AF_INET
     ls = socket.socket(fam, socket.SOCK_STREAM)
+    streams: list[socket.socket] = []
     try:
         ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         _tune_socket(ls)
         ls.bind((sweep.host, 0))
-        ls.listen(1)
+        ls.listen(sweep.streams)
         ls.settimeout(_STARTUP_TIMEOUT_S)
         conn.send(("ready", {"port": ls.getsockname()[1]}))
-        s, _ = ls.accept()
+        for _ in range(sweep.streams):
+            s, _ = ls.accept()
+            _tune_socket(s)
+            s.settimeout(_socket_io_timeout(sweep))
+            streams.append(s)
     finally:
         ls.close()
-    with s:
-        _tune_socket(s)
-        s.settimeout(_socket_io_timeout(sweep))
-        hdr = bytearray(_SOCK_HDR.size)
-        key, slots = None, None
-        while True:
-            _recv_exact_into(s, memoryview(hdr))
-            cmd, block, batch = _SOCK_HDR.unpack(hdr)
-            if cmd == b"Q":
-                return
-            if key != (cmd, block, batch):
-                key, slots = (cmd, block, batch), _Slots(len(buf), block, sweep.walk_buffer)
-            if cmd == b"W":
-                for off in slots.batch(batch):
-                    _recv_exact_into(s, mv[off : off + block])
-                s.sendall(b"A")
-            elif cmd == b"R":
-                for off in slots.batch(batch):
-                    s.sendall(mv[off : off + block])
-            else:
-                raise BaselineError(f"socket target: bad command {cmd!r}")
+    errors: list[BaseException] = []
+
+    def serve(s: socket.socket) -> None:
+        try:
+            _socket_serve(s, mv)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    ts = [threading.Thread(target=serve, args=(s,), daemon=True) for s in streams]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for s in streams:
+        s.close()
+    if errors:
+        raise errors[0]
 
 
 def _socket_initiator(conn, sweep: BaselineSweep, info: dict) -> None:
     _m, buf = _prefaulted(sweep.buffer_bytes())
     mv = memoryview(buf)
-    s = socket.create_connection((sweep.host, info["port"]), timeout=_STARTUP_TIMEOUT_S)
-    with s:
+    streams = []
+    for _ in range(sweep.streams):
+        s = socket.create_connection((sweep.host, info["port"]), timeout=_STARTUP_TIMEOUT_S)
         _tune_socket(s)
         s.settimeout(_socket_io_timeout(sweep))
-        ack = bytearray(1)
+        streams.append(s)
+    team = _Team(len(streams))
+
+    def write_share(s: socket.socket, parts: list[tuple[int, int]]) -> None:
+        for off, n in parts:  # pipelined: every piece sent, then every ack read
+            s.sendall(_SOCK_HDR.pack(b"W", off, n), _MSG_MORE)
+            s.sendall(mv[off : off + n])
+        acks = bytearray(len(parts))
+        _recv_exact_into(s, memoryview(acks))
+
+    def read_share(s: socket.socket, parts: list[tuple[int, int]]) -> None:
+        s.sendall(b"".join(_SOCK_HDR.pack(b"R", off, n) for off, n in parts))
+        for off, n in parts:
+            _recv_exact_into(s, mv[off : off + n])
+
+    def move(op: str, offsets: list[int], block: int) -> None:
+        # each block cut into one piece per stream (as the engine slices a request over its connections)
+        piece = max(4096, -(-block // len(streams)))
+        parts = _pieces(offsets, block, piece)
+        per_stream: list[list[tuple[int, int]]] = [parts[k :: len(streams)] for k in range(len(streams))]
+        fn = write_share if op == "WRITE" else read_share
+        team.run([lambda s=s, p=p: fn(s, p) for s, p in zip(streams, per_stream, strict=True) if p])
+
+    try:
+        size = len(buf)
+        verified = _verify_path("socket", buf, sweep.seed, lambda: move("READ", [0], size), lambda: move("WRITE", [0], size))
         for op, block, batch in sweep.points():
             slots = _Slots(len(buf), block, sweep.walk_buffer)
-            if op == "WRITE":
-                hdr = _SOCK_HDR.pack(b"W", block, batch)
 
-                def run(hdr=hdr, slots=slots, block=block, batch=batch):
-                    s.sendall(hdr, _MSG_MORE)  # coalesce the header with the first block
-                    for off in slots.batch(batch):
-                        s.sendall(mv[off : off + block])
-                    _recv_exact_into(s, memoryview(ack))
+            def run(op=op, slots=slots, block=block, batch=batch):
+                move(op, slots.batch(batch), block)
 
-            else:
-                hdr = _SOCK_HDR.pack(b"R", block, batch)
-
-                def run(hdr=hdr, slots=slots, block=block, batch=batch):
-                    s.sendall(hdr)
-                    for off in slots.batch(batch):
-                        _recv_exact_into(s, mv[off : off + block])
-
-            conn.send(("row", _measure("socket", "tcp", op, block, batch, sweep, run)))
-        s.sendall(_SOCK_HDR.pack(b"Q", 0, 0))
+            conn.send(("row", _measure("socket", "tcp", op, block, batch, sweep, run, verified, len(streams))))
+        for s in streams:
+            s.sendall(_SOCK_HDR.pack(b"Q", 0, 0))
+    finally:
+        team.close()
+        for s in streams:
+            s.close()
     conn.send(("done",))
 
 
 def socket_baseline(sweep: BaselineSweep) -> list[dict]:
-    """Plain TCP stream between two processes (the TCP physical limit)."""
+    """Plain TCP streams between two processes (the TCP physical limit): `sweep.streams`
+    connections, each block cut into one piece per connection, each connection driven by its own
+    thread on both sides (the engine's tcp transport slices a request over its connections)."""
     return _run_procs("socket", sweep, "socket_initiator", "socket_target")
 
 
@@ -549,6 +718,7 @@ def _cma_unavailable_reason() -> str | None:
 
 def _cma_target(conn, sweep: BaselineSweep, info: dict) -> None:
     _m, buf = _prefaulted(sweep.buffer_bytes())
+    buf[:] = _pattern(len(buf), sweep.seed)
     try:  # allow a non-ancestor to process_vm_*() us under Yama ptrace_scope=1
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         libc.prctl(0x59616D61, ctypes.c_ulong(-1 & 0xFFFFFFFFFFFFFFFF), 0, 0, 0)  # PR_SET_PTRACER, ANY
@@ -564,34 +734,45 @@ def _cma_initiator(conn, sweep: BaselineSweep, info: dict) -> None:
     pid, raddr, size = info["pid"], info["addr"], info["size"]
     laddr = _addr(buf)
     size = min(size, len(buf))
-    lio, rio = _IOVec(), _IOVec()
-    plio, prio = ctypes.byref(lio), ctypes.byref(rio)
 
-    def copy(fn, off: int, n: int) -> None:
-        done = 0
-        while done < n:
-            lio.iov_base, lio.iov_len = laddr + off + done, n - done
-            rio.iov_base, rio.iov_len = raddr + off + done, n - done
-            k = fn(pid, plio, 1, prio, 1, 0)
-            if k <= 0:
-                err = ctypes.get_errno()
-                raise OSError(err, f"{fn.__name__}: {os.strerror(err)}")
-            done += k
+    def copy_share(fn, parts: list[tuple[int, int]]) -> None:
+        lio, rio = _IOVec(), _IOVec()  # per thread
+        plio, prio = ctypes.byref(lio), ctypes.byref(rio)
+        for off, n in parts:
+            done = 0
+            while done < n:
+                lio.iov_base, lio.iov_len = laddr + off + done, n - done
+                rio.iov_base, rio.iov_len = raddr + off + done, n - done
+                k = fn(pid, plio, 1, prio, 1, 0)
+                if k <= 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"{fn.__name__}: {os.strerror(err)}")
+                done += k
 
-    for op, block, batch in sweep.points():
-        slots = _Slots(size, block, sweep.walk_buffer)
-        fn = readv if op == "READ" else writev
+    team = _Team(sweep.threads)
 
-        def run(fn=fn, slots=slots, block=block, batch=batch):
-            for off in slots.batch(batch):
-                copy(fn, off, block)
+    def move(fn, offsets: list[int], block: int) -> None:
+        parts = _pieces(offsets, block, sweep.piece_bytes)
+        team.run([lambda p=p: copy_share(fn, p) for p in _shares(parts, sweep.threads)])
 
-        conn.send(("row", _measure("cma", "cma", op, block, batch, sweep, run)))
+    try:
+        verified = _verify_path("cma", buf[:size], sweep.seed, lambda: move(readv, [0], size), lambda: move(writev, [0], size))
+        for op, block, batch in sweep.points():
+            slots = _Slots(size, block, sweep.walk_buffer)
+            fn = readv if op == "READ" else writev
+
+            def run(fn=fn, slots=slots, block=block, batch=batch):
+                move(fn, slots.batch(batch), block)
+
+            conn.send(("row", _measure("cma", "cma", op, block, batch, sweep, run, verified, sweep.threads)))
+    finally:
+        team.close()
     conn.send(("done",))
 
 
 def cma_baseline(sweep: BaselineSweep) -> list[dict]:
-    """Bare process_vm_readv (READ) / process_vm_writev (WRITE) between two processes."""
+    """Bare process_vm_readv (READ) / process_vm_writev (WRITE) between two processes: each block cut
+    into `sweep.piece_bytes` pieces copied by `sweep.threads` threads (the shm executor's shape)."""
     reason = _cma_unavailable_reason()
     if reason is not None:
         raise BaselineUnavailable(reason, "cma")
@@ -605,20 +786,38 @@ def _memcpy_initiator(conn, sweep: BaselineSweep, info: dict) -> None:
     nbytes = sweep.buffer_bytes()
     _ml, local = _prefaulted(nbytes)
     _mr, remote = _prefaulted(nbytes)
-    for op, block, batch in sweep.points():
-        slots = _Slots(nbytes, block, sweep.walk_buffer)
-        src, dst = (remote, local) if op == "READ" else (local, remote)
+    remote[:] = _pattern(nbytes, sweep.seed)
+    team = _Team(sweep.threads)
 
-        def run(src=src, dst=dst, slots=slots, block=block, batch=batch):
-            for off in slots.batch(batch):
-                np.copyto(dst[off : off + block], src[off : off + block])
+    def move(src: np.ndarray, dst: np.ndarray, offsets: list[int], block: int) -> None:
+        s0, d0 = _addr(src), _addr(dst)
+        parts = _pieces(offsets, block, sweep.piece_bytes)
 
-        conn.send(("row", _measure("memcpy", "memcpy", op, block, batch, sweep, run)))
+        def share(p: list[tuple[int, int]]) -> None:
+            for off, n in p:
+                ctypes.memmove(d0 + off, s0 + off, n)  # a ctypes call: the GIL is released
+
+        team.run([lambda p=p: share(p) for p in _shares(parts, sweep.threads)])
+
+    try:
+        verified = _verify_path("memcpy", local, sweep.seed, lambda: move(remote, local, [0], nbytes),
+                                lambda: move(local, remote, [0], nbytes))  # fmt: skip
+        for op, block, batch in sweep.points():
+            slots = _Slots(nbytes, block, sweep.walk_buffer)
+            src, dst = (remote, local) if op == "READ" else (local, remote)
+
+            def run(src=src, dst=dst, slots=slots, block=block, batch=batch):
+                move(src, dst, slots.batch(batch), block)
+
+            conn.send(("row", _measure("memcpy", "memcpy", op, block, batch, sweep, run, verified, sweep.threads)))
+    finally:
+        team.close()
     conn.send(("done",))
 
 
 def memcpy_baseline(sweep: BaselineSweep) -> list[dict]:
-    """np.copyto between two pre-faulted buffers of one (child) process."""
+    """memmove between two pre-faulted buffers of one (child) process, each block cut into
+    `sweep.piece_bytes` pieces copied by `sweep.threads` threads."""
     return _run_procs("memcpy", sweep, "memcpy_initiator")
 
 
@@ -682,6 +881,7 @@ def _mooncake_register(te, buf: np.ndarray) -> int:
 def _mooncake_target(conn, sweep: BaselineSweep, info: dict) -> None:
     te = _mooncake_engine(sweep.host)
     _m, buf = _prefaulted(sweep.buffer_bytes())
+    buf[:] = _pattern(len(buf), sweep.seed)
     addr = _mooncake_register(te, buf)
     host = f"[{sweep.host}]" if ":" in sweep.host else sweep.host
     conn.send(("ready", {"segment": f"{host}:{te.get_rpc_port()}", "addr": addr, "size": len(buf)}))
@@ -700,6 +900,14 @@ def _mooncake_initiator(conn, sweep: BaselineSweep, info: dict) -> None:
     rc = te.transfer_sync_read(seg, laddr, raddr, min(4096, size))
     if rc != 0:
         raise BaselineError(f"transfer_sync_read to {seg} returned {rc} (handshake)")
+
+    def whole(fn) -> None:
+        rc = fn(seg, laddr, raddr, size)
+        if rc != 0:
+            raise BaselineError(f"{fn.__name__} of {size} bytes returned {rc}")
+
+    verified = _verify_path("mooncake", buf[:size], sweep.seed, lambda: whole(te.transfer_sync_read),
+                            lambda: whole(te.transfer_sync_write))  # fmt: skip
     for op, block, batch in sweep.points():
         slots = _Slots(size, block, sweep.walk_buffer)
         if batch == 1:
@@ -721,10 +929,12 @@ def _mooncake_initiator(conn, sweep: BaselineSweep, info: dict) -> None:
                 if rc != 0:
                     raise BaselineError(f"{fn.__name__} returned {rc}")
 
-        conn.send(("row", _measure("mooncake", "tcp", op, block, batch, sweep, run)))
+        row = _measure("mooncake", "tcp", op, block, batch, sweep, run, verified)
+        row["parallel"] = None  # Mooncake's own (its lanes: see mooncake_env)
+        row["mooncake_env"] = dict(sweep.mooncake_env or {})
+        conn.send(("row", row))
     conn.send(("done",))
     te.unregister_memory(laddr)
-    del te
 
 
 def mooncake_baseline(sweep: BaselineSweep) -> list[dict]:
@@ -733,6 +943,39 @@ def mooncake_baseline(sweep: BaselineSweep) -> list[dict]:
     if reason is not None:
         raise BaselineUnavailable(reason, "mooncake")
     return _run_procs("mooncake", sweep, "mooncake_initiator", "mooncake_target", env=MOONCAKE_ENV, capture_log=True)
+
+
+# Mooncake's TCP knobs (names from its 0.3.13 library): lanes (connections) per peer, the slice
+# each lane carries, the connection pool. The sweep runs every setting and keeps the best.
+MOONCAKE_KNOBS: list[dict[str, str]] = [
+    {},
+    {"MC_TCP_ENABLE_CONNECTION_POOL": "1", "MC_TCP_LANES_PER_PEER": "4"},
+    {"MC_TCP_ENABLE_CONNECTION_POOL": "1", "MC_TCP_LANES_PER_PEER": "4", "MC_TCP_SLICE_SIZE": str(1 * MiB)},
+    {"MC_TCP_ENABLE_CONNECTION_POOL": "1", "MC_TCP_LANES_PER_PEER": "8", "MC_TCP_SLICE_SIZE": str(1 * MiB)},
+]
+
+
+def mooncake_tune(sweep: BaselineSweep, knobs: list[dict[str, str]] | None = None) -> tuple[dict[str, str], list[dict]]:
+    """Run the sweep once under every knob setting; return the setting with the best geometric
+    mean GB/s over the sweep's points, and every row (each with its `mooncake_env`)."""
+    from dataclasses import replace
+
+    best: tuple[float, dict[str, str]] | None = None
+    rows: list[dict] = []
+    errors: list[str] = []
+    for env in knobs if knobs is not None else MOONCAKE_KNOBS:
+        try:
+            got = mooncake_baseline(replace(sweep, mooncake_env=env))
+        except BaselineError as e:  # a setting this build rejects is not the best one
+            errors.append(f"{env}: {e}")
+            continue
+        rows += got
+        score = float(np.exp(np.mean([np.log(max(r["gbps"], 1e-9)) for r in got])))
+        if best is None or score > best[0]:
+            best = (score, env)
+    if best is None:
+        raise BaselineError("mooncake: no knob setting ran: " + "; ".join(errors))
+    return best[1], rows
 
 
 # --------------------------------------------------------------------------- registry
@@ -747,11 +990,27 @@ _ROLES: dict[str, Callable] = {
     "mooncake_initiator": _mooncake_initiator,
 }
 
-def fio_baseline(sweep: BaselineSweep) -> list[dict]:
-    """The real `fio` (io_uring engine) on the same file, per op and block size.
+def fio_command(fio: str, path: str, op: str, block: int, iters: int) -> list[str]:
+    """fio moving the bytes the engine's point moves: `iters` times the range [0, block) of the
+    same file, buffered, at the I/O shape our file executor uses inside one request (pieces of
+    min(block, 1 MiB), up to 16 in flight, the range split over 2 threads when it holds 2 pieces)."""
+    bs = min(block, 1 * MiB)
+    jobs = 2 if block >= 2 * bs else 1
+    per_job = block // jobs // bs * bs
+    depth = max(1, min(16, per_job // bs))
+    return [
+        fio, "--name=tent-baseline", f"--filename={path}", "--ioengine=io_uring",
+        f"--rw={'read' if op == 'READ' else 'write'}", f"--bs={bs}", f"--size={per_job}",
+        f"--offset_increment={per_job}", f"--io_size={per_job * iters}", f"--numjobs={jobs}",
+        f"--iodepth={depth}", "--direct=0", "--thread", "--group_reporting", "--invalidate=0",
+        "--output-format=json",
+    ]  # fmt: skip
 
-    fio runs at the I/O shape our file executor uses inside one request: bs = min(block, 1 MiB),
-    iodepth 16, 2 jobs, buffered (page cache) like our default; row block_size = our block size."""
+
+def fio_baseline(sweep: BaselineSweep) -> list[dict]:
+    """The real `fio` (io_uring engine) on the engine's own file, per op and block size: the same
+    byte range, the same number of I/Os (`sweep.iters` passes over [0, block)), the same cache
+    state (the file was just written; both read it through the page cache)."""
     path = sweep.file_path
     if not path or not os.path.exists(path):
         raise BaselineUnavailable("fio needs the benchmark file (run with a file transport, e.g. --transport gds)")
@@ -762,17 +1021,10 @@ def fio_baseline(sweep: BaselineSweep) -> list[dict]:
     rows = []
     for op in sweep.ops:
         for block in sweep.block_sizes:
-            bs = min(block, 1 * MiB)
-            jobs = 2
-            per_job = (size // jobs) // bs * bs
-            cmd = [
-                fio, "--name=tent-baseline", f"--filename={path}", "--ioengine=io_uring",
-                f"--rw={'read' if op == 'READ' else 'write'}", f"--bs={bs}", f"--size={per_job}",
-                f"--offset_increment={per_job}", f"--numjobs={jobs}", "--iodepth=16", "--direct=0", "--thread",
-                "--group_reporting", "--invalidate=0", "--time_based",
-                f"--runtime={max(1, int(round(sweep.time_budget_s or 2)))}", "--output-format=json",
-            ]  # fmt: skip
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            if block > size:
+                continue
+            cmd = fio_command(fio, path, op, block, sweep.iters)
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             if out.returncode != 0:
                 raise BaselineError(f"fio failed: {out.stderr.strip()[-500:]}")
             job = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
@@ -783,7 +1035,8 @@ def fio_baseline(sweep: BaselineSweep) -> list[dict]:
                 "gbps": round(side["bw_bytes"] / 1e9, 4),
                 "avg_us": round(side.get("clat_ns", {}).get("mean", 0.0) / 1e3, 2),
                 "p99_us": round(float(clat.get("99.000000", 0.0)) / 1e3, 2),
-                "fio_bs": bs,
+                "bytes": int(side["io_bytes"]), "ios": int(side["total_ios"]),
+                "fio_bs": int(cmd[5].split("=")[1]),
             })  # fmt: skip
     return rows
 

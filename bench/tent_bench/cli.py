@@ -10,7 +10,6 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
@@ -95,8 +94,13 @@ def human(n: int) -> str:
 @click.option("--config", "config_src", default=None, metavar="JSON|PATH",
               help="Engine config for both sides: inline JSON or a TOML file (see tent_core/config.py).")
 @click.option("--file-dir", default="/var/tmp", show_default=True, help="Where file benchmarks keep their file.")
-@click.option("--offered-load", "offered", default=None, type=click.FloatRange(0.01, 1000), metavar="GBIT",
-              help="--fabric sweep: open loop at this offered load (Gbit/s) instead of closed-loop submitters.")
+@click.option("--offered-load", "offered", default=None, metavar="GBIT[,GBIT..]",
+              help="--fabric sweep: open loop at these offered loads (Gbit/s) instead of closed-loop submitters.")
+@click.option("--rounds", default=None, type=click.IntRange(1, 100),
+              help="Rounds, the engine and every baseline (or policy) once per round in rotating order; "
+                   "medians and min-max are reported [default: 3; 1 with --quick].")
+@click.option("--seeds", default=None, type=click.IntRange(1, 100),
+              help="--offered-load: arrival processes (seeds) per load and policy [default: 3].")
 def bench(
     quick: bool,
     as_json: bool,
@@ -119,7 +123,9 @@ def bench(
     path_spec: str | None,
     config_src: str | None,
     file_dir: str,
-    offered: float | None,
+    offered: str | None,
+    rounds: int | None,
+    seeds: int | None,
 ) -> None:
     """TEBench-style sweep between a target and an initiator process on this host.
 
@@ -129,14 +135,15 @@ def bench(
     from . import runner
 
     fabric_only = {"--degrade": degrade, "--policy": policies, "--timeline": timeline, "--fault": fault,
-                   "--duration": duration, "--mixed": mixed or None, "--offered-load": offered}  # fmt: skip
+                   "--duration": duration, "--mixed": mixed or None, "--offered-load": offered,
+                   "--seeds": seeds}  # fmt: skip
     if fabric is None:
         given = [k for k, v in fabric_only.items() if v is not None]
         if given:
             raise click.UsageError(f"{', '.join(given)} only apply with --fabric")
     else:
         _bench_fabric(fabric, quick, as_json, block_sizes, batch_sizes, ops, threads, iters, degrade, policies,
-                      timeline, fault, duration, mixed, baseline, submit_cost, transports, offered)  # fmt: skip
+                      timeline, fault, duration, mixed, baseline, submit_cost, transports, offered, rounds, seeds)  # fmt: skip
         return
     threads = threads or 1
     spec = runner.BenchSpec(threads=threads, verify=not no_verify, file_dir=file_dir, config=_load_config_arg(config_src))
@@ -170,45 +177,7 @@ def bench(
         raise click.BadParameter(f"unknown baseline(s) {unknown}; choose from {sorted(bl.BASELINES)}")
 
     err = Console(stderr=True)
-    rows: list[dict[str, Any]] = []
-    npoints = len(spec.ops) * len(spec.block_sizes) * len(spec.batch_sizes)
-    with contextlib.ExitStack() as cleanup, Progress(
-        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-        console=err, transient=True, disable=not err.is_terminal,
-    ) as prog:
-        task = prog.add_task("tent", total=npoints * max(1, len(spec.transports or [1])))
-
-        def step(desc: str) -> None:
-            prog.update(task, advance=1, description=desc)
-
-        if path_spec:
-            try:
-                rows += runner.run_staged_path(spec, path_spec, file_dir)
-            except (ValueError, RuntimeError) as exc:
-                raise click.ClickException(str(exc)) from exc
-        else:
-            try:
-                rows += runner.run_tent(spec, step)
-            except RuntimeError as exc:
-                raise click.ClickException(str(exc)) from exc
-        file_size = max(spec.block_sizes) * max(spec.batch_sizes) * spec.threads
-        try:
-            fio_file = cleanup.enter_context(runner.bench_file(file_dir, file_size)) if "fio" in baselines else None
-        except RuntimeError as exc:
-            raise click.ClickException(str(exc)) from exc
-        sweep = bl.BaselineSweep(
-            block_sizes=spec.block_sizes, batch_sizes=spec.batch_sizes, ops=spec.ops,
-            iters=spec.iters, warmup=spec.warmup, time_budget_s=spec.time_budget_s,
-            walk_buffer=False,  # like our own sweep: every batch moves the same region
-            file_path=fio_file,
-        )
-        for name in baselines:
-            prog.update(task, description=f"baseline {name}")
-            try:
-                rows += bl.BASELINES[name](sweep)
-            except bl.BaselineUnavailable as exc:
-                err.print(f"[yellow]baseline {name} unavailable: {exc}[/]")
-    runner.add_ratios(rows)
+    rows = _local_rounds(spec, baselines, rounds or (1 if quick else 3), path_spec, file_dir, err)
     extra: dict[str, Any] = {}
     if submit_cost:
         extra = runner.submit_cost_us(transports=spec.transports)
@@ -219,6 +188,82 @@ def bench(
     if extra:
         _out().print(f"submit() cost, one 64 KiB request: median {extra['median_us']:.2f} us, p99 {extra['p99_us']:.2f} us, "
                      f"back to back {extra['queued_median_us']:.2f} us")
+
+
+def _parallelism(config: dict[str, Any] | None) -> tuple[int, int]:
+    """(shm executor threads, tcp connections per rail) of the engine under `config`: the
+    baselines get the same parallelism."""
+    t = ((config or {}).get("transports") or {})
+    return int((t.get("shm") or {}).get("threads", 2)), int((t.get("tcp") or {}).get("conns_per_rail", 4))
+
+
+def _local_rounds(spec: Any, baselines: list[str], nrounds: int, path_spec: str | None, file_dir: str,
+                  err: Console) -> list[dict[str, Any]]:  # fmt: skip
+    """The engine and every baseline once per round, in rotating order (tent_bench.rounds);
+    returns one row per point with medians, min-max and per-round ratios."""
+    import dataclasses
+
+    from tent_core.testing import fresh_seed
+
+    from . import baselines as bl
+    from . import rounds as rd
+    from . import runner
+
+    copy_threads, streams = _parallelism(spec.config)
+    with contextlib.ExitStack() as cleanup:
+        file_size = max(spec.block_sizes) * max(spec.batch_sizes) * spec.threads
+        file_path = None
+        if "fio" in baselines or any(t == "gds" for t in spec.transports or []):
+            try:
+                file_path = cleanup.enter_context(runner.bench_file(file_dir, file_size))
+            except RuntimeError as exc:
+                raise click.ClickException(str(exc)) from exc
+        sweep = bl.BaselineSweep(
+            block_sizes=spec.block_sizes, batch_sizes=spec.batch_sizes, ops=spec.ops,
+            iters=spec.iters, warmup=spec.warmup, time_budget_s=spec.time_budget_s,
+            walk_buffer=False,  # like our own sweep: every batch moves the same region
+            file_path=file_path, threads=copy_threads, streams=streams,
+        )  # fmt: skip
+
+        def tent(r: int) -> list[dict[str, Any]]:
+            if err.is_terminal:
+                err.print(f"[dim]round {r + 1}/{nrounds}: tent[/]")
+            try:
+                if path_spec:
+                    return runner.run_staged_path(spec, path_spec, file_dir)
+                return runner.run_tent(spec, file_path=file_path)
+            except (ValueError, RuntimeError) as exc:
+                raise click.ClickException(str(exc)) from exc
+
+        contenders: list[tuple[str, rd.Contender]] = [("tent", tent)]
+        tuning: list[dict[str, Any]] = []
+        for name in baselines:
+            if name == "mooncake":
+                try:
+                    err.print("[dim]mooncake: sweeping its TCP knobs[/]")
+                    env, tuning = bl.mooncake_tune(dataclasses.replace(sweep, seed=fresh_seed()))
+                    sweep_for = dataclasses.replace(sweep, mooncake_env=env)
+                except bl.BaselineUnavailable as exc:
+                    err.print(f"[yellow]baseline {name} unavailable: {exc}[/]")
+                    continue
+            else:
+                sweep_for = sweep
+
+            def run(r: int, name: str = name, sweep_for: bl.BaselineSweep = sweep_for) -> list[dict[str, Any]]:
+                try:
+                    return bl.BASELINES[name](dataclasses.replace(sweep_for, seed=fresh_seed()))
+                except bl.BaselineUnavailable as exc:
+                    raise rd.ContenderSkipped(str(exc)) from exc
+
+            contenders.append((name, run))
+        per_round = rd.run_rounds(contenders, nrounds,
+                                  skipped=lambda n, why: err.print(f"[yellow]baseline {n} unavailable: {why}[/]"))  # fmt: skip
+    metrics = (*rd.METRICS, "x_slower_stage") if path_spec else rd.METRICS
+    rows = rd.summarize(per_round, metrics=metrics)
+    if tuning:
+        rows.append({"kind": "mooncake_tuning", "rows": tuning, "chosen": next(
+            (r["mooncake_env"] for r in rows if r.get("engine") == "mooncake"), None)})
+    return rows
 
 
 def _bench_fabric(
@@ -239,7 +284,9 @@ def _bench_fabric(
     baseline: str | None,
     submit_cost: bool,
     transports: str | None,
-    offered: float | None = None,
+    offered: str | None = None,
+    rounds: int | None = None,
+    seeds: int | None = None,
 ) -> None:
     """`tent bench --fabric SPEC ...`: build, run every policy, tear down, print rows."""
     from tent_core.config import POLICIES
@@ -268,9 +315,18 @@ def _bench_fabric(
     if mixed and (fault or duration):
         raise click.UsageError("--mixed runs its own fixed load; drop --fault/--duration")
     spec.threads = threads or 4
-    spec.offered_gbit = offered
+    try:
+        spec.offered_loads = [float(x) for x in _csv(offered)]
+    except ValueError as exc:
+        raise click.BadParameter(f"--offered-load takes Gbit/s values, e.g. 1.2 or 0.8,1.2: {offered!r}") from exc
+    if any(not 0.01 <= x <= 1000 for x in spec.offered_loads):
+        raise click.BadParameter("--offered-load values must lie in 0.01..1000 Gbit/s")
     if offered and (fault or duration or mixed):
         raise click.UsageError("--offered-load applies to the sweep (not with --fault/--duration/--mixed)")
+    if seeds and not offered:
+        raise click.UsageError("--seeds applies to --offered-load")
+    spec.seeds = seeds or 3
+    spec.rounds = rounds or (1 if quick else 3)
     if quick:
         spec.block_sizes, spec.budget_s = [1 * MiB, 64 * MiB], 1.5
         spec.mixed_duration_s = 2.0
@@ -341,15 +397,18 @@ def _print_fabric_rows(rows: list[dict[str, Any]]) -> None:
 
 
 def _print_rows(rows: list[dict[str, Any]], baselines: list[str]) -> None:
-    table = Table(title="tent bench")
+    table = Table(title="tent bench (medians over the rounds; min-max)")
     cols = ["engine", "transport", "op", "block", "batch", "GB/s", "avg us", "p99 us"]
     ratio_cols = [f"x_{b}" for b in baselines]
     for c in cols + ratio_cols:
         table.add_column(c, justify="right" if c not in ("engine", "transport", "op") else "left")
     for r in rows:
+        if r.get("kind"):
+            continue
         cells = [
             r["engine"], r["transport"], r["op"], human(r["block_size"]), str(r["batch_size"]),
-            f"{r['gbps']:.2f}", f"{r['avg_us']:.0f}", f"{r['p99_us']:.0f}",
+            f"{r['gbps']:.2f}" + (f" ({r['gbps_min']:.2f}-{r['gbps_max']:.2f})" if r.get("rounds", 1) > 1 else ""),
+            f"{r['avg_us']:.0f}", f"{r['p99_us']:.0f}",
         ]
         cells += [f"{r[c]:.2f}" if c in r else "" for c in ratio_cols]
         table.add_row(*cells)

@@ -353,9 +353,9 @@ def run_demo(con: Console, rollouts: int, spec: ModelSpec, bench: bool) -> dict[
 # Which bare limit each transport is held against: the syscall/stream it is built on, and memcpy
 LIMITS = {"shm": ("cma", "memcpy"), "tcp": ("socket",)}
 LIMIT_TEXT = {
-    "cma": "bare process_vm_readv between two processes",
-    "memcpy": "one memcpy inside one process (the memory bus)",
-    "socket": "a bare TCP stream on loopback",
+    "cma": "bare process_vm_readv of 1 MiB pieces on 2 threads between two processes",
+    "memcpy": "memcpy of 1 MiB pieces on 2 threads inside one process (the memory bus)",
+    "socket": "4 bare TCP streams on loopback (the tcp transport's connections)",
 }
 
 

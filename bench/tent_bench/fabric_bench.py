@@ -45,6 +45,7 @@ import numpy as np
 from tent_core.config import QosConfig
 
 from .fabric_worker import OFFSET_SLOTS, OFFSET_STEP
+from .rounds import POINT, per_round_ratios, round_order, spread, summarize
 from .runner import target_process
 from .testbed.fabric import Fabric, format_rate, parse_fabric_spec
 
@@ -174,7 +175,13 @@ class FabricBenchSpec:
     iters: int = 400
     warmup: int = 1
     budget_s: float = 3.0
-    offered_gbit: float | None = None  # open loop: fixed offered load instead of closed-loop submitters
+    # open loop: fixed offered loads (Gbit/s) instead of closed-loop submitters; each load runs
+    # `seeds` arrival processes of `open_requests` timed requests under every policy
+    offered_loads: list[float] = field(default_factory=list)
+    seeds: int = 3
+    open_requests: int = 40
+    # closed-loop sweeps: every policy once per round, the order rotating (tent_bench.rounds)
+    rounds: int = 1
     # verify / faults
     duration_s: float | None = None
     fault: str | None = None
@@ -565,9 +572,10 @@ def plot_timelines(path: str, panels: list[dict[str, Any]], title: str) -> None:
 # ------------------------------------------------------------------ runs
 
 
-def _base_spec(fab: Fabric, spec: FabricBenchSpec, remote: str, policy: str) -> dict[str, Any]:
+def _base_spec(fab: Fabric, spec: FabricBenchSpec, remote: str, policy: str, seed: int) -> dict[str, Any]:
     return {
         "remote": remote,
+        "seed": seed,  # the target's pattern (tent_core.testing.pattern)
         "host": fab.addrs(0, peer=1)[0],
         "config": initiator_config(fab, spec, policy),
         "ifaces": [fab.link(i).if0 for i in range(fab.rails)],
@@ -624,23 +632,34 @@ def run_fabric_bench(spec: FabricBenchSpec, progress: Callable[[str], None] | No
         target = stack.enter_context(
             target_process(tsize, fab.addrs(1)[0], target_config(fab, spec), True, fab.exec_argv(1, []))
         )
-        remote = target["segment"]
+        remote, seed = target["segment"], target["seed"]
         fabric_row = {"kind": "fabric", "spec": spec.fabric, "prefix": fab.prefix, "shaper": spec.shaper,
                       "degrade": spec.degrade, "mode": mode, **_rail_info(fab)}  # fmt: skip
         rows.append(fabric_row)
-        variants: list[tuple[str, str, dict[str, Any]]] = [(p, p, {}) for p in spec.policies]
+        sweep_rows: list[dict[str, Any]] = []
+        # (policy, label, config overlay, sweep overlay): sweeps repeat per round / per arrival seed,
+        # the policies' order rotating, so each ratio compares runs taken side by side
+        variants: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [(p, p, {}, {}) for p in spec.policies]
+        if mode == "sweep" and spec.offered_loads:
+            variants = [(p, f"{p} {load} Gbit/s seed {k}", {}, {"round": k, "offered_gbit": load, "arrival_seed": 1000 + k,
+                                                                 "requests": spec.open_requests})
+                        for load in spec.offered_loads for k in range(spec.seeds)
+                        for p in round_order(spec.policies, k)]  # fmt: skip
+        elif mode == "sweep":
+            variants = [(p, f"{p} round {r}", {}, {"round": r}) for r in range(spec.rounds)
+                        for p in round_order(spec.policies, r)]  # fmt: skip
         if mode == "mixed":
             sw = qos_switch()
             fabric_row["qos_switch"] = f"qos.{sw}" if sw else None
             variants = []
             for p in spec.policies:
                 if sw:
-                    variants += [(p, f"{p} qos=off", {"qos": {sw: False}}), (p, f"{p} qos=on", {"qos": {sw: True}})]
+                    variants += [(p, f"{p} qos=off", {"qos": {sw: False}}, {}), (p, f"{p} qos=on", {"qos": {sw: True}}, {})]
                 else:
-                    variants.append((p, f"{p} (no qos switch in the engine config)", {}))
-        for policy, label, extra in variants:
+                    variants.append((p, f"{p} (no qos switch in the engine config)", {}, {}))
+        for policy, label, extra, sweep_extra in variants:
             _reset_rails(fab, spec.degrade)
-            ws = _base_spec(fab, spec, remote, policy)
+            ws = _base_spec(fab, spec, remote, policy, seed)
             ws["config"] = _merge(ws["config"], extra)
             info = _rail_info(fab)
             say(f"{mode} {label}")
@@ -648,7 +667,7 @@ def run_fabric_bench(spec: FabricBenchSpec, progress: Callable[[str], None] | No
                 ws["mode"] = "sweep"
                 ws["sweep"] = {"block_sizes": spec.block_sizes, "batch_sizes": spec.batch_sizes, "ops": spec.ops,
                                "threads": spec.threads, "iters": spec.iters, "warmup": spec.warmup,
-                               "budget_s": spec.budget_s, "offered_gbit": spec.offered_gbit}  # fmt: skip
+                               "budget_s": spec.budget_s, **sweep_extra}  # fmt: skip
                 npoints = len(spec.block_sizes) * len(spec.batch_sizes) * len(spec.ops)
                 limit = 120 + npoints * (spec.budget_s * 4 + 30)
                 with _worker(fab, ws) as w:
@@ -665,10 +684,12 @@ def run_fabric_bench(spec: FabricBenchSpec, progress: Callable[[str], None] | No
                     r["x_nominal"] = round(r["gbit"] / info["nominal_sum_gbit"], 4)
                     r["x_actual"] = round(r["gbit"] / info["actual_sum_gbit"], 4)
                     r["t0"], r["t1"] = round(r["t0"] - t0, 3), round(r["t1"] - t0, 3)
-                    rows.append(r)
+                    r["round"] = sweep_extra.get("round", 0)
+                    sweep_rows.append(r)
                 spans = [(r["t0"], r["t1"], _human(r["block_size"])) for r in res["rows"]]
-                panels.append({"label": f"{policy}: {spec.fabric} {_degrade_text(spec.degrade)}", "timeline": tl,
-                               "spans": spans})  # fmt: skip
+                if sweep_extra.get("round", 0) == 0:  # one timeline panel per policy
+                    panels.append({"label": f"{policy}: {spec.fabric} {_degrade_text(spec.degrade)}", "timeline": tl,
+                                   "spans": spans})  # fmt: skip
             elif mode == "verify":
                 assert duration is not None
                 ws["mode"] = "verify"
@@ -727,6 +748,7 @@ def run_fabric_bench(spec: FabricBenchSpec, progress: Callable[[str], None] | No
                                            "mice_count", "elephant_gbit", "elephant_errors")},
                 })  # fmt: skip
                 panels.append({"label": f"mixed, {label}: {spec.fabric} {_degrade_text(spec.degrade)}", "timeline": tl})
+        rows += summarize_policies(sweep_rows)
         _add_policy_ratios(rows)
         if spec.timeline:
             say(f"plotting {spec.timeline}")
@@ -737,15 +759,44 @@ def run_fabric_bench(spec: FabricBenchSpec, progress: Callable[[str], None] | No
     return rows
 
 
+SWEEP_METRICS = ("gbit", "gbps", "p50_us", "p99_us", "realized_gbit", "x_nominal", "x_actual")
+
+
+def summarize_policies(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (policy, offered load, point): medians over the rounds (or arrival seeds) with min-max;
+    every policy's ratios to round robin's computed within each round, then their median."""
+    if not rows:
+        return []
+    as_engine = [{**r, "engine": r["policy"]} for r in rows]
+    group = ("engine", "offered_gbit", "op", "block_size", "batch_size")
+    out = summarize(as_engine, ours="", group=group, metrics=SWEEP_METRICS)  # ratios: below, per policy
+    ratio_src = as_engine
+    for agg in out:
+        agg["engine"] = "tent"
+        if agg["policy"] == "round_robin":
+            continue
+        mine = [r for r in ratio_src if r["engine"] == agg["policy"]]
+        base = [r for r in ratio_src if r["engine"] == "round_robin"]
+        for metric, prefix in (("gbit", "x_"), ("p99_us", "p99_vs_")):
+            ratios = per_round_ratios(mine + base, agg["policy"], "round_robin", metric, ("offered_gbit", *POINT))
+            vals = ratios.get((agg.get("transport"), agg.get("offered_gbit"), agg["op"], agg["block_size"], agg["batch_size"]))
+            if vals:
+                med, lo, hi = spread(vals)
+                agg[f"{prefix}round_robin"] = round(med, 3)
+                agg[f"{prefix}round_robin_min"], agg[f"{prefix}round_robin_max"] = round(lo, 3), round(hi, 3)
+    return out
+
+
 def _add_policy_ratios(rows: list[dict[str, Any]]) -> None:
-    """Spray rows get their throughput and P99 relative to round robin's at the same point."""
+    """Spray rows get their throughput and P99 relative to round robin's at the same point (rows
+    of summarized sweeps already carry the per-round ratios)."""
     rr = {(r["op"], r["block_size"], r["batch_size"]): r for r in rows
           if r.get("engine") == "tent" and r.get("policy") == "round_robin"}  # fmt: skip
     for r in rows:
         if r.get("engine") != "tent" or r.get("policy") == "round_robin":
             continue
         b = rr.get((r["op"], r["block_size"], r["batch_size"]))
-        if b is None:
+        if b is None or "x_round_robin" in r:
             continue
         if b["gbit"] > 0:
             r["x_round_robin"] = round(r["gbit"] / b["gbit"], 3)

@@ -126,9 +126,9 @@ def _rail_view(eng: Engine) -> dict[str, list[Any]]:
     return {"rail_est_gbit": [round(r["bandwidth_GBps"] * 8, 3) for r in stats], "rail_state": [r["state"] for r in stats]}
 
 
-def _connect(eng: Engine, local: LocalBuffer, remote: str, n: int) -> None:
+def _connect(eng: Engine, local: LocalBuffer, remote: str, n: int, seed: int) -> None:
     """First READ: connects every rail, and checks the bytes once."""
-    expect = pattern(n)
+    expect = pattern(n, seed)
     local.array[:n] = 0  # type: ignore[index]
     eng.submit([Request(OpCode.READ, local, 0, remote, 0, n)], deadline=30.0).wait()
     if not np.array_equal(local.array[:n], expect):  # type: ignore[index]
@@ -145,7 +145,7 @@ def run_sweep(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, 
     threads: int = sw["threads"]
     size = max(blocks) * max(batches) * threads
     local = eng.allocate(size, segment="fabric-local")
-    _connect(eng, local, spec["remote"], min(size, 8 * MiB))
+    _connect(eng, local, spec["remote"], min(size, 8 * MiB), spec["seed"])
     emit({"event": "ready", "t": time.monotonic()})
     rows: list[dict[str, Any]] = []
     for op_name in sw.get("ops", ["READ"]):
@@ -153,9 +153,11 @@ def run_sweep(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, 
             for block in blocks:
                 before = _rail_bytes(eng)
                 t0 = time.monotonic()
+                extra: dict[str, Any] = {}
                 if sw.get("offered_gbit"):
-                    gbps, lat, window = _open_point(eng, local, spec["remote"], OpCode[op_name], block, threads,
-                                                    float(sw["offered_gbit"]), sw["budget_s"])  # fmt: skip
+                    gbps, lat, window, extra = _open_point(eng, local, spec["remote"], OpCode[op_name], block, threads,
+                                                           float(sw["offered_gbit"]), sw["budget_s"],
+                                                           int(sw.get("arrival_seed", 1234)), sw.get("requests"))  # fmt: skip
                 else:
                     gbps, lat, window = _point(eng, local, spec["remote"], OpCode[op_name], block, batch, threads,
                                                sw["iters"], sw["warmup"], sw["budget_s"])  # fmt: skip
@@ -183,6 +185,7 @@ def run_sweep(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, 
                         **_rail_view(eng),
                         "t0": t0,
                         "t1": t1,
+                        **extra,
                     }
                 )
                 log.info("point %s %d x%d: %.3f Gbit/s", op_name, block, batch, gbps * 8)
@@ -190,13 +193,17 @@ def run_sweep(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, 
 
 
 def _open_point(eng: Engine, local: LocalBuffer, remote: str, op: OpCode, block: int, slots: int,
-                offered_gbit: float, duration_s: float) -> tuple[float, list[float], tuple[float, float]]:
-    """Open loop: one request of `block` bytes every block*8/offered seconds, whatever the engine's
-    state. Latency runs from the *scheduled* submit time, so a path that cannot keep up shows its
-    queue (a closed loop hides it: fewer requests are offered when they are slow)."""
+                offered_gbit: float, duration_s: float, arrival_seed: int = 1234, requests: int | None = None,
+                ) -> tuple[float, list[float], tuple[float, float], dict[str, Any]]:  # fmt: skip
+    """Open loop: Poisson arrivals of `block`-byte requests at a mean of `offered_gbit`, whatever
+    the engine's state. Latency runs from the *scheduled* submit time, so a path that cannot keep
+    up shows its queue (a closed loop hides it: fewer requests are offered when they are slow).
+    One arrival process per `arrival_seed`; a short one realizes a load that can be far from the
+    mean, so the load it realized (requests x bytes / arrival span) is returned with the rest.
+    With `requests`, exactly that many timed requests (plus the warm-up ones) are offered."""
     interval = block * 8 / (offered_gbit * 1e9)
     duration_s = max(duration_s, OPEN_LOOP_MIN_REQUESTS * interval)
-    rng = random.Random(1234)  # Poisson arrivals (deterministic ones at < capacity never queue)
+    rng = random.Random(arrival_seed)  # Poisson arrivals (deterministic ones at < capacity never queue)
     pending: deque[tuple[float, Any]] = deque()
     cv = threading.Condition()
     lat: list[float] = []
@@ -227,12 +234,15 @@ def _open_point(eng: Engine, local: LocalBuffer, remote: str, op: OpCode, block:
     t0 = time.monotonic()
     warm = {"t": t0, "left": OPEN_LOOP_WARMUP}
     t_next, end, k = t0, t0 + duration_s, 0
-    while t_next < end and not errors:
+    arrivals: list[float] = []
+    total = None if requests is None else requests + OPEN_LOOP_WARMUP
+    while (t_next < end if total is None else k < total) and not errors:
         now = time.monotonic()
         if now < t_next:
             time.sleep(t_next - now)
         off = (k % slots) * block
         h = eng.submit([Request(op, local, off, remote, off, block)], deadline=120)
+        arrivals.append(t_next)
         with cv:
             pending.append((t_next, h))
             cv.notify()
@@ -245,7 +255,13 @@ def _open_point(eng: Engine, local: LocalBuffer, remote: str, op: OpCode, block:
     if errors:
         raise errors[0]
     t1 = time.monotonic()
-    return len(lat) * block / max(t1 - warm["t"], 1e-9) / 1e9, lat, (warm["t"], t_next)
+    timed = arrivals[OPEN_LOOP_WARMUP:]
+    # realized load of the timed arrivals: n requests over n inter-arrival gaps
+    span = (timed[-1] - arrivals[OPEN_LOOP_WARMUP - 1]) if len(timed) >= 1 and OPEN_LOOP_WARMUP >= 1 else 0.0
+    realized = len(timed) * block * 8 / span / 1e9 if span > 0 else 0.0
+    extra = {"offered_gbit": offered_gbit, "realized_gbit": round(realized, 4), "arrival_seed": arrival_seed,
+             "requests": len(timed)}  # fmt: skip
+    return len(lat) * block / max(t1 - warm["t"], 1e-9) / 1e9, lat, (warm["t"], t_next), extra
 
 
 def _point(eng: Engine, local: LocalBuffer, remote: str, op: OpCode, block: int, batch: int, threads: int,
@@ -322,8 +338,8 @@ def run_verify(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str,
     if block + OFFSET_STEP * (OFFSET_SLOTS - 1) > tsize:
         raise ValueError("target buffer too small for the rotating offsets")
     local = eng.allocate(block * threads, segment="fabric-local")
-    _connect(eng, local, spec["remote"], min(block, 8 * MiB))
-    expect = pattern(tsize)
+    _connect(eng, local, spec["remote"], min(block, 8 * MiB), spec["seed"])
+    expect = pattern(tsize, spec["seed"])
     counters = _Counters()
     stop = threading.Event()
     # warm-up so the telemetry has seen every rail before the clock starts
@@ -399,7 +415,7 @@ def run_mixed(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, 
     interval = mx["mouse_interval_ms"] / 1e3
     remote = spec["remote"]
     local = eng.allocate(block * nel + mouse, segment="fabric-local")
-    _connect(eng, local, remote, min(block, 8 * MiB))
+    _connect(eng, local, remote, min(block, 8 * MiB), spec["seed"])
     mbase = block * nel
 
     def mice(duration: float, out: list[float]) -> None:

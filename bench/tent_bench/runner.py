@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from tent_core.engine import Engine, Request
-from tent_core.testing import pattern
+from tent_core.testing import fresh_seed, pattern
 from tent_core.types import MemoryKind, OpCode, Permission
 
 log = logging.getLogger(__name__)
@@ -47,19 +48,23 @@ class BenchSpec:
 
 @contextmanager
 def target_process(size: int, host: str = "127.0.0.1", config: dict[str, Any] | None = None, pattern_fill: bool = True,
-                   argv_prefix: list[str] | None = None) -> Iterator[dict[str, Any]]:
-    """Start `python -m tent_bench.target`, yield its {"segment", "transports"}; always stopped."""
+                   argv_prefix: list[str] | None = None, seed: int | None = None) -> Iterator[dict[str, Any]]:
+    """Start `python -m tent_bench.target`, yield its {"segment", "transports", "seed"}; always stopped.
+
+    With `pattern_fill` the target's buffer holds `pattern(size, seed)`, a fresh seed unless given:
+    each target (each benchmark round) has its own bytes, so a stale buffer never passes a check."""
     argv = [sys.executable, "-m", "tent_bench.target", "--size", str(size), "--host", host]
     if config:
         argv += ["--config", json.dumps(config)]
     if pattern_fill:
-        argv.append("--pattern")
+        seed = fresh_seed() if seed is None else seed
+        argv += ["--pattern", "--seed", str(seed)]
     proc = subprocess.Popen((argv_prefix or []) + argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         line = _readline_with_timeout(proc, 60.0)
         if not line:
             raise RuntimeError(f"bench target exited early (rc={proc.poll()})")
-        yield json.loads(line)
+        yield {**json.loads(line), "seed": seed if pattern_fill else None}
     finally:
         try:
             if proc.stdin:
@@ -138,8 +143,11 @@ def run_point(
     return len(lat) * batch * block / wall / 1e9, lat
 
 
-def run_tent(spec: BenchSpec, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Our own rows: one per (transport, op, block_size, batch_size)."""
+def run_tent(spec: BenchSpec, progress: Callable[[str], None] | None = None,
+             file_path: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Our own rows: one per (transport, op, block_size, batch_size). File transports use
+    `file_path` (made here, pattern-filled, when None); memory transports a fresh target process
+    filled with a fresh pattern, checked byte for byte before timing (`verified_bytes`)."""
     max_block = max(spec.block_sizes)
     max_batch = max(spec.batch_sizes)
     size = max_block * max_batch * spec.threads
@@ -150,7 +158,8 @@ def run_tent(spec: BenchSpec, progress: Callable[[str], None] | None = None) -> 
     if missing:
         raise SystemExit(f"transport(s) not available: {', '.join(missing)} (have {sorted(memory + files)})")
     if any(t in files for t in wanted):
-        with bench_file(spec.file_dir, size) as path:
+        with contextlib.ExitStack() as stack:
+            path = file_path or stack.enter_context(bench_file(spec.file_dir, size))
             rows += run_tent_files(spec, [t for t in wanted if t in files], path)
         if progress:
             progress("files")
@@ -166,8 +175,7 @@ def run_tent(spec: BenchSpec, progress: Callable[[str], None] | None = None) -> 
         for tname in names:
             with Engine(spec.config, host=spec.host, transports=[tname]) as eng:
                 local = eng.allocate(size, segment="bench-local")
-                if spec.verify:
-                    _verify(eng, local, remote, min(size, 8 * MiB))
+                verified = _verify(eng, local, remote, min(size, 8 * MiB), target["seed"]) if spec.verify else 0
                 for op_name in spec.ops:
                     op = OpCode[op_name]
                     for batch in spec.batch_sizes:
@@ -185,8 +193,10 @@ def run_tent(spec: BenchSpec, progress: Callable[[str], None] | None = None) -> 
                                     "threads": spec.threads,
                                     "gbps": round(gbps, 4),
                                     "avg_us": round(float(np.mean(lat)) * 1e6, 2),
+                                    "p50_us": round(percentile(lat, 50) * 1e6, 2),
                                     "p99_us": round(percentile(lat, 99) * 1e6, 2),
                                     "iters": len(lat),
+                                    "verified_bytes": verified,
                                 }
                             )
                             if progress:
@@ -194,21 +204,24 @@ def run_tent(spec: BenchSpec, progress: Callable[[str], None] | None = None) -> 
     return rows
 
 
-def _verify(eng: Engine, local: Any, remote: str, n: int) -> None:
-    """Byte-for-byte check before timing anything: READ the target's pattern, WRITE it back, READ again."""
-    expect = pattern(n)
+def _verify(eng: Engine, local: Any, remote: str, n: int, seed: int) -> int:
+    """Byte-for-byte check before timing anything: READ the target's pattern, WRITE another one, READ it
+    back, restore. Returns the bytes checked."""
+    expect = pattern(n, seed)
     local.array[:n] = 0
     eng.submit([Request(OpCode.READ, local, 0, remote, 0, n)]).wait()
     if not np.array_equal(local.array[:n], expect):
         raise RuntimeError("bench verification failed: READ returned wrong bytes")
-    local.array[:n] = expect[::-1]
+    other = pattern(n, fresh_seed())
+    local.array[:n] = other
     eng.submit([Request(OpCode.WRITE, local, 0, remote, 0, n)]).wait()
     local.array[:n] = 0
     eng.submit([Request(OpCode.READ, local, 0, remote, 0, n)]).wait()
-    if not np.array_equal(local.array[:n], expect[::-1]):
+    if not np.array_equal(local.array[:n], other):
         raise RuntimeError("bench verification failed: WRITE then READ returned wrong bytes")
     local.array[:n] = expect  # leave the target as we found it (the next transport verifies too)
     eng.submit([Request(OpCode.WRITE, local, 0, remote, 0, n)]).wait()
+    return 3 * n
 
 
 def submit_cost_us(samples: int = 2000, transports: list[str] | None = None) -> dict[str, Any]:
@@ -268,23 +281,20 @@ def env_info() -> dict[str, Any]:
 
 # ---------------------------------------------------------------- files and synthesized paths
 @contextmanager
-def bench_file(directory: str, size: int) -> Iterator[str]:
-    """A pattern-filled file of `size` bytes for file benchmarks, in a directory private to this run
-    (created mode 0700 under `directory`) and removed with it on exit: a file another user's run
-    left behind is never reused, written or in the way."""
+def bench_file(directory: str, size: int, seed: int | None = None) -> Iterator[str]:
+    """A file of `size` bytes holding `pattern(size, seed)` (a fresh seed unless given) for file
+    benchmarks, in a directory private to this run (created mode 0700 under `directory`) and removed
+    with it on exit: a file another user's run left behind is never reused, written or in the way."""
+    seed = fresh_seed() if seed is None else seed
     try:
         tmp = tempfile.mkdtemp(prefix="tent-bench-", dir=directory)
     except OSError as exc:
         raise RuntimeError(f"cannot create the benchmark file in {directory}: {exc} (choose another with --file-dir)") from exc
     try:
         path = os.path.join(tmp, f"data-{size}.bin")
-        chunk = pattern(16 * MiB)
         with open(path, "xb") as f:
-            left = size
-            while left > 0:
-                n = min(left, len(chunk))
-                f.write(chunk[:n].tobytes())
-                left -= n
+            for off in range(0, size, 16 * MiB):
+                f.write(pattern(min(16 * MiB, size - off), seed, offset=off).tobytes())
             f.flush()
             os.fsync(f.fileno())
         yield path
@@ -313,16 +323,24 @@ def run_tent_files(spec: BenchSpec, transports: list[str], path: str) -> list[di
             f = eng.register_file(path, segment="bench-file")
             remote = eng.segment_name("bench-file")
             local = eng.allocate(size, segment="bench-local")
-            local.array[:] = np.resize(pattern(16 * MiB), size)  # WRITEs keep the file's content
+            local.array[:] = np.fromfile(path, np.uint8, count=size)  # WRITEs keep the file's content
+            # the bytes the file transport moves are checked once: READ the file's head into zeroed memory
+            n = min(size, 8 * MiB)
+            local.array[:n] = 0
+            eng.submit([Request(OpCode.READ, local, 0, remote, 0, n)]).wait()
+            if not np.array_equal(local.array[:n], np.fromfile(path, np.uint8, count=n)):
+                raise RuntimeError(f"bench verification failed: {tname} READ of the file returned wrong bytes")
             for op_name in spec.ops:
                 op = OpCode[op_name]
                 for batch in spec.batch_sizes:
                     for block in spec.block_sizes:
                         if block * batch * spec.threads > size:
                             continue
+                        # exactly spec.iters requests (no time budget): fio is given the same I/O count
                         gbps, lat = run_point(eng, local, remote, op, block, batch, spec.threads, spec.iters,
-                                              spec.warmup, spec.time_budget_s)  # fmt: skip
-                        rows.append(_row(tname, op_name, block, batch, spec.threads, gbps, lat, kind="file"))
+                                              spec.warmup, float("inf"))  # fmt: skip
+                        rows.append(_row(tname, op_name, block, batch, spec.threads, gbps, lat, kind="file",
+                                         verified_bytes=n))  # fmt: skip
             eng.unregister(f)
     return rows
 
@@ -337,6 +355,7 @@ def _row(transport: str, op: str, block: int, batch: int, threads: int, gbps: fl
         "threads": threads,
         "gbps": round(gbps, 4),
         "avg_us": round(float(np.mean(lat)) * 1e6, 2),
+        "p50_us": round(percentile(lat, 50) * 1e6, 2),
         "p99_us": round(percentile(lat, 99) * 1e6, 2),
         "iters": len(lat),
         **extra,

@@ -8,8 +8,7 @@ import logging
 import sys
 
 from tent_core.engine import Engine
-
-from .runner import pattern
+from tent_core.testing import pattern
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,13 +18,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--segment", default="bench")
     ap.add_argument("--config", default=None, help="JSON engine config")
     ap.add_argument("--pattern", action="store_true", help="fill with a verifiable byte pattern")
+    ap.add_argument("--seed", type=int, default=0, help="the pattern's seed (tent_core.testing.pattern)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     cfg = json.loads(args.config) if args.config else None
     with Engine(cfg, host=args.host) as eng:
         buf = eng.allocate(args.size, segment=args.segment)
         if args.pattern and buf.array is not None:
-            buf.array[:] = pattern(args.size)
+            buf.array[:] = pattern(args.size, args.seed)
         print(json.dumps({"segment": eng.segment_name(args.segment), "transports": sorted(eng.transports)}), flush=True)
         sys.stdin.read()  # the parent closes stdin to stop us
     return 0

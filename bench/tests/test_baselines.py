@@ -1,10 +1,12 @@
-"""Baselines for `tent bench`: tiny sweeps, row shape, positive bandwidth."""
+"""Baselines for `tent bench`: tiny sweeps that move verified bytes with the engine's parallelism,
+rows whose numbers are consistent with each other, and fio moving the engine's bytes."""
 
 from __future__ import annotations
 
 import math
 import multiprocessing as mp
 
+import numpy as np
 import pytest
 from tent_bench.baselines import (
     BASELINES,
@@ -18,26 +20,35 @@ from tent_bench.baselines import (
 BLOCKS = [64 << 10, 1 << 20]
 BATCHES = [1, 4]
 OPS = ["READ", "WRITE"]
-KEYS = {"engine", "transport", "op", "block_size", "batch_size", "gbps", "avg_us", "p99_us"}
+KEYS = {"engine", "transport", "op", "block_size", "batch_size", "gbps", "avg_us", "p50_us", "p99_us", "iters",
+        "parallel", "verified_bytes"}
 TRANSPORT = {"socket": "tcp", "cma": "cma", "memcpy": "memcpy", "mooncake": "tcp"}
+PARALLEL = {"socket": 3, "cma": 2, "memcpy": 2, "mooncake": None}
 
 
 def _tiny() -> BaselineSweep:
-    return BaselineSweep(block_sizes=BLOCKS, batch_sizes=BATCHES, ops=OPS, iters=3, warmup=1, time_budget_s=2.0)
+    return BaselineSweep(block_sizes=BLOCKS, batch_sizes=BATCHES, ops=OPS, iters=3, warmup=1, time_budget_s=2.0,
+                         threads=2, streams=3, seed=4242)  # fmt: skip
 
 
-def _check_rows(name: str, rows: list[dict]) -> None:
+def _check_rows(name: str, rows: list[dict], sweep: BaselineSweep) -> None:
     assert len(rows) == len(BLOCKS) * len(BATCHES) * len(OPS)
     seen = set()
     for r in rows:
-        assert set(r) == KEYS, r
+        assert set(r) - {"mooncake_env"} == KEYS, r
         assert r["engine"] == name
         assert r["transport"] == TRANSPORT[name]
         assert r["op"] in OPS
         assert r["block_size"] in BLOCKS and r["batch_size"] in BATCHES
-        for k in ("gbps", "avg_us", "p99_us"):
-            assert isinstance(r[k], float) and math.isfinite(r[k]) and r[k] > 0, (k, r)
-        assert r["p99_us"] >= r["avg_us"] * 0.5
+        # the copy path was checked before timing: the target's pattern READ, a second one WRITTEN and read back
+        assert r["verified_bytes"] == 3 * sweep.buffer_bytes(), r
+        assert r["parallel"] == PARALLEL[name]
+        assert 1 <= r["iters"] <= sweep.iters
+        for k in ("gbps", "avg_us", "p50_us", "p99_us"):
+            assert isinstance(r[k], float) and math.isfinite(r[k]), (k, r)
+        # GB/s is the bytes over the timed batches' summed latencies: consistent with their mean
+        assert r["gbps"] == pytest.approx(r["block_size"] * r["batch_size"] / (r["avg_us"] * 1e3), rel=1e-6)
+        assert r["p99_us"] >= r["p50_us"] * (1 - 1e-9)
         seen.add((r["op"], r["block_size"], r["batch_size"]))
     assert len(seen) == len(rows)
 
@@ -61,8 +72,9 @@ def test_baseline_tiny_sweep(name):
         with pytest.raises(BaselineUnavailable):
             BASELINES[name](_tiny())
         pytest.skip(f"{name} baseline unavailable: {reason}")
-    rows = BASELINES[name](_tiny())
-    _check_rows(name, rows)
+    sweep = _tiny()
+    rows = BASELINES[name](sweep)
+    _check_rows(name, rows, sweep)
     _no_leftover_children()
 
 
@@ -71,7 +83,10 @@ def test_time_budget_limits_iterations():
         block_sizes=[64 << 10], batch_sizes=[1], ops=["WRITE"], iters=10**9, warmup=10**9, time_budget_s=0.05
     )
     rows = run_baseline("memcpy", sweep)
-    assert len(rows) == 1 and rows[0]["gbps"] > 0
+    assert len(rows) == 1
+    # the budget, not iters/warmup, ended the point: few batches, each far shorter than the cap
+    assert 1 <= rows[0]["iters"] < 10**6
+    assert rows[0]["iters"] * rows[0]["avg_us"] / 1e6 <= 0.05 + rows[0]["p99_us"] / 1e6 + 0.5
 
 
 def test_invalid_sweep_and_unknown_name():
@@ -106,3 +121,103 @@ def test_mooncake_unavailable_raises(monkeypatch):
     with pytest.raises(BaselineUnavailable, match="not installed"):
         baselines.mooncake_baseline(_tiny())
     assert baselines.available_baselines()["mooncake"] == "not installed (test)"
+
+
+def test_verification_fails_on_a_misplaced_or_stale_copy():
+    from tent_bench.baselines import BaselineError, _pattern, _verify_path
+
+    from tent_core.testing import pattern
+
+    n, seed = 4 << 20, 77
+    target = _pattern(n, seed).copy()
+    buf = np.zeros(n, np.uint8)
+
+    def good_read():
+        buf[:] = target
+
+    def good_write():
+        target[:] = buf
+
+    assert _verify_path("x", buf, seed, good_read, good_write) == 3 * n
+    target[:] = pattern(n, seed)
+
+    def shifted_read():  # every slice 2 MiB off
+        buf[:] = np.roll(target, 2 << 20)
+
+    with pytest.raises(BaselineError, match="READ moved wrong bytes"):
+        _verify_path("x", buf, seed, shifted_read, good_write)
+
+    def write_nothing():  # the target keeps the first pattern: a stale buffer
+        pass
+
+    with pytest.raises(BaselineError, match="WRITE then READ"):
+        _verify_path("x", buf, seed, good_read, write_nothing)
+
+
+def test_pieces_and_shares_cover_every_byte_once():
+    from tent_bench.baselines import _pieces, _shares
+
+    parts = _pieces([0, 8 << 20], 3 * (1 << 20) + 5, 1 << 20)
+    assert parts[:4] == [(0, 1 << 20), (1 << 20, 1 << 20), (2 << 20, 1 << 20), (3 << 20, 5)]
+    assert sum(n for _, n in parts) == 2 * (3 * (1 << 20) + 5)
+    shares = _shares(parts, 3)
+    assert len(shares) == 3 and sum(shares, []) == parts and max(map(len, shares)) - min(map(len, shares)) <= 1
+    assert _shares(parts[:1], 4) == [parts[:1]]
+
+
+def test_team_runs_shares_on_distinct_threads_and_reports_errors():
+    import threading
+
+    from tent_bench.baselines import _Team
+
+    team = _Team(3)
+    try:
+        seen: list[int] = []
+        barrier = threading.Barrier(3, timeout=30)  # only passes if the three shares run at the same time
+
+        def share():
+            barrier.wait()
+            seen.append(threading.get_ident())
+
+        team.run([share, share, share])
+        assert len(set(seen)) == 3
+
+        def boom():
+            raise OSError("copy failed")
+
+        with pytest.raises(OSError, match="copy failed"):
+            team.run([share_ok := (lambda: None), boom])
+        team.run([share_ok])  # still usable
+    finally:
+        team.close()
+
+
+def test_fio_moves_the_engines_bytes():
+    from tent_bench.baselines import fio_command
+
+    for block, iters in ((1 << 20, 40), (64 << 20, 40), (4096, 7)):
+        cmd = fio_command("fio", "/f", "READ", block, iters)
+        opt = dict(a[2:].split("=", 1) for a in cmd[1:] if a.startswith("--") and "=" in a)
+        jobs, size, io_size = int(opt["numjobs"]), int(opt["size"]), int(opt["io_size"])
+        assert jobs * size == block  # the range [0, block), split between the jobs
+        assert int(opt["offset_increment"]) == size
+        assert jobs * io_size == block * iters  # the same bytes as `iters` requests of `block`
+        assert "time_based" not in " ".join(cmd) and opt["direct"] == "0"
+
+
+def test_mooncake_tune_keeps_the_best_setting(monkeypatch):
+    from tent_bench import baselines
+
+    speed = {"": 2.0, "4": 3.5, "8": 3.0}
+
+    def fake(sweep):
+        lanes = (sweep.mooncake_env or {}).get("MC_TCP_LANES_PER_PEER", "")
+        if lanes == "16":
+            raise baselines.BaselineError("rejected")
+        return [{"engine": "mooncake", "gbps": speed[lanes] * f, "mooncake_env": dict(sweep.mooncake_env or {})}
+                for f in (1.0, 1.1)]
+
+    monkeypatch.setattr(baselines, "mooncake_baseline", fake)
+    knobs = [{}, {"MC_TCP_LANES_PER_PEER": "4"}, {"MC_TCP_LANES_PER_PEER": "8"}, {"MC_TCP_LANES_PER_PEER": "16"}]
+    best, rows = baselines.mooncake_tune(_tiny(), knobs)
+    assert best == {"MC_TCP_LANES_PER_PEER": "4"} and len(rows) == 6

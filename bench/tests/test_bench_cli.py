@@ -8,33 +8,57 @@ import sys
 
 import pytest
 
-KEYS = {"engine", "transport", "op", "block_size", "batch_size", "gbps", "avg_us", "p99_us"}
+KEYS = {"engine", "transport", "op", "block_size", "batch_size", "gbps", "avg_us", "p50_us", "p99_us", "verified_bytes"}
 
 
 def tent(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tent_core.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
-def test_bench_json_rows_for_every_transport_and_a_baseline():
+def _median(xs: list[float]) -> float:
+    import statistics
+
+    return statistics.median(xs)
+
+
+def test_bench_json_rows_for_every_transport_and_a_baseline_in_rounds():
     out = tent("bench", "--block-sizes", "64K,1M", "--batch-sizes", "1,2", "--iters", "3", "--baseline", "socket",
-               "--json", "--transport", "tcp,shm")  # fmt: skip
+               "--json", "--transport", "tcp,shm", "--rounds", "2")  # fmt: skip
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     ours = [r for r in rows if r["engine"] == "tent"]
     assert {r["transport"] for r in ours} == {"tcp", "shm"}
-    assert {(r["op"], r["block_size"], r["batch_size"]) for r in ours if r["transport"] == "tcp"} == {
-        (op, b, n) for op in ("READ", "WRITE") for b in (65536, 1 << 20) for n in (1, 2)
-    }
-    for r in rows:
-        assert KEYS <= set(r) and r["gbps"] > 0 and r["p99_us"] >= r["avg_us"] * 0.5
-    assert any(r["engine"] == "socket" for r in rows)
-    assert all("x_socket" in r for r in ours)
+    points = {(op, b, n) for op in ("READ", "WRITE") for b in (65536, 1 << 20) for n in (1, 2)}
+    assert {(r["op"], r["block_size"], r["batch_size"]) for r in ours if r["transport"] == "tcp"} == points
+    sock = {(r["op"], r["block_size"], r["batch_size"]): r for r in rows if r["engine"] == "socket"}
+    assert set(sock) == points and all(r["parallel"] == 4 for r in sock.values())  # the tcp transport's 4 connections
+    size = 2 * (1 << 20)  # the largest batch: the target's buffer
+    for r in ours:
+        assert KEYS <= set(r)
+        assert r["verified_bytes"] == 3 * size  # target pattern READ, a fresh one WRITTEN and read back
+        assert r["rounds"] == 2 and len(r["gbps_rounds"]) == 2
+        assert r["gbps_min"] <= r["gbps"] <= r["gbps_max"] and r["gbps"] == pytest.approx(_median(r["gbps_rounds"]), abs=1e-3)
+        # the ratio is the median of per-round ratios, each against the socket run of the same round
+        b = sock[(r["op"], r["block_size"], r["batch_size"])]
+        per_round = [t / s for t, s in zip(r["gbps_rounds"], b["gbps_rounds"], strict=True)]
+        assert r["x_socket"] == pytest.approx(_median(per_round), rel=1e-3, abs=1e-3)
+        assert r["x_socket_min"] == pytest.approx(min(per_round), rel=1e-3, abs=1e-3)
+        # bytes per second agree with the mean latency of one batch
+        assert r["p99_us"] >= r["p50_us"] * (1 - 1e-9)
 
 
 def test_bench_table_and_submit_cost():
-    out = tent("bench", "--block-sizes", "64K", "--iters", "3", "--transport", "tcp", "--ops", "WRITE", "--submit-cost")
+    import re
+
+    out = tent("bench", "--block-sizes", "64K", "--iters", "3", "--transport", "tcp", "--ops", "WRITE", "--submit-cost",
+               "--rounds", "1")  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert "tent bench" in out.stdout and "submit() cost" in out.stdout
+    assert "tent bench" in out.stdout
+    m = re.search(r"submit\(\) cost, one 64 KiB request: median ([0-9.]+) us, p99 ([0-9.]+) us, back to back ([0-9.]+) us",
+                  out.stdout)  # fmt: skip
+    assert m, out.stdout
+    median, p99, queued = map(float, m.groups())
+    assert median <= p99 and 0 < queued < 10_000
 
 
 @pytest.mark.parametrize(
@@ -59,21 +83,30 @@ def test_file_transport_bench_against_fio(tmp_path):
 
     if shutil.which("fio") is None:
         pytest.skip("fio not installed")
-    out = tent("bench", "--transport", "gds", "--baseline", "fio", "--block-sizes", "1M", "--iters", "3",
-               "--file-dir", str(tmp_path), "--json")  # fmt: skip
+    out = tent("bench", "--transport", "gds", "--baseline", "fio", "--block-sizes", "1M,4M", "--iters", "3",
+               "--file-dir", str(tmp_path), "--json", "--rounds", "1")  # fmt: skip
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     ours = [r for r in rows if r["engine"] == "tent"]
+    fio = {(r["op"], r["block_size"]): r for r in rows if r["engine"] == "fio"}
     assert {r["op"] for r in ours} == {"READ", "WRITE"} and all(r["transport"] == "gds" for r in ours)
-    assert all(r["gbps"] > 0 and "x_fio" in r for r in ours)
+    for r in ours:
+        f = fio[(r["op"], r["block_size"])]
+        # the same bytes: fio moved exactly `iters` x block over the engine's range, in 1 MiB I/Os
+        assert r["iters"] == 3 and f["bytes"] == 3 * r["block_size"] and f["ios"] == f["bytes"] // f["fio_bs"]
+        assert r["verified_bytes"] > 0
+        assert r["x_fio"] == pytest.approx(r["gbps"] / f["gbps"], rel=2e-3)
 
 
 def test_synthesized_path_bench(tmp_path):
-    out = tent("bench", "--path", "file:tcp", "--block-sizes", "4M", "--iters", "3", "--file-dir", str(tmp_path), "--json")
+    out = tent("bench", "--path", "file:tcp", "--block-sizes", "4M", "--iters", "3", "--file-dir", str(tmp_path), "--json",
+               "--rounds", "1")  # fmt: skip
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     stages = {r["stage"]: r for r in rows}
     assert set(stages) == {"file->memory", "memory->remote", "file->remote (staged)"}
-    assert stages["file->remote (staged)"]["x_slower_stage"] > 0
+    slower = min(stages["file->memory"]["gbps"], stages["memory->remote"]["gbps"])
+    assert stages["file->remote (staged)"]["x_slower_stage"] == pytest.approx(stages["file->remote (staged)"]["gbps"] / slower,
+                                                                              rel=2e-3)  # fmt: skip
     bad = tent("bench", "--path", "disk:tcp", "--block-sizes", "4M", "--iters", "1", "--file-dir", str(tmp_path))
     assert bad.returncode != 0 and "file:TRANSPORT" in bad.stderr + bad.stdout

@@ -121,3 +121,24 @@ def test_peer_death_on_the_fabric_is_an_error_within_the_deadline():
         finally:
             target.kill()
             target.wait(10)
+
+
+def test_offered_load_reports_the_realized_load_over_several_seeds():
+    """Open loop, 2 arrival processes: both policies see the same arrivals (same realized load per
+    seed), and the P99 ratio is the median of the per-seed ratios."""
+    _require_fabric()
+    import statistics
+
+    spec = fb.FabricBenchSpec(fabric="2x200mbit", degrade=[(1, 0.5)], policies=["spray", "round_robin"],
+                              block_sizes=[1 * MiB], threads=2, offered_loads=[0.1], seeds=2, open_requests=12,
+                              budget_s=0.5)  # fmt: skip
+    rows = fb.run_fabric_bench(spec)
+    perf = {r["policy"]: r for r in rows if r.get("engine") == "tent"}
+    assert set(perf) == {"spray", "round_robin"}
+    s, rr = perf["spray"], perf["round_robin"]
+    assert s["rounds"] == rr["rounds"] == 2 and s["offered_gbit"] == 0.1
+    assert s["realized_gbit_rounds"] == rr["realized_gbit_rounds"]  # the same arrival processes
+    assert all(0.02 < x < 0.5 for x in s["realized_gbit_rounds"])  # Poisson around 0.1 Gbit/s
+    ratios = [a / b for a, b in zip(s["p99_us_rounds"], rr["p99_us_rounds"], strict=True)]
+    assert s["p99_vs_round_robin"] == pytest.approx(statistics.median(ratios), rel=1e-3, abs=1e-3)
+    assert s["requests"] == 12

@@ -344,6 +344,17 @@ static void emulate_cost(sim_stream_t *st, uint64_t n) {
   nanosleep(&ts, NULL);
 }
 
+/* splitmix64's finalizer: the verification pattern of tent_core.testing.pattern (one word per
+ * 8-byte position, mixed with a key derived from the seed; never repeats) */
+#define SPLITMIX64_GOLDEN 0x9E3779B97F4A7C15ull
+static uint64_t splitmix64_mix(uint64_t z) {
+  z ^= z >> 30;
+  z *= 0xBF58476D1CE4E5B9ull;
+  z ^= z >> 27;
+  z *= 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 static void run_op(sim_stream_t *st, sim_op_t *op) {
   switch (op->type) {
     case OP_COPY: {
@@ -356,14 +367,17 @@ static void run_op(sim_stream_t *st, sim_op_t *op) {
       emulate_cost(st, op->n);
       break;
     }
-    case OP_FILL: { /* tent_core.testing.pattern(n, seed), offset by the seed's stride */
+    case OP_FILL: { /* tent_core.testing.pattern(n, seed): byte i = byte i%8 (little-endian) of word i/8 */
       uint8_t *d = resolve(op->dst, op->n);
       if (!d) {
         if (op->status) *op->status = -EFAULT;
         break;
       }
-      uint32_t add = (uint32_t)op->arg * 97u;
-      for (uint64_t i = 0; i < op->n; i++) d[i] = (uint8_t)(((uint32_t)i * 2654435761u + add) >> 13);
+      uint64_t key = splitmix64_mix(op->arg + SPLITMIX64_GOLDEN), v = 0;
+      for (uint64_t i = 0; i < op->n; i++) {
+        if ((i & 7) == 0) v = splitmix64_mix(((i >> 3) ^ key) + SPLITMIX64_GOLDEN);
+        d[i] = (uint8_t)(v >> (8 * (i & 7)));
+      }
       emulate_cost(st, op->n);
       break;
     }

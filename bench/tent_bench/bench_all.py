@@ -1,0 +1,786 @@
+"""`scripts/bench-all.sh`: regenerate the tables of docs/benchmarks.md in one series of runs.
+
+Every table of docs/benchmarks.md sits between generated markers,
+
+    <!-- bench-all:begin NAME -->
+    ...
+    <!-- bench-all:end NAME -->
+
+and is produced by one step: a re-runnable command (shown above its table) whose output is
+rendered into markdown here. Steps run one after the other; a step that fails, times out or
+cannot run on this machine (no root for network namespaces, a script another part of the
+project has not added yet) is reported in its block and the others still run. Scripts named
+`scripts/bench-*.sh` that no step knows are discovered and run too (their output rendered
+generically). The machine facts (CPU, cores, memory, load at start and end, date, commit) go
+into the `machine` block. Raw outputs are kept in the output directory.
+
+`--quick` runs every step in a short form (smoke test; minutes) and writes to a copy of the
+document unless `--doc` says otherwise, so smoke numbers never land in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+BEGIN = "<!-- bench-all:begin {} -->"
+END = "<!-- bench-all:end {} -->"
+_BLOCK = re.compile(r"<!-- bench-all:begin (?P<name>[A-Za-z0-9_.-]+) -->\n(?P<body>.*?)<!-- bench-all:end (?P=name) -->",
+                    re.S)  # fmt: skip
+EXTRA = "extra"  # the block at the end that holds the tables of steps the document has no block for
+
+Row = dict[str, Any]
+
+
+# ------------------------------------------------------------------ the document
+
+
+def blocks_in(doc: str) -> list[str]:
+    """Names of the generated blocks of `doc`, in order."""
+    return [m.group("name") for m in _BLOCK.finditer(doc)]
+
+
+def replace_blocks(doc: str, blocks: dict[str, str]) -> str:
+    """`doc` with the body of every generated block named in `blocks` replaced; bodies for which the
+    document has no block go, in order, into the `extra` block (appended under its own heading
+    when the document has none). Text outside the blocks is left exactly as it was."""
+    for name in blocks:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise ValueError(f"bad block name {name!r}")
+    present = set(blocks_in(doc))
+    if len(present) != len(blocks_in(doc)):
+        raise ValueError("the document has two generated blocks with the same name")
+    missing = [n for n in blocks if n not in present and n != EXTRA]
+    if missing:
+        extra = "\n".join(f"### {n}\n\n{blocks[n].strip()}\n" for n in missing)
+        if EXTRA in blocks:
+            extra = blocks[EXTRA].strip() + "\n\n" + extra
+        blocks = {**blocks, EXTRA: extra}
+    if EXTRA in blocks and EXTRA not in present:
+        doc = doc.rstrip("\n") + "\n\n## Other benchmarks (generated)\n\n" + BEGIN.format(EXTRA) + "\n" + END.format(EXTRA) + "\n"
+
+    def sub(m: re.Match[str]) -> str:
+        name = m.group("name")
+        if name not in blocks:
+            return m.group(0)
+        body = blocks[name].strip("\n")
+        return f"{BEGIN.format(name)}\n{body}\n{END.format(name)}"
+
+    return _BLOCK.sub(sub, doc)
+
+
+# ------------------------------------------------------------------ formatting helpers
+
+
+def fmt(x: Any, digits: int = 3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return f"{x:,}".replace(",", " ") if abs(x) >= 10000 else str(x)
+    if isinstance(x, float):
+        if x == 0:
+            return "0"
+        if abs(x) >= 100:
+            return f"{x:.0f}"
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def with_spread(r: Row, key: str, scale: float = 1.0, digits: int = 3) -> str:
+    """`median (min-max)` of a summarized metric; just the value when there is no spread."""
+    v = r.get(key)
+    if v is None:
+        return "-"
+    lo, hi = r.get(f"{key}_min"), r.get(f"{key}_max")
+    if lo is None or hi is None or r.get("rounds", 1) <= 1:
+        return fmt(v * scale, digits)
+    return f"{fmt(v * scale, digits)} ({fmt(lo * scale, digits)}-{fmt(hi * scale, digits)})"
+
+
+def human(n: int) -> str:
+    for unit, m in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= m and n % m == 0:
+            return f"{n // m} {unit}"
+    return f"{n} B"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def parse_json_output(text: str) -> Any:
+    """JSON on stdout: one document, or one object per line; None when it is not JSON."""
+    s = text.strip()
+    if not s:
+        return None
+    try:
+        return json.loads(s)
+    except json.JSONDecodeError:
+        pass
+    start = min((i for i in (s.find("["), s.find("{")) if i >= 0), default=-1)
+    if start > 0:
+        try:
+            return json.loads(s[start:])
+        except json.JSONDecodeError:
+            pass
+    lines = []
+    for ln in s.splitlines():
+        ln = ln.strip()
+        if ln.startswith("{"):
+            try:
+                lines.append(json.loads(ln))
+            except json.JSONDecodeError:
+                return None
+    return lines or None
+
+
+# ------------------------------------------------------------------ renderers
+
+
+def render_generic(text: str) -> str:
+    """Markdown tables in the output verbatim; else JSON as a table of its scalar fields; else the tail."""
+    md = [ln for ln in text.splitlines() if ln.lstrip().startswith("|")]
+    if len(md) >= 2:
+        return "\n".join(md)
+    data = parse_json_output(text)
+    if isinstance(data, dict):
+        data = [data]
+    if isinstance(data, list) and data and all(isinstance(r, dict) for r in data):
+        scalar: list[str] = []
+        for r in data:
+            for k, v in r.items():
+                if k not in scalar and (v is None or isinstance(v, (int, float, str, bool))):
+                    scalar.append(k)
+        # at most 16 columns; ratios always among them
+        key_first = [k for k in scalar if "ratio" in k.lower() or k.startswith("x_") or "_x_" in k]
+        others = [k for k in scalar if k not in key_first][: max(0, 16 - len(key_first))]
+        keys = [k for k in scalar if k in key_first or k in others]
+        return table(keys, [[fmt(r.get(k)) for k in keys] for r in data])
+    tail = "\n".join(text.strip().splitlines()[-30:])
+    return f"```\n{tail}\n```" if tail else "(no output)"
+
+
+def _engine_rows(data: Any) -> tuple[list[Row], list[str]]:
+    rows = [r for r in data if isinstance(r, dict) and r.get("engine") == "tent"] if isinstance(data, list) else []
+    baselines = []
+    for r in data if isinstance(data, list) else []:
+        e = r.get("engine") if isinstance(r, dict) else None
+        if e and e != "tent" and e not in baselines:
+            baselines.append(e)
+    return rows, baselines
+
+
+def render_local(text: str) -> str:
+    """`tent bench --json` rows: ours and every baseline side by side, medians (min-max) of the rounds."""
+    data = parse_json_output(text)
+    ours, baselines = _engine_rows(data)
+    if not ours:
+        return render_generic(text)
+    base = {(r["engine"], r["op"], r["block_size"], r["batch_size"]): r for r in data
+            if isinstance(r, dict) and r.get("engine") in baselines}  # fmt: skip
+    header = ["transport", "op", "block", "tent GB/s"] + [f"{b} GB/s" for b in baselines] + [f"x {b}" for b in baselines]
+    header += ["tent P50 / P99 us", "verified bytes", "rounds"]
+    out = []
+    for r in ours:
+        key = (r["op"], r["block_size"], r["batch_size"])
+        cells = [r["transport"], r["op"], human(r["block_size"]) + (f" x{r['batch_size']}" if r["batch_size"] > 1 else ""),
+                 with_spread(r, "gbps")]  # fmt: skip
+        cells += [with_spread(base[(b, *key)], "gbps") if (b, *key) in base else "-" for b in baselines]
+        cells += [f"**{with_spread(r, f'x_{b}')}**" if f"x_{b}" in r else "-" for b in baselines]
+        cells += [f"{fmt(r.get('p50_us'))} / {fmt(r.get('p99_us'))}", fmt(r.get("verified_bytes")), fmt(r.get("rounds"))]
+        out.append(cells)
+    notes = []
+    for b in baselines:
+        par = sorted({r.get("parallel") for r in data if isinstance(r, dict) and r.get("engine") == b} - {None})
+        if par:
+            notes.append(f"`{b}` ran with {', '.join(map(str, par))} threads/streams per transfer")
+    tuning = next((r for r in data if isinstance(r, dict) and r.get("kind") == "mooncake_tuning"), None)
+    if tuning:
+        chosen = tuning.get("chosen") or {}
+        notes.append("Mooncake's best knob setting in the sweep: " + (", ".join(f"`{k}={v}`" for k, v in chosen.items()) or "its defaults"))
+        settings: dict[str, list[float]] = {}
+        for t in tuning.get("rows", []):
+            settings.setdefault(json.dumps(t.get("mooncake_env", {}), sort_keys=True), []).append(t["gbps"])
+        notes.append("Sweep (GB/s at each point, in sweep order): " + "; ".join(
+            f"{' '.join(f'{k}={v}' for k, v in json.loads(s).items()) or 'defaults'}: {' '.join(fmt(g) for g in v)}"
+            for s, v in settings.items()))  # fmt: skip
+    sub = next((r for r in data if isinstance(r, dict) and r.get("kind") == "submit_cost"), None)
+    if sub:
+        notes.append(f"submit() of one 64 KiB request: median {fmt(sub.get('median_us'))} us, P99 {fmt(sub.get('p99_us'))} us; "
+                     f"back to back (queued) {fmt(sub.get('queued_median_us'))} us")  # fmt: skip
+    return table(header, out) + ("\n\n" + "\n".join(f"- {n}" for n in notes) if notes else "")
+
+
+def render_path(text: str) -> str:
+    data = parse_json_output(text)
+    rows = [r for r in data or [] if isinstance(r, dict) and r.get("stage")]
+    if not rows:
+        return render_generic(text)
+    return table(["stage", "transport", "block", "GB/s", "x slower stage", "rounds"],
+                 [[r["stage"], r["transport"], human(r["block_size"]), with_spread(r, "gbps"),
+                   with_spread(r, "x_slower_stage") if "x_slower_stage" in r else "", fmt(r.get("rounds"))]
+                  for r in rows])  # fmt: skip
+
+
+def render_fabric(text: str) -> str:
+    data = parse_json_output(text)
+    rows = [r for r in data or [] if isinstance(r, dict) and r.get("engine") == "tent" and "policy" in r]
+    if not rows:
+        return render_generic(text)
+    fab = next((r for r in data if r.get("kind") == "fabric"), {})
+    open_loop = any(r.get("offered_gbit") for r in rows)
+    out = []
+    if open_loop:
+        header = ["policy", "block", "offered Gbit/s", "realized Gbit/s", "delivered Gbit/s", "P50 ms", "P99 ms",
+                  "P99 / round robin's", "seeds"]  # fmt: skip
+        for r in rows:
+            out.append([r["policy"], human(r["block_size"]), fmt(r.get("offered_gbit")), with_spread(r, "realized_gbit"),
+                        with_spread(r, "gbit"), with_spread(r, "p50_us", 1e-3), with_spread(r, "p99_us", 1e-3),
+                        f"**{with_spread(r, 'p99_vs_round_robin')}**" if "p99_vs_round_robin" in r else "",
+                        fmt(r.get("rounds"))])  # fmt: skip
+    else:
+        header = ["policy", "block", "Gbit/s", "x nominal sum", "x actual sum", "x round robin", "P50 ms", "P99 ms",
+                  "rail shares", "rounds"]  # fmt: skip
+        for r in rows:
+            out.append([r["policy"], human(r["block_size"]), with_spread(r, "gbit"), fmt(r.get("x_nominal")),
+                        fmt(r.get("x_actual")), with_spread(r, "x_round_robin") if "x_round_robin" in r else "",
+                        with_spread(r, "p50_us", 1e-3), with_spread(r, "p99_us", 1e-3),
+                        " ".join(f"{x:.3f}" for x in r.get("rail_share", [])), fmt(r.get("rounds"))])  # fmt: skip
+    head = ""
+    if fab:
+        head = (f"Rails: {' '.join(fmt(x) for x in fab.get('rail_gbit_actual', []))} Gbit/s measured "
+                f"(nominal sum {fmt(fab.get('nominal_sum_gbit'))}, actual sum {fmt(fab.get('actual_sum_gbit'))}).\n\n")  # fmt: skip
+    return head + table(header, out)
+
+
+def render_fault(text: str) -> str:
+    data = parse_json_output(text)
+    rows = [r for r in data or [] if isinstance(r, dict) and r.get("kind") == "fault_summary"]
+    if not rows:
+        return render_generic(text)
+    keys = ["app_errors", "corrupt", "bytes_verified", "all_verified", "steady_gbit", "dip_ms", "detect_ms",
+            "readmit_ms", "readmit_state_ms"]  # fmt: skip
+    return table(["fault", *keys], [[r.get("fault", "")] + [fmt(r.get(k)) for k in keys] for r in rows])
+
+
+def render_mixed(text: str) -> str:
+    data = parse_json_output(text)
+    rows = [r for r in data or [] if isinstance(r, dict) and r.get("kind") == "mixed"]
+    if not rows:
+        return render_generic(text)
+    return table(["run", "mice completed", "mice P50 ms", "mice P99 ms", "idle mice P50 / P99 ms", "elephants Gbit/s"],
+                 [[r["label"], fmt(r.get("mice_count")), fmt(r["mice_p50_us"] / 1e3), fmt(r["mice_p99_us"] / 1e3),
+                   f"{fmt(r['mice_idle_p50_us'] / 1e3)} / {fmt(r['mice_idle_p99_us'] / 1e3)}", fmt(r.get("elephant_gbit"))]
+                  for r in rows])  # fmt: skip
+
+
+def render_tail(text: str) -> str:
+    data = parse_json_output(text)
+    if not isinstance(data, dict) or "runs" not in data:
+        return render_generic(text)
+    runs = data["runs"]
+    summary = table(
+        ["op", "block", "requests", "P50 ms", "P99 ms", "P99 / P50", "max ms", "GB/s median run", "slowest run / median",
+         "verified bytes", "slice errors"],
+        [[data["op"], human(data["block_size"]), fmt(data["requests"]), fmt(data["p50_us"] / 1e3), fmt(data["p99_us"] / 1e3),
+          f"**{fmt(data['p99_over_p50'])}**", fmt(data["max_us"] / 1e3), fmt(data["median_run_gbps"]),
+          f"**{fmt(data['slowest_run_over_median'])}**", fmt(data.get("verified_bytes")), fmt(data.get("slice_errors"))]],
+    )  # fmt: skip
+    per_run = "Runs (GB/s, each of " + fmt(data["run_requests"]) + " requests): " + " ".join(fmt(r["gbps"]) for r in runs)
+    slow = "Slowest requests (ms at s from the start; failed and retried slices in it): " + ", ".join(
+        f"{fmt(x['us'] / 1e3)} at {fmt(x['at_s'])}" + (f" ({x['failed_slices']} failed)" if x.get("failed_slices") else "")
+        for x in data.get("slowest", [])[:5])  # fmt: skip
+    kernel = data.get("tcp_counters")
+    tcp = ("Kernel TCP counters that moved during the runs (whole network namespace): "
+           + (", ".join(f"{k} +{v}" for k, v in kernel.items()) if kernel else "none")) if kernel is not None else ""  # fmt: skip
+    return "\n\n".join(x for x in (summary, per_run, slow, tcp) if x)
+
+
+def render_small(text: str) -> str:
+    """scripts/bench-small.sh: one JSON line per wait_spin_us setting, points as `<op>_<KiB>k`."""
+    data = parse_json_output(text)
+    if not isinstance(data, list) or not data or not all(isinstance(d, dict) and "wait_spin_us" in d for d in data):
+        return render_generic(text)
+    points = [k for k in data[0] if k != "wait_spin_us"]
+    header = ["point"] + [f"spin {d['wait_spin_us']} us: GB/s (x CMA), P99 us" for d in data]
+    rows = [[p] + [f"{fmt(d[p]['gbps'])} ({fmt(d[p].get('x_cma'))}x), {fmt(d[p].get('p99_us'))}" if p in d else "-"
+                   for d in data] for p in points]  # fmt: skip
+    return table(header, rows)
+
+
+def render_staging(text: str) -> str:
+    """`tent bench-staging --json`: each stage's GB/s and the staged path against its slower stage."""
+    data = parse_json_output(text)
+    ops = data.get("ops") if isinstance(data, dict) else None
+    if not isinstance(ops, dict) or not ops:
+        return render_generic(text)
+    stages: list[str] = []
+    for e in ops.values():
+        stages += [k for k, v in e.items() if isinstance(v, dict) and "median_GBps" in v and k not in stages]
+    both = any("ratio_both_vs_slower_stage" in e for e in ops.values())
+    header = ["op", *(f"{k} GB/s" for k in stages), "slower stage", "staged / slower stage"] + (["both / slower stage"] if both else [])
+
+    def med(d: dict[str, Any], key: str = "median") -> str:
+        return f"{fmt(d[key])} ({fmt(d['min'])}-{fmt(d['max'])})"
+
+    rows = []
+    for op, e in ops.items():
+        cells = [op] + [med(e[k], "median_GBps") if k in e else "-" for k in stages] + [str(e.get("slower_stage", "-"))]
+        cells.append(f"**{med(e['ratio_staged_vs_slower_stage'])}**" if "ratio_staged_vs_slower_stage" in e else "-")
+        if both:
+            cells.append(med(e["ratio_both_vs_slower_stage"]) if "ratio_both_vs_slower_stage" in e else "-")
+        rows.append(cells)
+    return table(header, rows)
+
+
+def target_staging(text: str) -> str:
+    data = parse_json_output(text)
+    ops = data.get("ops") if isinstance(data, dict) else None
+    if not isinstance(ops, dict):
+        return ""
+    vals = {op: e["ratio_staged_vs_slower_stage"]["median"] for op, e in ops.items() if "ratio_staged_vs_slower_stage" in e}
+    if not vals:
+        return ""
+    ok = all(v >= 0.8 for v in vals.values())
+    return f"Target staged >= 0.8x its slower stage: **{'met' if ok else 'not met'}** (" + ", ".join(
+        f"{op} {v:.2f}x" for op, v in vals.items()) + ")."  # fmt: skip
+
+
+# ------------------------------------------------------------------ targets (computed from the numbers)
+
+
+def _ratio_target(text: str, baseline: str, floor: float, blocks: set[int] | None = None) -> str:
+    data = parse_json_output(text)
+    ours, _ = _engine_rows(data)
+    vals = [(r, r.get(f"x_{baseline}")) for r in ours if blocks is None or r["block_size"] in blocks]
+    vals = [(r, v) for r, v in vals if v is not None]
+    if not vals:
+        return f"Target >= {floor}x {baseline}: no {baseline} rows (baseline unavailable?)"
+    bad = [f"{r['op']} {human(r['block_size'])} {v:.2f}x" for r, v in vals if v < floor]
+    lo, hi = min(v for _, v in vals), max(v for _, v in vals)
+    return (f"Target >= {floor}x {baseline} (median of the per-round ratios): "
+            + ("**met**" if not bad else "**not met** at " + ", ".join(bad)) + f" ({lo:.2f}-{hi:.2f}x)")  # fmt: skip
+
+
+def target_tail(text: str) -> str:
+    d = parse_json_output(text)
+    if not isinstance(d, dict) or "p99_over_p50" not in d:
+        return ""
+    ok1, ok2 = d["p99_over_p50"] <= 3.0, d["slowest_run_over_median"] >= 0.5
+    return (f"Targets: P99 <= 3x P50: **{'met' if ok1 else 'not met'}** ({d['p99_over_p50']:.2f}x); no run below half "
+            f"the median run: **{'met' if ok2 else 'not met'}** (slowest {d['slowest_run_over_median']:.2f}x).")  # fmt: skip
+
+
+def target_offered(text: str) -> str:
+    data = parse_json_output(text)
+    rows = [r for r in data or [] if isinstance(r, dict) and r.get("p99_vs_round_robin") is not None and r.get("offered_gbit")]
+    if not rows:
+        return ""
+    parts = [f"{fmt(r['offered_gbit'])} Gbit/s: {r['p99_vs_round_robin']:.2f}x" for r in rows]
+    ok = all(r["p99_vs_round_robin"] <= 0.5 for r in rows)
+    return f"Target P99 <= 0.5x round robin's: **{'met' if ok else 'not met'}** ({'; '.join(parts)})."
+
+
+# ------------------------------------------------------------------ steps
+
+
+@dataclass
+class Step:
+    name: str  # the document block
+    argv: list[str]  # relative to the repository root
+    quick_argv: list[str] | None = None  # None: the same command in quick mode (with QUICK=1 in the env)
+    render: Callable[[str], str] = render_generic
+    target: Callable[[str], str] | None = None
+    needs_root: bool = False
+    timeout_s: float = 600.0
+    covers: tuple[str, ...] = ()  # scripts/bench-*.sh whose work this step does (not run again)
+    needs: tuple[str, ...] = ()  # files (relative to the root) without which the step is skipped
+    skip_if: tuple[str, ...] = ()  # files whose presence means another step does this work
+    opt_in: bool = False  # runs only when named in --only (long or needs a testbed)
+    probe: Callable[[Path], str | None] | None = None  # a reason to skip, found at run time
+    env: dict[str, str] = field(default_factory=dict)
+    quick_env: dict[str, str] = field(default_factory=dict)
+
+    def command(self, quick: bool) -> list[str]:
+        return self.quick_argv if quick and self.quick_argv is not None else self.argv
+
+
+TENT = ".venv/bin/tent"
+PY = ".venv/bin/python"
+REFHUB = ".venv/bin/refhub"
+LOCAL_SCRIPTS = ("scripts/bench-local.sh",)
+FABRIC_SCRIPTS = ("scripts/bench-fabric.sh",)
+REFHUB_SCRIPTS = ("scripts/bench-refhub.sh",)
+_Q = ["--quick", "--rounds", "1", "--iters", "5"]
+
+
+def default_steps() -> list[Step]:
+    b = [TENT, "bench", "--json"]
+    fab = [TENT, "bench", "--fabric", "4x1gbit", "--json"]
+    deg = [*fab, "--degrade", "3:0.5", "--policy", "spray,round_robin"]
+    return [
+        Step("tcp", [*b, "--transport", "tcp", "--block-sizes", "4M,64M", "--iters", "100", "--rounds", "3",
+                     "--baseline", "socket,mooncake"],
+             [*b, "--transport", "tcp", "--block-sizes", "4M", *_Q, "--baseline", "socket"],
+             render_local, lambda t: _ratio_target(t, "socket", 0.8) + "  \n" + _ratio_target(t, "mooncake", 2.0),
+             covers=LOCAL_SCRIPTS, timeout_s=900),  # fmt: skip
+        Step("tcp-tail", [PY, "-m", "tent_bench.tail", "--requests", "1000", "--run", "100", "--block", "64M", "--op", "WRITE"],
+             [PY, "-m", "tent_bench.tail", "--requests", "20", "--run", "5", "--block", "4M", "--op", "WRITE"],
+             render_tail, target_tail, timeout_s=900),  # fmt: skip
+        Step("shm-cma", [*b, "--transport", "shm", "--block-sizes", "4M,64M", "--iters", "40", "--rounds", "3", "--baseline",
+                         "cma", "--config", '{"transports": {"shm": {"mode": "cma"}}}'],
+             [*b, "--transport", "shm", "--block-sizes", "4M", *_Q, "--baseline", "cma", "--config",
+              '{"transports": {"shm": {"mode": "cma"}}}'],
+             render_local, lambda t: _ratio_target(t, "cma", 0.9), covers=LOCAL_SCRIPTS),  # fmt: skip
+        Step("shm-memfd", [*b, "--transport", "shm", "--block-sizes", "4M,64M", "--iters", "40", "--rounds", "3",
+                           "--baseline", "memcpy", "--config", '{"transports": {"shm": {"mode": "memfd"}}}'],
+             [*b, "--transport", "shm", "--block-sizes", "4M", *_Q, "--baseline", "memcpy", "--config",
+              '{"transports": {"shm": {"mode": "memfd"}}}'],
+             render_local, lambda t: _ratio_target(t, "memcpy", 0.7, {64 << 20}), covers=LOCAL_SCRIPTS),  # fmt: skip
+        Step("submit-cost", [*b, "--transport", "tcp", "--block-sizes", "64K", "--iters", "200", "--ops", "WRITE",
+                             "--rounds", "1", "--submit-cost"],
+             [*b, "--transport", "tcp", "--block-sizes", "64K", *_Q, "--ops", "WRITE", "--submit-cost"],
+             render_local, covers=LOCAL_SCRIPTS),  # fmt: skip
+        Step("gds-fio", [*b, "--transport", "gds", "--block-sizes", "1M,64M", "--iters", "40", "--rounds", "3",
+                         "--baseline", "fio"],
+             [*b, "--transport", "gds", "--block-sizes", "1M", *_Q, "--baseline", "fio"],
+             render_local, lambda t: _ratio_target(t, "fio", 0.9), covers=LOCAL_SCRIPTS),  # fmt: skip
+        Step("path-direct", [*b, "--path", "file:tcp", "--block-sizes", "64M", "--iters", "20", "--rounds", "3",
+                             "--config", '{"transports": {"gds": {"direct": 1}}}'],
+             [*b, "--path", "file:tcp", "--block-sizes", "4M", *_Q, "--config", '{"transports": {"gds": {"direct": 1}}}'],
+             render_path, covers=LOCAL_SCRIPTS),  # fmt: skip
+        Step("path-buffered", [*b, "--path", "file:tcp", "--block-sizes", "64M", "--iters", "20", "--rounds", "3"],
+             [*b, "--path", "file:tcp", "--block-sizes", "4M", *_Q], render_path, covers=LOCAL_SCRIPTS),  # fmt: skip
+        Step("fabric-equal", [*fab, "--policy", "spray,round_robin", "--block-sizes", "1M,64M", "--rounds", "3"],
+             [*fab, "--policy", "spray,round_robin", "--block-sizes", "1M", "--quick", "--rounds", "1"],
+             render_fabric, needs_root=True, covers=FABRIC_SCRIPTS),  # fmt: skip
+        Step("fabric-degraded", [*deg, "--block-sizes", "1M,64M", "--rounds", "3", "--timeline", "docs/timeline-degraded.png"],
+             [*deg, "--block-sizes", "1M", "--quick", "--rounds", "1"],
+             render_fabric, needs_root=True, covers=FABRIC_SCRIPTS),  # fmt: skip
+        Step("fabric-offered", [*deg, "--block-sizes", "64M", "--offered-load", "1.2", "--seeds", "3"],
+             [*deg, "--block-sizes", "1M", "--offered-load", "0.5", "--seeds", "1"],
+             render_fabric, target_offered, needs_root=True, covers=FABRIC_SCRIPTS, timeout_s=900),  # fmt: skip
+        Step("fabric-mixed", [*fab, "--mixed", "--policy", "spray"], [*fab, "--mixed", "--policy", "spray", "--quick"],
+             render_mixed, needs_root=True, skip_if=("scripts/bench-resilience.sh",)),  # fmt: skip
+        Step("fault-down-up", [*fab, "--fault", "down 0 at 1s; up 0 at 3s", "--duration", "5", "--timeline",
+                               "docs/timeline-down-up.png"],
+             [*fab, "--fault", "down 0 at 1s; up 0 at 2s", "--duration", "3"],
+             render_fault, needs_root=True, covers=FABRIC_SCRIPTS, opt_in=True),  # fmt: skip
+        Step("fault-degrade", [*fab, "--fault", "degrade 2:0.5 at 1s; restore 2 at 3s", "--duration", "5", "--timeline",
+                               "docs/timeline-degrade.png"],
+             [*fab, "--fault", "degrade 2:0.5 at 1s; restore 2 at 2s", "--duration", "3"],
+             render_fault, needs_root=True, covers=FABRIC_SCRIPTS, opt_in=True),  # fmt: skip
+        Step("fault-flap", [*fab, "--fault", "flap 1 every 300ms from 1s until 11s", "--duration", "12", "--timeline",
+                            "docs/timeline-flap.png"],
+             [*fab, "--fault", "flap 1 every 300ms from 1s until 3s", "--duration", "4"],
+             render_fault, needs_root=True, covers=FABRIC_SCRIPTS, opt_in=True),  # fmt: skip
+        Step("resilience", ["scripts/bench-resilience.sh"], needs=("scripts/bench-resilience.sh",), needs_root=True,
+             covers=("scripts/bench-resilience.sh",), timeout_s=900),  # fmt: skip
+        Step("small", ["scripts/bench-small.sh"], needs=("scripts/bench-small.sh",), covers=("scripts/bench-small.sh",),
+             render=render_small, quick_env={"ITERS": "50"}),  # fmt: skip
+        Step("auth", ["scripts/bench-auth.sh"], needs=("scripts/bench-auth.sh",), covers=("scripts/bench-auth.sh",),
+             env={"ROUNDS": "5"}, quick_env={"ROUNDS": "1", "BUDGET": "0.2"}),  # fmt: skip
+        Step("compat", ["scripts/bench-compat.sh", "--json"], needs=("scripts/bench-compat.sh",),
+             covers=("scripts/bench-compat.sh",),
+             env={"ROUNDS": "5"}, quick_env={"ROUNDS": "1", "DURATION": "0.2"}),  # fmt: skip
+        Step("staging-copy", [TENT, "bench-staging", "--size", "512M", "--rounds", "5", "--copy-ns-per-mib", "1500000",
+                              "--both", "--json"],
+             [TENT, "bench-staging", "--size", "32M", "--rounds", "1", "--copy-ns-per-mib", "1500000", "--json"],
+             render_staging, target_staging, probe=has_subcommand(TENT, "bench-staging")),  # fmt: skip
+        Step("staging-wire", [TENT, "bench-staging", "--size", "512M", "--rounds", "5", "--json"],
+             [TENT, "bench-staging", "--size", "32M", "--rounds", "1", "--json"],
+             render_staging, target_staging, probe=has_subcommand(TENT, "bench-staging")),  # fmt: skip
+        # refhub's benchmarks, as scripts/bench-refhub.sh runs them, one block per table
+        Step("refhub-dataplane-shm", [REFHUB, "bench", "dataplane", "--json"],
+             [REFHUB, "bench", "dataplane", "--json", "--quick"], covers=REFHUB_SCRIPTS),  # fmt: skip
+        Step("refhub-dataplane-tcp", [REFHUB, "bench", "dataplane", "--json", "--transport", "tcp"],
+             [REFHUB, "bench", "dataplane", "--json", "--transport", "tcp", "--quick"], covers=REFHUB_SCRIPTS),  # fmt: skip
+        Step("refhub-server", [REFHUB, "bench", "server-sweep", "--json"],
+             [REFHUB, "bench", "server-sweep", "--json", "--quick"], covers=REFHUB_SCRIPTS, timeout_s=900),  # fmt: skip
+        Step("refhub-burst", [REFHUB, "bench", "burst", "--json"], [REFHUB, "bench", "burst", "--json", "--quick"],
+             needs_root=True, covers=REFHUB_SCRIPTS, timeout_s=1800),  # fmt: skip
+        Step("refhub-failover", [REFHUB, "bench", "failover", "--json"], [REFHUB, "bench", "failover", "--json", "--quick"],
+             needs_root=True, covers=REFHUB_SCRIPTS),  # fmt: skip
+        Step("rdma", ["scripts/rdma-vm.sh", "--out", "/tmp/tent-rdma-bench", "--", PY, "-m", "tent_rdma.bench", "single",
+                      "--sizes", "64K,1M", "--bytes", "32M", "--rounds", "3"],
+             needs=("scripts/rdma-vm.sh",), needs_root=True, opt_in=True, timeout_s=1800),  # fmt: skip
+    ]
+
+
+def discover_scripts(root: Path, steps: list[Step]) -> list[Step]:
+    """scripts/bench-*.sh that no step runs or covers: each becomes a step with generic rendering."""
+    known = {c for s in steps for c in s.covers} | {s.argv[0] for s in steps} | {"scripts/bench-all.sh"}
+    out = []
+    for p in sorted((root / "scripts").glob("bench-*.sh")):
+        rel = str(p.relative_to(root))
+        if rel not in known:
+            name = p.stem.removeprefix("bench-")
+            out.append(Step(name, [rel], needs=(rel,), covers=(rel,), needs_root=_script_needs_root(p), timeout_s=1200))
+    return out
+
+
+def _script_needs_root(path: Path) -> bool:
+    try:
+        head = path.read_text(errors="replace")[:2000]
+    except OSError:
+        return False
+    return "id -u" in head or "needs root" in head or "(root" in head
+
+
+# ------------------------------------------------------------------ running
+
+
+@dataclass
+class Result:
+    step: Step
+    status: str  # ok | failed | timeout | skipped
+    seconds: float = 0.0
+    reason: str = ""
+    stdout: str = ""
+    stderr: str = ""
+
+
+def skip_reason(step: Step, root: Path, is_root: bool, quick: bool, only: set[str] | None) -> str | None:
+    if step.opt_in and not (only and step.name in only):
+        return f"opt-in: run with --only {step.name}"
+    for f in step.needs:
+        if not (root / f).exists():
+            return f"{f} not found in this tree"
+    for f in step.skip_if:
+        if (root / f).exists():
+            return f"done by {f}"
+    exe = step.command(quick)[0]
+    if "/" in exe and not (root / exe).exists():
+        return f"{exe} not found (make install?)"
+    if step.needs_root and not is_root:
+        return "needs root (network namespaces): run with sudo"
+    return step.probe(root) if step.probe else None
+
+
+def has_subcommand(*argv: str) -> Callable[[Path], str | None]:
+    """Probe: the command answers `--help` (e.g. a CLI subcommand another part of the project adds)."""
+
+    def probe(root: Path) -> str | None:
+        try:
+            p = subprocess.run([*argv, "--help"], cwd=root, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"`{' '.join(argv)}` cannot run: {exc}"
+        return None if p.returncode == 0 else f"`{' '.join(argv)}` is not available in this tree"
+
+    return probe
+
+
+def run_step(step: Step, root: Path, quick: bool, out_dir: Path) -> Result:
+    argv = step.command(quick)
+    env = {**os.environ, **step.env, **(step.quick_env if quick else {})}
+    if quick:
+        env["QUICK"] = "1"
+    env["PATH"] = f"{root / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    t0 = time.monotonic()
+    try:
+        # its own process group: on a timeout the whole step (target processes, fabric workers) is
+        # interrupted (SIGINT first, so its cleanup runs: namespaces, temporary files), then killed
+        p = subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    except OSError as exc:
+        res = Result(step, "failed", time.monotonic() - t0, f"could not start: {exc}")
+    else:
+        try:
+            so, se = p.communicate(timeout=step.timeout_s)
+        except subprocess.TimeoutExpired:
+            so, se = _stop_group(p)
+            res = Result(step, "timeout", time.monotonic() - t0, f"timed out after {step.timeout_s:.0f} s", so, se)
+        else:
+            status = "ok" if p.returncode == 0 else "failed"
+            res = Result(step, status, time.monotonic() - t0, "" if status == "ok" else f"exit code {p.returncode}", so, se)
+    (out_dir / f"{step.name}.out").write_text(res.stdout)
+    (out_dir / f"{step.name}.err").write_text(res.stderr)
+    return res
+
+
+def display_command(argv: list[str], env: dict[str, str] | None = None) -> str:
+    """The command as a reader types it (`tent bench ...`, `python -m ...`: the installed venv's),
+    with the environment the step sets."""
+    shown = [a.removeprefix(".venv/bin/") if i == 0 else a for i, a in enumerate(argv)]
+    prefix = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()]
+    return " ".join(prefix + [shlex.quote(a) for a in shown])
+
+
+def _stop_group(p: subprocess.Popen[str]) -> tuple[str, str]:
+    """SIGINT to the step's process group, 20 s to clean up, then SIGKILL; what it printed."""
+    import signal
+
+    for sig, grace in ((signal.SIGINT, 20.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            return p.communicate(timeout=grace)
+        except subprocess.TimeoutExpired:
+            continue
+    return "", ""
+
+
+def render_result(res: Result, quick: bool) -> str:
+    cmd = display_command(res.step.command(quick), {**res.step.env, **(res.step.quick_env if quick else {})})
+    lines = [f"`{cmd}`", ""]
+    if res.status == "skipped":
+        lines.append(f"_Not run by `scripts/bench-all.sh`: {res.reason}._")
+        return "\n".join(lines)
+    if res.status != "ok":
+        tail = "\n".join((res.stderr or res.stdout).strip().splitlines()[-12:])
+        lines.append(f"_**{res.status}** ({res.reason}, after {res.seconds:.0f} s); last output:_")
+        lines += ["", "```", tail or "(none)", "```"]
+        return "\n".join(lines)
+    try:
+        body = res.step.render(res.stdout)
+        verdict = res.step.target(res.stdout) if res.step.target else ""
+    except Exception as exc:  # noqa: BLE001 - a renderer bug must not lose the raw numbers
+        body, verdict = render_generic(res.stdout), f"(renderer failed: {type(exc).__name__}: {exc})"
+    lines.append(body)
+    if verdict:
+        lines += ["", verdict]
+    lines += ["", f"_{res.seconds:.0f} s; generated by `scripts/bench-all.sh`._"]
+    return "\n".join(lines)
+
+
+def machine_facts(root: Path) -> dict[str, Any]:
+    cpu = ""
+    try:
+        for ln in Path("/proc/cpuinfo").read_text().splitlines():
+            if ln.startswith("model name"):
+                cpu = ln.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(next(ln for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal")).split()[1])
+        mem = f"{kb / (1 << 20):.0f} GiB"
+    except (OSError, StopIteration, ValueError):
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=10).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        commit = ""
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory": mem, "kernel": platform.release(),
+            "python": platform.python_version(), "load_start": os.getloadavg(), "commit": commit,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
+
+
+def render_machine(facts: dict[str, Any], results: list[Result], quick: bool, total_s: float) -> str:
+    la = " ".join(f"{x:.2f}" for x in facts["load_start"])
+    le = " ".join(f"{x:.2f}" for x in facts.get("load_end", ()))
+    counts = {s: sum(r.status == s for r in results) for s in ("ok", "failed", "timeout", "skipped")}
+    lines = [
+        f"**Generated** {facts['date']} by `scripts/bench-all.sh{' --quick' if quick else ''}` (commit {facts['commit']}), "
+        f"{total_s / 60:.1f} min for {len(results)} steps: {counts['ok']} ok, {counts['failed']} failed, "
+        f"{counts['timeout']} timed out, {counts['skipped']} skipped.",
+        "",
+        f"**Machine**: {facts['cpu'] or 'unknown CPU'}, {facts['cores']} cores, {facts['memory']} memory, Linux {facts['kernel']}, "
+        f"Python {facts['python']}. Load average (1/5/15 min) at the start: {la}; at the end: {le}.",
+    ]  # fmt: skip
+    if quick:
+        lines += ["", "**Quick mode (smoke test): these numbers are not measurements.**"]
+    lines += ["", table(["step", "status", "seconds", "note"],
+                        [[r.step.name, r.status, f"{r.seconds:.0f}", r.reason] for r in results])]  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="scripts/bench-all.sh", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--quick", action="store_true", help="short runs (smoke test); writes a copy of the document")
+    ap.add_argument("--only", default=None, help="comma-separated step names (see --list)")
+    ap.add_argument("--skip", default="", help="comma-separated step names not to run")
+    ap.add_argument("--list", action="store_true", help="print the steps and exit")
+    ap.add_argument("--doc", default=None, help="the document to update (default: docs/benchmarks.md; "
+                                                "with --quick: a copy in the output directory)")  # fmt: skip
+    ap.add_argument("--out", default=None, help="directory for raw outputs (default: a fresh temporary one)")
+    ap.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)
+    ap.add_argument("--step-timeout", type=float, default=None, metavar="SECONDS",
+                    help="cap every step's time limit (a step past it is interrupted and reported)")  # fmt: skip
+    ap.add_argument("--step", action="append", default=[], metavar="NAME=COMMAND",
+                    help="an extra step (shell-split command, generic rendering); may repeat")  # fmt: skip
+    args = ap.parse_args(argv)
+    root = Path(args.root).resolve()
+    steps = default_steps()
+    steps += discover_scripts(root, steps)
+    for spec in args.step:
+        name, sep, cmd = spec.partition("=")
+        if not sep or not name or not cmd:
+            ap.error(f"--step takes NAME=COMMAND, got {spec!r}")
+        steps.append(Step(name, shlex.split(cmd)))
+    if args.step_timeout:
+        for s in steps:
+            s.timeout_s = min(s.timeout_s, args.step_timeout)
+    names = [s.name for s in steps]
+    if len(set(names)) != len(names):
+        ap.error(f"two steps share a name: {names}")
+    only = {n.strip() for n in args.only.split(",") if n.strip()} if args.only else None
+    skip = {n.strip() for n in args.skip.split(",") if n.strip()}
+    unknown = ((only or set()) | skip) - set(names)
+    if unknown:
+        ap.error(f"unknown step(s) {sorted(unknown)}; steps: {', '.join(names)}")
+    if args.list:
+        for s in steps:
+            print(f"{s.name:22s} {' '.join(shlex.quote(a) for a in s.argv)}{'   (opt-in)' if s.opt_in else ''}")
+        return 0
+    out_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="tent-bench-all-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    src_doc = root / "docs" / "benchmarks.md"
+    if args.doc:
+        doc_path = Path(args.doc)
+    elif args.quick:
+        doc_path = out_dir / "benchmarks.md"
+    else:
+        doc_path = src_doc
+    if not doc_path.exists():
+        shutil.copyfile(src_doc, doc_path)
+    is_root = os.geteuid() == 0
+    facts = machine_facts(root)
+    t_start = time.monotonic()
+    results: list[Result] = []
+    blocks: dict[str, str] = {}
+    selected = [s for s in steps if (only is None or s.name in only) and s.name not in skip]
+    for i, step in enumerate(selected, 1):
+        why = skip_reason(step, root, is_root, args.quick, only)
+        if why:
+            res = Result(step, "skipped", reason=why)
+        else:
+            print(f"[{i}/{len(selected)}] {step.name}: {' '.join(step.command(args.quick))}", file=sys.stderr, flush=True)
+            res = run_step(step, root, args.quick, out_dir)
+        print(f"[{i}/{len(selected)}] {step.name}: {res.status} {res.reason} ({res.seconds:.0f} s)", file=sys.stderr, flush=True)
+        results.append(res)
+        if res.status != "skipped" or step.name in blocks_in(doc_path.read_text()):
+            blocks[step.name] = render_result(res, args.quick)  # a skipped step's reason is in the machine block
+        # written after every step: an interrupted series keeps what it measured
+        facts["load_end"] = os.getloadavg()
+        blocks["machine"] = render_machine(facts, results, args.quick, time.monotonic() - t_start)
+        doc_path.write_text(replace_blocks(doc_path.read_text(), blocks))
+    print(f"{doc_path} updated; raw outputs in {out_dir}", file=sys.stderr)
+    return 0 if all(r.status in ("ok", "skipped") for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""scripts/bench-all.sh (tent_bench.bench_all): generated blocks, step discovery, rendering, and a
+quick run of a tiny subset in which one step fails and the others still land in the document."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tent_bench import bench_all as ba
+
+ROOT = Path(__file__).resolve().parents[2]
+
+DOC = """# Title
+
+Intro, kept as is.
+
+<!-- bench-all:begin machine -->
+old machine
+<!-- bench-all:end machine -->
+
+Prose between blocks.
+
+<!-- bench-all:begin tcp -->
+| old | table |
+<!-- bench-all:end tcp -->
+
+Tail text.
+"""
+
+
+def test_replace_blocks_changes_only_the_named_bodies():
+    new = ba.replace_blocks(DOC, {"tcp": "| new | table |"})
+    assert "| new | table |" in new and "| old | table |" not in new
+    assert "old machine" in new  # a block not named is left alone
+    outside = [ln for ln in DOC.splitlines() if "old" not in ln]
+    assert [ln for ln in new.splitlines() if "new" not in ln and "old" not in ln] == outside
+    assert ba.replace_blocks(new, {"tcp": "| new | table |"}) == new  # idempotent
+    assert ba.blocks_in(new) == ["machine", "tcp"]
+
+
+def test_blocks_without_a_place_go_to_the_extra_block():
+    new = ba.replace_blocks(DOC, {"tcp": "T", "refhub-burst": "B1", "resilience": "R1"})
+    assert ba.blocks_in(new) == ["machine", "tcp", "extra"]
+    assert new.index("### refhub-burst") < new.index("B1") < new.index("### resilience") < new.index("R1")
+    again = ba.replace_blocks(new, {"refhub-burst": "B2"})  # the extra block is rewritten, not appended to
+    assert "B2" in again and "B1" not in again and again.count("## Other benchmarks (generated)") == 1
+
+
+def test_bad_documents_and_names_are_refused():
+    with pytest.raises(ValueError):
+        ba.replace_blocks(DOC + DOC, {"tcp": "x"})  # two blocks named tcp
+    with pytest.raises(ValueError):
+        ba.replace_blocks(DOC, {"no spaces": "x"})
+
+
+def test_render_local_shows_medians_spread_and_ratios_from_the_rows():
+    rows = [
+        {"engine": "tent", "transport": "tcp", "op": "WRITE", "block_size": 4 << 20, "batch_size": 1, "gbps": 6.0,
+         "gbps_min": 5.0, "gbps_max": 7.0, "rounds": 3, "x_socket": 1.2, "x_socket_min": 1.1, "x_socket_max": 1.3,
+         "p50_us": 600.0, "p99_us": 900.0, "verified_bytes": 3 << 23},
+        {"engine": "socket", "transport": "tcp", "op": "WRITE", "block_size": 4 << 20, "batch_size": 1, "gbps": 5.0,
+         "gbps_min": 4.5, "gbps_max": 5.5, "rounds": 3, "parallel": 4},
+    ]  # fmt: skip
+    text = ba.render_local(json.dumps(rows))
+    assert "| tcp | WRITE | 4 MiB | 6 (5-7) | 5 (4.5-5.5) | **1.2 (1.1-1.3)** |" in text
+    assert "`socket` ran with 4 threads/streams" in text
+    assert "**met**" in ba._ratio_target(json.dumps(rows), "socket", 0.8)
+    assert "**not met** at WRITE 4 MiB 1.20x" in ba._ratio_target(json.dumps(rows), "socket", 1.5)
+    assert "no mooncake rows" in ba._ratio_target(json.dumps(rows), "mooncake", 2.0)
+
+
+def test_tail_target_is_computed_from_the_numbers():
+    d = {"p99_over_p50": 4.99, "slowest_run_over_median": 0.68}
+    verdict = ba.target_tail(json.dumps(d))
+    assert "P99 <= 3x P50: **not met** (4.99x)" in verdict and "**met** (slowest 0.68x)" in verdict
+
+
+def test_generic_rendering_of_markdown_json_and_text():
+    assert ba.render_generic("noise\n| a | b |\n|---|---|\n| 1 | 2 |\nmore") == "| a | b |\n|---|---|\n| 1 | 2 |"
+    t = ba.render_generic('{"x": 1.5, "name": "n", "nested": {"y": 1}}\n{"x": 2, "name": "m"}')
+    assert t.splitlines()[0] == "| x | name |" and "| 2 | m |" in t
+    assert ba.render_generic("plain\ntext").startswith("```")
+
+
+def test_unknown_bench_scripts_are_discovered(tmp_path):
+    (tmp_path / "scripts").mkdir()
+    for name in ("bench-all.sh", "bench-local.sh", "bench-auth.sh", "bench-newthing.sh"):
+        (tmp_path / "scripts" / name).write_text("#!/bin/sh\n[ \"$(id -u)\" = 0 ] || exit 2\n")
+    found = ba.discover_scripts(tmp_path, ba.default_steps())
+    assert [s.name for s in found] == ["newthing"] and found[0].needs_root
+    step = ba.Step("x", ["scripts/bench-missing.sh"], needs=("scripts/bench-missing.sh",))
+    assert "not found" in (ba.skip_reason(step, tmp_path, True, False, None) or "")
+
+
+def test_quick_run_of_a_subset_one_step_failing(tmp_path):
+    doc, out = tmp_path / "benchmarks.md", tmp_path / "out"
+    doc.write_text((ROOT / "docs" / "benchmarks.md").read_text())
+    before = doc.read_text()
+    p = subprocess.run(
+        [sys.executable, "-m", "tent_bench.bench_all", "--quick", "--only", "broken,hangs,shm-cma,needs-a-testbed",
+         "--step", "broken=sh -c 'echo half a table >&2; exit 3'", "--step", "needs-a-testbed=/nonexistent/tool",
+         "--step", "hangs=sh -c 'echo started; sleep 600'", "--step-timeout", "40",
+         "--doc", str(doc), "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    assert p.returncode == 1, p.stderr  # a failed step is reported in the exit code ...
+    text = doc.read_text()
+    # ... and did not stop the others: the shm table is there, with the engine and the baseline
+    shm = text.split("<!-- bench-all:begin shm-cma -->")[1].split("<!-- bench-all:end shm-cma -->")[0]
+    assert "| shm | READ | 4 MiB |" in shm and "| shm | WRITE | 4 MiB |" in shm
+    assert "`cma` ran with 2 threads/streams" in shm and "Target >= 0.9x cma" in shm
+    assert "failed** (exit code 3" in text and "half a table" in text
+    assert "timeout** (timed out after 40 s" in text and "started" in text  # interrupted, its output kept
+    assert "/nonexistent/tool not found" in text or "could not start" in text
+    machine = text.split("<!-- bench-all:begin machine -->")[1].split("<!-- bench-all:end machine -->")[0]
+    assert f"{os.cpu_count()} cores" in machine and "Load average" in machine and "Quick mode" in machine
+    # prose outside the blocks is untouched
+    strip = lambda s: "\n".join(ln for ln in s.split("<!-- bench-all:begin")[0].splitlines())  # noqa: E731
+    assert strip(text) == strip(before)
+    rows = json.loads((out / "shm-cma.out").read_text())
+    ours = [r for r in rows if r.get("engine") == "tent"]
+    assert ours and all(r["verified_bytes"] > 0 for r in ours)
