@@ -4,10 +4,10 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.tent-installed
-PLUGINS := tcp shm gds nvlink
+PLUGINS := tcp shm gds nvlink rdma
 PLUGIN_DIRS := $(foreach p,$(PLUGINS),$(wildcard plugins/$(p)))
 SOURCES := pyproject.toml setup.py tent_core/_native/native.c $(wildcard tent_core/include/tent/*.h) \
-           $(wildcard plugins/*/pyproject.toml plugins/*/setup.py plugins/*/csrc/*.c refhub/pyproject.toml)
+           $(wildcard plugins/*/pyproject.toml plugins/*/setup.py plugins/*/csrc/*.c plugins/*/csrc/*.h refhub/pyproject.toml)
 
 .PHONY: install demo test lint bench-deps clean
 

@@ -372,6 +372,11 @@ class Engine:
             return self.describe()
         if op == "ping":
             return {"ok": True}
+        if op == "transport":  # a transport's own handshake (e.g. RDMA QPs), routed by name
+            transport = self.transports.get(msg.get("transport"))  # type: ignore[arg-type]
+            if transport is None:
+                raise errors.ProtocolError(f"no transport {msg.get('transport')!r} on {self.engine_id}")
+            return transport.handle_control(msg.get("body"))
         raise errors.ProtocolError(f"unknown op {op!r}")
 
     # ----------------------------------------------------------- peers (initiator side)
@@ -972,6 +977,8 @@ class Engine:
                             "inflight_bytes": int(row[0]),
                             "bandwidth_GBps": r.telemetry.bandwidth_Bps / 1e9,
                             "state": self.monitor.state(r.slot, now).name,
+                            "numa_node": r.info.numa_node,
+                            "pci": r.info.pci,
                         }
                     )
         return out
