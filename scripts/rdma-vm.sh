@@ -86,6 +86,7 @@ command -v rdma >/dev/null && [ -e /usr/sbin/rdma-ndd ] || need_pkgs+=(rdma-core
 command -v ibv_devinfo >/dev/null || need_pkgs+=(ibverbs-utils)
 command -v ib_write_bw >/dev/null || need_pkgs+=(perftest)
 [ -e /usr/lib/python3/dist-packages/pyverbs/__init__.py ] || need_pkgs+=(python3-pyverbs)
+command -v mksquashfs >/dev/null || need_pkgs+=(squashfs-tools)
 apt_updated=0
 apt_install() {
   [ "$INSTALL" = 1 ] || return 1
@@ -99,8 +100,8 @@ apt_install() {
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "rdma-vm: installing ${need_pkgs[*]}" >&2
   apt_install "${need_pkgs[@]}" || {
-    # pyverbs is optional (discovery extras); everything else is required
-    rest=(); for p in "${need_pkgs[@]}"; do [ "$p" = python3-pyverbs ] || rest+=("$p"); done
+    # pyverbs (discovery extras) and squashfs-tools (fast imports) are optional
+    rest=(); for p in "${need_pkgs[@]}"; do case "$p" in python3-pyverbs|squashfs-tools) ;; *) rest+=("$p") ;; esac; done
     if [ ${#rest[@]} -gt 0 ]; then apt_install "${rest[@]}" || setup_fail "cannot install ${rest[*]} (needs root and apt)"; fi
   }
 fi
@@ -146,6 +147,31 @@ if [ ! -x "$VNG" ]; then
     || timeout 600 "$CACHE/vng/bin/pip" install -q virtme-ng >/dev/null 2>&1 || setup_fail "pip install virtme-ng failed"
 fi
 export PATH="$CACHE/vng/bin:$PATH"
+
+# Python over 9p under TCG is slow (thousands of stat/open round trips: `import numpy` took a
+# minute). The interpreter's stdlib and the checkout's .venv go in as read-only squashfs disks,
+# mounted inside the guest over their own paths; the checkout itself stays on 9p.
+IMG_OPTS=() IMG_MOUNTS=""
+if command -v mksquashfs >/dev/null && [ -x "$ROOT/.venv/bin/python" ]; then
+  mkdir -p "$CACHE/img"
+  std=$("$ROOT/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])' 2>/dev/null || true)
+  venv=$(cd "$ROOT/.venv" && pwd -P)
+  n=0
+  for src in "$std" "$venv"; do
+    [ -n "$src" ] && [ -d "$src" ] || continue
+    img="$CACHE/img/$(echo "$src" | md5sum | cut -c1-16).sqfs"
+    if [ ! -s "$img" ] || [ -n "$(find "$src" -newer "$img" -print -quit 2>/dev/null)" ]; then
+      excl=(); [ "$src" = "$std" ] && excl=(-e test site-packages)
+      rm -f "$img"
+      mksquashfs "$src" "$img.tmp" -noappend -no-progress -quiet -noI -noD -noF -noX -no-xattrs "${excl[@]}" >/dev/null 2>&1 \
+        && mv "$img.tmp" "$img" || { rm -f "$img.tmp"; continue; }
+    fi
+    dev=$(echo vda vdb vdc | cut -d" " -f$((n + 1)))
+    IMG_OPTS+=("-drive file=$img,if=virtio,format=raw,readonly=on")
+    IMG_MOUNTS="$IMG_MOUNTS $dev:$src"
+    n=$((n + 1))
+  done
+fi
 flock -u 9
 [ "$INSTALL_ONLY" = 1 ] && { echo "rdma-vm: testbed installed ($KVER, cache $CACHE)" >&2; exit 0; }
 
@@ -192,6 +218,16 @@ role=$1; shift
 log() { echo "[guest $role] $*" >&2; }
 fail() { log "$*"; echo "{\"ok\": false, \"reason\": \"guest $role: $*\"}" >"$TENT_VM_OUT/testbed.$role.json"; echo 3 >"$TENT_VM_OUT/rc.$role"; exit 3; }
 ulimit -l unlimited 2>/dev/null || true
+if [ -n "${TENT_VM_MOUNTS:-}" ]; then  # read-only squashfs copies of the stdlib and .venv
+  modprobe virtio_blk 2>/dev/null; modprobe squashfs 2>/dev/null
+  for m in $TENT_VM_MOUNTS; do
+    dev=${m%%:*} path=${m#*:}
+    for _ in $(seq 50); do [ -b "/dev/$dev" ] && break; sleep 0.1; done
+    mkdir -p "/run/tent-img/$dev"
+    mount -t squashfs -o ro "/dev/$dev" "/run/tent-img/$dev" && mount --bind "/run/tent-img/$dev" "$path" \
+      || log "cannot mount /dev/$dev over $path (imports stay on 9p)"
+  done
+fi
 modprobe rdma_rxe || fail "modprobe rdma_rxe failed"
 devs=(); nics=()
 wait_active() {  # bounded: the port must come up within 20 s
@@ -250,7 +286,7 @@ chmod +x "$GUEST"
 
 # the command and its environment travel as files (the guest's /bin/sh is dash: no bash quoting)
 {
-  printf 'export TENT_VM_OUT=%q TENT_VM_ROOT=%q TENT_VM_RATES=%q\n' "$OUT" "$ROOT" "$RATES"
+  printf 'export TENT_VM_OUT=%q TENT_VM_ROOT=%q TENT_VM_RATES=%q TENT_VM_MOUNTS=%q\n' "$OUT" "$ROOT" "$RATES" "$IMG_MOUNTS"
   # variables the caller wants inside (PYTHONPATH, TENT_*): names listed in TENT_VM_PASS
   for v in ${TENT_VM_PASS:-}; do [ -n "${!v+x}" ] && printf 'export %s=%q\n' "$v" "${!v}"; done
 } >"$OUT/guest-env.sh"
@@ -258,7 +294,7 @@ printf '%q ' "$@" >"$OUT/cmd.sh"
 echo >>"$OUT/cmd.sh"
 run_vm() {  # role, extra qemu options...
   local role=$1; shift
-  local qopts="$*"
+  local qopts="${IMG_OPTS[*]} $*"
   setsid "$VNG" --run "$VMLINUZ" "${accel_opts[@]}" --force-9p --memory "$MEMORY" --cpus "$CPUS" \
     --rwdir "$OUT" ${qopts:+--qemu-opts="$qopts"} \
     --exec "bash -c '. $OUT/guest-env.sh; exec bash $GUEST $role'" >"$OUT/console.$role.log" 2>&1 </dev/null &

@@ -286,6 +286,7 @@ typedef struct qpx {
   /* device thread only */
   wrec_t *ring;
   uint32_t ring_size, head, outstanding;
+  uint64_t progress_ns; /* last completion, or the post that made it busy */
   int flushing;    /* we moved it to ERR and wait for the flush */
   int flush_status;/* what flushed WRs report */
   atomic_uint reconnects;
@@ -601,10 +602,11 @@ static void *device_worker(void *arg) {
         for (int k = 0; k < r->nqps; k++) flush_qp(&r->qps[k], gone ? TENT_E_CANCELLED : TENT_E_CONNECT);
       if (atomic_exchange(&r->flush_request, 0))
         for (int k = 0; k < r->nqps; k++) flush_qp(&r->qps[k], TENT_E_CONNECT);
-      /* timeouts: a QP whose oldest WR is older than the slice timeout is flushed */
+      /* timeouts: a busy QP that completed nothing for the slice timeout is flushed (progress, not
+       * age: a deep queue on a slow link is fine as long as completions keep coming) */
       for (int k = 0; k < r->nqps; k++) {
         qpx_t *q = &r->qps[k];
-        if (q->outstanding && !q->flushing && timeout_ns && now - q->ring[q->head].post_ns > timeout_ns) {
+        if (q->outstanding && !q->flushing && timeout_ns && now > q->progress_ns + timeout_ns) {
           rlog("%s: QP %u: no completion for %d ms, flushing it", d->name, q->qpn, ex->slice_timeout_ms);
           flush_qp(q, TENT_E_TIMEOUT);
         }
@@ -643,6 +645,7 @@ static void *device_worker(void *arg) {
           rec->qp = q;
           rec->len = c.len;
           rec->post_ns = now;
+          if (q->outstanding == 0) q->progress_ns = now;
           q->outstanding++;
           struct tv_send_wr *w = &pb.wrs[n];
           struct tv_sge *s = &pb.sges[n];
@@ -692,6 +695,7 @@ static void *device_worker(void *arg) {
         if (rec != &q->ring[q->head]) rlog("%s: completion out of order on QP %u", d->name, q->qpn);
         q->head = (q->head + 1) % q->ring_size;
         q->outstanding--;
+        q->progress_ns = now_ns();
         int st;
         if (wcs[i].status == TV_WC_SUCCESS) {
           st = TENT_OK;

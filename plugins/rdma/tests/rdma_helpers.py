@@ -1,0 +1,108 @@
+"""Shared by the RDMA tests: a never-repeating byte pattern, a target engine process, device checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# Settings for Soft-RoCE under QEMU TCG, where one CPU emulates the NIC: completions take long,
+# so hardware retry timers and the progress timeouts are stretched (defaults suit real NICs).
+VM_ENGINE_CONFIG: dict[str, Any] = {
+    "slice_timeout_s": 5.0,
+    "request_deadline_s": 120.0,
+    "health": {"stall_min_s": 3.0},
+    "transports": {"rdma": {"qp_timeout": 16, "retry_cnt": 7, "slice_timeout_ms": 5000}},
+}
+
+
+def pattern64(n: int, seed: int) -> np.ndarray:
+    """n bytes of a pattern that never repeats: byte i is byte i % 8 of splitmix64(i // 8 ^ seed).
+    splitmix64 is a bijection on 64-bit words, so no two 8-byte words of a buffer are equal and a
+    byte landing at the wrong offset cannot go unnoticed."""
+    words = (n + 7) // 8
+    x = np.arange(words, dtype=np.uint64) ^ np.uint64(seed * 0x9E3779B97F4A7C15 % (1 << 64))
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return x.view(np.uint8)[:n].copy()
+
+
+def rdma_ports_active() -> list[str]:
+    """Names of RDMA devices with an ACTIVE port (sysfs)."""
+    base = "/sys/class/infiniband"
+    out = []
+    try:
+        names = sorted(os.listdir(base))
+    except OSError:
+        return out
+    for n in names:
+        try:
+            with open(f"{base}/{n}/ports/1/state") as f:
+                if "ACTIVE" in f.read():
+                    out.append(n)
+        except OSError:
+            pass
+    return out
+
+
+class Target:
+    """rdma_target.py in its own process: an engine exposing segments, driven by JSON lines."""
+
+    def __init__(self, segments: list[dict[str, Any]], host: str = "127.0.0.1", port: int = 0,
+                 config: dict[str, Any] | None = None, timeout: float = 180.0) -> None:
+        argv = [sys.executable, os.path.join(HERE, "rdma_target.py"), "--host", host, "--port", str(port),
+                "--segments", json.dumps(segments), "--config", json.dumps(config or VM_ENGINE_CONFIG)]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        hello = self._readline(timeout)
+        self.engine_id: str = hello["engine_id"]
+        self.pid: int = hello["pid"]
+        self.segments: dict[str, dict[str, int]] = hello["segments"]
+
+    def _readline(self, timeout: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        r, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not r:
+            raise TimeoutError("rdma target did not answer")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"rdma target exited (rc={self.proc.poll()})")
+        return json.loads(line)
+
+    def cmd(self, timeout: float = 120.0, **req: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        reply = self._readline(timeout)
+        if not reply.get("ok"):
+            raise RuntimeError(f"target refused {req}: {reply}")
+        return reply
+
+    def name(self, seg: str) -> str:
+        return f"{self.engine_id}/{seg}"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.cmd(op="quit", timeout=30)
+            except Exception:
+                pass
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
