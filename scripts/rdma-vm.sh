@@ -271,7 +271,7 @@ else
     [ $ok = 1 ] || fail "rail $i: 198.18.$((10 + i)).$other does not answer"
   done
 fi
-export TENT_VM_ROLE=$role
+export TENT_VM_ROLE=$role PYTHONUNBUFFERED=1
 export TENT_RDMA_DEVS=$(IFS=,; echo "${devs[*]}")
 export TENT_VM_NICS=$(IFS=,; echo "${nics[*]}")
 export TENT_VM_IP=$ip_self TENT_VM_PEER_IP=$ip_peer

@@ -59,6 +59,8 @@ _EXECUTOR_KEYS = (
     "service_level",
     "max_passive_qps",
 )
+# Topology penalty per affinity tier (same NUMA node / near / far), as the C++ TENT's 1/5/10.
+DEFAULT_TIER_PENALTIES = (1.0, 5.0, 10.0)
 MAINTENANCE_TICK_S = 0.02
 RECONNECT_BACKOFF_S = (0.05, 5.0)
 PASSIVE_PING_EVERY_S = 10.0
@@ -119,6 +121,7 @@ class RdmaTransport(Transport):
         self._gpu = gpu.GpuDirect(None, "off: transport not started")
         self._handshake_timeout = 5.0
         self._nominal: list[float] = []
+        self._penalties: list[float] = []
         self._next_ping = 0.0
 
     # ---- discovery -------------------------------------------------------------------
@@ -167,6 +170,11 @@ class RdmaTransport(Transport):
             raise RuntimeError(f"no usable RDMA device ({'; '.join(skipped) or 'none found'})")
         self._devices = chosen
         self._nominal = [float(x) for x in _as_list(cfg.get("nominal_gbps"))]
+        tiers = [float(x) for x in _as_list(cfg.get("tier_penalties"))] or list(DEFAULT_TIER_PENALTIES)
+        # The engine plans per rail, not per buffer: the NUMA node this process runs on stands in
+        # for its buffers' (first-touch places them there), giving each rail its affinity tier.
+        node, slit = topology.process_numa_node(), topology.numa_distances()
+        self._penalties = [tiers[min(topology.affinity_tier(node, d.numa_node, slit), len(tiers) - 1)] for d in chosen]
         self._handshake_timeout = float(cfg.get("handshake_timeout_s", 5.0))
         ex_cfg: dict[str, Any] = {k: int(cfg[k]) for k in _EXECUTOR_KEYS if k in cfg}
         ex_cfg["devices"] = ",".join(d.name for d in chosen)
@@ -328,6 +336,7 @@ class RdmaTransport(Transport):
                     index=idx,
                     name=f"{ld.name}->{peer.engine_id.rsplit(':', 1)[0]}/{rd.name}",
                     nominal_gbps=min(speeds) if speeds else 0.0,
+                    penalty=self._penalties[i],
                     numa_node=ld.numa_node,
                     pci=ld.pci,
                 )

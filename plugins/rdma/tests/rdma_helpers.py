@@ -10,33 +10,9 @@ import subprocess
 import sys
 from typing import Any
 
-import numpy as np
+from tent_rdma.testbed import VM_ENGINE_CONFIG, pattern64  # noqa: F401  (re-exported for the tests)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-# Settings for Soft-RoCE under QEMU TCG, where one CPU emulates the NIC: completions take long,
-# so hardware retry timers and the progress timeouts are stretched (defaults suit real NICs).
-VM_ENGINE_CONFIG: dict[str, Any] = {
-    "slice_timeout_s": 5.0,
-    "request_deadline_s": 120.0,
-    "health": {"stall_min_s": 3.0},
-    "transports": {"rdma": {"qp_timeout": 16, "retry_cnt": 7, "slice_timeout_ms": 5000}},
-}
-
-
-def pattern64(n: int, seed: int) -> np.ndarray:
-    """n bytes of a pattern that never repeats: byte i is byte i % 8 of splitmix64(i // 8 ^ seed).
-    splitmix64 is a bijection on 64-bit words, so no two 8-byte words of a buffer are equal and a
-    byte landing at the wrong offset cannot go unnoticed."""
-    words = (n + 7) // 8
-    x = np.arange(words, dtype=np.uint64) ^ np.uint64(seed * 0x9E3779B97F4A7C15 % (1 << 64))
-    with np.errstate(over="ignore"):
-        x = x + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x = x ^ (x >> np.uint64(31))
-    return x.view(np.uint8)[:n].copy()
-
 
 def rdma_ports_active() -> list[str]:
     """Names of RDMA devices with an ACTIVE port (sysfs)."""
