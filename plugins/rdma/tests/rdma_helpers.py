@@ -14,6 +14,21 @@ from tent_rdma.testbed import VM_ENGINE_CONFIG, pattern64  # noqa: F401  (re-exp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+def rdma_engine(config: dict[str, Any], **kw: Any) -> Any:
+    """An engine with only the rdma plugin loaded (imports are slow in emulated guests)."""
+    from tent_core.engine import Engine
+
+    old = os.environ.get("TENT_PLUGINS")
+    os.environ["TENT_PLUGINS"] = "rdma"
+    try:
+        return Engine(config, transports=["rdma"], **kw)
+    finally:
+        if old is None:
+            del os.environ["TENT_PLUGINS"]
+        else:
+            os.environ["TENT_PLUGINS"] = old
+
+
 def rdma_ports_active() -> list[str]:
     """Names of RDMA devices with an ACTIVE port (sysfs)."""
     base = "/sys/class/infiniband"
@@ -36,10 +51,12 @@ class Target:
     """rdma_target.py in its own process: an engine exposing segments, driven by JSON lines."""
 
     def __init__(self, segments: list[dict[str, Any]], host: str = "127.0.0.1", port: int = 0,
-                 config: dict[str, Any] | None = None, timeout: float = 180.0) -> None:
+                 config: dict[str, Any] | None = None, timeout: float = 600.0) -> None:
         argv = [sys.executable, os.path.join(HERE, "rdma_target.py"), "--host", host, "--port", str(port),
                 "--segments", json.dumps(segments), "--config", json.dumps(config or VM_ENGINE_CONFIG)]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        # only the rdma plugin is imported: under an emulated CPU every import counts
+        env = dict(os.environ, TENT_PLUGINS="rdma")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         hello = self._readline(timeout)
         self.engine_id: str = hello["engine_id"]
         self.pid: int = hello["pid"]

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from rdma_helpers import VM_ENGINE_CONFIG, pattern64
+from rdma_helpers import VM_ENGINE_CONFIG, pattern64, rdma_engine
 
 from tent_core.engine import Engine
 
@@ -27,7 +27,7 @@ SIZE = 32 * MiB
 
 @pytest.fixture(scope="module")
 def eng() -> Iterator[Engine]:
-    e = Engine(VM_ENGINE_CONFIG, host=os.environ.get("TENT_VM_IP", "127.0.0.1"), transports=["rdma"])
+    e = rdma_engine(VM_ENGINE_CONFIG, host=os.environ.get("TENT_VM_IP", "127.0.0.1"))
     yield e
     e.close()
 
