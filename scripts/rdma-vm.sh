@@ -264,10 +264,14 @@ else
   done
   for d in "${devs[@]}"; do wait_active "$d" || fail "$d never became ACTIVE"; done
   ip_self=198.18.0.$host; ip_peer=198.18.0.$other
-  # the rails must carry traffic before the command starts (bounded)
+  # the rails must carry traffic before the command starts; the other guest may still be booting
+  # (minutes under TCG on a busy host), so the wait is long but bounded
   for i in "${!devs[@]}"; do
-    ok=0
-    for _ in $(seq 60); do ping -c1 -W1 "198.18.$((10 + i)).$other" >/dev/null 2>&1 && { ok=1; break; }; sleep 0.5; done
+    ok=0 until=$(( $(date +%s) + ${TENT_VM_PEER_WAIT_S:-900} ))
+    while [ "$(date +%s)" -lt "$until" ]; do
+      ping -c1 -W1 "198.18.$((10 + i)).$other" >/dev/null 2>&1 && { ok=1; break; }
+      sleep 0.5
+    done
     [ $ok = 1 ] || fail "rail $i: 198.18.$((10 + i)).$other does not answer"
   done
 fi

@@ -255,7 +255,10 @@ EXPORT uint64_t rdma_plan_chunks(uint64_t len, uint64_t chunk, uint64_t max_msg,
 
 /* ------------------------------------------------------------------ types */
 
-enum { QP_INIT = 0, QP_READY = 1, QP_ERROR = 2, QP_BROKEN = 3, QP_RECONNECTING = 4 };
+/* QP states. READY/ERROR belong to the device worker; BROKEN -> RECONNECTING is claimed by the
+ * maintenance thread (rdma_collect_broken) and given back as READY or BROKEN; DEAD is final (the
+ * worker retires the QPs of a removed rail, never while one is RECONNECTING). */
+enum { QP_INIT = 0, QP_READY = 1, QP_ERROR = 2, QP_BROKEN = 3, QP_RECONNECTING = 4, QP_DEAD = 5 };
 
 struct qpx;
 struct rail;
@@ -733,11 +736,18 @@ static void *device_worker(void *arg) {
         }
       }
     }
-    /* rails of removed peers leave once their QPs drained */
+    /* rails of removed peers leave once their QPs drained and none is being reconnected */
     for (int ri = 0; ri < d->nrails;) {
       rail_t *r = d->rails[ri];
       int busy = 0;
       for (int k = 0; k < r->nqps; k++) busy |= r->qps[k].outstanding != 0;
+      if (atomic_load(&r->removed) && !busy && r->q.len == 0)
+        for (int k = 0; k < r->nqps; k++) {
+          int st = atomic_load(&r->qps[k].state);
+          while (st != QP_DEAD && st != QP_RECONNECTING && !atomic_compare_exchange_weak(&r->qps[k].state, &st, QP_DEAD))
+            ;
+          busy |= st == QP_RECONNECTING;
+        }
       if (atomic_load(&r->removed) && !busy && r->q.len == 0) {
         for (int k = 0; k < r->nqps; k++) {
           if (r->qps[k].qp) g_ibv.destroy_qp(r->qps[k].qp);
@@ -1430,12 +1440,18 @@ EXPORT int64_t rdma_add_peer(void *self, int nrails, const int *local_dev, const
   return (int64_t)h;
 }
 
+/* QP k of a rail, with a reference on its peer held for the caller (*pp; peer_unref when done). */
 static qpx_t *peer_qp(rdma_exec_t *ex, int64_t peer, int rail, int k, peer_t **pp) {
   pthread_rwlock_rdlock(&ex->peers_lock);
   peer_t *p = tent_ht_get(&ex->peers, (uint64_t)peer);
+  if (p) atomic_fetch_add(&p->refs, 1);
   pthread_rwlock_unlock(&ex->peers_lock);
-  if (!p || rail < 0 || rail >= p->nrails || k < 0 || k >= p->rails[rail].nqps) return NULL;
-  if (pp) *pp = p;
+  if (!p) return NULL;
+  if (rail < 0 || rail >= p->nrails || k < 0 || k >= p->rails[rail].nqps) {
+    peer_unref(p);
+    return NULL;
+  }
+  *pp = p;
   return &p->rails[rail].qps[k];
 }
 
@@ -1456,11 +1472,13 @@ EXPORT int rdma_peer_shape(void *self, int64_t peer, int *out) {
 /* The local QP number and starting PSN of QP k of a rail (for the handshake). */
 EXPORT int rdma_qp_info(void *self, int64_t peer, int rail, int k, uint32_t *qpn, uint32_t *psn, int *state) {
   rdma_exec_t *ex = live(self);
-  qpx_t *q = ex ? peer_qp(ex, peer, rail, k, NULL) : NULL;
+  peer_t *p = NULL;
+  qpx_t *q = ex ? peer_qp(ex, peer, rail, k, &p) : NULL;
   if (!q) return -ENOENT;
   *qpn = q->qpn;
   *psn = q->psn;
   *state = atomic_load(&q->state);
+  peer_unref(p);
   return 0;
 }
 
@@ -1472,12 +1490,15 @@ EXPORT int rdma_connect_qp(void *self, int64_t peer, int rail, int k, uint32_t r
   qpx_t *q = ex ? peer_qp(ex, peer, rail, k, &p) : NULL;
   if (!q) return -ENOENT;
   int st = atomic_load(&q->state);
-  if (st != QP_INIT && st != QP_RECONNECTING) return -EBUSY;
-  int rc = qp_to_rts(ex, q->rail->dev, q->qp, q->psn, remote_qpn, remote_psn, gid, (uint16_t)lid, mtu, remote_rd_atom);
-  if (rc) return -(rc > 0 ? rc : EINVAL);
-  atomic_store(&q->state, QP_READY);
-  wake(q->rail->dev);
-  return 0;
+  int rc = st != QP_INIT && st != QP_RECONNECTING ? -EBUSY : 0;
+  if (!rc) rc = qp_to_rts(ex, q->rail->dev, q->qp, q->psn, remote_qpn, remote_psn, gid, (uint16_t)lid, mtu, remote_rd_atom);
+  if (rc > 0) rc = -rc;
+  if (!rc) {
+    atomic_store(&q->state, QP_READY);
+    wake(q->rail->dev);
+  }
+  peer_unref(p);
+  return rc;
 }
 
 /* QPs that failed and finished flushing: (peer, rail, k) triples, each claimed (RECONNECTING)
@@ -1509,18 +1530,30 @@ EXPORT int rdma_collect_broken(void *self, int64_t *peers, int *rails, int *ks, 
 /* Give a claimed QP back (the handshake failed; it is collected again later). */
 EXPORT int rdma_release_claim(void *self, int64_t peer, int rail, int k) {
   rdma_exec_t *ex = live(self);
-  qpx_t *q = ex ? peer_qp(ex, peer, rail, k, NULL) : NULL;
+  peer_t *p = NULL;
+  qpx_t *q = ex ? peer_qp(ex, peer, rail, k, &p) : NULL;
   if (!q) return -ENOENT;
   int want = QP_RECONNECTING;
-  return atomic_compare_exchange_strong(&q->state, &want, QP_BROKEN) ? 0 : -EBUSY;
+  int rc = atomic_compare_exchange_strong(&q->state, &want, QP_BROKEN) ? 0 : -EBUSY;
+  peer_unref(p);
+  return rc;
 }
+
+static int reset_claimed(rdma_exec_t *ex, qpx_t *q, uint32_t *qpn, uint32_t *psn);
 
 /* Replace a claimed QP by a fresh one (new QP number and PSN, state INIT for the handshake). */
 EXPORT int rdma_reset_qp(void *self, int64_t peer, int rail, int k, uint32_t *qpn, uint32_t *psn) {
   rdma_exec_t *ex = live(self);
-  qpx_t *q = ex ? peer_qp(ex, peer, rail, k, NULL) : NULL;
+  peer_t *p = NULL;
+  qpx_t *q = ex ? peer_qp(ex, peer, rail, k, &p) : NULL;
   if (!q) return -ENOENT;
-  if (atomic_load(&q->state) != QP_RECONNECTING) return -EBUSY;
+  int rc = atomic_load(&q->state) != QP_RECONNECTING ? -EBUSY : 0;
+  if (!rc) rc = reset_claimed(ex, q, qpn, psn);
+  peer_unref(p);
+  return rc;
+}
+
+static int reset_claimed(rdma_exec_t *ex, qpx_t *q, uint32_t *qpn, uint32_t *psn) {
   device_t *d = q->rail->dev;
   /* the worker does not touch a RECONNECTING QP with nothing outstanding */
   if (q->qp) g_ibv.destroy_qp(q->qp);

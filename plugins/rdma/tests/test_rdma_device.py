@@ -261,13 +261,13 @@ def test_port_down_fails_fast_then_recovers(eng: Engine, target: Target) -> None
 
 
 def test_killed_peer_ends_in_a_typed_error_before_the_deadline(eng: Engine) -> None:
-    victim = Target([{"name": "big", "size": 48 * MiB, "seed": 5}])
-    local = eng.allocate(48 * MiB)
+    victim = Target([{"name": "big", "size": 32 * MiB, "seed": 5}])
+    local = eng.allocate(32 * MiB)
     try:
         eng.read(local, victim.name("big"), 4096, timeout=60)  # connected
         deadline_s = 60.0
         t0 = time.monotonic()
-        h = eng.submit([Request(OpCode.READ, local, 0, victim.name("big"), 0, 48 * MiB)], deadline=deadline_s)
+        h = eng.submit([Request(OpCode.READ, local, 0, victim.name("big"), 0, 32 * MiB)], deadline=deadline_s)
         time.sleep(0.5)
         victim.kill()
         with pytest.raises(errors.TentError) as info:
@@ -296,7 +296,7 @@ def test_pyverbs_discovery_lists_the_device() -> None:
         "src, rows = discovery.inventory(); print(src, [(r['device'], r['state'], len(r['gids'])) for r in rows])"
     )
     out = subprocess.run(["/usr/bin/python3", "-c", code, os.path.dirname(HERE)], capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+                         timeout=900, check=True).stdout
     assert out.startswith("pyverbs"), out
     assert any(d in out for d in rdma_ports_active()), out
     assert "ACTIVE" in out
@@ -305,5 +305,5 @@ def test_pyverbs_discovery_lists_the_device() -> None:
 def test_executor_loads_without_pyverbs() -> None:
     out = subprocess.run([sys.executable, "-c", "import sys; sys.modules['pyverbs'] = None; "
                           "from tent_rdma.transport import RdmaTransport; print(RdmaTransport().probe())"],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+                         capture_output=True, text=True, timeout=900, check=True).stdout
     assert "available=True" in out and "via sysfs" in out, out
