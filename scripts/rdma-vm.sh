@@ -24,8 +24,8 @@
 # Exit status: CMD's (guest "a"'s with two guests, or the first failure); 3 = the testbed could
 # not be set up (the reason is the last line on stderr and in OUT/testbed.json).
 #
-# Installs (Debian, root): qemu-system-x86 kmod iproute2 rdma-core ibverbs-providers ibverbs-utils
-# perftest python3-pyverbs, the kernel image package (downloaded and extracted, not installed) and
+# Installs (Debian, root): qemu-system-x86 kmod iproute2 iputils-ping rdma-core ibverbs-providers
+# ibverbs-utils perftest python3-pyverbs squashfs-tools, the kernel image package (downloaded and extracted, not installed) and
 # virtme-ng (in its own venv). Everything is cached under $TENT_RDMA_VM_CACHE
 # (default ~/.cache/tent-rdma-vm), so later runs start in seconds. KVM is tried once per host
 # kernel with a short timeout (nested KVM hangs on some machines); TCG is the fallback.
@@ -84,6 +84,7 @@ command -v ip >/dev/null && command -v tc >/dev/null && command -v rdma >/dev/nu
   || need_pkgs+=(ibverbs-providers)
 command -v rdma >/dev/null && [ -e /usr/sbin/rdma-ndd ] || need_pkgs+=(rdma-core)
 command -v ibv_devinfo >/dev/null || need_pkgs+=(ibverbs-utils)
+command -v ping >/dev/null || need_pkgs+=(iputils-ping)
 command -v ib_write_bw >/dev/null || need_pkgs+=(perftest)
 [ -e /usr/lib/python3/dist-packages/pyverbs/__init__.py ] || need_pkgs+=(python3-pyverbs)
 command -v mksquashfs >/dev/null || need_pkgs+=(squashfs-tools)

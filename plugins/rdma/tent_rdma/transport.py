@@ -61,7 +61,7 @@ _EXECUTOR_KEYS = (
 )
 # Topology penalty per affinity tier (same NUMA node / near / far), as the C++ TENT's 1/5/10.
 DEFAULT_TIER_PENALTIES = (1.0, 5.0, 10.0)
-MAINTENANCE_TICK_S = 0.02
+MAINTENANCE_TICK_S = 0.1  # broken QPs are rebuilt within a tick; idle cost stays low
 RECONNECT_BACKOFF_S = (0.05, 5.0)
 PASSIVE_PING_EVERY_S = 10.0
 PASSIVE_PING_FAILURES = 3
