@@ -51,16 +51,26 @@ class Target:
     """rdma_target.py in its own process: an engine exposing segments, driven by JSON lines."""
 
     def __init__(self, segments: list[dict[str, Any]], host: str = "127.0.0.1", port: int = 0,
-                 config: dict[str, Any] | None = None, timeout: float = 600.0) -> None:
+                 config: dict[str, Any] | None = None, timeout: float = 600.0, wait: bool = True) -> None:
         argv = [sys.executable, os.path.join(HERE, "rdma_target.py"), "--host", host, "--port", str(port),
                 "--segments", json.dumps(segments), "--config", json.dumps(config or VM_ENGINE_CONFIG)]
         # only the rdma plugin is imported: under an emulated CPU every import counts
         env = dict(os.environ, TENT_PLUGINS="rdma")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-        hello = self._readline(timeout)
-        self.engine_id: str = hello["engine_id"]
-        self.pid: int = hello["pid"]
-        self.segments: dict[str, dict[str, int]] = hello["segments"]
+        self._timeout = timeout
+        self.engine_id = ""
+        self.pid = self.proc.pid
+        self.segments: dict[str, dict[str, int]] = {}
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> Target:
+        """Wait for the target's hello (starting several at once overlaps their slow imports)."""
+        if not self.engine_id:
+            hello = self._readline(self._timeout)
+            self.engine_id = hello["engine_id"]
+            self.segments = hello["segments"]
+        return self
 
     def _readline(self, timeout: float) -> dict[str, Any]:
         assert self.proc.stdout is not None

@@ -35,10 +35,20 @@ E_BOUNDS, E_PERMISSION = -10, -11
 
 
 @pytest.fixture(scope="module")
-def target() -> Iterator[Target]:
-    t = Target(SEGMENTS)
-    yield t
-    t.close()
+def targets() -> Iterator[tuple[Target, Target]]:
+    """The target most tests use, and one the killed-peer test kills; started together."""
+    main = Target(SEGMENTS, wait=False)
+    victim = Target([{"name": "big", "size": 32 * MiB, "seed": 5}], wait=False)
+    try:
+        yield main.wait_ready(), victim.wait_ready()
+    finally:
+        victim.kill()
+        main.close()
+
+
+@pytest.fixture(scope="module")
+def target(targets: tuple[Target, Target]) -> Target:
+    return targets[0]
 
 
 @pytest.fixture(scope="module")
@@ -260,8 +270,8 @@ def test_port_down_fails_fast_then_recovers(eng: Engine, target: Target) -> None
     eng.unregister(local)
 
 
-def test_killed_peer_ends_in_a_typed_error_before_the_deadline(eng: Engine) -> None:
-    victim = Target([{"name": "big", "size": 32 * MiB, "seed": 5}])
+def test_killed_peer_ends_in_a_typed_error_before_the_deadline(eng: Engine, targets: tuple[Target, Target]) -> None:
+    victim = targets[1]
     local = eng.allocate(32 * MiB)
     try:
         eng.read(local, victim.name("big"), 4096, timeout=60)  # connected
