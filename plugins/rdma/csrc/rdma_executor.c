@@ -293,7 +293,17 @@ typedef struct qpx {
   int flushing;    /* we moved it to ERR and wait for the flush */
   int flush_status;/* what flushed WRs report */
   atomic_uint reconnects;
+  /* Chunks that failed on this QP, held until the maintenance thread has destroyed the QP and the
+   * peer's end of it (rdma_release_deferred): only then can none of their packets still land, so
+   * only then may the engine retry them elsewhere. Worker appends; maintenance drains (BROKEN). */
+  struct deferred *deferred;
+  size_t ndeferred, cap_deferred;
 } qpx_t;
+
+typedef struct deferred {
+  rjob_t *job;
+  int status;
+} deferred_t;
 
 typedef struct mr_entry {
   uint64_t addr, len;
@@ -428,6 +438,12 @@ static void chunk_done(rdma_exec_t *ex, rjob_t *j, int status) {
   if (tent_job_chunk_done(&j->base, status, &final)) finish_job(ex, j, final);
 }
 
+/* A chunk whose WR failed on q: held (see qpx_t.deferred), or reported at once if memory runs out. */
+static void defer_chunk(rdma_exec_t *ex, struct qpx *q, rjob_t *j, int status);
+
+/* Report every held chunk of q with its status. */
+static void drain_deferred(rdma_exec_t *ex, struct qpx *q);
+
 static struct tv_qp *create_rc_qp(device_t *d, uint32_t send_wr) {
   struct tv_qp_init_attr ia;
   memset(&ia, 0, sizeof ia);
@@ -541,6 +557,26 @@ static int rail_ready_qps(rail_t *r) {
   int n = 0;
   for (int k = 0; k < r->nqps; k++) n += atomic_load(&r->qps[k].state) == QP_READY;
   return n;
+}
+
+static void defer_chunk(rdma_exec_t *ex, qpx_t *q, rjob_t *j, int status) {
+  if (q->ndeferred == q->cap_deferred) {
+    size_t cap = q->cap_deferred ? q->cap_deferred * 2 : 64;
+    deferred_t *d = realloc(q->deferred, cap * sizeof *d);
+    if (!d) {
+      chunk_done(ex, j, status);
+      return;
+    }
+    q->deferred = d;
+    q->cap_deferred = cap;
+  }
+  q->deferred[q->ndeferred++] = (deferred_t){j, status};
+}
+
+static void drain_deferred(rdma_exec_t *ex, qpx_t *q) {
+  size_t n = q->ndeferred;
+  q->ndeferred = 0;
+  for (size_t i = 0; i < n; i++) chunk_done(ex, q->deferred[i].job, q->deferred[i].status);
 }
 
 /* ------------------------------------------------------------------ device worker */
@@ -701,7 +737,8 @@ static void *device_worker(void *arg) {
         q->progress_ns = now_ns();
         int st;
         if (wcs[i].status == TV_WC_SUCCESS) {
-          st = TENT_OK;
+          chunk_done(ex, j, TENT_OK);
+          continue;
         } else if (wcs[i].status == TV_WC_WR_FLUSH_ERR && q->flushing) {
           st = q->flush_status;
         } else {
@@ -719,7 +756,7 @@ static void *device_worker(void *arg) {
           }
           atomic_store(&q->state, QP_ERROR);
         }
-        chunk_done(ex, j, st);
+        defer_chunk(ex, q, j, st);
       }
     }
     if (got < 0) rlog("%s: ibv_poll_cq failed", d->name);
@@ -752,6 +789,9 @@ static void *device_worker(void *arg) {
         for (int k = 0; k < r->nqps; k++) {
           if (r->qps[k].qp) g_ibv.destroy_qp(r->qps[k].qp);
           r->qps[k].qp = NULL;
+          drain_deferred(ex, &r->qps[k]); /* the peer is forgotten: nothing retries on this QP */
+          free(r->qps[k].deferred);
+          r->qps[k].deferred = NULL;
           free(r->qps[k].ring);
           r->qps[k].ring = NULL;
         }
@@ -1108,6 +1148,9 @@ static void ex_destroy(void *self) {
         for (; q->outstanding; q->outstanding--, q->head = (q->head + 1) % q->ring_size)
           chunk_done(ex, q->ring[q->head].job, TENT_E_CANCELLED);
         if (q->qp) g_ibv.destroy_qp(q->qp);
+        drain_deferred(ex, q);
+        free(q->deferred);
+        q->deferred = NULL;
         q->qp = NULL;
         free(q->ring);
         q->ring = NULL;
@@ -1573,6 +1616,22 @@ static int reset_claimed(rdma_exec_t *ex, qpx_t *q, uint32_t *qpn, uint32_t *psn
   *qpn = q->qpn;
   *psn = q->psn;
   return 0;
+}
+
+/* Report the chunks held for a claimed (RECONNECTING) QP: call after rdma_reset_qp destroyed our
+ * end and the peer dropped its end, so none of their packets can still land. Returns how many. */
+EXPORT int rdma_release_deferred(void *self, int64_t peer, int rail, int k) {
+  rdma_exec_t *ex = live(self);
+  peer_t *p = NULL;
+  qpx_t *q = ex ? peer_qp(ex, peer, rail, k, &p) : NULL;
+  if (!q) return -ENOENT;
+  int n = -EBUSY;
+  if (atomic_load(&q->state) == QP_RECONNECTING) {
+    n = (int)q->ndeferred;
+    drain_deferred(ex, q);
+  }
+  peer_unref(p);
+  return n;
 }
 
 /* The peer's memory regions, replacing the previous table: n entries, rkeys row-major [n][ncols]. */

@@ -43,6 +43,7 @@ class RdmaLibrary(PluginLibrary):
         "connect_qp": (i32, [vp, i64, i32, i32, u32, u32, P(ctypes.c_uint8), u32, i32, i32]),
         "collect_broken": (i32, [vp, P(i64), P(i32), P(i32), i32]),
         "release_claim": (i32, [vp, i64, i32, i32]),
+        "release_deferred": (i32, [vp, i64, i32, i32]),
         "reset_qp": (i32, [vp, i64, i32, i32, P(u32), P(u32)]),
         "set_regions": (i32, [vp, i64, i32, P(u64), P(u64), P(u32), P(u32)]),
         "remove_peer": (None, [vp, i64]),
@@ -216,6 +217,10 @@ class RdmaExecutor:
         h = self.executor.handle
         if h:
             self._lib.release_claim(h, peer, rail, k)
+
+    def release_deferred(self, peer: int, rail: int, k: int) -> int:
+        h = self.executor.handle
+        return max(0, int(self._lib.release_deferred(h, peer, rail, k))) if h else 0
 
     def reset_qp(self, peer: int, rail: int, k: int) -> tuple[int, int]:
         qpn, psn = u32(), u32()

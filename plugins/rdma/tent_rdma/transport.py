@@ -61,6 +61,7 @@ _EXECUTOR_KEYS = (
 )
 # Topology penalty per affinity tier (same NUMA node / near / far), as the C++ TENT's 1/5/10.
 DEFAULT_TIER_PENALTIES = (1.0, 5.0, 10.0)
+FENCE_TIMEOUT_S = 2.0
 MAINTENANCE_TICK_S = 0.1  # broken QPs are rebuilt within a tick; idle cost stays low
 RECONNECT_BACKOFF_S = (0.05, 5.0)
 PASSIVE_PING_EVERY_S = 10.0
@@ -85,6 +86,7 @@ class _PeerState:
     rail_devs: list[tuple[int, int]]  # (local index, remote index) per rail
     qps_per_rail: int
     passive: dict[tuple[int, int], int] = field(default_factory=dict)  # (rail, k) -> target's handle
+    fresh: set[tuple[int, int]] = field(default_factory=set)  # recreated and fenced, awaiting a handshake
     retry_at: float = 0.0
     backoff: float = RECONNECT_BACKOFF_S[0]
 
@@ -495,40 +497,66 @@ class RdmaTransport(Transport):
                 log.exception("rdma maintenance failed")
 
     def _reconnect_broken(self) -> None:
+        """QPs the executor gave up on (error, timeout, port down, aborted rail).
+
+        1. our end is destroyed and recreated (nothing of the old QP can land here any more);
+        2. the peer drops its end (fence: late packets of the old QP land nowhere there either);
+        3. only then are the slices that failed on it handed back to the engine for a retry
+           elsewhere - a WRITE retried on another rail can no longer be overtaken by its ghost;
+        4. the fresh QP is handshaken once its port is up (back-off per peer).
+        """
         ex = self._exec
         if ex is None:
             return
         broken = ex.collect_broken()
         if not broken:
             return
-        now = time.monotonic()
         groups: dict[int, list[tuple[int, int]]] = {}
         for peer, r, k in broken:
             groups.setdefault(peer, []).append((r, k))
         for peer, qps in groups.items():
             with self._lock:
                 st = self._by_handle.get(peer)
-            ready = []
-            for r, k in qps:
-                if st is None or now < st.retry_at or not ex.port_active(st.rail_devs[r][0]):
-                    ex.release_claim(peer, r, k)  # try again later
-                else:
-                    ready.append((r, k))
+            stale = [q for q in qps if st is None or q not in st.fresh]
+            for r, k in stale:
+                try:
+                    ex.reset_qp(peer, r, k)
+                except OSError as exc:  # could not create the new QP: the old one is gone anyway
+                    log.warning("rdma: recreating QP %d/%d failed: %s", r, k, exc)
+            if st is not None:
+                old = [st.passive.pop(q) for q in stale if q in st.passive]
+                if old:
+                    self._fence(st, old)
+                st.fresh.update(stale)
+            for r, k in stale:
+                ex.release_deferred(peer, r, k)
+            now = time.monotonic()
+            ready = [] if st is None or now < st.retry_at else [q for q in qps if ex.port_active(st.rail_devs[q[0]][0])]
+            for q in qps:
+                if q not in ready:
+                    ex.release_claim(peer, *q)  # collected again later
             if not ready or st is None:
                 continue
             try:
-                replace = [st.passive[q] for q in ready if q in st.passive]
-                for r, k in ready:
-                    ex.reset_qp(peer, r, k)
-                self._handshake(st, ready, replace)
+                self._handshake(st, ready, replace=[])
+                st.fresh.difference_update(ready)
                 st.backoff = RECONNECT_BACKOFF_S[0]
                 log.info("rdma: %d QP(s) to %s reconnected", len(ready), st.engine_id)
             except Exception as exc:
-                for r, k in ready:
-                    ex.release_claim(peer, r, k)
+                for q in ready:
+                    ex.release_claim(peer, *q)
                 st.retry_at = time.monotonic() + st.backoff
                 log.info("rdma: reconnecting to %s failed (%s); next try in %.2f s", st.engine_id, exc, st.backoff)
                 st.backoff = min(st.backoff * 2, RECONNECT_BACKOFF_S[1])
+
+    def _fence(self, st: _PeerState, handles: list[int]) -> None:
+        body = {"kind": "release", "initiator": self._engine_id, "incarnation": self._incarnation, "handles": handles}
+        try:
+            self._call(st.engine_id, body, min(self._handshake_timeout, FENCE_TIMEOUT_S))
+        except Exception as exc:
+            # unreachable: a dead process's QPs died with it; a live but cut-off one gets no packets
+            # over a broken path either. The slices are released regardless, to be retried or failed.
+            log.info("rdma: fence at %s failed (%s); releasing the failed slices anyway", st.engine_id, exc)
 
     def _ping_initiators(self) -> None:
         """Passive QPs of initiators that stopped answering are released (bounded: one ping a tick)."""
