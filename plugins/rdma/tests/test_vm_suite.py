@@ -35,6 +35,12 @@ pytestmark = [
 ]
 
 
+# pytest inside a guest: no cache writes (the checkout is read-only there), native tracebacks (pytest's
+# own walk the filesystem, slow over 9p), each test bounded by the run's own limit
+_GUEST_PYTEST = [PY, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-q", "-o", "addopts=",
+                 "--tb=native", "-o", f"timeout={VM_TIMEOUT_S}"]
+
+
 def _testbed_or_skip() -> None:
     if os.geteuid() != 0 and not STRICT:
         pytest.skip("the Soft-RoCE testbed needs root (apt, /lib/modules, rdma link)")
@@ -81,8 +87,7 @@ def _check(out: Path, xml: str, r: subprocess.CompletedProcess[str]) -> None:
 def test_single_guest_suite(tmp_path: Path) -> None:
     _testbed_or_skip()
     out = tmp_path / "single"
-    cmd = [PY, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "addopts=", f"--junitxml={out}/single.xml",
-           "plugins/rdma/tests/test_rdma_device.py"]
+    cmd = [*_GUEST_PYTEST, f"--junitxml={out}/single.xml", "plugins/rdma/tests/test_rdma_device.py"]
     _check(out, "single.xml", _run(out, [], cmd))
 
 
@@ -90,7 +95,6 @@ def test_single_guest_suite(tmp_path: Path) -> None:
 def test_two_guest_suite(tmp_path: Path) -> None:
     _testbed_or_skip()
     out = tmp_path / "two"
-    inner = [PY, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "addopts=", f"--junitxml={out}/two.xml",
-             "plugins/rdma/tests/test_rdma_two_vm.py"]
+    inner = [*_GUEST_PYTEST, f"--junitxml={out}/two.xml", "plugins/rdma/tests/test_rdma_two_vm.py"]
     cmd = [PY, "-m", "tent_rdma.testbed", "--limit", str(VM_TIMEOUT_S), "--", *inner]
     _check(out, "two.xml", _run(out, ["--vms", "2", "--nics", "2", "--rates", "40mbit,40mbit"], cmd))
