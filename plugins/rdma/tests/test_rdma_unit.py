@@ -349,3 +349,19 @@ def test_library_has_no_link_time_dependency_on_libibverbs() -> None:
         pytest.skip("no ldd")
     out = subprocess.run(["ldd", lib], capture_output=True, text=True, timeout=60).stdout
     assert "libibverbs" not in out, out
+
+
+def test_bench_parsers() -> None:
+    from tent_rdma import bench
+
+    out = textwrap.dedent("""\
+        ---------------------------------------------------------------------------------------
+         #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]
+         1048576    32               0.47               0.45               0.000054
+        ---------------------------------------------------------------------------------------
+        """)
+    assert bench.parse_perftest(out, 1 << 20) == 0.45
+    with pytest.raises(RuntimeError):
+        bench.parse_perftest(out, 65536)
+    assert bench.parse_size("64K") == 65536 and bench.parse_size("4M") == 4 << 20 and bench.parse_size("512") == 512
+    assert bench.summarize([3.0, 1.0, 2.0]) == {"median": 2.0, "spread": 2.0}
