@@ -1,4 +1,11 @@
-"""Python mirror of ``include/tent/executor_abi.h``: slice records and status codes."""
+"""Python mirror of ``include/tent/executor_abi.h``: slice records, status codes, telemetry rows.
+
+The header is the one definition. `Status` and `StatField` spell its lists out for readers and type
+checkers, and are checked at import against what the compiled ``_native`` module exports from the
+header (``STATUS_CODES``, ``STATUS_RETRYABLE``, ``STAT_FIELD_NAMES``), so they cannot drift apart.
+Everything in the core and the plugins that needs a status number or a row index takes it from here
+(Python) or from the header (C).
+"""
 
 from __future__ import annotations
 
@@ -24,10 +31,11 @@ SLICE_DTYPE = np.dtype(
 )
 # a retryable failure as queued by the native completion path (tent_slice_t + status + pad)
 FAILURE_DTYPE = np.dtype([("slice", SLICE_DTYPE), ("status", "<i4"), ("pad", "<i4")])
-assert SLICE_DTYPE.itemsize == _native.SLICE_SIZE and FAILURE_DTYPE.itemsize == _native.FAILURE_SIZE
 
 
 class Status(enum.IntEnum):
+    """`enum tent_status`: what an executor reports per slice (negative = failure)."""
+
     OK = 0
     E_CONNECT = -1
     E_IO = -2
@@ -41,4 +49,52 @@ class Status(enum.IntEnum):
 
     @property
     def retryable(self) -> bool:
-        return -10 < self.value < 0
+        """Another rail or transport may succeed (the path failed, not the request)."""
+        return is_retryable(self.value)
+
+
+FIRST_FINAL_STATUS = -10  # statuses in (FIRST_FINAL_STATUS, 0) are retryable
+
+
+def is_retryable(status: int) -> bool:
+    return FIRST_FINAL_STATUS < status < 0
+
+
+class StatField(enum.IntEnum):
+    """`enum tent_stat_field`: the columns of a rail's native telemetry row."""
+
+    INFLIGHT_BYTES = 0
+    INFLIGHT_SLICES = 1
+    BYTES_DONE = 2
+    SLICES_DONE = 3
+    ERRORS = 4
+    LATENCY_NS_SUM = 5
+    LAST_LATENCY_NS = 6
+    LAST_COMPLETE_NS = 7
+
+
+STAT_FIELDS = len(StatField)
+
+
+def _check_against_header() -> None:
+    """The compiled header and this module must agree; a mismatch is a build error, not a bug to find later."""
+    problems = []
+    codes = dict(_native.STATUS_CODES)
+    if codes != {s.name: s.value for s in Status}:
+        problems.append(f"status codes: header {codes}")
+    retry = dict(_native.STATUS_RETRYABLE)
+    if retry != {s.name: s.retryable for s in Status}:
+        problems.append(f"retryable statuses: header {retry}")
+    if _native.FIRST_FINAL_STATUS != FIRST_FINAL_STATUS:
+        problems.append(f"first final status: header {_native.FIRST_FINAL_STATUS}")
+    if list(_native.STAT_FIELD_NAMES) != [f.name for f in StatField] or _native.STAT_FIELDS != STAT_FIELDS:
+        problems.append(f"stat fields: header {list(_native.STAT_FIELD_NAMES)}")
+    if SLICE_DTYPE.itemsize != _native.SLICE_SIZE or FAILURE_DTYPE.itemsize != _native.FAILURE_SIZE:
+        problems.append("slice record size")
+    if problems:
+        raise ImportError("tent_core.abi disagrees with executor_abi.h (rebuild tent_core): " + "; ".join(problems))
+
+
+_check_against_header()
+
+__all__ = ["FAILURE_DTYPE", "FIRST_FINAL_STATUS", "SLICE_DTYPE", "STAT_FIELDS", "StatField", "Status", "is_retryable"]

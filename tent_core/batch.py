@@ -1,27 +1,53 @@
-"""Batch handles: what the application holds after submit()."""
+"""Batch handles: what the application holds after submit(), and the typed errors of statuses.
+
+A `BatchHandle` wraps the native completion counter of one submit. For the engine it also records
+how each part of the batch was routed (`note_route` / `decision_for`): recovery uses that to
+retry or substitute a failed slice with the Decision of the request it belongs to (same memory
+kinds, same policy rule), never a guess.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from . import errors
+from .abi import Status
 
-if TYPE_CHECKING:
-    from .engine import Engine
+log = logging.getLogger(__name__)
 
 # tent_status codes (executor_abi.h) -> typed errors
 _STATUS_ERRORS: dict[int, tuple[type[errors.TentError], str]] = {
-    -1: (errors.PeerUnreachableError, "could not connect to the peer on any path"),
-    -2: (errors.PeerUnreachableError, "connection to the peer broke on every path"),
-    -3: (errors.PeerUnreachableError, "no progress on any path before the slice timeout"),
-    -4: (errors.PeerUnreachableError, "every path stayed congested"),
-    -10: (errors.OutOfBoundsError, "the peer refused: range outside its registered memory"),
-    -11: (errors.PermissionDeniedError, "the peer refused: buffer registered without that permission"),
-    -12: (errors.TransferError, "protocol error"),
-    -13: (errors.CancelledError, "the batch was cancelled"),
-    -14: (errors.TransferError, "internal executor error"),
+    Status.E_CONNECT: (errors.PeerUnreachableError, "could not connect to the peer on any path"),
+    Status.E_IO: (errors.PeerUnreachableError, "connection to the peer broke on every path"),
+    Status.E_TIMEOUT: (errors.PeerUnreachableError, "no progress on any path before the slice timeout"),
+    Status.E_CONGESTED: (errors.PeerUnreachableError, "every path stayed congested"),
+    Status.E_BOUNDS: (errors.OutOfBoundsError, "the peer refused: range outside its registered memory"),
+    Status.E_PERMISSION: (errors.PermissionDeniedError, "the peer refused: buffer registered without that permission"),
+    Status.E_PROTOCOL: (errors.TransferError, "protocol error"),
+    Status.E_CANCELLED: (errors.CancelledError, "the batch was cancelled"),
+    Status.E_INTERNAL: (errors.TransferError, "internal executor error"),
 }
+_CANCELLED = int(Status.E_CANCELLED)
+
+# typed errors -> the status a unit of work finalized from Python reports (most specific first)
+_ERROR_STATUS: tuple[tuple[type[Exception], Status], ...] = (
+    (errors.CancelledError, Status.E_CANCELLED),
+    (errors.OutOfBoundsError, Status.E_BOUNDS),
+    (errors.NotRegisteredError, Status.E_BOUNDS),
+    (errors.PermissionDeniedError, Status.E_PERMISSION),
+    (errors.PeerUnreachableError, Status.E_IO),
+    (errors.DeadlineExceededError, Status.E_TIMEOUT),
+)
+
+_AMBIGUOUS: Any = object()
+
+
+# Metrics hook (tent_core.metrics): called once per batch as HOOK(handle, outcome) when its end is first
+# observed by wait()/poll(); outcome is "done", "failed", "cancelled" or "timeout". None (the default) = off.
+COMPLETION_HOOK: Callable[[BatchHandle, str], None] | None = None
 
 
 def status_error(status: int, context: str = "") -> errors.TentError:
@@ -29,18 +55,52 @@ def status_error(status: int, context: str = "") -> errors.TentError:
     return cls(f"{text}{' (' + context + ')' if context else ''} [status {status}]")
 
 
+def status_of(exc: BaseException) -> int:
+    """The status to finalize a unit of work with when Python code failed it with `exc`."""
+    for cls, code in _ERROR_STATUS:
+        if isinstance(exc, cls):
+            return int(code)
+    return int(Status.E_INTERNAL)
+
+
 class BatchHandle:
     """Poll, wait (with a deadline) or cancel a submitted batch."""
 
-    def __init__(self, engine: Engine, batch: Any, deadline: float, num_requests: int) -> None:
-        self.engine = engine
+    def __init__(self, engine: Any, batch: Any, deadline: float, num_requests: int) -> None:
+        self.engine = engine  # the owner the progress thread hands this batch's failures to
         self._batch = batch
         self.deadline = deadline  # time.monotonic() seconds
         self.num_requests = num_requests
         self.submitted_at = time.monotonic()
         self._deadline_hit = False
         self.is_probe = False  # heartbeat slices of the rail monitor
-        self.rule_rails: dict[str, frozenset[int]] = {}  # policy-pinned rails per transport (retries obey)
+        # route -> the Decision its slices follow (or _AMBIGUOUS: look in _pieces by local address)
+        self._routes: dict[Any, Any] = {}
+        self._pieces: list[tuple[Any, int, int, Any]] = []  # (route, local lo, local hi, decision)
+        self._reported = False  # COMPLETION_HOOK already called
+
+    # ---- routing record (engine side) ---------------------------------------------------------
+
+    def note_route(self, route: Any, decision: Any, lo: int, hi: int) -> None:
+        """Slices for local addresses [lo, hi) go through `route` under `decision`."""
+        known = self._routes.get(route)
+        if known is None:
+            self._routes[route] = decision
+        elif known is not decision:
+            self._routes[route] = _AMBIGUOUS
+        self._pieces.append((route, lo, hi, decision))
+
+    def decision_for(self, route: Any, local_addr: int) -> Any:
+        """The Decision of the request a slice through `route` at `local_addr` belongs to, or None."""
+        d = self._routes.get(route)
+        if d is not _AMBIGUOUS:
+            return d
+        for r, lo, hi, dec in self._pieces:
+            if r is route and lo <= local_addr < hi:
+                return dec
+        return None
+
+    # ---- application side --------------------------------------------------------------------
 
     @property
     def bytes_done(self) -> int:
@@ -54,14 +114,34 @@ class BatchHandle:
         """'pending', 'done', 'failed' or 'cancelled'. Never blocks."""
         b = self._batch
         if b.remaining == 0:
+            if COMPLETION_HOOK is not None:
+                self._report()
             err = b.error
             if err == 0:
                 return "done"
-            return "cancelled" if err == -13 and not self._deadline_hit else "failed"
+            return "cancelled" if err == _CANCELLED and not self._deadline_hit else "failed"
         if time.monotonic() >= self.deadline:
             self._expire()
+            if COMPLETION_HOOK is not None:
+                self._report()
             return "failed"
         return "pending"
+
+    def _report(self) -> None:
+        if self._reported or self.is_probe or COMPLETION_HOOK is None:
+            return
+        self._reported = True
+        err = self._batch.error
+        if self._deadline_hit:
+            outcome = "timeout"
+        elif err == 0 and self._batch.remaining == 0:
+            outcome = "done"
+        else:
+            outcome = "cancelled" if err == _CANCELLED else "failed"
+        try:
+            COMPLETION_HOOK(self, outcome)
+        except Exception:  # metrics must never break a transfer
+            log.exception("batch completion hook failed")
 
     def _expire(self) -> None:
         self._deadline_hit = True
@@ -87,10 +167,14 @@ class BatchHandle:
         end = self.deadline if timeout is None else min(self.deadline, now + max(0.0, timeout))
         done = self._batch.wait(max(0.0, end - now))
         if done:
+            if COMPLETION_HOOK is not None:
+                self._report()
             self._raise_if_failed()
             return True
         if time.monotonic() >= self.deadline:
             self._expire()
+            if COMPLETION_HOOK is not None:
+                self._report()
             raise errors.DeadlineExceededError(self._deadline_text())
         return False
 

@@ -39,8 +39,10 @@ _DESTROY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
 def get_include() -> str:
-    """Directory holding ``tent/executor_abi.h``, for plugin builds."""
-    return str(Path(__file__).parent / "include")
+    """Directory holding ``tent/executor_abi.h``, for plugin builds (see :mod:`tent_core.build`)."""
+    from .build import get_include as _get_include
+
+    return _get_include()
 
 
 def find_extension(package_dir: str | os.PathLike[str], stem: str) -> str:
@@ -53,19 +55,25 @@ def find_extension(package_dir: str | os.PathLike[str], stem: str) -> str:
 
 
 class Executor:
-    """One live executor instance. `ops` and `handle` are raw pointers for the native submit."""
+    """One live executor instance. `ops` and `handle` are raw pointers for the native submit.
+
+    The native submit path accepts only registered executors: close() retires the handle first
+    (waiting for submits inside the executor to return), so a submit racing with close gets
+    TENT_E_INTERNAL instead of reaching freed memory."""
 
     def __init__(self, library: ExecutorLibrary, handle: int) -> None:
         self.library = library
         self.handle = handle
         self.ops = library.ops_address
         self._lock = threading.Lock()
+        _native.executor_register(self.ops, handle)
 
     def close(self) -> None:
         with self._lock:
             if self.handle:
-                self.library._destroy(self.handle)
-                self.handle = 0
+                handle, self.handle = self.handle, 0
+                _native.executor_retire(self.ops, handle)
+                self.library._destroy(handle)
 
 
 class ExecutorLibrary:
@@ -105,7 +113,11 @@ class ExecutorLibrary:
         handle = self._create(_native.host_api_address(), cfg, err, len(err))
         if not handle:
             raise PluginABIError(f"executor {self.name}: create failed: {err.value.decode(errors='replace')}")
-        return Executor(self, handle)
+        try:
+            return Executor(self, handle)
+        except BaseException:
+            self._destroy(handle)
+            raise
 
 
 _libraries: dict[str, ExecutorLibrary] = {}

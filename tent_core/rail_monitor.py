@@ -206,6 +206,10 @@ class RailMonitor:
         if r.state is not RailState.PAUSED:
             self._pause(rail, r, now)
 
+    def forget(self, rail: Hashable) -> None:
+        """Drop what is known about `rail` (its key, e.g. a telemetry slot, may name another rail later)."""
+        self._rails.pop(rail, None)
+
     # ---- queries --------------------------------------------------------------------------------
 
     def state(self, rail: Hashable, now: float) -> RailState:

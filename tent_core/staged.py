@@ -11,41 +11,35 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from . import errors
-from .path_planner import StagedPath, chunk_plan
+from .batch import BatchHandle, status_of
+from .path_planner import chunk_plan
+from .request import LocalBuffer, Request
+from .routing import Decision, StagedPath
 from .types import OpCode, Permission
-
-if TYPE_CHECKING:
-    from .batch import BatchHandle
-    from .engine import Engine, LocalBuffer, Request
 
 log = logging.getLogger(__name__)
 
 STAGING_SEGMENT = "_tent_staging"
 
-_ERROR_STATUS: list[tuple[type[Exception], int]] = [
-    (errors.CancelledError, -13),
-    (errors.OutOfBoundsError, -10),
-    (errors.NotRegisteredError, -10),
-    (errors.PermissionDeniedError, -11),
-    (errors.PeerUnreachableError, -2),
-    (errors.DeadlineExceededError, -3),
-]
 
+class LegSubmitter(Protocol):
+    """What the pipeline needs from the engine: submitting one leg with a fixed Decision, naming
+    this engine's own segments, and allocating staging memory."""
 
-def status_of(exc: BaseException) -> int:
-    for cls, code in _ERROR_STATUS:
-        if isinstance(exc, cls):
-            return code
-    return -14
+    def submit_leg(self, request: Request, decision: Decision, deadline: float) -> BatchHandle: ...
+
+    def segment_name(self, segment: str) -> str: ...
+
+    def allocate(self, size: int, segment: str, perm: Permission) -> LocalBuffer: ...
 
 
 class StagingPool:
     """A bounded pool of pre-faulted host buffers, registered lazily, local-only (no remote access)."""
 
-    def __init__(self, engine: Engine, chunk_bytes: int, count: int) -> None:
+    def __init__(self, engine: LegSubmitter, chunk_bytes: int, count: int) -> None:
         self.engine = engine
         self.chunk_bytes = chunk_bytes
         self.count = count
@@ -78,8 +72,11 @@ class StagingPool:
         self._free.put(buf)
 
 
-def run_staged(engine: Engine, handle: BatchHandle, req: Request, path: StagedPath, pool: StagingPool) -> None:
-    """Drive one staged request to completion; finalizes exactly one unit of `handle`'s batch."""
+def run_staged(engine: LegSubmitter, handle: BatchHandle, req: Request, path: StagedPath, pool: StagingPool) -> None:
+    """Drive one staged request to completion; finalizes exactly one unit of `handle`'s batch.
+
+    Each leg is routed by the path's own Decisions (`path.local_leg`, `path.remote_leg`): the
+    transports the planner chose, under the original request's rule, with its priority and tag."""
     batch = handle._batch
     try:
         _pipeline(engine, handle, req, path, pool)
@@ -93,28 +90,28 @@ def run_staged(engine: Engine, handle: BatchHandle, req: Request, path: StagedPa
     batch.complete_slice(req.length)
 
 
-def _pipeline(engine: Engine, handle: BatchHandle, req: Request, path: StagedPath, pool: StagingPool) -> None:
-    from .engine import Request as Req
-
+def _pipeline(engine: LegSubmitter, handle: BatchHandle, req: Request, path: StagedPath, pool: StagingPool) -> None:
     batch = handle._batch
     self_seg = engine.segment_name(req.local.segment)
     local_base = req.local.offset + req.local_offset  # the local buffer seen as our own segment
     chunks = chunk_plan(req.length, pool.chunk_bytes)
     write = req.op == OpCode.WRITE
 
+    local_leg, remote_leg = path.local_leg, path.remote_leg
+
     def stage1(off: int, ln: int, st: LocalBuffer) -> Any:
         if write:  # local -> staging
-            r = Req(OpCode.READ, st, 0, self_seg, local_base + off, ln, req.priority)
-        else:  # remote -> staging
-            r = Req(OpCode.READ, st, 0, req.remote, req.remote_offset + off, ln, req.priority)
-        return engine.submit([r], deadline=_left(handle))
+            r = Request(OpCode.READ, st, 0, self_seg, local_base + off, ln, req.priority, req.tag)
+            return engine.submit_leg(r, local_leg, _left(handle))
+        r = Request(OpCode.READ, st, 0, req.remote, req.remote_offset + off, ln, req.priority, req.tag)  # remote -> staging
+        return engine.submit_leg(r, remote_leg, _left(handle))
 
     def stage2(off: int, ln: int, st: LocalBuffer) -> Any:
         if write:  # staging -> remote
-            r = Req(OpCode.WRITE, st, 0, req.remote, req.remote_offset + off, ln, req.priority)
-        else:  # staging -> local
-            r = Req(OpCode.WRITE, st, 0, self_seg, local_base + off, ln, req.priority)
-        return engine.submit([r], deadline=_left(handle))
+            r = Request(OpCode.WRITE, st, 0, req.remote, req.remote_offset + off, ln, req.priority, req.tag)
+            return engine.submit_leg(r, remote_leg, _left(handle))
+        r = Request(OpCode.WRITE, st, 0, self_seg, local_base + off, ln, req.priority, req.tag)  # staging -> local
+        return engine.submit_leg(r, local_leg, _left(handle))
 
     first: deque[tuple[int, int, LocalBuffer, Any]] = deque()
     second: deque[tuple[LocalBuffer, Any]] = deque()

@@ -1,7 +1,7 @@
 """Per-rail telemetry: bandwidth estimate, completion latency, queued bytes, predicted cost.
 
-The native executor keeps, per rail, a slot of 8 cumulative int64 counters (see
-`tent_core/_native/native.c`), in this order:
+The native completion path keeps, per rail, a row of cumulative int64 counters whose layout is
+`enum tent_stat_field` in ``include/tent/executor_abi.h`` (mirrored by `tent_core.abi.StatField`):
 
     inflight_bytes, inflight_slices, bytes_done, slices_done, errors,
     latency_ns_sum, last_latency_ns, last_complete_ns      (CLOCK_MONOTONIC ns)
@@ -38,18 +38,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from .abi import STAT_FIELDS, StatField
 from .config import SchedulerConfig
 
-# Field indices in a native stats row.
-INFLIGHT_BYTES = 0
-INFLIGHT_SLICES = 1
-BYTES_DONE = 2
-SLICES_DONE = 3
-ERRORS = 4
-LATENCY_NS_SUM = 5
-LAST_LATENCY_NS = 6
-LAST_COMPLETE_NS = 7
-ROW_FIELDS = 8
+# Field indices in a native stats row (plain ints: read on every health tick).
+INFLIGHT_BYTES = int(StatField.INFLIGHT_BYTES)
+INFLIGHT_SLICES = int(StatField.INFLIGHT_SLICES)
+BYTES_DONE = int(StatField.BYTES_DONE)
+SLICES_DONE = int(StatField.SLICES_DONE)
+ERRORS = int(StatField.ERRORS)
+LATENCY_NS_SUM = int(StatField.LATENCY_NS_SUM)
+LAST_COMPLETE_NS = int(StatField.LAST_COMPLETE_NS)
+ROW_FIELDS = STAT_FIELDS
 
 _NS = 1e-9
 

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from tent_core import Engine, _native
+from tent_core.abi import Status
 from tent_core.errors import InvalidRequestError
 
 
@@ -25,7 +26,7 @@ def test_poll_is_bounded_by_the_timeout(restore_spin) -> None:
     t0 = time.monotonic()
     assert b.wait(0.001) is False  # an unfinished batch: the 1 ms timeout wins
     assert time.monotonic() - t0 < 0.009
-    b.fail_slice(-14)
+    b.fail_slice(Status.E_INTERNAL)
     assert b.wait(0) is True
 
 

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from tent_core.path_planner import chunk_plan, plan_staged_path
-from tent_core.resolver import explain_no_path, rank_transports
+from tent_core.routing import explain_no_path, rank_transports
 from tent_core.types import CapabilityProfile, MemoryKind, OpCode
 
 H, C, F = MemoryKind.HOST, MemoryKind.CUDA, MemoryKind.FILE

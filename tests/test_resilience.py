@@ -10,9 +10,8 @@ import pytest
 from peers import Peer
 
 from tent_core import READ, Engine, PeerUnreachableError, Request
-from tent_core.bench.runner import pattern
 from tent_core.rail_monitor import RailState
-from tent_core.testing import TENT_E_IO, TENT_E_TIMEOUT, FaultPlugin
+from tent_core.testing import TENT_E_IO, TENT_E_TIMEOUT, FaultPlugin, pattern
 
 RAILS2 = {"rails": ["127.0.0.1", "127.0.0.2"]}
 
@@ -82,7 +81,7 @@ def test_failed_rail_is_avoided_retried_and_readmitted(peer):
 
 
 def _slots(eng: Engine, index: int):
-    for peer in eng._peers.values():
+    for peer in eng.peers.peers():
         for route in peer.routes.values():
             for r in route.rails:
                 if r.info.index == index:

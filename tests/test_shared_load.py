@@ -39,7 +39,7 @@ def test_other_process_load_steers_spraying():
             eng.read(local, peer.seg("rw"), 8 << 20)  # connect both rails
             pump = subprocess.Popen([sys.executable, "-c", PUMP, peer.seg("rw"), "6"], stdout=subprocess.PIPE, text=True)
             assert pump.stdout is not None and pump.stdout.readline().strip() == "pumping"
-            rails = {r.info.index: r for p in eng._peers.values() for rt in p.routes.values() for r in rt.rails}
+            rails = {r.info.index: r for p in eng.peers.peers() for rt in p.routes.values() for r in rt.rails}
             deadline = time.monotonic() + 4
             seen = 0
             while time.monotonic() < deadline and not seen:

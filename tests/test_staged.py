@@ -8,7 +8,7 @@ import pytest
 from peers import Peer, sha
 
 from tent_core import READ, READ_ONLY, WRITE, CancelledError, Engine, NoPathError, Request
-from tent_core.bench.runner import pattern
+from tent_core.testing import pattern
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def test_file_to_remote_memory_and_back(engine, peer, tmp_path):
     assert sha(np.fromfile(tmp_path / "out.bin", np.uint8)) == sha(src[7 : 7 + n])
     assert np.array_equal(direct.array, src[: 1 << 20])
     # staging is pooled and bounded: never more buffers than configured
-    assert engine._staging is not None and engine._staging._made <= 4
+    assert engine._submitter.staging is not None and engine._submitter.staging._made <= 4
     peer.call(cmd="fill", segment="rw", seed=0)
 
 

@@ -65,10 +65,24 @@ static void fx_destroy(void *self) {
   free(fx); /* the wrapped executor belongs to its transport */
 }
 
+/* Hand `pass[0..np)` to the wrapped executor. When it refuses them after this call already reported
+ * (or handed on) some of its slices, they are reported here with its status: the ABI says a submit
+ * either queues all of its slices or reports none of them. Returns the status to give up with (only
+ * while nothing was reported yet), else 0. */
+static int fx_flush(fault_exec_t *fx, const tent_slice_t *pass, uint32_t np, int reported) {
+  if (np == 0) return 0;
+  int rc = fx->inner_ops->submit(fx->inner, pass, np);
+  if (rc == 0) return 0;
+  if (!reported) return rc;
+  for (uint32_t i = 0; i < np; i++) fx->host->complete(fx->host->ctx, &pass[i], rc);
+  return 0;
+}
+
 static int fx_submit(void *self, const tent_slice_t *slices, uint32_t n) {
   fault_exec_t *fx = self;
   tent_slice_t pass[MAX_BATCH];
   uint32_t np = 0;
+  int reported = 0; /* some of the n slices were reported or queued already */
   for (uint32_t i = 0; i < n; i++) {
     int fail = 0;
     pthread_mutex_lock(&fx->mu);
@@ -82,16 +96,18 @@ static int fx_submit(void *self, const tent_slice_t *slices, uint32_t n) {
     pthread_mutex_unlock(&fx->mu);
     if (fail) {
       fx->host->complete(fx->host->ctx, &slices[i], status);
+      reported = 1;
       continue;
     }
     pass[np++] = slices[i];
     if (np == MAX_BATCH) {
-      int rc = fx->inner_ops->submit(fx->inner, pass, np);
+      int rc = fx_flush(fx, pass, np, reported);
       if (rc) return rc;
+      reported = 1;
       np = 0;
     }
   }
-  return np ? fx->inner_ops->submit(fx->inner, pass, np) : 0;
+  return fx_flush(fx, pass, np, reported);
 }
 
 static const tent_executor_ops_t ops = {TENT_EXECUTOR_ABI_VERSION, sizeof(tent_executor_ops_t), "fault",

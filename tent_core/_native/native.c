@@ -21,18 +21,9 @@
 
 #include "tent/executor_abi.h"
 
-/* ---- telemetry slots: int64 fields, shared with Python as a numpy view ---- */
-enum {
-  ST_INFLIGHT_BYTES = 0,
-  ST_INFLIGHT_SLICES,
-  ST_BYTES_DONE,
-  ST_SLICES_DONE,
-  ST_ERRORS,
-  ST_LATENCY_NS_SUM,
-  ST_LAST_LATENCY_NS,
-  ST_LAST_COMPLETE_NS,
-  ST_FIELDS /* 8 */
-};
+/* ---- telemetry slots: rows of TENT_STAT_FIELDS int64 counters (layout in executor_abi.h),
+ * shared with Python as a numpy view ---- */
+#define ST_FIELDS TENT_STAT_FIELDS
 
 static int64_t *g_stats = NULL;
 static uint32_t g_stats_slots = 0;
@@ -94,25 +85,23 @@ static failure_t *g_fail = NULL;
 static size_t g_fail_len = 0, g_fail_cap = 0;
 static int g_fail_fd = -1;
 
-static int is_retryable(int status) { return status < 0 && status > -10; }
-
 static void host_complete(void *ctx, const tent_slice_t *s, int32_t status) {
   (void)ctx;
   batch_t *b = (batch_t *)(uintptr_t)s->token;
   uint64_t t = now_ns();
   int64_t *st = slot(s->stat_index);
   if (st) {
-    __atomic_fetch_sub(&st[ST_INFLIGHT_BYTES], (int64_t)s->length, __ATOMIC_RELAXED);
-    __atomic_fetch_sub(&st[ST_INFLIGHT_SLICES], 1, __ATOMIC_RELAXED);
+    __atomic_fetch_sub(&st[TENT_STAT_INFLIGHT_BYTES], (int64_t)s->length, __ATOMIC_RELAXED);
+    __atomic_fetch_sub(&st[TENT_STAT_INFLIGHT_SLICES], 1, __ATOMIC_RELAXED);
     if (status == TENT_OK) {
       int64_t lat = (int64_t)(t - s->submit_ns);
-      __atomic_fetch_add(&st[ST_BYTES_DONE], (int64_t)s->length, __ATOMIC_RELAXED);
-      __atomic_fetch_add(&st[ST_SLICES_DONE], 1, __ATOMIC_RELAXED);
-      __atomic_fetch_add(&st[ST_LATENCY_NS_SUM], lat, __ATOMIC_RELAXED);
-      __atomic_store_n(&st[ST_LAST_LATENCY_NS], lat, __ATOMIC_RELAXED);
-      __atomic_store_n(&st[ST_LAST_COMPLETE_NS], (int64_t)t, __ATOMIC_RELAXED);
+      __atomic_fetch_add(&st[TENT_STAT_BYTES_DONE], (int64_t)s->length, __ATOMIC_RELAXED);
+      __atomic_fetch_add(&st[TENT_STAT_SLICES_DONE], 1, __ATOMIC_RELAXED);
+      __atomic_fetch_add(&st[TENT_STAT_LATENCY_NS_SUM], lat, __ATOMIC_RELAXED);
+      __atomic_store_n(&st[TENT_STAT_LAST_LATENCY_NS], lat, __ATOMIC_RELAXED);
+      __atomic_store_n(&st[TENT_STAT_LAST_COMPLETE_NS], (int64_t)t, __ATOMIC_RELAXED);
     } else if (status != TENT_E_CANCELLED) {
-      __atomic_fetch_add(&st[ST_ERRORS], 1, __ATOMIC_RELAXED);
+      __atomic_fetch_add(&st[TENT_STAT_ERRORS], 1, __ATOMIC_RELAXED);
     }
   }
   if (status == TENT_OK) {
@@ -120,7 +109,7 @@ static void host_complete(void *ctx, const tent_slice_t *s, int32_t status) {
     batch_finish_one(b);
     return;
   }
-  if (is_retryable(status) && !atomic_load(&b->cancelled)) {
+  if (tent_status_retryable(status) && !atomic_load(&b->cancelled)) {
     pthread_mutex_lock(&g_fail_mu);
     if (g_fail_len == g_fail_cap) {
       size_t cap = g_fail_cap ? g_fail_cap * 2 : 256;
@@ -325,8 +314,8 @@ static int stamp_and_account(tent_slice_t *s, uint64_t token, uint64_t t) {
   s->submit_ns = t;
   int64_t *st = slot(s->stat_index);
   if (st) {
-    __atomic_fetch_add(&st[ST_INFLIGHT_BYTES], (int64_t)s->length, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&st[ST_INFLIGHT_SLICES], 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&st[TENT_STAT_INFLIGHT_BYTES], (int64_t)s->length, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&st[TENT_STAT_INFLIGHT_SLICES], 1, __ATOMIC_RELAXED);
   }
   return 0;
 }
@@ -334,13 +323,96 @@ static int stamp_and_account(tent_slice_t *s, uint64_t token, uint64_t t) {
 static void unaccount(const tent_slice_t *s) {
   int64_t *st = slot(s->stat_index);
   if (st) {
-    __atomic_fetch_sub(&st[ST_INFLIGHT_BYTES], (int64_t)s->length, __ATOMIC_RELAXED);
-    __atomic_fetch_sub(&st[ST_INFLIGHT_SLICES], 1, __ATOMIC_RELAXED);
+    __atomic_fetch_sub(&st[TENT_STAT_INFLIGHT_BYTES], (int64_t)s->length, __ATOMIC_RELAXED);
+    __atomic_fetch_sub(&st[TENT_STAT_INFLIGHT_SLICES], 1, __ATOMIC_RELAXED);
   }
 }
 
+/* ---- live executors ----
+ * Every executor the core may submit to is registered here when created and retired before it is
+ * destroyed. submit() looks its (ops, handle) pair up under the read lock and holds it across the
+ * executor's submit call, so a retired or never-created handle is refused (TENT_E_INTERNAL), and
+ * retire() returns only when no submit is inside the executor any more: destroy can follow safely. */
+typedef struct live_exec {
+  uint64_t ops, handle;
+} live_exec_t;
+
+static pthread_rwlock_t g_live_mu = PTHREAD_RWLOCK_INITIALIZER;
+static live_exec_t *g_live = NULL;
+static size_t g_live_len = 0, g_live_cap = 0;
+
+static int live_find(uint64_t ops, uint64_t handle) { /* read lock held */
+  for (size_t i = 0; i < g_live_len; i++)
+    if (g_live[i].handle == handle && g_live[i].ops == ops) return 1;
+  return 0;
+}
+
+/* Lock the executor for one submit; 0 when it is not live (nothing locked then). */
+static int exec_enter(uint64_t ops, uint64_t handle) {
+  if (!ops || !handle) return 0;
+  pthread_rwlock_rdlock(&g_live_mu);
+  if (live_find(ops, handle)) return 1;
+  pthread_rwlock_unlock(&g_live_mu);
+  return 0;
+}
+
+static void exec_leave(void) { pthread_rwlock_unlock(&g_live_mu); }
+
+static PyObject *py_executor_register(PyObject *m, PyObject *args) {
+  unsigned long long ops_p, exec_p;
+  if (!PyArg_ParseTuple(args, "KK", &ops_p, &exec_p)) return NULL;
+  if (!ops_p || !exec_p) {
+    PyErr_SetString(PyExc_ValueError, "executor ops and handle must be non-zero");
+    return NULL;
+  }
+  const tent_executor_ops_t *ops = (const tent_executor_ops_t *)(uintptr_t)ops_p;
+  if (ops->abi_version != TENT_EXECUTOR_ABI_VERSION || ops->struct_size < sizeof(tent_executor_ops_t) || !ops->submit) {
+    PyErr_SetString(PyExc_ValueError, "executor ops table has the wrong ABI version or size");
+    return NULL;
+  }
+  int rc = 0;
+  Py_BEGIN_ALLOW_THREADS;
+  pthread_rwlock_wrlock(&g_live_mu);
+  if (!live_find(ops_p, exec_p)) {
+    if (g_live_len == g_live_cap) {
+      size_t cap = g_live_cap ? g_live_cap * 2 : 16;
+      live_exec_t *n = realloc(g_live, cap * sizeof *n);
+      if (!n) rc = -1;
+      else {
+        g_live = n;
+        g_live_cap = cap;
+      }
+    }
+    if (rc == 0) g_live[g_live_len++] = (live_exec_t){ops_p, exec_p};
+  }
+  pthread_rwlock_unlock(&g_live_mu);
+  Py_END_ALLOW_THREADS;
+  if (rc) return PyErr_NoMemory();
+  Py_RETURN_NONE;
+}
+
+/* executor_retire(ops, handle) -> bool: after return no submit reaches the executor (it waits for
+ * submits in progress). False when it was not registered. */
+static PyObject *py_executor_retire(PyObject *m, PyObject *args) {
+  unsigned long long ops_p, exec_p;
+  if (!PyArg_ParseTuple(args, "KK", &ops_p, &exec_p)) return NULL;
+  int found = 0;
+  Py_BEGIN_ALLOW_THREADS;
+  pthread_rwlock_wrlock(&g_live_mu);
+  for (size_t i = 0; i < g_live_len; i++)
+    if (g_live[i].handle == exec_p && g_live[i].ops == ops_p) {
+      g_live[i] = g_live[--g_live_len];
+      found = 1;
+      break;
+    }
+  pthread_rwlock_unlock(&g_live_mu);
+  Py_END_ALLOW_THREADS;
+  return PyBool_FromLong(found);
+}
+
 /* submit(ops, exec, batch, slices_buffer) -> 0 or negative status. The buffer holds
- * n tent_slice_t; token and submit_ns are filled in here. */
+ * n tent_slice_t; token and submit_ns are filled in here. TENT_E_INTERNAL (nothing submitted)
+ * when (ops, exec) is not a live executor. */
 static PyObject *py_submit(PyObject *m, PyObject *args) {
   unsigned long long ops_p, exec_p;
   BatchObject *bo;
@@ -351,12 +423,17 @@ static PyObject *py_submit(PyObject *m, PyObject *args) {
     PyErr_SetString(PyExc_ValueError, "slice buffer size is not a multiple of sizeof(tent_slice_t)");
     return NULL;
   }
+  if (!exec_enter(ops_p, exec_p)) {
+    PyBuffer_Release(&view);
+    return PyLong_FromLong(TENT_E_INTERNAL);
+  }
   const tent_executor_ops_t *ops = (const tent_executor_ops_t *)(uintptr_t)ops_p;
   uint32_t n = (uint32_t)(view.len / sizeof(tent_slice_t));
   tent_slice_t *s = (tent_slice_t *)view.buf;
   uint64_t t = now_ns(), token = (uintptr_t)bo->b;
   for (uint32_t i = 0; i < n; i++) stamp_and_account(&s[i], token, t);
   int rc = ops->submit((void *)(uintptr_t)exec_p, s, n);
+  exec_leave();
   if (rc != 0)
     for (uint32_t i = 0; i < n; i++) unaccount(&s[i]);
   PyBuffer_Release(&view);
@@ -385,8 +462,10 @@ static PyObject *py_submit_one(PyObject *m, PyObject *const *args, Py_ssize_t na
   s.rail = (uint32_t)v[8];
   s.stat_index = (uint32_t)v[9];
   s.attempt = (uint32_t)v[10];
+  if (!exec_enter(v[0], v[1])) return PyLong_FromLong(TENT_E_INTERNAL);
   stamp_and_account(&s, (uintptr_t)((BatchObject *)args[2])->b, now_ns());
   int rc = ops->submit((void *)(uintptr_t)v[1], &s, 1);
+  exec_leave();
   if (rc != 0) unaccount(&s);
   return PyLong_FromLong(rc);
 }
@@ -466,6 +545,8 @@ static PyObject *py_set_wait_spin_ns(PyObject *m, PyObject *arg) {
 static PyMethodDef methods[] = {
     {"submit", py_submit, METH_VARARGS, "submit(ops, exec, batch, slices) -> rc"},
     {"submit_one", (PyCFunction)(void (*)(void))py_submit_one, METH_FASTCALL, "submit one slice"},
+    {"executor_register", py_executor_register, METH_VARARGS, "executor_register(ops, handle): submit may reach it"},
+    {"executor_retire", py_executor_retire, METH_VARARGS, "executor_retire(ops, handle) -> bool: no submit reaches it after return"},
     {"pop_failures", py_pop_failures, METH_VARARGS, "take queued retryable failures"},
     {"requeue_failures", py_requeue_failures, METH_O, "put back failure records not ours"},
     {"set_stats", py_set_stats, METH_O, "use this writable buffer for telemetry slots"},
@@ -491,5 +572,40 @@ PyMODINIT_FUNC PyInit__native(void) {
   PyModule_AddIntConstant(m, "SLICE_SIZE", sizeof(tent_slice_t));
   PyModule_AddIntConstant(m, "FAILURE_SIZE", sizeof(failure_t));
   PyModule_AddIntConstant(m, "STAT_FIELDS", ST_FIELDS);
+  /* the status list and the telemetry row layout of executor_abi.h, for tent_core.abi */
+  PyObject *codes = PyDict_New(), *retry = PyDict_New(), *fields = PyList_New(0);
+  if (!codes || !retry || !fields) goto fail;
+#define ADD_STATUS_(name, value, retryable)                                              \
+  do {                                                                                   \
+    PyObject *v_ = PyLong_FromLong(value), *r_ = PyBool_FromLong(retryable);             \
+    int e_ = !v_ || !r_ || PyDict_SetItemString(codes, #name, v_) || PyDict_SetItemString(retry, #name, r_); \
+    Py_XDECREF(v_);                                                                      \
+    Py_XDECREF(r_);                                                                      \
+    if (e_) goto fail;                                                                   \
+  } while (0);
+  TENT_STATUS_LIST(ADD_STATUS_)
+#undef ADD_STATUS_
+#define ADD_FIELD_(name)                                                                 \
+  do {                                                                                   \
+    PyObject *n_ = PyUnicode_FromString(#name);                                          \
+    int e_ = !n_ || PyList_Append(fields, n_);                                           \
+    Py_XDECREF(n_);                                                                      \
+    if (e_) goto fail;                                                                   \
+  } while (0);
+  TENT_STAT_LIST(ADD_FIELD_)
+#undef ADD_FIELD_
+  if (PyModule_AddObject(m, "STATUS_CODES", codes) < 0) goto fail;
+  codes = NULL;
+  if (PyModule_AddObject(m, "STATUS_RETRYABLE", retry) < 0) goto fail;
+  retry = NULL;
+  if (PyModule_AddObject(m, "STAT_FIELD_NAMES", fields) < 0) goto fail;
+  fields = NULL;
+  PyModule_AddIntConstant(m, "FIRST_FINAL_STATUS", TENT_FIRST_FINAL);
   return m;
+fail:
+  Py_XDECREF(codes);
+  Py_XDECREF(retry);
+  Py_XDECREF(fields);
+  Py_DECREF(m);
+  return NULL;
 }

@@ -16,12 +16,15 @@ from tent_gds.plugin import GdsTransport, get_lib, is_tmpfs
 
 import tent_core.rails  # noqa: F401  (sets the native telemetry array)
 from tent_core import _native
+from tent_core.abi import Status
 from tent_core.errors import InvalidRequestError
 from tent_core.transport import TransportContext
 from tent_core.types import BufferInfo, MemoryKind, PeerInfo, Permission
 
 READ, WRITE = 0, 1
-E_CONNECT, E_IO, E_BOUNDS, E_PERMISSION, E_CANCELLED = -1, -2, -10, -11, -13
+E_CONNECT, E_IO, E_BOUNDS, E_PERMISSION, E_CANCELLED = (
+    Status.E_CONNECT, Status.E_IO, Status.E_BOUNDS, Status.E_PERMISSION, Status.E_CANCELLED,
+)
 HOST_ID = "gds-test-host"
 BASE = 1 << 52
 

@@ -13,6 +13,11 @@
  * completion thread, which waits with cudaEventSynchronize (the thread sleeps in the driver,
  * no spinning) and reports through host->complete exactly once.
  *
+ * Teardown drains: every slice translated through the table gets a ticket (in submit order,
+ * which is also completion order: one FIFO), and map_remove / peer_remove return only once every
+ * ticket issued before the mapping left the table has completed. The caller may then close the
+ * IPC handle behind the mapping: no copy can still be reading or writing it.
+ *
  * Private exports (ctypes):
  *   uint64_t tent_nvl_peer_add(void *ex);
  *   int32_t  tent_nvl_peer_remove(void *ex, uint64_t peer);
@@ -75,6 +80,7 @@ typedef struct pending {
   tent_slice_t s;
   cuevent_t ev; /* NULL: already failed/finished with `status` */
   int status;
+  uint64_t ticket; /* > 0: translated through the table (teardown waits for it) */
 } pending_t;
 
 typedef struct fifo {
@@ -90,8 +96,10 @@ typedef struct executor {
   uint32_t rr[MAX_DEV];
 
   pthread_mutex_t mu;
-  pthread_cond_t cv_submit, cv_done;
-  fifo_t inq, doneq;
+  pthread_cond_t cv_submit, cv_done, cv_drain;
+  fifo_t inq, doneq; /* doneq has room for every slice accepted: pushing to it never fails */
+  atomic_ullong issued_ticket; /* last ticket handed out (by the submit thread, under tab read lock) */
+  uint64_t done_ticket;        /* every ticket up to this one has completed; under mu */
   cuevent_t *evfree;
   size_t nevfree, evcap;
   int stop, submit_exited;
@@ -117,6 +125,20 @@ static int fifo_push(fifo_t *f, const pending_t *p) {
   }
   f->a[(f->head + f->len) % f->cap] = *p;
   f->len++;
+  return 0;
+}
+
+static int fifo_reserve(fifo_t *f, size_t total) {
+  if (total <= f->cap) return 0;
+  size_t cap = f->cap ? f->cap : 256;
+  while (cap < total) cap *= 2;
+  pending_t *n = malloc(cap * sizeof *n);
+  if (!n) return -1;
+  for (size_t i = 0; i < f->len; i++) n[i] = f->a[(f->head + i) % f->cap];
+  free(f->a);
+  f->a = n;
+  f->cap = cap;
+  f->head = 0;
   return 0;
 }
 
@@ -213,9 +235,13 @@ static void *submit_main(void *arg) {
       st = TENT_E_BOUNDS;
     uint64_t rptr = 0;
     int dev = 0;
+    p.ticket = 0;
     if (st == TENT_OK) {
       pthread_rwlock_rdlock(&ex->tab);
       st = translate(ex, s, &rptr, &dev);
+      /* the ticket is taken while the mapping is still in the table: a remover that gets the
+       * write lock after this sees it and waits for the copy below */
+      if (st == TENT_OK) p.ticket = atomic_fetch_add(&ex->issued_ticket, 1) + 1;
       pthread_rwlock_unlock(&ex->tab);
     }
     p.ev = NULL;
@@ -245,14 +271,7 @@ static void *submit_main(void *arg) {
     }
     p.status = st;
     pthread_mutex_lock(&ex->mu);
-    if (fifo_push(&ex->doneq, &p) != 0) { /* out of memory: report inline (event not used) */
-      pthread_mutex_unlock(&ex->mu);
-      if (p.ev) ex->rt.EventSynchronize(p.ev);
-      report(ex, s, p.ev ? TENT_OK : st);
-      pthread_mutex_lock(&ex->mu);
-      if (p.ev) put_event(ex, p.ev);
-      continue;
-    }
+    fifo_push(&ex->doneq, &p); /* room reserved by ex_submit */
     pthread_cond_signal(&ex->cv_done);
   }
   pthread_mutex_unlock(&ex->mu);
@@ -278,6 +297,10 @@ static void *done_main(void *arg) {
     report(ex, &p.s, st);
     pthread_mutex_lock(&ex->mu);
     if (p.ev) put_event(ex, p.ev);
+    if (p.ticket) { /* FIFO: every earlier ticket is done too */
+      ex->done_ticket = p.ticket;
+      pthread_cond_broadcast(&ex->cv_drain);
+    }
   }
   pthread_mutex_unlock(&ex->mu);
   return NULL;
@@ -346,6 +369,7 @@ static void *ex_create(const tent_host_api_t *host, const char *config, char *er
   pthread_mutex_init(&ex->mu, NULL);
   pthread_cond_init(&ex->cv_submit, NULL);
   pthread_cond_init(&ex->cv_done, NULL);
+  pthread_cond_init(&ex->cv_drain, NULL);
   pthread_rwlock_init(&ex->tab, NULL);
   char lib[400];
   parse_config(ex, config, lib, sizeof lib);
@@ -410,6 +434,7 @@ static void ex_destroy(void *self) {
   pthread_mutex_destroy(&ex->mu);
   pthread_cond_destroy(&ex->cv_submit);
   pthread_cond_destroy(&ex->cv_done);
+  pthread_cond_destroy(&ex->cv_drain);
   pthread_rwlock_destroy(&ex->tab);
   free(ex);
 }
@@ -421,14 +446,15 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
     pthread_mutex_unlock(&ex->mu);
     return TENT_E_INTERNAL;
   }
-  size_t before = ex->inq.len;
+  /* room for every accepted slice in both FIFOs now, so nothing fails later: all or nothing */
+  size_t total = ex->inq.len + ex->doneq.len + n + 1; /* +1: the one the submit thread holds */
+  if (fifo_reserve(&ex->inq, ex->inq.len + n) != 0 || fifo_reserve(&ex->doneq, total) != 0) {
+    pthread_mutex_unlock(&ex->mu);
+    return TENT_E_INTERNAL;
+  }
   for (uint32_t i = 0; i < n; i++) {
-    pending_t p = {slices[i], NULL, 0};
-    if (fifo_push(&ex->inq, &p) != 0) {
-      ex->inq.len = before; /* nothing queued */
-      pthread_mutex_unlock(&ex->mu);
-      return TENT_E_INTERNAL;
-    }
+    pending_t p = {slices[i], NULL, 0, 0};
+    fifo_push(&ex->inq, &p);
   }
   pthread_cond_signal(&ex->cv_submit);
   pthread_mutex_unlock(&ex->mu);
@@ -442,6 +468,15 @@ static const tent_executor_ops_t g_ops = {
 EXPORT const tent_executor_ops_t *tent_executor_ops(void) { return &g_ops; }
 
 /* ------------------------------------------------------------------ private API */
+
+/* Wait until every copy translated before now has completed (the caller has just taken a
+ * mapping or peer out of the table, under the write lock, and released it). */
+static void drain_issued(executor_t *ex) {
+  uint64_t t = atomic_load(&ex->issued_ticket);
+  pthread_mutex_lock(&ex->mu);
+  while (ex->done_ticket < t) pthread_cond_wait(&ex->cv_drain, &ex->mu);
+  pthread_mutex_unlock(&ex->mu);
+}
 EXPORT uint64_t tent_nvl_peer_add(void *self) {
   executor_t *ex = self;
   peer_t *p = calloc(1, sizeof *p);
@@ -454,8 +489,8 @@ EXPORT uint64_t tent_nvl_peer_add(void *self) {
   return h;
 }
 
-/* Copies already issued keep running: the caller must not close IPC mappings before the
- * batches using them completed (the plugin closes handles only at disconnect/close). */
+/* Forget a peer. Returns once no copy through its mappings runs any more: the caller may close
+ * the IPC handles behind them. */
 EXPORT int32_t tent_nvl_peer_remove(void *self, uint64_t h) {
   executor_t *ex = self;
   pthread_rwlock_wrlock(&ex->tab);
@@ -464,6 +499,7 @@ EXPORT int32_t tent_nvl_peer_remove(void *self, uint64_t h) {
   if (!p) return -ENOENT;
   free(p->r);
   free(p);
+  drain_issued(ex);
   return 0;
 }
 
@@ -506,6 +542,7 @@ EXPORT int32_t tent_nvl_map_add(void *self, uint64_t h, uint64_t rbase, uint64_t
   return rc;
 }
 
+/* Remove the mapping at rbase. Returns once no copy through it runs any more. */
 EXPORT int32_t tent_nvl_map_remove(void *self, uint64_t h, uint64_t rbase) {
   executor_t *ex = self;
   int rc = -ENOENT;
@@ -519,6 +556,7 @@ EXPORT int32_t tent_nvl_map_remove(void *self, uint64_t h, uint64_t rbase) {
       break;
     }
   pthread_rwlock_unlock(&ex->tab);
+  if (rc == 0) drain_issued(ex);
   return rc;
 }
 

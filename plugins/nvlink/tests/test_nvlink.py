@@ -13,11 +13,12 @@ from tent_nvlink.plugin import KIND_PAIRS, NvlinkTransport, get_lib
 
 import tent_core.rails  # noqa: F401  (sets the native telemetry array)
 from tent_core import _native
+from tent_core.abi import Status
 from tent_core.transport import TransportContext
 from tent_core.types import BufferInfo, MemoryKind, PeerInfo, Permission
 
 READ, WRITE = 0, 1
-E_BOUNDS, E_PERMISSION = -10, -11
+E_BOUNDS, E_PERMISSION = Status.E_BOUNDS, Status.E_PERMISSION
 HOST_ID = "nvl-test-host"
 
 
@@ -185,3 +186,71 @@ def test_two_process_ipc() -> None:
             rt.free(local)
     finally:
         proc.join(30)
+
+
+# ---------------------------------------------------------------- teardown drains (CUDA stand-in)
+@pytest.fixture(scope="module")
+def cudart_standin(tmp_path_factory: pytest.TempPathFactory) -> str:
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the CUDA runtime stand-in")
+    out = tmp_path_factory.mktemp("cudart") / "libcudart_standin.so"
+    src = Path(__file__).parent / "cudart_double.c"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-Wno-unused-parameter", "-pthread", "-o", str(out), str(src)],
+                   check=True)
+    return str(out)
+
+
+@pytest.mark.parametrize("teardown", ["map_remove", "peer_remove"])
+def test_teardown_waits_for_copies_in_flight(cudart_standin: str, teardown: str) -> None:
+    """The executor translated a slice under its table lock, dropped the lock and issued the copy;
+    removing the mapping (then closing its IPC handle) did not wait for that copy: use after close."""
+    import ctypes
+    import threading
+    import time
+
+    double = ctypes.CDLL(cudart_standin)
+    double.cudart_double_issued.restype = ctypes.c_longlong
+    double.cudart_double_done.restype = ctypes.c_longlong
+    lib = get_lib()
+    ex = lib.library.create({"cudart": cudart_standin, "streams": 1})
+    n = 1 << 20
+    src = np.random.default_rng(5).integers(0, 256, n, dtype=np.uint8)
+    dst = np.zeros(n, np.uint8)
+    rbase = 0x7000_0000_0000
+    try:
+        peer = lib.peer_add(ex.handle)
+        assert lib.map_add(ex.handle, peer, rbase, n, src.ctypes.data, 0, 1) == 0
+        double.cudart_double_hold(1)  # copies stay in flight until released
+        b = _native.Batch(1)
+        issued = double.cudart_double_issued()
+        assert _native.submit_one(ex.ops, ex.handle, b, READ, dst.ctypes.data, rbase, n, peer, 0, 1, 0) == 0
+        deadline = time.monotonic() + 10
+        while double.cudart_double_issued() == issued and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert double.cudart_double_issued() == issued + 1, "the copy was never issued"
+        returned: list[int] = []
+
+        def remove() -> None:
+            if teardown == "map_remove":
+                assert lib.map_remove(ex.handle, peer, rbase) == 0
+            else:
+                assert lib.peer_remove(ex.handle, peer) == 0
+            returned.append(int(double.cudart_double_done()))
+
+        t = threading.Thread(target=remove)
+        done_before = double.cudart_double_done()
+        t.start()
+        t.join(0.3)
+        assert t.is_alive(), f"{teardown} returned while a copy through the mapping was in flight"
+        double.cudart_double_hold(0)
+        t.join(10)
+        assert not t.is_alive() and returned == [done_before + 1]  # it returned after the copy, not before
+        assert b.wait(10) and b.error == 0 and np.array_equal(dst, src)
+    finally:
+        double.cudart_double_hold(0)
+        ex.close()

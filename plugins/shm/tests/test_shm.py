@@ -15,12 +15,15 @@ from shm_target import HOST_ID, pattern, target_main
 from tent_shm.plugin import ShmTransport
 
 from tent_core import _native
+from tent_core.abi import Status
 from tent_core.errors import PeerUnreachableError
 from tent_core.transport import TransportContext
 from tent_core.types import PeerInfo, Permission
 
 READ, WRITE = 0, 1
-E_CONNECT, E_IO, E_BOUNDS, E_PERMISSION, E_CANCELLED = -1, -2, -10, -11, -13
+E_CONNECT, E_IO, E_BOUNDS, E_PERMISSION, E_CANCELLED = (
+    Status.E_CONNECT, Status.E_IO, Status.E_BOUNDS, Status.E_PERMISSION, Status.E_CANCELLED,
+)
 
 from tent_core.abi import FAILURE_DTYPE, SLICE_DTYPE  # noqa: E402
 
@@ -38,7 +41,8 @@ class Target:
     def __init__(self, specs: list[dict[str, Any]] = SPECS, config: dict[str, Any] | None = None) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=target_main, args=(child, specs, config or {}), daemon=True)
+        # CMA is opt-in on both sides: the target allows it unless a test says otherwise
+        self.proc = ctx.Process(target=target_main, args=(child, specs, config or {"mode": "auto"}), daemon=True)
         self.proc.start()
         child.close()
         if not self.conn.poll(60):
@@ -433,3 +437,24 @@ def test_engine_roundtrip(mode: str) -> None:
     finally:
         b.close()
         a.close()
+
+
+def test_memfd_server_name_taken_by_another_process_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control socket's abstract name is random; if a live socket of any process (any user)
+    already holds the name drawn, the server draws another instead of failing the engine."""
+    import socket
+
+    from tent_shm import plugin as shm_plugin
+
+    drawn = iter(["aaaaaaaaaaaa", "bbbbbbbbbbbb"])
+    monkeypatch.setattr(shm_plugin.secrets, "token_hex", lambda n: next(drawn))
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    squatter.bind(f"\0tent-shm-{os.getpid()}-aaaaaaaaaaaa")
+    try:
+        server = shm_plugin._ShmServer("secret")
+        try:
+            assert server.name == f"tent-shm-{os.getpid()}-bbbbbbbbbbbb"
+        finally:
+            server.close()
+    finally:
+        squatter.close()

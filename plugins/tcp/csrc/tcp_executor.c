@@ -1,16 +1,28 @@
 /*
  * tent_tcp executor: the TCP slice executor behind the TENT executor C ABI.
  *
- * Client side: submit() appends slices to per-(peer, rail) FIFO queues. A pool of
- * worker threads takes a slice from a (peer, rail) that has work and a free
- * connection slot (at most conns_per_rail slices in flight per rail), borrows a
- * persistent connection (connecting lazily), runs the slice synchronously on it and
- * reports it through host->complete. Payload bytes go straight between the user's
- * memory and send()/recv(): no intermediate copies, no Python.
+ * Client side: peers live in a generation-counted handle table (tent/handle_table.h). submit()
+ * turns each slice into a job of one or more chunks (tent/chunk_queue.h; config `chunk`, default
+ * 0 = whole slices) on its (peer, rail) FIFO. A rail with queued chunks and a free connection
+ * slot (at most conns_per_rail chunks in flight per rail) sits in a ready list, so a worker finds
+ * work in O(1) however many peers there are; it borrows a persistent connection (connecting
+ * lazily), runs the chunk synchronously and, for a job's last chunk, reports the slice through
+ * host->complete. Payload bytes go straight between the user's memory and send()/recv(): no
+ * intermediate copies, no Python. A removed peer leaves the table at once and is freed when its
+ * last in-flight chunk returns; its queued chunks fail as unreachable (retryable).
  *
- * Server side: one accept thread per listener, one thread per accepted connection.
- * Every request is checked against the registered regions (bounds + permission).
- * Regions are reference counted so unregister waits for in-flight server I/O.
+ * Server side: one accept thread per listener, one thread per accepted connection, at most
+ * `max_conns` connections at once (more are closed at accept; those still authenticating hold at
+ * most a quarter of them, for `auth_timeout_ms` at most, the oldest cut first). With an `auth_key` (the per-purpose
+ * key tent_core.auth derives from the cluster token) every connection runs the handshake of
+ * tent/auth.h first, both ways: a server serves no byte to a client that did not prove the key
+ * within `auth_timeout_ms`, a client sends none to a server that did not. A connection idle for
+ * `idle_timeout_ms` is closed (clients drop pooled connections before that).
+ * Every request is checked against the registered regions (bounds + permission). A region is a
+ * handle (tcp_register_region returns its id): removing one registration removes exactly it and
+ * its permission, even where another registration covers the same bytes. Regions are reference
+ * counted so unregister waits for in-flight server I/O, up to `unregister_timeout_ms`; then the
+ * connections still using the region are cut (their I/O fails at once) and it is freed.
  *
  * Wire protocol (little endian):
  *   request  (32 B): u32 magic 'TNTC', u16 version, u16 opcode, u64 remote_addr,
@@ -40,8 +52,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tent/auth.h"
+#include "tent/chunk_queue.h"
 #include "tent/config_kv.h"
 #include "tent/executor_abi.h"
+#include "tent/handle_table.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -63,16 +78,48 @@ static uint64_t mono_ms(void) {
   return (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
 }
 
-static atomic_int g_log_budget = 32; /* stderr logging stays sparse */
+/* stderr logging is rate limited (a token bucket: LOG_BURST lines, then LOG_PER_S a second), so
+ * a peer sending bad requests cannot flood the log; the next line says how many were dropped. */
+#define LOG_BURST 10.0
+#define LOG_PER_S 1.0
+static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;
+static double g_log_tokens = LOG_BURST;
+static uint64_t g_log_last_ms;
+static unsigned long long g_log_suppressed, g_log_lines;
 
 static void slog(const char *fmt, ...) {
-  if (atomic_fetch_sub(&g_log_budget, 1) <= 0) return;
+  pthread_mutex_lock(&g_log_mu);
+  uint64_t now = mono_ms();
+  if (g_log_last_ms) {
+    g_log_tokens += (double)(now - g_log_last_ms) / 1000.0 * LOG_PER_S;
+    if (g_log_tokens > LOG_BURST) g_log_tokens = LOG_BURST;
+  }
+  g_log_last_ms = now;
+  if (g_log_tokens < 1.0) {
+    g_log_suppressed++;
+    pthread_mutex_unlock(&g_log_mu);
+    return;
+  }
+  g_log_tokens -= 1.0;
+  unsigned long long dropped = g_log_suppressed;
+  g_log_suppressed = 0;
+  g_log_lines++;
+  pthread_mutex_unlock(&g_log_mu);
+  char line[512];
   va_list ap;
   va_start(ap, fmt);
-  fputs("[tent_tcp] ", stderr);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
+  vsnprintf(line, sizeof line, fmt, ap);
   va_end(ap);
+  if (dropped) fprintf(stderr, "[tent_tcp] %s (%llu similar line(s) suppressed)\n", line, dropped);
+  else fprintf(stderr, "[tent_tcp] %s\n", line);
+}
+
+/* out[0..1] = lines written, lines suppressed (process-wide). */
+EXPORT void tcp_log_stats(uint64_t *out) {
+  pthread_mutex_lock(&g_log_mu);
+  out[0] = g_log_lines;
+  out[1] = g_log_suppressed;
+  pthread_mutex_unlock(&g_log_mu);
 }
 
 static void put16(uint8_t *p, uint16_t v) { v = htole16(v); memcpy(p, &v, 2); }
@@ -137,6 +184,7 @@ static void tune_socket(int fd, int sockbuf) {
 /* ------------------------------------------------------------------ types */
 
 typedef struct region {
+  int64_t id;
   uint64_t addr, len;
   uint32_t perm;
   int refs;
@@ -144,33 +192,31 @@ typedef struct region {
   struct region *next;
 } region_t;
 
-typedef struct slice_queue {
-  tent_slice_t *buf;
-  size_t cap, head, len;
-} slice_queue_t;
-
 typedef struct rail {
+  struct peer *peer;
   struct sockaddr_in local;  /* sin_addr 0 = don't bind */
   struct sockaddr_in remote;
   char name[96];
-  slice_queue_t q;
-  int *idle;     /* idle connected fds */
+  tent_chunk_queue_t q; /* chunks waiting for a connection slot */
+  int *idle;            /* idle connected fds */
+  uint64_t *idle_since; /* when each went idle (ms) */
   int nidle;
-  int *slot_fd;  /* per in-flight slot: SLOT_FREE, -1 (connecting) or the fd in use */
-  int busy;      /* slices in flight on this rail */
+  int *slot_fd;         /* per in-flight slot: SLOT_FREE, -1 (connecting) or the fd in use */
+  int busy;             /* chunks in flight on this rail */
   uint64_t down_until_ms; /* connect failed recently: fail fast until then */
+  int ready;                       /* linked into the executor's ready list */
+  struct rail *ready_prev, *ready_next;
   /* counters */
   atomic_ullong bytes, slices, errors, connects;
 } rail_t;
 
 typedef struct peer {
-  int64_t handle;
+  uint64_t handle;
   int nrails;
-  int removed;
+  int removed; /* out of the table; freed when refs drops to 0 */
+  int refs;    /* the table's + one per chunk in flight; under ex->mu */
   rail_t *rails;
 } peer_t;
-
-struct tcp_exec;
 
 typedef struct listener {
   struct tcp_exec *ex;
@@ -184,6 +230,11 @@ typedef struct sconn {
   struct tcp_exec *ex;
   int fd;
   int done;
+  region_t *cur; /* the region this connection's I/O is using now (under ex->reg_mu) */
+  int pending;   /* still authenticating (under srv_mu) */
+  int evicted;   /* cut to make room for a newer unauthenticated client (under srv_mu) */
+  uint64_t accepted_ms;
+  char who[64];  /* the client's address, for logs */
   pthread_t thread;
   struct sconn *next;
 } sconn_t;
@@ -191,65 +242,42 @@ typedef struct sconn {
 typedef struct tcp_exec {
   const tent_host_api_t *host;
   int nthreads, conns_per_rail, slice_timeout_ms, connect_timeout_ms, sockbuf;
+  int auth_on;
+  uint8_t auth_key[32];
+  int auth_timeout_ms, max_conns, idle_timeout_ms, unregister_timeout_ms;
+
+  uint64_t chunk;     /* cut slices into chunks of at most this many bytes (0: whole slices) */
+  uint32_t max_parts;
 
   pthread_mutex_t mu; /* queues, peers, connection pools */
   pthread_cond_t cv;  /* work available / slot freed */
   int stopping;
-  peer_t **peers;
-  int npeers, cap_peers;
-  unsigned rr; /* round-robin cursor over (peer, rail) */
-  slice_queue_t orphans; /* slices whose peer was removed: complete with TENT_E_CONNECT */
+  tent_handle_table_t peers;
+  size_t live_peers, allocated_peers; /* in the table; not yet freed (removed ones draining too) */
+  rail_t *ready_head, *ready_tail;    /* rails with work a worker may take now, FIFO */
   pthread_t *workers;
   int nworkers;
   atomic_ullong next_reqid;
 
   pthread_mutex_t reg_mu; /* regions */
-  pthread_cond_t reg_cv;
+  pthread_cond_t reg_cv;  /* CLOCK_MONOTONIC */
   region_t *regions;
+  int64_t next_region_id;
 
   pthread_mutex_t srv_mu; /* listeners and server connections */
   listener_t *listeners;
   sconn_t *sconns;
+  int active_conns;
+  int pending_auth; /* connections still in the handshake: at most max_conns / 4 */
+  atomic_ullong refused_conns, auth_failures, idle_closed, cut_conns;
   int wake_fd; /* eventfd, readable once stopping */
 } tcp_exec_t;
 
-/* ------------------------------------------------------------------ queues */
+/* ------------------------------------------------------------------ ready list */
 
-static int q_push(slice_queue_t *q, const tent_slice_t *s) {
-  if (q->len == q->cap) {
-    size_t ncap = q->cap ? q->cap * 2 : 64;
-    tent_slice_t *nb = malloc(ncap * sizeof *nb);
-    if (!nb) return -1;
-    for (size_t i = 0; i < q->len; i++) nb[i] = q->buf[(q->head + i) % q->cap];
-    free(q->buf);
-    q->buf = nb;
-    q->cap = ncap;
-    q->head = 0;
-  }
-  q->buf[(q->head + q->len) % q->cap] = *s;
-  q->len++;
-  return 0;
-}
-
-static int q_reserve(slice_queue_t *q, size_t extra) {
-  if (q->len + extra <= q->cap) return 0;
-  size_t ncap = q->cap ? q->cap : 64;
-  while (ncap < q->len + extra) ncap *= 2;
-  tent_slice_t *nb = malloc(ncap * sizeof *nb);
-  if (!nb) return -1;
-  for (size_t i = 0; i < q->len; i++) nb[i] = q->buf[(q->head + i) % q->cap];
-  free(q->buf);
-  q->buf = nb;
-  q->cap = ncap;
-  q->head = 0;
-  return 0;
-}
-
-static void q_pop(slice_queue_t *q, tent_slice_t *out) {
-  *out = q->buf[q->head];
-  q->head = (q->head + 1) % q->cap;
-  q->len--;
-}
+/* A rail is ready when a worker may pop a chunk from it now: it has queued chunks and a free
+ * connection slot. Called with ex->mu after anything that changes those. */
+static void rail_update_ready(struct tcp_exec *ex, rail_t *r);
 
 /* ------------------------------------------------------------------ config */
 
@@ -259,17 +287,58 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->slice_timeout_ms = 2000;
   ex->connect_timeout_ms = 1000;
   ex->sockbuf = 4 << 20;
+  ex->chunk = 0;
+  ex->max_parts = 64;
+  ex->auth_on = 0;
+  ex->auth_timeout_ms = 5000;
+  ex->max_conns = 256;
+  ex->idle_timeout_ms = 120000;
+  ex->unregister_timeout_ms = 5000;
   char key[64], val[256];
   for (const char *c = cfg; tent_config_next(&c, key, sizeof key, val, sizeof val);) {
     char *end = NULL;
     long v = strtol(val, &end, 10);
     int *dst = NULL;
     long lo = 0, hi = 1L << 30;
+    if (!strcmp(key, "auth_key")) {
+      if (!*val) {
+        ex->auth_on = 0;
+        continue;
+      }
+      if (strlen(val) != 64) {
+        snprintf(err, errlen, "auth_key must be 64 hex digits");
+        return -1;
+      }
+      for (int i = 0; i < 32; i++) {
+        unsigned b;
+        if (sscanf(val + 2 * i, "%2x", &b) != 1) {
+          snprintf(err, errlen, "auth_key must be 64 hex digits");
+          return -1;
+        }
+        ex->auth_key[i] = (uint8_t)b;
+      }
+      ex->auth_on = 1;
+      continue;
+    }
+    if (!strcmp(key, "chunk")) {
+      char *e = NULL;
+      unsigned long long c = strtoull(val, &e, 10);
+      if (e == val || *e) {
+        snprintf(err, errlen, "bad value for chunk: %s", val);
+        return -1;
+      }
+      ex->chunk = c;
+      continue;
+    }
     if (!strcmp(key, "threads")) dst = &ex->nthreads, lo = 1, hi = 256;
     else if (!strcmp(key, "conns_per_rail")) dst = &ex->conns_per_rail, lo = 1, hi = 64;
     else if (!strcmp(key, "slice_timeout_ms")) dst = &ex->slice_timeout_ms, lo = 1;
     else if (!strcmp(key, "connect_timeout_ms")) dst = &ex->connect_timeout_ms, lo = 1;
     else if (!strcmp(key, "sockbuf")) dst = &ex->sockbuf, lo = 0;
+    else if (!strcmp(key, "auth_timeout_ms")) dst = &ex->auth_timeout_ms, lo = 1;
+    else if (!strcmp(key, "max_conns")) dst = &ex->max_conns, lo = 1, hi = 65536;
+    else if (!strcmp(key, "idle_timeout_ms")) dst = &ex->idle_timeout_ms, lo = 1;
+    else if (!strcmp(key, "unregister_timeout_ms")) dst = &ex->unregister_timeout_ms, lo = 0;
     else continue; /* unknown keys are ignored (the transport may pass extra ones) */
     if (end == val || *end || v < lo || v > hi) {
       snprintf(err, errlen, "bad value for %s: %s", key, val);
@@ -282,8 +351,8 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
 
 /* ------------------------------------------------------------------ regions */
 
-/* Returns a referenced region or NULL with *status set. */
-static region_t *region_acquire(tcp_exec_t *ex, uint64_t addr, uint64_t len, uint32_t need, int *status) {
+/* Returns a referenced region or NULL with *status set; `c` (the serving connection) records it. */
+static region_t *region_acquire(tcp_exec_t *ex, sconn_t *c, uint64_t addr, uint64_t len, uint32_t need, int *status) {
   region_t *found = NULL;
   int saw_inside = 0;
   pthread_mutex_lock(&ex->reg_mu);
@@ -294,6 +363,7 @@ static region_t *region_acquire(tcp_exec_t *ex, uint64_t addr, uint64_t len, uin
     if ((r->perm & need) == need) {
       found = r;
       r->refs++;
+      c->cur = r;
       break;
     }
   }
@@ -302,34 +372,42 @@ static region_t *region_acquire(tcp_exec_t *ex, uint64_t addr, uint64_t len, uin
   return found;
 }
 
-static void region_release(tcp_exec_t *ex, region_t *r) {
+static void region_release(tcp_exec_t *ex, sconn_t *c, region_t *r) {
   pthread_mutex_lock(&ex->reg_mu);
+  c->cur = NULL;
   if (--r->refs == 0 && r->dead) pthread_cond_broadcast(&ex->reg_cv);
   pthread_mutex_unlock(&ex->reg_mu);
 }
 
-EXPORT int tcp_register_region(void *self, uint64_t addr, uint64_t len, uint32_t perm) {
+/* Register [addr, addr+len) with `perm`: returns the registration's id (> 0) or -errno. */
+EXPORT int64_t tcp_register_region(void *self, uint64_t addr, uint64_t len, uint32_t perm) {
   tcp_exec_t *ex = self;
-  if (!ex) return -EINVAL;
+  if (!ex || perm > (PERM_REMOTE_READ | PERM_REMOTE_WRITE) || addr + len < addr) return -EINVAL;
   region_t *r = calloc(1, sizeof *r);
   if (!r) return -ENOMEM;
   r->addr = addr;
   r->len = len;
   r->perm = perm;
   pthread_mutex_lock(&ex->reg_mu);
+  r->id = ++ex->next_region_id;
   r->next = ex->regions;
   ex->regions = r;
   pthread_mutex_unlock(&ex->reg_mu);
-  return 0;
+  return r->id;
 }
 
-EXPORT int tcp_unregister_region(void *self, uint64_t addr, uint64_t len) {
+/* Remove registration `id`: no new request finds it once this starts; it returns when no server
+ * I/O uses it any more. In-flight I/O gets `timeout_ms` (< 0: the executor's
+ * unregister_timeout_ms) to finish, then its connections are cut. 0: drained in time, 1: drained
+ * after cutting connections, -ENOENT: no such registration. */
+EXPORT int tcp_unregister_region(void *self, int64_t id, int timeout_ms) {
   tcp_exec_t *ex = self;
   if (!ex) return -EINVAL;
+  if (timeout_ms < 0) timeout_ms = ex->unregister_timeout_ms;
   pthread_mutex_lock(&ex->reg_mu);
   region_t **pp = &ex->regions, *r = NULL;
   for (; *pp; pp = &(*pp)->next) {
-    if ((*pp)->addr == addr && (*pp)->len == len && !(*pp)->dead) {
+    if ((*pp)->id == id && !(*pp)->dead) {
       r = *pp;
       *pp = r->next;
       break;
@@ -340,10 +418,32 @@ EXPORT int tcp_unregister_region(void *self, uint64_t addr, uint64_t len) {
     return -ENOENT;
   }
   r->dead = 1; /* unlinked: no new lookups find it; wait for in-flight server I/O */
-  while (r->refs > 0) pthread_cond_wait(&ex->reg_cv, &ex->reg_mu);
+  struct timespec dl;
+  clock_gettime(CLOCK_MONOTONIC, &dl);
+  dl.tv_sec += timeout_ms / 1000;
+  dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+  if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+  while (r->refs > 0)
+    if (pthread_cond_timedwait(&ex->reg_cv, &ex->reg_mu, &dl) == ETIMEDOUT) break;
+  int cut = 0;
+  if (r->refs > 0) {
+    /* a reader too slow (or stalled on purpose) to finish: cut its connection, its I/O fails now */
+    pthread_mutex_lock(&ex->srv_mu);
+    for (sconn_t *c = ex->sconns; c; c = c->next) {
+      if (c->cur == r && c->fd >= 0) {
+        shutdown(c->fd, SHUT_RDWR);
+        cut++;
+        atomic_fetch_add(&ex->cut_conns, 1);
+      }
+    }
+    pthread_mutex_unlock(&ex->srv_mu);
+    slog("unregister: %d connection(s) still using region %#llx after %d ms: cut", cut,
+         (unsigned long long)r->addr, timeout_ms);
+    while (r->refs > 0) pthread_cond_wait(&ex->reg_cv, &ex->reg_mu); /* their syscalls return at once */
+  }
   pthread_mutex_unlock(&ex->reg_mu);
   free(r);
-  return 0;
+  return cut ? 1 : 0;
 }
 
 /* ------------------------------------------------------------------ server */
@@ -352,19 +452,22 @@ static void sconn_close(sconn_t *c) {
   pthread_mutex_lock(&c->ex->srv_mu);
   if (c->fd >= 0) close(c->fd);
   c->fd = -1;
+  if (!c->done) c->ex->active_conns--;
   c->done = 1;
   pthread_mutex_unlock(&c->ex->srv_mu);
 }
 
-/* Wait until fd is readable or the executor stops. Returns 1 readable, 0 stop. */
-static int wait_readable(tcp_exec_t *ex, int fd) {
+/* Wait until fd is readable, the executor stops, or `timeout_ms` (< 0: forever) passes.
+ * Returns 1 readable, 0 stop, -1 timed out. */
+static int wait_readable(tcp_exec_t *ex, int fd, int timeout_ms) {
   for (;;) {
     struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = ex->wake_fd, .events = POLLIN}};
-    int n = poll(p, 2, -1);
+    int n = poll(p, 2, timeout_ms);
     if (n < 0) {
       if (errno == EINTR) continue;
       return 0;
     }
+    if (n == 0) return -1;
     if (p[1].revents) return 0;
     if (p[0].revents) return 1;
   }
@@ -397,26 +500,42 @@ static void *sconn_main(void *arg) {
   tcp_exec_t *ex = c->ex;
   int fd = c->fd;
   uint8_t h[REQ_SIZE];
+  if (ex->auth_on) {
+    char why[160];
+    int rc = tent_auth_server(fd, ex->auth_key, sizeof ex->auth_key, NULL, 0, ex->auth_timeout_ms, why, sizeof why);
+    pthread_mutex_lock(&ex->srv_mu);
+    if (!c->evicted) ex->pending_auth--;
+    c->pending = 0;
+    pthread_mutex_unlock(&ex->srv_mu);
+    if (rc != TENT_AUTH_OK) {
+      atomic_fetch_add(&ex->auth_failures, 1);
+      slog("refused a connection from %s: %s", c->who, why);
+      sconn_close(c);
+      return NULL;
+    }
+  }
   for (;;) {
-    if (!wait_readable(ex, fd)) break;
+    int w = wait_readable(ex, fd, ex->idle_timeout_ms);
+    if (w < 0) atomic_fetch_add(&ex->idle_closed, 1); /* idle too long: the client reconnects when it needs to */
+    if (w <= 0) break;
     int rc = recv_all(fd, h, REQ_SIZE);
     if (rc != IO_OK) break; /* peer closed / stalled mid-header */
     if (get32(h) != WIRE_MAGIC || get16(h + 4) != WIRE_VERSION) {
-      slog("closing connection: bad request header (magic %08x version %u)", get32(h), get16(h + 4));
+      slog("closing connection from %s: bad request header (magic %08x version %u)", c->who, get32(h), get16(h + 4));
       break;
     }
     uint32_t op = get16(h + 6);
     uint64_t addr = get64(h + 8), len = get64(h + 16), reqid = get64(h + 24);
     if (op != TENT_OP_READ && op != TENT_OP_WRITE) {
-      slog("closing connection: bad opcode %u", op);
+      slog("closing connection from %s: bad opcode %u", c->who, op);
       break;
     }
     int status = TENT_OK;
-    region_t *r = region_acquire(ex, addr, len, op == TENT_OP_READ ? PERM_REMOTE_READ : PERM_REMOTE_WRITE, &status);
+    region_t *r = region_acquire(ex, c, addr, len, op == TENT_OP_READ ? PERM_REMOTE_READ : PERM_REMOTE_WRITE, &status);
     if (op == TENT_OP_WRITE) {
       if (r) {
         rc = recv_all(fd, (void *)(uintptr_t)addr, (size_t)len);
-        region_release(ex, r);
+        region_release(ex, c, r);
       } else {
         rc = drain(fd, len);
       }
@@ -429,7 +548,7 @@ static void *sconn_main(void *arg) {
       }
       rc = send_response(fd, TENT_OK, reqid, 1);
       if (rc == IO_OK) rc = send_all(fd, (const void *)(uintptr_t)addr, (size_t)len, 0);
-      region_release(ex, r);
+      region_release(ex, c, r);
       if (rc != IO_OK) break;
     }
   }
@@ -455,8 +574,10 @@ static void *accept_main(void *arg) {
   listener_t *l = arg;
   tcp_exec_t *ex = l->ex;
   for (;;) {
-    if (!wait_readable(ex, l->fd)) break;
-    int fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC);
+    if (wait_readable(ex, l->fd, -1) <= 0) break;
+    struct sockaddr_in from;
+    socklen_t fromlen = sizeof from;
+    int fd = accept4(l->fd, (struct sockaddr *)&from, &fromlen, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) continue;
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
@@ -465,6 +586,37 @@ static void *accept_main(void *arg) {
         continue;
       }
       break;
+    }
+    char who[64] = "?";
+    if (fromlen >= sizeof from && from.sin_family == AF_INET) {
+      char ip[INET_ADDRSTRLEN];
+      inet_ntop(AF_INET, &from.sin_addr, ip, sizeof ip);
+      snprintf(who, sizeof who, "%s:%d", ip, ntohs(from.sin_port));
+    }
+    pthread_mutex_lock(&ex->srv_mu);
+    reap_sconns_locked(ex);
+    /* A thread and an fd per connection: never more than max_conns of them. Clients that have not
+     * authenticated (yet) hold at most a quarter; when those are all taken, the oldest of them is cut
+     * for the newcomer: a flood of clients that never authenticate cannot lock real peers out (a
+     * peer finishes its handshake in a round trip or two, long before it is the oldest). */
+    if (ex->auth_on && ex->pending_auth >= (ex->max_conns + 3) / 4) {
+      sconn_t *oldest = NULL;
+      for (sconn_t *o = ex->sconns; o; o = o->next)
+        if (o->pending && !o->evicted && o->fd >= 0 && (!oldest || o->accepted_ms < oldest->accepted_ms)) oldest = o;
+      if (oldest) {
+        oldest->evicted = 1;
+        ex->pending_auth--; /* its handshake fails now; it no longer counts against newcomers */
+        shutdown(oldest->fd, SHUT_RDWR);
+        atomic_fetch_add(&ex->refused_conns, 1);
+      }
+    }
+    int full = ex->active_conns >= ex->max_conns || (ex->auth_on && ex->pending_auth >= (ex->max_conns + 3) / 4);
+    pthread_mutex_unlock(&ex->srv_mu);
+    if (full) {
+      close(fd);
+      atomic_fetch_add(&ex->refused_conns, 1);
+      slog("refused a connection from %s: %d connections open (max_conns)", who, ex->max_conns);
+      continue;
     }
     tune_socket(fd, ex->sockbuf);
     set_timeouts(fd, ex->slice_timeout_ms);
@@ -475,14 +627,20 @@ static void *accept_main(void *arg) {
     }
     c->ex = ex;
     c->fd = fd;
+    snprintf(c->who, sizeof c->who, "%s", who);
     pthread_mutex_lock(&ex->srv_mu);
-    reap_sconns_locked(ex);
     if (ex->stopping || pthread_create(&c->thread, NULL, sconn_main, c) != 0) {
       pthread_mutex_unlock(&ex->srv_mu);
       close(fd);
       free(c);
       continue;
     }
+    ex->active_conns++;
+    if (ex->auth_on) {
+      ex->pending_auth++;
+      c->pending = 1;
+    }
+    c->accepted_ms = mono_ms();
     c->next = ex->sconns;
     ex->sconns = c;
     pthread_mutex_unlock(&ex->srv_mu);
@@ -573,10 +731,28 @@ static int rail_connect(tcp_exec_t *ex, rail_t *r) {
       return -1;
     }
   }
+  if (ex->auth_on) {
+    char why[160];
+    int rc = tent_auth_client(fd, ex->auth_key, sizeof ex->auth_key, NULL, 0, ex->connect_timeout_ms, why, sizeof why);
+    if (rc != TENT_AUTH_OK) {
+      slog("rail %s: %s", r->name, why);
+      close(fd);
+      return -1;
+    }
+  }
   int fl = fcntl(fd, F_GETFL);
   fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
   set_timeouts(fd, ex->slice_timeout_ms);
   return fd;
+}
+
+/* A pooled connection may have been closed by the server (idle timeout, restart): true if `fd`
+ * has been idle long enough that the server may have dropped it, or already shows EOF/HUP. */
+static int idle_fd_stale(tcp_exec_t *ex, int fd, uint64_t since, uint64_t now) {
+  if (now - since >= (uint64_t)ex->idle_timeout_ms / 2) return 1;
+  if (now - since < 200) return 0; /* just used: not worth a syscall */
+  struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+  return poll(&p, 1, 0) > 0;
 }
 
 static int io_status(int rc) {
@@ -587,19 +763,21 @@ static int io_status(int rc) {
   }
 }
 
-/* Run one slice on a connected socket. *broken set when the connection must be dropped. */
-static int run_slice(tcp_exec_t *ex, int fd, const tent_slice_t *s, int *broken) {
+/* Run one chunk [off, off+len) of slice `s` on a connected socket. *broken set when the
+ * connection must be dropped. */
+static int run_chunk(tcp_exec_t *ex, int fd, const tent_slice_t *s, uint64_t off, uint64_t len, int *broken) {
   uint8_t h[REQ_SIZE];
   uint64_t reqid = atomic_fetch_add(&ex->next_reqid, 1);
+  uint64_t local = s->local_addr + off;
   put32(h, WIRE_MAGIC);
   put16(h + 4, WIRE_VERSION);
   put16(h + 6, (uint16_t)s->opcode);
-  put64(h + 8, s->remote_addr);
-  put64(h + 16, s->length);
+  put64(h + 8, s->remote_addr + off);
+  put64(h + 16, len);
   put64(h + 24, reqid);
   *broken = 1;
   int rc = send_all(fd, h, REQ_SIZE, s->opcode == TENT_OP_WRITE);
-  if (rc == IO_OK && s->opcode == TENT_OP_WRITE) rc = send_all(fd, (const void *)(uintptr_t)s->local_addr, s->length, 0);
+  if (rc == IO_OK && s->opcode == TENT_OP_WRITE) rc = send_all(fd, (const void *)(uintptr_t)local, len, 0);
   if (rc != IO_OK) return io_status(rc);
   uint8_t rsp[RSP_SIZE];
   rc = recv_all(fd, rsp, RSP_SIZE);
@@ -607,7 +785,7 @@ static int run_slice(tcp_exec_t *ex, int fd, const tent_slice_t *s, int *broken)
   if (get32(rsp) != WIRE_MAGIC || get16(rsp + 4) != WIRE_VERSION || get64(rsp + 16) != reqid) return TENT_E_PROTOCOL;
   int32_t status = (int32_t)get32(rsp + 8);
   if (status == TENT_OK && s->opcode == TENT_OP_READ) {
-    rc = recv_all(fd, (void *)(uintptr_t)s->local_addr, s->length);
+    rc = recv_all(fd, (void *)(uintptr_t)local, len);
     if (rc != IO_OK) return io_status(rc);
   }
   *broken = 0;
@@ -615,93 +793,138 @@ static int run_slice(tcp_exec_t *ex, int fd, const tent_slice_t *s, int *broken)
   return status;
 }
 
-/* Find a rail with queued work and a free slot; pops one slice. Called with ex->mu. */
-static rail_t *take_work_locked(tcp_exec_t *ex, tent_slice_t *out, peer_t **peer_out) {
-  /* count (peer, rail) pairs for the round-robin cursor */
-  unsigned total = 0;
-  for (int p = 0; p < ex->npeers; p++)
-    if (ex->peers[p]) total += (unsigned)ex->peers[p]->nrails;
-  if (!total) return NULL;
-  unsigned start = ex->rr % total, idx = 0;
-  rail_t *best = NULL;
-  peer_t *bestp = NULL;
-  unsigned best_idx = 0;
-  for (int p = 0; p < ex->npeers && !best; p++) {
-    peer_t *pe = ex->peers[p];
-    if (!pe) continue;
-    for (int i = 0; i < pe->nrails; i++, idx++) {
-      rail_t *r = &pe->rails[i];
-      if (r->q.len && r->busy < ex->conns_per_rail && idx >= start) {
-        best = r, bestp = pe, best_idx = idx;
-        break;
-      }
-    }
+/* ------------------------------------------------------------------ ready list */
+
+static int rail_is_ready(const tcp_exec_t *ex, const rail_t *r) {
+  return r->q.len > 0 && r->busy < ex->conns_per_rail && !r->peer->removed;
+}
+
+static void ready_unlink(tcp_exec_t *ex, rail_t *r) {
+  if (!r->ready) return;
+  if (r->ready_prev) r->ready_prev->ready_next = r->ready_next;
+  else ex->ready_head = r->ready_next;
+  if (r->ready_next) r->ready_next->ready_prev = r->ready_prev;
+  else ex->ready_tail = r->ready_prev;
+  r->ready_prev = r->ready_next = NULL;
+  r->ready = 0;
+}
+
+static void ready_append(tcp_exec_t *ex, rail_t *r) {
+  r->ready_prev = ex->ready_tail;
+  r->ready_next = NULL;
+  if (ex->ready_tail) ex->ready_tail->ready_next = r;
+  else ex->ready_head = r;
+  ex->ready_tail = r;
+  r->ready = 1;
+}
+
+static void rail_update_ready(tcp_exec_t *ex, rail_t *r) {
+  int want = rail_is_ready(ex, r);
+  if (want && !r->ready) ready_append(ex, r);
+  else if (!want && r->ready) ready_unlink(ex, r);
+}
+
+/* ------------------------------------------------------------------ workers */
+
+/* Account one finished chunk; reports the slice when it was its job's last chunk. */
+static void finish_chunk(tcp_exec_t *ex, const tent_chunk_t *c, int status) {
+  tent_job_t *j = c->job;
+  int final;
+  if (tent_job_chunk_done(j, status, &final)) {
+    ex->host->complete(ex->host->ctx, &j->s, final);
+    free(j);
   }
-  if (!best) { /* wrap around */
-    idx = 0;
-    for (int p = 0; p < ex->npeers && !best; p++) {
-      peer_t *pe = ex->peers[p];
-      if (!pe) continue;
-      for (int i = 0; i < pe->nrails && idx < start; i++, idx++) {
-        rail_t *r = &pe->rails[i];
-        if (r->q.len && r->busy < ex->conns_per_rail) {
-          best = r, bestp = pe, best_idx = idx;
-          break;
-        }
-      }
-    }
-  }
-  if (!best) return NULL;
-  ex->rr = best_idx + 1;
-  q_pop(&best->q, out);
-  *peer_out = bestp;
-  return best;
+}
+
+/* Fail every chunk of a queue taken off a rail (called without ex->mu) and free it. */
+static void fail_queue(tcp_exec_t *ex, tent_chunk_queue_t *q, int status) {
+  tent_chunk_t c;
+  while (tent_cq_pop(q, &c) == 0) finish_chunk(ex, &c, status);
+  tent_cq_free(q);
+}
+
+/* Take a rail's queued chunks out (O(1)); the caller fails them after dropping ex->mu. */
+static tent_chunk_queue_t rail_take_queue(tcp_exec_t *ex, rail_t *r) {
+  tent_chunk_queue_t q = r->q;
+  memset(&r->q, 0, sizeof r->q);
+  ready_unlink(ex, r);
+  return q;
+}
+
+static void rail_free(rail_t *r) {
+  tent_cq_free(&r->q);
+  for (int k = 0; k < r->nidle; k++) close(r->idle[k]);
+  free(r->idle);
+  free(r->idle_since);
+  free(r->slot_fd);
+}
+
+static void peer_free(peer_t *pe) {
+  for (int i = 0; i < pe->nrails; i++) rail_free(&pe->rails[i]);
+  free(pe->rails);
+  free(pe);
+}
+
+/* Drop one reference; a removed peer is freed with its last. Called with ex->mu. */
+static void peer_unref_locked(tcp_exec_t *ex, peer_t *pe) {
+  if (--pe->refs > 0) return;
+  for (int i = 0; i < pe->nrails; i++) ready_unlink(ex, &pe->rails[i]);
+  ex->allocated_peers--;
+  peer_free(pe);
 }
 
 static void *worker_main(void *arg) {
   tcp_exec_t *ex = arg;
+  tent_chunk_t c;
   pthread_mutex_lock(&ex->mu);
   for (;;) {
     if (ex->stopping) break;
-    tent_slice_t s;
-    if (ex->orphans.len) {
-      q_pop(&ex->orphans, &s);
-      pthread_mutex_unlock(&ex->mu);
-      ex->host->complete(ex->host->ctx, &s, TENT_E_CONNECT);
-      pthread_mutex_lock(&ex->mu);
-      continue;
-    }
-    peer_t *pe = NULL;
-    rail_t *r = take_work_locked(ex, &s, &pe);
+    rail_t *r = ex->ready_head;
     if (!r) {
       pthread_cond_wait(&ex->cv, &ex->mu);
       continue;
     }
-    int status;
-    if (ex->host->is_cancelled(ex->host->ctx, s.token)) {
-      pthread_mutex_unlock(&ex->mu);
-      ex->host->complete(ex->host->ctx, &s, TENT_E_CANCELLED);
-      pthread_mutex_lock(&ex->mu);
-      continue;
-    }
-    if (s.length == 0) {
-      pthread_mutex_unlock(&ex->mu);
-      ex->host->complete(ex->host->ctx, &s, TENT_OK);
-      pthread_mutex_lock(&ex->mu);
-      continue;
-    }
-    if (r->down_until_ms && mono_ms() < r->down_until_ms && r->nidle == 0) {
+    peer_t *pe = r->peer;
+    tent_cq_pop(&r->q, &c);
+    /* round robin: the rail goes to the back of the ready list (or leaves it) */
+    ready_unlink(ex, r);
+    const tent_slice_t *s = &c.job->s;
+    int status = TENT_OK, run = 0;
+    if (atomic_load(&c.job->status) != TENT_OK) {
+      status = TENT_OK; /* an earlier chunk of the slice failed: skip, its status stands */
+    } else if (ex->host->is_cancelled(ex->host->ctx, s->token)) {
+      status = TENT_E_CANCELLED;
+    } else if (c.len == 0) {
+      status = TENT_OK;
+    } else if (r->down_until_ms && mono_ms() < r->down_until_ms && r->nidle == 0) {
       atomic_fetch_add(&r->errors, 1);
+      status = TENT_E_CONNECT;
+    } else {
+      run = 1;
+    }
+    if (!run) {
+      rail_update_ready(ex, r);
       pthread_mutex_unlock(&ex->mu);
-      ex->host->complete(ex->host->ctx, &s, TENT_E_CONNECT);
+      finish_chunk(ex, &c, status);
       pthread_mutex_lock(&ex->mu);
       continue;
     }
     int slot = 0;
     while (r->slot_fd[slot] != SLOT_FREE) slot++; /* busy < conns_per_rail: a free slot exists */
     r->busy++;
-    int fd = r->nidle ? r->idle[--r->nidle] : -1;
+    pe->refs++;
+    int fd = -1;
+    uint64_t now_ms = mono_ms();
+    while (r->nidle && fd < 0) {
+      r->nidle--;
+      fd = r->idle[r->nidle];
+      if (idle_fd_stale(ex, fd, r->idle_since[r->nidle], now_ms)) {
+        close(fd);
+        fd = -1;
+      }
+    }
     r->slot_fd[slot] = fd;
+    rail_update_ready(ex, r);
     pthread_mutex_unlock(&ex->mu);
 
     int broken = 0;
@@ -723,25 +946,31 @@ static void *worker_main(void *arg) {
       }
       pthread_mutex_unlock(&ex->mu);
     }
-    if (fd >= 0) status = run_slice(ex, fd, &s, &broken);
+    if (fd >= 0) status = run_chunk(ex, fd, s, c.off, c.len, &broken);
 
     pthread_mutex_lock(&ex->mu);
     if (fd >= 0) {
-      if (broken || ex->stopping || pe->removed) close(fd);
-      else r->idle[r->nidle++] = fd;
+      if (broken || ex->stopping || pe->removed) {
+        close(fd);
+      } else {
+        r->idle_since[r->nidle] = mono_ms();
+        r->idle[r->nidle++] = fd;
+      }
     }
     r->slot_fd[slot] = SLOT_FREE;
     r->busy--;
     if (status == TENT_OK) {
-      atomic_fetch_add(&r->bytes, s.length);
+      atomic_fetch_add(&r->bytes, c.len);
       atomic_fetch_add(&r->slices, 1);
     } else {
       atomic_fetch_add(&r->errors, 1);
     }
     if (status != TENT_OK && ex->stopping && status > TENT_E_BOUNDS) status = TENT_E_CANCELLED;
-    pthread_cond_signal(&ex->cv); /* a slot freed on this rail */
+    if (!pe->removed) rail_update_ready(ex, r); /* a slot freed on this rail */
+    peer_unref_locked(ex, pe);
+    pthread_cond_signal(&ex->cv);
     pthread_mutex_unlock(&ex->mu);
-    ex->host->complete(ex->host->ctx, &s, status);
+    finish_chunk(ex, &c, status);
     pthread_mutex_lock(&ex->mu);
   }
   pthread_mutex_unlock(&ex->mu);
@@ -749,12 +978,6 @@ static void *worker_main(void *arg) {
 }
 
 /* ------------------------------------------------------------------ peers */
-
-static void rail_free(rail_t *r) {
-  free(r->q.buf);
-  free(r->idle);
-  free(r->slot_fd);
-}
 
 EXPORT int64_t tcp_add_peer(void *self, int nrails, const char **local_ips, const char **remote_ips,
                             const int *remote_ports) {
@@ -770,6 +993,7 @@ EXPORT int64_t tcp_add_peer(void *self, int nrails, const char **local_ips, cons
   pe->nrails = nrails;
   for (int i = 0; i < nrails; i++) {
     rail_t *r = &pe->rails[i];
+    r->peer = pe;
     r->local.sin_family = AF_INET;
     r->remote.sin_family = AF_INET;
     r->remote.sin_port = htons((uint16_t)remote_ports[i]);
@@ -778,102 +1002,91 @@ EXPORT int64_t tcp_add_peer(void *self, int nrails, const char **local_ips, cons
               remote_ports[i] <= 0 || remote_ports[i] > 65535;
     if (!bad && lip && *lip) bad = inet_pton(AF_INET, lip, &r->local.sin_addr) != 1;
     r->idle = calloc((size_t)ex->conns_per_rail, sizeof(int));
+    r->idle_since = calloc((size_t)ex->conns_per_rail, sizeof(uint64_t));
     r->slot_fd = calloc((size_t)ex->conns_per_rail, sizeof(int));
-    if (bad || !r->idle || !r->slot_fd) {
-      for (int j = 0; j <= i; j++) rail_free(&pe->rails[j]);
-      free(pe->rails);
-      free(pe);
+    if (bad || !r->idle || !r->idle_since || !r->slot_fd) {
+      pe->nrails = i + 1;
+      peer_free(pe);
       return bad ? -EINVAL : -ENOMEM;
     }
-    if (r->slot_fd)
-      for (int k = 0; k < ex->conns_per_rail; k++) r->slot_fd[k] = SLOT_FREE;
+    for (int k = 0; k < ex->conns_per_rail; k++) r->slot_fd[k] = SLOT_FREE;
     snprintf(r->name, sizeof r->name, "%s->%s:%d", (lip && *lip) ? lip : "*", remote_ips[i], remote_ports[i]);
   }
   pthread_mutex_lock(&ex->mu);
-  if (ex->npeers == ex->cap_peers) {
-    int ncap = ex->cap_peers ? ex->cap_peers * 2 : 16;
-    peer_t **np = realloc(ex->peers, (size_t)ncap * sizeof *np);
-    if (!np) {
-      pthread_mutex_unlock(&ex->mu);
-      for (int j = 0; j < nrails; j++) rail_free(&pe->rails[j]);
-      free(pe->rails);
-      free(pe);
-      return -ENOMEM;
-    }
-    ex->peers = np;
-    ex->cap_peers = ncap;
+  uint64_t h = tent_ht_insert(&ex->peers, pe);
+  if (!h || h > (uint64_t)INT64_MAX) { /* out of memory (or handles exhausted: never in practice) */
+    if (h) tent_ht_take(&ex->peers, h);
+    pthread_mutex_unlock(&ex->mu);
+    peer_free(pe);
+    return -ENOMEM;
   }
-  ex->peers[ex->npeers++] = pe;
-  pe->handle = ex->npeers; /* handle = index + 1 */
+  pe->handle = h;
+  pe->refs = 1; /* the table's */
+  ex->live_peers++;
+  ex->allocated_peers++;
   pthread_mutex_unlock(&ex->mu);
-  return pe->handle;
+  return (int64_t)h;
 }
 
-static peer_t *peer_lookup_locked(tcp_exec_t *ex, uint64_t h) {
-  if (h == 0 || h > (uint64_t)ex->npeers) return NULL;
-  return ex->peers[h - 1];
-}
-
+/* Forget a peer: its handle stops resolving at once, queued chunks fail as unreachable
+ * (retryable: the core may re-route them) before this returns, in-flight ones are cut short;
+ * the peer is freed when the last of them returns. */
 EXPORT void tcp_remove_peer(void *self, int64_t handle) {
   tcp_exec_t *ex = self;
   if (!ex) return;
+  tent_chunk_queue_t queued[MAX_RAILS];
   pthread_mutex_lock(&ex->mu);
-  peer_t *pe = peer_lookup_locked(ex, (uint64_t)handle);
-  if (!pe || pe->removed) {
+  peer_t *pe = tent_ht_take(&ex->peers, (uint64_t)handle);
+  if (!pe) {
     pthread_mutex_unlock(&ex->mu);
     return;
   }
   pe->removed = 1;
-  for (int i = 0; i < pe->nrails; i++) {
+  ex->live_peers--;
+  int nrails = pe->nrails;
+  for (int i = 0; i < nrails; i++) {
     rail_t *r = &pe->rails[i];
-    tent_slice_t s;
-    while (r->q.len) { /* queued slices fail as unreachable (retryable: the core may reroute) */
-      q_pop(&r->q, &s);
-      q_push(&ex->orphans, &s);
-    }
+    queued[i] = rail_take_queue(ex, r);
     for (int k = 0; k < r->nidle; k++) close(r->idle[k]);
     r->nidle = 0;
     for (int k = 0; k < ex->conns_per_rail; k++)
       if (r->slot_fd[k] >= 0) shutdown(r->slot_fd[k], SHUT_RDWR);
   }
-  /* the peer struct stays (handles are indices) until destroy; in-flight workers close their fds */
+  peer_unref_locked(ex, pe); /* the table's reference: freed now unless chunks are in flight */
   pthread_cond_broadcast(&ex->cv);
   pthread_mutex_unlock(&ex->mu);
+  for (int i = 0; i < nrails; i++) fail_queue(ex, &queued[i], TENT_E_CONNECT);
 }
 
-/* The core believes this rail is dead: queued slices fail at once (retryable, so the core
+/* The core believes this rail is dead: queued chunks fail at once (retryable, so the core
  * re-routes them) and in-flight ones are cut short instead of waiting out the progress timer.
- * Returns the number of queued slices handed back, or -EINVAL. */
+ * Returns the number of queued chunks handed back, or -EINVAL. */
 EXPORT int tcp_abort_rail(void *self, int64_t handle, int rail) {
   tcp_exec_t *ex = self;
   if (!ex) return -EINVAL;
   pthread_mutex_lock(&ex->mu);
-  peer_t *pe = peer_lookup_locked(ex, (uint64_t)handle);
-  if (!pe || pe->removed || rail < 0 || rail >= pe->nrails) {
+  peer_t *pe = tent_ht_get(&ex->peers, (uint64_t)handle);
+  if (!pe || rail < 0 || rail >= pe->nrails) {
     pthread_mutex_unlock(&ex->mu);
     return -EINVAL;
   }
   rail_t *r = &pe->rails[rail];
-  int n = 0;
-  tent_slice_t s;
-  while (r->q.len) {
-    q_pop(&r->q, &s);
-    q_push(&ex->orphans, &s);
-    n++;
-  }
+  tent_chunk_queue_t q = rail_take_queue(ex, r);
   for (int k = 0; k < ex->conns_per_rail; k++)
     if (r->slot_fd[k] >= 0) shutdown(r->slot_fd[k], SHUT_RDWR);
   pthread_cond_broadcast(&ex->cv);
   pthread_mutex_unlock(&ex->mu);
+  int n = (int)q.len;
+  fail_queue(ex, &q, TENT_E_CONNECT);
   return n;
 }
 
-/* out[0..3] = bytes ok, slices ok, errors, connects. Returns 0 or -EINVAL. */
+/* out[0..3] = bytes ok, chunks ok, errors, connects. Returns 0 or -EINVAL. */
 EXPORT int tcp_get_rail_counters(void *self, int64_t handle, int rail, uint64_t *out, int nout) {
   tcp_exec_t *ex = self;
   if (!ex || !out) return -EINVAL;
   pthread_mutex_lock(&ex->mu);
-  peer_t *pe = peer_lookup_locked(ex, (uint64_t)handle);
+  peer_t *pe = tent_ht_get(&ex->peers, (uint64_t)handle);
   if (!pe || rail < 0 || rail >= pe->nrails) {
     pthread_mutex_unlock(&ex->mu);
     return -EINVAL;
@@ -884,6 +1097,30 @@ EXPORT int tcp_get_rail_counters(void *self, int64_t handle, int rail, uint64_t 
   pthread_mutex_unlock(&ex->mu);
   for (int i = 0; i < nout && i < 4; i++) out[i] = v[i];
   return 0;
+}
+
+/* out[0..2] = peers in the table, peers not yet freed (removed ones still draining count),
+ * handle-table capacity. */
+EXPORT void tcp_peer_stats(void *self, uint64_t *out) {
+  tcp_exec_t *ex = self;
+  pthread_mutex_lock(&ex->mu);
+  out[0] = ex->live_peers;
+  out[1] = ex->allocated_peers;
+  out[2] = ex->peers.cap;
+  pthread_mutex_unlock(&ex->mu);
+}
+
+/* out[0..4] = server connections open, refused at the cap, refused by authentication, closed
+ * idle, cut by an unregister deadline. */
+EXPORT void tcp_server_stats(void *self, uint64_t *out) {
+  tcp_exec_t *ex = self;
+  pthread_mutex_lock(&ex->srv_mu);
+  out[0] = (uint64_t)ex->active_conns;
+  pthread_mutex_unlock(&ex->srv_mu);
+  out[1] = atomic_load(&ex->refused_conns);
+  out[2] = atomic_load(&ex->auth_failures);
+  out[3] = atomic_load(&ex->idle_closed);
+  out[4] = atomic_load(&ex->cut_conns);
 }
 
 /* ------------------------------------------------------------------ ABI */
@@ -912,7 +1149,11 @@ static void *ex_create(const tent_host_api_t *host, const char *config, char *er
   pthread_mutex_init(&ex->mu, NULL);
   pthread_cond_init(&ex->cv, NULL);
   pthread_mutex_init(&ex->reg_mu, NULL);
-  pthread_cond_init(&ex->reg_cv, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&ex->reg_cv, &ca);
+  pthread_condattr_destroy(&ca);
   pthread_mutex_init(&ex->srv_mu, NULL);
   atomic_store(&ex->next_reqid, 1);
   ex->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -936,34 +1177,70 @@ static void *ex_create(const tent_host_api_t *host, const char *config, char *er
 static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
   tcp_exec_t *ex = self;
   if (!ex) return TENT_E_INTERNAL;
-  if (n == 0) return 0;
-  pthread_mutex_lock(&ex->mu);
-  if (ex->stopping) {
+  if (n == 0) return TENT_OK;
+  /* jobs are made outside the lock; the submit is all or nothing */
+  tent_job_t *one_job[1];
+  uint64_t one_plan[2];
+  tent_job_t **jobs = n == 1 ? one_job : malloc(n * sizeof *jobs);
+  uint64_t *plan = n == 1 ? one_plan : malloc(2 * (size_t)n * sizeof *plan); /* parts, per */
+  int rc = jobs && plan ? TENT_OK : TENT_E_INTERNAL;
+  uint32_t made = 0;
+  for (; rc == TENT_OK && made < n; made++) {
+    plan[2 * made] = tent_cq_parts(slices[made].length, ex->chunk, ex->max_parts, &plan[2 * made + 1]);
+    jobs[made] = tent_job_new(&slices[made], (uint32_t)plan[2 * made]);
+    if (!jobs[made]) rc = TENT_E_INTERNAL;
+  }
+  uint32_t gone = 0; /* slices naming a removed peer: reported unreachable after the lock */
+  if (rc == TENT_OK) {
+    pthread_mutex_lock(&ex->mu);
+    if (ex->stopping) rc = TENT_E_CANCELLED;
+    for (uint32_t i = 0; rc == TENT_OK && i < n; i++) {
+      const tent_slice_t *s = &slices[i];
+      peer_t *pe = tent_ht_get(&ex->peers, s->peer);
+      if (s->opcode != TENT_OP_READ && s->opcode != TENT_OP_WRITE) rc = TENT_E_INTERNAL;
+      else if (pe) rc = s->rail < (uint32_t)pe->nrails ? TENT_OK : TENT_E_INTERNAL;
+      else if (tent_ht_was_issued(&ex->peers, s->peer)) plan[2 * i] = 0, gone++; /* 0 parts: gone */
+      else rc = TENT_E_INTERNAL;
+    }
+    uint32_t pushed = 0;
+    for (; rc == TENT_OK && pushed < n; pushed++) {
+      if (plan[2 * pushed] == 0) continue;
+      peer_t *pe = tent_ht_get(&ex->peers, slices[pushed].peer);
+      rail_t *r = &pe->rails[slices[pushed].rail];
+      if (tent_cq_reserve(&r->q, plan[2 * pushed]) != 0) {
+        rc = TENT_E_INTERNAL;
+        while (pushed-- > 0) { /* take back what this submit queued, newest first */
+          if (plan[2 * pushed] == 0) continue;
+          peer_t *p2 = tent_ht_get(&ex->peers, slices[pushed].peer);
+          p2->rails[slices[pushed].rail].q.len -= plan[2 * pushed];
+        }
+        break;
+      }
+      tent_cq_push_job(&r->q, jobs[pushed], plan[2 * pushed], plan[2 * pushed + 1]);
+    }
+    if (rc == TENT_OK) {
+      for (uint32_t i = 0; i < n; i++)
+        if (plan[2 * i]) rail_update_ready(ex, &((peer_t *)tent_ht_get(&ex->peers, slices[i].peer))->rails[slices[i].rail]);
+      if (n == 1 && plan[0] == 1) pthread_cond_signal(&ex->cv);
+      else pthread_cond_broadcast(&ex->cv);
+    }
     pthread_mutex_unlock(&ex->mu);
-    return TENT_E_CANCELLED;
   }
-  /* validate everything first: all or nothing */
-  for (uint32_t i = 0; i < n; i++) {
-    peer_t *pe = peer_lookup_locked(ex, slices[i].peer);
-    if (!pe || slices[i].rail >= (uint32_t)pe->nrails ||
-        (slices[i].opcode != TENT_OP_READ && slices[i].opcode != TENT_OP_WRITE)) {
-      pthread_mutex_unlock(&ex->mu);
-      return TENT_E_INTERNAL;
-    }
-    slice_queue_t *q = pe->removed ? &ex->orphans : &pe->rails[slices[i].rail].q;
-    if (q_reserve(q, n) != 0) {
-      pthread_mutex_unlock(&ex->mu);
-      return TENT_E_INTERNAL;
+  if (rc != TENT_OK) {
+    for (uint32_t i = 0; i < made; i++) free(jobs[i]);
+  } else if (gone) {
+    for (uint32_t i = 0; i < n; i++) {
+      if (plan[2 * i] == 0) {
+        ex->host->complete(ex->host->ctx, &jobs[i]->s, TENT_E_CONNECT); /* peer forgotten: retryable */
+        free(jobs[i]);
+      }
     }
   }
-  for (uint32_t i = 0; i < n; i++) {
-    peer_t *pe = peer_lookup_locked(ex, slices[i].peer);
-    q_push(pe->removed ? &ex->orphans : &pe->rails[slices[i].rail].q, &slices[i]);
+  if (n != 1) {
+    free(jobs);
+    free(plan);
   }
-  if (n == 1) pthread_cond_signal(&ex->cv);
-  else pthread_cond_broadcast(&ex->cv);
-  pthread_mutex_unlock(&ex->mu);
-  return 0;
+  return rc;
 }
 
 static void ex_destroy(void *self) {
@@ -972,9 +1249,9 @@ static void ex_destroy(void *self) {
   /* 1. stop: wake workers, pollers, and everything blocked in socket I/O */
   pthread_mutex_lock(&ex->mu);
   ex->stopping = 1;
-  for (int p = 0; p < ex->npeers; p++) {
-    peer_t *pe = ex->peers[p];
-    for (int i = 0; i < pe->nrails; i++)
+  for (size_t p = 0; p < ex->peers.cap; p++) {
+    peer_t *pe = ex->peers.items[p];
+    for (int i = 0; pe && i < pe->nrails; i++)
       for (int k = 0; k < ex->conns_per_rail; k++)
         if (pe->rails[i].slot_fd[k] >= 0) shutdown(pe->rails[i].slot_fd[k], SHUT_RDWR);
   }
@@ -991,34 +1268,24 @@ static void ex_destroy(void *self) {
     if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
   pthread_mutex_unlock(&ex->srv_mu);
 
-  /* 2. join */
+  /* 2. join: in-flight chunks are reported (removed peers freed) before their workers exit */
   for (int i = 0; i < ex->nworkers; i++) pthread_join(ex->workers[i], NULL);
   for (listener_t *l = ex->listeners; l; l = l->next) pthread_join(l->thread, NULL);
   /* accept threads are gone: the sconn list is stable now */
   for (sconn_t *c = ex->sconns; c; c = c->next) pthread_join(c->thread, NULL);
 
-  /* 3. fail what is still queued, free */
-  tent_slice_t s;
-  while (ex->orphans.len) {
-    q_pop(&ex->orphans, &s);
-    ex->host->complete(ex->host->ctx, &s, TENT_E_CANCELLED);
-  }
-  free(ex->orphans.buf);
-  for (int p = 0; p < ex->npeers; p++) {
-    peer_t *pe = ex->peers[p];
+  /* 3. fail what is still queued (each slice reported exactly once), free */
+  for (size_t p = 0; p < ex->peers.cap; p++) {
+    peer_t *pe = ex->peers.items[p];
+    if (!pe) continue;
     for (int i = 0; i < pe->nrails; i++) {
-      rail_t *r = &pe->rails[i];
-      while (r->q.len) {
-        q_pop(&r->q, &s);
-        ex->host->complete(ex->host->ctx, &s, TENT_E_CANCELLED);
-      }
-      for (int k = 0; k < r->nidle; k++) close(r->idle[k]);
-      rail_free(r);
+      tent_chunk_queue_t q = pe->rails[i].q;
+      memset(&pe->rails[i].q, 0, sizeof q);
+      fail_queue(ex, &q, TENT_E_CANCELLED);
     }
-    free(pe->rails);
-    free(pe);
+    peer_free(pe);
   }
-  free(ex->peers);
+  tent_ht_free(&ex->peers);
   while (ex->listeners) {
     listener_t *l = ex->listeners;
     ex->listeners = l->next;
@@ -1043,6 +1310,7 @@ static void ex_destroy(void *self) {
   pthread_mutex_destroy(&ex->reg_mu);
   pthread_cond_destroy(&ex->reg_cv);
   pthread_mutex_destroy(&ex->srv_mu);
+  memset(ex->auth_key, 0, sizeof ex->auth_key);
   free(ex);
 }
 

@@ -15,9 +15,10 @@ import pytest
 from tcp_helpers import READ, WRITE, Server, TcpExecutor, connect, pattern, run
 
 from tent_core import _native
+from tent_core.abi import Status
 
-E_CONNECT, E_IO, E_TIMEOUT = -1, -2, -3
-E_BOUNDS, E_PERMISSION, E_CANCELLED = -10, -11, -13
+E_CONNECT, E_IO, E_TIMEOUT = Status.E_CONNECT, Status.E_IO, Status.E_TIMEOUT
+E_BOUNDS, E_PERMISSION, E_CANCELLED = Status.E_BOUNDS, Status.E_PERMISSION, Status.E_CANCELLED
 RETRYABLE = {E_CONNECT, E_IO, E_TIMEOUT}
 
 
@@ -265,7 +266,7 @@ def test_invalid_submit_is_rejected(client: TcpExecutor) -> None:
     peer = client.add_peer([""], ["127.0.0.1"], [1])
     assert _native.submit_one(client.ops, client.handle, b, READ, 0, 0, 16, peer, 5, 0, 0) < 0
     assert b.remaining == 1
-    b.fail_slice(-14)
+    b.fail_slice(Status.E_INTERNAL)
 
 
 def test_remove_peer_fails_queued_slices(server: Server, client: TcpExecutor) -> None:
@@ -362,3 +363,79 @@ def test_bad_config_rejected() -> None:
         TcpExecutor({"threads": "2;conns_per_rail=9"})
     with pytest.raises(PluginABIError, match="cannot hold ';'"):
         TcpExecutor({"a=b": 1})
+
+
+def test_peer_churn_frees_peers_and_reuses_handles(server: Server, client: TcpExecutor) -> None:
+    """Removed peers used to stay allocated (and be scanned for work) until the executor was destroyed."""
+    buf = np.zeros(4096, np.uint8)
+    old = None
+    for i in range(2000):
+        peer = connect(client, server)
+        if i % 200 == 0:  # some of them carry traffic before they go
+            assert run(client, [(READ, buf.ctypes.data, server.addr("rw"), 4096, peer, 0)]).error == 0
+        client.remove_peer(peer)
+        old = old or peer
+    stats = client.peer_stats()
+    assert stats["live"] == 0 and stats["allocated"] == 0, stats
+    assert stats["capacity"] <= 16, stats  # slots are reused, the table does not grow
+    # a handle from before the churn names nobody now: unreachable (retryable), never another peer
+    fresh = connect(client, server)
+    assert fresh != old and (fresh & 0xFFFFFFFF) == (old & 0xFFFFFFFF)  # same slot, new generation
+    res = run(client, [(READ, buf.ctypes.data, server.addr("rw"), 4096, old, 0)])
+    assert res.done and res.retryable == [E_CONNECT], res
+    assert client.rail_counters(fresh, 0)["slices"] == 0
+    assert run(client, [(READ, buf.ctypes.data, server.addr("rw"), 4096, fresh, 0)]).error == 0
+
+
+def test_many_idle_peers_do_not_get_in_the_way(server: Server, client: TcpExecutor) -> None:
+    """Workers find work through a ready list: thousands of idle peers are never looked at."""
+    idle = [client.add_peer([""], ["127.0.0.1"], [1]) for _ in range(3000)]
+    peer = connect(client, server)
+    n = 4 << 20
+    src = pattern(11, n)
+    assert run(client, [(WRITE, src.ctypes.data + i * (n // 64), server.addr("rw") + i * (n // 64), n // 64, peer, 0)
+                        for i in range(64)]).error == 0
+    assert server.sha("rw", 0, n) == sha(src)
+    assert client.peer_stats()["live"] == 3001
+    for p in idle:
+        client.remove_peer(p)
+    assert client.peer_stats()["live"] == 1
+
+
+def test_removing_a_peer_with_slices_in_flight_frees_it_after_they_return(server: Server, client: TcpExecutor) -> None:
+    peer = connect(client, server)
+    buf = np.zeros(16 << 20, np.uint8)
+    server.signal(signal.SIGSTOP)  # slices hang in flight on the stalled server
+    try:
+        arr_res: list[object] = []
+        t = threading.Thread(
+            target=lambda: arr_res.append(run(client, [(READ, buf.ctypes.data, server.addr("rw"), 1 << 20, peer, 0)] * 8))
+        )
+        t.start()
+        time.sleep(0.2)
+        client.remove_peer(peer)
+        assert client.peer_stats()["live"] == 0
+        t.join(10)
+        res = arr_res[0]
+        assert res.done and len(res.retryable) == 8, res  # each slice reported exactly once
+    finally:
+        server.signal(signal.SIGCONT)
+    assert client.peer_stats()["allocated"] == 0
+
+
+def test_chunked_slices_spread_over_a_rails_connections(server: Server) -> None:
+    ex = TcpExecutor({"threads": 4, "conns_per_rail": 4, "chunk": 65536})
+    try:
+        peer = connect(ex, server)
+        n = (1 << 20) + 4097  # not a multiple of the chunk
+        src = pattern(21, n)
+        res = run(ex, [(WRITE, src.ctypes.data, server.addr("rw") + 3, n, peer, 0)])
+        assert res.done and res.error == 0, res
+        assert server.sha("rw", 3, n) == sha(src)
+        dst = np.zeros(n, np.uint8)
+        assert run(ex, [(READ, dst.ctypes.data, server.addr("rw") + 3, n, peer, 0)]).error == 0
+        assert np.array_equal(dst, src)
+        c = ex.rail_counters(peer, 0)
+        assert c["bytes"] == 2 * n and c["slices"] == 2 * 17 and c["connects"] >= 2, c
+    finally:
+        ex.close()

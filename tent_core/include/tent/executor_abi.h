@@ -26,20 +26,52 @@ extern "C" {
 
 enum tent_opcode { TENT_OP_READ = 0, TENT_OP_WRITE = 1 };
 
-/* Slice status codes reported through host->complete. Negative = failure. */
+/* Slice status codes reported through host->complete. Negative = failure.
+ *
+ * This list is the one definition of the statuses: tent_core._native exports it (STATUS_CODES) and
+ * tent_core.abi.Status is checked against it at import. Columns: name, value, retryable. */
+#define TENT_STATUS_LIST(X)                                                                    \
+  X(OK, 0, 0)                                                                                  \
+  /* retryable: the path failed, another rail or transport may succeed */                     \
+  X(E_CONNECT, -1, 1)    /* could not reach the peer on this rail */                           \
+  X(E_IO, -2, 1)         /* connection broke mid-slice */                                      \
+  X(E_TIMEOUT, -3, 1)    /* no progress within the slice progress timeout */                   \
+  X(E_CONGESTED, -4, 1)  /* the rail is saturated / back-pressured */                          \
+  /* final: the remote refused the request itself, retrying cannot help */                    \
+  X(E_BOUNDS, -10, 0)    /* remote range not inside a registered region */                     \
+  X(E_PERMISSION, -11, 0) /* remote region registered without that permission */               \
+  X(E_PROTOCOL, -12, 0)  /* malformed exchange */                                              \
+  X(E_CANCELLED, -13, 0) /* the batch was cancelled before this slice ran */                   \
+  X(E_INTERNAL, -14, 0)  /* the executor itself failed (out of memory, bad handle...) */
+
 enum tent_status {
-  TENT_OK = 0,
-  /* retryable: the path failed, another rail or transport may succeed */
-  TENT_E_CONNECT = -1,    /* could not reach the peer on this rail */
-  TENT_E_IO = -2,         /* connection broke mid-slice */
-  TENT_E_TIMEOUT = -3,    /* no progress within the slice progress timeout */
-  TENT_E_CONGESTED = -4,  /* the rail is saturated / back-pressured */
-  /* final: the remote refused the request itself, retrying cannot help */
-  TENT_E_BOUNDS = -10,    /* remote range not inside a registered region */
-  TENT_E_PERMISSION = -11,/* remote region registered without that permission */
-  TENT_E_PROTOCOL = -12,  /* malformed exchange */
-  TENT_E_CANCELLED = -13, /* the batch was cancelled before this slice ran */
-  TENT_E_INTERNAL = -14
+#define TENT_STATUS_ENUM_(name, value, retryable) TENT_##name = value,
+  TENT_STATUS_LIST(TENT_STATUS_ENUM_)
+#undef TENT_STATUS_ENUM_
+};
+
+/* Statuses in (TENT_FIRST_FINAL, 0) are retryable on another rail or transport. */
+#define TENT_FIRST_FINAL (-10)
+static inline int tent_status_retryable(int status) { return status < 0 && status > TENT_FIRST_FINAL; }
+
+/* The core's per-rail telemetry row (int64 counters that the host's complete() updates; `stat_index`
+ * of a slice names the row). Executors never touch it; it lives here so C and Python share one
+ * layout (tent_core.abi.StatField is checked against it). */
+#define TENT_STAT_LIST(X)                                                                      \
+  X(INFLIGHT_BYTES)                                                                            \
+  X(INFLIGHT_SLICES)                                                                           \
+  X(BYTES_DONE)                                                                                \
+  X(SLICES_DONE)                                                                               \
+  X(ERRORS)                                                                                    \
+  X(LATENCY_NS_SUM)                                                                            \
+  X(LAST_LATENCY_NS)                                                                           \
+  X(LAST_COMPLETE_NS) /* CLOCK_MONOTONIC ns */
+
+enum tent_stat_field {
+#define TENT_STAT_ENUM_(name) TENT_STAT_##name,
+  TENT_STAT_LIST(TENT_STAT_ENUM_)
+#undef TENT_STAT_ENUM_
+  TENT_STAT_FIELDS
 };
 
 /* One unit of work. 64 bytes, passed by value in arrays; the executor copies
@@ -75,7 +107,10 @@ typedef struct tent_executor_ops {
    * On failure returns NULL and writes a message into err. */
   void *(*create)(const tent_host_api_t *host, const char *config, char *err, size_t errlen);
   void (*destroy)(void *self);
-  /* Queue n slices. Returns 0, or a negative tent_status if nothing was queued. */
+  /* Queue n slices, all or nothing. 0: each of the n slices will be reported exactly once through
+   * host->complete (possibly before submit returns). Negative tent_status: none was queued and none
+   * was or will be reported; the caller finalizes them. An executor that has already reported some
+   * of the n must return 0 and report the rest itself. */
   int (*submit)(void *self, const tent_slice_t *slices, uint32_t n);
 } tent_executor_ops_t;
 

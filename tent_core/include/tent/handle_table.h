@@ -55,6 +55,21 @@ static inline void *tent_ht_get(const tent_handle_table_t *t, uint64_t h) {
   return t->gens[idx] == (uint32_t)(h >> 32) ? t->items[idx] : NULL;
 }
 
+/* Non-zero if `h` was issued by this table at some point (its object may have been taken out
+ * since): lets an executor tell a forgotten peer's slices (a retryable "gone") from garbage. */
+static inline int tent_ht_was_issued(const tent_handle_table_t *t, uint64_t h) {
+  uint64_t idx = h & 0xffffffffu;
+  uint32_t gen = (uint32_t)(h >> 32);
+  return idx != 0 && idx <= t->cap && gen != 0 && gen <= t->gens[idx - 1];
+}
+
+/* Live objects in the table (O(cap); for statistics and tests). */
+static inline size_t tent_ht_count(const tent_handle_table_t *t) {
+  size_t n = 0;
+  for (size_t i = 0; i < t->cap; i++) n += t->items[i] != NULL;
+  return n;
+}
+
 /* Remove and return the object behind `h` (NULL if none); the slot is free for reuse. */
 static inline void *tent_ht_take(tent_handle_table_t *t, uint64_t h) {
   void *item = tent_ht_get(t, h);

@@ -1,0 +1,816 @@
+"""Peer and physical-limit baselines for ``tent bench``.
+
+Every baseline runs the same sweep as the engine benchmark (block sizes x batch
+sizes x READ/WRITE) and returns rows of the same shape, so the benchmark can
+print ratios against them:
+
+    {"engine", "transport", "op", "block_size", "batch_size", "gbps", "avg_us", "p99_us"}
+
+* ``socket``   -- plain TCP stream between two processes on loopback (the
+                  physical limit of a TCP transport on this host).
+* ``cma``      -- bare ``process_vm_readv``/``process_vm_writev`` between two
+                  processes, one call per block (limit for same-host one-sided copies).
+* ``memcpy``   -- ``np.copyto`` between two buffers of one process (limit for
+                  shared-memory copies).
+* ``mooncake`` -- Mooncake Transfer Engine (PyPI ``mooncake-transfer-engine-non-cuda``)
+                  over its TCP transport, target and initiator in separate processes.
+
+A batch is ``batch_size`` blocks of ``block_size`` bytes; its latency is the
+wall time of one batch as seen by the initiator (for a socket WRITE that
+includes the target's 1-byte ack, for a socket READ the 1-request round trip);
+``gbps`` is bytes moved / total timed time (1e9 bytes/s).
+
+Every buffer is page-aligned anonymous memory, written once (pre-faulted) and
+reused.  Consecutive blocks walk through the buffer (block ``i`` of a point lies
+at ``(i % slots) * block_size``), so small blocks are not served from a hot
+cache line set.  The buffer is ``max(block*batch)`` of the sweep, capped at
+``BaselineSweep.max_buffer_bytes`` (blocks then wrap around).
+
+All processes are started with the multiprocessing "spawn" context; every wait
+has a timeout and child processes are always joined/terminated, even on error.
+A baseline that cannot run here raises :class:`BaselineUnavailable`; numbers are
+never made up.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import importlib.util
+import json
+import mmap
+import multiprocessing as mp
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "BASELINES",
+    "BaselineError",
+    "BaselineSweep",
+    "BaselineUnavailable",
+    "available_baselines",
+    "run_baseline",
+]
+
+KiB = 1 << 10
+MiB = 1 << 20
+
+_OPS = ("READ", "WRITE")
+_STARTUP_TIMEOUT_S = 60.0
+_SOCK_CHUNK = 4 * MiB
+# SO_SNDBUF/SO_RCVBUF for the socket baseline.  None (default) keeps the kernel's
+# TCP buffer autotuning (tcp_rmem/tcp_wmem max, 32 MiB / 4 MiB here): setting the
+# options explicitly disables autotuning, and forcing 16 or 32 MiB measured
+# slower on loopback (2.3-2.6 vs 4.5-4.8 GB/s at 64 MiB blocks).  Override with the
+# environment variable TENT_BASELINE_SOCKBUF=<bytes> (applied with SO_*BUFFORCE
+# when permitted, so net.core.[rw]mem_max does not cap it).
+SOCKET_BUFFER_BYTES: int | None = None
+
+# Mooncake / glog environment applied in the mooncake child processes (setdefault:
+# a value already in the environment wins).
+MOONCAKE_ENV = {
+    "MC_FORCE_TCP": "1",
+    "MC_LOG_LEVEL": "ERROR",  # mooncake resets glog's minloglevel from this
+    "GLOG_minloglevel": "2",
+    "MC_YLT_LOG_LEVEL": "error",
+}
+
+
+class BaselineUnavailable(RuntimeError):
+    """The baseline cannot run on this host (missing package, library, syscall...)."""
+
+    def __init__(self, reason: str, name: str | None = None):
+        self.reason = reason
+        self.name = name
+        super().__init__(f"{name} baseline unavailable: {reason}" if name else reason)
+
+
+class BaselineError(RuntimeError):
+    """The baseline started but failed or timed out while measuring."""
+
+
+@dataclass
+class BaselineSweep:
+    block_sizes: list[int]
+    batch_sizes: list[int]
+    ops: list[str]
+    iters: int
+    warmup: int
+    host: str = "127.0.0.1"
+    # Wall-time cap per (op, block, batch) point, warmup included; at least one
+    # timed batch is always run.  None = run all warmup + iters batches.
+    time_budget_s: float | None = None
+    # Cap of each side's buffer; blocks wrap around inside it.
+    max_buffer_bytes: int = 256 * MiB
+    # How long the parent waits for one point's row before giving up (None = derived).
+    point_timeout_s: float | None = None
+    # True: consecutive batches walk through the whole buffer (cache-cold, like
+    # real traffic).  False: every batch reuses offsets 0..batch_size-1 (matches
+    # a benchmark that always transfers the same region; small blocks stay cached).
+    walk_buffer: bool = True
+    # File baselines (fio) run against this file.
+    file_path: str | None = None
+
+    def validate(self) -> None:
+        if not self.block_sizes or any(int(b) <= 0 for b in self.block_sizes):
+            raise ValueError(f"block_sizes must be positive: {self.block_sizes!r}")
+        if not self.batch_sizes or any(int(b) <= 0 for b in self.batch_sizes):
+            raise ValueError(f"batch_sizes must be positive: {self.batch_sizes!r}")
+        bad = [op for op in self.ops if op not in _OPS]
+        if not self.ops or bad:
+            raise ValueError(f"ops must be a non-empty subset of {_OPS}: {self.ops!r}")
+        if self.iters < 1 or self.warmup < 0:
+            raise ValueError("iters must be >= 1 and warmup >= 0")
+
+    def points(self) -> list[tuple[str, int, int]]:
+        return [(op, int(bs), int(n)) for op in self.ops for bs in self.block_sizes for n in self.batch_sizes]
+
+    def buffer_bytes(self) -> int:
+        need = max(int(bs) * int(n) for bs in self.block_sizes for n in self.batch_sizes)
+        return max(min(need, int(self.max_buffer_bytes)), max(int(b) for b in self.block_sizes))
+
+    def row_timeout(self) -> float:
+        if self.point_timeout_s is not None:
+            return float(self.point_timeout_s)
+        if self.time_budget_s is not None:
+            return 3.0 * self.time_budget_s + 60.0
+        return 600.0
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _prefaulted(nbytes: int) -> tuple[mmap.mmap, np.ndarray]:
+    """Page-aligned anonymous buffer with every page written once."""
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    arr = np.frombuffer(m, dtype=np.uint8)
+    arr.fill(0xA5)
+    return m, arr
+
+
+def _addr(arr: np.ndarray) -> int:
+    return int(arr.ctypes.data)
+
+
+class _Slots:
+    """Offsets of the blocks of consecutive batches inside a buffer."""
+
+    def __init__(self, buf_bytes: int, block: int, walk: bool = True):
+        self.block = block
+        self.n = max(1, buf_bytes // block)
+        self.i = 0
+        self.walk = walk
+
+    def batch(self, count: int) -> list[int]:
+        """Offsets of the next batch: walking through the buffer, or always from 0."""
+        start = self.i if self.walk else 0
+        self.i = start + count
+        return [((start + j) % self.n) * self.block for j in range(count)]
+
+
+def _measure(engine: str, transport: str, op: str, block: int, batch: int, sweep: BaselineSweep, run_batch) -> dict:
+    deadline = None if sweep.time_budget_s is None else time.perf_counter() + sweep.time_budget_s
+    for _ in range(sweep.warmup):
+        if deadline is not None and time.perf_counter() >= deadline:
+            break
+        run_batch()
+    lat: list[float] = []
+    for _ in range(sweep.iters):
+        t0 = time.perf_counter()
+        run_batch()
+        lat.append(time.perf_counter() - t0)
+        if deadline is not None and time.perf_counter() >= deadline:
+            break
+    arr = np.asarray(lat, dtype=np.float64)
+    total = float(arr.sum())
+    nbytes = block * batch * len(lat)
+    return {
+        "engine": engine,
+        "transport": transport,
+        "op": op,
+        "block_size": block,
+        "batch_size": batch,
+        "gbps": nbytes / total / 1e9 if total > 0 else float("inf"),
+        "avg_us": float(arr.mean()) * 1e6,
+        "p99_us": float(np.percentile(arr, 99)) * 1e6,
+    }
+
+
+def _wait_parent_stop(conn, parent_pid: int) -> None:
+    """Target side: block until the parent says stop, closes the pipe, or dies."""
+    while True:
+        try:
+            if conn.poll(0.5):
+                conn.recv()
+                return
+        except (EOFError, OSError):
+            return
+        if os.getppid() != parent_pid:
+            return
+
+
+def _child_entry(role: str, conn, sweep: BaselineSweep, info: dict | None, log_path: str | None, env: dict | None):
+    """Entry point of every spawned child: run ``_ROLES[role]`` and report errors."""
+    if env:
+        for k, v in env.items():
+            os.environ.setdefault(k, v)
+    if log_path:  # keep native log noise (glog) out of the parent's terminal
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    try:
+        _ROLES[role](conn, sweep, info or {})
+    except BaselineUnavailable as e:
+        _safe_send(conn, ("unavailable", e.reason))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        _safe_send(conn, ("error", f"{role}: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
+    finally:
+        try:
+            conn.close()
+        except OSError:
+            pass
+
+
+def _safe_send(conn, msg) -> None:
+    try:
+        conn.send(msg)
+    except (OSError, EOFError, BrokenPipeError):
+        pass
+
+
+def _log_tail(log_path: str | None, n: int = 15) -> str:
+    if not log_path:
+        return ""
+    try:
+        with open(log_path, errors="replace") as f:
+            lines = f.read().splitlines()[-n:]
+    except OSError:
+        return ""
+    return ("\n--- child log tail ---\n" + "\n".join(lines)) if lines else ""
+
+
+def _recv(conn, proc, timeout: float, what: str, name: str, log_path: str | None):
+    """Receive one message from a child, with a timeout and dead-child detection."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            ready = conn.poll(0.2)
+        except (EOFError, OSError):
+            ready = True
+        if ready:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError) as e:
+                raise BaselineError(
+                    f"{name}: {what}: child closed the pipe (exit code {proc.exitcode})" + _log_tail(log_path)
+                ) from e
+            kind = msg[0]
+            if kind == "unavailable":
+                raise BaselineUnavailable(msg[1], name)
+            if kind == "error":
+                raise BaselineError(f"{name}: {msg[1]}" + _log_tail(log_path))
+            return msg
+        if not proc.is_alive():
+            # drain a message that raced with the exit
+            if conn.poll(0):
+                continue
+            raise BaselineError(f"{name}: {what}: child exited with code {proc.exitcode}" + _log_tail(log_path))
+        if time.monotonic() > deadline:
+            raise BaselineError(f"{name}: {what}: timed out after {timeout:.0f}s" + _log_tail(log_path))
+
+
+def _stop_procs(procs) -> None:
+    for p in procs:
+        p.join(timeout=5)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+            p.join(timeout=3)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=3)
+
+
+def _run_procs(
+    name: str,
+    sweep: BaselineSweep,
+    initiator_role: str,
+    target_role: str | None = None,
+    env: dict | None = None,
+    capture_log: bool = False,
+) -> list[dict]:
+    """Spawn (target +) initiator children, collect the initiator's rows."""
+    sweep.validate()
+    ctx = mp.get_context("spawn")
+    procs: list = []
+    pipes: list = []
+    log_path = None
+    if capture_log:
+        fd, log_path = tempfile.mkstemp(prefix=f"tent-baseline-{name}-", suffix=".log")
+        os.close(fd)
+    try:
+        info: dict = {"parent_pid": os.getpid()}
+        t_conn = t_proc = None
+        if target_role is not None:
+            t_conn, child_end = ctx.Pipe()
+            pipes.append(t_conn)
+            t_proc = ctx.Process(
+                target=_child_entry,
+                args=(target_role, child_end, sweep, {"parent_pid": os.getpid()}, log_path, env),
+                name=f"tent-baseline-{name}-target",
+                daemon=True,
+            )
+            t_proc.start()
+            procs.append(t_proc)
+            child_end.close()
+            msg = _recv(t_conn, t_proc, _STARTUP_TIMEOUT_S, "waiting for target", name, log_path)
+            if msg[0] != "ready":
+                raise BaselineError(f"{name}: unexpected message from target: {msg!r}")
+            info.update(msg[1])
+        i_conn, child_end = ctx.Pipe()
+        pipes.append(i_conn)
+        i_proc = ctx.Process(
+            target=_child_entry,
+            args=(initiator_role, child_end, sweep, info, log_path, env),
+            name=f"tent-baseline-{name}-initiator",
+            daemon=True,
+        )
+        i_proc.start()
+        procs.append(i_proc)
+        child_end.close()
+        rows: list[dict] = []
+        n_points = len(sweep.points())
+        timeout = _STARTUP_TIMEOUT_S + sweep.row_timeout()  # first row includes start-up
+        while True:
+            msg = _recv(i_conn, i_proc, timeout, f"point {len(rows) + 1}/{n_points}", name, log_path)
+            timeout = sweep.row_timeout()
+            if msg[0] == "row":
+                rows.append(msg[1])
+            elif msg[0] == "done":
+                break
+            else:
+                raise BaselineError(f"{name}: unexpected message from initiator: {msg!r}")
+        if t_conn is not None:
+            _safe_send(t_conn, ("stop",))
+        return rows
+    finally:
+        for c in pipes:
+            _safe_send(c, ("stop",))
+        _stop_procs(procs)
+        for c in pipes:
+            try:
+                c.close()
+            except OSError:
+                pass
+        if log_path:  # private (mkstemp); its tail is in the error message when the baseline failed
+            try:
+                os.unlink(log_path)
+            except OSError:
+                pass
+
+
+# --------------------------------------------------------------------------- socket
+
+_SOCK_HDR = struct.Struct("<cQI")
+_MSG_MORE = getattr(socket, "MSG_MORE", 0)  # command (b"W" / b"R" / b"Q"), block size, batch size
+
+
+def _socket_buffer_bytes() -> int | None:
+    env = os.environ.get("TENT_BASELINE_SOCKBUF")
+    if env:
+        return int(env)
+    return SOCKET_BUFFER_BYTES
+
+
+def _tune_socket(s: socket.socket) -> None:
+    size = _socket_buffer_bytes()
+    if size:
+        for opt, force in ((socket.SO_SNDBUF, 32), (socket.SO_RCVBUF, 33)):  # SO_*BUFFORCE
+            try:
+                s.setsockopt(socket.SOL_SOCKET, force, size)
+            except OSError:
+                try:
+                    s.setsockopt(socket.SOL_SOCKET, opt, size)
+                except OSError:
+                    pass
+    if s.family in (socket.AF_INET, socket.AF_INET6):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _recv_exact_into(s: socket.socket, mv: memoryview) -> None:
+    got, n = 0, len(mv)
+    while got < n:
+        k = s.recv_into(mv[got : min(n, got + _SOCK_CHUNK)])
+        if k == 0:
+            raise ConnectionError("peer closed the connection")
+        got += k
+
+
+def _socket_io_timeout(sweep: BaselineSweep) -> float:
+    return max(30.0, sweep.row_timeout())
+
+
+def _socket_target(conn, sweep: BaselineSweep, info: dict) -> None:
+    _m, buf = _prefaulted(sweep.buffer_bytes())
+    mv = memoryview(buf)
+    fam = socket.AF_INET6 if ":" in sweep.host else socket.AF_INET
+    ls = socket.socket(fam, socket.SOCK_STREAM)
+    try:
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        _tune_socket(ls)
+        ls.bind((sweep.host, 0))
+        ls.listen(1)
+        ls.settimeout(_STARTUP_TIMEOUT_S)
+        conn.send(("ready", {"port": ls.getsockname()[1]}))
+        s, _ = ls.accept()
+    finally:
+        ls.close()
+    with s:
+        _tune_socket(s)
+        s.settimeout(_socket_io_timeout(sweep))
+        hdr = bytearray(_SOCK_HDR.size)
+        key, slots = None, None
+        while True:
+            _recv_exact_into(s, memoryview(hdr))
+            cmd, block, batch = _SOCK_HDR.unpack(hdr)
+            if cmd == b"Q":
+                return
+            if key != (cmd, block, batch):
+                key, slots = (cmd, block, batch), _Slots(len(buf), block, sweep.walk_buffer)
+            if cmd == b"W":
+                for off in slots.batch(batch):
+                    _recv_exact_into(s, mv[off : off + block])
+                s.sendall(b"A")
+            elif cmd == b"R":
+                for off in slots.batch(batch):
+                    s.sendall(mv[off : off + block])
+            else:
+                raise BaselineError(f"socket target: bad command {cmd!r}")
+
+
+def _socket_initiator(conn, sweep: BaselineSweep, info: dict) -> None:
+    _m, buf = _prefaulted(sweep.buffer_bytes())
+    mv = memoryview(buf)
+    s = socket.create_connection((sweep.host, info["port"]), timeout=_STARTUP_TIMEOUT_S)
+    with s:
+        _tune_socket(s)
+        s.settimeout(_socket_io_timeout(sweep))
+        ack = bytearray(1)
+        for op, block, batch in sweep.points():
+            slots = _Slots(len(buf), block, sweep.walk_buffer)
+            if op == "WRITE":
+                hdr = _SOCK_HDR.pack(b"W", block, batch)
+
+                def run(hdr=hdr, slots=slots, block=block, batch=batch):
+                    s.sendall(hdr, _MSG_MORE)  # coalesce the header with the first block
+                    for off in slots.batch(batch):
+                        s.sendall(mv[off : off + block])
+                    _recv_exact_into(s, memoryview(ack))
+
+            else:
+                hdr = _SOCK_HDR.pack(b"R", block, batch)
+
+                def run(hdr=hdr, slots=slots, block=block, batch=batch):
+                    s.sendall(hdr)
+                    for off in slots.batch(batch):
+                        _recv_exact_into(s, mv[off : off + block])
+
+            conn.send(("row", _measure("socket", "tcp", op, block, batch, sweep, run)))
+        s.sendall(_SOCK_HDR.pack(b"Q", 0, 0))
+    conn.send(("done",))
+
+
+def socket_baseline(sweep: BaselineSweep) -> list[dict]:
+    """Plain TCP stream between two processes (the TCP physical limit)."""
+    return _run_procs("socket", sweep, "socket_initiator", "socket_target")
+
+
+# --------------------------------------------------------------------------- cma
+
+
+class _IOVec(ctypes.Structure):
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+
+def _libc_cma():
+    if not sys.platform.startswith("linux"):
+        raise BaselineUnavailable("process_vm_readv/writev need Linux", "cma")
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    fns = []
+    for fname in ("process_vm_readv", "process_vm_writev"):
+        try:
+            fn = getattr(libc, fname)
+        except AttributeError as e:
+            raise BaselineUnavailable(f"libc has no {fname}", "cma") from e
+        fn.argtypes = [
+            ctypes.c_int,
+            ctypes.POINTER(_IOVec),
+            ctypes.c_ulong,
+            ctypes.POINTER(_IOVec),
+            ctypes.c_ulong,
+            ctypes.c_ulong,
+        ]
+        fn.restype = ctypes.c_ssize_t
+        fns.append(fn)
+    return libc, fns[0], fns[1]
+
+
+def _cma_unavailable_reason() -> str | None:
+    try:
+        _libc, readv, _writev = _libc_cma()
+    except BaselineUnavailable as e:
+        return e.reason
+    except OSError as e:
+        return f"cannot load libc: {e}"
+    src = ctypes.create_string_buffer(b"tent-cma", 8)
+    dst = ctypes.create_string_buffer(8)
+    lio = _IOVec(ctypes.cast(dst, ctypes.c_void_p), 8)
+    rio = _IOVec(ctypes.cast(src, ctypes.c_void_p), 8)
+    n = readv(os.getpid(), ctypes.byref(lio), 1, ctypes.byref(rio), 1, 0)
+    if n != 8:
+        err = ctypes.get_errno()
+        return f"process_vm_readv failed: {os.strerror(err)} (errno {err}; seccomp/ptrace policy?)"
+    return None
+
+
+def _cma_target(conn, sweep: BaselineSweep, info: dict) -> None:
+    _m, buf = _prefaulted(sweep.buffer_bytes())
+    try:  # allow a non-ancestor to process_vm_*() us under Yama ptrace_scope=1
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(0x59616D61, ctypes.c_ulong(-1 & 0xFFFFFFFFFFFFFFFF), 0, 0, 0)  # PR_SET_PTRACER, ANY
+    except (OSError, AttributeError):
+        pass
+    conn.send(("ready", {"pid": os.getpid(), "addr": _addr(buf), "size": len(buf)}))
+    _wait_parent_stop(conn, info["parent_pid"])
+
+
+def _cma_initiator(conn, sweep: BaselineSweep, info: dict) -> None:
+    _libc, readv, writev = _libc_cma()
+    _m, buf = _prefaulted(sweep.buffer_bytes())
+    pid, raddr, size = info["pid"], info["addr"], info["size"]
+    laddr = _addr(buf)
+    size = min(size, len(buf))
+    lio, rio = _IOVec(), _IOVec()
+    plio, prio = ctypes.byref(lio), ctypes.byref(rio)
+
+    def copy(fn, off: int, n: int) -> None:
+        done = 0
+        while done < n:
+            lio.iov_base, lio.iov_len = laddr + off + done, n - done
+            rio.iov_base, rio.iov_len = raddr + off + done, n - done
+            k = fn(pid, plio, 1, prio, 1, 0)
+            if k <= 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"{fn.__name__}: {os.strerror(err)}")
+            done += k
+
+    for op, block, batch in sweep.points():
+        slots = _Slots(size, block, sweep.walk_buffer)
+        fn = readv if op == "READ" else writev
+
+        def run(fn=fn, slots=slots, block=block, batch=batch):
+            for off in slots.batch(batch):
+                copy(fn, off, block)
+
+        conn.send(("row", _measure("cma", "cma", op, block, batch, sweep, run)))
+    conn.send(("done",))
+
+
+def cma_baseline(sweep: BaselineSweep) -> list[dict]:
+    """Bare process_vm_readv (READ) / process_vm_writev (WRITE) between two processes."""
+    reason = _cma_unavailable_reason()
+    if reason is not None:
+        raise BaselineUnavailable(reason, "cma")
+    return _run_procs("cma", sweep, "cma_initiator", "cma_target")
+
+
+# --------------------------------------------------------------------------- memcpy
+
+
+def _memcpy_initiator(conn, sweep: BaselineSweep, info: dict) -> None:
+    nbytes = sweep.buffer_bytes()
+    _ml, local = _prefaulted(nbytes)
+    _mr, remote = _prefaulted(nbytes)
+    for op, block, batch in sweep.points():
+        slots = _Slots(nbytes, block, sweep.walk_buffer)
+        src, dst = (remote, local) if op == "READ" else (local, remote)
+
+        def run(src=src, dst=dst, slots=slots, block=block, batch=batch):
+            for off in slots.batch(batch):
+                np.copyto(dst[off : off + block], src[off : off + block])
+
+        conn.send(("row", _measure("memcpy", "memcpy", op, block, batch, sweep, run)))
+    conn.send(("done",))
+
+
+def memcpy_baseline(sweep: BaselineSweep) -> list[dict]:
+    """np.copyto between two pre-faulted buffers of one (child) process."""
+    return _run_procs("memcpy", sweep, "memcpy_initiator")
+
+
+# --------------------------------------------------------------------------- mooncake
+
+_MOONCAKE_PIP = "mooncake-transfer-engine-non-cuda"
+_mooncake_reason_cache: list = []
+
+
+def _mooncake_unavailable_reason(refresh: bool = False) -> str | None:
+    """Checked in a subprocess so the parent never loads mooncake's native libs."""
+    if _mooncake_reason_cache and not refresh:
+        return _mooncake_reason_cache[0]
+    reason: str | None
+    if importlib.util.find_spec("mooncake") is None:
+        reason = f"python package 'mooncake' not installed (pip install {_MOONCAKE_PIP})"
+    else:
+        try:
+            p = subprocess.run(
+                [sys.executable, "-c", "from mooncake.engine import TransferEngine"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**os.environ, **{k: v for k, v in MOONCAKE_ENV.items() if k not in os.environ}},
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            reason = f"importing mooncake.engine failed: {e}"
+        else:
+            if p.returncode == 0:
+                reason = None
+            else:
+                lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+                last = lines[-1] if lines else f"exit code {p.returncode}"
+                reason = f"importing mooncake.engine failed: {last}"
+                if "libibverbs" in last:
+                    reason += " (install the system package libibverbs1, e.g. apt-get install libibverbs1)"
+    _mooncake_reason_cache[:] = [reason]
+    return reason
+
+
+def _mooncake_engine(host: str):
+    try:
+        from mooncake.engine import TransferEngine
+    except ImportError as e:
+        raise BaselineUnavailable(f"importing mooncake.engine failed: {e}", "mooncake") from e
+    te = TransferEngine()
+    rc = te.initialize(host, "P2PHANDSHAKE", "tcp", "")
+    if rc != 0:
+        raise BaselineError(f"TransferEngine.initialize({host!r}, 'P2PHANDSHAKE', 'tcp', '') returned {rc}")
+    return te
+
+
+def _mooncake_register(te, buf: np.ndarray) -> int:
+    addr = _addr(buf)
+    rc = te.register_memory(addr, len(buf))
+    if rc != 0:
+        raise BaselineError(f"TransferEngine.register_memory returned {rc}")
+    return addr
+
+
+def _mooncake_target(conn, sweep: BaselineSweep, info: dict) -> None:
+    te = _mooncake_engine(sweep.host)
+    _m, buf = _prefaulted(sweep.buffer_bytes())
+    addr = _mooncake_register(te, buf)
+    host = f"[{sweep.host}]" if ":" in sweep.host else sweep.host
+    conn.send(("ready", {"segment": f"{host}:{te.get_rpc_port()}", "addr": addr, "size": len(buf)}))
+    _wait_parent_stop(conn, info["parent_pid"])
+    te.unregister_memory(addr)
+    del te
+
+
+def _mooncake_initiator(conn, sweep: BaselineSweep, info: dict) -> None:
+    te = _mooncake_engine(sweep.host)
+    _m, buf = _prefaulted(sweep.buffer_bytes())
+    laddr = _mooncake_register(te, buf)
+    seg, raddr = info["segment"], info["addr"]
+    size = min(info["size"], len(buf))
+    # open the segment (P2P handshake + TCP connect) outside of any timing
+    rc = te.transfer_sync_read(seg, laddr, raddr, min(4096, size))
+    if rc != 0:
+        raise BaselineError(f"transfer_sync_read to {seg} returned {rc} (handshake)")
+    for op, block, batch in sweep.points():
+        slots = _Slots(size, block, sweep.walk_buffer)
+        if batch == 1:
+            fn = te.transfer_sync_read if op == "READ" else te.transfer_sync_write
+
+            def run(fn=fn, slots=slots, block=block):
+                (off,) = slots.batch(1)
+                rc = fn(seg, laddr + off, raddr + off, block)
+                if rc != 0:
+                    raise BaselineError(f"{fn.__name__} returned {rc}")
+
+        else:
+            fn = te.batch_transfer_sync_read if op == "READ" else te.batch_transfer_sync_write
+            lengths = [block] * batch
+
+            def run(fn=fn, slots=slots, batch=batch, lengths=lengths):
+                offs = slots.batch(batch)
+                rc = fn(seg, [laddr + o for o in offs], [raddr + o for o in offs], lengths)
+                if rc != 0:
+                    raise BaselineError(f"{fn.__name__} returned {rc}")
+
+        conn.send(("row", _measure("mooncake", "tcp", op, block, batch, sweep, run)))
+    conn.send(("done",))
+    te.unregister_memory(laddr)
+    del te
+
+
+def mooncake_baseline(sweep: BaselineSweep) -> list[dict]:
+    """Mooncake Transfer Engine (TCP transport, P2P handshake) between two processes."""
+    reason = _mooncake_unavailable_reason()
+    if reason is not None:
+        raise BaselineUnavailable(reason, "mooncake")
+    return _run_procs("mooncake", sweep, "mooncake_initiator", "mooncake_target", env=MOONCAKE_ENV, capture_log=True)
+
+
+# --------------------------------------------------------------------------- registry
+
+_ROLES: dict[str, Callable] = {
+    "socket_target": _socket_target,
+    "socket_initiator": _socket_initiator,
+    "cma_target": _cma_target,
+    "cma_initiator": _cma_initiator,
+    "memcpy_initiator": _memcpy_initiator,
+    "mooncake_target": _mooncake_target,
+    "mooncake_initiator": _mooncake_initiator,
+}
+
+def fio_baseline(sweep: BaselineSweep) -> list[dict]:
+    """The real `fio` (io_uring engine) on the same file, per op and block size.
+
+    fio runs at the I/O shape our file executor uses inside one request: bs = min(block, 1 MiB),
+    iodepth 16, 2 jobs, buffered (page cache) like our default; row block_size = our block size."""
+    path = sweep.file_path
+    if not path or not os.path.exists(path):
+        raise BaselineUnavailable("fio needs the benchmark file (run with a file transport, e.g. --transport gds)")
+    fio = shutil.which("fio")
+    if fio is None:
+        raise BaselineUnavailable("fio is not installed (apt-get install -y fio)")
+    size = os.path.getsize(path)
+    rows = []
+    for op in sweep.ops:
+        for block in sweep.block_sizes:
+            bs = min(block, 1 * MiB)
+            jobs = 2
+            per_job = (size // jobs) // bs * bs
+            cmd = [
+                fio, "--name=tent-baseline", f"--filename={path}", "--ioengine=io_uring",
+                f"--rw={'read' if op == 'READ' else 'write'}", f"--bs={bs}", f"--size={per_job}",
+                f"--offset_increment={per_job}", f"--numjobs={jobs}", "--iodepth=16", "--direct=0", "--thread",
+                "--group_reporting", "--invalidate=0", "--time_based",
+                f"--runtime={max(1, int(round(sweep.time_budget_s or 2)))}", "--output-format=json",
+            ]  # fmt: skip
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            if out.returncode != 0:
+                raise BaselineError(f"fio failed: {out.stderr.strip()[-500:]}")
+            job = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
+            side = job["read" if op == "READ" else "write"]
+            clat = side.get("clat_ns", {}).get("percentile", {})
+            rows.append({
+                "engine": "fio", "transport": "io_uring", "op": op, "block_size": block, "batch_size": 1,
+                "gbps": round(side["bw_bytes"] / 1e9, 4),
+                "avg_us": round(side.get("clat_ns", {}).get("mean", 0.0) / 1e3, 2),
+                "p99_us": round(float(clat.get("99.000000", 0.0)) / 1e3, 2),
+                "fio_bs": bs,
+            })  # fmt: skip
+    return rows
+
+
+BASELINES: dict[str, Callable[[BaselineSweep], list[dict]]] = {
+    "socket": socket_baseline,
+    "cma": cma_baseline,
+    "memcpy": memcpy_baseline,
+    "mooncake": mooncake_baseline,
+    "fio": fio_baseline,
+}
+
+
+def available_baselines(refresh: bool = False) -> dict[str, str | None]:
+    """Baseline name -> None if it can run here, else the reason it cannot."""
+    return {
+        "socket": None,
+        "cma": _cma_unavailable_reason(),
+        "memcpy": None,
+        "mooncake": _mooncake_unavailable_reason(refresh),
+        "fio": None if shutil.which("fio") else "fio is not installed",
+    }
+
+
+def run_baseline(name: str, sweep: BaselineSweep) -> list[dict]:
+    try:
+        fn = BASELINES[name]
+    except KeyError:
+        raise ValueError(f"unknown baseline {name!r}; known: {sorted(BASELINES)}") from None
+    return fn(sweep)

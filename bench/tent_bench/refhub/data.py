@@ -1,0 +1,284 @@
+"""Data-plane benchmarks on one host (paper §5.1.1, and §5.1.3 without namespaces).
+
+- dataplane: one publisher and one reader process, a model-like 1 GiB shard (500 tensors, half of
+  them tiny); verified replicate GB/s vs raw tent_core READs of the same bytes into the same
+  buffers, by the same reader process, interleaved.
+- failover (loopback fallback of tent_bench.refhub.net.failover): trainer -> A (reader-side cap) -> B; SIGKILL
+  A mid-transfer; B's completion time vs no failure.
+
+The burst benchmark and the shaped-link failover live in tent_bench.refhub.net (network namespaces).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+MB = 1 << 20
+
+
+def _tensors(size_mb: float, n: int = 4) -> list[np.ndarray]:
+    per = int(size_mb * MB) // n
+    return [np.zeros(per, dtype=np.uint8) for _ in range(n)] + [np.zeros(4096, dtype=np.uint8) for _ in range(8)]
+
+
+def _publisher(addr: str, size_mb: float, ready: Any, stop: Any) -> None:
+    import refhub
+
+    h = refhub.open("bench", replica="trainer", server=addr, hb_interval=0.2)
+    ts = _tensors(size_mb)
+    rng = np.random.default_rng(0)
+    for i, t in enumerate(ts):
+        t[:] = rng.integers(0, 255, t.nbytes, dtype=np.uint8)
+        h.register(f"t{i}", t)
+    h.publish(1)
+    ready.put(h.engine.segment_name(h.segment))
+    stop.wait()
+    h.close()
+
+
+def _reader(addr: str, name: str, size_mb: float, throttle: float | None, start: Any, q: Any) -> None:
+    import refhub
+
+    h = refhub.open("bench", replica=name, server=addr, hb_interval=0.2, throttle_Bps=throttle)
+    ts = _tensors(size_mb)
+    for i, t in enumerate(ts):
+        h.register(f"t{i}", t)
+    q.put(("ready", name))
+    start.wait()
+    t0 = time.monotonic()
+    try:
+        h.replicate("latest", timeout=300)
+        q.put(("done", name, time.monotonic() - t0, h.stats))
+    except Exception as exc:  # reported to the parent
+        q.put(("error", name, repr(exc)))
+    start.wait()  # keep serving until the parent is done
+    h.close()
+
+
+def _server(pipeline: bool = True) -> str:
+    from refhub.server import start_embedded
+
+    return start_embedded(hb_timeout=3.0, pipeline=pipeline)
+
+
+def shard_sizes(total_mb: float = 1024, count: int = 500, seed: int = 0) -> list[int]:
+    """A model-like shard: `count` tensors, half of them tiny (1-64 KB, packed), the rest large
+    (>= 2 MB, varied sizes) filling `total_mb` in all."""
+    rng = np.random.default_rng(seed)
+    n_tiny = count // 2
+    tiny = [int(x) for x in np.exp(rng.uniform(np.log(1024), np.log(64 * 1024), n_tiny))]
+    big_total = int(total_mb * MB) - sum(tiny)
+    floor = 2 * MB + 4096
+    extra = big_total - floor * (count - n_tiny)
+    if extra < 0:
+        raise ValueError(f"{total_mb} MB is too small for {count - n_tiny} large tensors")
+    w = np.exp(rng.uniform(0, np.log(4), count - n_tiny))
+    big = [floor + (int(x) & ~4095) for x in w / w.sum() * extra]
+    big[-1] += big_total - sum(big)
+    sizes = tiny + big
+    order = rng.permutation(len(sizes))
+    return [sizes[i] for i in order]
+
+
+def _dp_engine(transport: str | None) -> Any:
+    from tent_core import Engine
+
+    return Engine(transports=[transport]) if transport else Engine()
+
+
+def _dp_publisher(addr: str, sizes: list[int], ready: Any, stop: Any, transport: str | None = None) -> None:
+    import refhub
+
+    h = refhub.open("dp", replica="trainer", server=addr, hb_interval=0.2, engine=_dp_engine(transport))
+    rng = np.random.default_rng(1)
+    ts = [rng.integers(0, 255, n, dtype=np.uint8) for n in sizes]
+    for i, t in enumerate(ts):
+        h.register(f"w{i:04d}", t)
+    h.publish(1)
+    ready.put({"ref": h._ref(), "publish_checksum_s": h.stats.get("publish_checksum_s")})
+    stop.wait()
+    h.close()
+
+
+def _dp_reader(addr: str, sizes: list[int], ref: dict, repeat: int, q: Any, transport: str | None = None) -> None:
+    """The same process does both: raw tent_core READs of the publisher's bytes into this handle's
+    own registered buffers, and refhub replicate (control plane + verification), interleaved."""
+    from collections import deque
+
+    import refhub
+    from refhub import client as C
+    from tent_core import READ, Request
+
+    try:
+        h = refhub.open("dp", replica="reader", server=addr, hb_interval=0.2, engine=_dp_engine(transport))
+        ts = [np.ones(n, dtype=np.uint8) for n in sizes]  # pre-faulted, as a rollout's weights are
+        for i, t in enumerate(ts):
+            h.register(f"w{i:04d}", t)
+        h._build_layout()
+        h._pack.array[:] = 1
+        mine = h._stream()
+        reqs = []
+        for (_, lb, loff, nb), (_, roff, _) in zip(mine, ref["items"], strict=True):
+            for c in range(0, nb, C.CHUNK):
+                reqs.append(Request(READ, lb, loff + c, ref["seg"], roff + c, min(C.CHUNK, nb - c)))
+        total = sum(m[3] for m in mine)
+        eng = h.engine
+        eng.submit(reqs[:8], deadline=30).wait()  # connect
+
+        def raw_windowed() -> float:
+            t0 = time.perf_counter()
+            inflight: deque = deque()
+            batch: list = []
+            nbytes = 0
+            for r in reqs:
+                batch.append(r)
+                nbytes += r.length
+                if nbytes >= C.BATCH:
+                    inflight.append(eng.submit(batch, deadline=30))
+                    batch, nbytes = [], 0
+                    if len(inflight) >= C.WINDOW:
+                        inflight.popleft().wait()
+            if batch:
+                inflight.append(eng.submit(batch, deadline=30))
+            while inflight:
+                inflight.popleft().wait()
+            return total / (time.perf_counter() - t0) / 1e9
+
+        def raw_one() -> float:
+            t0 = time.perf_counter()
+            eng.submit(reqs, deadline=30).wait()
+            return total / (time.perf_counter() - t0) / 1e9
+
+        out: dict[str, list] = {"raw_windowed": [], "raw_one_batch": [], "refhub": [], "refhub_s": [], "verify_s": [],
+                                "unverified": []}
+        for i in range(repeat + 1):
+            rw, ro = raw_windowed(), raw_one()
+            h._verify = False  # diagnostic: the same path without the receive-side hash
+            t0 = time.perf_counter()
+            h.replicate(1, timeout=120)
+            uv = total / (time.perf_counter() - t0) / 1e9
+            h.unpublish()
+            h._verify = True
+            t0 = time.perf_counter()
+            h.replicate(1, timeout=120)
+            dt = time.perf_counter() - t0
+            st = dict(h.stats)
+            h.unpublish()
+            if i == 0:
+                continue  # warm-up round
+            out["raw_windowed"].append(rw)
+            out["raw_one_batch"].append(ro)
+            out["unverified"].append(uv)
+            out["refhub"].append(total / dt / 1e9)
+            out["refhub_s"].append(dt)
+            out["verify_s"].append(st["verify_s"])
+        ok = bool(st["verified"])
+        hash_only = []
+        for _ in range(3):  # the receive-side hash alone, one thread, nothing else running
+            t0 = time.perf_counter()
+            for t in ts:
+                C.checksum(t)
+            hash_only.append(time.perf_counter() - t0)
+        out["hash_only_s"] = hash_only
+        h.close()
+        q.put({"ok": ok, "total": total, "tensors": len(sizes), "stream_items": len(mine), **out})
+    except Exception as exc:  # reported to the parent
+        import traceback
+
+        q.put({"error": repr(exc), "tb": traceback.format_exc()})
+
+
+def dataplane(size_mb: float = 1024, repeat: int = 5, tensors: int = 500, transport: str | None = None) -> dict:
+    """One publisher, one reader process: refhub replicate (every byte verified) vs raw tent_core READs
+    of the same bytes between the same two processes, interleaved, medians."""
+    ctx = mp.get_context("spawn")
+    addr = _server()
+    sizes = shard_sizes(size_mb, tensors)
+    ready, stop, q = ctx.Queue(), ctx.Event(), ctx.Queue()
+    pub = ctx.Process(target=_dp_publisher, args=(addr, sizes, ready, stop, transport))
+    pub.start()
+    try:
+        info = ready.get(timeout=300)
+        rd = ctx.Process(target=_dp_reader, args=(addr, sizes, info["ref"], repeat, q, transport))
+        rd.start()
+        res = q.get(timeout=900)
+        rd.join(timeout=30)
+    finally:
+        stop.set()
+        pub.join(timeout=30)
+    if "error" in res:
+        raise RuntimeError(res["error"] + "\n" + res.get("tb", ""))
+    med = statistics.median
+    raw_w, raw_o, rh = med(res["raw_windowed"]), med(res["raw_one_batch"]), med(res["refhub"])
+    raw = max(raw_w, raw_o)
+    from refhub.client import _xxhash
+
+    return {
+        "bench": "dataplane",
+        "size_MB": size_mb,
+        "bytes": res["total"],
+        "tensors": res["tensors"],
+        "tiny_tensors_packed": sum(1 for n in sizes if n < 2 * MB),
+        "transport": transport or "engine's choice (shm between local processes)",
+        "checksum": "xxh3_64" if _xxhash is not None else "adler32",
+        "verified_every_byte": res["ok"],
+        "refhub_GBps_median": round(rh, 3),
+        "refhub_s_median": round(med(res["refhub_s"]), 4),
+        "verify_in_loop_s_median": round(med(res["verify_s"]), 4),
+        "hash_only_s_median": round(med(res["hash_only_s"]), 4),
+        "raw_GBps_median": round(raw, 3),
+        "raw_windowed_GBps_median": round(raw_w, 3),
+        "raw_one_batch_GBps_median": round(raw_o, 3),
+        "ratio": round(rh / raw, 3),
+        "diagnostic_unverified_GBps_median": round(med(res["unverified"]), 3),
+        "diagnostic_unverified_ratio": round(med(res["unverified"]) / raw, 3),
+        "publish_checksum_s": round(info["publish_checksum_s"] or 0.0, 4),
+        "repeat": repeat,
+        "samples": {k: [round(x, 3) for x in res[k]] for k in ("refhub", "raw_windowed", "raw_one_batch")},
+        "note": "one host, shm transport between two processes; raw = best of windowed / one-batch tent_core READs "
+                "of the same bytes into the same buffers, same processes, interleaved with the refhub runs",
+    }
+
+
+def failover(size_mb: float = 64, cap_MBps: float = 100, kill_at: float = 0.5) -> dict:
+    ctx = mp.get_context("spawn")
+    out = {}
+    for inject in (False, True):
+        addr = _server()
+        ready, stop = ctx.Queue(), ctx.Event()
+        pub = ctx.Process(target=_publisher, args=(addr, size_mb, ready, stop))
+        pub.start()
+        ready.get(timeout=120)
+        qa, sa = ctx.Queue(), ctx.Event()
+        a = ctx.Process(target=_reader, args=(addr, "A", size_mb, cap_MBps * 1e6, sa, qa))
+        qb, sb = ctx.Queue(), ctx.Event()
+        b = ctx.Process(target=_reader, args=(addr, "B", size_mb, None, sb, qb))
+        a.start()
+        b.start()
+        qa.get(timeout=60)
+        qb.get(timeout=60)
+        sa.set()
+        time.sleep(0.1)
+        sb.set()
+        expected = size_mb * MB / (cap_MBps * 1e6)
+        if inject:
+            time.sleep(expected * kill_at)
+            os.kill(a.pid, signal.SIGKILL)
+        res = qb.get(timeout=300)
+        if res[0] != "done":
+            raise RuntimeError(res)
+        out["with_failure" if inject else "no_failure"] = {"B_seconds": round(res[2], 3), "sources": res[3]["sources"],
+                                                          "reroutes": res[3]["reroutes"]}
+        stop.set()
+        for p in (a, b, pub):
+            if p.is_alive():
+                p.terminate()
+            p.join(timeout=10)
+    return {"bench": "failover", "size_MB": size_mb, "A_cap_MBps": cap_MBps, "kill_at_fraction": kill_at, **out}

@@ -1,0 +1,123 @@
+"""`tent bench --fabric`: real bytes through the engine over a shaped netns fabric (root only)."""
+
+from __future__ import annotations
+
+import pytest
+from tent_bench import fabric_bench as fb
+from tent_bench.testbed import Fabric
+
+pytestmark = pytest.mark.netns
+
+MiB = 1 << 20
+
+
+def _require_fabric() -> None:
+    ok, why = Fabric.available()
+    if not ok:
+        pytest.skip(f"fabric unavailable: {why}")
+
+
+def test_fault_and_degrade_parsing_without_root():
+    plan = fb.parse_fault("down 0 at 1s; up 0 at 3000ms; degrade 2:0.5 at 1.5; restore 2 at 2s", 5)
+    assert [(e.t, e.action, e.rail) for e in plan.events] == [
+        (1.0, "down", 0), (1.5, "degrade", 2), (2.0, "restore", 2), (3.0, "up", 0)
+    ]
+    assert plan.events[1].factor == 0.5
+    flap = fb.parse_fault("flap 1 every 300ms", 4)
+    assert flap.flap == (1, 0.3, 1.0, 3.0)
+    assert [e.action for e in flap.events][:2] == ["down", "up"] and flap.events[-1].action == "up"
+    assert fb.parse_degrade("3:0.5,1:0.25") == [(3, 0.5), (1, 0.25)]
+    for bad in ("explode 0 at 1s", "down 0 at 9s", "degrade 0:2 at 1s"):
+        with pytest.raises(ValueError):
+            fb.parse_fault(bad, 5)
+    with pytest.raises(ValueError):
+        fb.parse_degrade("3")
+
+
+def test_spray_moves_verified_bytes_in_proportion_to_rail_rates():
+    """2 rails, one at half rate: every byte checked, the slow rail carries ~1/3 of the bytes."""
+    _require_fabric()
+    spec = fb.FabricBenchSpec(fabric="2x200mbit", degrade=[(1, 0.5)], policies=["spray"], duration_s=4.0,
+                              verify_block=8 * MiB, threads=2)  # fmt: skip
+    rows = fb.run_fabric_bench(spec)
+    perf = next(r for r in rows if r.get("engine") == "tent")
+    summ = next(r for r in rows if r.get("kind") == "fault_summary")
+    assert summ["app_errors"] == 0 and summ["corrupt"] == 0
+    assert summ["bytes_verified"] == summ["bytes_requested"] > 0
+    share = perf["rail_share"]
+    assert abs(share[1] - 1 / 3) < 0.1, share
+    # both rails busy: the verified goodput is well above what the fast rail alone could carry
+    assert summ["verified_gbit"] > 0.2, summ["verified_gbit"]
+
+
+def test_rail_down_and_up_no_app_errors_and_rail_returns():
+    _require_fabric()
+    spec = fb.FabricBenchSpec(fabric="2x200mbit", policies=["spray"], duration_s=4.0, verify_block=8 * MiB,
+                              threads=2, fault="down 0 at 0.8s; up 0 at 1.5s")  # fmt: skip
+    rows = fb.run_fabric_bench(spec)
+    summ = next(r for r in rows if r.get("kind") == "fault_summary")
+    assert summ["fault_errors"] == []
+    assert summ["app_errors"] == 0 and summ["corrupt"] == 0, summ["errors"]
+    assert summ["bytes_verified"] == summ["bytes_requested"] > 0
+    assert summ["all_verified"]
+    # the downed rail carried traffic again after it came back
+    assert summ["after_last_event_rail_gbit"][0] > 0.02, summ
+
+
+def test_degrade_restore_and_flap_no_app_errors():
+    _require_fabric()
+    spec = fb.FabricBenchSpec(fabric="3x200mbit", policies=["spray"], duration_s=4.0, verify_block=8 * MiB, threads=3,
+                              fault="degrade 1:0.5 at 0.8s; restore 1 at 1.6s; flap 2 every 200ms from 2s until 3.2s")  # fmt: skip
+    rows = fb.run_fabric_bench(spec)
+    summ = next(r for r in rows if r.get("kind") == "fault_summary")
+    assert summ["fault_errors"] == [] and summ["app_errors"] == 0 and summ["corrupt"] == 0, summ["errors"]
+    assert summ["all_verified"] and summ["bytes_verified"] == summ["bytes_requested"] > 0
+    # throughput during the flapping stays at least at what the two stable rails carry
+    assert summ["flap"]["x_stable"] > 0.9, summ["flap"]
+
+
+def test_peer_death_on_the_fabric_is_an_error_within_the_deadline():
+    """The target dies mid-transfer: every rail goes silent; the application gets an error, not a hang."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    _require_fabric()
+    with Fabric(nodes=2, rails=2, rate="200mbit") as fab:
+        target_cfg = {"transports": {"tcp": {"rails": fab.addrs(1), "slice_timeout_ms": 100}}}
+        target = fab.popen(1, [sys.executable, "-m", "tent_bench.target", "--size", str(32 * MiB), "--host",
+                               fab.addrs(1)[0], "--config", json.dumps(target_cfg)],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            seg = json.loads(target.stdout.readline())["segment"]
+            code = (
+                "import sys, time\n"
+                "from tent_core import Engine, Request, READ\n"
+                "from tent_core.errors import TentError\n"
+                f"cfg = {{'transports': {{'tcp': {{'rails': {fab.addrs(0)!r}, 'slice_timeout_ms': 100, 'connect_timeout_ms': 100}}}}}}\n"
+                "with Engine(cfg, transports=['tcp']) as eng:\n"
+                "    buf = eng.allocate(32 << 20)\n"
+                f"    eng.read(buf, {seg!r}, 1 << 20)\n"
+                "    print('ready', flush=True)\n"
+                "    t0 = time.monotonic()\n"
+                "    try:\n"
+                "        for _ in range(20):\n"
+                f"            eng.submit([Request(READ, buf, 0, {seg!r}, 0, 32 << 20)], deadline=4.0).wait()\n"
+                "        print('no error', flush=True)\n"
+                "    except TentError as exc:\n"
+                "        print('error', type(exc).__name__, round(time.monotonic() - t0, 2), flush=True)\n"
+            )
+            init = fab.popen(0, [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+            assert init.stdout.readline().strip() == "ready"
+            time.sleep(0.3)
+            target.send_signal(signal.SIGKILL)
+            out, _ = init.communicate(timeout=30)
+            words = out.split()
+            assert words[0] == "error", out
+            assert words[1] in ("PeerUnreachableError", "DeadlineExceededError"), out
+            assert float(words[2]) < 4.5, out  # within the request deadline (+ scheduling slack)
+        finally:
+            target.kill()
+            target.wait(10)

@@ -1,0 +1,111 @@
+/*
+ * A stand-in for libcudart, for tests on machines without a GPU.
+ *
+ * It exports the CUDA runtime calls the nvlink executor resolves, with their signatures, over
+ * host memory: cudaMemcpyAsync only records the copy on its stream, cudaEventRecord marks how far
+ * the stream got, and cudaEventSynchronize performs the stream's copies up to that mark. A gate
+ * (cudart_double_hold) keeps copies "in flight" as long as a test wants, so it can check that
+ * the executor's teardown waits for them. It proves the executor's ordering, not CUDA: that takes
+ * scripts/gpu_check.sh on a GPU machine.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EXPORT __attribute__((visibility("default")))
+#define MAX_COPIES 4096
+
+typedef struct copy {
+  void *dst;
+  const void *src;
+  size_t n;
+} copy_t;
+
+typedef struct stream {
+  copy_t copies[MAX_COPIES];
+  size_t issued, done; /* copies[done..issued) are in flight */
+} stream_t;
+
+typedef struct event {
+  stream_t *stream;
+  size_t upto;
+} event_t;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+static int hold;
+static atomic_llong n_issued, n_done;
+
+EXPORT void cudart_double_hold(int on) {
+  pthread_mutex_lock(&mu);
+  hold = on;
+  pthread_cond_broadcast(&cv);
+  pthread_mutex_unlock(&mu);
+}
+
+EXPORT long long cudart_double_issued(void) { return atomic_load(&n_issued); }
+EXPORT long long cudart_double_done(void) { return atomic_load(&n_done); }
+
+EXPORT int cudaSetDevice(int dev) { return 0; }
+
+EXPORT int cudaStreamCreateWithFlags(void **s, unsigned flags) {
+  *s = calloc(1, sizeof(stream_t));
+  return *s ? 0 : 2; /* cudaErrorMemoryAllocation */
+}
+
+EXPORT int cudaStreamDestroy(void *s) {
+  free(s);
+  return 0;
+}
+
+EXPORT int cudaEventCreateWithFlags(void **e, unsigned flags) {
+  *e = calloc(1, sizeof(event_t));
+  return *e ? 0 : 2;
+}
+
+EXPORT int cudaEventDestroy(void *e) {
+  free(e);
+  return 0;
+}
+
+EXPORT int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *s) {
+  stream_t *st = s;
+  pthread_mutex_lock(&mu);
+  if (st->issued - st->done >= MAX_COPIES) {
+    pthread_mutex_unlock(&mu);
+    return 2;
+  }
+  st->copies[st->issued % MAX_COPIES] = (copy_t){dst, src, n};
+  st->issued++;
+  pthread_mutex_unlock(&mu);
+  atomic_fetch_add(&n_issued, 1);
+  return 0;
+}
+
+EXPORT int cudaEventRecord(void *e, void *s) {
+  event_t *ev = e;
+  pthread_mutex_lock(&mu);
+  ev->stream = s;
+  ev->upto = ((stream_t *)s)->issued;
+  pthread_mutex_unlock(&mu);
+  return 0;
+}
+
+EXPORT int cudaEventSynchronize(void *e) {
+  event_t *ev = e;
+  pthread_mutex_lock(&mu);
+  while (hold) pthread_cond_wait(&cv, &mu);
+  stream_t *st = ev->stream;
+  while (st && st->done < ev->upto) {
+    copy_t c = st->copies[st->done % MAX_COPIES];
+    memcpy(c.dst, c.src, c.n);
+    st->done++;
+    atomic_fetch_add(&n_done, 1);
+  }
+  pthread_mutex_unlock(&mu);
+  return 0;
+}
+
+EXPORT const char *cudaGetErrorString(int e) { return e ? "cudart stand-in error" : "no error"; }

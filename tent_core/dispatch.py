@@ -1,0 +1,288 @@
+"""The submit path: requests -> validated pieces -> routed, sliced, railed slices -> executors.
+
+`Submitter.submit(requests, deadline)` is `Engine.submit` minus the facade. Per request it checks
+the local buffer and range, resolves the remote segment through the `PeerDirectory` (bounds and
+permission checked against the peer's registered buffers), gets the plan of the request's class
+(a `routing.Decision`, or a `StagedPath` when no transport serves the memory kinds directly),
+takes the Decision's first usable route, restricts its rails by the rule, cuts the piece into
+slices with the `SliceScheduler` (phase 2) and hands all slices of a transport to its executor in
+one native call. Each piece's (route, Decision) is recorded on the batch handle for recovery.
+Staged requests run in a small thread pool (`tent_core.staged`), their legs submitted through
+`submit_leg` with the leg's own Decision.
+
+Everything that can be refused is refused here, before anything moves: the batch is all or
+nothing at submit time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from . import _native, errors
+from .abi import SLICE_DTYPE
+from .batch import BatchHandle
+from .config import EngineConfig
+from .peers import Peer, PeerDirectory, Route
+from .policy_rules import RequestTraits
+from .rail_monitor import RailMonitor
+from .rails import Rail
+from .recovery import Progress
+from .request import LocalBuffer, Request
+from .routing import Decision, Router, StagedPath
+from .segments import LocalSegments
+from .slice_scheduler import SliceScheduler
+from .staged import StagingPool, run_staged
+from .types import OpCode, Permission, Priority
+
+log = logging.getLogger(__name__)
+
+# (route, rail, op, local address, remote address, length)
+Slice = tuple[Route, Rail, OpCode, int, int, int]
+
+
+class Submitter:
+    """The submit path of one engine; see the module docstring."""
+
+    def __init__(
+        self,
+        owner: Any,
+        config: EngineConfig,
+        segments: LocalSegments,
+        peers: PeerDirectory,
+        router: Router,
+        scheduler: SliceScheduler,
+        monitor: RailMonitor,
+        progress: Progress,
+    ) -> None:
+        self._owner = owner  # what batch handles name as their engine
+        self.engine_id = owner.engine_id
+        self.config = config
+        self.segments = segments
+        self.peers = peers
+        self.router = router
+        self.scheduler = scheduler
+        self.monitor = monitor
+        self.progress = progress
+        self._lock = threading.Lock()
+        self._workers: ThreadPoolExecutor | None = None
+        self.staging: StagingPool | None = None
+
+    # ---- LegSubmitter (staged pipelines) ----------------------------------------------------------
+
+    def segment_name(self, segment: str) -> str:
+        return f"{self.engine_id}/{segment}"
+
+    def allocate(self, size: int, segment: str, perm: Permission) -> LocalBuffer:
+        return self.segments.allocate(size, segment, perm)
+
+    def submit_leg(self, request: Request, decision: Decision, deadline: float) -> BatchHandle:
+        """One leg of a staged path, routed by `decision` (never resolved again)."""
+        peer, seg = self.peers.resolve(request.remote, min(deadline, self.config.control_timeout_s))
+        pieces = self.peers.map_remote(peer, seg, request.remote_offset, request.length, request.op)
+        plan: list[Slice] = []
+        notes: list[tuple[Route, Decision, int, int]] = []
+        local = request.local.addr + request.local_offset
+        for _, raddr, length in pieces:
+            self._plan_direct(peer, decision, request.op, local, raddr, length, request.priority, plan, notes)
+            local += length
+        return self._launch(plan, notes, [], deadline, 1)
+
+    # ---- submit -----------------------------------------------------------------------------------
+
+    def submit(self, requests: Sequence[Request] | Request, deadline: float | None = None) -> BatchHandle:
+        if isinstance(requests, Request):
+            requests = [requests]
+        timeout = self.config.request_deadline_s if deadline is None else float(deadline)
+        if timeout <= 0:
+            raise errors.InvalidRequestError(f"deadline must be > 0 seconds, got {deadline!r}")
+        plan: list[Slice] = []
+        notes: list[tuple[Route, Decision, int, int]] = []
+        staged: list[tuple[Request, StagedPath]] = []
+        for req in requests:
+            self._plan_request(req, timeout, plan, notes, staged)
+        return self._launch(plan, notes, staged, timeout, len(requests))
+
+    def _launch(
+        self,
+        plan: list[Slice],
+        notes: list[tuple[Route, Decision, int, int]],
+        staged: list[tuple[Request, StagedPath]],
+        timeout: float,
+        num_requests: int,
+    ) -> BatchHandle:
+        batch = _native.Batch(len(plan) + len(staged))
+        handle = BatchHandle(self._owner, batch, time.monotonic() + timeout, num_requests)
+        for note in notes:
+            handle.note_route(*note)
+        if plan:
+            self.progress.track(handle)
+            self._dispatch(batch, plan)
+        for req, path in staged:
+            self._staged_workers().submit(run_staged, self, handle, req, path, self._staging_pool())
+        return handle
+
+    def _plan_request(
+        self,
+        req: Request,
+        timeout: float,
+        plan: list[Slice],
+        notes: list[tuple[Route, Decision, int, int]],
+        staged: list[tuple[Request, StagedPath]],
+    ) -> None:
+        if not isinstance(req, Request):
+            raise errors.InvalidRequestError(f"expected a Request, got {type(req).__name__}")
+        op = req.op
+        if op is not OpCode.READ and op is not OpCode.WRITE:
+            try:
+                op = OpCode(op)
+            except ValueError as exc:
+                raise errors.InvalidRequestError(f"op must be READ or WRITE, got {req.op!r}") from exc
+        buf = req.local
+        if not isinstance(buf, LocalBuffer) or not buf.registered or buf._engine_id != self.engine_id:
+            raise errors.NotRegisteredError("the local buffer is not registered with this engine")
+        if req.length < 0 or req.local_offset < 0 or req.remote_offset < 0:
+            raise errors.InvalidRequestError(
+                f"offsets and length must be >= 0 (local_offset={req.local_offset}, remote_offset={req.remote_offset}, length={req.length})"
+            )
+        if req.local_offset + req.length > buf.length:
+            raise errors.OutOfBoundsError(
+                f"local range [{req.local_offset}, {req.local_offset + req.length}) exceeds the {buf.length}-byte buffer"
+            )
+        peer, seg = self.peers.resolve(req.remote, min(timeout, self.config.control_timeout_s))
+        if req.length == 0:
+            if seg not in peer.segments:  # nothing to move, but the segment must exist
+                self.peers.map_remote(peer, seg, req.remote_offset, 0, op)  # refreshes once, then raises
+            return
+        prio = req.priority
+        if prio.__class__ is not Priority:
+            try:
+                prio = Priority(prio)
+            except ValueError as exc:
+                raise errors.InvalidRequestError(f"priority must be HIGH, MID or LOW, got {req.priority!r}") from exc
+        pieces = self.peers.map_remote(peer, seg, req.remote_offset, req.length, op)
+        local = buf.addr + req.local_offset
+        router = self.router
+        for rbuf, raddr, length in pieces:
+            rule = None
+            if router.rules:
+                rule = router.match(RequestTraits(prio, req.length, buf.kind, rbuf.kind, peer.same_host, req.tag))
+            p = peer.plans.get((buf.kind, rbuf.kind, op, rule))
+            if p is None:
+                traits = RequestTraits(prio, req.length, buf.kind, rbuf.kind, peer.same_host, req.tag)
+                p = self.peers.plan(peer, traits, op, rule)
+            if p.__class__ is StagedPath:
+                if len(pieces) > 1:
+                    raise errors.NoPathError(
+                        f"no transport moves {buf.kind.value} <-> {rbuf.kind.value} memory directly, and a staged "
+                        f"path cannot span {len(pieces)} remote buffers: split the request at buffer boundaries"
+                    )
+                self._check_local_stage(buf, req, op)
+                staged.append((req, p))  # type: ignore[arg-type]
+                return
+            self._plan_direct(peer, p, op, local, raddr, length, prio, plan, notes)  # type: ignore[arg-type]
+            local += length
+
+    def _plan_direct(
+        self,
+        peer: Peer,
+        decision: Decision,
+        op: OpCode,
+        local: int,
+        raddr: int,
+        length: int,
+        prio: Priority,
+        plan: list[Slice],
+        notes: list[tuple[Route, Decision, int, int]],
+    ) -> None:
+        route = self.peers.route(peer, decision)
+        rails = route.rails
+        if decision.rule is not None and decision.rule.rails is not None:
+            rails = [rails[i] for i in self.router.allowed_rails(decision, route.indices)]
+            if not rails:
+                raise errors.PolicyRejectedError(
+                    f"policy rule {decision.rule.name!r} allows rails {sorted(decision.rule.rails)} but "
+                    f"{route.transport.name} to {peer.engine_id} has rails {route.indices}"
+                )
+        notes.append((route, decision, local, local + length))
+        if len(rails) == 1:
+            step = route.transport.split_bytes
+            if step <= 0 or length <= step:
+                plan.append((route, rails[0], op, local, raddr, length))
+            else:
+                for off in range(0, length, step):
+                    plan.append((route, rails[0], op, local + off, raddr + off, min(step, length - off)))
+            return
+        now = time.monotonic()
+        weights: list[float] | None = [self.monitor.weight(r.slot, now) for r in rails]
+        if not any(weights):  # type: ignore[arg-type]
+            weights = None  # every rail paused: try them all rather than fail; retries sort it out
+        for idx, off, ln in self.scheduler.plan(length, [r.telemetry for r in rails], prio, weights):
+            plan.append((route, rails[idx], op, local + off, raddr + off, ln))
+
+    def _check_local_stage(self, buf: LocalBuffer, req: Request, op: OpCode) -> None:
+        # the local buffer is reached through our own segment: validate that leg now, not mid-pipeline
+        self_peer = self.peers.get(self.engine_id)
+        self.peers.map_remote(self_peer, buf.segment, buf.offset + req.local_offset, req.length,
+                              OpCode.READ if op == OpCode.WRITE else OpCode.WRITE)
+
+    # ---- executors ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _dispatch(batch: Any, plan: list[Slice]) -> None:
+        if len(plan) == 1:
+            route, rail, op, local, remote, length = plan[0]
+            ex = route.transport.executor
+            rc = _native.submit_one(
+                ex.ops, ex.handle, batch, int(op), local, remote, length, route.link.handle, rail.info.index, rail.slot, 0
+            )
+            if rc != 0:
+                batch.fail_slice(rc)
+            return
+        groups: dict[str, list[Slice]] = {}
+        for item in plan:
+            groups.setdefault(item[0].transport.name, []).append(item)
+        for items in groups.values():
+            arr = np.zeros(len(items), SLICE_DTYPE)
+            arr["opcode"] = [int(it[2]) for it in items]
+            arr["local_addr"] = [it[3] for it in items]
+            arr["remote_addr"] = [it[4] for it in items]
+            arr["length"] = [it[5] for it in items]
+            arr["peer"] = [it[0].link.handle for it in items]
+            arr["rail"] = [it[1].info.index for it in items]
+            arr["stat_index"] = [it[1].slot for it in items]
+            ex = items[0][0].transport.executor
+            rc = _native.submit(ex.ops, ex.handle, batch, arr)
+            if rc != 0:
+                for _ in items:
+                    batch.fail_slice(rc)
+
+    # ---- staged paths -------------------------------------------------------------------------------
+
+    def _staged_workers(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._workers is None:
+                self._workers = ThreadPoolExecutor(max_workers=self.config.staging_workers, thread_name_prefix="tent-staged")
+            return self._workers
+
+    def _staging_pool(self) -> StagingPool:
+        with self._lock:
+            if self.staging is None:
+                self.staging = StagingPool(self, self.config.staging_chunk_bytes, self.config.staging_buffers)
+            return self.staging
+
+    def close(self) -> None:
+        """Stop staged pipelines (each finalizes its unit) and wait for them."""
+        with self._lock:
+            workers, self._workers = self._workers, None
+        if workers is not None:
+            workers.shutdown(wait=True, cancel_futures=True)
+
+
+__all__ = ["Submitter"]

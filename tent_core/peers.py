@@ -1,0 +1,424 @@
+"""The peer directory: remote engines, their segments, and the routes (connected transports) to them.
+
+`PeerDirectory` answers the submit path's questions about a remote segment name: which peer
+(fetched once over the peer's control port with ``describe``, then cached), which registered
+remote buffers an offset range covers and whether the request may touch them (`map_remote`), how
+a class of requests is routed (`plan`: a `routing.Decision` or `StagedPath`, cached per peer), and
+which connected `Route` serves a Decision (`route`: connects lazily, rails acquired from
+`tent_core.rails`). Routing choices themselves are the Router's; this module holds the state.
+
+Where a peer's description comes from: by default its own control port (the peer is named by that
+port, ``host:port``); with a cluster directory (`use_directory`, ``[directory]`` in the config) the
+directory, where engines publish themselves under fixed names (`tent_core.directory`).
+
+Peer lifecycle: a peer whose slices ran out of every path is only marked *suspect* (`mark_suspect`);
+nothing in flight is disturbed. The next request to it re-reads its description: the same process
+answering keeps its routes (dead transports are given another chance), a restarted process (new pid
+or new transport endpoints) replaces the peer and retires the old one's routes; an unreachable
+one fails that request with PeerUnreachableError and stays suspect.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import errors
+from .config import SchedulerConfig
+from .metadata import ControlClient
+from .policy_rules import RequestTraits, Rule
+from .rail_monitor import RailMonitor
+from .rails import RAILS, Rail
+from .request import parse_segment_name
+from .routing import Decision, Router, StagedPath
+from .transport import Transport
+from .types import MemoryKind, OpCode, PeerInfo, PeerLink, Permission
+
+if TYPE_CHECKING:
+    from .directory import EngineDirectory
+
+log = logging.getLogger(__name__)
+
+_PERM_READ, _PERM_WRITE = int(Permission.READ), int(Permission.WRITE)
+_REMOTE_CACHE_MAX = 65536
+
+
+@dataclass
+class RemoteBuffer:
+    offset: int
+    addr: int
+    length: int
+    perm: int  # Permission bits as a plain int: checked on every request
+    kind: MemoryKind
+    desc: dict[str, Any]
+
+
+@dataclass(eq=False)
+class Route:
+    """One connected transport to one peer, with its rails."""
+
+    transport: Transport
+    link: PeerLink
+    rails: list[Rail]
+    indices: list[int] = field(default_factory=list)  # rail.info.index of each rail, for rule filters
+
+    def __post_init__(self) -> None:
+        self.indices = [r.info.index for r in self.rails]
+
+
+@dataclass(eq=False)
+class Peer:
+    engine_id: str
+    info: PeerInfo
+    client: ControlClient | None
+    same_host: bool
+    reachable: tuple[str, ...]  # our transports that can talk to this peer
+    segments: dict[str, list[RemoteBuffer]] = field(default_factory=dict)
+    starts: dict[str, list[int]] = field(default_factory=dict)
+    raw_buffers: list[dict[str, Any]] = field(default_factory=list)
+    routes: dict[str, Route] = field(default_factory=dict)
+    plans: dict[tuple[Any, ...], Decision | StagedPath] = field(default_factory=dict)
+    dead_transports: set[str] = field(default_factory=set)
+    connect_errors: dict[str, str] = field(default_factory=dict)  # why a transport could not connect
+    suspect: bool = False
+    retired: bool = False
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def load_segments(self, segments: Mapping[str, list[dict[str, Any]]]) -> None:
+        seg_map: dict[str, list[RemoteBuffer]] = {}
+        starts: dict[str, list[int]] = {}
+        raw: list[dict[str, Any]] = []
+        for name, bufs in segments.items():
+            rb = sorted(
+                (
+                    RemoteBuffer(int(b["offset"]), int(b["addr"]), int(b["length"]), int(b["perm"]), MemoryKind(b["kind"]), b["desc"])
+                    for b in bufs
+                ),
+                key=lambda r: r.offset,
+            )
+            seg_map[name] = rb
+            starts[name] = [r.offset for r in rb]
+            raw.extend(dict(b, segment=name) for b in bufs)
+        self.segments, self.starts, self.raw_buffers = seg_map, starts, raw
+
+
+def _identity(desc: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What changes when the process behind an engine id restarts."""
+    return (desc.get("host_id"), desc.get("pid"), repr(sorted((desc.get("transports") or {}).items())))
+
+
+class PeerDirectory:
+    """Peers of one engine (including the engine itself, for staged paths' local legs)."""
+
+    def __init__(
+        self,
+        engine_id: str,
+        host_id: str,
+        transports: Mapping[str, Transport],
+        router: Router,
+        describe_self: Callable[[], dict[str, Any]],
+        monitor: RailMonitor,
+        *,
+        control_timeout_s: float,
+        scheduler: SchedulerConfig | None = None,
+        control_client: Callable[[str], ControlClient] | None = None,
+    ) -> None:
+        self.engine_id = engine_id
+        self.host_id = host_id
+        self._transports = transports
+        self._router = router
+        self._describe_self = describe_self
+        self._monitor = monitor
+        self._control_timeout_s = control_timeout_s
+        self._scheduler = scheduler
+        # how to reach a peer's control port (the engine passes its auth and bounds)
+        self.control_client: Callable[[str], ControlClient] = control_client or ControlClient
+        self._lock = threading.RLock()
+        self._peers: dict[str, Peer] = {}
+        self._remote_cache: dict[str, tuple[Peer, str]] = {}
+        self.directory: EngineDirectory | None = None  # peers are described by the directory, not their port
+
+    def use_directory(self, directory: EngineDirectory) -> None:
+        """Resolve every peer name through `directory` from now on (it is closed with this object)."""
+        self.directory = directory
+
+    # ---- lookup --------------------------------------------------------------------------------
+
+    def peers(self) -> list[Peer]:
+        return list(self._peers.values())
+
+    def lookup(self, engine_id: str) -> Peer | None:
+        """The known peer, without contacting anyone."""
+        return self._peers.get(engine_id)
+
+    def resolve(self, remote: str, timeout: float) -> tuple[Peer, str]:
+        """'host:port/segment' -> (peer, segment name)."""
+        target = self._remote_cache.get(remote)
+        if target is not None and not target[0].suspect and not target[0].retired:
+            return target
+        engine_id, seg = parse_segment_name(remote)
+        peer = self.get(engine_id, timeout)
+        if len(self._remote_cache) < _REMOTE_CACHE_MAX or remote in self._remote_cache:
+            self._remote_cache[remote] = (peer, seg)
+        return peer, seg
+
+    def get(self, engine_id: str, timeout: float | None = None) -> Peer:
+        timeout = self._control_timeout_s if timeout is None else timeout
+        peer = self._peers.get(engine_id)
+        if peer is None:
+            fetched = self._fetch(engine_id, timeout)
+            with self._lock:
+                peer = self._peers.setdefault(engine_id, fetched)
+            if peer is not fetched and fetched.client is not None:
+                fetched.client.close()  # another thread won the race
+        elif peer.suspect:
+            peer = self._revalidate(peer, timeout)
+        return peer
+
+    def _describe(self, engine_id: str, client: ControlClient | None, timeout: float) -> dict[str, Any]:
+        if engine_id == self.engine_id:
+            return self._describe_self()
+        if self.directory is not None:
+            return self.directory.describe_peer(engine_id)
+        assert client is not None
+        desc = client.call({"op": "describe"}, timeout)
+        if not desc.get("ok"):
+            raise errors.PeerUnreachableError(f"engine {engine_id} refused describe: {desc.get('error')}")
+        return desc
+
+    def _fetch(self, engine_id: str, timeout: float, client: ControlClient | None = None) -> Peer:
+        if client is None and engine_id != self.engine_id and self.directory is None:
+            client = self.control_client(engine_id)
+            try:
+                desc = self._describe(engine_id, client, timeout)
+            except BaseException:
+                client.close()
+                raise
+        else:
+            desc = self._describe(engine_id, client, timeout)
+        return self._build(engine_id, desc, client)
+
+    def _build(self, engine_id: str, desc: Mapping[str, Any], client: ControlClient | None) -> Peer:
+        info = PeerInfo(engine_id, str(desc["host_id"]), int(desc["pid"]), dict(desc["transports"]))
+        reachable = tuple(n for n, t in self._transports.items() if t.can_reach(info) is None)
+        peer = Peer(engine_id, info, client, desc["host_id"] == self.host_id, reachable)
+        peer.load_segments(desc["segments"])
+        return peer
+
+    def refresh(self, engine_id: str, timeout: float | None = None) -> Peer:
+        """Re-read a peer's segments (it registered new memory) and hand them to its routes."""
+        timeout = self._control_timeout_s if timeout is None else timeout
+        peer = self.get(engine_id, timeout)
+        desc = self._describe(engine_id, peer.client, timeout)
+        with peer.lock:
+            peer.load_segments(desc["segments"])
+            for r in peer.routes.values():
+                r.transport.connect(peer.info, peer.raw_buffers)
+        return peer
+
+    def buffers(self, engine_id: str, refresh: bool = False) -> list[dict[str, Any]]:
+        """A peer's registered buffers as its description lists them (``segment``, ``offset``,
+        ``addr``, ``length``, ``perm``, ``kind``); `refresh` re-reads an already known peer first."""
+        known = engine_id in self._peers
+        peer = self.refresh(engine_id) if refresh and known else self.get(engine_id)
+        keys = ("segment", "offset", "addr", "length", "perm", "kind")
+        return [{k: b[k] for k in keys} for b in peer.raw_buffers]
+
+    def ping(self, engine_id: str, timeout: float | None = None) -> float:
+        """Round trip (seconds) to a peer's control port, found through the directory when there is
+        one. Raises PeerUnreachableError when the peer is unknown or does not answer."""
+        timeout = self._control_timeout_s if timeout is None else timeout
+        if engine_id == self.engine_id:
+            return 0.0
+        endpoint = engine_id
+        if self.directory is not None:
+            endpoint = str(self.directory.describe_peer(engine_id).get("control") or "")
+            if not endpoint:
+                raise errors.PeerUnreachableError(f"the directory has no control endpoint for {engine_id!r}")
+        client = self.control_client(endpoint)
+        try:
+            t0 = time.monotonic()
+            rep = client.call({"op": "ping"}, timeout)
+            if not rep.get("ok"):
+                raise errors.PeerUnreachableError(f"engine {engine_id} refused ping: {rep.get('error')}")
+            return time.monotonic() - t0
+        finally:
+            client.close()
+
+    # ---- suspicion, restart, forgetting ---------------------------------------------------------
+
+    def mark_suspect(self, peer: Peer) -> None:
+        """Every path to `peer` failed for some slice: re-check it before the next request uses it."""
+        if not peer.suspect:
+            log.info("every path to %s failed; it is re-checked before the next request", peer.engine_id)
+        peer.suspect = True
+
+    def _revalidate(self, peer: Peer, timeout: float) -> Peer:
+        with peer.lock:
+            current = self._peers.get(peer.engine_id, peer)
+            if not peer.suspect or current is not peer:
+                return current
+            desc = self._describe(peer.engine_id, peer.client, timeout)  # unreachable: raises, stays suspect
+            if _identity(desc) == (peer.info.host_id, peer.info.pid, repr(sorted(peer.info.transports.items()))):
+                peer.load_segments(desc["segments"])
+                for r in peer.routes.values():
+                    r.transport.connect(peer.info, peer.raw_buffers)
+                peer.dead_transports.clear()
+                peer.connect_errors.clear()
+                peer.plans.clear()
+                peer.suspect = False
+                return peer
+            log.info("engine %s restarted: reconnecting", peer.engine_id)
+            fresh = self._build(peer.engine_id, desc, peer.client)
+            peer.client = None  # the new peer owns the control connection now
+            with self._lock:
+                self._peers[peer.engine_id] = fresh
+        self._retire(peer)
+        return fresh
+
+    def forget(self, peer: Peer) -> None:
+        """Drop a peer now: cached names, routes (disconnected, rails released), control connection."""
+        with self._lock:
+            if self._peers.get(peer.engine_id) is peer:
+                del self._peers[peer.engine_id]
+        self._retire(peer)
+
+    def _retire(self, peer: Peer) -> None:
+        with self._lock:
+            peer.retired = True
+            for key in [k for k, (p, _) in self._remote_cache.items() if p is peer]:
+                del self._remote_cache[key]
+        with peer.lock:
+            routes, peer.routes = list(peer.routes.values()), {}
+            peer.plans.clear()
+        for route in routes:
+            self._drop_route(peer, route)
+        if peer.client is not None:
+            peer.client.close()
+            peer.client = None
+
+    def _drop_route(self, peer: Peer, route: Route) -> None:
+        try:
+            route.transport.disconnect(route.link)
+        except Exception:
+            log.exception("disconnect of %s from %s failed", route.transport.name, peer.engine_id)
+        for rail in route.rails:
+            if RAILS.release(rail):
+                self._monitor.forget(rail.slot)
+
+    def close(self) -> None:
+        """Withdraw from the directory (if any), then drop every peer."""
+        directory, self.directory = self.directory, None
+        if directory is not None:
+            directory.close()
+        with self._lock:
+            peers, self._peers = list(self._peers.values()), {}
+        for peer in peers:
+            self._retire(peer)
+
+    # ---- remote memory --------------------------------------------------------------------------
+
+    def map_remote(
+        self, peer: Peer, seg: str, offset: int, length: int, op: OpCode, refreshed: bool = False
+    ) -> list[tuple[RemoteBuffer, int, int]]:
+        """[offset, offset+length) of a remote segment -> (buffer, addr, length) pieces. An unknown
+        segment or range re-reads the peer once (it may have registered since), then raises."""
+        bufs = peer.segments.get(seg)
+        if bufs is None:
+            if not refreshed:
+                peer = self.refresh(peer.engine_id)
+                return self.map_remote(peer, seg, offset, length, op, True)
+            raise errors.UnknownSegmentError(f"engine {peer.engine_id} has no segment {seg!r}")
+        starts = peer.starts[seg]
+        pieces: list[tuple[RemoteBuffer, int, int]] = []
+        pos, end = offset, offset + length
+        need = _PERM_READ if op == OpCode.READ else _PERM_WRITE
+        while True:
+            i = bisect.bisect_right(starts, pos) - 1
+            b = bufs[i] if i >= 0 else None
+            if b is None or pos >= b.offset + max(b.length, 1) or (b.length == 0 and pos != b.offset):
+                if not refreshed:
+                    peer = self.refresh(peer.engine_id)
+                    return self.map_remote(peer, seg, offset, length, op, True)
+                if pieces or (b is not None and pos == b.offset + b.length):
+                    raise errors.OutOfBoundsError(
+                        f"{peer.engine_id}/{seg}: range [{offset}, {end}) runs past registered memory at offset {pos}"
+                    )
+                raise errors.NotRegisteredError(f"{peer.engine_id}/{seg}: offset {pos} is not inside a registered buffer")
+            if not (b.perm & need):
+                raise errors.PermissionDeniedError(
+                    f"{peer.engine_id}/{seg}: buffer at offset {b.offset} is registered {Permission(b.perm)!r}, "
+                    f"{op.name} needs {Permission(need).name}"
+                )
+            take = min(end, b.offset + b.length) - pos
+            pieces.append((b, b.addr + (pos - b.offset), take))
+            pos += take
+            if pos >= end:
+                return pieces
+
+    # ---- routing state --------------------------------------------------------------------------
+
+    def plan(self, peer: Peer, traits: RequestTraits, op: OpCode, rule: Rule | None) -> Decision | StagedPath:
+        """The Router's plan for (kinds, rule, op) to `peer`, cached on the peer."""
+        key = (traits.local_kind, traits.remote_kind, op, rule)
+        plan = peer.plans.get(key)
+        if plan is None:
+            local_reachable = self.get(self.engine_id).reachable if traits.local_kind != MemoryKind.HOST else ()
+            plan = self._router.plan(traits, peer.reachable, local_reachable, op, rule)
+            if isinstance(plan, StagedPath):
+                log.info("synthesized path to %s: %s", peer.engine_id, plan.describe())
+            peer.plans[key] = plan
+        return plan
+
+    def route(self, peer: Peer, decision: Decision) -> Route:
+        """The first transport of `decision` that is connected or connects to `peer`."""
+        routes = peer.routes
+        for name in decision.transports:
+            if name in peer.dead_transports:
+                continue
+            route = routes.get(name)
+            if route is not None:
+                return route
+            route = self.connect(peer, name)
+            if route is not None:
+                return route
+        raise errors.NoPathError(
+            f"no usable transport to {peer.engine_id} for {decision.local_kind.value}<->{decision.remote_kind.value}"
+            f" (tried {', '.join(decision.transports)}"
+            + (f"; down for this peer: {', '.join(sorted(peer.dead_transports))}" if peer.dead_transports else "")
+            + ")"
+            + "".join(f"; {n}: {e}" for n, e in sorted(peer.connect_errors.items()))
+        )
+
+    def connect(self, peer: Peer, name: str) -> Route | None:
+        """Connect transport `name` to `peer` (once); None if it cannot (then it is dead for the peer)."""
+        with peer.lock:
+            route = peer.routes.get(name)
+            if route is not None or name in peer.dead_transports or peer.retired:
+                return route
+            transport = self._transports.get(name)
+            if transport is None:
+                return None
+            try:
+                link = transport.connect(peer.info, peer.raw_buffers)
+            except Exception as exc:
+                log.warning("transport %s cannot connect to %s: %s; trying the next one", name, peer.engine_id, exc)
+                peer.dead_transports.add(name)
+                peer.connect_errors[name] = f"{type(exc).__name__}: {exc}"
+                return None
+            rails = [RAILS.acquire(name, peer.engine_id, ri, self._scheduler) for ri in link.rails]
+            route = peer.routes[name] = Route(transport, link, rails)
+            return route
+
+    def mark_dead(self, peer: Peer, transport: str, replacement: str) -> None:
+        if transport not in peer.dead_transports:
+            log.warning("transport %s to %s keeps failing; substituting %s", transport, peer.engine_id, replacement)
+            peer.dead_transports.add(transport)
+
+
+__all__ = ["Peer", "PeerDirectory", "RemoteBuffer", "Route"]

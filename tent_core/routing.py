@@ -1,0 +1,319 @@
+"""Phase 1 and the transport half of phase 3: which transports (and, on retry, which rails) serve a request.
+
+One `Router` decides every routing question the engine has, from plain data only: the request's
+traits (`RequestTraits`: priority, size, memory kinds, locality, tag), the transports both ends can
+use (`reachable`), the transports' capability profiles, the administrator's policy rules
+(`tent_core.policy_rules`) and, for retries, the rails' telemetry and health states. No sockets, no
+threads, no engine: unit-tested with literals.
+
+The answer for a request is a `Decision`: its memory kinds, the matched rule and the transports that
+may serve it, best first, with the rule already applied (denied transports are never in it). Every
+later choice for that request derives from the same Decision:
+
+* first choice: the first transport of the Decision that is connected or connects (the caller skips
+  transports it found unusable for the peer);
+* retry (`next_hop`): another rail of the failed transport (healthy first, then degraded, affinity
+  first), within the rule's rails;
+* substitution (`next_hop`): the next transport *of the same Decision*: same memory kinds as the
+  failed slice, same rule, so `deny_transports` and `transports` hold on failover too;
+* synthesized paths (`plan`): when no single transport serves the kinds, a `StagedPath` through host
+  staging whose two legs carry their own Decisions (the rule of the original request, the stage
+  transports the planner chose first), so legs never re-resolve or lose the request's tag.
+
+A request no transport survives fails at once: `NoPathError` when nothing can serve the kinds,
+`PolicyRejectedError` when the rule removed every candidate, each with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .errors import NoPathError, PolicyRejectedError
+from .policy_rules import RequestTraits, Rule, first_match
+from .rail_monitor import RailState
+from .slice_scheduler import SliceScheduler
+from .telemetry import RailTelemetry
+from .types import CapabilityProfile, MemoryKind, OpCode
+
+
+def rank_transports(
+    profiles: Mapping[str, CapabilityProfile],
+    local_kind: MemoryKind,
+    remote_kind: MemoryKind,
+    same_host: bool,
+    reachable: Iterable[str],
+    allowed: Iterable[str] | None = None,
+) -> list[str]:
+    """Transports that can serve (local kind, remote kind, locality), best (lowest rank) first.
+
+    `reachable` are the transports both ends offer; `allowed`, when given, further restricts and
+    its order wins over the profile rank.
+    """
+    reach = set(reachable)
+    cands = [n for n, p in profiles.items() if n in reach and p.serves(local_kind, remote_kind, same_host)]
+    cands.sort(key=lambda n: (profiles[n].rank, n))
+    if allowed is not None:
+        cands = [n for n in allowed if n in cands]
+    return cands
+
+
+def explain_no_path(
+    profiles: Mapping[str, CapabilityProfile],
+    local_kind: MemoryKind,
+    remote_kind: MemoryKind,
+    same_host: bool,
+    reachable: Iterable[str],
+) -> str:
+    """A human-readable reason why rank_transports() came back empty."""
+    reach = set(reachable)
+    where = "same host" if same_host else "across hosts"
+    parts = []
+    for name, prof in sorted(profiles.items()):
+        if name not in reach:
+            parts.append(f"{name}: peer does not offer it")
+        elif not prof.serves(local_kind, remote_kind, same_host):
+            parts.append(f"{name}: cannot move {local_kind.value}<->{remote_kind.value} {where}")
+    detail = "; ".join(parts) if parts else "no transport is installed and available"
+    return f"no transport can move {local_kind.value} <-> {remote_kind.value} memory {where} ({detail})"
+
+
+@dataclass(frozen=True, eq=False)
+class Decision:
+    """How one class of requests to one peer is routed. Compared by identity: the engine caches one
+    per (peer, kinds, rule) and finds a failed slice's Decision through its batch."""
+
+    local_kind: MemoryKind
+    remote_kind: MemoryKind
+    transports: tuple[str, ...]  # allowed by the rule, best first; never empty
+    rule: Rule | None = None
+
+    @property
+    def rails(self) -> frozenset[int] | None:
+        """Rail indices the rule pins this flow to (None: any rail)."""
+        return None if self.rule is None else self.rule.rails
+
+
+@dataclass(frozen=True)
+class StagedPath:
+    """A synthesized two-leg path through a host staging buffer on the initiator.
+
+    `local_stage` moves local buffer <-> staging (same host, the local buffer addressed through
+    this engine's own segment); `remote_stage` moves staging <-> peer. WRITE runs the local leg
+    first, READ the remote one. `local_order` / `remote_order` are each leg's transports, the
+    chosen stage first (then fallbacks for substitution), and `rule` the original request's rule:
+    the legs are routed with them and are never resolved again.
+    """
+
+    local_stage: str
+    remote_stage: str
+    op: OpCode
+    local_order: tuple[str, ...] = ()
+    remote_order: tuple[str, ...] = ()
+    rule: Rule | None = None
+    local_kind: MemoryKind = MemoryKind.HOST
+    remote_kind: MemoryKind = MemoryKind.HOST
+    _legs: dict[str, Decision] = field(default_factory=dict, compare=False, repr=False)
+
+    def describe(self) -> str:
+        if self.op == OpCode.WRITE:
+            return f"local --{self.local_stage}--> staging --{self.remote_stage}--> remote"
+        return f"remote --{self.remote_stage}--> staging --{self.local_stage}--> local"
+
+    @property
+    def local_leg(self) -> Decision:
+        """Routing of the local leg: staging (host) <-> the local buffer, seen as our own segment."""
+        leg = self._legs.get("local")
+        if leg is None:
+            leg = self._legs["local"] = Decision(
+                MemoryKind.HOST, self.local_kind, self.local_order or (self.local_stage,), self.rule
+            )
+        return leg
+
+    @property
+    def remote_leg(self) -> Decision:
+        """Routing of the remote leg: staging (host) <-> the peer's buffer."""
+        leg = self._legs.get("remote")
+        if leg is None:
+            leg = self._legs["remote"] = Decision(
+                MemoryKind.HOST, self.remote_kind, self.remote_order or (self.remote_stage,), self.rule
+            )
+        return leg
+
+
+@dataclass(frozen=True)
+class Hop:
+    """Where a failed slice goes next: `rail` is a position in the rails the caller passed for
+    `transport` (a retry on the same transport); None means another transport (a substitution):
+    the caller connects it and picks a rail."""
+
+    transport: str
+    rail: int | None
+
+
+@dataclass(frozen=True)
+class RetryLimits:
+    max_retries_per_slice: int = 8
+    max_transport_failovers: int = 3
+
+
+class Router:
+    """The engine's one routing policy; see the module docstring. Immutable after construction
+    (profiles and rules), so one instance is shared by every thread of an engine."""
+
+    def __init__(
+        self,
+        profiles: Mapping[str, CapabilityProfile],
+        rules: Sequence[Rule] = (),
+        limits: RetryLimits | None = None,
+    ) -> None:
+        self.profiles = dict(profiles)
+        self.rules = tuple(rules)
+        self.limits = limits or RetryLimits()
+        self._ranked: dict[tuple[MemoryKind, MemoryKind, bool, frozenset[str]], tuple[str, ...]] = {}
+
+    # ---- first choice ----------------------------------------------------------------------
+
+    def match(self, traits: RequestTraits) -> Rule | None:
+        """The administrator rule deciding for `traits` (first match), or None."""
+        return first_match(self.rules, traits) if self.rules else None
+
+    def ranked(
+        self, local_kind: MemoryKind, remote_kind: MemoryKind, same_host: bool, reachable: Collection[str]
+    ) -> tuple[str, ...]:
+        """Transports able to serve the kinds, best first, before any rule."""
+        key = (local_kind, remote_kind, same_host, frozenset(reachable))
+        out = self._ranked.get(key)
+        if out is None:
+            out = self._ranked[key] = tuple(rank_transports(self.profiles, local_kind, remote_kind, same_host, key[3]))
+        return out
+
+    def decide(self, traits: RequestTraits, reachable: Collection[str], rule: Rule | None | bool = True) -> Decision:
+        """The Decision for a direct path. `rule` True matches the rules against `traits`; pass a
+        Rule (or None) when the caller already matched. Raises NoPathError / PolicyRejectedError."""
+        if rule is True:
+            rule = self.match(traits)
+        order = self.ranked(traits.local_kind, traits.remote_kind, traits.same_host, reachable)
+        if not order:
+            raise NoPathError(
+                explain_no_path(self.profiles, traits.local_kind, traits.remote_kind, traits.same_host, reachable)
+            )
+        return Decision(traits.local_kind, traits.remote_kind, self._apply_rule(order, rule), rule or None)
+
+    @staticmethod
+    def _apply_rule(order: Sequence[str], rule: Rule | None | bool) -> tuple[str, ...]:
+        if not isinstance(rule, Rule):
+            return tuple(order)
+        allowed = rule.filter_transports(order)
+        if not allowed:
+            raise PolicyRejectedError(
+                f"policy rule {rule.name!r} allows none of the transports that could serve this request ({', '.join(order)})"
+            )
+        return tuple(allowed)
+
+    def plan(
+        self,
+        traits: RequestTraits,
+        reachable: Collection[str],
+        local_reachable: Collection[str],
+        op: OpCode,
+        rule: Rule | None | bool = True,
+    ) -> Decision | StagedPath:
+        """A direct Decision when some transport serves the kinds, else a StagedPath through host
+        staging (only the initiator's side is staged: the local buffer must be reachable from host
+        memory on this host, the remote buffer from host memory through `reachable`)."""
+        if rule is True:
+            rule = self.match(traits)
+        lk, rk, same = traits.local_kind, traits.remote_kind, traits.same_host
+        if self.ranked(lk, rk, same, reachable):
+            return self.decide(traits, reachable, rule)
+        path = self.plan_staged(lk, rk, same, reachable, local_reachable, op, rule if isinstance(rule, Rule) else None)
+        if path is None:
+            raise NoPathError(
+                explain_no_path(self.profiles, lk, rk, same, reachable) + "; no staged path through host memory either"
+            )
+        return path
+
+    def plan_staged(
+        self,
+        local_kind: MemoryKind,
+        remote_kind: MemoryKind,
+        same_host: bool,
+        reachable: Collection[str],
+        local_reachable: Collection[str],
+        op: OpCode,
+        rule: Rule | None = None,
+    ) -> StagedPath | None:
+        """The staged path, or None when staging cannot help. The rule applies to both legs (they
+        serve the original request); PolicyRejectedError when it leaves a leg without a transport."""
+        if local_kind == MemoryKind.HOST:
+            return None  # host memory is already the staging kind
+        remote = self.ranked(MemoryKind.HOST, remote_kind, same_host, reachable)
+        local = self.ranked(MemoryKind.HOST, local_kind, True, local_reachable)
+        if not remote or not local:
+            return None
+        remote = self._apply_rule(remote, rule)
+        local = self._apply_rule(local, rule)
+        return StagedPath(local[0], remote[0], op, local, remote, rule, local_kind, remote_kind)
+
+    # ---- rails --------------------------------------------------------------------------------
+
+    @staticmethod
+    def allowed_rails(decision: Decision, indices: Sequence[int]) -> list[int]:
+        """Positions in `indices` (a transport's rail indices) the Decision's rule admits."""
+        pin = decision.rails
+        if pin is None:
+            return list(range(len(indices)))
+        return [i for i, idx in enumerate(indices) if idx in pin]
+
+    # ---- failures -----------------------------------------------------------------------------
+
+    def next_hop(
+        self,
+        decision: Decision,
+        failed_transport: str,
+        rails: Sequence[RailTelemetry],
+        states: Sequence[RailState],
+        failed_pos: int,
+        attempt: int,
+        unusable: Collection[str] = (),
+    ) -> Hop | None:
+        """Where a slice that failed (retryably) on `failed_transport` goes for attempt `attempt`.
+
+        `rails`/`states` are the failed transport's rails that the Decision's rule admits (empty if
+        the transport has no route any more) and `failed_pos` the failed rail's position among them
+        (-1 if it is not among them). `unusable` are transports the caller found dead for this peer.
+
+        Order (paper 4.3): another rail of the same transport, healthy before degraded, affinity
+        first; the failed rail itself again only when it is the transport's only rail and within
+        half the retry budget; then the next transport of the Decision (same kinds, same rule). A
+        rule that pins rails pins the flow to this transport too. None: give up.
+        """
+        lim = self.limits
+        if attempt > lim.max_retries_per_slice:
+            return None
+        if rails:
+            pos = SliceScheduler.pick_retry_rail(rails, failed_pos, states, ())
+            if pos is not None and (pos != failed_pos or len(rails) == 1):
+                if pos != failed_pos or attempt <= lim.max_retries_per_slice // 2:
+                    return Hop(failed_transport, pos)
+            if decision.rails is not None:
+                return None  # policy pins this flow to these rails of this transport
+            if attempt > lim.max_transport_failovers + 1 and len(rails) > 1:
+                return None
+        for name in decision.transports:
+            if name != failed_transport and name not in unusable:
+                return Hop(name, None)
+        return None
+
+
+__all__ = [
+    "Decision",
+    "Hop",
+    "RequestTraits",
+    "RetryLimits",
+    "Router",
+    "StagedPath",
+    "explain_no_path",
+    "rank_transports",
+]
