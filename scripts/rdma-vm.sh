@@ -289,9 +289,20 @@ exit $rc
 EOS
 chmod +x "$GUEST"
 
+# the guests' engines bind non-loopback addresses: they share a cluster secret (TENT_AUTH_TOKEN),
+# so every control request and every QP handshake between them is authenticated; a fresh one per
+# run unless the caller brings its own
+TOKEN_FILE=""
+if [ -z "${TENT_AUTH_TOKEN:-}" ] && [ -z "${TENT_AUTH_TOKEN_FILE:-}" ]; then
+  TOKEN_FILE="$OUT/cluster.token"
+  (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TOKEN_FILE")
+fi
 # the command and its environment travel as files (the guest's /bin/sh is dash: no bash quoting)
 {
   printf 'export TENT_VM_OUT=%q TENT_VM_ROOT=%q TENT_VM_RATES=%q TENT_VM_MOUNTS=%q\n' "$OUT" "$ROOT" "$RATES" "$IMG_MOUNTS"
+  [ -n "$TOKEN_FILE" ] && printf 'export TENT_AUTH_TOKEN_FILE=%q\n' "$TOKEN_FILE"
+  [ -n "${TENT_AUTH_TOKEN:-}" ] && printf 'export TENT_AUTH_TOKEN=%q\n' "$TENT_AUTH_TOKEN"
+  [ -n "${TENT_AUTH_TOKEN_FILE:-}" ] && printf 'export TENT_AUTH_TOKEN_FILE=%q\n' "$TENT_AUTH_TOKEN_FILE"
   # variables the caller wants inside (PYTHONPATH, TENT_*): names listed in TENT_VM_PASS
   for v in ${TENT_VM_PASS:-}; do [ -n "${!v+x}" ] && printf 'export %s=%q\n' "$v" "${!v}"; done
 } >"$OUT/guest-env.sh"

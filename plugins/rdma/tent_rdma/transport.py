@@ -24,10 +24,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tent_core.auth import ClusterAuth
 from tent_core.errors import PeerUnreachableError, ProtocolError
 from tent_core.executor import Executor
 from tent_core.metadata import ControlClient
-from tent_core.transport import Transport, TransportContext
+from tent_core.transport import AccessControl, Transport, TransportContext
 from tent_core.types import (
     Availability,
     BufferInfo,
@@ -43,7 +44,7 @@ from .native import RdmaExecutor, get_lib, library_status, probe_ports
 
 log = logging.getLogger(__name__)
 
-# executor knobs passed through from the transport's config section (defaults in the C executor)
+# executor knobs passed through from the transport's config section (their defaults: config_keys)
 _EXECUTOR_KEYS = (
     "qps_per_rail",
     "max_send_wr",
@@ -106,6 +107,42 @@ class RdmaTransport(Transport):
     # The executor cuts slices into work requests itself (chunk_bytes, the port's max message
     # size) and spreads them over the rail's QPs: a single-rail request needs no pre-split.
     split_bytes = 0
+    config_keys = {
+        # RDMA devices to use ("mlx5_0,mlx5_1" or a list; "name:port" picks a port); default: every
+        # device with an ACTIVE port and a usable GID
+        "devices": None,
+        # GID table index for every device; default: a RoCE v2 IPv4-mapped GID, else the first valid
+        "gid_index": None,
+        # each device's nominal Gbit/s (a list, same order as the devices), a hint for the scheduler
+        "nominal_gbps": None,
+        # topology penalty per affinity tier (same NUMA node as this process / near / far)
+        "tier_penalties": None,
+        # deadline of one QP handshake (or fence) over the control plane
+        "handshake_timeout_s": 5.0,
+        # RC QPs per rail: work requests spread over them (one QP serialises on one responder)
+        "qps_per_rail": 2,
+        # outstanding work requests per QP (capped at the device's max_qp_wr)
+        "max_send_wr": 64,
+        # a slice is cut into work requests of at most this many bytes (and the port's max message)
+        "chunk_bytes": 1 << 20,
+        # QP local ACK timeout exponent: 4.096 us * 2^qp_timeout per try (14: 67 ms)
+        "qp_timeout": 14,
+        # transport retries before a work request fails with a retry-exceeded error (max 7)
+        "retry_cnt": 7,
+        # receiver-not-ready retries (7 = infinite)
+        "rnr_retry": 7,
+        # completion pollers spin this long before sleeping on the completion channel
+        "spin_us": 20,
+        # completion queue entries per device
+        "cq_depth": 4096,
+        # outstanding RDMA READs per QP (0 = the device's maximum)
+        "max_rd_atomic": 0,
+        # RoCE traffic class (DSCP << 2) and InfiniBand service level of our QPs
+        "traffic_class": 0,
+        "service_level": 0,
+        # QPs this engine accepts from all initiators together (target side): a bound on their memory
+        "max_passive_qps": 4096,
+    }
 
     def __init__(self) -> None:
         self._exec: RdmaExecutor | None = None
@@ -125,6 +162,7 @@ class RdmaTransport(Transport):
         self._nominal: list[float] = []
         self._penalties: list[float] = []
         self._next_ping = 0.0
+        self._auth: ClusterAuth | None = None
 
     # ---- discovery -------------------------------------------------------------------
     def probe(self) -> Availability:
@@ -160,7 +198,10 @@ class RdmaTransport(Transport):
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self, ctx: TransportContext) -> None:
-        cfg = dict(ctx.config or {})
+        cfg = self.resolve_config(ctx.config)
+        # every handshake, fence and ping goes over the engine's control plane, authenticated with
+        # the cluster secret like the engine's own requests: only cluster members get QPs to us
+        self._auth = ctx.auth
         wanted = _as_list(cfg.get("devices"))
         gid_index = cfg.get("gid_index")
         chosen, skipped = topology.choose_devices(
@@ -178,7 +219,7 @@ class RdmaTransport(Transport):
         node, slit = topology.process_numa_node(), topology.numa_distances()
         self._penalties = [tiers[min(topology.affinity_tier(node, d.numa_node, slit), len(tiers) - 1)] for d in chosen]
         self._handshake_timeout = float(cfg.get("handshake_timeout_s", 5.0))
-        ex_cfg: dict[str, Any] = {k: int(cfg[k]) for k in _EXECUTOR_KEYS if k in cfg}
+        ex_cfg: dict[str, Any] = {k: int(cfg[k]) for k in _EXECUTOR_KEYS if cfg.get(k) is not None}
         ex_cfg["devices"] = ",".join(d.name for d in chosen)
         ex_cfg["ports"] = ",".join(str(d.port) for d in chosen)
         ex_cfg["gid_indexes"] = ",".join(str(d.gid.index) for d in chosen)
@@ -303,7 +344,7 @@ class RdmaTransport(Transport):
         with self._lock:
             client = self._clients.get(engine_id)
             if client is None:
-                client = self._clients[engine_id] = ControlClient(engine_id)
+                client = self._clients[engine_id] = ControlClient(engine_id, auth=self._auth)
         reply = client.call({"op": "transport", "transport": self.name, "body": body}, timeout)
         if not reply.get("ok"):
             raise PeerUnreachableError(f"rdma handshake with {engine_id} refused: {reply.get('error')}")
@@ -407,6 +448,13 @@ class RdmaTransport(Transport):
         if ex is not None:
             ex.remove_peer(st.link.handle)
         self._release_remote(st)
+
+    def access_control(self, link: PeerLink) -> AccessControl:
+        """Everything is refused by the target's NIC itself: every registered buffer is its own
+        memory region (so an rkey covers that buffer and nothing else: bounds), registered with
+        remote-write access only when the owner granted WRITE (permission), and deregistered by
+        release_buffer() (revocation: the rkey dies with the region)."""
+        return AccessControl(bounds=True, permission=True, revocation=True)
 
     def abort_rail(self, link: PeerLink, rail: int) -> int:
         ex = self._exec
@@ -570,7 +618,7 @@ class RdmaTransport(Transport):
             return
         self._next_ping = now + PASSIVE_PING_EVERY_S / len(names)
         name = names[int(now * 1000) % len(names)]
-        client = ControlClient(name)
+        client = ControlClient(name, auth=self._auth)
         try:
             client.call({"op": "ping"}, 1.0)
             ok = True

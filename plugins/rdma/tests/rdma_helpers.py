@@ -47,6 +47,18 @@ def rdma_ports_active() -> list[str]:
     return out
 
 
+def rdma_skip_reason() -> str:
+    """Why the device tests cannot run here ("" when an RDMA port is ACTIVE): the transport's own
+    probe, as `tent plugins` reports it."""
+    if rdma_ports_active():
+        return ""
+    from tent_rdma.transport import RdmaTransport
+
+    avail = RdmaTransport().probe()
+    why = avail.reason if not avail.available else "no ACTIVE RDMA port"
+    return f"unavailable: {why} (the VM suite runs these inside scripts/rdma-vm.sh)"
+
+
 class Target:
     """rdma_target.py in its own process: an engine exposing segments, driven by JSON lines."""
 

@@ -8,6 +8,7 @@ test_vm_suite.py, inside a guest).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -17,13 +18,14 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from rdma_helpers import HERE, VM_ENGINE_CONFIG, Target, pattern64, rdma_engine, rdma_ports_active
+from rdma_helpers import HERE, VM_ENGINE_CONFIG, Target, pattern64, rdma_engine, rdma_ports_active, rdma_skip_reason
 
 from tent_core import _native, errors
 from tent_core.engine import Engine, Request
 from tent_core.types import OpCode, Permission
 
-pytestmark = pytest.mark.skipif(not rdma_ports_active(), reason="no ACTIVE RDMA port (run inside scripts/rdma-vm.sh)")
+_SKIP = rdma_skip_reason()
+pytestmark = pytest.mark.skipif(bool(_SKIP), reason=_SKIP)
 
 MiB = 1 << 20
 SEGMENTS = [
@@ -208,6 +210,103 @@ def test_write_to_readonly_buffer_is_refused_by_the_nic(eng: Engine, target: Tar
         assert np.array_equal(local.array, pattern64(8 * MiB, 1)[:MiB])
     finally:
         eng.unregister(local)
+
+
+def _wait_rail_ready(tr: object, st: object, before: dict[str, int]) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # the QP in error is reset and handshaken again
+        c = tr.native.rail_counters(st.link.handle, 0)  # type: ignore[attr-defined]
+        if c["reconnects"] > before["reconnects"] and c["ready_qps"] == st.qps_per_rail:  # type: ignore[attr-defined]
+            return
+        time.sleep(0.1)
+    pytest.fail(f"QP not reconnected: {tr.native.rail_counters(st.link.handle, 0)}")  # type: ignore[attr-defined]
+
+
+def test_target_nic_enforces_each_registration(eng: Engine, target: Target) -> None:
+    """The initiator's region table is made to lie (a buffer longer than the target registered it,
+    and a guessed rkey): the target's NIC itself refuses both, because every registration is its
+    own memory region with its own key. Bytes around the buffer are untouched; the target keeps
+    serving."""
+    local = eng.allocate(2 * MiB)
+    local.array[:] = 0xCD
+    tr = eng.transports["rdma"]
+    try:
+        eng.read(local, target.name("rw"), 16, timeout=30)  # connects
+        st = tr._peers[target.engine_id]
+        honest = eng.peers.get(target.engine_id).raw_buffers
+        rw, ro = target.segments["rw"], target.segments["ro"]
+        lying = []
+        for b in honest:
+            b = dict(b)
+            if int(b["addr"]) == rw["addr"]:
+                b["length"] = int(b["length"]) + MiB  # past the registered end
+            if int(b["addr"]) == ro["addr"]:  # a key no registration handed out
+                b["desc"] = {"rdma": {"rkeys": [(k ^ 0x00A5A500) & 0xFFFFFFFF for k in b["desc"]["rdma"]["rkeys"]]}}
+            lying.append(b)
+        tr._set_regions(st, lying)
+        before = tr.native.rail_counters(st.link.handle, 0)
+        past_end = rw["addr"] + rw["length"] - 4096
+        assert _raw_submit(eng, 0, local.addr, past_end, 8192, target).error == E_BOUNDS
+        _wait_rail_ready(tr, st, before)
+        before = tr.native.rail_counters(st.link.handle, 0)
+        assert _raw_submit(eng, 1, local.addr, past_end, 8192, target).error == E_BOUNDS
+        _wait_rail_ready(tr, st, before)
+        before = tr.native.rail_counters(st.link.handle, 0)
+        assert _raw_submit(eng, 0, local.addr, ro["addr"], 4096, target).error in (E_BOUNDS, E_PERMISSION)
+        after = tr.native.rail_counters(st.link.handle, 0)
+        assert after["wc_errors"] > before["wc_errors"], (before, after)  # the NIC said no, not us
+        _wait_rail_ready(tr, st, before)
+        assert target.cmd(op="check", seg="ro", seed=2)["equal"], "the read-only buffer changed"
+        tail = target.cmd(op="sha", seg="rw", off=rw["length"] - 4096, len=4096)["sha"]
+        assert tail == _sha(pattern64(rw["length"], 1)[-4096:]), "the refused WRITE landed"
+    finally:
+        tr._set_regions(tr._peers[target.engine_id], eng.peers.get(target.engine_id).raw_buffers)
+        eng.unregister(local)
+    buf = eng.allocate(MiB)
+    try:
+        eng.read(buf, target.name("rw"), MiB, timeout=60)
+        assert np.array_equal(buf.array, pattern64(8 * MiB, 1)[:MiB])
+    finally:
+        eng.unregister(buf)
+
+
+@pytest.mark.skipif(not (os.environ.get("TENT_AUTH_TOKEN") or os.environ.get("TENT_AUTH_TOKEN_FILE")),
+                    reason="no cluster secret set (scripts/rdma-vm.sh sets one)")
+def test_qp_handshake_needs_the_cluster_secret(eng: Engine, target: Target) -> None:
+    """The QP handshake rides the engine's authenticated control plane: a process without the
+    cluster secret gets no QP (and so no rkey use) on the target; with it, it does."""
+    from tent_core.auth import AuthError, ClusterAuth, new_token
+    from tent_core.metadata import ControlClient
+
+    tr = eng.transports["rdma"]
+    eng.read(eng.allocate(4096), target.name("rw"), 16, timeout=30)  # connects
+    st = tr._peers[target.engine_id]
+    qpn, psn, _ = tr.native.qp_info(st.link.handle, 0, 0)
+    li = tr._dev_info[st.rail_devs[0][0]]
+    from tent_rdma import protocol
+
+    end = protocol.QpEnd(qpn, psn, li["gid"], li["lid"], li["mtu"], li["rd_atom"])
+    body = {"kind": "connect", "initiator": "198.18.99.1:1", "incarnation": "intruder", "replace": [],
+            "qps": [protocol.qp_entry(end, dev=st.devices[st.rail_devs[0][1]].name)]}
+    before = target.cmd(op="passive")["qps"]
+    intruder = ControlClient(target.engine_id, auth=ClusterAuth.from_token(new_token()))
+    try:
+        with pytest.raises(AuthError):
+            intruder.call({"op": "transport", "transport": "rdma", "body": body}, 30.0)
+    finally:
+        intruder.close()
+    assert target.cmd(op="passive")["qps"] == before, "a QP was created for a peer without the secret"
+
+
+def test_conformance_kit_passes() -> None:
+    """The plugin SDK's contract checks (python -m tent_core.conformance rdma), on this device."""
+    cfg = json.dumps(VM_ENGINE_CONFIG["transports"]["rdma"])
+    r = subprocess.run([sys.executable, "-m", "tent_core.conformance", "rdma", "--json", "--config", cfg],
+                       capture_output=True, text=True, timeout=1800, env=dict(os.environ, TENT_PLUGINS="rdma"))
+    assert r.stdout.strip(), r.stderr[-3000:]
+    report = json.loads(r.stdout)
+    bad = [c for c in report["checks"] if c["status"] != "passed"]
+    assert not bad and r.returncode == 0, (bad, r.stderr[-3000:])
 
 
 def test_rails_report_nic_topology(eng: Engine, target: Target) -> None:

@@ -365,3 +365,33 @@ def test_bench_parsers() -> None:
         bench.parse_perftest(out, 65536)
     assert bench.parse_size("64K") == 65536 and bench.parse_size("4M") == 4 << 20 and bench.parse_size("512") == 512
     assert bench.summarize([3.0, 1.0, 2.0]) == {"median": 2.0, "spread": 2.0}
+
+
+def test_config_keys_are_declared_and_checked() -> None:
+    from tent_rdma.transport import RdmaTransport
+
+    from tent_core.errors import ConfigError
+
+    t = RdmaTransport()
+    cfg = t.resolve_config({"qps_per_rail": "4", "devices": "rxe0,rxe1", "handshake_timeout_s": 2})
+    assert cfg["qps_per_rail"] == 4 and cfg["devices"] == "rxe0,rxe1" and cfg["handshake_timeout_s"] == 2.0
+    assert cfg["retry_cnt"] == 7 and cfg["slice_timeout_ms"] == 500  # defaults, the core's key included
+    with pytest.raises(ConfigError, match="qp_per_rail"):
+        t.resolve_config({"qp_per_rail": 4})
+    with pytest.raises(ConfigError, match="chunk_bytes"):
+        t.resolve_config({"chunk_bytes": "lots"})
+
+
+def test_conformance_kit_reports_unavailable_here() -> None:
+    """On a host without an RDMA device the kit skips every check with the probe's reason."""
+    from tent_rdma.transport import RdmaTransport
+
+    if RdmaTransport().probe().available:
+        pytest.skip("an RDMA device is present: the device suite runs the kit")
+    r = subprocess.run([sys.executable, "-m", "tent_core.conformance", "rdma", "--json"], capture_output=True,
+                       text=True, timeout=300)
+    import json
+
+    report = json.loads(r.stdout)
+    assert r.returncode == 0 and report["failed"] == 0 and report["passed"] == 0, r.stdout
+    assert report["reason"].startswith("unavailable here:"), report["reason"]

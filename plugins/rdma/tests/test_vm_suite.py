@@ -5,8 +5,9 @@
 
 The testbed installs what it needs (root + apt); where it cannot (not root, no mirror, no QEMU) the
 tests skip with its reason. TENT_RDMA_VM=0 skips them; TENT_RDMA_VM=1 (make test-rdma) turns an
-unavailable testbed into a failure, as does CI (CI set); elsewhere a testbed that cannot be set up, or
-that runs past TENT_RDMA_VM_TIMEOUT seconds (TCG on a busy shared host), skips with the reason.
+unavailable testbed into a failure; otherwise (make test, CI) a testbed that cannot be set up (no
+root, no apt mirror, no QEMU, a guest that does not boot) or that runs past TENT_RDMA_VM_TIMEOUT
+seconds (TCG on a busy shared host) skips with the reason.
 Results come back as JUnit XML through the shared folder.
 """
 
@@ -25,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "rdma-vm.sh"
 PY = str(Path(sys.executable))
 MODE = os.environ.get("TENT_RDMA_VM", "auto")
-# CI and `make test-rdma` need the testbed: there an unavailable or too slow one is a failure
-STRICT = MODE == "1" or bool(os.environ.get("CI"))
+# `make test-rdma` needs the testbed: there an unavailable or too slow one is a failure
+STRICT = MODE == "1"
 VM_TIMEOUT_S = int(os.environ.get("TENT_RDMA_VM_TIMEOUT", "900"))
 
 pytestmark = [
