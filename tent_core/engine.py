@@ -246,7 +246,8 @@ class Engine:
         if op == "ping":
             return {"ok": True}
         if op == "transport":  # a transport's own handshake (e.g. RDMA QPs), routed by name
-            transport = self.transports.get(msg.get("transport"))  # type: ignore[arg-type]
+            name = msg.get("transport")
+            transport = self.transports.get(name) if isinstance(name, str) else None
             if transport is None:
                 raise errors.ProtocolError(f"no transport {msg.get('transport')!r} on {self.engine_id}")
             return transport.handle_control(msg.get("body"))
