@@ -74,6 +74,7 @@ class BatchHandle:
         self.submitted_at = time.monotonic()
         self._deadline_hit = False
         self.is_probe = False  # heartbeat slices of the rail monitor
+        self.ordering = ""  # stream ordering: "native" (executors wait on the device), "host", "none" or ""
         # route -> the Decision its slices follow (or _AMBIGUOUS: look in _pieces by local address)
         self._routes: dict[Any, Any] = {}
         self._pieces: list[tuple[Any, int, int, Any]] = []  # (route, local lo, local hi, decision)

@@ -28,12 +28,13 @@ CONTROL_PORT = 7100
 # Settings for Soft-RoCE under QEMU TCG, where a CPU emulates the NIC: completions take long, so
 # hardware retry timers and progress timeouts are stretched (the defaults suit real NICs).
 VM_ENGINE_CONFIG: dict[str, Any] = {
-    "slice_timeout_s": 5.0,
+    # a slice fails after this long without progress: emulated CPUs on a loaded host stall for seconds
+    "slice_timeout_s": 15.0,
     "request_deadline_s": 120.0,
     # emulated CPUs on a loaded host: a describe (with its auth handshake) can take seconds
     "control_timeout_s": 30.0,
     "health": {"stall_min_s": 3.0},
-    "transports": {"rdma": {"qp_timeout": 16, "retry_cnt": 7, "slice_timeout_ms": 5000, "handshake_timeout_s": 30.0}},
+    "transports": {"rdma": {"qp_timeout": 16, "retry_cnt": 7, "slice_timeout_ms": 15000, "handshake_timeout_s": 30.0}},
 }
 
 
