@@ -681,8 +681,10 @@ def _remote_kind(transport: Transport) -> tuple[MemoryKind | None, str]:
     return None, f"the kit exercises host memory and files; this transport serves {pairs or 'nothing'}"
 
 
-def run(name: str, config: dict[str, Any] | None = None, only: Sequence[str] | None = None) -> Report:
-    """Run the contract checks against installed transport `name` (its config section `config`)."""
+def run(name: str, config: dict[str, Any] | None = None, only: Sequence[str] | None = None,
+        start_timeout_s: float = 60.0) -> Report:  # fmt: skip
+    """Run the contract checks against installed transport `name` (its config section `config`);
+    the target process has `start_timeout_s` to come up (emulated or loaded machines need more)."""
     config = dict(config or {})
     report = Report(name, config=config)
     unknown = sorted(set(only or ()) - set(CHECKS))
@@ -703,7 +705,7 @@ def run(name: str, config: dict[str, Any] | None = None, only: Sequence[str] | N
     report.kind_pair = f"host->{kind.value}"
     books = Completions()
     try:
-        target = Target(name, kind, config)
+        target = Target(name, kind, config, timeout=start_timeout_s)
     except (RuntimeError, OSError) as exc:
         report.reason = f"the target process failed: {exc}"
         report.checks = [CheckResult(c, "failed", report.reason) for c in selected]

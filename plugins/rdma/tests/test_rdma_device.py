@@ -301,7 +301,7 @@ def test_qp_handshake_needs_the_cluster_secret(eng: Engine, target: Target) -> N
 def test_conformance_kit_passes() -> None:
     """The plugin SDK's contract checks (python -m tent_core.conformance rdma), on this device."""
     cfg = json.dumps(VM_ENGINE_CONFIG["transports"]["rdma"])
-    r = subprocess.run([sys.executable, "-m", "tent_core.conformance", "rdma", "--json", "--config", cfg],
+    r = subprocess.run([sys.executable, "-m", "tent_core.conformance", "rdma", "--json", "--config", cfg, "--start-timeout", "900"],
                        capture_output=True, text=True, timeout=1800, env=dict(os.environ, TENT_PLUGINS="rdma"))
     assert r.stdout.strip(), r.stderr[-3000:]
     report = json.loads(r.stdout)
