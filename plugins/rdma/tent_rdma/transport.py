@@ -618,14 +618,18 @@ class RdmaTransport(Transport):
             return
         self._next_ping = now + PASSIVE_PING_EVERY_S / len(names)
         name = names[int(now * 1000) % len(names)]
-        client = ControlClient(name, auth=self._auth)
+        # the cached client keeps its authenticated session (a fresh one costs a handshake round
+        # trip), and the deadline is the handshake's: a slow but live initiator (an emulated guest,
+        # a loaded host) must not lose its QPs to a short ping timeout
+        with self._lock:
+            client = self._clients.get(name)
+            if client is None:
+                client = self._clients[name] = ControlClient(name, auth=self._auth)
         try:
-            client.call({"op": "ping"}, 1.0)
+            client.call({"op": "ping"}, self._handshake_timeout)
             ok = True
         except Exception:
             ok = False
-        finally:
-            client.close()
         with self._lock:
             sess = self._sessions.get(name)
             if sess is None:
@@ -637,3 +641,7 @@ class RdmaTransport(Transport):
                     if self._exec is not None:
                         self._exec.release_qp(h)
                 del self._sessions[name]
+                if name not in self._peers:  # bounded: no client kept for an initiator that is gone
+                    gone = self._clients.pop(name, None)
+                    if gone is not None:
+                        gone.close()
