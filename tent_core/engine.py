@@ -254,6 +254,12 @@ class Engine:
             return {"ok": True}
         if op in STAGE_OPS:  # target-side staging (a Future for copies: replied when they are done)
             return self._stager.handle(msg)
+        if op == "transport":  # a transport's own handshake (e.g. RDMA QPs), routed by name
+            name = msg.get("transport")
+            transport = self.transports.get(name) if isinstance(name, str) else None
+            if transport is None:
+                raise errors.ProtocolError(f"no transport {msg.get('transport')!r} on {self.engine_id}")
+            return transport.handle_control(msg.get("body"))
         raise errors.ProtocolError(f"unknown op {op!r}")
 
     def refresh_peer(self, engine_id: str, timeout: float | None = None) -> None:
@@ -346,6 +352,8 @@ class Engine:
                             "inflight_slices": int(row[_INFLIGHT_SLICES]),
                             "bandwidth_GBps": r.telemetry.bandwidth_Bps / 1e9,
                             "state": self.monitor.state(r.slot, now).name,
+                            "numa_node": r.info.numa_node,
+                            "pci": r.info.pci,
                         }
                     )
         return out

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .auth import ClusterAuth, default_auth, resolve
-from .errors import ConfigError
+from .errors import ConfigError, ProtocolError
 from .types import Availability, BufferInfo, CapabilityProfile, PeerInfo, PeerLink
 
 # Keys the engine puts into every transport's section (they may be set there too): a slice that
@@ -174,6 +174,13 @@ class Transport(abc.ABC):
         with a retryable status so they are re-routed, instead of each waiting out a timeout.
         Optional; returns how many queued slices were handed back."""
         return 0
+
+    def handle_control(self, body: Any) -> dict[str, Any]:
+        """A message from a peer's instance of this transport, sent over the engine's control
+        plane (``{"op": "transport", "transport": name, "body": body}``); returns the reply map
+        (``{"ok": True, ...}``). For handshakes such as RDMA's QP exchange. Raise
+        :class:`tent_core.errors.ProtocolError` on a malformed body: the peer gets an error reply."""
+        raise ProtocolError(f"transport {self.name} takes no control messages")
 
     def disconnect(self, link: PeerLink) -> None:
         """Forget a peer (it died or the engine closes)."""

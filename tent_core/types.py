@@ -115,6 +115,8 @@ class RailInfo:
     name: str  # e.g. "198.18.0.1->198.18.0.2"
     nominal_gbps: float = 0.0  # 0 = unknown
     penalty: float = 1.0  # topology penalty multiplier (>= 1)
+    numa_node: int = -1  # NUMA node of the local NIC (-1 = unknown / not applicable)
+    pci: str = ""  # PCI address of the local NIC ("" = unknown / not applicable)
 
 
 @dataclass

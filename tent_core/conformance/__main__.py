@@ -19,6 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--config", default="{}", metavar="JSON", help="the transport's config section, e.g. '{\"threads\": 4}'")
     ap.add_argument("--check", action="append", choices=list(CHECKS), help="run only this check (repeatable)")
+    ap.add_argument("--start-timeout", type=float, default=60.0, metavar="S",
+                    help="seconds the target process has to start (default 60)")  # fmt: skip
     ap.add_argument("-v", "--verbose", action="count", default=0, help="log progress to stderr")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2), stream=sys.stderr,
@@ -27,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         config = json.loads(args.config)
         if not isinstance(config, dict):
             raise ValueError("--config must be a JSON object")
-        report = run(args.name, config, args.check)
+        report = run(args.name, config, args.check, start_timeout_s=args.start_timeout)
     except (LookupError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

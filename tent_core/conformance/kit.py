@@ -35,7 +35,7 @@ from ..metadata import host_identity
 from ..plugin_manager import TransportEntry, discover, instantiate
 from ..transport import Transport, TransportContext
 from ..types import BufferInfo, MemoryKind, OpCode, PeerInfo, PeerLink, Permission
-from .target import BUFFERS, KiB, MiB, buffer_seed, pattern, recv_frame, send_frame
+from .target import BUFFERS, ControlPlane, KiB, MiB, buffer_seed, pattern, recv_frame, send_frame
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +204,7 @@ class Target:
             self.close()
             raise RuntimeError(f"target: {hello.get('error')}")
         self.pid = int(hello["pid"])
+        self.engine_id = str(hello["engine_id"])
         self.host_id = str(hello["host_id"])
         self.descriptor: dict[str, Any] = hello["descriptor"]
         self.buffers: dict[str, dict[str, Any]] = {b["name"]: b for b in hello["buffers"]}
@@ -240,7 +241,7 @@ class Target:
         return pattern(BUFFERS[name][0], buffer_seed(name))[off : off + n]
 
     def peer_info(self, transport: str) -> PeerInfo:
-        return PeerInfo("conformance-target", self.host_id, self.pid, {transport: self.descriptor})
+        return PeerInfo(self.engine_id, self.host_id, self.pid, {transport: self.descriptor})
 
     def buffer_list(self) -> list[dict[str, Any]]:
         keys = ("segment", "offset", "addr", "length", "perm", "kind", "desc")
@@ -282,10 +283,13 @@ class Session:
         self._exported = False
         self._transport_open = False
         self.local: MemfdBuffer | None = None
+        self.control: ControlPlane | None = None
         try:
             cfg = transport.resolve_config(config)
+            self.control = ControlPlane(name)  # the target may call back (e.g. to ping its initiators)
+            self.control.transport = transport
             self._transport_open = True  # a start() that fails half-way is closed too
-            transport.start(TransportContext(engine_id="conformance-initiator", host_id=host_identity(), config=cfg,
+            transport.start(TransportContext(engine_id=self.control.engine_id, host_id=host_identity(), config=cfg,
                                              bind_host="127.0.0.1"))  # fmt: skip
             self.local = MemfdBuffer(LOCAL_BYTES, name="tent-conformance-local")
             self.local_info = BufferInfo("local", 0, self.local.addr, LOCAL_BYTES, MemoryKind.HOST,
@@ -366,6 +370,8 @@ class Session:
                 self.transport.release_buffer(self.local_info)
         finally:
             self.transport.close()
+            if self.control is not None:
+                self.control.close()
 
     def close(self) -> None:
         try:
@@ -675,8 +681,10 @@ def _remote_kind(transport: Transport) -> tuple[MemoryKind | None, str]:
     return None, f"the kit exercises host memory and files; this transport serves {pairs or 'nothing'}"
 
 
-def run(name: str, config: dict[str, Any] | None = None, only: Sequence[str] | None = None) -> Report:
-    """Run the contract checks against installed transport `name` (its config section `config`)."""
+def run(name: str, config: dict[str, Any] | None = None, only: Sequence[str] | None = None,
+        start_timeout_s: float = 60.0) -> Report:  # fmt: skip
+    """Run the contract checks against installed transport `name` (its config section `config`);
+    the target process has `start_timeout_s` to come up (emulated or loaded machines need more)."""
     config = dict(config or {})
     report = Report(name, config=config)
     unknown = sorted(set(only or ()) - set(CHECKS))
@@ -697,7 +705,7 @@ def run(name: str, config: dict[str, Any] | None = None, only: Sequence[str] | N
     report.kind_pair = f"host->{kind.value}"
     books = Completions()
     try:
-        target = Target(name, kind, config)
+        target = Target(name, kind, config, timeout=start_timeout_s)
     except (RuntimeError, OSError) as exc:
         report.reason = f"the target process failed: {exc}"
         report.checks = [CheckResult(c, "failed", report.reason) for c in selected]

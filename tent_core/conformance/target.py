@@ -24,8 +24,9 @@ from typing import IO, Any
 import msgpack
 import numpy as np
 
+from ..errors import ProtocolError
 from ..memory import MemfdBuffer
-from ..metadata import host_identity
+from ..metadata import ControlServer, host_identity
 from ..plugin_manager import discover, instantiate
 from ..transport import Transport, TransportContext
 from ..types import BufferInfo, MemoryKind, Permission
@@ -45,6 +46,29 @@ SEGMENT = "conformance"
 FILE_BASE = 1 << 56  # synthetic, non-overlapping addresses for files, far above user space
 FILE_STRIDE = 1 << 40
 MAX_FRAME = 64 * MiB
+
+
+class ControlPlane:
+    """A loopback control port for one side of the kit, as an engine has: answers ``ping`` and
+    routes ``transport`` messages to the transport under test (transports that handshake over the
+    control plane, such as RDMA's QP exchange, need it). Its endpoint is the side's engine id."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.transport: Transport | None = None
+        self.server = ControlServer("127.0.0.1", 0, self._handle)
+        self.engine_id = f"127.0.0.1:{self.server.port}"
+
+    def _handle(self, msg: dict[str, Any]) -> dict[str, Any]:
+        op = msg["op"]
+        if op == "ping":
+            return {"ok": True}
+        if op == "transport" and msg.get("transport") == self.name and self.transport is not None:
+            return self.transport.handle_control(msg.get("body"))
+        raise ProtocolError(f"unknown op {op!r}")
+
+    def close(self) -> None:
+        self.server.close()
 
 
 def pattern(n: int, seed: int) -> np.ndarray:
@@ -145,9 +169,11 @@ def serve(name: str, kind: MemoryKind, config: dict[str, Any], out: IO[bytes], i
     bufs: dict[str, _Buffer] = {}
     exported: list[_Buffer] = []
     started: Transport | None = None
+    control = ControlPlane(name)
     try:
         cfg = transport.resolve_config(config)
-        transport.start(TransportContext(engine_id="conformance-target", host_id=host_identity(), config=cfg,
+        control.transport = transport
+        transport.start(TransportContext(engine_id=control.engine_id, host_id=host_identity(), config=cfg,
                                          bind_host="127.0.0.1"))  # fmt: skip
         started = transport
         listing = []
@@ -158,7 +184,7 @@ def serve(name: str, kind: MemoryKind, config: dict[str, Any], out: IO[bytes], i
             listing.append({"name": bname, "segment": SEGMENT, "offset": b.info.offset, "addr": b.info.addr,
                             "length": size, "perm": int(perm), "kind": kind.value,
                             "desc": {name: desc} if desc is not None else {}})  # fmt: skip
-        send_frame(out, {"ok": True, "pid": os.getpid(), "host_id": host_identity(),
+        send_frame(out, {"ok": True, "pid": os.getpid(), "host_id": host_identity(), "engine_id": control.engine_id,
                          "descriptor": transport.local_descriptor(), "buffers": listing})  # fmt: skip
         while True:
             try:
@@ -197,6 +223,7 @@ def serve(name: str, kind: MemoryKind, config: dict[str, Any], out: IO[bytes], i
                 log.exception("release_buffer(%s) failed", b.name)
         if started is not None:
             started.close()
+        control.close()
         for b in bufs.values():
             b.close()
         shutil.rmtree(tmpdir, ignore_errors=True)
