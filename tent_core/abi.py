@@ -71,9 +71,22 @@ class StatField(enum.IntEnum):
     LATENCY_NS_SUM = 5
     LAST_LATENCY_NS = 6
     LAST_COMPLETE_NS = 7
+    SERVING = 8
+    PROGRESS_NS = 9
+    BYTES_MOVED = 10
+    CONGESTION = 11
 
 
 STAT_FIELDS = len(StatField)
+
+
+class Note(enum.IntEnum):
+    """`enum tent_note`: service telemetry an executor reports through `host->note`."""
+
+    START = 0
+    PROGRESS = 1
+    STOP = 2
+    CONGESTED = 3
 
 
 def _check_against_header() -> None:
@@ -89,6 +102,8 @@ def _check_against_header() -> None:
         problems.append(f"first final status: header {_native.FIRST_FINAL_STATUS}")
     if list(_native.STAT_FIELD_NAMES) != [f.name for f in StatField] or _native.STAT_FIELDS != STAT_FIELDS:
         problems.append(f"stat fields: header {list(_native.STAT_FIELD_NAMES)}")
+    if dict(_native.NOTE_EVENTS) != {n.name: n.value for n in Note}:
+        problems.append(f"note events: header {dict(_native.NOTE_EVENTS)}")
     if SLICE_DTYPE.itemsize != _native.SLICE_SIZE or FAILURE_DTYPE.itemsize != _native.FAILURE_SIZE:
         problems.append("slice record size")
     if problems:
@@ -97,4 +112,4 @@ def _check_against_header() -> None:
 
 _check_against_header()
 
-__all__ = ["FAILURE_DTYPE", "FIRST_FINAL_STATUS", "SLICE_DTYPE", "STAT_FIELDS", "StatField", "Status", "is_retryable"]
+__all__ = ["FAILURE_DTYPE", "FIRST_FINAL_STATUS", "Note", "SLICE_DTYPE", "STAT_FIELDS", "StatField", "Status", "is_retryable"]

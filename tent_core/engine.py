@@ -50,8 +50,9 @@ from .types import Availability, OpCode, Permission, Priority
 
 log = logging.getLogger(__name__)
 
-_BYTES, _SLICES, _ERRORS, _INFLIGHT = (
+_BYTES, _SLICES, _ERRORS, _INFLIGHT, _CONGESTION = (
     int(StatField.BYTES_DONE), int(StatField.SLICES_DONE), int(StatField.ERRORS), int(StatField.INFLIGHT_BYTES),
+    int(StatField.CONGESTION),
 )
 
 
@@ -243,6 +244,7 @@ class Engine:
                             "bytes": int(row[_BYTES]),
                             "slices": int(row[_SLICES]),
                             "errors": int(row[_ERRORS]),
+                            "congestion": int(row[_CONGESTION]),
                             "inflight_bytes": int(row[_INFLIGHT]),
                             "bandwidth_GBps": r.telemetry.bandwidth_Bps / 1e9,
                             "state": self.monitor.state(r.slot, now).name,

@@ -3,9 +3,9 @@
 Paper section 4.3. Per rail (one local/remote NIC pair of one transport):
 
 * HEALTHY: full weight.
-* DEGRADED: weight x `degraded_weight` (0.5). Entered on an error below the pause threshold, or
-  when telemetry shows the rail's cost far above its peers (`check_outliers`). Back to HEALTHY after
-  `quiet_period_s` without errors or degradation events.
+* DEGRADED: weight x `degraded_weight` (0.5). Entered on an error below the pause threshold, on a
+  congestion event, or when telemetry shows the rail far slower than its siblings (`check_outliers`).
+  Back to HEALTHY after `quiet_period_s` without errors or degradation events.
 * PAUSED: weight 0, excluded. Entered when errors within `error_window_s` reach the threshold: a hard
   error counts 1, a congestion error counts 1/`congestion_multiplier` (so congestion needs twice the
   threshold, and mixes count proportionally). The cooldown starts at `cooldown_base_s` and doubles
@@ -182,18 +182,21 @@ class RailMonitor:
         r.state = RailState.DEGRADED
         r.last_event = now
 
-    def check_outliers(self, costs: Mapping[Hashable, float] | Sequence[float], now: float) -> list[Hashable]:
-        """Mark DEGRADED every usable rail whose cost exceeds `outlier_cost_ratio` x the median.
+    def check_outliers(self, slowness: Mapping[Hashable, float] | Sequence[float], now: float) -> list[Hashable]:
+        """Mark DEGRADED every usable rail whose slowness exceeds `outlier_ratio` x the median.
 
-        `costs` maps rail -> predicted cost (or is a sequence indexed by rail). Paused rails are
-        ignored; fewer than two usable rails means no peers to compare with. Returns the rails marked.
+        `slowness` maps rail -> how slow it is relative to what it should do (the engine passes the
+        inverse of its recent service rate as a fraction of nominal; a predicted cost works too), or
+        is a sequence indexed by rail. Paused rails and NaNs are ignored; fewer than two rails means
+        no siblings to compare with. A marked rail stays DEGRADED while it keeps being marked and
+        for `quiet_period_s` after. Returns the rails marked.
         """
-        items = costs.items() if isinstance(costs, Mapping) else enumerate(costs)
-        usable = [(k, c) for k, c in items if self.state(k, now) is not RailState.PAUSED and c == c]
+        items = slowness.items() if isinstance(slowness, Mapping) else enumerate(slowness)
+        usable = [(k, c) for k, c in items if c == c and self.state(k, now) is not RailState.PAUSED]
         if len(usable) < 2:
             return []
         med = statistics.median(c for _, c in usable)
-        limit = med * self.config.outlier_cost_ratio
+        limit = med * self.config.outlier_ratio
         marked = [k for k, c in usable if c > limit]
         for k in marked:
             self.mark_degraded(k, now)

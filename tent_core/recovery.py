@@ -10,7 +10,9 @@
   is finalized with its status and the peer is marked suspect (re-checked before its next
   request); routes other batches use are never torn down from here.
 * `health_tick(now)`: every `HEALTH_TICK_S`, fold the native telemetry rows into the rails'
-  models, share the rails' load with other processes on the host, pause stalled rails, send
+  models, share the rails' load with other processes on the host, count the executors'
+  congestion reports, pause stalled rails (serving, no byte moved for `health.stall_s`, while a
+  sibling moves bytes), mark outliers DEGRADED (a rail far slower than its siblings), send
   heartbeat slices on paused rails whose cooldown ended and judge the answers.
 
 `Progress` is the one process-wide thread (`PROGRESS`) that waits on the native failure queue and
@@ -41,6 +43,7 @@ from .rail_monitor import RailMonitor, RailState
 from .rails import RAILS, Rail
 from .request import LocalBuffer
 from .routing import Router
+from .telemetry import slowness, stalled
 from .types import OpCode
 
 log = logging.getLogger(__name__)
@@ -156,41 +159,45 @@ class Recovery:
     # ---- health -----------------------------------------------------------------------------------
 
     def health_tick(self, now: float) -> None:
-        """Feed telemetry to the rail monitor: completions, stalls, heartbeats of paused rails."""
+        """Feed telemetry to the rail monitor: completions, congestion, stalls, outliers, heartbeats."""
         now_ns = _native.now_ns()
         hc = self.config.health
-        stall_ns = hc.stall_min_s * 1e9
         shared = self._shared_load()
         for peer in self.peers.peers():
             for route in list(peer.routes.values()):
-                if len(route.rails) < 2:
-                    continue  # a single rail has nowhere else to go: transport substitution handles it
-                latest = 0
+                tels = []
                 for rail in route.rails:
                     tel = rail.telemetry
                     delta = tel.observe(RAILS.row(rail.slot), now_ns)
+                    tels.append(tel)
                     if shared is not None:
                         self._share_load(shared, rail)
-                    if delta.slices_done and self.monitor.state(rail.slot, now) != RailState.PAUSED:
+                    paused = self.monitor.state(rail.slot, now) == RailState.PAUSED
+                    if delta.slices_done and not paused:
                         self.monitor.on_success(rail.slot, now)
-                    latest = max(latest, tel.last_complete_ns)
-                # A rail is stalled when it has work and has completed nothing for stall_min_s while
-                # another rail to the same peer kept completing (so it is the rail, not the peer or
-                # our CPU). Queue-inclusive latencies are not used: under load they are long.
+                    if delta.congestion and not paused:
+                        # one signal per tick: the pieces a rail serves at once stall together
+                        if self.monitor.on_error(rail.slot, now, congestion=True) == RailState.PAUSED:
+                            log.info("rail %s to %s congested: paused", rail.info.name, peer.engine_id)
+                            if len(route.rails) > 1:
+                                self.abort_rail(route, rail)
                 for rail in route.rails:
-                    tel = rail.telemetry
-                    if (
-                        tel.inflight_slices
-                        and tel.stall_s(now_ns) * 1e9 > stall_ns
-                        and now_ns - latest < stall_ns
-                        and self.monitor.state(rail.slot, now) != RailState.PAUSED
-                    ):
-                        log.info("rail %s to %s stalled (%.0f ms without progress): pausing",
-                                 rail.info.name, peer.engine_id, tel.stall_s(now_ns) * 1e3)
-                        self.monitor.pause(rail.slot, now)
-                        self.abort_rail(route, rail)
                     if self.monitor.due_probe(rail.slot, now):
                         self._send_probe(peer, route, rail, now)
+                if len(route.rails) < 2:
+                    continue  # a single rail has no sibling to compare with; its executor's timeout rules
+                for pos in stalled(tels, now_ns, hc.stall_s):
+                    rail = route.rails[pos]
+                    if self.monitor.state(rail.slot, now) == RailState.PAUSED:
+                        continue
+                    log.info("rail %s to %s stalled (%.0f ms serving without progress): pausing",
+                             rail.info.name, peer.engine_id, tels[pos].stall_s(now_ns) * 1e3)
+                    self.monitor.pause(rail.slot, now)
+                    self.abort_rail(route, rail)
+                slow = slowness(tels, now_ns, hc.outlier_window_s)
+                if len(slow) >= 2:
+                    for pos in self.monitor.check_outliers({route.rails[p].slot: v for p, v in slow.items()}, now):
+                        log.debug("rail slot %s to %s: far slower than its siblings", pos, peer.engine_id)
         self._judge_probes(now)
 
     def _judge_probes(self, now: float) -> None:

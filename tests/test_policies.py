@@ -16,7 +16,7 @@ from tent_core.config import EngineConfig, QosConfig, RailHealthConfig, Schedule
 from tent_core.qos import PrioritySlots, PromotionQueue, SharedRailLoad
 from tent_core.rail_monitor import RailMonitor, RailState
 from tent_core.slice_scheduler import NoRailError, SliceScheduler
-from tent_core.telemetry import RailTelemetry
+from tent_core.telemetry import RailTelemetry, slowness, stalled
 from tent_core.types import Priority
 
 KiB = 1024
@@ -25,8 +25,10 @@ GBIT = 1e9
 MS = 1_000_000  # ns
 
 
-def row(inflight_b=0, inflight_s=0, done_b=0, done_s=0, errors=0, lat_sum=0, last_lat=0, last_done=0):
-    return [inflight_b, inflight_s, done_b, done_s, errors, lat_sum, last_lat, last_done]
+def row(inflight_b=0, inflight_s=0, done_b=0, done_s=0, errors=0, lat_sum=0, last_lat=0, last_done=0,
+        serving=0, progress=0, moved=0, congestion=0):
+    return [inflight_b, inflight_s, done_b, done_s, errors, lat_sum, last_lat, last_done,
+            serving, progress, moved, congestion]
 
 
 def rails_at(*gbits: float, cfg: SchedulerConfig | None = None) -> list[RailTelemetry]:
@@ -144,12 +146,90 @@ def test_telemetry_pending_reconcile_errors_and_stall():
     assert r.pending_bytes == 1 * MiB and d.errors == 0
     d = r.observe(row(inflight_b=2 * MiB, inflight_s=2, errors=2), 3 * MS)
     assert d.errors == 2
-    # stall: busy since 2 ms, nothing completes
-    assert not r.is_stalled(30 * MS, min_s=0.05)
-    assert r.is_stalled(60 * MS, min_s=0.05)
+    # queued work that no executor serves yet is load, never a stall, however long it waits
+    assert r.stall_s(10_000 * MS) == 0.0 and not r.is_stalled(10_000 * MS, min_s=0.05)
     # pending forgotten after its TTL even if never reconciled
     r.observe(row(inflight_b=2 * MiB, inflight_s=2, errors=2), 2 * 1_000 * MS)
     assert r.pending_bytes == 0
+
+
+def test_stall_is_time_without_progress_while_served():
+    r = RailTelemetry(0, 1 * GBIT)
+    t0 = 1_000 * MS
+    r.observe(row(inflight_b=8 * MiB, inflight_s=8), t0)
+    # two pieces in service since t0; bytes keep moving: never stalled, however long the slices take
+    for k in range(1, 40):
+        t = t0 + k * 10 * MS
+        r.observe(row(inflight_b=8 * MiB, inflight_s=8, serving=2, progress=t - MS, moved=k * 100_000), t)
+        assert not r.is_stalled(t, min_s=0.05)
+    # then nothing moves: stalled once the silence exceeds the limit, counted from the last byte
+    last = t0 + 39 * 10 * MS - MS
+    r.observe(row(inflight_b=8 * MiB, inflight_s=8, serving=2, progress=last, moved=39 * 100_000), last + 40 * MS)
+    assert not r.is_stalled(last + 40 * MS, min_s=0.05)
+    assert r.is_stalled(last + 60 * MS, min_s=0.05)
+    assert r.stall_s(last + 60 * MS) == pytest.approx(0.060)
+    # nothing in service (all queued or idle): not stalled
+    r.observe(row(inflight_b=8 * MiB, inflight_s=8, serving=0, progress=last, moved=39 * 100_000), last + 70 * MS)
+    assert not r.is_stalled(last + 500 * MS, min_s=0.05)
+
+
+def _serving(tel: RailTelemetry, t: int, progress: int, moved: int = 0, serving: int = 2) -> None:
+    tel.observe(row(inflight_b=4 * MiB, inflight_s=4, serving=serving, progress=progress, moved=moved), t)
+
+
+def test_stalled_needs_a_sibling_that_moves():
+    rails = rails_at(1, 1, 1)
+    t = 10_000 * MS
+    for r in rails:
+        _serving(r, t - 500 * MS, t - 500 * MS)
+    _serving(rails[0], t, t - 150 * MS)  # silent 150 ms
+    _serving(rails[1], t, t - 2 * MS)  # moving
+    _serving(rails[2], t, t - 30 * MS)  # a short gap is not a stall
+    assert stalled(rails, t, 0.1) == [0]
+    # every rail silent: the peer (or our CPU) is suspect, not a rail
+    _serving(rails[1], t, t - 150 * MS)
+    _serving(rails[2], t, t - 150 * MS)
+    assert stalled(rails, t, 0.1) == []
+    # a rail with nothing in service is never stalled (queued work is load)
+    _serving(rails[0], t, t - 900 * MS, serving=0)
+    _serving(rails[1], t, t - 1 * MS)
+    _serving(rails[2], t, t - 1 * MS)
+    assert stalled(rails, t, 0.1) == []
+
+
+def test_slowness_from_fresh_service_rates_only():
+    cfg = SchedulerConfig(bandwidth_window_s=0.05, ewma_alpha=1.0)
+    rails = rails_at(1, 1, 2, 1, cfg=cfg)
+    rates = [125e6, 120e6, 250e6, 6e6]  # rail 2 is a 2 Gbit/s rail at full rate; rail 3 is at ~5%
+    for r, rate in zip(rails, rates, strict=True):
+        _serving(r, 0, 1)
+    for k in range(1, 11):
+        t = k * 10 * MS
+        for r, rate in zip(rails[:3], rates[:3], strict=True):
+            _serving(r, t, t, moved=int(rate * t / 1e9))
+        if k <= 5:
+            _serving(rails[3], t, t, moved=int(rates[3] * t / 1e9))
+    slow = slowness(rails, 100 * MS, 1.0)
+    assert slow[0] == pytest.approx(1.0, rel=0.05) and slow[2] == pytest.approx(1.0, rel=0.05)
+    assert slow[3] == pytest.approx(125 / 6, rel=0.05)
+    m = RailMonitor(RailHealthConfig(outlier_ratio=4.0))
+    assert m.check_outliers(slow, 0.1) == [3]
+    assert slowness(rails, 5_000 * MS, 1.0) == {}  # nothing measured within the last second
+
+
+def test_service_rate_counts_bytes_as_they_move():
+    """A slow rail shows its rate within one window even though none of its slices completes."""
+    cfg = SchedulerConfig(bandwidth_window_s=0.05, ewma_alpha=1.0)
+    r = RailTelemetry(0, 1 * GBIT, config=cfg)  # nominal 125 MB/s
+    r.observe(row(inflight_b=8 * MiB, inflight_s=8, serving=4, progress=1), 0)
+    rate = 6.25e6  # the rail runs at 5%
+    for k in range(1, 11):
+        t = k * 10 * MS
+        r.observe(row(inflight_b=8 * MiB, inflight_s=8, serving=4, progress=t, moved=int(rate * t / 1e9)), t)
+    assert r.service_rate_Bps == pytest.approx(rate, rel=0.02)
+    assert r.normalized_rate(100 * MS, 1_000 * MS) == pytest.approx(0.05, rel=0.02)
+    assert r.normalized_rate(2_000 * MS, 1_000 * MS) is None  # stale: nothing to judge by
+    assert r.bandwidth_Bps == pytest.approx(rate, rel=0.02)
 
 
 # ---- slice scheduler -----------------------------------------------------------------------------
@@ -424,12 +504,25 @@ def test_monitor_cooldown_resets_after_long_health():
 
 
 def test_monitor_outliers():
-    m = RailMonitor(RailHealthConfig(cooldown_jitter=0, outlier_cost_ratio=8.0))
-    marked = m.check_outliers([1e-3, 1.2e-3, 0.9e-3, 50e-3], 0.0)
-    assert marked == [3] and m.state(3, 0.0) is RailState.DEGRADED
-    assert m.check_outliers({"a": 1.0}, 0.0) == []
-    m.pause(1, 0.0)
-    assert m.check_outliers([1e-3, 1e9, 1.1e-3], 0.1) == []  # paused rails are not compared
+    cfg = RailHealthConfig(cooldown_jitter=0, outlier_ratio=4.0, quiet_period_s=0.5)
+    m = RailMonitor(cfg)
+    # slowness = 1 / (service rate as a fraction of nominal): rail 3 runs at 5%
+    marked = m.check_outliers([1.0, 1.05, 0.98, 20.0], 0.0)
+    assert marked == [3] and m.state(3, 0.0) is RailState.DEGRADED and m.weight(3, 0.0) == 0.5
+    assert m.check_outliers([1.0, 1.05, 0.98, 3.5], 0.1) == []  # 3.5x slower: within the ratio
+    m2 = RailMonitor(cfg)
+    assert m2.check_outliers({"a": 1.0}, 0.0) == []  # no sibling to compare with
+    assert m2.check_outliers([1.0, 1.0, 40.0, 40.0], 0.0) == []  # half the rails slow: no clear outlier
+    m2.pause(1, 0.0)
+    assert m2.check_outliers([1.0, 1e9, 1.1], 0.1) == []  # paused rails are not compared
+    # kept DEGRADED while it stays an outlier, HEALTHY a quiet period after it recovered
+    m3 = RailMonitor(cfg)
+    for k in range(20):
+        m3.check_outliers([1.0, 1.0, 1.0, 20.0], k * 0.1)
+        assert m3.state(3, k * 0.1) is RailState.DEGRADED
+    for k in range(20, 30):
+        m3.check_outliers([1.0, 1.0, 1.0, 1.1], k * 0.1)
+    assert m3.state(3, 2.0 + cfg.quiet_period_s + 0.01) is RailState.HEALTHY
 
 
 # ---- QoS -----------------------------------------------------------------------------------------

@@ -142,8 +142,36 @@ static int host_is_cancelled(void *ctx, uint64_t token) {
   return atomic_load_explicit(&b->cancelled, memory_order_relaxed);
 }
 
+/* Service telemetry: the rail's row learns when pieces enter and leave service and when bytes
+ * move, so the core's stall detection counts time without progress while served, not queued. */
+static void host_note(void *ctx, const tent_slice_t *s, int32_t event, uint64_t value) {
+  (void)ctx;
+  int64_t *st = slot(s->stat_index);
+  if (!st) return;
+  switch (event) {
+    case TENT_NOTE_START:
+      __atomic_fetch_add(&st[TENT_STAT_SERVING], 1, __ATOMIC_RELAXED);
+      __atomic_store_n(&st[TENT_STAT_PROGRESS_NS], (int64_t)now_ns(), __ATOMIC_RELAXED);
+      break;
+    case TENT_NOTE_PROGRESS:
+      if (value) {
+        __atomic_fetch_add(&st[TENT_STAT_BYTES_MOVED], (int64_t)value, __ATOMIC_RELAXED);
+        __atomic_store_n(&st[TENT_STAT_PROGRESS_NS], (int64_t)now_ns(), __ATOMIC_RELAXED);
+      }
+      break;
+    case TENT_NOTE_STOP:
+      __atomic_fetch_sub(&st[TENT_STAT_SERVING], 1, __ATOMIC_RELAXED);
+      break;
+    case TENT_NOTE_CONGESTED:
+      __atomic_fetch_add(&st[TENT_STAT_CONGESTION], 1, __ATOMIC_RELAXED);
+      break;
+    default:
+      break;
+  }
+}
+
 static tent_host_api_t g_host = {TENT_EXECUTOR_ABI_VERSION, sizeof(tent_host_api_t), NULL, host_complete,
-                                 host_is_cancelled};
+                                 host_is_cancelled, host_note};
 
 /* ---- Python Batch type ---- */
 typedef struct {
@@ -573,8 +601,8 @@ PyMODINIT_FUNC PyInit__native(void) {
   PyModule_AddIntConstant(m, "FAILURE_SIZE", sizeof(failure_t));
   PyModule_AddIntConstant(m, "STAT_FIELDS", ST_FIELDS);
   /* the status list and the telemetry row layout of executor_abi.h, for tent_core.abi */
-  PyObject *codes = PyDict_New(), *retry = PyDict_New(), *fields = PyList_New(0);
-  if (!codes || !retry || !fields) goto fail;
+  PyObject *codes = PyDict_New(), *retry = PyDict_New(), *fields = PyList_New(0), *notes = PyDict_New();
+  if (!codes || !retry || !fields || !notes) goto fail;
 #define ADD_STATUS_(name, value, retryable)                                              \
   do {                                                                                   \
     PyObject *v_ = PyLong_FromLong(value), *r_ = PyBool_FromLong(retryable);             \
@@ -594,18 +622,30 @@ PyMODINIT_FUNC PyInit__native(void) {
   } while (0);
   TENT_STAT_LIST(ADD_FIELD_)
 #undef ADD_FIELD_
+#define ADD_NOTE_(name, value)                                                           \
+  do {                                                                                   \
+    PyObject *v_ = PyLong_FromLong(value);                                               \
+    int e_ = !v_ || PyDict_SetItemString(notes, #name, v_);                              \
+    Py_XDECREF(v_);                                                                      \
+    if (e_) goto fail;                                                                   \
+  } while (0);
+  TENT_NOTE_LIST(ADD_NOTE_)
+#undef ADD_NOTE_
   if (PyModule_AddObject(m, "STATUS_CODES", codes) < 0) goto fail;
   codes = NULL;
   if (PyModule_AddObject(m, "STATUS_RETRYABLE", retry) < 0) goto fail;
   retry = NULL;
   if (PyModule_AddObject(m, "STAT_FIELD_NAMES", fields) < 0) goto fail;
   fields = NULL;
+  if (PyModule_AddObject(m, "NOTE_EVENTS", notes) < 0) goto fail;
+  notes = NULL;
   PyModule_AddIntConstant(m, "FIRST_FINAL_STATUS", TENT_FIRST_FINAL);
   return m;
 fail:
   Py_XDECREF(codes);
   Py_XDECREF(retry);
   Py_XDECREF(fields);
+  Py_XDECREF(notes);
   Py_DECREF(m);
   return NULL;
 }

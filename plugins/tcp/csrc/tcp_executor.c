@@ -11,6 +11,13 @@
  * intermediate copies, no Python. A removed peer leaves the table at once and is freed when its
  * last in-flight chunk returns; its queued chunks fail as unreachable (retryable).
  *
+ * Progress timeout (`slice_timeout_ms`): a chunk fails with TENT_E_TIMEOUT when no byte of it moved
+ * for that long while it was being served (connecting included); time spent queued never counts.
+ * Workers report service start/stop, moved bytes and congestion (a send that could not hand the
+ * kernel a byte for `congestion_ms`: the send buffer is full and not draining) through host->note,
+ * from which the core tells a dead rail from a busy one. A failed connect makes the rail fail fast
+ * for `connect_backoff_ms` while it has no connection, so a dead rail does not hold every worker.
+ *
  * Server side: one accept thread per listener, one thread per accepted connection.
  * Every request is checked against the registered regions (bounds + permission).
  * Regions are reference counted so unregister waits for in-flight server I/O.
@@ -90,35 +97,82 @@ static uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return l
 /* I/O results */
 enum { IO_OK = 0, IO_EOF = 1, IO_TIMEOUT = 2, IO_ERR = 3 };
 
+/* Bytes per send/recv call on the client: progress is reported (and the stall clock reset) at
+ * least this often while a long slice moves. */
+#define PROGRESS_STEP (1u << 20)
+
+/* The client's progress clock for one chunk in service. Its socket wakes every `tick` (SO_RCVTIMEO
+ * / SO_SNDTIMEO) to look at it: the progress timeout counts time without a byte moving while the
+ * chunk is being served, never time it spent queued. Moved payload bytes go to host->note. A send
+ * that cannot hand the kernel a byte for `congestion_ms` (send buffer full and not draining) is
+ * reported once per stall as congestion: the fabric pushing back, not (yet) a failure. NULL on the
+ * server side: there a timed-out call simply fails. */
+typedef struct io_watch {
+  const tent_host_api_t *host;
+  const tent_slice_t *slice;
+  uint64_t last_ms; /* last byte moved (or service start) */
+  int timeout_ms, congestion_ms;
+  int congested;   /* congestion noted for the current stall */
+} io_watch_t;
+
+static void io_moved(io_watch_t *w, size_t n, int payload) {
+  if (!w) return;
+  w->last_ms = mono_ms();
+  w->congested = 0;
+  if (payload) tent_host_note(w->host, w->slice, TENT_NOTE_PROGRESS, n);
+}
+
+/* A call woke without moving anything: 1 when the progress timeout is reached. */
+static int io_idle(io_watch_t *w, int sending) {
+  if (!w) return 1;
+  uint64_t idle = mono_ms() - w->last_ms;
+  if (idle >= (uint64_t)w->timeout_ms) return 1;
+  if (sending && !w->congested && idle >= (uint64_t)w->congestion_ms) {
+    w->congested = 1;
+    tent_host_note(w->host, w->slice, TENT_NOTE_CONGESTED, idle);
+  }
+  return 0;
+}
+
 /* Send all of buf. A call that times out with zero bytes sent = no progress. */
-static int send_all(int fd, const void *buf, size_t len, int more) {
+static int send_all(int fd, const void *buf, size_t len, int more, io_watch_t *w, int payload) {
   const char *p = buf;
   while (len) {
-    ssize_t n = send(fd, p, len, MSG_NOSIGNAL | (more ? MSG_MORE : 0));
+    size_t step = w && len > PROGRESS_STEP ? PROGRESS_STEP : len;
+    ssize_t n = send(fd, p, step, MSG_NOSIGNAL | (more || step < len ? MSG_MORE : 0));
     if (n > 0) {
       p += n;
       len -= (size_t)n;
+      io_moved(w, (size_t)n, payload);
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return IO_TIMEOUT;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (io_idle(w, 1)) return IO_TIMEOUT;
+      continue;
+    }
     return IO_ERR;
   }
   return IO_OK;
 }
 
-static int recv_all(int fd, void *buf, size_t len) {
+static int recv_all(int fd, void *buf, size_t len, io_watch_t *w, int payload) {
   char *p = buf;
   while (len) {
-    ssize_t n = recv(fd, p, len, MSG_WAITALL);
+    size_t step = w && len > PROGRESS_STEP ? PROGRESS_STEP : len;
+    ssize_t n = recv(fd, p, step, MSG_WAITALL);
     if (n > 0) {
       p += n;
       len -= (size_t)n;
+      io_moved(w, (size_t)n, payload);
       continue;
     }
     if (n == 0) return IO_EOF;
     if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return IO_TIMEOUT;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (io_idle(w, 0)) return IO_TIMEOUT;
+      continue;
+    }
     return IO_ERR;
   }
   return IO_OK;
@@ -193,6 +247,9 @@ typedef struct sconn {
 typedef struct tcp_exec {
   const tent_host_api_t *host;
   int nthreads, conns_per_rail, slice_timeout_ms, connect_timeout_ms, sockbuf;
+  int congestion_ms;      /* a send stalled this long is reported as congestion */
+  int connect_backoff_ms; /* after a failed connect, a rail without connections fails fast this long */
+  int tick_ms;            /* client sockets wake this often to check their progress clock */
 
   uint64_t chunk;     /* cut slices into chunks of at most this many bytes (0: whole slices) */
   uint32_t max_parts;
@@ -230,6 +287,8 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->conns_per_rail = 2;
   ex->slice_timeout_ms = 2000;
   ex->connect_timeout_ms = 1000;
+  ex->congestion_ms = 0; /* 0: a quarter of the progress timeout */
+  ex->connect_backoff_ms = 50;
   ex->sockbuf = 4 << 20;
   ex->chunk = 0;
   ex->max_parts = 64;
@@ -253,6 +312,8 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
     else if (!strcmp(key, "conns_per_rail")) dst = &ex->conns_per_rail, lo = 1, hi = 64;
     else if (!strcmp(key, "slice_timeout_ms")) dst = &ex->slice_timeout_ms, lo = 1;
     else if (!strcmp(key, "connect_timeout_ms")) dst = &ex->connect_timeout_ms, lo = 1;
+    else if (!strcmp(key, "congestion_ms")) dst = &ex->congestion_ms, lo = 0;
+    else if (!strcmp(key, "connect_backoff_ms")) dst = &ex->connect_backoff_ms, lo = 0;
     else if (!strcmp(key, "sockbuf")) dst = &ex->sockbuf, lo = 0;
     else continue; /* unknown keys are ignored (the transport may pass extra ones) */
     if (end == val || *end || v < lo || v > hi) {
@@ -261,6 +322,10 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
     }
     *dst = (int)v;
   }
+  if (ex->congestion_ms <= 0 || ex->congestion_ms > ex->slice_timeout_ms)
+    ex->congestion_ms = ex->slice_timeout_ms / 4 > 5 ? ex->slice_timeout_ms / 4 : 5;
+  ex->tick_ms = ex->congestion_ms / 2 > 5 ? ex->congestion_ms / 2 : 5;
+  if (ex->tick_ms > ex->slice_timeout_ms) ex->tick_ms = ex->slice_timeout_ms;
   return 0;
 }
 
@@ -360,7 +425,7 @@ static int drain(int fd, uint64_t len) {
   int rc = IO_OK;
   while (len && rc == IO_OK) {
     size_t n = len < DRAIN_CHUNK ? (size_t)len : DRAIN_CHUNK;
-    rc = recv_all(fd, scratch, n);
+    rc = recv_all(fd, scratch, n, NULL, 0);
     len -= n;
   }
   free(scratch);
@@ -373,7 +438,7 @@ static int send_response(int fd, int32_t status, uint64_t reqid, int more) {
   put16(h + 4, WIRE_VERSION);
   put32(h + 8, (uint32_t)status);
   put64(h + 16, reqid);
-  return send_all(fd, h, RSP_SIZE, more);
+  return send_all(fd, h, RSP_SIZE, more, NULL, 0);
 }
 
 static void *sconn_main(void *arg) {
@@ -383,7 +448,7 @@ static void *sconn_main(void *arg) {
   uint8_t h[REQ_SIZE];
   for (;;) {
     if (!wait_readable(ex, fd)) break;
-    int rc = recv_all(fd, h, REQ_SIZE);
+    int rc = recv_all(fd, h, REQ_SIZE, NULL, 0);
     if (rc != IO_OK) break; /* peer closed / stalled mid-header */
     if (get32(h) != WIRE_MAGIC || get16(h + 4) != WIRE_VERSION) {
       slog("closing connection: bad request header (magic %08x version %u)", get32(h), get16(h + 4));
@@ -399,7 +464,7 @@ static void *sconn_main(void *arg) {
     region_t *r = region_acquire(ex, addr, len, op == TENT_OP_READ ? PERM_REMOTE_READ : PERM_REMOTE_WRITE, &status);
     if (op == TENT_OP_WRITE) {
       if (r) {
-        rc = recv_all(fd, (void *)(uintptr_t)addr, (size_t)len);
+        rc = recv_all(fd, (void *)(uintptr_t)addr, (size_t)len, NULL, 0);
         region_release(ex, r);
       } else {
         rc = drain(fd, len);
@@ -412,7 +477,7 @@ static void *sconn_main(void *arg) {
         continue;
       }
       rc = send_response(fd, TENT_OK, reqid, 1);
-      if (rc == IO_OK) rc = send_all(fd, (const void *)(uintptr_t)addr, (size_t)len, 0);
+      if (rc == IO_OK) rc = send_all(fd, (const void *)(uintptr_t)addr, (size_t)len, 0, NULL, 0);
       region_release(ex, r);
       if (rc != IO_OK) break;
     }
@@ -559,7 +624,7 @@ static int rail_connect(tcp_exec_t *ex, rail_t *r) {
   }
   int fl = fcntl(fd, F_GETFL);
   fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-  set_timeouts(fd, ex->slice_timeout_ms);
+  set_timeouts(fd, ex->tick_ms); /* wake up to check the chunk's progress clock (io_watch_t) */
   return fd;
 }
 
@@ -571,9 +636,10 @@ static int io_status(int rc) {
   }
 }
 
-/* Run one chunk [off, off+len) of slice `s` on a connected socket. *broken set when the
- * connection must be dropped. */
-static int run_chunk(tcp_exec_t *ex, int fd, const tent_slice_t *s, uint64_t off, uint64_t len, int *broken) {
+/* Run one chunk [off, off+len) of slice `s` on a connected socket; `w` is its progress clock.
+ * *broken set when the connection must be dropped. */
+static int run_chunk(tcp_exec_t *ex, int fd, const tent_slice_t *s, uint64_t off, uint64_t len, io_watch_t *w,
+                     int *broken) {
   uint8_t h[REQ_SIZE];
   uint64_t reqid = atomic_fetch_add(&ex->next_reqid, 1);
   uint64_t local = s->local_addr + off;
@@ -584,16 +650,16 @@ static int run_chunk(tcp_exec_t *ex, int fd, const tent_slice_t *s, uint64_t off
   put64(h + 16, len);
   put64(h + 24, reqid);
   *broken = 1;
-  int rc = send_all(fd, h, REQ_SIZE, s->opcode == TENT_OP_WRITE);
-  if (rc == IO_OK && s->opcode == TENT_OP_WRITE) rc = send_all(fd, (const void *)(uintptr_t)local, len, 0);
+  int rc = send_all(fd, h, REQ_SIZE, s->opcode == TENT_OP_WRITE, w, 0);
+  if (rc == IO_OK && s->opcode == TENT_OP_WRITE) rc = send_all(fd, (const void *)(uintptr_t)local, len, 0, w, 1);
   if (rc != IO_OK) return io_status(rc);
   uint8_t rsp[RSP_SIZE];
-  rc = recv_all(fd, rsp, RSP_SIZE);
+  rc = recv_all(fd, rsp, RSP_SIZE, w, 0);
   if (rc != IO_OK) return io_status(rc);
   if (get32(rsp) != WIRE_MAGIC || get16(rsp + 4) != WIRE_VERSION || get64(rsp + 16) != reqid) return TENT_E_PROTOCOL;
   int32_t status = (int32_t)get32(rsp + 8);
   if (status == TENT_OK && s->opcode == TENT_OP_READ) {
-    rc = recv_all(fd, (void *)(uintptr_t)local, len);
+    rc = recv_all(fd, (void *)(uintptr_t)local, len, w, 1);
     if (rc != IO_OK) return io_status(rc);
   }
   *broken = 0;
@@ -725,13 +791,17 @@ static void *worker_main(void *arg) {
     rail_update_ready(ex, r);
     pthread_mutex_unlock(&ex->mu);
 
+    /* in service from here (a connect that hangs is no progress either); queue time before this
+     * never counts against the progress timeout */
     int broken = 0;
+    io_watch_t watch = {ex->host, s, mono_ms(), ex->slice_timeout_ms, ex->congestion_ms, 0};
+    tent_host_note(ex->host, s, TENT_NOTE_START, c.len);
     status = TENT_E_CONNECT;
     if (fd < 0) {
       fd = rail_connect(ex, r);
       pthread_mutex_lock(&ex->mu);
       if (fd < 0) {
-        r->down_until_ms = mono_ms() + (uint64_t)ex->connect_timeout_ms;
+        r->down_until_ms = mono_ms() + (uint64_t)ex->connect_backoff_ms;
       } else {
         r->down_until_ms = 0;
         atomic_fetch_add(&r->connects, 1);
@@ -744,7 +814,11 @@ static void *worker_main(void *arg) {
       }
       pthread_mutex_unlock(&ex->mu);
     }
-    if (fd >= 0) status = run_chunk(ex, fd, s, c.off, c.len, &broken);
+    if (fd >= 0) {
+      watch.last_ms = mono_ms();
+      status = run_chunk(ex, fd, s, c.off, c.len, &watch, &broken);
+    }
+    tent_host_note(ex->host, s, TENT_NOTE_STOP, 0);
 
     pthread_mutex_lock(&ex->mu);
     if (fd >= 0) {

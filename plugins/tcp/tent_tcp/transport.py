@@ -27,7 +27,9 @@ from .native import TcpExecutor, executor_path
 log = logging.getLogger(__name__)
 
 DEFAULT_CONNS_PER_RAIL = 4
-_EXECUTOR_KEYS = ("threads", "conns_per_rail", "slice_timeout_ms", "connect_timeout_ms", "sockbuf")
+_EXECUTOR_KEYS = (
+    "threads", "conns_per_rail", "slice_timeout_ms", "connect_timeout_ms", "sockbuf", "congestion_ms", "connect_backoff_ms",
+)
 _ANY = {"", "0.0.0.0", "*"}
 
 

@@ -103,14 +103,16 @@ def run(
     slices: Sequence[tuple[int, int, int, int, int, int]],
     timeout: float = 20.0,
     cancel_first: bool = False,
+    stat_index: int = 0,
 ) -> Result:
     """Submit (opcode, local, remote, length, peer, rail) slices as one batch and wait.
 
     Retryable failures are finalized like the core does after its retries: fail_slice(status).
+    `stat_index` names the telemetry row the slices count on.
     """
     arr = np.zeros(len(slices), SLICE_DTYPE)
     for i, (op, local, remote, length, peer, rail) in enumerate(slices):
-        arr[i] = (local, remote, length, peer, 0, 0, op, rail, 0, 0)
+        arr[i] = (local, remote, length, peer, 0, 0, op, rail, stat_index, 0)
     b = _native.Batch(len(slices))
     if cancel_first:
         b.cancel()

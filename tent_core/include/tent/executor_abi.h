@@ -54,8 +54,8 @@ enum tent_status {
 #define TENT_FIRST_FINAL (-10)
 static inline int tent_status_retryable(int status) { return status < 0 && status > TENT_FIRST_FINAL; }
 
-/* The core's per-rail telemetry row (int64 counters that the host's complete() updates; `stat_index`
- * of a slice names the row). Executors never touch it; it lives here so C and Python share one
+/* The core's per-rail telemetry row (int64 counters that the host's complete() and note() update;
+ * `stat_index` of a slice names the row). Executors never touch it directly; it lives here so C and Python share one
  * layout (tent_core.abi.StatField is checked against it). */
 #define TENT_STAT_LIST(X)                                                                      \
   X(INFLIGHT_BYTES)                                                                            \
@@ -65,7 +65,12 @@ static inline int tent_status_retryable(int status) { return status < 0 && statu
   X(ERRORS)                                                                                    \
   X(LATENCY_NS_SUM)                                                                            \
   X(LAST_LATENCY_NS)                                                                           \
-  X(LAST_COMPLETE_NS) /* CLOCK_MONOTONIC ns */
+  X(LAST_COMPLETE_NS) /* CLOCK_MONOTONIC ns */                                                 \
+  /* service telemetry, from host->note (stays 0 for executors that do not report it): */    \
+  X(SERVING)          /* pieces of slices in service now (started, not yet stopped) */        \
+  X(PROGRESS_NS)      /* CLOCK_MONOTONIC ns of the last service start or byte moved */        \
+  X(BYTES_MOVED)      /* bytes moved, counted as they move (not at completion) */             \
+  X(CONGESTION)       /* congestion events: the fabric pushed back without failing a slice */
 
 enum tent_stat_field {
 #define TENT_STAT_ENUM_(name) TENT_STAT_##name,
@@ -89,6 +94,23 @@ typedef struct tent_slice {
   uint32_t attempt;      /* retry count, for the executor's logs only */
 } tent_slice_t;
 
+/* Service telemetry an executor reports through host->note while it works on a slice. A slice
+ * may be served in pieces (chunks); each piece in service is bracketed by START and STOP.
+ * The core measures a rail's progress timeout from these: time without progress while being
+ * served, never time spent waiting in a queue. Columns: name, value. */
+#define TENT_NOTE_LIST(X)                                                                      \
+  X(START, 0)     /* a piece of the slice entered service (value: its length) */             \
+  X(PROGRESS, 1)  /* value bytes of it moved */                                              \
+  X(STOP, 2)      /* the piece left service (before it is reported through complete) */     \
+  X(CONGESTED, 3) /* the fabric pushed back for a while (TCP: send buffer full, not draining; \
+                     RDMA: RNR / retry exceeded): a soft signal, the slice goes on */
+
+enum tent_note {
+#define TENT_NOTE_ENUM_(name, value) TENT_NOTE_##name = value,
+  TENT_NOTE_LIST(TENT_NOTE_ENUM_)
+#undef TENT_NOTE_ENUM_
+};
+
 typedef struct tent_host_api {
   uint32_t abi_version;
   uint32_t struct_size;
@@ -97,7 +119,18 @@ typedef struct tent_host_api {
   void (*complete)(void *ctx, const tent_slice_t *slice, int32_t status);
   /* Non-zero if the batch behind `token` was cancelled; executors check it before running a slice. */
   int (*is_cancelled)(void *ctx, uint64_t token);
+  /* Service telemetry (enum tent_note) about a slice the executor holds; any thread, cheap (a few
+   * atomics). Appended after ABI 1 shipped: call it through tent_host_note(), which checks that the
+   * host's struct_size covers it. Executors that never call it still work (no stall detection
+   * on their rails beyond their own timeouts). */
+  void (*note)(void *ctx, const tent_slice_t *slice, int32_t event, uint64_t value);
 } tent_host_api_t;
+
+static inline void tent_host_note(const tent_host_api_t *host, const tent_slice_t *slice, int32_t event,
+                                  uint64_t value) {
+  if (host->struct_size >= offsetof(tent_host_api_t, note) + sizeof host->note && host->note)
+    host->note(host->ctx, slice, event, value);
+}
 
 typedef struct tent_executor_ops {
   uint32_t abi_version;  /* must equal TENT_EXECUTOR_ABI_VERSION */
