@@ -41,6 +41,7 @@ class Status(enum.IntEnum):
     E_IO = -2
     E_TIMEOUT = -3
     E_CONGESTED = -4
+    E_REROUTED = -5
     E_BOUNDS = -10
     E_PERMISSION = -11
     E_PROTOCOL = -12

@@ -20,6 +20,7 @@ _STATUS_ERRORS: dict[int, tuple[type[errors.TentError], str]] = {
     Status.E_IO: (errors.PeerUnreachableError, "connection to the peer broke on every path"),
     Status.E_TIMEOUT: (errors.PeerUnreachableError, "no progress on any path before the slice timeout"),
     Status.E_CONGESTED: (errors.PeerUnreachableError, "every path stayed congested"),
+    Status.E_REROUTED: (errors.PeerUnreachableError, "the path was taken away before the slice ran"),
     Status.E_BOUNDS: (errors.OutOfBoundsError, "the peer refused: range outside its registered memory"),
     Status.E_PERMISSION: (errors.PermissionDeniedError, "the peer refused: buffer registered without that permission"),
     Status.E_PROTOCOL: (errors.TransferError, "protocol error"),
@@ -41,8 +42,12 @@ _ERROR_STATUS: tuple[tuple[type[Exception], Status], ...] = (
 _AMBIGUOUS: Any = object()
 
 
-def status_error(status: int, context: str = "") -> errors.TentError:
+def status_error(status: int, context: str = "", detail: str | None = None) -> errors.TentError:
+    """The typed error for a failed status; `detail` (why the engine gave up) replaces the status's
+    generic text."""
     cls, text = _STATUS_ERRORS.get(status, (errors.TransferError, f"transfer failed with status {status}"))
+    if detail:
+        return cls(f"{context + ': ' if context else ''}{detail} [status {status}]")
     return cls(f"{text}{' (' + context + ')' if context else ''} [status {status}]")
 
 
@@ -65,6 +70,10 @@ class BatchHandle:
         self.submitted_at = time.monotonic()
         self._deadline_hit = False
         self.is_probe = False  # heartbeat slices of the rail monitor
+        # Set by recovery: the outage (liveness.Outage) some of this batch's slices waited on, and
+        # why slices were finalized early (a gone peer), for the error the application gets.
+        self.outage: Any = None
+        self.failure_detail: str | None = None
         # route -> the Decision its slices follow (or _AMBIGUOUS: look in _pieces by local address)
         self._routes: dict[Any, Any] = {}
         self._pieces: list[tuple[Any, int, int, Any]] = []  # (route, local lo, local hi, decision)
@@ -122,12 +131,16 @@ class BatchHandle:
         if err == 0:
             return
         if self._deadline_hit:
-            raise errors.DeadlineExceededError(self._deadline_text())
-        raise status_error(err, f"batch of {self.num_requests} request(s)")
+            raise self._deadline_error()
+        raise status_error(err, f"batch of {self.num_requests} request(s)", self.failure_detail)
 
-    def _deadline_text(self) -> str:
+    def _deadline_error(self) -> errors.TentError:
         took = self.deadline - self.submitted_at
-        return f"batch of {self.num_requests} request(s) missed its {took:.3g}s deadline ({self._batch.remaining} slice(s) unfinished)"
+        text = f"batch of {self.num_requests} request(s) missed its {took:.3g}s deadline ({self._batch.remaining} slice(s) unfinished)"
+        outage = self.outage
+        if outage is not None and outage.ongoing:
+            return errors.PeerSilentError(f"{text}: {outage.describe(time.monotonic())}")
+        return errors.DeadlineExceededError(text)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the batch finishes. Returns True when it completed; False if
@@ -141,7 +154,7 @@ class BatchHandle:
             return True
         if time.monotonic() >= self.deadline:
             self._expire()
-            raise errors.DeadlineExceededError(self._deadline_text())
+            raise self._deadline_error()
         return False
 
     def cancel(self) -> None:

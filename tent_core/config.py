@@ -12,7 +12,7 @@ Defaults follow the C++ TENT (Mooncake `tent/`) unless a comment says why we dif
 
 1. the defaults below;
 2. a TOML file (path) or a dict, laid out as top-level engine keys plus the tables
-   `[scheduler]`, `[qos]` and `[health]`::
+   `[scheduler]`, `[qos]`, `[health]` and `[peers]`::
 
        request_deadline_s = 10.0
        [scheduler]
@@ -198,17 +198,46 @@ class RailHealthConfig:
 
 
 @dataclass(frozen=True)
+class PeerConfig:
+    """Phase 3 at the peer level: retrying when every path fails, and telling a gone or silent peer
+    from a passing outage (`tent_core.liveness`). A request fails only at its deadline or when no
+    path can ever serve it."""
+
+    # Slices that found no usable path wait and are retried: at once when one of the peer's rails is
+    # re-admitted, else one of them every back-off step (base, doubling, capped), as a probe with
+    # real data. A peer whose links return is used again within one step.
+    retry_backoff_base_s: float = 0.02
+    retry_backoff_cap_s: float = 0.5
+    # While every path fails, the peer's control endpoint is checked (TCP connect, then a describe):
+    # refused = the process is gone, so waiting requests fail at once; no answer = silent, requests
+    # wait until their deadlines. Checks back off from base to cap; a dead peer is re-checked at the
+    # cap's cadence and used again once it answers. Each check is bounded by check_timeout_s.
+    check_backoff_base_s: float = 0.05
+    check_backoff_cap_s: float = 1.0
+    check_timeout_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0 < self.retry_backoff_base_s <= self.retry_backoff_cap_s:
+            raise ValueError("need 0 < retry_backoff_base_s <= retry_backoff_cap_s")
+        if not 0 < self.check_backoff_base_s <= self.check_backoff_cap_s or self.check_timeout_s <= 0:
+            raise ValueError("need 0 < check_backoff_base_s <= check_backoff_cap_s and check_timeout_s > 0")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Engine-level defaults plus the policy sections."""
 
     # A request not complete by then fails with a timeout (C++ has no request deadline by default;
     # 30 s bounds every wait an application can get stuck in).
     request_deadline_s: float = 30.0
-    # Progress timeout handed to transports: a slice that moves no byte for this long fails and is
-    # retried elsewhere (C++ TENT: 10 s per slice). A downed veth raises no socket error at all, so
-    # this timer and the engine's stall detection are what see it; short = a dead rail costs little.
+    # Progress timeout handed to transports: a slice that moves no byte for this long *while being
+    # served* fails and is retried elsewhere (C++ TENT: 10 s per slice); time queued never counts.
+    # A downed veth raises no socket error at all, so this timer and the engine's stall detection
+    # are what see it. It must stay above the gaps a healthy path shows (TCP's minimum
+    # retransmission timeout is 200 ms on Linux), or a lost packet becomes a slice error.
     slice_timeout_s: float = 0.5
-    # Retries of one slice before the request falls back to another transport (C++ 8).
+    # Retries of one slice in a row before it waits for a path to come back (C++ 8: then it fails).
+    # A slice that runs out of paths waits and is retried with back-off ([peers]) until its deadline.
     max_retries_per_slice: int = 8
     # Transport substitutions per request before it fails (C++ `max_failover_attempts` 3).
     max_transport_failovers: int = 3
@@ -229,9 +258,12 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     qos: QosConfig = field(default_factory=QosConfig)
     health: RailHealthConfig = field(default_factory=RailHealthConfig)
+    peers: PeerConfig = field(default_factory=PeerConfig)
 
 
-_SECTIONS: dict[str, type] = {"scheduler": SchedulerConfig, "qos": QosConfig, "health": RailHealthConfig}
+_SECTIONS: dict[str, type] = {
+    "scheduler": SchedulerConfig, "qos": QosConfig, "health": RailHealthConfig, "peers": PeerConfig,
+}
 ENV_PREFIX = "TENT_"
 
 
@@ -335,6 +367,7 @@ def load_config(
 __all__ = [
     "POLICIES",
     "EngineConfig",
+    "PeerConfig",
     "QosConfig",
     "RailHealthConfig",
     "SchedulerConfig",

@@ -93,7 +93,7 @@ class Engine:
         self._segments = LocalSegments(self.engine_id, self.transports, self._profiles)
         self.peers = PeerDirectory(
             self.engine_id, self.host_id, self.transports, self.router, self.describe, self.monitor,
-            control_timeout_s=cfg.control_timeout_s, scheduler=cfg.scheduler,
+            control_timeout_s=cfg.control_timeout_s, scheduler=cfg.scheduler, peer_config=cfg.peers,
         )
         self._probe_buf: LocalBuffer | None = None
         self._recovery = Recovery(self, cfg, self.peers, self.router, self.monitor, lambda: self._probe_buf, PROGRESS)
@@ -263,6 +263,7 @@ class Engine:
             self._closed = True
         self._submitter.close()  # staged pipelines finish (their legs fail fast once transports go)
         PROGRESS.detach(self)  # fence: no retry, tick or probe of this engine runs after this
+        self._recovery.close()  # slices waiting for a path are cancelled, the peer watch stops
         self._control.close()
         self.peers.close()  # disconnect every route, release rails
         for t in self.transports.values():

@@ -7,24 +7,29 @@ a class of requests is routed (`plan`: a `routing.Decision` or `StagedPath`, cac
 which connected `Route` serves a Decision (`route`: connects lazily, rails acquired from
 `tent_core.rails`). Routing choices themselves are the Router's; this module holds the state.
 
-Peer lifecycle: a peer whose slices ran out of every path is only marked *suspect* (`mark_suspect`);
-nothing in flight is disturbed. The next request to it re-reads its description: the same process
-answering keeps its routes (dead transports are given another chance), a restarted process (new pid
-or new transport endpoints) replaces the peer and retires the old one's routes; an unreachable
-one fails that request with PeerUnreachableError and stays suspect.
+Peer lifecycle: each peer carries a `liveness.PeerLiveness`. When a slice runs out of every path,
+recovery tells it; nothing in flight is disturbed. `check` (run by the engine's peer watch, never on
+the submit path) probes the peer's control endpoint: a refused connection means the process is gone
+(the peer is DEAD: new requests fail at once with the reason, `resolve` says so); an answer re-reads
+its description: the same process keeps its routes (dead transports are given another chance), a
+restarted process (new pid or new transport endpoints) replaces the peer and retires the old one's
+routes. A dead peer is used again as soon as a check is answered.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import errors
-from .config import SchedulerConfig
+from .config import PeerConfig, SchedulerConfig
+from .liveness import CheckResult, PeerLiveness
 from .metadata import ControlClient
 from .policy_rules import RequestTraits, Rule
 from .rail_monitor import RailMonitor
@@ -77,9 +82,14 @@ class Peer:
     plans: dict[tuple[Any, ...], Decision | StagedPath] = field(default_factory=dict)
     dead_transports: set[str] = field(default_factory=set)
     connect_errors: dict[str, str] = field(default_factory=dict)  # why a transport could not connect
-    suspect: bool = False
+    liveness: PeerLiveness = field(default=None)  # type: ignore[assignment]  # set by PeerDirectory
     retired: bool = False
+    restarted: bool = False  # retired because a new process answers under this engine id
     lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def __post_init__(self) -> None:
+        if self.liveness is None:
+            self.liveness = PeerLiveness(self.engine_id)
 
     def load_segments(self, segments: Mapping[str, list[dict[str, Any]]]) -> None:
         seg_map: dict[str, list[RemoteBuffer]] = {}
@@ -118,6 +128,7 @@ class PeerDirectory:
         *,
         control_timeout_s: float,
         scheduler: SchedulerConfig | None = None,
+        peer_config: PeerConfig | None = None,
     ) -> None:
         self.engine_id = engine_id
         self.host_id = host_id
@@ -127,6 +138,7 @@ class PeerDirectory:
         self._monitor = monitor
         self._control_timeout_s = control_timeout_s
         self._scheduler = scheduler
+        self._peer_config = peer_config or PeerConfig()
         self._lock = threading.RLock()
         self._peers: dict[str, Peer] = {}
         self._remote_cache: dict[str, tuple[Peer, str]] = {}
@@ -141,15 +153,24 @@ class PeerDirectory:
         return self._peers.get(engine_id)
 
     def resolve(self, remote: str, timeout: float) -> tuple[Peer, str]:
-        """'host:port/segment' -> (peer, segment name)."""
+        """'host:port/segment' -> (peer, segment name). A peer known to be dead fails at once."""
         target = self._remote_cache.get(remote)
-        if target is not None and not target[0].suspect and not target[0].retired:
+        if target is not None and not target[0].retired:
+            self._fail_if_dead(target[0])
             return target
         engine_id, seg = parse_segment_name(remote)
         peer = self.get(engine_id, timeout)
         if len(self._remote_cache) < _REMOTE_CACHE_MAX or remote in self._remote_cache:
             self._remote_cache[remote] = (peer, seg)
         return peer, seg
+
+    @staticmethod
+    def _fail_if_dead(peer: Peer) -> None:
+        if peer.liveness.dead:
+            with peer.lock:
+                why = peer.liveness.fail_fast(time.monotonic())
+            if why:
+                raise errors.PeerUnreachableError(why)
 
     def get(self, engine_id: str, timeout: float | None = None) -> Peer:
         timeout = self._control_timeout_s if timeout is None else timeout
@@ -160,8 +181,8 @@ class PeerDirectory:
                 peer = self._peers.setdefault(engine_id, fetched)
             if peer is not fetched and fetched.client is not None:
                 fetched.client.close()  # another thread won the race
-        elif peer.suspect:
-            peer = self._revalidate(peer, timeout)
+        else:
+            self._fail_if_dead(peer)
         return peer
 
     def _describe(self, engine_id: str, client: ControlClient | None, timeout: float) -> dict[str, Any]:
@@ -187,7 +208,8 @@ class PeerDirectory:
     def _build(self, engine_id: str, desc: Mapping[str, Any], client: ControlClient | None) -> Peer:
         info = PeerInfo(engine_id, str(desc["host_id"]), int(desc["pid"]), dict(desc["transports"]))
         reachable = tuple(n for n, t in self._transports.items() if t.can_reach(info) is None)
-        peer = Peer(engine_id, info, client, desc["host_id"] == self.host_id, reachable)
+        peer = Peer(engine_id, info, client, desc["host_id"] == self.host_id, reachable,
+                    liveness=PeerLiveness(engine_id, self._peer_config))  # fmt: skip
         peer.load_segments(desc["segments"])
         return peer
 
@@ -202,20 +224,38 @@ class PeerDirectory:
                 r.transport.connect(peer.info, peer.raw_buffers)
         return peer
 
-    # ---- suspicion, restart, forgetting ---------------------------------------------------------
+    # ---- liveness checks, restart, forgetting ----------------------------------------------------
 
-    def mark_suspect(self, peer: Peer) -> None:
-        """Every path to `peer` failed for some slice: re-check it before the next request uses it."""
-        if not peer.suspect:
-            log.info("every path to %s failed; it is re-checked before the next request", peer.engine_id)
-        peer.suspect = True
+    def check(self, peer: Peer, timeout: float) -> tuple[CheckResult, str]:
+        """Probe a peer whose paths fail (blocking, bounded by `timeout` per step; the engine's peer
+        watch calls it, never the submit path): a TCP connect to its control endpoint (refused = the
+        process is gone), then a describe. An answer re-reads the peer: the same process gets its
+        transports back, a restarted one replaces it (see the module docstring)."""
+        if peer.client is None:
+            return CheckResult.ANSWERED, "this engine"
+        host, _, port = peer.engine_id.rpartition(":")
+        t0 = time.monotonic()
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout):
+                pass
+        except ConnectionRefusedError:
+            return CheckResult.REFUSED, f"connect to {peer.engine_id} refused"
+        except (OSError, ValueError) as exc:
+            return CheckResult.NO_ANSWER, f"connect to {peer.engine_id}: {exc or type(exc).__name__}"
+        try:
+            desc = self._describe(peer.engine_id, peer.client, max(0.05, timeout - (time.monotonic() - t0)))
+        except errors.PeerUnreachableError as exc:
+            return CheckResult.NO_ANSWER, str(exc)
+        except errors.ProtocolError as exc:
+            return CheckResult.NO_ANSWER, f"bad reply: {exc}"
+        self._apply_description(peer, desc)
+        return CheckResult.ANSWERED, f"pid {desc.get('pid')}"
 
-    def _revalidate(self, peer: Peer, timeout: float) -> Peer:
+    def _apply_description(self, peer: Peer, desc: Mapping[str, Any]) -> None:
+        """A fresh description of `peer`: reload it in place, or replace the peer if it restarted."""
         with peer.lock:
-            current = self._peers.get(peer.engine_id, peer)
-            if not peer.suspect or current is not peer:
-                return current
-            desc = self._describe(peer.engine_id, peer.client, timeout)  # unreachable: raises, stays suspect
+            if peer.retired or self._peers.get(peer.engine_id) is not peer:
+                return
             if _identity(desc) == (peer.info.host_id, peer.info.pid, repr(sorted(peer.info.transports.items()))):
                 peer.load_segments(desc["segments"])
                 for r in peer.routes.values():
@@ -223,15 +263,14 @@ class PeerDirectory:
                 peer.dead_transports.clear()
                 peer.connect_errors.clear()
                 peer.plans.clear()
-                peer.suspect = False
-                return peer
+                return
             log.info("engine %s restarted: reconnecting", peer.engine_id)
             fresh = self._build(peer.engine_id, desc, peer.client)
             peer.client = None  # the new peer owns the control connection now
+            peer.restarted = True
             with self._lock:
                 self._peers[peer.engine_id] = fresh
         self._retire(peer)
-        return fresh
 
     def forget(self, peer: Peer) -> None:
         """Drop a peer now: cached names, routes (disconnected, rails released), control connection."""

@@ -6,14 +6,22 @@
   it (a rail that just got PAUSED has its queued slices aborted so they re-route at once); the
   slice is re-issued where the Router's `next_hop` says, under the Decision of the request it
   belongs to (`BatchHandle.decision_for`: same memory kinds, same policy rule): another rail, or a
-  substitute transport (which then stays preferred for that peer). When no path is left, the slice
-  is finalized with its status and the peer is marked suspect (re-checked before its next
-  request); routes other batches use are never torn down from here.
+  substitute transport (which then stays preferred for that peer). When no path is left the slice
+  *waits* (a request fails only at its deadline or when no path can ever serve it): it is re-issued
+  as soon as a rail of its route is re-admitted, else one waiting slice per back-off step goes out
+  as a probe with real data (`[peers] retry_backoff_*`). The peer's `liveness.PeerLiveness` hears
+  of it and the `PeerWatch` thread checks the peer's control endpoint: a gone process (connection
+  refused) fails the waiting slices at once; a silent one (stopped, links cut) keeps them until
+  their deadline, whose error (`PeerSilentError`) says what was tried and for how long, and is
+  then remembered as dead so new requests fail at once until it answers again. Slices handed back
+  untouched (`E_REROUTED`: a rail aborted) are not errors of that rail. Routes other batches use
+  are never torn down from here.
 * `health_tick(now)`: every `HEALTH_TICK_S`, fold the native telemetry rows into the rails'
   models, share the rails' load with other processes on the host, count the executors'
   congestion reports, pause stalled rails (serving, no byte moved for `health.stall_s`, while a
   sibling moves bytes), mark outliers DEGRADED (a rail far slower than its siblings), send
-  heartbeat slices on paused rails whose cooldown ended and judge the answers.
+  heartbeat slices on paused rails whose cooldown ended and judge the answers; tell each peer's
+  liveness about completions, start due checks, re-issue or finalize waiting slices.
 
 `Progress` is the one process-wide thread (`PROGRESS`) that waits on the native failure queue and
 the health cadence and calls into its attached owners (engines) through `_handle_failure` and
@@ -29,6 +37,7 @@ import select
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -37,12 +46,14 @@ from . import _native
 from .abi import FAILURE_DTYPE, Status
 from .batch import BatchHandle
 from .config import EngineConfig
+from .liveness import CheckResult, PeerState
 from .peers import Peer, PeerDirectory, Route
 from .qos import SharedRailLoad
 from .rail_monitor import RailMonitor, RailState
 from .rails import RAILS, Rail
 from .request import LocalBuffer
 from .routing import Router
+from .slice_scheduler import SliceScheduler
 from .telemetry import slowness, stalled
 from .types import OpCode
 
@@ -52,6 +63,7 @@ HEALTH_TICK_S = 0.01  # telemetry/health cadence of the progress thread
 PROBE_SEGMENT = "_tent_probe"
 PROBE_BYTES = 4096
 _CONGESTED = int(Status.E_CONGESTED)
+_REROUTED = int(Status.E_REROUTED)
 _SHARED_LOAD: Any = None  # the process's SharedRailLoad (False: unavailable)
 
 
@@ -76,6 +88,9 @@ class Recovery:
         self._probe_buffer = probe_buffer
         self._progress = progress
         self._probes: list[tuple[Rail, BatchHandle, float]] = []
+        self._parked: dict[Peer, _PeerWait] = {}  # slices out of paths, per peer (progress thread only)
+        self._waiting: dict[BatchHandle, Peer] = {}  # batches that waited on a peer's outage
+        self._watch = PeerWatch(peers, config.peers.check_timeout_s)
 
     # ---- failed slices --------------------------------------------------------------------------
 
@@ -91,7 +106,8 @@ class Recovery:
         return peer, route
 
     def on_failure(self, handle: BatchHandle, rec: np.void) -> None:
-        """A slice failed with a retryable status: re-issue it elsewhere, or finalize it."""
+        """A slice failed with a retryable status: re-issue it elsewhere, park it until a path comes
+        back, or finalize it (deadline passed, batch cancelled, peer gone)."""
         s = rec["slice"]
         status = int(rec["status"])
         now = time.monotonic()
@@ -101,39 +117,168 @@ class Recovery:
             return
         rail = RAILS.by_slot(int(s["stat_index"]))
         peer, route = self._locate(rail, int(s["peer"]))
-        if route is not None:
+        if route is not None and status != _REROUTED:  # a slice handed back untouched did not fail here
             assert rail is not None
             was = self.monitor.state(rail.slot, now)
             state = self.monitor.on_error(rail.slot, now, congestion=status == _CONGESTED)
             if state == RailState.PAUSED and was != RailState.PAUSED and len(route.rails) > 1:
                 self.abort_rail(route, rail)
-        if batch.cancelled or now >= handle.deadline or peer is None or route is None or rail is None:
+        if batch.cancelled or now >= handle.deadline:
             batch.fail_slice(status)
+            return
+        if peer is None or route is None or rail is None:
+            if handle.failure_detail is None and rail is not None:
+                handle.failure_detail = (f"the route to engine {rail.peer_id} went away while the request ran "
+                                         "(the peer restarted or was forgotten)")  # fmt: skip
+            batch.fail_slice(status)
+            return
+        if self._fail_if_dead(handle, peer, now, status):
             return
         local_addr, length = int(s["local_addr"]), int(s["length"])
         decision = handle.decision_for(route, local_addr)
         if decision is None:
             batch.fail_slice(status)
             return
-        attempt = int(s["attempt"]) + 1
-        target = self._next(peer, route, rail, decision, attempt, now)
+        attempt = int(s["attempt"])
+        rounds, retry = attempt >> _ROUND_SHIFT, (attempt & _RETRY_MASK) + 1
+        target = self._next(peer, route, rail, decision, retry, now)
         if target is None:
-            log.info("slice to %s failed on every path (status %d, attempt %d)", peer.engine_id, status, attempt)
-            self.peers.mark_suspect(peer)  # re-checked before its next request; in-flight work untouched
-            batch.fail_slice(status)
+            log.debug("slice to %s out of paths (status %d, retry %d, round %d): waiting", peer.engine_id, status,
+                      retry, rounds)  # fmt: skip
+            self._park(handle, peer, route, decision, s, status, rounds, f"{route.transport.name} rail {rail.info.index}", now)
             return
         new_route, new_rail = target
-        if new_route is not route:
-            handle.note_route(new_route, decision, local_addr, local_addr + length)
-        new_rail.telemetry.add_pending(length, _native.now_ns())  # spread a burst of retries
+        self._resubmit(handle, new_route, new_rail, decision, int(s["opcode"]), local_addr, int(s["remote_addr"]),
+                       length, (rounds << _ROUND_SHIFT) | retry, route)  # fmt: skip
+
+    def _resubmit(self, handle: BatchHandle, route: Route, rail: Rail, decision: Any, opcode: int, local: int,
+                  remote: int, length: int, attempt: int, was: Route | None) -> None:  # fmt: skip
+        batch = handle._batch
+        if route is not was:
+            handle.note_route(route, decision, local, local + length)
+        rail.telemetry.add_pending(length, _native.now_ns())  # spread a burst of retries
         batch.note_retry()
-        ex = new_route.transport.executor
-        rc = _native.submit_one(
-            ex.ops, ex.handle, batch, int(s["opcode"]), local_addr, int(s["remote_addr"]), length,
-            new_route.link.handle, new_rail.info.index, new_rail.slot, attempt,
-        )
+        ex = route.transport.executor
+        rc = _native.submit_one(ex.ops, ex.handle, batch, opcode, local, remote, length, route.link.handle,
+                                rail.info.index, rail.slot, attempt)  # fmt: skip
         if rc != 0:
             batch.fail_slice(rc)
+
+    def _fail_if_dead(self, handle: BatchHandle, peer: Peer, now: float, status: int) -> bool:
+        """Finalize the slice when its peer is known to be gone (True), with the reason."""
+        if not peer.liveness.dead:
+            return False
+        with peer.lock:
+            why = peer.liveness.fail_fast(now)
+        if why is None:
+            return False
+        if handle.failure_detail is None:
+            handle.failure_detail = why
+        handle._batch.fail_slice(status)
+        return True
+
+    # ---- slices out of paths: wait with back-off until a path returns or the deadline passes ------
+
+    def _park(self, handle: BatchHandle, peer: Peer, route: Route, decision: Any, s: np.void, status: int,
+              rounds: int, path: str, now: float) -> None:  # fmt: skip
+        with peer.lock:
+            if status != _REROUTED:  # handed back untouched: nothing was tried
+                handle.outage = peer.liveness.on_no_path(now, path, status)
+            elif handle.outage is None:
+                handle.outage = peer.liveness.outage
+        self._waiting[handle] = peer
+        pc = self.config.peers
+        delay = 0.0 if rounds == 0 else min(pc.retry_backoff_cap_s, pc.retry_backoff_base_s * (2 ** (rounds - 1)))
+        wait = self._parked.get(peer)
+        if wait is None:
+            wait = self._parked[peer] = _PeerWait(next_canary=now + pc.retry_backoff_base_s, backoff=pc.retry_backoff_base_s)
+        wait.entries.append(_Parked(handle, route, decision, int(s["opcode"]), int(s["local_addr"]),
+                                    int(s["remote_addr"]), int(s["length"]), status, rounds + 1, now + delay))  # fmt: skip
+
+    def _watch_deadlines(self, now: float) -> None:
+        """A batch that waited on a peer's outage reached its deadline while the outage went on: the
+        peer's liveness hears of it at once (a silent peer is then remembered as dead), whether the
+        batch's slices are parked or in flight right now."""
+        for handle, peer in list(self._waiting.items()):
+            if handle._batch.remaining == 0 and not handle._deadline_hit:
+                del self._waiting[handle]
+            elif now >= handle.deadline:
+                del self._waiting[handle]
+                outage = handle.outage
+                cancelled_by_app = handle._batch.cancelled and not handle._deadline_hit
+                if outage is not None and outage.ongoing and not cancelled_by_app:
+                    with peer.lock:
+                        if peer.liveness.outage is outage:
+                            peer.liveness.on_deadline(now)
+
+    def _drive_parked(self, now: float) -> None:
+        """Finalize parked slices whose batch ended or whose peer is gone; re-issue the others when a
+        rail of their route is usable again, else one of them per back-off step (a real-data probe)."""
+        pc = self.config.peers
+        for peer, wait in list(self._parked.items()):
+            keep: list[_Parked] = []
+            for p in wait.entries:
+                batch = p.handle._batch
+                if batch.cancelled or now >= p.handle.deadline:
+                    batch.fail_slice(int(Status.E_TIMEOUT) if not batch.cancelled else int(Status.E_CANCELLED))
+                elif peer.retired or peer.routes.get(p.route.transport.name) is not p.route:
+                    if p.handle.failure_detail is None:
+                        p.handle.failure_detail = (f"engine {peer.engine_id} "
+                                                   + ("restarted: the memory this request addressed is gone"
+                                                      if peer.restarted else "was forgotten while the request waited"))  # fmt: skip
+                    batch.fail_slice(p.status)
+                elif not self._fail_if_dead(p.handle, peer, now, p.status):
+                    keep.append(p)
+            wait.entries = keep
+            canary = now >= wait.next_canary
+            still: list[_Parked] = []
+            for p in keep:
+                target = self._redrive_target(peer, p, wait, now, canary) if now >= p.not_before else None
+                if target is None:
+                    still.append(p)
+                    continue
+                route, rail, was_canary = target
+                if was_canary:
+                    canary = False
+                    wait.next_canary = now + wait.backoff
+                    with peer.lock:
+                        peer.liveness.on_retry_round(wait.backoff)
+                    wait.backoff = min(pc.retry_backoff_cap_s, wait.backoff * 2)
+                self._resubmit(p.handle, route, rail, p.decision, p.opcode, p.local, p.remote, p.length,
+                               p.rounds << _ROUND_SHIFT, p.route)  # fmt: skip
+            wait.entries = still
+            if not still:
+                del self._parked[peer]
+
+    def _redrive_target(self, peer: Peer, p: _Parked, wait: _PeerWait, now: float, canary: bool) -> tuple[Route, Rail, bool] | None:
+        """A usable rail of the parked slice's route (healthy first), or, for the one canary of this
+        back-off step, the next rail in turn whatever its state. None: keep waiting."""
+        route = p.route
+        rails = [route.rails[i] for i in self.router.allowed_rails(p.decision, route.indices)]
+        if not rails:
+            return None
+        states = [self.monitor.state(r.slot, now) for r in rails]
+        pos = SliceScheduler.pick_retry_rail([r.telemetry for r in rails], -1, states)
+        if pos is not None:
+            wait.backoff = self.config.peers.retry_backoff_base_s  # a path is back: start the back-off over
+            return route, rails[pos], False
+        if not canary:
+            return None
+        wait.turn += 1
+        return route, rails[wait.turn % len(rails)], True
+
+    def parked(self) -> int:
+        """Slices waiting for a path (for tests and introspection)."""
+        return sum(len(w.entries) for w in self._parked.values())
+
+    def close(self) -> None:
+        """The engine closes: waiting slices are cancelled, the peer watch stops."""
+        for wait in self._parked.values():
+            for p in wait.entries:
+                p.handle._batch.fail_slice(int(Status.E_CANCELLED))
+        self._parked.clear()
+        self._waiting.clear()
+        self._watch.close()
 
     def _next(self, peer: Peer, route: Route, failed: Rail, decision: Any, attempt: int, now: float) -> tuple[Route, Rail] | None:
         positions = self.router.allowed_rails(decision, route.indices)
@@ -164,6 +309,7 @@ class Recovery:
         hc = self.config.health
         shared = self._shared_load()
         for peer in self.peers.peers():
+            progressed = False
             for route in list(peer.routes.values()):
                 tels = []
                 for rail in route.rails:
@@ -172,9 +318,12 @@ class Recovery:
                     tels.append(tel)
                     if shared is not None:
                         self._share_load(shared, rail)
-                    paused = self.monitor.state(rail.slot, now) == RailState.PAUSED
-                    if delta.slices_done and not paused:
+                    if delta.slices_done:
+                        # also on a paused rail: a completion is as good as a heartbeat (the monitor
+                        # re-admits it only once its cooldown is over)
+                        progressed = True
                         self.monitor.on_success(rail.slot, now)
+                    paused = self.monitor.state(rail.slot, now) == RailState.PAUSED
                     if delta.congestion and not paused:
                         # one signal per tick: the pieces a rail serves at once stall together
                         if self.monitor.on_error(rail.slot, now, congestion=True) == RailState.PAUSED:
@@ -198,7 +347,20 @@ class Recovery:
                 if len(slow) >= 2:
                     for pos in self.monitor.check_outliers({route.rails[p].slot: v for p, v in slow.items()}, now):
                         log.debug("rail slot %s to %s: far slower than its siblings", pos, peer.engine_id)
+            liveness = peer.liveness
+            if progressed and (liveness.outage is not None or liveness.state is not PeerState.ALIVE):
+                with peer.lock:
+                    liveness.on_progress(now)
+            if liveness.state is not PeerState.ALIVE:
+                with peer.lock:
+                    due = liveness.check_due(now)
+                if due:
+                    self._watch.request(peer)
         self._judge_probes(now)
+        if self._waiting:
+            self._watch_deadlines(now)
+        if self._parked:
+            self._drive_parked(now)
 
     def _judge_probes(self, now: float) -> None:
         hc = self.config.health
@@ -272,6 +434,92 @@ class Recovery:
                 log.warning("shared rail load table unavailable (%s); each process sees only its own load", exc)
                 _SHARED_LOAD = False
         return _SHARED_LOAD or None
+
+
+# A slice's `attempt` field carries its retries in a row (low bits, what the Router limits) and the
+# times it waited for a path (high bits, its back-off step).
+_ROUND_SHIFT = 16
+_RETRY_MASK = (1 << _ROUND_SHIFT) - 1
+
+
+@dataclass(eq=False)
+class _Parked:
+    """A slice that found no usable path, waiting to be re-issued."""
+
+    handle: BatchHandle
+    route: Route
+    decision: Any
+    opcode: int
+    local: int
+    remote: int
+    length: int
+    status: int  # its last failure
+    rounds: int  # times it waited so far (this one included)
+    not_before: float  # its own back-off: a slice that keeps failing waits longer each time
+
+
+@dataclass(eq=False)
+class _PeerWait:
+    next_canary: float
+    backoff: float
+    entries: list[_Parked] = field(default_factory=list)
+    turn: int = 0  # canaries rotate over the rails
+
+
+class PeerWatch:
+    """Runs the peer directory's liveness checks (blocking: a TCP connect and a describe, each
+    bounded) on one daemon thread per engine, off the progress thread and the submit path, and
+    feeds the results to each peer's `PeerLiveness`."""
+
+    def __init__(self, peers: PeerDirectory, timeout: float) -> None:
+        self._peers = peers
+        self._timeout = timeout
+        self._cv = threading.Condition()
+        self._queue: list[Peer] = []
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    def request(self, peer: Peer) -> None:
+        with self._cv:
+            if self._stop:
+                with peer.lock:
+                    peer.liveness.check_lost(time.monotonic())
+                return
+            if peer not in self._queue:
+                self._queue.append(peer)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="tent-peer-watch", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._stop:
+                    self._cv.wait()
+                if self._stop:
+                    return
+                peer = self._queue.pop(0)
+            try:
+                result, detail = self._peers.check(peer, self._timeout)
+            except Exception as exc:  # a check must never kill the watch
+                log.exception("liveness check of %s failed", peer.engine_id)
+                result, detail = CheckResult.NO_ANSWER, f"check failed: {type(exc).__name__}: {exc}"
+            with peer.lock:
+                was = peer.liveness.state
+                peer.liveness.on_check(time.monotonic(), result, detail)
+                now_state = peer.liveness.state
+            if now_state is not was:
+                level = logging.WARNING if PeerState.DEAD in (was, now_state) else logging.DEBUG
+                log.log(level, "engine %s: %s -> %s (%s: %s)", peer.engine_id, was.value, now_state.value, result.value, detail)
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=self._timeout * 3 + 1)
 
 
 class ProgressClient(Protocol):
@@ -387,4 +635,4 @@ class Progress:
 
 PROGRESS = Progress()
 
-__all__ = ["HEALTH_TICK_S", "PROBE_BYTES", "PROBE_SEGMENT", "PROGRESS", "Progress", "Recovery"]
+__all__ = ["HEALTH_TICK_S", "PROBE_BYTES", "PROBE_SEGMENT", "PROGRESS", "PeerWatch", "Progress", "Recovery"]

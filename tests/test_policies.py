@@ -201,7 +201,7 @@ def test_slowness_from_fresh_service_rates_only():
     cfg = SchedulerConfig(bandwidth_window_s=0.05, ewma_alpha=1.0)
     rails = rails_at(1, 1, 2, 1, cfg=cfg)
     rates = [125e6, 120e6, 250e6, 6e6]  # rail 2 is a 2 Gbit/s rail at full rate; rail 3 is at ~5%
-    for r, rate in zip(rails, rates, strict=True):
+    for r in rails:
         _serving(r, 0, 1)
     for k in range(1, 11):
         t = k * 10 * MS

@@ -9,7 +9,7 @@
  * lazily), runs the chunk synchronously and, for a job's last chunk, reports the slice through
  * host->complete. Payload bytes go straight between the user's memory and send()/recv(): no
  * intermediate copies, no Python. A removed peer leaves the table at once and is freed when its
- * last in-flight chunk returns; its queued chunks fail as unreachable (retryable).
+ * last in-flight chunk returns; its queued chunks are handed back (TENT_E_REROUTED).
  *
  * Progress timeout (`slice_timeout_ms`): a chunk fails with TENT_E_TIMEOUT when no byte of it moved
  * for that long while it was being served (connecting included); time spent queued never counts.
@@ -895,8 +895,8 @@ EXPORT int64_t tcp_add_peer(void *self, int nrails, const char **local_ips, cons
   return (int64_t)h;
 }
 
-/* Forget a peer: its handle stops resolving at once, queued chunks fail as unreachable
- * (retryable: the core may re-route them) before this returns, in-flight ones are cut short;
+/* Forget a peer: its handle stops resolving at once, queued chunks are handed back untouched
+ * (TENT_E_REROUTED, retryable: the core may re-route them) before this returns, in-flight ones are cut short;
  * the peer is freed when the last of them returns. */
 EXPORT void tcp_remove_peer(void *self, int64_t handle) {
   tcp_exec_t *ex = self;
@@ -922,11 +922,12 @@ EXPORT void tcp_remove_peer(void *self, int64_t handle) {
   peer_unref_locked(ex, pe); /* the table's reference: freed now unless chunks are in flight */
   pthread_cond_broadcast(&ex->cv);
   pthread_mutex_unlock(&ex->mu);
-  for (int i = 0; i < nrails; i++) fail_queue(ex, &queued[i], TENT_E_CONNECT);
+  for (int i = 0; i < nrails; i++) fail_queue(ex, &queued[i], TENT_E_REROUTED);
 }
 
-/* The core believes this rail is dead: queued chunks fail at once (retryable, so the core
- * re-routes them) and in-flight ones are cut short instead of waiting out the progress timer.
+/* The core believes this rail is dead: queued chunks are handed back at once (TENT_E_REROUTED,
+ * retryable, so the core re-routes them) and in-flight ones are cut short instead of waiting out
+ * the progress timer.
  * Returns the number of queued chunks handed back, or -EINVAL. */
 EXPORT int tcp_abort_rail(void *self, int64_t handle, int rail) {
   tcp_exec_t *ex = self;
@@ -944,7 +945,7 @@ EXPORT int tcp_abort_rail(void *self, int64_t handle, int rail) {
   pthread_cond_broadcast(&ex->cv);
   pthread_mutex_unlock(&ex->mu);
   int n = (int)q.len;
-  fail_queue(ex, &q, TENT_E_CONNECT);
+  fail_queue(ex, &q, TENT_E_REROUTED); /* untouched: not an error of this rail */
   return n;
 }
 
@@ -1081,7 +1082,7 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
   } else if (gone) {
     for (uint32_t i = 0; i < n; i++) {
       if (plan[2 * i] == 0) {
-        ex->host->complete(ex->host->ctx, &jobs[i]->s, TENT_E_CONNECT); /* peer forgotten: retryable */
+        ex->host->complete(ex->host->ctx, &jobs[i]->s, TENT_E_REROUTED); /* peer forgotten: retryable */
         free(jobs[i]);
       }
     }

@@ -17,9 +17,9 @@ from tcp_helpers import READ, WRITE, Server, TcpExecutor, connect, pattern, run
 from tent_core import _native
 from tent_core.abi import Status
 
-E_CONNECT, E_IO, E_TIMEOUT = Status.E_CONNECT, Status.E_IO, Status.E_TIMEOUT
+E_CONNECT, E_IO, E_TIMEOUT, E_REROUTED = Status.E_CONNECT, Status.E_IO, Status.E_TIMEOUT, Status.E_REROUTED
 E_BOUNDS, E_PERMISSION, E_CANCELLED = Status.E_BOUNDS, Status.E_PERMISSION, Status.E_CANCELLED
-RETRYABLE = {E_CONNECT, E_IO, E_TIMEOUT}
+RETRYABLE = {E_CONNECT, E_IO, E_TIMEOUT, E_REROUTED}
 
 
 def sha(a: np.ndarray) -> str:
@@ -289,9 +289,9 @@ def test_remove_peer_fails_queued_slices(server: Server, client: TcpExecutor) ->
         assert res.elapsed < 1.0, res
     finally:
         server.signal(signal.SIGCONT)
-    # submitting to a removed peer reports E_CONNECT, never hangs
+    # submitting to a removed peer hands the slice back untouched, never hangs
     res = run(client, [(READ, buf.ctypes.data, server.addr("rw"), 16, peer, 0)])
-    assert res.done and res.retryable == [E_CONNECT]
+    assert res.done and res.retryable == [E_REROUTED]
 
 
 def test_unregister_then_bounds(server: Server, client: TcpExecutor) -> None:
@@ -382,7 +382,7 @@ def test_peer_churn_frees_peers_and_reuses_handles(server: Server, client: TcpEx
     fresh = connect(client, server)
     assert fresh != old and (fresh & 0xFFFFFFFF) == (old & 0xFFFFFFFF)  # same slot, new generation
     res = run(client, [(READ, buf.ctypes.data, server.addr("rw"), 4096, old, 0)])
-    assert res.done and res.retryable == [E_CONNECT], res
+    assert res.done and res.retryable == [E_REROUTED], res
     assert client.rail_counters(fresh, 0)["slices"] == 0
     assert run(client, [(READ, buf.ctypes.data, server.addr("rw"), 4096, fresh, 0)]).error == 0
 

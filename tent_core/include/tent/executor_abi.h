@@ -37,6 +37,7 @@ enum tent_opcode { TENT_OP_READ = 0, TENT_OP_WRITE = 1 };
   X(E_IO, -2, 1)         /* connection broke mid-slice */                                      \
   X(E_TIMEOUT, -3, 1)    /* no progress within the slice progress timeout */                   \
   X(E_CONGESTED, -4, 1)  /* the rail is saturated / back-pressured */                          \
+  X(E_REROUTED, -5, 1)   /* not attempted: handed back untouched (rail aborted, peer removed) */ \
   /* final: the remote refused the request itself, retrying cannot help */                    \
   X(E_BOUNDS, -10, 0)    /* remote range not inside a registered region */                     \
   X(E_PERMISSION, -11, 0) /* remote region registered without that permission */               \
