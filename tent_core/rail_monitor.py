@@ -20,21 +20,37 @@ age out of the window instead, so a flapping rail that still completes some slic
 "reset, not decay" gap its own docs flag); the cooldown expiring does not re-admit a rail blindly,
 a heartbeat must succeed first; re-admission is gradual.
 
-Pure and single-threaded: every call takes `now` (seconds, any monotonic clock), nothing sleeps.
+Pure: every call takes `now` (seconds, any monotonic clock), nothing sleeps. The engine's submit
+threads read weights while its progress thread feeds events, so every public method holds the
+monitor's own (reentrant) lock: a transition is never seen half made.
 Rails are identified by any hashable key (the engine uses the rail index).
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import random
 import statistics
+import threading
 from collections import deque
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from .config import RailHealthConfig
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _locked(fn: _F) -> _F:
+    @functools.wraps(fn)
+    def wrapper(self: RailMonitor, *args: Any, **kw: Any) -> Any:
+        with self._lock:
+            return fn(self, *args, **kw)
+
+    return wrapper  # type: ignore[return-value]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +87,7 @@ class RailMonitor:
         self._rails: dict[Hashable, _Rail] = {}
         self._units_to_pause = float(self.config.error_threshold)
         self._rng = random.Random(self.config.jitter_seed)
+        self._lock = threading.RLock()
 
     def _get(self, rail: Hashable) -> _Rail:
         r = self._rails.get(rail)
@@ -132,6 +149,7 @@ class RailMonitor:
         j = self.config.cooldown_jitter
         return cooldown * (1.0 + j * (2.0 * self._rng.random() - 1.0)) if j > 0 else cooldown
 
+    @_locked
     def on_success(self, rail: Hashable, now: float) -> None:
         """A slice (or heartbeat) completed on `rail`."""
         r = self._get(rail)
@@ -146,6 +164,7 @@ class RailMonitor:
             r.step_since = now
             log.info("rail %s: heartbeat ok, re-admitting", rail)
 
+    @_locked
     def on_error(self, rail: Hashable, now: float, congestion: bool = False) -> RailState:
         """A slice failed or timed out on `rail`; returns the rail's new state."""
         cfg = self.config
@@ -171,6 +190,7 @@ class RailMonitor:
             r.last_event = now
         return r.state
 
+    @_locked
     def mark_degraded(self, rail: Hashable, now: float) -> None:
         """Telemetry says `rail` is far slower than its peers: halve its weight for a quiet period."""
         r = self._get(rail)
@@ -182,6 +202,7 @@ class RailMonitor:
         r.state = RailState.DEGRADED
         r.last_event = now
 
+    @_locked
     def check_outliers(self, slowness: Mapping[Hashable, float] | Sequence[float], now: float) -> list[Hashable]:
         """Mark DEGRADED every usable rail whose slowness exceeds `outlier_ratio` x the median.
 
@@ -202,6 +223,7 @@ class RailMonitor:
             self.mark_degraded(k, now)
         return marked
 
+    @_locked
     def pause(self, rail: Hashable, now: float) -> None:
         """Pause `rail` at once (e.g. telemetry shows it stalled: traffic stopped without an error)."""
         r = self._get(rail)
@@ -209,17 +231,20 @@ class RailMonitor:
         if r.state is not RailState.PAUSED:
             self._pause(rail, r, now)
 
+    @_locked
     def forget(self, rail: Hashable) -> None:
         """Drop what is known about `rail` (its key, e.g. a telemetry slot, may name another rail later)."""
         self._rails.pop(rail, None)
 
     # ---- queries --------------------------------------------------------------------------------
 
+    @_locked
     def state(self, rail: Hashable, now: float) -> RailState:
         r = self._get(rail)
         self._advance(rail, r, now)
         return r.state
 
+    @_locked
     def weight(self, rail: Hashable, now: float) -> float:
         """Spray weight: 1.0 HEALTHY, `degraded_weight` DEGRADED (less while re-admitting), 0.0 PAUSED."""
         r = self._get(rail)
@@ -232,12 +257,15 @@ class RailMonitor:
             return self.config.readmit_weights[r.readmit_step]
         return self.config.degraded_weight
 
+    @_locked
     def weights(self, rails: Iterable[Hashable], now: float) -> list[float]:
         return [self.weight(k, now) for k in rails]
 
+    @_locked
     def states(self, rails: Iterable[Hashable], now: float) -> list[RailState]:
         return [self.state(k, now) for k in rails]
 
+    @_locked
     def due_probe(self, rail: Hashable, now: float) -> bool:
         """True when `rail` is PAUSED, its cooldown is over and no heartbeat is outstanding.
 
@@ -252,11 +280,13 @@ class RailMonitor:
         r.probe_sent = now
         return True
 
+    @_locked
     def resume_at(self, rail: Hashable) -> float | None:
         """When a PAUSED rail may be probed (None if not paused)."""
         r = self._get(rail)
         return r.resume_at if r.state is RailState.PAUSED else None
 
+    @_locked
     def cooldown_s(self, rail: Hashable) -> float:
         """Cooldown of the current (or, if not paused, the next) pause of `rail`."""
         cfg = self.config

@@ -90,6 +90,7 @@ class Recovery:
         self._probes: list[tuple[Rail, BatchHandle, float]] = []
         self._parked: dict[Peer, _PeerWait] = {}  # slices out of paths, per peer (progress thread only)
         self._waiting: dict[BatchHandle, Peer] = {}  # batches that waited on a peer's outage
+        self._cut: dict[int, int] = {}  # rail slot -> progress stamp of the silence last cut short
         self._watch = PeerWatch(peers, config.peers.check_timeout_s)
 
     # ---- failed slices --------------------------------------------------------------------------
@@ -127,17 +128,17 @@ class Recovery:
             batch.fail_slice(status)
             return
         if peer is None or route is None or rail is None:
-            if handle.failure_detail is None and rail is not None:
-                handle.failure_detail = (f"the route to engine {rail.peer_id} went away while the request ran "
-                                         "(the peer restarted or was forgotten)")  # fmt: skip
-            batch.fail_slice(status)
+            who = rail.peer_id if rail is not None else "the peer"
+            self._give_up(handle, status, f"the route to engine {who} went away while the request ran "
+                          "(the peer restarted or was forgotten)")  # fmt: skip
             return
         if self._fail_if_dead(handle, peer, now, status):
             return
         local_addr, length = int(s["local_addr"]), int(s["length"])
         decision = handle.decision_for(route, local_addr)
         if decision is None:
-            batch.fail_slice(status)
+            log.warning("no routing decision recorded for a failed slice to %s (local 0x%x)", peer.engine_id, local_addr)
+            self._give_up(handle, status, "internal: no routing decision recorded for a failed slice")
             return
         attempt = int(s["attempt"])
         rounds, retry = attempt >> _ROUND_SHIFT, (attempt & _RETRY_MASK) + 1
@@ -162,7 +163,16 @@ class Recovery:
         rc = _native.submit_one(ex.ops, ex.handle, batch, opcode, local, remote, length, route.link.handle,
                                 rail.info.index, rail.slot, attempt)  # fmt: skip
         if rc != 0:
-            batch.fail_slice(rc)
+            self._give_up(handle, rc, f"the {route.transport.name} executor refused the retried slice")
+
+    @staticmethod
+    def _give_up(handle: BatchHandle, status: int, why: str) -> None:
+        """Finalize one slice of the batch with `status`; `why` becomes the application's error text
+        (the first reason given for the batch wins)."""
+        if handle.failure_detail is None:
+            handle.failure_detail = why
+        log.info("giving up a slice (status %d): %s", status, why)
+        handle._batch.fail_slice(status)
 
     def _fail_if_dead(self, handle: BatchHandle, peer: Peer, now: float, status: int) -> bool:
         """Finalize the slice when its peer is known to be gone (True), with the reason."""
@@ -172,9 +182,7 @@ class Recovery:
             why = peer.liveness.fail_fast(now)
         if why is None:
             return False
-        if handle.failure_detail is None:
-            handle.failure_detail = why
-        handle._batch.fail_slice(status)
+        self._give_up(handle, status, why)
         return True
 
     # ---- slices out of paths: wait with back-off until a path returns or the deadline passes ------
@@ -222,11 +230,9 @@ class Recovery:
                 if batch.cancelled or now >= p.handle.deadline:
                     batch.fail_slice(int(Status.E_TIMEOUT) if not batch.cancelled else int(Status.E_CANCELLED))
                 elif peer.retired or peer.routes.get(p.route.transport.name) is not p.route:
-                    if p.handle.failure_detail is None:
-                        p.handle.failure_detail = (f"engine {peer.engine_id} "
-                                                   + ("restarted: the memory this request addressed is gone"
-                                                      if peer.restarted else "was forgotten while the request waited"))  # fmt: skip
-                    batch.fail_slice(p.status)
+                    self._give_up(p.handle, p.status, f"engine {peer.engine_id} "
+                                  + ("restarted: the memory this request addressed is gone" if peer.restarted
+                                     else "was forgotten while the request waited"))  # fmt: skip
                 elif not self._fail_if_dead(p.handle, peer, now, p.status):
                     keep.append(p)
             wait.entries = keep
@@ -329,7 +335,7 @@ class Recovery:
                         if self.monitor.on_error(rail.slot, now, congestion=True) == RailState.PAUSED:
                             log.info("rail %s to %s congested: paused", rail.info.name, peer.engine_id)
                             if len(route.rails) > 1:
-                                self.abort_rail(route, rail)
+                                self.abort_rail(route, rail, in_flight=False)  # slow, not broken
                 for rail in route.rails:
                     if self.monitor.due_probe(rail.slot, now):
                         self._send_probe(peer, route, rail, now)
@@ -342,11 +348,26 @@ class Recovery:
                     log.info("rail %s to %s stalled (%.0f ms serving without progress): pausing",
                              rail.info.name, peer.engine_id, tels[pos].stall_s(now_ns) * 1e3)
                     self.monitor.pause(rail.slot, now)
-                    self.abort_rail(route, rail)
+                    self.abort_rail(route, rail, in_flight=False)  # its queue moves; what it serves may still finish
+                for pos in stalled(tels, now_ns, hc.stall_cut_s):
+                    rail = route.rails[pos]
+                    if self._cut.get(rail.slot) == tels[pos].progress_ns:
+                        continue  # already cut for this silence
+                    self._cut[rail.slot] = tels[pos].progress_ns
+                    log.info("rail %s to %s silent for %.0f ms: cutting what it serves", rail.info.name,
+                             peer.engine_id, tels[pos].stall_s(now_ns) * 1e3)  # fmt: skip
+                    self.monitor.pause(rail.slot, now)
+                    self.abort_rail(route, rail, in_flight=True)
                 slow = slowness(tels, now_ns, hc.outlier_window_s)
                 if len(slow) >= 2:
-                    for pos in self.monitor.check_outliers({route.rails[p].slot: v for p, v in slow.items()}, now):
-                        log.debug("rail slot %s to %s: far slower than its siblings", pos, peer.engine_id)
+                    before = {p: self.monitor.state(route.rails[p].slot, now) for p in slow}
+                    marked = set(self.monitor.check_outliers({route.rails[p].slot: v for p, v in slow.items()}, now))
+                    for p in slow:
+                        rail = route.rails[p]
+                        if rail.slot in marked and before[p] == RailState.HEALTHY:
+                            # its queue was sized for its old rate: hand it back to be re-planned
+                            log.info("rail %s to %s far slower than its siblings: DEGRADED", rail.info.name, peer.engine_id)
+                            self.abort_rail(route, rail, in_flight=False)
             liveness = peer.liveness
             if progressed and (liveness.outage is not None or liveness.state is not PeerState.ALIVE):
                 with peer.lock:
@@ -372,6 +393,15 @@ class Recovery:
                     h.cancel()  # the executor's progress timer ends it; stop waiting here
                     self.monitor.on_error(rail.slot, now)
                     continue
+                if now - sent > hc.probe_timeout_s and not h.failure_detail:
+                    # Unanswered: cut it (and whatever else hangs on this paused rail) now, so the
+                    # next heartbeat starts on a fresh connection instead of queueing behind one
+                    # whose packets were lost while the link was down (TCP backs its retransmissions
+                    # off for seconds).
+                    h.failure_detail = "heartbeat unanswered"
+                    route = self._route_of(rail)
+                    if route is not None and self.monitor.state(rail.slot, now) == RailState.PAUSED:
+                        self.abort_rail(route, rail)
                 still.append((rail, h, sent))
             elif b.error == 0:
                 log.debug("heartbeat on rail %s ok after %.1f ms", rail.info.name, (now - sent) * 1e3)
@@ -399,9 +429,14 @@ class Recovery:
             batch.fail_slice(rc)
         self._probes.append((rail, h, now))
 
-    def abort_rail(self, route: Route, rail: Rail) -> None:
+    def _route_of(self, rail: Rail) -> Route | None:
+        peer = self.peers.lookup(rail.peer_id)
+        route = peer.routes.get(rail.transport) if peer is not None else None
+        return route if route is not None and rail in route.rails else None
+
+    def abort_rail(self, route: Route, rail: Rail, in_flight: bool = True) -> None:
         try:
-            n = route.transport.abort_rail(route.link, rail.info.index)
+            n = route.transport.abort_rail(route.link, rail.info.index, in_flight)
         except Exception:
             log.exception("transport %s failed to abort rail %s", route.transport.name, rail.info.name)
             return
@@ -593,8 +628,10 @@ class Progress:
                 owner = handle.engine
                 if not self._call(owner, owner._handle_failure, handle, rec):
                     handle._batch.fail_slice(status)  # its engine is closed: nothing retries it
-            except Exception:
+            except Exception as exc:
                 log.exception("retry handling failed")
+                if handle.failure_detail is None:
+                    handle.failure_detail = f"internal error while retrying: {type(exc).__name__}: {exc}"
                 try:
                     handle._batch.fail_slice(status)
                 except RuntimeError:

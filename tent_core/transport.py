@@ -76,10 +76,11 @@ class Transport(abc.ABC):
         (addr, length, perm, kind and this transport's per-buffer descriptor).
         May be called again when the peer's buffer list changed."""
 
-    def abort_rail(self, link: PeerLink, rail: int) -> int:
-        """The engine paused this rail (it looks dead): fail its queued and in-flight slices now
-        with a retryable status so they are re-routed, instead of each waiting out a timeout.
-        Optional; returns how many queued slices were handed back."""
+    def abort_rail(self, link: PeerLink, rail: int, in_flight: bool = True) -> int:
+        """The engine paused this rail: hand its queued slices back now (status E_REROUTED, so they
+        are re-routed untouched) and, with `in_flight`, cut the ones being served short with a
+        retryable status instead of each waiting out a timeout. Optional; returns how many queued
+        slices were handed back."""
         return 0
 
     def disconnect(self, link: PeerLink) -> None:

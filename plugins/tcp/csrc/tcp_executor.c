@@ -925,11 +925,12 @@ EXPORT void tcp_remove_peer(void *self, int64_t handle) {
   for (int i = 0; i < nrails; i++) fail_queue(ex, &queued[i], TENT_E_REROUTED);
 }
 
-/* The core believes this rail is dead: queued chunks are handed back at once (TENT_E_REROUTED,
- * retryable, so the core re-routes them) and in-flight ones are cut short instead of waiting out
- * the progress timer.
- * Returns the number of queued chunks handed back, or -EINVAL. */
-EXPORT int tcp_abort_rail(void *self, int64_t handle, int rail) {
+/* The core stopped trusting this rail: queued chunks are handed back at once (TENT_E_REROUTED,
+ * retryable and untouched, so the core re-routes them). With `in_flight`, chunks being served are
+ * cut short too (their connections shut down: they fail and are retried elsewhere) instead of
+ * waiting out the progress timer; without it they finish or time out on their own (a rail that
+ * merely looked stalled loses nothing). Returns the number of queued chunks handed back, or -EINVAL. */
+EXPORT int tcp_abort_rail(void *self, int64_t handle, int rail, int in_flight) {
   tcp_exec_t *ex = self;
   if (!ex) return -EINVAL;
   pthread_mutex_lock(&ex->mu);
@@ -940,8 +941,9 @@ EXPORT int tcp_abort_rail(void *self, int64_t handle, int rail) {
   }
   rail_t *r = &pe->rails[rail];
   tent_chunk_queue_t q = rail_take_queue(ex, r);
-  for (int k = 0; k < ex->conns_per_rail; k++)
-    if (r->slot_fd[k] >= 0) shutdown(r->slot_fd[k], SHUT_RDWR);
+  if (in_flight)
+    for (int k = 0; k < ex->conns_per_rail; k++)
+      if (r->slot_fd[k] >= 0) shutdown(r->slot_fd[k], SHUT_RDWR);
   pthread_cond_broadcast(&ex->cv);
   pthread_mutex_unlock(&ex->mu);
   int n = (int)q.len;
