@@ -20,10 +20,9 @@ from peers import Peer
 
 from tent_core import READ, DeadlineExceededError, Engine, PeerSilentError, PeerUnreachableError, Request
 from tent_core.abi import Status
-from tent_core.bench.runner import pattern
 from tent_core.config import PeerConfig
 from tent_core.liveness import CheckResult, PeerLiveness, PeerState
-from tent_core.testing import TENT_E_CONNECT, FaultPlugin
+from tent_core.testing import TENT_E_CONNECT, FaultPlugin, pattern
 
 RAILS2 = {"rails": ["127.0.0.1", "127.0.0.2"]}
 E_CONNECT, E_TIMEOUT = int(Status.E_CONNECT), int(Status.E_TIMEOUT)

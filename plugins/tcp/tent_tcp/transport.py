@@ -26,11 +26,6 @@ from .native import TcpExecutor, executor_path
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONNS_PER_RAIL = 4
-# A connect whose SYN is lost waits for the kernel's 1 s SYN retransmission; giving up sooner and
-# connecting afresh is what brings a rail back quickly after its link returns (heartbeats of a
-# paused rail connect while it is down). 250 ms is ~1000x a datacenter RTT.
-DEFAULT_CONNECT_TIMEOUT_MS = 250
 _EXECUTOR_KEYS = (
     "threads", "conns_per_rail", "slice_timeout_ms", "connect_timeout_ms", "sockbuf", "congestion_ms", "connect_backoff_ms",
 )
@@ -106,6 +101,29 @@ class TcpTransport(Transport):
     name = "tcp"
     split_bytes = 1 << 20  # 1 MiB slices keep every connection of a rail busy
     version = __version__
+    config_keys = {
+        # local addresses to listen on, one rail each (a list or "a,b"); default: the engine's bind host
+        "rails": None,
+        # each rail's nominal Gbit/s (a list, same order), a hint for the scheduler; default: measured
+        "nominal_gbps": None,
+        # parallel connections per rail keep the pipe full (measured on loopback: 4 beats 2 for
+        # 64 MiB writes by ~15%)
+        "conns_per_rail": 4,
+        # executor threads; default: one per connection slot (conns_per_rail x rails, at least 4)
+        "threads": None,
+        # A connect whose SYN is lost waits for the kernel's 1 s SYN retransmission; giving up
+        # sooner and connecting afresh is what brings a rail back quickly after its link returns
+        # (heartbeats of a paused rail connect while it is down). ~1000x a datacenter RTT.
+        "connect_timeout_ms": 250,
+        # after a failed connect, a rail with no open connection fails its slices at once for this
+        # long (they are re-routed) instead of each waiting for its own connect
+        "connect_backoff_ms": 50,
+        # a send that cannot hand the kernel a byte for this long (send buffer full, not draining)
+        # is reported as congestion; 0 = a quarter of the progress timeout
+        "congestion_ms": 0,
+        # SO_SNDBUF/SO_RCVBUF per connection (0 = kernel autotuning)
+        "sockbuf": 4 << 20,
+    }
 
     def __init__(self) -> None:
         self._exec: TcpExecutor | None = None
@@ -133,17 +151,14 @@ class TcpTransport(Transport):
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self, ctx: TransportContext) -> None:
-        cfg = dict(ctx.config or {})
-        rails = cfg.get("rails") or [ctx.bind_host or "127.0.0.1"]
+        cfg = self.resolve_config(ctx.config)
+        rails = cfg["rails"] or [ctx.bind_host or "127.0.0.1"]
         if isinstance(rails, str):
             rails = [r.strip() for r in rails.split(",") if r.strip()]
-        gbps = list(cfg.get("nominal_gbps") or [])
-        exec_cfg = {k: int(cfg[k]) for k in _EXECUTOR_KEYS if k in cfg}
-        # Parallel connections per rail keep the pipe full (measured on loopback: 4 beats 2 for
-        # 64 MiB writes by ~15%); one executor thread per connection slot, so no rail starves.
-        exec_cfg.setdefault("conns_per_rail", DEFAULT_CONNS_PER_RAIL)
-        exec_cfg.setdefault("connect_timeout_ms", DEFAULT_CONNECT_TIMEOUT_MS)
-        exec_cfg.setdefault("threads", max(4, exec_cfg["conns_per_rail"] * max(1, len(rails))))
+        gbps = list(cfg["nominal_gbps"] or [])
+        if cfg["threads"] is None:  # one executor thread per connection slot, so no rail starves
+            cfg["threads"] = max(4, int(cfg["conns_per_rail"]) * max(1, len(rails)))
+        exec_cfg = {k: int(cfg[k]) for k in _EXECUTOR_KEYS}
         self._exec = TcpExecutor(exec_cfg)
         try:
             for i, host in enumerate(rails):
