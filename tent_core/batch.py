@@ -74,6 +74,7 @@ class BatchHandle:
         # why slices were finalized early (a gone peer), for the error the application gets.
         self.outage: Any = None
         self.failure_detail: str | None = None
+        self.peers: tuple[Any, ...] = ()  # peers.Peer objects its requests go to
         # route -> the Decision its slices follow (or _AMBIGUOUS: look in _pieces by local address)
         self._routes: dict[Any, Any] = {}
         self._pieces: list[tuple[Any, int, int, Any]] = []  # (route, local lo, local hi, decision)
@@ -88,6 +89,10 @@ class BatchHandle:
         elif known is not decision:
             self._routes[route] = _AMBIGUOUS
         self._pieces.append((route, lo, hi, decision))
+
+    def routes(self) -> list[Any]:
+        """The routes its slices were sent through (first choices and retries)."""
+        return list(self._routes)
 
     def decision_for(self, route: Any, local_addr: int) -> Any:
         """The Decision of the request a slice through `route` at `local_addr` belongs to, or None."""
@@ -123,8 +128,27 @@ class BatchHandle:
         return "pending"
 
     def _expire(self) -> None:
-        self._deadline_hit = True
-        self._batch.cancel()
+        if not self._deadline_hit:
+            self._deadline_hit = True
+            self._batch.cancel()
+            outage = self._current_outage()
+            if outage is not None:
+                # a request reached its deadline waiting for this peer: its liveness hears of it
+                now = time.monotonic()
+                for peer in self.peers:
+                    if peer.liveness.outage is outage:
+                        with peer.lock:
+                            peer.liveness.on_deadline(now)
+
+    def _current_outage(self) -> Any:
+        """The ongoing outage of a peer this batch waited on (its own record first), or None."""
+        if self.outage is not None and self.outage.ongoing:
+            return self.outage
+        for peer in self.peers:
+            outage = peer.liveness.outage
+            if outage is not None and outage.ongoing:
+                return outage
+        return None
 
     def _raise_if_failed(self) -> None:
         err = self._batch.error
@@ -137,8 +161,8 @@ class BatchHandle:
     def _deadline_error(self) -> errors.TentError:
         took = self.deadline - self.submitted_at
         text = f"batch of {self.num_requests} request(s) missed its {took:.3g}s deadline ({self._batch.remaining} slice(s) unfinished)"
-        outage = self.outage
-        if outage is not None and outage.ongoing:
+        outage = self._current_outage()
+        if outage is not None:
             return errors.PeerSilentError(f"{text}: {outage.describe(time.monotonic())}")
         return errors.DeadlineExceededError(text)
 

@@ -121,6 +121,8 @@ class Submitter:
         handle = BatchHandle(self._owner, batch, time.monotonic() + timeout, num_requests)
         for note in notes:
             handle.note_route(*note)
+        # the peers it talks to: a deadline missed while one of them is in an outage blames it
+        handle.peers = tuple({self.peers.lookup(r.rails[0].peer_id) for r in handle.routes() if r.rails} - {None})
         if plan:
             self.progress.track(handle)
             self._dispatch(batch, plan)

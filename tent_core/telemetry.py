@@ -102,6 +102,7 @@ class RailTelemetry:
         "bytes_moved",
         "service_rate_Bps",
         "service_rate_ns",
+        "_prev_service",
         "_reports_service",
         "_b0",
         "_b1",
@@ -160,6 +161,7 @@ class RailTelemetry:
         self.bytes_moved = 0
         self.service_rate_Bps = 0.0  # rate of the last busy window (0: none yet)
         self.service_rate_ns = 0  # when it was measured
+        self._prev_service = (0.0, 0)  # the busy window before that: (rate, ns)
         self._reports_service = False  # the executor reports host->note (service telemetry)
         self._pending_ns = 0
         self._prev: tuple[int, ...] | None = None
@@ -261,6 +263,7 @@ class RailTelemetry:
         window = now_ns - self._window_start_ns
         if self._busy_ns * 2 >= window > 0:
             busy_rate = self._busy_bytes / (self._busy_ns * _NS)
+            self._prev_service = (self.service_rate_Bps, self.service_rate_ns)
             self.service_rate_Bps = busy_rate
             self.service_rate_ns = now_ns
             if busy_rate > peak:
@@ -319,10 +322,16 @@ class RailTelemetry:
 
     def normalized_rate(self, now_ns: int, max_age_ns: int) -> float | None:
         """The rail's recent service rate as a fraction of its nominal rate (bytes/s when the nominal
-        is unknown), or None when it was not busy within `max_age_ns`: nothing fresh to judge by."""
+        is unknown), or None when it was not busy within `max_age_ns`: nothing fresh to judge by.
+        The better of its last two busy windows counts, so one window in which its threads were
+        not scheduled does not make a healthy rail look slow."""
         if not self.service_rate_ns or now_ns - self.service_rate_ns > max_age_ns:
             return None
-        return self.service_rate_Bps / self._nominal_Bps if self._nominal_Bps else self.service_rate_Bps
+        rate = self.service_rate_Bps
+        prev_rate, prev_ns = self._prev_service
+        if prev_ns and now_ns - prev_ns <= max_age_ns:
+            rate = max(rate, prev_rate)
+        return rate / self._nominal_Bps if self._nominal_Bps else rate
 
     def __repr__(self) -> str:
         return (

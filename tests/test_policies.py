@@ -217,6 +217,26 @@ def test_slowness_from_fresh_service_rates_only():
     assert slowness(rails, 5_000 * MS, 1.0) == {}  # nothing measured within the last second
 
 
+def test_one_slow_window_is_not_an_outlier():
+    """A healthy rail whose threads were not scheduled for one window keeps its rate; a rail slow
+    for two windows in a row is slow."""
+    cfg = SchedulerConfig(bandwidth_window_s=0.05, ewma_alpha=1.0)
+    r = RailTelemetry(0, 1 * GBIT, config=cfg)
+    moved, t = 0, 0
+    _serving(r, t, 1)
+    for rate in (125e6, 125e6, 3e6):  # two 50 ms windows at full rate, then one nearly idle
+        for _ in range(5):
+            t += 10 * MS
+            moved += int(rate * 0.01)
+            _serving(r, t, t, moved=moved)
+    assert r.normalized_rate(t, 1_000 * MS) == pytest.approx(1.0, rel=0.05)
+    for _ in range(5):  # slow again: now it is slow
+        t += 10 * MS
+        moved += int(3e6 * 0.01)
+        _serving(r, t, t, moved=moved)
+    assert r.normalized_rate(t, 1_000 * MS) == pytest.approx(0.024, rel=0.1)
+
+
 def test_service_rate_counts_bytes_as_they_move():
     """A slow rail shows its rate within one window even though none of its slices completes."""
     cfg = SchedulerConfig(bandwidth_window_s=0.05, ewma_alpha=1.0)
