@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tent_core.config import EngineConfig, QosConfig, RailHealthConfig, SchedulerConfig, load_config
-from tent_core.qos import PrioritySlots, PromotionQueue, SharedRailLoad
+from tent_core.qos import PrioritySlots, SharedRailLoad
 from tent_core.rail_monitor import RailMonitor, RailState
 from tent_core.slice_scheduler import NoRailError, SliceScheduler
 from tent_core.telemetry import RailTelemetry, slowness, stalled
@@ -51,7 +51,7 @@ def test_config_defaults_match_design():
     assert c.scheduler.min_slice_bytes == 64 * KiB and c.scheduler.max_slices_per_request == 64
     assert c.scheduler.gamma == 0.1 and c.scheduler.probe_every == 100
     assert c.scheduler.tier_penalties == (1.0, 5.0, 10.0) and c.scheduler.policy == "spray"
-    assert c.qos.rotation_interval_us == 200 and c.qos.promotion_timeout_us == 10_000
+    assert c.qos.rotation_interval_us == 200 and c.qos.active_window_us == 1_000_000
     assert c.health.error_threshold == 3 and c.health.congestion_multiplier == 2 and c.health.error_window_s == 10
     assert c.health.degraded_weight == 0.5
     assert c.request_deadline_s == 30 and c.max_retries_per_slice == 8 and c.max_transport_failovers == 3
@@ -69,11 +69,11 @@ def test_load_config_dict_toml_env(tmp_path):
     p = tmp_path / "tent.toml"
     p.write_text("request_deadline_s = 5\n[health]\ncooldown_base_s = 0.3\n[scheduler]\ntier_penalties = [1, 2]\n")
     env = {"TENT_SCHEDULER_GAMMA": "0.25", "TENT_HEALTH_ERROR_THRESHOLD": "5", "TENT_SLICE_TIMEOUT_S": "1.5",
-           "TENT_QOS_PROMOTION_PER_ENTRY": "false", "TENT_SCHEDULER_TIER_PENALTIES": "1,3,9", "TENT_UNRELATED": "x"}  # fmt: skip
+           "TENT_QOS_ACTIVE_WINDOW_US": "0", "TENT_SCHEDULER_TIER_PENALTIES": "1,3,9", "TENT_UNRELATED": "x"}  # fmt: skip
     c = load_config(p, env=env)
     assert c.request_deadline_s == 5.0 and c.health.cooldown_base_s == 0.3
     assert c.scheduler.gamma == 0.25 and c.health.error_threshold == 5 and c.slice_timeout_s == 1.5
-    assert c.qos.promotion_per_entry is False and c.scheduler.tier_penalties == (1.0, 3.0, 9.0)
+    assert c.qos.active_window_us == 0 and c.scheduler.tier_penalties == (1.0, 3.0, 9.0)
     assert load_config(None, env={"TENT_CONFIG": str(p)}).request_deadline_s == 5.0
     with pytest.raises(KeyError):
         load_config({"scheduler": {"gamaa": 1}}, env={})
@@ -396,14 +396,22 @@ def test_baseline_policies():
 def test_qos_filter_in_plan():
     slots = PrioritySlots(QosConfig(rotation_interval_us=200))
     s = SliceScheduler(SchedulerConfig(probe_every=0), qos=slots)
-    rails = rails_at(1, 1, 1, 1)
+    t0 = 10_000_000_000
+    # a lone LOW flow (a checkpoint) uses every rail: nothing of higher priority is active
+    used = {r for r, _, _ in s.plan(64 * MiB, rails_at(1, 1, 1, 1), Priority.LOW, now_ns=t0)}
+    assert len(used) == 4
     for epoch in range(4):
-        now = epoch * 200_000
-        used = {r for r, _, _ in s.plan(64 * MiB, rails, Priority.LOW, now_ns=now)}
-        assert len(used) == 2 and used == set(slots.admitted(4, Priority.LOW, now))
+        now = t0 + epoch * 200_000
         fresh = rails_at(1, 1, 1, 1)  # HIGH on idle rails: every rail admits it
         used = {r for r, _, _ in s.plan(64 * MiB, fresh, Priority.HIGH, now_ns=now)}
         assert len(used) == 4
+        rails = rails_at(1, 1, 1, 1)  # while HIGH is active, LOW is held to its slots
+        used = {r for r, _, _ in s.plan(64 * MiB, rails, Priority.LOW, now_ns=now + 1)}
+        assert len(used) == 2 and used == set(slots.admitted(4, Priority.LOW, now + 1))
+    # the active window passes: LOW has every rail again
+    later = t0 + 3 * 200_000 + QosConfig().active_window_us * 1000 + 1
+    used = {r for r, _, _ in s.plan(64 * MiB, rails_at(1, 1, 1, 1), Priority.LOW, now_ns=later)}
+    assert len(used) == 4
 
 
 def test_plan_is_fast():
@@ -549,7 +557,7 @@ def test_monitor_outliers():
 
 
 def test_priority_slot_rotation():
-    slots = PrioritySlots(QosConfig(rotation_interval_us=200))
+    slots = PrioritySlots(QosConfig(rotation_interval_us=200, active_window_us=0))  # always enforced
     seen_low = set()
     for epoch in range(8):
         now = epoch * 200_000 + 5
@@ -563,23 +571,16 @@ def test_priority_slot_rotation():
     assert slots.admitted(1, Priority.LOW, 0) == [0]
 
 
-def test_promotion_queue_anti_starvation():
-    q = PromotionQueue(QosConfig(promotion_timeout_us=10_000))
-    q.push("low", Priority.LOW, 0)
-    q.push("high", Priority.HIGH, 0)
-    assert q.pop(1 * MS) == ("high", 0)
-    q.push("mid", Priority.MID, 5 * MS)
-    assert q.pop(6 * MS) == ("mid", 1)
-    q.push("low2", Priority.LOW, 9 * MS)
-    q.promote(10 * MS)  # "low" waited 10 ms -> MID; "low2" not yet
-    assert q.depth(Priority.MID) == 1 and q.depth(Priority.LOW) == 1
-    q.promote(20 * MS)  # "low" -> HIGH after another 10 ms; low2 -> MID
-    assert q.depth(Priority.HIGH) == 1 and q.depth(Priority.MID) == 1
-    assert q.pop(20 * MS) == ("low", 0)
-    head = PromotionQueue(QosConfig(promotion_timeout_us=10_000), per_entry=False)
-    head.push("a", Priority.LOW, 0)
-    head.push("b", Priority.LOW, 9 * MS)
-    assert head.promote(10 * MS) == 2  # head-only: the whole level moves with its head
+def test_work_conserving_slots():
+    slots = PrioritySlots(QosConfig(rotation_interval_us=200, active_window_us=50_000))
+    now = 1_000_000_000
+    assert slots.admitted(4, Priority.LOW, now) == [0, 1, 2, 3]  # nobody above LOW is active
+    slots.note(Priority.MID, now)
+    assert len(slots.admitted(4, Priority.LOW, now + 1)) == 2  # MID active: LOW held to its slots
+    assert slots.admitted(4, Priority.MID, now + 1) == [0, 1, 2, 3]  # MID yields only to HIGH
+    slots.note(Priority.HIGH, now + 2)
+    assert len(slots.admitted(4, Priority.MID, now + 3)) == 3
+    assert slots.admitted(4, Priority.MID, now + 2 + 50_000_001) == [0, 1, 2, 3]  # HIGH went quiet
 
 
 def _child_sets_load(name: str, directory: str, ready, done) -> None:
