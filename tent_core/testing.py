@@ -26,9 +26,19 @@ TENT_E_CONNECT, TENT_E_IO, TENT_E_TIMEOUT, TENT_E_CONGESTED = (
 
 
 def pattern(n: int, seed: int = 0) -> np.ndarray:
-    """A cheap, position-dependent byte pattern (verifies offsets, not just lengths)."""
-    idx = np.arange(n, dtype=np.uint32)
-    return ((idx * 2654435761 + seed * 97) >> 13).astype(np.uint8)
+    """`n` bytes that never repeat: one 64-bit word per 8-byte position, a bijective mix
+    (splitmix64's finalizer) of the position plus a seed-dependent offset. A slice that lands at
+    the wrong offset, however far off, or a stale or duplicated buffer, cannot pass a comparison;
+    different seeds give different bytes. Prefix-consistent: pattern(m)[:k] == pattern(k)."""
+    words = (n + 7) // 8
+    z = np.arange(words, dtype=np.uint64)
+    z += np.uint64(((seed + 1) * 0x9E3779B97F4A7C15) & 0xFFFF_FFFF_FFFF_FFFF)
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return z.view(np.uint8)[:n]
 
 
 class FaultyTransport(Transport):
