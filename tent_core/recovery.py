@@ -125,6 +125,8 @@ class Recovery:
             if state == RailState.PAUSED and was != RailState.PAUSED and len(route.rails) > 1:
                 self.abort_rail(route, rail)
         if batch.cancelled or now >= handle.deadline:
+            if not batch.cancelled:
+                handle._expire()  # the deadline, not this slice's status, is why the batch ends
             batch.fail_slice(status)
             return
         if peer is None or route is None or rail is None:
@@ -228,7 +230,9 @@ class Recovery:
             for p in wait.entries:
                 batch = p.handle._batch
                 if batch.cancelled or now >= p.handle.deadline:
-                    batch.fail_slice(int(Status.E_TIMEOUT) if not batch.cancelled else int(Status.E_CANCELLED))
+                    if not batch.cancelled:
+                        p.handle._expire()  # wait() raises the deadline's error, with the outage it waited on
+                    batch.fail_slice(int(Status.E_CANCELLED))
                 elif peer.retired or peer.routes.get(p.route.transport.name) is not p.route:
                     self._give_up(p.handle, p.status, f"engine {peer.engine_id} "
                                   + ("restarted: the memory this request addressed is gone" if peer.restarted
