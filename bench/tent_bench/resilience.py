@@ -440,9 +440,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             notes.append("errors: " + ", ".join(f"`{k}`" for k in r["error_kinds"]))
         if r.get("first_error"):
             notes.append(f"first error `{r['first_error']}` {_f(r.get('first_error_ms'), ' ms')} after the fault "
-                         f"(deadline {_f(r['deadline_s'])} s); later requests fail in <= {_f(r.get('fail_fast_max_ms'), ' ms')} "
-                         f"({r.get('fail_fast_count', 0)} of them); verified completions again {_f(r.get('recovered_ms'), ' ms')} "
-                         "after the peer returned")  # fmt: skip
+                         f"(deadline {_f(r['deadline_s'])} s); the {r.get('fail_fast_count', 0)} requests after it fail in "
+                         f"{_f(r.get('fail_fast_p50_ms'), ' ms')} (median; max {_f(r.get('fail_fast_max_ms'), ' ms')}); "
+                         f"verified completions again {_f(r.get('recovered_ms'), ' ms')} after the peer returned")  # fmt: skip
         if r.get("first_transfer_ms") is not None:
             notes.append(f"first transfer {_f(r['first_transfer_ms'], ' ms')} ({r.get('retries', 0)} retried slices)"
                          + (f"; error: {r['error']}" if r.get("error") else ""))  # fmt: skip
