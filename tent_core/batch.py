@@ -8,11 +8,15 @@ kinds, same policy rule), never a guess.
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import errors
 from .abi import Status
+
+log = logging.getLogger(__name__)
 
 # tent_status codes (executor_abi.h) -> typed errors
 _STATUS_ERRORS: dict[int, tuple[type[errors.TentError], str]] = {
@@ -40,6 +44,11 @@ _ERROR_STATUS: tuple[tuple[type[Exception], Status], ...] = (
 )
 
 _AMBIGUOUS: Any = object()
+
+
+# Metrics hook (tent_core.metrics): called once per batch as HOOK(handle, outcome) when its end is first
+# observed by wait()/poll(); outcome is "done", "failed", "cancelled" or "timeout". None (the default) = off.
+COMPLETION_HOOK: Callable[[BatchHandle, str], None] | None = None
 
 
 def status_error(status: int, context: str = "", detail: str | None = None) -> errors.TentError:
@@ -78,6 +87,7 @@ class BatchHandle:
         # route -> the Decision its slices follow (or _AMBIGUOUS: look in _pieces by local address)
         self._routes: dict[Any, Any] = {}
         self._pieces: list[tuple[Any, int, int, Any]] = []  # (route, local lo, local hi, decision)
+        self._reported = False  # COMPLETION_HOOK already called
 
     # ---- routing record (engine side) ---------------------------------------------------------
 
@@ -118,14 +128,34 @@ class BatchHandle:
         """'pending', 'done', 'failed' or 'cancelled'. Never blocks."""
         b = self._batch
         if b.remaining == 0:
+            if COMPLETION_HOOK is not None:
+                self._report()
             err = b.error
             if err == 0:
                 return "done"
             return "cancelled" if err == _CANCELLED and not self._deadline_hit else "failed"
         if time.monotonic() >= self.deadline:
             self._expire()
+            if COMPLETION_HOOK is not None:
+                self._report()
             return "failed"
         return "pending"
+
+    def _report(self) -> None:
+        if self._reported or self.is_probe or COMPLETION_HOOK is None:
+            return
+        self._reported = True
+        err = self._batch.error
+        if self._deadline_hit:
+            outcome = "timeout"
+        elif err == 0 and self._batch.remaining == 0:
+            outcome = "done"
+        else:
+            outcome = "cancelled" if err == _CANCELLED else "failed"
+        try:
+            COMPLETION_HOOK(self, outcome)
+        except Exception:  # metrics must never break a transfer
+            log.exception("batch completion hook failed")
 
     def _expire(self) -> None:
         if not self._deadline_hit:
@@ -174,10 +204,14 @@ class BatchHandle:
         end = self.deadline if timeout is None else min(self.deadline, now + max(0.0, timeout))
         done = self._batch.wait(max(0.0, end - now))
         if done:
+            if COMPLETION_HOOK is not None:
+                self._report()
             self._raise_if_failed()
             return True
         if time.monotonic() >= self.deadline:
             self._expire()
+            if COMPLETION_HOOK is not None:
+                self._report()
             raise self._deadline_error()
         return False
 

@@ -12,7 +12,7 @@ Defaults follow the C++ TENT (Mooncake `tent/`) unless a comment says why we dif
 
 1. the defaults below;
 2. a TOML file (path) or a dict, laid out as top-level engine keys plus the tables
-   `[scheduler]`, `[qos]`, `[health]` and `[peers]`::
+   `[scheduler]`, `[qos]`, `[health]`, `[peers]`, `[directory]` and `[metrics]`::
 
        request_deadline_s = 10.0
        [scheduler]
@@ -50,6 +50,7 @@ KiB = 1024
 MiB = 1024 * KiB
 
 POLICIES = ("spray", "round_robin", "single", "stripe")
+REQUIRE_AUTH_MODES = ("non_loopback", "always", "never")
 
 
 @dataclass(frozen=True)
@@ -229,6 +230,35 @@ class PeerConfig:
 
 
 @dataclass(frozen=True)
+class DirectoryConfig:
+    """Cluster metadata directory (tent_core.directory); off = the embedded peer-to-peer exchange."""
+
+    # "" keeps the embedded exchange (peers are named by their control port). "etcd://host:port[,...]"
+    # publishes this engine there and resolves every peer name through it.
+    url: str = ""
+    # This engine's fixed name in the directory, "host:port" shaped (e.g. a Mooncake server name);
+    # "" = its control endpoint.
+    name: str = ""
+    prefix: str = "tent/"
+    # An engine that stops renewing (crashed, SIGKILLed) disappears from the directory after this long.
+    lease_ttl_s: float = 10.0
+    # One directory request (HTTP to etcd) fails after this long.
+    timeout_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Prometheus metrics (tent_core.metrics, needs prometheus-client); off by default."""
+
+    # > 0: the engine registers its collector and serves /metrics on host:port (one server per process).
+    port: int = 0
+    # Localhost by default: metrics name peers and rails.
+    host: str = "127.0.0.1"
+    # Metric name prefix. Not "tent": Mooncake's C++ TENT already exports tent_* series.
+    namespace: str = "tent_core"
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Engine-level defaults plus the policy sections."""
 
@@ -248,6 +278,25 @@ class EngineConfig:
     max_transport_failovers: int = 3
     # Metadata (control-port) calls to a peer fail after this long: a dead peer is an error, not a hang.
     control_timeout_s: float = 5.0
+    # The cluster secret (SECURITY.md): peers prove they know it at connect with an HMAC
+    # challenge-response; it never crosses the wire. `TENT_AUTH_TOKEN`, or a file holding it
+    # (`auth_token_file` / `TENT_AUTH_TOKEN_FILE`: keeps it out of the environment and argv).
+    auth_token: str = field(default="", repr=False)
+    auth_token_file: str = ""
+    # When a token is mandatory: "non_loopback" (as soon as a listener binds a non-loopback address;
+    # loopback-only engines may run without one, with a warning), "always", or "never" (explicit
+    # opt-out: anyone who reaches the ports can read and write registered memory).
+    require_auth: str = "non_loopback"
+    # Control-port bounds: requests (describe, ping) are tiny; replies carry a whole buffer list.
+    control_max_request_bytes: int = 1 * MiB
+    control_max_reply_bytes: int = 256 * MiB
+    # ZeroMQ send queue per peer (messages); a peer that does not read loses replies beyond it.
+    control_send_hwm: int = 256
+    # A connection to the control port that has not completed the ZeroMQ handshake by then is dropped.
+    control_handshake_ms: int = 5000
+    # Raise the process's open-file soft limit to its hard limit at start: every listener caps its
+    # connections, but the caps add up, and the common soft default (1024) is low for a server.
+    raise_fd_limit: bool = True
     # BatchHandle.wait() polls for this long before it sleeps: waking a sleeping thread costs tens of
     # microseconds on small VMs, more than a 64 KiB copy, so small transfers finish while polling.
     # Process-wide (the last engine created sets it); 0 turns polling off.
@@ -264,10 +313,24 @@ class EngineConfig:
     qos: QosConfig = field(default_factory=QosConfig)
     health: RailHealthConfig = field(default_factory=RailHealthConfig)
     peers: PeerConfig = field(default_factory=PeerConfig)
+    directory: DirectoryConfig = field(default_factory=DirectoryConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+
+    def __post_init__(self) -> None:
+        if self.require_auth not in REQUIRE_AUTH_MODES:
+            raise ValueError(f"require_auth must be one of {REQUIRE_AUTH_MODES}, not {self.require_auth!r}")
+        if self.control_max_request_bytes < 4096 or self.control_max_reply_bytes < 4096 or self.control_send_hwm < 1:
+            raise ValueError("control_max_*_bytes must be >= 4096 and control_send_hwm >= 1")
 
 
 _SECTIONS: dict[str, type] = {
-    "scheduler": SchedulerConfig, "qos": QosConfig, "health": RailHealthConfig, "peers": PeerConfig,
+    "scheduler": SchedulerConfig,
+    "qos": QosConfig,
+    "health": RailHealthConfig,
+    "peers": PeerConfig,
+    "directory": DirectoryConfig,
+    "metrics": MetricsConfig,
 }
 ENV_PREFIX = "TENT_"
 
@@ -371,7 +434,9 @@ def load_config(
 
 __all__ = [
     "POLICIES",
+    "DirectoryConfig",
     "EngineConfig",
+    "MetricsConfig",
     "PeerConfig",
     "QosConfig",
     "RailHealthConfig",

@@ -183,8 +183,11 @@ class MemfdBuffer:
     def __init__(self, size: int, name: str = "tent") -> None:
         if size <= 0:
             raise InvalidRequestError(f"allocation size must be > 0, got {size}")
-        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        # sealable: a transport that shares it seals the size (a peer holding the fd must not shrink
+        # it under us: SIGBUS) and, for read-only registrations, future writes (SECURITY.md)
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
+            os.fchmod(self.fd, 0o600)  # memfds start 0777: nobody else may reopen it via /proc/<pid>/fd
             os.ftruncate(self.fd, size)
             self.map = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:

@@ -3,7 +3,13 @@
 Every engine answers metadata queries on its own control port (ZeroMQ ROUTER,
 msgpack messages): nothing else to start. A peer asks ``describe`` and gets the
 engine's host identity, its transports' descriptors and its segments' buffers.
-Malformed messages get an error reply and are logged; the server keeps serving.
+Malformed messages get an error reply and are logged (rate-limited); the server keeps serving.
+
+Authentication (SECURITY.md): with a cluster token every peer runs the challenge-response of
+:mod:`tent_core.auth` before its first request and every frame after it carries a session tag;
+an unauthenticated caller gets a refusal and nothing else (no pid, no addresses, no descriptors).
+Bounded: requests over `control_max_request_bytes` drop the connection (ZMQ_MAXMSGSIZE), each
+peer's reply queue holds `control_send_hwm` messages, handshakes and sessions are capped.
 """
 
 from __future__ import annotations
@@ -18,11 +24,18 @@ from typing import Any
 import msgpack
 import zmq
 
+from .auth import AuthError, ClusterAuth, HandshakeTimeout, SessionLost, ZmqClientAuth, ZmqServerAuth, default_auth
+from .config import EngineConfig
 from .errors import PeerUnreachableError, ProtocolError
+from .ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
+_DEFAULTS = EngineConfig()
+# auth=FROM_ENV: take the cluster token from $TENT_AUTH_TOKEN[_FILE] (components built without an engine config)
+FROM_ENV: Any = object()
+RECV_HWM = 1000  # messages queued from one peer before ZeroMQ stops reading its socket
 
 
 def host_identity() -> str:
@@ -40,59 +53,116 @@ def host_identity() -> str:
 
 
 class ControlServer:
-    """Serves `handler(request) -> reply` on a ROUTER socket in a daemon thread."""
+    """Serves `handler(request) -> reply` on a ROUTER socket in a daemon thread.
 
-    def __init__(self, host: str, port: int, handler: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    With `auth` (a ClusterAuth), only peers that completed the handshake reach `handler`.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        handler: Callable[[dict[str, Any]], dict[str, Any]],
+        *,
+        auth: ClusterAuth | None = FROM_ENV,
+        max_request_bytes: int = _DEFAULTS.control_max_request_bytes,
+        send_hwm: int = _DEFAULTS.control_send_hwm,
+        handshake_ms: int = _DEFAULTS.control_handshake_ms,
+    ) -> None:
+        if auth is FROM_ENV:
+            auth = default_auth([host], what="engine control port")
+        self.auth: ClusterAuth | None = auth
+        self._sessions = ZmqServerAuth(auth.key("control") if auth else None)
+        self._rlog = RateLimitedLog(log)
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        if port:
-            self._sock.bind(f"tcp://{host}:{port}")
-        else:
-            port = self._sock.bind_to_random_port(f"tcp://{host}")
+        self._sock.setsockopt(zmq.MAXMSGSIZE, max_request_bytes)
+        self._sock.setsockopt(zmq.SNDHWM, send_hwm)
+        self._sock.setsockopt(zmq.RCVHWM, RECV_HWM)
+        self._sock.setsockopt(zmq.HANDSHAKE_IVL, handshake_ms)
+        try:
+            if port:
+                self._sock.bind(f"tcp://{host}:{port}")
+            else:
+                port = self._sock.bind_to_random_port(f"tcp://{host}")
+        except BaseException:
+            self._sock.close(0)
+            raise
         self.host, self.port = host, port
         self._handler = handler
         self._stop = threading.Event()
+        self.requests = 0
         self._thread = threading.Thread(target=self._run, name=f"tent-control-{port}", daemon=True)
         self._thread.start()
+
+    @property
+    def denied(self) -> int:
+        """Requests and handshakes refused for lack of authentication."""
+        return self._sessions.denied
 
     def _run(self) -> None:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
+        last_expire = time.monotonic()
         while not self._stop.is_set():
+            now = time.monotonic()
+            if now - last_expire > 1.0:
+                last_expire = now
+                self._sessions.expire(now)
             if not poller.poll(100):
                 continue
             try:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK)
             except zmq.ZMQError:
                 continue
-            ident, payload = frames[0], frames[-1]
-            reply = self._dispatch(payload)
             try:
-                self._sock.send_multipart([ident, b"", msgpack.packb(reply, use_bin_type=True)], zmq.NOBLOCK)
-            except zmq.ZMQError as exc:
-                log.debug("control reply dropped: %s", exc)
+                self._serve_one(frames)
+            except Exception:  # keep serving whatever happens
+                log.exception("control: failed to serve a request")
         self._sock.close(0)
+
+    def _serve_one(self, frames: list[bytes]) -> None:
+        ident = frames[0]
+        # DEALER peers send [b"", payload(, tag)]; tolerate a missing delimiter
+        body = frames[2:] if len(frames) >= 3 and frames[1] == b"" else frames[1:]
+        payload, refusal = self._sessions.accept(ident, body)
+        if refusal is not None:
+            if refusal[0].startswith(b"TENTDENY"):
+                self._rlog.warning("auth", "control: refused a peer: %s", self._sessions.last_denial)
+            self._send(ident, refusal)
+            return
+        assert payload is not None
+        self.requests += 1
+        reply = self._dispatch(payload)
+        self._send(ident, self._sessions.wrap(ident, msgpack.packb(reply, use_bin_type=True)))
+
+    def _send(self, ident: bytes, body: list[bytes]) -> None:
+        try:
+            self._sock.send_multipart([ident, b"", *body], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.debug("control reply dropped: %s", exc)
 
     def _dispatch(self, payload: bytes) -> dict[str, Any]:
         try:
             msg = msgpack.unpackb(payload, raw=False, strict_map_key=True)
         except Exception as exc:
-            log.warning("control: undecodable message (%d bytes): %s", len(payload), exc)
+            self._rlog.warning("malformed", "control: undecodable message (%d bytes): %s", len(payload), exc)
             return {"ok": False, "error": "malformed: not msgpack"}
         if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
-            log.warning("control: malformed message %r", type(msg).__name__)
+            self._rlog.warning("malformed", "control: malformed message %r", type(msg).__name__)
             return {"ok": False, "error": "malformed: expected a map with an 'op' string"}
         rid = msg.get("id")
         try:
             reply = self._handler(msg)
         except ProtocolError as exc:
-            log.warning("control: bad request %s: %s", msg.get("op"), exc)
+            self._rlog.warning("bad-request", "control: bad request %.40r: %s", msg.get("op"), exc)
             reply = {"ok": False, "error": str(exc)}
         except Exception as exc:  # keep serving whatever happens
-            log.exception("control: handler failed for %s", msg.get("op"))
+            if self._rlog.allow("internal")[0]:
+                log.exception("control: handler failed for %.40r", msg.get("op"))
             reply = {"ok": False, "error": f"internal: {type(exc).__name__}: {exc}"}
-        reply["id"] = rid
+        reply["id"] = rid if isinstance(rid, int) else None
         return reply
 
     def close(self) -> None:
@@ -101,10 +171,26 @@ class ControlServer:
 
 
 class ControlClient:
-    """Request/reply to one peer's control port, every call with a deadline."""
+    """Request/reply to one peer's control port, every call with a deadline.
 
-    def __init__(self, endpoint: str) -> None:
+    With `auth`, the first call authenticates (and a call the server refuses for a lost session
+    re-authenticates once); a peer that cannot prove the cluster secret raises AuthError.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        auth: ClusterAuth | None = FROM_ENV,
+        max_reply_bytes: int = _DEFAULTS.control_max_reply_bytes,
+        send_hwm: int = _DEFAULTS.control_send_hwm,
+    ) -> None:
+        if auth is FROM_ENV:
+            auth = default_auth((), what="engine control client")
         self.endpoint = endpoint
+        self._auth = ZmqClientAuth(auth.key("control") if auth else None)
+        self._max_reply = max_reply_bytes
+        self._send_hwm = send_hwm
         self._ctx = zmq.Context.instance()
         self._lock = threading.Lock()
         self._sock: zmq.Socket | None = None
@@ -114,35 +200,71 @@ class ControlClient:
         if self._sock is None:
             s = self._ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.MAXMSGSIZE, self._max_reply)
+            s.setsockopt(zmq.SNDHWM, self._send_hwm)
+            s.setsockopt(zmq.RCVHWM, self._send_hwm)
             s.connect(f"tcp://{self.endpoint}")
             self._sock = s
+            self._auth.reset()
         return self._sock
+
+    def _drop_socket(self) -> None:
+        if self._sock is not None:
+            self._sock.close(0)
+            self._sock = None
+        self._auth.reset()
 
     def call(self, msg: dict[str, Any], timeout: float) -> dict[str, Any]:
         with self._lock:
-            self._next_id += 1
-            rid = self._next_id
-            msg = dict(msg, id=rid, v=PROTOCOL_VERSION)
-            sock = self._socket()
-            sock.send_multipart([b"", msgpack.packb(msg, use_bin_type=True)])
             deadline = time.monotonic() + timeout
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0 or not sock.poll(int(left * 1000) + 1):
-                    # drop the socket: a late reply must not be read as the next call's answer
-                    sock.close(0)
-                    self._sock = None
-                    raise PeerUnreachableError(f"engine {self.endpoint} did not answer {msg['op']!r} within {timeout:g}s")
-                frames = sock.recv_multipart()
+            for attempt in range(2):
+                self._next_id += 1
+                rid = self._next_id
+                out = dict(msg, id=rid, v=PROTOCOL_VERSION)
+                sock = self._socket()
                 try:
-                    reply = msgpack.unpackb(frames[-1], raw=False)
-                except Exception as exc:
-                    raise ProtocolError(f"engine {self.endpoint} sent an undecodable reply") from exc
-                if isinstance(reply, dict) and reply.get("id") == rid:
-                    return reply
+                    if not self._auth.ready:
+                        self._auth.handshake(sock, max(0.001, deadline - time.monotonic()), prefix=[b""])
+                    sock.send_multipart([b"", *self._auth.wrap(msgpack.packb(out, use_bin_type=True))])
+                    return self._await(sock, rid, out["op"], deadline, timeout)
+                except HandshakeTimeout:
+                    self._drop_socket()
+                    raise PeerUnreachableError(
+                        f"engine {self.endpoint} did not answer {out['op']!r} within {timeout:g}s"
+                    ) from None
+                except SessionLost as exc:
+                    self._auth.reset()
+                    if attempt == 0 and self._auth.enabled:
+                        continue  # the server dropped our session (restart, eviction): authenticate again
+                    raise AuthError(f"engine {self.endpoint} refused {out['op']!r}: {exc}") from None
+                except AuthError as exc:
+                    self._drop_socket()
+                    raise AuthError(f"engine {self.endpoint}: {exc}") from None
+            raise AssertionError("unreachable")
+
+    def _await(self, sock: zmq.Socket, rid: int, op: str, deadline: float, timeout: float) -> dict[str, Any]:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sock.poll(int(left * 1000) + 1):
+                # drop the socket: a late reply must not be read as the next call's answer
+                self._drop_socket()
+                raise PeerUnreachableError(f"engine {self.endpoint} did not answer {op!r} within {timeout:g}s")
+            frames = sock.recv_multipart()
+            body = frames[1:] if frames and frames[0] == b"" else frames
+            try:
+                payload = self._auth.unwrap(body)
+            except SessionLost:
+                raise
+            except AuthError as exc:
+                log.warning("control: dropped a reply from %s that does not authenticate: %s", self.endpoint, exc)
+                continue
+            try:
+                reply = msgpack.unpackb(payload, raw=False)
+            except Exception as exc:
+                raise ProtocolError(f"engine {self.endpoint} sent an undecodable reply") from exc
+            if isinstance(reply, dict) and reply.get("id") == rid:
+                return reply
 
     def close(self) -> None:
         with self._lock:
-            if self._sock is not None:
-                self._sock.close(0)
-                self._sock = None
+            self._drop_socket()

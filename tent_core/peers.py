@@ -7,6 +7,10 @@ a class of requests is routed (`plan`: a `routing.Decision` or `StagedPath`, cac
 which connected `Route` serves a Decision (`route`: connects lazily, rails acquired from
 `tent_core.rails`). Routing choices themselves are the Router's; this module holds the state.
 
+Where a peer's description comes from: by default its own control port (the peer is named by that
+port, ``host:port``); with a cluster directory (`use_directory`, ``[directory]`` in the config) the
+directory, where engines publish themselves under fixed names (`tent_core.directory`).
+
 Peer lifecycle: each peer carries a `liveness.PeerLiveness`. When a slice runs out of every path,
 recovery tells it; nothing in flight is disturbed. `check` (run by the engine's peer watch, never on
 the submit path) probes the peer's control endpoint: a refused connection means the process is gone
@@ -25,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import errors
 from .config import PeerConfig, SchedulerConfig
@@ -38,6 +42,9 @@ from .request import parse_segment_name
 from .routing import Decision, Router, StagedPath
 from .transport import Transport
 from .types import MemoryKind, OpCode, PeerInfo, PeerLink, Permission
+
+if TYPE_CHECKING:
+    from .directory import EngineDirectory
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +136,7 @@ class PeerDirectory:
         control_timeout_s: float,
         scheduler: SchedulerConfig | None = None,
         peer_config: PeerConfig | None = None,
+        control_client: Callable[[str], ControlClient] | None = None,
     ) -> None:
         self.engine_id = engine_id
         self.host_id = host_id
@@ -139,9 +147,16 @@ class PeerDirectory:
         self._control_timeout_s = control_timeout_s
         self._scheduler = scheduler
         self._peer_config = peer_config or PeerConfig()
+        # how to reach a peer's control port (the engine passes its auth and bounds)
+        self.control_client: Callable[[str], ControlClient] = control_client or ControlClient
         self._lock = threading.RLock()
         self._peers: dict[str, Peer] = {}
         self._remote_cache: dict[str, tuple[Peer, str]] = {}
+        self.directory: EngineDirectory | None = None  # peers are described by the directory, not their port
+
+    def use_directory(self, directory: EngineDirectory) -> None:
+        """Resolve every peer name through `directory` from now on (it is closed with this object)."""
+        self.directory = directory
 
     # ---- lookup --------------------------------------------------------------------------------
 
@@ -186,16 +201,19 @@ class PeerDirectory:
         return peer
 
     def _describe(self, engine_id: str, client: ControlClient | None, timeout: float) -> dict[str, Any]:
-        if client is None:
+        if engine_id == self.engine_id:
             return self._describe_self()
+        if self.directory is not None:
+            return self.directory.describe_peer(engine_id)
+        assert client is not None
         desc = client.call({"op": "describe"}, timeout)
         if not desc.get("ok"):
             raise errors.PeerUnreachableError(f"engine {engine_id} refused describe: {desc.get('error')}")
         return desc
 
     def _fetch(self, engine_id: str, timeout: float, client: ControlClient | None = None) -> Peer:
-        if client is None and engine_id != self.engine_id:
-            client = ControlClient(engine_id)
+        if client is None and engine_id != self.engine_id and self.directory is None:
+            client = self.control_client(engine_id)
             try:
                 desc = self._describe(engine_id, client, timeout)
             except BaseException:
@@ -224,29 +242,80 @@ class PeerDirectory:
                 r.transport.connect(peer.info, peer.raw_buffers)
         return peer
 
+    def buffers(self, engine_id: str, refresh: bool = False) -> list[dict[str, Any]]:
+        """A peer's registered buffers as its description lists them (``segment``, ``offset``,
+        ``addr``, ``length``, ``perm``, ``kind``); `refresh` re-reads an already known peer first."""
+        known = engine_id in self._peers
+        peer = self.refresh(engine_id) if refresh and known else self.get(engine_id)
+        keys = ("segment", "offset", "addr", "length", "perm", "kind")
+        return [{k: b[k] for k in keys} for b in peer.raw_buffers]
+
+    def ping(self, engine_id: str, timeout: float | None = None) -> float:
+        """Round trip (seconds) to a peer's control port, found through the directory when there is
+        one. Raises PeerUnreachableError when the peer is unknown or does not answer."""
+        timeout = self._control_timeout_s if timeout is None else timeout
+        if engine_id == self.engine_id:
+            return 0.0
+        endpoint = engine_id
+        if self.directory is not None:
+            endpoint = str(self.directory.describe_peer(engine_id).get("control") or "")
+            if not endpoint:
+                raise errors.PeerUnreachableError(f"the directory has no control endpoint for {engine_id!r}")
+        client = self.control_client(endpoint)
+        try:
+            t0 = time.monotonic()
+            rep = client.call({"op": "ping"}, timeout)
+            if not rep.get("ok"):
+                raise errors.PeerUnreachableError(f"engine {engine_id} refused ping: {rep.get('error')}")
+            return time.monotonic() - t0
+        finally:
+            client.close()
+
     # ---- liveness checks, restart, forgetting ----------------------------------------------------
 
     def check(self, peer: Peer, timeout: float) -> tuple[CheckResult, str]:
         """Probe a peer whose paths fail (blocking, bounded by `timeout` per step; the engine's peer
         watch calls it, never the submit path): a TCP connect to its control endpoint (refused = the
-        process is gone), then a describe. An answer re-reads the peer: the same process gets its
-        transports back, a restarted one replaces it (see the module docstring)."""
-        if peer.client is None:
+        process is gone), then a describe (with a directory: the directory's entry, and a ping of
+        the control port). An answer re-reads the peer: the same process gets its transports back,
+        a restarted one replaces it (see the module docstring)."""
+        if peer.engine_id == self.engine_id:
             return CheckResult.ANSWERED, "this engine"
-        host, _, port = peer.engine_id.rpartition(":")
         t0 = time.monotonic()
+        endpoint = peer.engine_id
+        listed: dict[str, Any] | None = None
+        if self.directory is not None:
+            try:
+                listed = self.directory.describe_peer(peer.engine_id)
+            except errors.TentError as exc:
+                return CheckResult.NO_ANSWER, f"directory: {exc}"
+            endpoint = str(listed.get("control") or "")
+            if not endpoint:
+                return CheckResult.NO_ANSWER, f"the directory lists no control endpoint for {peer.engine_id}"
+        host, _, port = endpoint.rpartition(":")
         try:
             with socket.create_connection((host, int(port)), timeout=timeout):
                 pass
         except ConnectionRefusedError:
-            return CheckResult.REFUSED, f"connect to {peer.engine_id} refused"
+            return CheckResult.REFUSED, f"connect to {endpoint} refused"
         except (OSError, ValueError) as exc:
-            return CheckResult.NO_ANSWER, f"connect to {peer.engine_id}: {exc or type(exc).__name__}"
+            return CheckResult.NO_ANSWER, f"connect to {endpoint}: {exc or type(exc).__name__}"
+        left = max(0.05, timeout - (time.monotonic() - t0))
         try:
-            desc = self._describe(peer.engine_id, peer.client, max(0.05, timeout - (time.monotonic() - t0)))
+            if listed is not None:
+                client = self.control_client(endpoint)
+                try:
+                    rep = client.call({"op": "ping"}, left)
+                finally:
+                    client.close()
+                if not rep.get("ok"):
+                    return CheckResult.NO_ANSWER, f"ping refused: {rep.get('error')}"
+                desc = listed
+            else:
+                desc = self._describe(peer.engine_id, peer.client, left)
         except errors.PeerUnreachableError as exc:
             return CheckResult.NO_ANSWER, str(exc)
-        except errors.ProtocolError as exc:
+        except errors.TentError as exc:
             return CheckResult.NO_ANSWER, f"bad reply: {exc}"
         self._apply_description(peer, desc)
         return CheckResult.ANSWERED, f"pid {desc.get('pid')}"
@@ -303,6 +372,10 @@ class PeerDirectory:
                 self._monitor.forget(rail.slot)
 
     def close(self) -> None:
+        """Withdraw from the directory (if any), then drop every peer."""
+        directory, self.directory = self.directory, None
+        if directory is not None:
+            directory.close()
         with self._lock:
             peers, self._peers = list(self._peers.values()), {}
         for peer in peers:

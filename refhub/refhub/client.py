@@ -31,6 +31,7 @@ import os
 import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,7 +41,23 @@ import msgpack
 import numpy as np
 import zmq
 
+from tent_core.auth import (
+    AuthError,
+    AuthRequiredError,
+    ClusterAuth,
+    HandshakeTimeout,
+    SessionLost,
+    ZmqClientAuth,
+    ZmqServerAuth,
+    is_loopback,
+)
+from tent_core.ratelog import RateLimitedLog
+
+from .server import client_auth
+
 log = logging.getLogger("refhub.client")
+_rlog = RateLimitedLog(log)
+_FROM_ENV: Any = object()
 
 TINY = 2 * 1024 * 1024
 MB = 1024 * 1024
@@ -54,7 +71,11 @@ MAX_INFLIGHT = 1 << 30  # bytes in flight at most
 STAGE_SLOT = int(float(os.environ.get("REFHUB_STAGE_MB", "4")) * MB)  # copy mode: one staging slot
 STAGE_SLOTS = int(os.environ.get("REFHUB_STAGE_SLOTS", "4"))  # copy mode: staging slots per handle
 STAGE_DEPTH = 2  # copy mode: stage requests a reader keeps outstanding
+STAGE_MAX_MSG = 64 << 10  # stage/release requests and replies are tiny
+STAGE_HWM = 1000
 MODES = ("direct", "copy")
+OUTBOX_MAX = 100_000  # requests queued per connection (in the inproc queue, or while authenticating)
+MAX_REPLY_BYTES = 64 << 20  # a server reply (a list, a replicate with the source's layout)
 VERSION_SHIFT = 40
 BYTES_MASK = (1 << VERSION_SHIFT) - 1
 
@@ -101,9 +122,25 @@ class _Slot:
 
 
 class Connection:
-    """One DEALER connection to the reference server (with an optional backup), shared by handles."""
+    """One DEALER connection to the reference server (with an optional backup), shared by handles.
 
-    def __init__(self, server: str, backup: str | None = None, *, hb_interval: float = 0.5, failover_after: float = 2.0) -> None:
+    With a cluster token (``REFHUB_AUTH_TOKEN`` / ``TENT_AUTH_TOKEN``[``_FILE``], or `auth`) the I/O
+    thread authenticates before anything else is sent, and again after a failover or when the server
+    lost the session (then the handles re-register, as after a server restart). Every request
+    carries this connection's client id ``cid``: the credential that makes it the owner of the
+    handles it opens, across reconnects (SECURITY.md).
+    """
+
+    def __init__(self, server: str, backup: str | None = None, *, hb_interval: float = 0.5, failover_after: float = 2.0,
+                 auth: ClusterAuth | None = _FROM_ENV) -> None:
+        if auth is _FROM_ENV:
+            auth = client_auth()
+        self.auth: ClusterAuth | None = auth
+        self._auth = ZmqClientAuth(auth.key("refhub") if auth else None)
+        self._auth_error: Exception | None = None
+        self._next_auth = 0.0
+        self._outbox: deque = deque(maxlen=OUTBOX_MAX)  # requests waiting for the handshake
+        self.cid = os.urandom(16)
         self.addresses = [server] + ([backup] if backup else [])
         self.idx = 0
         self.hb_interval = hb_interval
@@ -117,8 +154,10 @@ class Connection:
         self.generation = 0  # bumps on every failover
         self._inproc = f"inproc://refhub-{id(self)}"
         self._pull = self.ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.RCVHWM, OUTBOX_MAX)
         self._pull.bind(self._inproc)
         self._push = self.ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.SNDHWM, OUTBOX_MAX)
         self._push.connect(self._inproc)
         self._push_lock = threading.Lock()
         self._stop = threading.Event()
@@ -134,13 +173,18 @@ class Connection:
     def _connect(self, addr: str) -> zmq.Socket:
         s = self.ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_BYTES)
+        s.setsockopt(zmq.SNDHWM, OUTBOX_MAX)
+        s.setsockopt(zmq.RCVHWM, OUTBOX_MAX)
         s.connect(addr)
+        self._auth.reset()
         return s
 
     def request(self, msg: dict, timeout: float = 30.0) -> dict:
         """Send one request and wait for its reply (deadline `timeout`). Raises RefhubError on error replies."""
         rid = next(self._rid)
         msg["rid"] = rid
+        msg["cid"] = self.cid
         slot = _Slot()
         with self._plock:
             self._pending[rid] = slot
@@ -150,6 +194,8 @@ class Connection:
         if not slot.ev.wait(timeout):
             with self._plock:
                 self._pending.pop(rid, None)
+            if self._auth_error is not None:
+                raise self._auth_error
             raise TimeoutError(f"refhub {msg.get('op')} got no reply within {timeout:.1f}s from {self.server}")
         rep = slot.reply
         if isinstance(rep, Exception):
@@ -160,6 +206,36 @@ class Connection:
             raise cls(code, rep.get("msg", ""))
         return rep
 
+    def _send(self, data: bytes) -> None:
+        if self._auth.ready:
+            self._dealer.send_multipart(self._auth.wrap(data))
+        else:
+            self._outbox.append(data)
+
+    def _authenticate(self, now: float) -> bool:
+        """Run the handshake if due; True when the connection may carry requests."""
+        if self._auth.ready:
+            return True
+        if now < self._next_auth:
+            return False
+        try:
+            self._auth.handshake(self._dealer, self.failover_after)
+        except HandshakeTimeout:
+            self._failover()  # the server does not answer: as after missed heartbeats
+            return False
+        except AuthError as exc:  # wrong token, or the server has auth off: tell every caller, retry later
+            err = RefhubError("auth", f"reference server {self.server}: {exc}")
+            self._auth_error = err
+            self._next_auth = now + max(1.0, self.failover_after)
+            _rlog.warning("auth", "refhub: cannot authenticate to %s: %s", self.server, exc)
+            self._fail_pending(err)
+            self._outbox.clear()
+            return False
+        self._auth_error = None
+        while self._outbox:
+            self._dealer.send_multipart(self._auth.wrap(self._outbox.popleft()))
+        return True
+
     def _io(self) -> None:
         poller = zmq.Poller()
         poller.register(self._pull, zmq.POLLIN)
@@ -168,6 +244,14 @@ class Connection:
         last_hb = 0.0
         hb_out = False
         while not self._stop.is_set():
+            if not self._auth.ready:
+                dealer = self._dealer
+                if self._authenticate(time.monotonic()):
+                    last_rx = time.monotonic()
+                    hb_out = False
+                if self._dealer is not dealer:  # failed over meanwhile
+                    poller.unregister(dealer)
+                    poller.register(self._dealer, zmq.POLLIN)
             ready = dict(poller.poll(int(self.hb_interval * 500)))
             now = time.monotonic()
             if self._pull in ready:
@@ -176,28 +260,44 @@ class Connection:
                         data = self._pull.recv(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    self._dealer.send(data)
+                    self._send(data)
             if self._dealer in ready:
                 while True:
                     try:
-                        data = self._dealer.recv(zmq.NOBLOCK)
+                        frames = self._dealer.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
+                    try:
+                        data = self._auth.unwrap(frames)
+                    except SessionLost as exc:
+                        if self._auth.enabled:
+                            log.warning("refhub: %s lost our session (%s): re-authenticating, re-registering handles",
+                                        self.server, exc)
+                            self._auth.reset()
+                            self._reset_handles()
+                        else:  # the server wants a token we do not have: say so to every caller
+                            self._fail_pending(RefhubError("auth", f"reference server {self.server}: {exc} "
+                                                           "(set REFHUB_AUTH_TOKEN[_FILE] or TENT_AUTH_TOKEN[_FILE])"))
+                        break
+                    except AuthError as exc:
+                        _rlog.warning("bad-reply", "refhub: dropped a reply from %s: %s", self.server, exc)
+                        continue
                     last_rx = now
                     hb_out = False
                     try:
                         reps = msgpack.unpackb(data, raw=False, strict_map_key=False)
                     except Exception:
-                        log.warning("undecodable reply from %s", self.server)
+                        _rlog.warning("bad-reply", "undecodable reply from %s", self.server)
                         continue
                     for rep in reps if isinstance(reps, list) else [reps]:
-                        self._deliver(rep)
+                        if isinstance(rep, dict):
+                            self._deliver(rep)
             if now - last_hb >= self.hb_interval:
                 last_hb = now
                 hs = list(self.handles)
-                if hs:
+                if hs and self._auth.ready:
                     hb_out = True
-                    self._dealer.send(msgpack.packb({"op": "hb", "rid": 0, "hs": hs}))
+                    self._send(msgpack.packb({"op": "hb", "rid": 0, "hs": hs, "cid": self.cid}))
                 elif not hb_out:
                     last_rx = now
             if hb_out and now - last_rx > self.failover_after:
@@ -244,13 +344,16 @@ class Connection:
         self.epoch = None
         self._reset_handles()
 
-    def _reset_handles(self) -> None:
-        self.generation += 1
+    def _fail_pending(self, err: Exception) -> None:
         with self._plock:
             pending, self._pending = self._pending, {}
         for slot in pending.values():
-            slot.reply = ServerFailover("failover", f"reference server changed to {self.server}")
+            slot.reply = err
             slot.ev.set()
+
+    def _reset_handles(self) -> None:
+        self.generation += 1
+        self._fail_pending(ServerFailover("failover", f"reference server changed to {self.server}"))
         for h in list(self.handles.values()):
             self.events.submit(h._reopen)
 
@@ -263,22 +366,51 @@ class Connection:
         self.ctx.term()
 
 
-def query(server: str, msg: dict, timeout: float = 2.0) -> dict:
+class Querier:
+    """A persistent connection for handle-less requests (stats, list by model): authenticates once."""
+
+    def __init__(self, server: str, auth: ClusterAuth | None = _FROM_ENV, timeout: float = 5.0) -> None:
+        if auth is _FROM_ENV:
+            auth = client_auth()
+        self.server = server
+        self._auth = ZmqClientAuth(auth.key("refhub") if auth else None)
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_BYTES)
+        self._sock.connect(server)
+        self._rid = itertools.count(1)
+        try:
+            self._auth.handshake(self._sock, timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def call(self, msg: dict, timeout: float = 2.0) -> dict:
+        rid = next(self._rid)
+        self._sock.send_multipart(self._auth.wrap(msgpack.packb(dict(msg, rid=rid))))
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._sock.poll(max(1, int(left * 1000))):
+                raise TimeoutError(f"no reply from {self.server} within {timeout}s")
+            rep = msgpack.unpackb(self._auth.unwrap(self._sock.recv_multipart()), raw=False, strict_map_key=False)
+            rep = rep[0] if isinstance(rep, list) else rep
+            if isinstance(rep, dict) and rep.get("rid") in (rid, 0):
+                return rep
+
+    def close(self) -> None:
+        self._sock.close(0)
+        self._ctx.term()
+
+
+def query(server: str, msg: dict, timeout: float = 2.0, auth: ClusterAuth | None = _FROM_ENV) -> dict:
     """One-off request (no handle): stats, list by model."""
-    ctx = zmq.Context()
-    s = ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.connect(server)
+    q = Querier(server, auth, timeout)
     try:
-        msg = dict(msg, rid=1)
-        s.send(msgpack.packb(msg))
-        if not s.poll(int(timeout * 1000)):
-            raise TimeoutError(f"no reply from {server} within {timeout}s")
-        rep = msgpack.unpackb(s.recv(), raw=False, strict_map_key=False)
-        return rep[0] if isinstance(rep, list) else rep
+        return q.call(msg, timeout)
     finally:
-        s.close(0)
-        ctx.term()
+        q.close()
 
 
 # --------------------------------------------------------------------------- engine
@@ -361,9 +493,17 @@ class _Stager:
         self.leases: dict[int, tuple[bytes, float]] = {}
         self.queue: deque = deque()
         self.served = 0
+        host = handle.engine.engine_id.rpartition(":")[0] or "127.0.0.1"
+        auth = handle.conn.auth
+        if auth is None and not is_loopback(host):
+            raise AuthRequiredError(f"refhub stager would bind {host} without an auth token (set REFHUB_AUTH_TOKEN)")
+        self.sessions = ZmqServerAuth(auth.key("refhub-stage") if auth else None)
         self.sock = handle.conn.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        host = handle.engine.engine_id.rpartition(":")[0] or "127.0.0.1"
+        self.sock.setsockopt(zmq.MAXMSGSIZE, STAGE_MAX_MSG)
+        self.sock.setsockopt(zmq.SNDHWM, STAGE_HWM)
+        self.sock.setsockopt(zmq.RCVHWM, STAGE_HWM)
+        self.sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)  # a silent TCP connection is dropped by then
         self.sock.bind(f"tcp://{host}:0")
         self.address = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         self._stop = threading.Event()
@@ -379,10 +519,19 @@ class _Stager:
             if poller.poll(100):
                 while True:
                     try:
-                        ident, payload = self.sock.recv_multipart(zmq.NOBLOCK)
+                        frames = self.sock.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    except ValueError:
+                    ident = frames[0]
+                    payload, refusal = self.sessions.accept(ident, frames[1:])
+                    if refusal is not None:
+                        if refusal[0].startswith(b"TENTDENY"):
+                            _rlog.warning("stage-auth", "stager %s refused a reader: %s", self.address,
+                                          self.sessions.last_denial)
+                        try:
+                            self.sock.send_multipart((ident, *refusal), zmq.NOBLOCK)
+                        except zmq.ZMQError:
+                            pass
                         continue
                     try:
                         msg = protocol.unpack(payload)
@@ -407,7 +556,7 @@ class _Stager:
 
     def _reply(self, ident: bytes, rep: dict) -> None:
         try:
-            self.sock.send_multipart((ident, msgpack.packb(rep, use_bin_type=True)), zmq.NOBLOCK)
+            self.sock.send_multipart((ident, *self.sessions.wrap(ident, msgpack.packb(rep, use_bin_type=True))), zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
 
@@ -499,6 +648,7 @@ class ShardHandle:
         self.stage_timeout = stage_timeout  # copy mode: a stager silent this long is a failed source
         self._stager: _Stager | None = None
         self._stage_socks: dict[str, zmq.Socket] = {}
+        self._stage_auth: dict[str, ZmqClientAuth] = {}
         self._stage_rid = itertools.count(1)
         self._landing = None  # copy mode, receiving side: registered landing buffer
         self._verify = True  # diagnostics only (bench dataplane): False skips the receive-side hash
@@ -895,17 +1045,29 @@ class ShardHandle:
         self._set_progress(v, end)
         ver.advance(end)
 
-    def _stage_sock(self, addr: str) -> zmq.Socket:
+    def _stage_sock(self, addr: str) -> tuple[zmq.Socket, ZmqClientAuth]:
         s = self._stage_socks.get(addr)
         if s is None:
             s = self.conn.ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.MAXMSGSIZE, STAGE_MAX_MSG)
+            s.setsockopt(zmq.SNDHWM, STAGE_HWM)
+            s.setsockopt(zmq.RCVHWM, STAGE_HWM)
             s.connect(addr)
+            auth = self.conn.auth
+            ca = ZmqClientAuth(auth.key("refhub-stage") if auth else None)
+            try:
+                ca.handshake(s, self.stage_timeout)
+            except AuthError as exc:
+                s.close(0)
+                raise _SourceFailed(f"stager {addr}: {exc}") from exc
             self._stage_socks[addr] = s
-        return s
+            self._stage_auth[addr] = ca
+        return s, self._stage_auth[addr]
 
     def _drop_stage_sock(self, addr: str) -> None:
         s = self._stage_socks.pop(addr, None)
+        self._stage_auth.pop(addr, None)
         if s is not None:
             s.close(0)
 
@@ -927,7 +1089,7 @@ class ShardHandle:
         addr = ref.get("stager") if src_copy else None
         if src_copy and not addr:
             raise _SourceFailed(f"source {src.get('replica')} serves {r[0]!r} in copy mode but runs no stager")
-        sock = self._stage_sock(addr) if src_copy else None
+        sock, ca = self._stage_sock(addr) if src_copy else (None, None)
         asked: deque = deque()
         replies: dict[int, dict] = {}
         held: list[int] = []
@@ -935,7 +1097,8 @@ class ShardHandle:
         def ask(i: int) -> None:
             x, y = pieces[i]
             rid = next(self._stage_rid)
-            sock.send(msgpack.packb({"op": "stage", "rid": rid, "v": v, "item": r[0], "off": x - start, "len": y - x}))
+            sock.send_multipart(ca.wrap(msgpack.packb({"op": "stage", "rid": rid, "v": v, "item": r[0], "off": x - start,
+                                                       "len": y - x})))
             asked.append(rid)
 
         def answer(rid: int) -> dict:
@@ -944,8 +1107,13 @@ class ShardHandle:
                 left = end_t - time.monotonic()
                 if left <= 0 or not sock.poll(int(left * 1000) + 1):
                     raise _SourceFailed(f"stager {addr} did not answer within {self.stage_timeout:.1f}s")
-                rep = msgpack.unpackb(sock.recv(), raw=False, strict_map_key=False)
-                replies[rep.get("rid", 0)] = rep
+                try:
+                    payload = ca.unwrap(sock.recv_multipart())
+                except AuthError as exc:
+                    raise _SourceFailed(f"stager {addr}: {exc}") from exc
+                rep = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+                if isinstance(rep, dict):
+                    replies[rep.get("rid", 0)] = rep
             rep = replies.pop(rid)
             if not rep.get("ok"):
                 raise _SourceFailed(f"stager {addr}: {rep.get('err')}: {rep.get('msg')}")
@@ -971,7 +1139,7 @@ class ShardHandle:
                     time.sleep(max(0.0, t_c + (y - a) / self.throttle_Bps - time.monotonic()))
                 self._read([(local, lo, seg, roff, y - x)], deadline)
                 if src_copy:
-                    sock.send(msgpack.packb({"op": "release", "rid": 0, "slot": held.pop()}))
+                    sock.send_multipart(ca.wrap(msgpack.packb({"op": "release", "rid": 0, "slot": held.pop()})))
                 if lb is None:
                     self.items[name].arr[x - start:y - start] = self._landing.array[:y - x]
                 st["done"] = y

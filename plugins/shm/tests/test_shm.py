@@ -41,7 +41,8 @@ class Target:
     def __init__(self, specs: list[dict[str, Any]] = SPECS, config: dict[str, Any] | None = None) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=target_main, args=(child, specs, config or {}), daemon=True)
+        # CMA is opt-in on both sides: the target allows it unless a test says otherwise
+        self.proc = ctx.Process(target=target_main, args=(child, specs, config or {"mode": "auto"}), daemon=True)
         self.proc.start()
         child.close()
         if not self.conn.poll(60):

@@ -26,9 +26,8 @@ from .native import TcpExecutor, executor_path
 
 log = logging.getLogger(__name__)
 
-_EXECUTOR_KEYS = (
-    "threads", "conns_per_rail", "slice_timeout_ms", "connect_timeout_ms", "sockbuf", "congestion_ms", "connect_backoff_ms",
-)
+_EXECUTOR_KEYS = ("threads", "conns_per_rail", "slice_timeout_ms", "connect_timeout_ms", "sockbuf", "auth_timeout_ms",
+                  "max_conns", "idle_timeout_ms", "unregister_timeout_ms", "congestion_ms", "connect_backoff_ms")
 _ANY = {"", "0.0.0.0", "*"}
 
 
@@ -113,7 +112,8 @@ class TcpTransport(Transport):
         "threads": None,
         # A connect whose SYN is lost waits for the kernel's 1 s SYN retransmission; giving up
         # sooner and connecting afresh is what brings a rail back quickly after its link returns
-        # (heartbeats of a paused rail connect while it is down). ~1000x a datacenter RTT.
+        # (heartbeats of a paused rail connect while it is down). ~1000x a datacenter RTT. Also
+        # bounds the auth handshake of a data connection (client side).
         "connect_timeout_ms": 250,
         # after a failed connect, a rail with no open connection fails its slices at once for this
         # long (they are re-routed) instead of each waiting for its own connect
@@ -123,6 +123,14 @@ class TcpTransport(Transport):
         "congestion_ms": 0,
         # SO_SNDBUF/SO_RCVBUF per connection (0 = kernel autotuning)
         "sockbuf": 4 << 20,
+        # server side (SECURITY.md): a client that has not authenticated within this is dropped
+        "auth_timeout_ms": 5000,
+        # connections served at once (a thread and an fd each); more are closed at accept
+        "max_conns": 256,
+        # a connection without a request for this long is closed (clients reconnect on demand)
+        "idle_timeout_ms": 120_000,
+        # unregister waits this long for in-flight reads/writes of the buffer, then cuts them
+        "unregister_timeout_ms": 5000,
     }
 
     def __init__(self) -> None:
@@ -131,7 +139,6 @@ class TcpTransport(Transport):
         self._lock = threading.Lock()
         # engine_id -> (descriptor key, link)
         self._peers: dict[str, tuple[tuple[tuple[str, int], ...], PeerLink]] = {}
-        self._exported: dict[tuple[int, int], int] = {}  # (addr, length) -> refcount
 
     # ---- discovery -------------------------------------------------------------------
     def probe(self) -> Availability:
@@ -158,7 +165,13 @@ class TcpTransport(Transport):
         gbps = list(cfg["nominal_gbps"] or [])
         if cfg["threads"] is None:  # one executor thread per connection slot, so no rail starves
             cfg["threads"] = max(4, int(cfg["conns_per_rail"]) * max(1, len(rails)))
-        exec_cfg = {k: int(cfg[k]) for k in _EXECUTOR_KEYS}
+        exec_cfg: dict[str, Any] = {k: int(cfg[k]) for k in _EXECUTOR_KEYS}
+        if ctx.auth is not None:
+            # every data connection runs the handshake of tent_core.auth (tent/auth.h) with this key
+            exec_cfg["auth_key"] = ctx.auth.key("tcp").hex()
+        else:
+            # no token: allowed only while every rail listens on loopback
+            ctx.check_exposure([_resolve_ipv4(str(h)) for h in rails], what="tcp transport")
         self._exec = TcpExecutor(exec_cfg)
         try:
             for i, host in enumerate(rails):
@@ -176,7 +189,6 @@ class TcpTransport(Transport):
         with self._lock:
             ex, self._exec = self._exec, None
             self._peers.clear()
-            self._exported.clear()
         if ex is not None:
             ex.close()
 
@@ -203,25 +215,20 @@ class TcpTransport(Transport):
     def export_buffer(self, buf: BufferInfo) -> dict[str, Any] | None:
         if buf.kind != MemoryKind.HOST:
             return None
-        key = (int(buf.addr), int(buf.length))
-        self.native.register_region(key[0], key[1], int(buf.perm))
-        with self._lock:
-            self._exported[key] = self._exported.get(key, 0) + 1
+        # one executor registration per engine registration: releasing it removes exactly it (and its
+        # permission), whatever else covers the same bytes
+        buf.extra["tcp_region"] = self.native.register_region(int(buf.addr), int(buf.length), int(buf.perm))
         return None
 
     def release_buffer(self, buf: BufferInfo) -> None:
-        key = (int(buf.addr), int(buf.length))
+        region = buf.extra.pop("tcp_region", None)
         with self._lock:
-            n = self._exported.get(key, 0)
-            if n == 0 or self._exec is None:
-                return
-            if n == 1:
-                del self._exported[key]
-            else:
-                self._exported[key] = n - 1
             ex = self._exec
-        # Blocks (GIL released by ctypes) until in-flight server I/O on the region drained.
-        ex.unregister_region(key[0], key[1])
+        if region is None or ex is None:
+            return
+        # Blocks (GIL released) until in-flight server I/O on the region drained, or was cut at
+        # unregister_timeout_ms.
+        ex.unregister_region(region)
 
     # ---- peers -------------------------------------------------------------------------
     def can_reach(self, peer: PeerInfo) -> str | None:
