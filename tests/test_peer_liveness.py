@@ -102,13 +102,14 @@ def test_killed_peer_fails_fast_is_remembered_and_used_again_after_restart():
             with pytest.raises(PeerUnreachableError, match="gone") as err:
                 inflight.wait()
             assert not isinstance(err.value, PeerSilentError)  # a typed error at once, not at the deadline
-            assert time.monotonic() - t0 < 5, time.monotonic() - t0
-            # remembered: new requests fail at once with the reason
+            assert time.monotonic() - t0 < 15, time.monotonic() - t0  # half the 30 s deadline: room for a loaded box
+            # remembered: new requests fail at once with the reason (the text comes only from the
+            # fail-fast path; without it they would wait for their 30 s deadline)
             for _ in range(3):
                 t1 = time.monotonic()
                 with pytest.raises(PeerUnreachableError, match="requests fail at once"):
                     eng.submit([Request(READ, local, 0, peer.seg("ro"), 0, 1 << 20)], deadline=30).wait()
-                assert time.monotonic() - t1 < 0.5
+                assert time.monotonic() - t1 < 2.0
             # the peer comes back on the same control port: used again once a check sees it
             restarted = Peer(size=16 << 20, config={"transports": {"tcp": RAILS2}}, port=port)
             assert restarted.engine_id == peer.engine_id
@@ -138,14 +139,14 @@ def test_stopped_peer_is_a_typed_error_at_the_deadline_then_fails_fast_then_retu
             with pytest.raises(PeerSilentError) as err:
                 eng.submit([Request(READ, local, 0, peer.seg("ro"), 0, 16 << 20)], deadline=3.0).wait()
             took = time.monotonic() - t0
-            assert 2.9 < took < 4.0, took
+            assert 2.9 < took < 6.0, took  # at the deadline, not before (the upper bound: no hang)
             assert isinstance(err.value, DeadlineExceededError) and "tried tcp rail" in str(err.value)
             # the deadline told the engine the peer is silent: later requests fail at once
             time.sleep(0.1)  # the parked slices are finalized by the next health tick
             t1 = time.monotonic()
             with pytest.raises(PeerUnreachableError, match="silent for"):
                 eng.submit([Request(READ, local, 0, peer.seg("ro"), 0, 1 << 20)], deadline=30).wait()
-            assert time.monotonic() - t1 < 0.5
+            assert time.monotonic() - t1 < 2.0  # far from the 30 s deadline it would otherwise wait for
             peer.proc.send_signal(signal.SIGCONT)
             end = time.monotonic() + 15
             while True:
@@ -183,13 +184,13 @@ def test_every_path_failing_for_a_second_inside_the_deadline_loses_nothing(ro_pe
         h = eng.submit([Request(READ, local, i << 24, ro_peer.seg("ro"), i << 24, 16 << 20) for i in range(4)],
                        deadline=10)  # fmt: skip
         parked = 0
-        while h.poll() == "pending" and time.monotonic() - t0 < 0.9:
+        while h.poll() == "pending" and healer.is_alive():  # until the paths heal
             parked = max(parked, eng._recovery.parked())
             time.sleep(0.01)
         h.wait()
         healer.join()
         took = time.monotonic() - t0
-        assert parked > 0 and 1.0 <= took < 5, (parked, took)
+        assert parked > 0 and 1.0 <= took < 10, (parked, took)  # completed inside its deadline
         assert np.array_equal(local.array, pattern(64 << 20, seed=1))
         assert h.outage is not None and not h.outage.ongoing
 
@@ -215,7 +216,7 @@ def test_deadline_error_says_what_was_tried(ro_peer):
         t0 = time.monotonic()
         with pytest.raises(PeerSilentError) as err:
             eng.submit([Request(READ, local, 0, ro_peer.seg("ro"), 0, 1 << 20)], deadline=1.5).wait()
-        assert 1.4 < time.monotonic() - t0 < 2.5
+        assert 1.4 < time.monotonic() - t0 < 5.0  # at its deadline (the upper bound: no hang)
         text = str(err.value)
         assert "missed its 1.5s deadline" in text and "E_CONNECT" in text and "retry round" in text, text
         assert "control endpoint: answered" in text, text  # the peer is alive; only its paths fail

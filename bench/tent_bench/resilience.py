@@ -20,9 +20,9 @@ outcome, reported by the worker), beside the wire bytes of node 0's rail interfa
   verified completion from 1 s before the fault to 3 s after it ended;
 * `slice_errors`: failed slices counted by the engine's rails (`rail_stats()["errors"]`);
 * per scenario: time to DEGRADED (`degraded_ms`), throughput against the three healthy rails, the
-  typed error a dead or stopped peer gives (`first_error`, `first_error_ms`), how fast later
-  requests fail (`fail_fast_max_ms`) and how soon requests succeed after the peer returns
-  (`recovered_ms`).
+  typed error a dead, stopped or cut-off peer gives (`first_error`, `first_error_ms`), how fast
+  later requests fail (`fail_fast_max_ms`) and how soon requests succeed after the peer returns or
+  its links come back (`recovered_ms`).
 
 Every wait is bounded; the fabric and every process are torn down on any exit.
 """
@@ -79,6 +79,7 @@ def scenarios(quick: bool = False) -> list[Scenario]:
     """The scenarios of docs/benchmarks.md, in run order; `quick` shortens them for the tests."""
     q = 0.6 if quick else 1.0
     t = 1.5 if quick else 2.0  # when the fault strikes
+    cut, cut_deadline = (3, 1.5) if quick else (4, 2.0)  # links cut for longer than the requests' deadline
     return [
         Scenario("no-fault", "no fault", duration_s=4.0 if quick else 8.0),
         Scenario("all-down-1s", "all 4 rails down for 1 s (10 s deadline)", duration_s=t + 4,
@@ -94,6 +95,9 @@ def scenarios(quick: bool = False) -> list[Scenario]:
         Scenario("peer-stop", f"target SIGSTOPped for {3 if quick else 4} s ({1.5 if quick else 2} s deadline), then SIGCONT",
                  duration_s=t + (5 if quick else 8), deadline_s=1.5 if quick else 2.0, peer="stop", peer_at=t,
                  peer_back=t + (3 if quick else 4), errors_expected=True),
+        Scenario("link-cut", f"all 4 rails cut for {cut} s ({cut_deadline} s deadline), then back", duration_s=t + cut + 4,
+                 deadline_s=cut_deadline, errors_expected=True,
+                 fault=";".join([f"down {i} at {t}s" for i in range(4)] + [f"up {i} at {t + cut}s" for i in range(4)])),
         Scenario("fresh", "fresh fabric: first transfer while rails 1-3 still come up", fresh=True, deadline_s=60.0),
     ]
 
@@ -286,8 +290,9 @@ def analyze(res: dict[str, Any], applied: list[dict[str, Any]], sc: Scenario, nr
             out["x_three_rails"] = round(g / ((nrails - 1) * RAIL_LIMIT_GBIT), 3)
     if any(e[1] == "down" for e in ev) and sc.fault.startswith("flap"):
         out["x_three_rails"] = round(out["fault_gbit"] / ((nrails - 1) * RAIL_LIMIT_GBIT), 3)
-    if sc.peer:
-        back = next((e[0] for e in ev if e[1] in ("restart", "cont")), None)
+    if sc.peer or sc.errors_expected:
+        # the peer returns: restarted or continued, or (a fabric fault) its last link is back up
+        back = next((e[0] for e in ev if e[1] in ("restart", "cont")), None) if sc.peer else t_e
         first = next((o for o in errs if o[1] >= t_f), None)
         if first is not None:
             out["first_error"] = first[2]
@@ -442,7 +447,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             notes.append(f"first error `{r['first_error']}` {_f(r.get('first_error_ms'), ' ms')} after the fault "
                          f"(deadline {_f(r['deadline_s'])} s); the {r.get('fail_fast_count', 0)} requests after it fail in "
                          f"{_f(r.get('fail_fast_p50_ms'), ' ms')} (median; max {_f(r.get('fail_fast_max_ms'), ' ms')}); "
-                         f"verified completions again {_f(r.get('recovered_ms'), ' ms')} after the peer returned")  # fmt: skip
+                         f"verified completions again {_f(r.get('recovered_ms'), ' ms')} after the fault ended")  # fmt: skip
         if r.get("first_transfer_ms") is not None:
             notes.append(f"first transfer {_f(r['first_transfer_ms'], ' ms')} ({r.get('retries', 0)} retried slices)"
                          + (f"; error: {r['error']}" if r.get("error") else ""))  # fmt: skip

@@ -132,11 +132,13 @@ def _row(slot: int) -> dict[str, int]:
 
 
 def test_queued_and_slow_but_steady_slices_never_time_out(rail_slot: int) -> None:
-    """One connection, a 200 ms progress timeout, a server moving 64 KiB every 20 ms: eight 256 KiB
-    slices take ~0.7 s in all, each waiting for the one before, and one slice alone takes ~4x the
-    timeout. All complete: queue time and slow service are not 'no progress'."""
-    srv = PacedServer(step=64 << 10, interval=0.02)
-    ex = TcpExecutor({"threads": 2, "conns_per_rail": 1, "slice_timeout_ms": 200, "connect_timeout_ms": 1000})
+    """One connection, a 500 ms progress timeout, a server moving 64 KiB every 40 ms: eight 256 KiB
+    slices take ~1.3 s in all, each waiting for the one before, and one slice alone takes ~2.5x the
+    timeout. All complete: queue time and slow service are not 'no progress'. (The gap between two
+    steps is far below the timeout, so a server thread held up by a loaded machine cannot make a
+    slice look stalled.)"""
+    srv = PacedServer(step=64 << 10, interval=0.04)
+    ex = TcpExecutor({"threads": 2, "conns_per_rail": 1, "slice_timeout_ms": 500, "connect_timeout_ms": 5000})
     try:
         peer = ex.add_peer([""], ["127.0.0.1"], [srv.port])
         n = 256 << 10
@@ -144,12 +146,12 @@ def test_queued_and_slow_but_steady_slices_never_time_out(rail_slot: int) -> Non
         res = run(ex, [(READ, buf.ctypes.data + i * n, 0x10000 + i * n, n, peer, 0) for i in range(8)],
                   stat_index=rail_slot)  # fmt: skip
         assert res.done and res.error == 0 and not res.retryable, res
-        assert res.elapsed > 0.5, res  # really took longer than the timeout, many times over
+        assert res.elapsed > 1.2, res  # really took longer than the timeout, more than twice over
         expect = np.array([(0x10000 + k) & 0xFF for k in range(0, 8 * n, 64 << 10)], np.uint8).repeat(64 << 10)
         assert np.array_equal(buf, expect)
-        big = np.zeros(2 << 20, np.uint8)  # 32 steps of 20 ms: 0.64 s for one slice
-        res = run(ex, [(READ, big.ctypes.data, 0, big.size, peer, 0)], stat_index=rail_slot)
-        assert res.done and res.error == 0 and res.elapsed > 0.4, res
+        big = np.zeros(2 << 20, np.uint8)  # 32 steps of 40 ms: ~1.3 s for one slice
+        res = run(ex, [(READ, big.ctypes.data, 0, big.size, peer, 0)], stat_index=rail_slot, timeout=30)
+        assert res.done and res.error == 0 and res.elapsed > 1.2, res
         row = _row(rail_slot)
         assert row["ERRORS"] == 0 and row["SERVING"] == 0 and row["INFLIGHT_SLICES"] == 0, row
         assert row["BYTES_MOVED"] == 8 * n + big.size, row  # counted as they moved
@@ -160,27 +162,30 @@ def test_queued_and_slow_but_steady_slices_never_time_out(rail_slot: int) -> Non
 
 
 def test_a_slice_whose_bytes_stop_moving_times_out(rail_slot: int) -> None:
-    srv = PacedServer(step=64 << 10, interval=0.01, stop_after=512 << 10, stop_for=3.0)
+    srv = PacedServer(step=64 << 10, interval=0.01, stop_after=512 << 10, stop_for=8.0)
     ex = TcpExecutor({"threads": 2, "conns_per_rail": 1, "slice_timeout_ms": 300, "connect_timeout_ms": 1000})
     try:
         peer = ex.add_peer([""], ["127.0.0.1"], [srv.port])
         buf = np.zeros(1 << 20, np.uint8)
-        t0 = time.monotonic()
         seen: list[tuple[float, int]] = []
+        finished = threading.Event()
 
         def watch() -> None:  # the rail serves and moves bytes, then serves without moving any
-            while time.monotonic() - t0 < 1.5:
+            while not finished.wait(0.01):
                 r = _row(rail_slot)
                 seen.append((time.monotonic(), r["SERVING"]))
-                time.sleep(0.01)
 
         w = threading.Thread(target=watch)
         w.start()
-        res = run(ex, [(READ, buf.ctypes.data, 0, buf.size, peer, 0)], stat_index=rail_slot, timeout=10)
-        w.join()
+        try:
+            res = run(ex, [(READ, buf.ctypes.data, 0, buf.size, peer, 0)], stat_index=rail_slot, timeout=20)
+        finally:
+            finished.set()
+            w.join()
         assert res.done and res.retryable == [Status.E_TIMEOUT], res
-        # ~80 ms of steady progress, then 300 ms without: failed after ~0.38 s, well before the stop ends
-        assert 0.3 < res.elapsed < 1.5, res
+        # ~80 ms of steady progress, then 300 ms without: failed after ~0.38 s, long before the
+        # server's 8 s silence ends (the bound only says it did not wait for the bytes to resume)
+        assert 0.3 < res.elapsed < 6.0, res
         row = _row(rail_slot)
         assert row["BYTES_MOVED"] >= 512 << 10 and row["SERVING"] == 0, row
         assert any(s > 0 for _, s in seen)
@@ -203,7 +208,8 @@ def test_a_write_into_a_full_send_buffer_reports_congestion_and_goes_on(rail_slo
         assert res.done and res.error == 0 and not res.retryable, res
         assert res.elapsed > 0.35, res
         row = _row(rail_slot)
-        assert row["CONGESTION"] == 1 and row["ERRORS"] == 0 and row["BYTES_MOVED"] == src.size, row
+        # once for the 0.4 s pause (more only if a loaded machine also holds the reader up elsewhere)
+        assert row["CONGESTION"] >= 1 and row["ERRORS"] == 0 and row["BYTES_MOVED"] == src.size, row
     finally:
         ex.close()
         srv.close()
