@@ -16,9 +16,9 @@ import time
 
 import numpy as np
 import pytest
-from peers import Peer
+from peers import Peer, sha
 
-from tent_core import READ, DeadlineExceededError, Engine, PeerSilentError, PeerUnreachableError, Request
+from tent_core import READ, WRITE, DeadlineExceededError, Engine, PeerSilentError, PeerUnreachableError, Request
 from tent_core.abi import Status
 from tent_core.config import PeerConfig
 from tent_core.liveness import CheckResult, PeerLiveness, PeerState
@@ -222,3 +222,43 @@ def test_deadline_error_says_what_was_tried(ro_peer):
         assert "control endpoint: answered" in text, text  # the peer is alive; only its paths fail
         fp.instances["tcp"].heal()
         eng.read(local, ro_peer.seg("ro"), 1 << 20, timeout=10)  # not remembered as dead: it answered
+
+
+def test_congestion_reported_by_the_executor_reaches_the_rail_monitor():
+    """Item 4's soft signal end to end: the peer stops reading (SIGSTOP) while a WRITE is on the
+    wire, so the TCP executor's send buffer fills and stops draining; it reports congestion
+    (rail_stats()["congestion"]), the health tick feeds it to the rail monitor as a congestion
+    error, and the WRITE completes, every byte right, once the peer reads again (the progress
+    timeout, 20 s here, is far away: congestion is not a failure)."""
+    # small socket buffers on both ends, so the stopped peer's kernel cannot swallow the whole WRITE
+    small = {"sockbuf": 64 << 10, "conns_per_rail": 1}
+    tcp = {"rails": ["127.0.0.1"], "slice_timeout_ms": 20_000, "congestion_ms": 100, **small}
+    peer = Peer(size=64 << 20, config={"transports": {"tcp": {**RAILS2, **small}}})
+    try:
+        with Engine({"transports": {"tcp": tcp}}, transports=["tcp"]) as eng:
+            heard: list[object] = []
+            on_error = eng.monitor.on_error
+
+            def spy(rail, now, congestion=False):  # records, then does what the monitor does
+                if congestion:
+                    heard.append(rail)
+                return on_error(rail, now, congestion=congestion)
+
+            eng.monitor.on_error = spy  # type: ignore[method-assign]
+            src = eng.allocate(64 << 20)
+            src.array[:] = pattern(64 << 20, seed=5)
+            eng.read(eng.allocate(1 << 20), peer.seg("rw"), 1 << 20)  # connected
+            peer.stop()
+            h = eng.submit([Request(WRITE, src, 0, peer.seg("rw"), 0, 64 << 20)], deadline=60)
+            end = time.monotonic() + 15  # below the progress timeout: a timeout would be a slice error
+            while not heard and time.monotonic() < end:  # until the monitor hears of it (event, bounded)
+                time.sleep(0.02)
+            peer.cont()
+            h.wait()
+            stats = [s for s in eng.rail_stats() if s["peer"] == peer.engine_id]
+            assert heard and sum(s["congestion"] for s in stats) >= 1, (heard, [(s["congestion"], s["errors"], s["bytes"], s["state"]) for s in stats])
+            assert sum(s["errors"] for s in stats) == 0, stats
+        assert peer.digest("rw", 0, 64 << 20) == sha(pattern(64 << 20, seed=5))
+    finally:
+        peer.cont()
+        peer.close()
