@@ -19,6 +19,9 @@ States:
 * DEAD: the process is gone (REFUSED), or a request reached its deadline waiting for a silent peer
   (`on_deadline`). Remembered: new requests fail at once with the reason (`fail_fast`) instead of
   each waiting for a timeout, until a check is answered again (a restarted process included).
+  Requests already waiting end at once only when the process is gone (`ends_waiting`); a peer
+  judged dead from silence may still return within their deadlines (a short deadline must not
+  fail a long one), so they keep waiting for their own.
 
 Checks are due (`check_due`) while SILENT or DEAD, with exponential back-off between them, so a
 peer that comes back is noticed within one back-off step (`check_backoff_cap_s` at most).
@@ -108,6 +111,7 @@ class PeerLiveness:
         self._check_backoff = self.config.check_backoff_base_s
         self._checking = False
         self._answered = False  # a check answered during the current outage
+        self.gone = False  # DEAD because the process is gone (refused), not only silent
 
     # ---- evidence ------------------------------------------------------------------------------
 
@@ -149,7 +153,7 @@ class PeerLiveness:
                 self._set(PeerState.ALIVE, now, "")
         elif result is CheckResult.REFUSED:
             self._set(PeerState.DEAD, now, f"its control endpoint refused the connection: the process is gone ({detail})"
-                      if detail else "its control endpoint refused the connection: the process is gone")  # fmt: skip
+                      if detail else "its control endpoint refused the connection: the process is gone", gone=True)  # fmt: skip
         self._next_check = now + self._check_backoff
         self._check_backoff = min(self._check_backoff * 2, self.config.check_backoff_cap_s)
 
@@ -179,6 +183,11 @@ class PeerLiveness:
     def dead(self) -> bool:
         return self.state is PeerState.DEAD
 
+    def ends_waiting(self, now: float) -> str | None:
+        """The reason requests already waiting on the peer end now: only when its process is gone
+        (None: they wait until their own deadlines, or until the peer answers again)."""
+        return self.fail_fast(now) if self.gone else None
+
     def fail_fast(self, now: float) -> str | None:
         """The reason new requests to the peer fail at once (None: they may go ahead)."""
         if self.state is not PeerState.DEAD:
@@ -188,8 +197,9 @@ class PeerLiveness:
             text += f" ({self.outage.describe(now)})"
         return text + "; requests fail at once until it answers again"
 
-    def _set(self, state: PeerState, now: float, reason: str) -> None:
+    def _set(self, state: PeerState, now: float, reason: str, gone: bool = False) -> None:
         self.state = state
+        self.gone = gone
         self.since = now
         self.reason = reason
 

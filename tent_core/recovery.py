@@ -177,11 +177,12 @@ class Recovery:
         handle._batch.fail_slice(status)
 
     def _fail_if_dead(self, handle: BatchHandle, peer: Peer, now: float, status: int) -> bool:
-        """Finalize the slice when its peer is known to be gone (True), with the reason."""
+        """Finalize the slice when its peer's process is known to be gone (True), with the reason.
+        A peer only judged dead from silence keeps the slice waiting for its own deadline."""
         if not peer.liveness.dead:
             return False
         with peer.lock:
-            why = peer.liveness.fail_fast(now)
+            why = peer.liveness.ends_waiting(now)
         if why is None:
             return False
         self._give_up(handle, status, why)

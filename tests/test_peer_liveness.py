@@ -39,7 +39,7 @@ def test_liveness_silent_then_refused_is_dead_until_answered():
     assert lv.state is PeerState.SILENT and lv.fail_fast(1.0) is None  # requests still wait
     assert lv.check_due(1.0) and not lv.check_due(1.0)  # one check at a time
     lv.on_check(1.05, CheckResult.REFUSED, "connect refused")
-    assert lv.dead and "gone" in lv.fail_fast(1.1)
+    assert lv.dead and "gone" in lv.fail_fast(1.1) and lv.ends_waiting(1.1) == lv.fail_fast(1.1)
     assert "tcp rail 0: E_CONNECT x1" in lv.fail_fast(1.1) and "requests fail at once" in lv.fail_fast(1.1)
     # re-checked with back-off (0.1, 0.2, 0.4, 0.4 ...) while dead
     assert not lv.check_due(1.1) and lv.check_due(1.16)
@@ -61,6 +61,12 @@ def test_liveness_deadline_on_a_silent_peer_marks_it_dead_unless_it_answered():
     lv.on_deadline(4.0)
     assert lv.dead and "silent for 4.00s" in lv.fail_fast(4.0)
     assert "control endpoint: no answer" in lv.fail_fast(4.0)
+    # new requests fail at once, but requests already waiting keep waiting for their own deadlines:
+    # one request's short deadline must not fail another's long one while the peer may still return
+    assert lv.ends_waiting(4.0) is None
+    assert lv.check_due(4.5)
+    lv.on_check(4.6, CheckResult.REFUSED, "connect refused")  # now it is gone: they end too
+    assert "process is gone" in lv.ends_waiting(4.7)
     # a peer that answers on its control port while its data paths fail is not declared dead
     lv2 = PeerLiveness("h:2")
     lv2.on_no_path(0.0, "tcp rail 0", E_CONNECT)
@@ -259,6 +265,30 @@ def test_congestion_reported_by_the_executor_reaches_the_rail_monitor():
             assert heard and sum(s["congestion"] for s in stats) >= 1, (heard, [(s["congestion"], s["errors"], s["bytes"], s["state"]) for s in stats])
             assert sum(s["errors"] for s in stats) == 0, stats
         assert peer.digest("rw", 0, 64 << 20) == sha(pattern(64 << 20, seed=5))
+    finally:
+        peer.cont()
+        peer.close()
+
+
+def test_a_short_deadline_does_not_fail_a_long_one_on_a_silent_peer():
+    """Two requests wait on a stopped peer: one with a 1.5 s deadline, one with 30 s. The short one
+    ends at its deadline (PeerSilentError) and the peer is remembered dead, so a new request fails
+    at once; the long one keeps waiting and completes, every byte right, once the peer continues."""
+    peer = Peer(size=16 << 20, config={"transports": {"tcp": RAILS2}})
+    try:
+        with Engine({"transports": {"tcp": RAILS2}}, transports=["tcp"]) as eng:
+            short, long_ = eng.allocate(8 << 20), eng.allocate(8 << 20)
+            eng.read(short, peer.seg("ro"), 1 << 20)
+            peer.stop()
+            h_long = eng.submit([Request(READ, long_, 0, peer.seg("ro"), 8 << 20, 8 << 20)], deadline=30)
+            with pytest.raises(PeerSilentError):
+                eng.submit([Request(READ, short, 0, peer.seg("ro"), 0, 8 << 20)], deadline=1.5).wait()
+            with pytest.raises(PeerUnreachableError, match="requests fail at once"):
+                eng.submit([Request(READ, short, 0, peer.seg("ro"), 0, 1 << 20)], deadline=30).wait()
+            assert h_long.poll() == "pending"  # still waiting for its own deadline
+            peer.cont()
+            h_long.wait()  # raises if it failed
+            assert np.array_equal(long_.array, pattern(16 << 20, seed=1)[8 << 20 :])
     finally:
         peer.cont()
         peer.close()

@@ -245,6 +245,7 @@ def analyze(res: dict[str, Any], applied: list[dict[str, Any]], sc: Scenario, nr
         "requests_ok": len(ok),
         "slice_errors": int(sum(rows[-1]["errors"]) - sum(rows[0]["errors"])) if len(rows) >= 2 else 0,
         "error_kinds": sorted(res.get("error_kinds", {})),
+        "error_messages": dict(res.get("error_kinds", {})),  # kind -> the first message of that kind
         "events": [{"t": round(t, 3), "action": a, "rail": r} for t, a, r in ev],
         "errors_expected": sc.errors_expected,
     }
