@@ -48,3 +48,17 @@ def test_spray_moves_verified_bytes_in_proportion_to_rail_rates():
     assert abs(share[1] - 1 / 3) < 0.1, share
     # both rails busy: the verified goodput is well above what the fast rail alone could carry
     assert summ["verified_gbit"] > 0.2, summ["verified_gbit"]
+
+
+def test_fault_mode_rail_down_and_up_no_app_errors_and_rail_returns():
+    """`tent bench --fabric ... --fault` (the wire-rate timelines of scripts/bench-fabric.sh); the
+    scenarios themselves are measured from verified completions in test_resilience_fabric.py."""
+    _require_fabric()
+    spec = fb.FabricBenchSpec(fabric="2x200mbit", policies=["spray"], duration_s=4.0, verify_block=8 * MiB,
+                              threads=2, fault="down 0 at 0.8s; up 0 at 1.5s")  # fmt: skip
+    rows = fb.run_fabric_bench(spec)
+    summ = next(r for r in rows if r.get("kind") == "fault_summary")
+    assert summ["fault_errors"] == []
+    assert summ["app_errors"] == 0 and summ["corrupt"] == 0, summ["errors"]
+    assert summ["all_verified"] and summ["bytes_verified"] == summ["bytes_requested"] > 0
+    assert summ["after_last_event_rail_gbit"][0] > 0, summ  # the downed rail carried traffic again
