@@ -1,8 +1,9 @@
-# Quick start: `make demo` (a short benchmark between two local processes) and `make test`.
+# Quick start: `make demo` (a trainer and rollout processes sync ~1 GiB of weights through refhub,
+# then a short benchmark against the bare limits) and `make test`.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-PIP    := $(PY) -m pip
+PIP    := ./scripts/pip-quiet.sh $(PY) -m pip
 STAMP  := $(VENV)/.tent-installed
 PLUGINS := tcp shm gds nvlink
 PLUGIN_DIRS := $(foreach p,$(PLUGINS),$(wildcard plugins/$(p)))
@@ -31,7 +32,7 @@ $(STAMP): $(SOURCES)
 	@echo "==> installed: $(VENV)/bin/tent, $(VENV)/bin/refhub (make test, make demo)"
 
 demo: install
-	$(VENV)/bin/tent bench --quick
+	@$(VENV)/bin/tent demo
 
 test: install
 	$(PY) -m pytest -q

@@ -13,7 +13,7 @@ ROOT=$(git rev-parse --show-toplevel 2>/dev/null || pwd)
 cd "$ROOT"
 PY=${PY:-$ROOT/.venv/bin/python}
 [ -x "$PY" ] || PY=python3
-LOG=${LOG:-/tmp/tent-gpu-check}
+LOG=${LOG:-$(mktemp -d "${TMPDIR:-/tmp}/tent-gpu-check.XXXXXX")}  # private to this run unless given
 mkdir -p "$LOG"
 if [ -n "${WHEELS:-}" ]; then
     "$PY" -m pip install -q --no-index --find-links "$WHEELS" "$WHEELS"/*.whl >"$LOG/wheels.log" 2>&1 ||

@@ -12,7 +12,9 @@ command -v make >/dev/null 2>&1 || required+=(make)
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || required+=(python3-venv)
 python3 -c 'import sysconfig, os; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' \
     >/dev/null 2>&1 || required+=(python3-dev)
-{ command -v ip && command -v tc; } >/dev/null 2>&1 || optional+=(iproute2)
+# ip and tc live in /usr/sbin, which an ordinary user's PATH often lacks: look there too
+{ PATH="$PATH:/usr/sbin:/sbin" command -v ip && PATH="$PATH:/usr/sbin:/sbin" command -v tc; } >/dev/null 2>&1 ||
+    optional+=(iproute2)
 command -v fio >/dev/null 2>&1 || optional+=(fio)
 command -v etcd >/dev/null 2>&1 || optional+=(etcd-server)
 [ ${#required[@]} -eq 0 ] && [ ${#optional[@]} -eq 0 ] && exit 0

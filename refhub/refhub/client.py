@@ -793,6 +793,13 @@ class ShardHandle:
     def _set_progress(self, version: int, nbytes: int) -> None:
         self._ctrl.array[:8] = np.frombuffer(np.uint64((version << VERSION_SHIFT) | nbytes).tobytes(), dtype=np.uint8)
 
+    @property
+    def progress(self) -> tuple[int, int, int]:
+        """(version, bytes held, bytes in all) of this shard's byte stream: during a replicate, how
+        far it got (the same word pipeline readers of this replica see); after it, bytes held == all."""
+        word = int(self._ctrl.array[:8].view(np.uint64)[0])
+        return word >> VERSION_SHIFT, word & BYTES_MASK, sum(s[3] for s in self._stream())
+
     def _checksums(self) -> list[int]:
         return [checksum(self.items[n].arr) for n in sorted(self.items)]
 

@@ -32,6 +32,7 @@ Config keys, with their defaults and meaning: :attr:`ShmTransport.config_keys`.
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import functools
 import ipaddress
@@ -196,6 +197,9 @@ def _recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
     return msg, fds
 
 
+_BIND_ATTEMPTS = 8
+
+
 def _abstract(name: str) -> str:
     return "\0" + name
 
@@ -237,7 +241,6 @@ class _ShmServer:
         self.allow_cma = allow_cma
         self.allow_uids = frozenset({os.getuid(), 0}) | allow_uids
         self.max_conns = max_conns
-        self.name = f"tent-shm-{os.getpid()}-{secrets.token_hex(6)}"
         self._lock = threading.Lock()
         self._exports: dict[int, _Export] = {}
         self._conns: set[_ServerConn] = set()
@@ -245,7 +248,17 @@ class _ShmServer:
         self.refused = 0
         self._closed = False
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-        self._sock.bind(_abstract(self.name))
+        # an abstract name: nothing in the file system, gone with the socket; random, so another
+        # process (of any user) holding a name never collides with ours, and if one did we pick again
+        for attempt in range(_BIND_ATTEMPTS):
+            self.name = f"tent-shm-{os.getpid()}-{secrets.token_hex(6)}"
+            try:
+                self._sock.bind(_abstract(self.name))
+                break
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE or attempt == _BIND_ATTEMPTS - 1:
+                    self._sock.close()
+                    raise
         self._sock.listen(64)
         self._thread = threading.Thread(target=self._accept_loop, name="tent-shm-server", daemon=True)
         self._thread.start()
