@@ -26,12 +26,19 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     cfg = json.loads(args.config) if args.config else None
     with Engine(cfg, host=args.host, port=args.port) as eng:
-        if args.pattern:  # filled before it is registered: no peer ever reads it half filled
+        if args.pattern and args.port:
+            # A restartable target (fixed control port): its peers already know the segment's name,
+            # so it must not appear before it is filled. Registered host memory serves TCP (the
+            # resilience benchmark), not shm's memfd mappings.
             data = np.empty(args.size, np.uint8)
             data[:] = pattern(args.size)
             eng.register(data, segment=args.segment)
         else:
-            eng.allocate(args.size, segment=args.segment)
+            # engine memory, which every transport serves (shm maps it); filled before its name is
+            # printed, so no peer can know it earlier
+            buf = eng.allocate(args.size, segment=args.segment)
+            if args.pattern and buf.array is not None:
+                buf.array[:] = pattern(args.size)
         print(json.dumps({"segment": eng.segment_name(args.segment), "transports": sorted(eng.transports)}), flush=True)
         sys.stdin.read()  # the parent closes stdin to stop us
     return 0
