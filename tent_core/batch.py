@@ -84,6 +84,7 @@ class BatchHandle:
         self.outage: Any = None
         self.failure_detail: str | None = None
         self.peers: tuple[Any, ...] = ()  # peers.Peer objects its requests go to
+        self.ordering = ""  # stream ordering: "native" (executors wait on the device), "host", "none" or ""
         # route -> the Decision its slices follow (or _AMBIGUOUS: look in _pieces by local address)
         self._routes: dict[Any, Any] = {}
         self._pieces: list[tuple[Any, int, int, Any]] = []  # (route, local lo, local hi, decision)

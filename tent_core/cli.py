@@ -127,6 +127,41 @@ def plugins(as_json: bool) -> None:
 
 
 
+@main.command()
+@click.argument("remote")
+@click.option("--op", type=click.Choice(["read", "write"], case_sensitive=False), default="write", show_default=True,
+              help="READ (remote -> local) or WRITE (local -> remote).")
+@click.option("--local-kind", type=click.Choice(["host", "cuda", "npu", "sim"]), default="host", show_default=True,
+              help="Memory kind of the local buffer.")
+@click.option("--offset", "remote_offset", type=int, default=0, show_default=True, help="Offset in the remote segment.")
+@click.option("--length", type=int, default=None, help="Bytes (default: to the end of the remote buffer).")
+@click.option("--transports", default=None, help="Comma-separated transports this engine starts (default: all).")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Engine config (TOML).")
+@click.option("--simdev", is_flag=True, help="Add the simulated device transport (tests).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def explain(remote: str, op: str, local_kind: str, remote_offset: int, length: int | None, transports: str | None,
+            config_path: str | None, simdev: bool, as_json: bool) -> None:
+    """Which path a transfer to REMOTE (host:port/segment) would take, and the alternatives, priced.
+
+    Starts an engine here, reads the peer's description and asks the planner; nothing moves."""
+    from .engine import Engine
+    from .errors import TentError
+
+    plugins = None
+    if simdev:
+        from .simdev import SimDevicePlugin
+
+        plugins = [SimDevicePlugin()]
+    try:
+        with Engine(config_path, transports=transports.split(",") if transports else None, plugins=plugins) as eng:
+            ex = eng.explain(op=op.upper(), local_kind=local_kind, remote=remote, remote_offset=remote_offset,
+                             length=length)
+    except (TentError, ValueError) as exc:
+        raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
+    click.echo(json.dumps(ex.as_dict(), indent=2) if as_json else str(ex))
+
+
 @main.command("new-plugin")
 @click.argument("name")
 @click.argument("directory", type=click.Path(file_okay=False))

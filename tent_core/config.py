@@ -259,6 +259,27 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class PathCostConfig:
+    """Phase 1: comparing a direct path with paths staged through host memory (routing.path_cost).
+
+    A path is a pipeline of stages; each chunk pays every stage's per-chunk time once and the
+    slowest stage bounds the rest. Rates come from each transport's CapabilityProfile.bandwidth_gbps
+    (0 = unknown: the defaults below) and, for a target's own device copies, from what the target
+    advertises."""
+
+    # Rates assumed for a transport that advertises none.
+    same_host_gbps: float = 10.0
+    cross_host_gbps: float = 1.25
+    # Per request (direct) or per chunk and stage (staged): software overhead of one leg.
+    leg_overhead_s: float = 20e-6
+    # Per chunk of a target-staged path: the control round trip that asks the target to copy.
+    control_rtt_s: float = 150e-6
+    # Plans are cached per class of requests (kinds, op, rule), not per size: paths are compared
+    # for a request of this size.
+    reference_bytes: int = 64 * MiB
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Engine-level defaults plus the policy sections."""
 
@@ -305,6 +326,17 @@ class EngineConfig:
     staging_chunk_bytes: int = 4 * MiB
     staging_buffers: int = 8
     staging_workers: int = 4
+    # Target-side staging (tent_core.target_staging): this engine copies between its own host staging
+    # slots and its device memory for peers that cannot reach that memory directly. Off: peers see no
+    # staging offer and such requests fail with NoPathError.
+    target_staging: bool = True
+    target_staging_chunk_bytes: int = 4 * MiB
+    # Staging slots (each one chunk of pinned host memory) shared by every session, made on demand.
+    target_staging_slots: int = 16
+    # Slots one session (one staged request) holds at most: how many chunks it keeps in flight.
+    target_staging_depth: int = 4
+    # A session idle this long (its initiator vanished) is closed and its slots reclaimed.
+    target_staging_lease_s: float = 30.0
     # Administrator policy rules (tent_core.policy_rules): first match restricts/orders transports and rails.
     rules: list[dict[str, Any]] = field(default_factory=list)
     # Per-transport sections, handed to each plugin's start() as-is (e.g. {"tcp": {"rails": [...]}}).
@@ -315,7 +347,7 @@ class EngineConfig:
     peers: PeerConfig = field(default_factory=PeerConfig)
     directory: DirectoryConfig = field(default_factory=DirectoryConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
-
+    path_cost: PathCostConfig = field(default_factory=PathCostConfig)
 
     def __post_init__(self) -> None:
         if self.require_auth not in REQUIRE_AUTH_MODES:
@@ -331,6 +363,7 @@ _SECTIONS: dict[str, type] = {
     "peers": PeerConfig,
     "directory": DirectoryConfig,
     "metrics": MetricsConfig,
+    "path_cost": PathCostConfig,
 }
 ENV_PREFIX = "TENT_"
 
@@ -437,6 +470,7 @@ __all__ = [
     "DirectoryConfig",
     "EngineConfig",
     "MetricsConfig",
+    "PathCostConfig",
     "PeerConfig",
     "QosConfig",
     "RailHealthConfig",

@@ -29,6 +29,8 @@ from . import _native, errors
 from .abi import SLICE_DTYPE
 from .batch import BatchHandle
 from .config import EngineConfig
+from .ordering import Orderer, OrderSpec
+from .ordering import collect as collect_order
 from .peers import Peer, PeerDirectory, Route
 from .policy_rules import RequestTraits
 from .rail_monitor import RailMonitor
@@ -39,7 +41,7 @@ from .routing import Decision, Router, StagedPath
 from .segments import LocalSegments
 from .slice_scheduler import SliceScheduler
 from .staged import StagingPool, run_staged
-from .types import OpCode, Permission, Priority
+from .types import MemoryKind, OpCode, Permission, Priority
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,7 @@ class Submitter:
         self._lock = threading.Lock()
         self._workers: ThreadPoolExecutor | None = None
         self.staging: StagingPool | None = None
+        self.orderer: Orderer | None = None  # stream-ordered batches (tent_core.ordering), made on first use
 
     # ---- LegSubmitter (staged pipelines) ----------------------------------------------------------
 
@@ -105,9 +108,12 @@ class Submitter:
         plan: list[Slice] = []
         notes: list[tuple[Route, Decision, int, int]] = []
         staged: list[tuple[Request, StagedPath]] = []
+        ordered = False
         for req in requests:
             self._plan_request(req, timeout, plan, notes, staged)
-        return self._launch(plan, notes, staged, timeout, len(requests))
+            ordered = ordered or req.wait_stream is not None or req.wait_event is not None or req.signal_event is not None
+        order = collect_order(requests) if ordered else None
+        return self._launch(plan, notes, staged, timeout, len(requests), order)
 
     def _launch(
         self,
@@ -116,6 +122,7 @@ class Submitter:
         staged: list[tuple[Request, StagedPath]],
         timeout: float,
         num_requests: int,
+        order: OrderSpec | None = None,
     ) -> BatchHandle:
         batch = _native.Batch(len(plan) + len(staged))
         handle = BatchHandle(self._owner, batch, time.monotonic() + timeout, num_requests)
@@ -123,12 +130,28 @@ class Submitter:
             handle.note_route(*note)
         # the peers it talks to: a deadline missed while one of them is in an outage blames it
         handle.peers = tuple({self.peers.lookup(r.rails[0].peer_id) for r in handle.routes() if r.rails} - {None})
+        if order is not None:
+            transports = list({id(it[0].transport): it[0].transport for it in plan}.values())
+            handle.ordering = self._orderer().launch(
+                handle, len(plan) + len(staged), transports, bool(staged),
+                lambda: self._start(handle, batch, plan, staged), order,
+            )
+            return handle
+        self._start(handle, batch, plan, staged)
+        return handle
+
+    def _start(self, handle: BatchHandle, batch: Any, plan: list[Slice], staged: list[tuple[Request, StagedPath]]) -> None:
         if plan:
             self.progress.track(handle)
             self._dispatch(batch, plan)
         for req, path in staged:
             self._staged_workers().submit(run_staged, self, handle, req, path, self._staging_pool())
-        return handle
+
+    def _orderer(self) -> Orderer:
+        with self._lock:
+            if self.orderer is None:
+                self.orderer = Orderer()
+            return self.orderer
 
     def _plan_request(
         self,
@@ -175,17 +198,19 @@ class Submitter:
             rule = None
             if router.rules:
                 rule = router.match(RequestTraits(prio, req.length, buf.kind, rbuf.kind, peer.same_host, req.tag))
-            p = peer.plans.get((buf.kind, rbuf.kind, op, rule))
+            hidden = rbuf.hidden
+            p = peer.plans.get((buf.kind, rbuf.kind, op, rule) if not hidden else (buf.kind, rbuf.kind, op, rule, hidden))
             if p is None:
                 traits = RequestTraits(prio, req.length, buf.kind, rbuf.kind, peer.same_host, req.tag)
-                p = self.peers.plan(peer, traits, op, rule)
-            if p.__class__ is StagedPath:
+                p = self.peers.plan(peer, traits, op, rule, hidden)
+            if p.__class__ is not Decision:  # a StagedPath or TargetStagedPath
                 if len(pieces) > 1:
                     raise errors.NoPathError(
                         f"no transport moves {buf.kind.value} <-> {rbuf.kind.value} memory directly, and a staged "
                         f"path cannot span {len(pieces)} remote buffers: split the request at buffer boundaries"
                     )
-                self._check_local_stage(buf, req, op)
+                if buf.kind != MemoryKind.HOST:
+                    self._check_local_stage(buf, req, op)
                 staged.append((req, p))  # type: ignore[arg-type]
                 return
             self._plan_direct(peer, p, op, local, raddr, length, prio, plan, notes)  # type: ignore[arg-type]
@@ -283,6 +308,9 @@ class Submitter:
         """Stop staged pipelines (each finalizes its unit) and wait for them."""
         with self._lock:
             workers, self._workers = self._workers, None
+            orderer = self.orderer
+        if orderer is not None:
+            orderer.close()  # held batches fail (cancelled); signals fire as batches end
         if workers is not None:
             workers.shutdown(wait=True, cancel_futures=True)
 

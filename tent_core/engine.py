@@ -49,6 +49,7 @@ from .request import LocalBuffer, Request, parse_segment_name
 from .routing import RetryLimits, Router
 from .segments import FILE_BASE, FILE_STRIDE, LocalSegments
 from .slice_scheduler import SliceScheduler
+from .target_staging import STAGE_OPS, TargetStager
 from .transport import Transport, TransportContext
 from .types import Availability, OpCode, Permission, Priority
 
@@ -114,7 +115,10 @@ class Engine:
         self.availability: dict[str, Availability] = {}
         self.transports: dict[str, Transport] = self._start_transports(host, transports)
         self._profiles = {n: t.capabilities() for n, t in self.transports.items()}
-        self.router = Router(self._profiles, rules, RetryLimits(cfg.max_retries_per_slice, cfg.max_transport_failovers))
+        self.router = Router(
+            self._profiles, rules, RetryLimits(cfg.max_retries_per_slice, cfg.max_transport_failovers), cfg.path_cost,
+            cfg.staging_chunk_bytes,
+        )
         self.scheduler = SliceScheduler(cfg.scheduler, qos=PrioritySlots(cfg.qos) if cfg.qos.enabled else None)
         self.monitor = RailMonitor(cfg.health)
         self._segments = LocalSegments(self.engine_id, self.transports, self._profiles)
@@ -128,6 +132,8 @@ class Engine:
         self._probe_buf: LocalBuffer | None = None
         self._recovery = Recovery(self, cfg, self.peers, self.router, self.monitor, lambda: self._probe_buf, PROGRESS)
         self._submitter = Submitter(self, cfg, self._segments, self.peers, self.router, self.scheduler, self.monitor, PROGRESS)
+        # stages copies between its own host staging and device memory for peers that cannot reach it
+        self._stager = TargetStager(self._submitter, self._segments, self.peers, self.router, self._profiles, cfg)
         # every engine exposes a tiny read-only buffer that peers' heartbeat slices read
         if self.transports:
             self._probe_buf = self.allocate(PROBE_BYTES, segment=PROBE_SEGMENT, perm=Permission.READ)
@@ -237,14 +243,17 @@ class Engine:
             "pid": os.getpid(),
             "transports": {n: t.local_descriptor() for n, t in self.transports.items()},
             "segments": self._segments.table(),
+            "staging": self._stager.offer() if hasattr(self, "_stager") else {},
         }
 
-    def _handle_control(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def _handle_control(self, msg: dict[str, Any]) -> Any:
         op = msg["op"]
         if op == "describe":
             return self.describe()
         if op == "ping":
             return {"ok": True}
+        if op in STAGE_OPS:  # target-side staging (a Future for copies: replied when they are done)
+            return self._stager.handle(msg)
         raise errors.ProtocolError(f"unknown op {op!r}")
 
     def refresh_peer(self, engine_id: str, timeout: float | None = None) -> None:
@@ -298,6 +307,16 @@ class Engine:
         n = local.length - local_offset if length is None else length
         self.transfer(OpCode.WRITE, local, local_offset, remote, remote_offset, n, timeout=timeout)
 
+    def explain(self, request: Request | None = None, **kind: Any) -> Any:
+        """The path a request takes and the alternatives, priced (`tent_core.explain.PathExplanation`;
+        `str()` of it is a readable report). Pass a Request, or describe one without a buffer:
+        ``explain(op="WRITE", local_kind="cuda", remote="host:port/seg", remote_offset=0, length=n)``.
+        Nothing moves; the peer is contacted once (describe) if it is not known yet."""
+        from .explain import explain_request
+
+        self._check_open()
+        return explain_request(self, request, **kind)
+
     # ----------------------------------------------------------- progress thread entry points
     def _handle_failure(self, handle: BatchHandle, rec: np.void) -> None:
         self._recovery.on_failure(handle, rec)
@@ -342,6 +361,7 @@ class Engine:
                 return
             self._closed = True
         self._submitter.close()  # staged pipelines finish (their legs fail fast once transports go)
+        self._stager.close()
         PROGRESS.detach(self)  # fence: no retry, tick or probe of this engine runs after this
         self._recovery.close()  # slices waiting for a path are cancelled, the peer watch stops
         if self.config.metrics.port:

@@ -10,6 +10,10 @@ Authentication (SECURITY.md): with a cluster token every peer runs the challenge
 an unauthenticated caller gets a refusal and nothing else (no pid, no addresses, no descriptors).
 Bounded: requests over `control_max_request_bytes` drop the connection (ZMQ_MAXMSGSIZE), each
 peer's reply queue holds `control_send_hwm` messages, handshakes and sessions are capped.
+
+A handler may return a `concurrent.futures.Future` instead of a reply (target staging's copies):
+the server keeps serving and sends the future's result when it completes (at most
+`MAX_DEFERRED` replies outstanding; beyond that a request is refused as busy).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import msgpack
@@ -36,6 +41,7 @@ _DEFAULTS = EngineConfig()
 # auth=FROM_ENV: take the cluster token from $TENT_AUTH_TOKEN[_FILE] (components built without an engine config)
 FROM_ENV: Any = object()
 RECV_HWM = 1000  # messages queued from one peer before ZeroMQ stops reading its socket
+MAX_DEFERRED = 4096  # deferred replies outstanding before requests are refused as busy
 
 
 def host_identity() -> str:
@@ -62,7 +68,7 @@ class ControlServer:
         self,
         host: str,
         port: int,
-        handler: Callable[[dict[str, Any]], dict[str, Any]],
+        handler: Callable[[dict[str, Any]], dict[str, Any] | Future[dict[str, Any]]],
         *,
         auth: ClusterAuth | None = FROM_ENV,
         max_request_bytes: int = _DEFAULTS.control_max_request_bytes,
@@ -104,23 +110,57 @@ class ControlServer:
     def _run(self) -> None:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # deferred replies ready
+        poller.register(wake_r, zmq.POLLIN)
+        self._deferred: list[tuple[bytes, Any, Future[dict[str, Any]]]] = []
+        self._wake_w = wake_w
         last_expire = time.monotonic()
-        while not self._stop.is_set():
-            now = time.monotonic()
-            if now - last_expire > 1.0:
-                last_expire = now
-                self._sessions.expire(now)
-            if not poller.poll(100):
-                continue
-            try:
-                frames = self._sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.ZMQError:
-                continue
-            try:
-                self._serve_one(frames)
-            except Exception:  # keep serving whatever happens
-                log.exception("control: failed to serve a request")
-        self._sock.close(0)
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if now - last_expire > 1.0:
+                    last_expire = now
+                    self._sessions.expire(now)
+                events = dict(poller.poll(100))
+                if wake_r in events:
+                    try:
+                        os.read(wake_r, 4096)
+                    except OSError:
+                        pass
+                if self._deferred:
+                    self._flush_deferred()
+                if self._sock not in events:
+                    continue
+                try:
+                    frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    continue
+                try:
+                    self._serve_one(frames)
+                except Exception:  # keep serving whatever happens
+                    log.exception("control: failed to serve a request")
+        finally:
+            for ident, rid, _ in self._deferred:
+                self._send_reply(ident, {"ok": False, "error": "engine closing", "id": rid})
+            self._deferred = []
+            self._sock.close(0)
+            os.close(wake_r)
+            os.close(wake_w)
+
+    def _wake(self, _: Future[dict[str, Any]]) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass  # pipe full: the server is awake already, or closed
+
+    def _flush_deferred(self) -> None:
+        still = []
+        for ident, rid, fut in self._deferred:
+            if fut.done():
+                self._send_reply(ident, _deferred_reply(fut, rid))
+            else:
+                still.append((ident, rid, fut))
+        self._deferred = still
 
     def _serve_one(self, frames: list[bytes]) -> None:
         ident = frames[0]
@@ -135,6 +175,16 @@ class ControlServer:
         assert payload is not None
         self.requests += 1
         reply = self._dispatch(payload)
+        if isinstance(reply, _Deferred):
+            if len(self._deferred) >= MAX_DEFERRED:
+                self._send_reply(ident, {"ok": False, "error": "busy: too many replies outstanding", "id": reply.rid})
+                return
+            self._deferred.append((ident, reply.rid, reply.future))
+            reply.future.add_done_callback(self._wake)
+            return
+        self._send_reply(ident, reply)
+
+    def _send_reply(self, ident: bytes, reply: dict[str, Any]) -> None:
         self._send(ident, self._sessions.wrap(ident, msgpack.packb(reply, use_bin_type=True)))
 
     def _send(self, ident: bytes, body: list[bytes]) -> None:
@@ -143,7 +193,7 @@ class ControlServer:
         except zmq.ZMQError as exc:
             log.debug("control reply dropped: %s", exc)
 
-    def _dispatch(self, payload: bytes) -> dict[str, Any]:
+    def _dispatch(self, payload: bytes) -> dict[str, Any] | _Deferred:
         try:
             msg = msgpack.unpackb(payload, raw=False, strict_map_key=True)
         except Exception as exc:
@@ -162,12 +212,32 @@ class ControlServer:
             if self._rlog.allow("internal")[0]:
                 log.exception("control: handler failed for %.40r", msg.get("op"))
             reply = {"ok": False, "error": f"internal: {type(exc).__name__}: {exc}"}
-        reply["id"] = rid if isinstance(rid, int) else None
+        rid = rid if isinstance(rid, int) else None
+        if isinstance(reply, Future):
+            return _Deferred(reply, rid)
+        reply["id"] = rid
         return reply
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=2)
+
+
+class _Deferred:
+    __slots__ = ("future", "rid")
+
+    def __init__(self, future: Future[dict[str, Any]], rid: Any) -> None:
+        self.future, self.rid = future, rid
+
+
+def _deferred_reply(fut: Future[dict[str, Any]], rid: Any) -> dict[str, Any]:
+    try:
+        reply = dict(fut.result(0))
+    except Exception as exc:
+        log.exception("control: a deferred reply failed")
+        reply = {"ok": False, "error": f"internal: {type(exc).__name__}: {exc}"}
+    reply["id"] = rid
+    return reply
 
 
 class ControlClient:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import socket
 import threading
 import time
@@ -39,7 +40,7 @@ from .policy_rules import RequestTraits, Rule
 from .rail_monitor import RailMonitor
 from .rails import RAILS, Rail
 from .request import parse_segment_name
-from .routing import Decision, Router, StagedPath
+from .routing import Decision, Path, Router
 from .transport import Transport
 from .types import MemoryKind, OpCode, PeerInfo, PeerLink, Permission
 
@@ -60,6 +61,9 @@ class RemoteBuffer:
     perm: int  # Permission bits as a plain int: checked on every request
     kind: MemoryKind
     desc: dict[str, Any]
+    # transports whose descriptor marks the buffer as local to its process ({"local": true}: e.g. a
+    # READ-only CUDA buffer nvlink does not share over IPC); another process routes around them
+    hidden: frozenset[str] = frozenset()
 
 
 @dataclass(eq=False)
@@ -86,7 +90,7 @@ class Peer:
     starts: dict[str, list[int]] = field(default_factory=dict)
     raw_buffers: list[dict[str, Any]] = field(default_factory=list)
     routes: dict[str, Route] = field(default_factory=dict)
-    plans: dict[tuple[Any, ...], Decision | StagedPath] = field(default_factory=dict)
+    plans: dict[tuple[Any, ...], Path] = field(default_factory=dict)
     dead_transports: set[str] = field(default_factory=set)
     connect_errors: dict[str, str] = field(default_factory=dict)  # why a transport could not connect
     liveness: PeerLiveness = field(default=None)  # type: ignore[assignment]  # set by PeerDirectory
@@ -102,10 +106,12 @@ class Peer:
         seg_map: dict[str, list[RemoteBuffer]] = {}
         starts: dict[str, list[int]] = {}
         raw: list[dict[str, Any]] = []
+        other_process = self.info.pid != os.getpid()
         for name, bufs in segments.items():
             rb = sorted(
                 (
-                    RemoteBuffer(int(b["offset"]), int(b["addr"]), int(b["length"]), int(b["perm"]), MemoryKind(b["kind"]), b["desc"])
+                    RemoteBuffer(int(b["offset"]), int(b["addr"]), int(b["length"]), int(b["perm"]), MemoryKind(b["kind"]), b["desc"],
+                                 _hidden(b["desc"]) if other_process else frozenset())
                     for b in bufs
                 ),
                 key=lambda r: r.offset,
@@ -114,6 +120,12 @@ class Peer:
             starts[name] = [r.offset for r in rb]
             raw.extend(dict(b, segment=name) for b in bufs)
         self.segments, self.starts, self.raw_buffers = seg_map, starts, raw
+
+
+def _hidden(desc: Any) -> frozenset[str]:
+    if not isinstance(desc, Mapping):
+        return frozenset()
+    return frozenset(t for t, d in desc.items() if isinstance(d, Mapping) and d.get("local"))
 
 
 def _identity(desc: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -224,7 +236,8 @@ class PeerDirectory:
         return self._build(engine_id, desc, client)
 
     def _build(self, engine_id: str, desc: Mapping[str, Any], client: ControlClient | None) -> Peer:
-        info = PeerInfo(engine_id, str(desc["host_id"]), int(desc["pid"]), dict(desc["transports"]))
+        info = PeerInfo(engine_id, str(desc["host_id"]), int(desc["pid"]), dict(desc["transports"]),
+                        dict(desc.get("staging") or {}))
         reachable = tuple(n for n, t in self._transports.items() if t.can_reach(info) is None)
         peer = Peer(engine_id, info, client, desc["host_id"] == self.host_id, reachable,
                     liveness=PeerLiveness(engine_id, self._peer_config))  # fmt: skip
@@ -423,14 +436,18 @@ class PeerDirectory:
 
     # ---- routing state --------------------------------------------------------------------------
 
-    def plan(self, peer: Peer, traits: RequestTraits, op: OpCode, rule: Rule | None) -> Decision | StagedPath:
-        """The Router's plan for (kinds, rule, op) to `peer`, cached on the peer."""
-        key = (traits.local_kind, traits.remote_kind, op, rule)
+    def plan(self, peer: Peer, traits: RequestTraits, op: OpCode, rule: Rule | None,
+             hidden: frozenset[str] = frozenset()) -> Path:
+        """The Router's plan for (kinds, rule, op) to `peer`, cached on the peer. `hidden`: transports
+        the remote buffer is not shared with (RemoteBuffer.hidden); its plans are cached apart."""
+        key = (traits.local_kind, traits.remote_kind, op, rule) if not hidden else (
+            traits.local_kind, traits.remote_kind, op, rule, hidden)
         plan = peer.plans.get(key)
         if plan is None:
             local_reachable = self.get(self.engine_id).reachable if traits.local_kind != MemoryKind.HOST else ()
-            plan = self._router.plan(traits, peer.reachable, local_reachable, op, rule)
-            if isinstance(plan, StagedPath):
+            reachable = tuple(t for t in peer.reachable if t not in hidden) if hidden else peer.reachable
+            plan = self._router.plan(traits, reachable, local_reachable, op, rule, peer.info.staging)
+            if not isinstance(plan, Decision):
                 log.info("synthesized path to %s: %s", peer.engine_id, plan.describe())
             peer.plans[key] = plan
         return plan

@@ -56,6 +56,10 @@ class LocalSegments:
 
     def register(self, obj: Any, segment: str, perm: Permission) -> LocalBuffer:
         region = describe(obj)
+        if region.readonly and Permission(perm) & Permission.WRITE:
+            raise errors.InvalidRequestError(
+                f"{type(obj).__name__} is read-only (its producer says so): register it with perm=READ_ONLY"
+            )
         return self._add(segment, region.addr, region.length, region.kind, region.device, perm, region.array, obj, None)
 
     def allocate(self, size: int, segment: str, perm: Permission) -> LocalBuffer:

@@ -151,6 +151,7 @@ def test_oversized_malformed_and_flooding_peers_do_not_stop_the_port(peer: Peer)
         sink = ctx.socket(zmq.DEALER)
         sink.setsockopt(zmq.LINGER, 0)
         sink.setsockopt(zmq.RCVHWM, 10)
+        sink.setsockopt(zmq.SNDHWM, 10000)  # all 5000 queue on our side even if the server is slow to read
         sink.connect(_endpoint(peer))
         cs = ZmqClientAuth(key)
         cs.handshake(sink, 5, prefix=[b""])

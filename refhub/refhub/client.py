@@ -20,6 +20,13 @@ Verification: the publisher hashes every tensor once at publish (xxh3_64 when ``
 installed, adler32 otherwise); a reader keeps a window of READ batches in flight and hashes each
 tensor as soon as the contiguous prefix covering it has arrived (while later batches are still on
 the wire), so end-to-end verification of every byte overlaps with the transfer.
+
+Device tensors (CUDA, NPU, the tests' simulated device; `refhub.device`): registered in place in
+direct mode (a reader's engine reaches them with a GPU-capable transport, or through the holder's
+pinned staging), staged from the device into the stager's pinned slots in copy mode, landed in a
+pinned buffer and copied onto the device by a copy-mode receiver. Their checksum is wsum64,
+computed on the device (published as ``["wsum64", value]``) and checked where the received copy is:
+on the receiving device, or on the landing buffer as each chunk passes.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from tent_core.auth import (
 )
 from tent_core.ratelog import RateLimitedLog
 
+from .device import DeviceView, StreamHash, checksum_entry, device_view, wsum64_bytes
 from .server import client_auth
 
 log = logging.getLogger("refhub.client")
@@ -440,31 +448,77 @@ def _connection(server: str, backup: str | None, hb_interval: float, failover_af
         return c
 
 
-def _as_array(t: Any) -> tuple[np.ndarray, Any]:
-    """A uint8 view of a numpy array or a CPU torch tensor (and the object to keep alive)."""
+def _as_array(t: Any) -> tuple[np.ndarray | None, Any, DeviceView | None]:
+    """A uint8 view of a numpy array or a CPU torch tensor (and the object to keep alive), or
+    (None, t, its DeviceView) for a device tensor."""
+    dev = device_view(t)
+    if dev is not None:
+        return None, t, dev
     if isinstance(t, np.ndarray):
         if not t.flags.c_contiguous:
             raise ValueError("refhub tensors must be C-contiguous")
-        return t.reshape(-1).view(np.uint8), t
+        return t.reshape(-1).view(np.uint8), t, None
     mod = type(t).__module__
     if mod.startswith("torch"):
-        if t.device.type != "cpu":
-            raise ValueError("this build serves CPU tensors; GPU tensors need the nvlink/rdma plugins")
         if not t.is_contiguous():
             raise ValueError("refhub tensors must be contiguous")
         arr = t.detach().view(-1).view(__import__("torch").uint8).numpy()
-        return arr, t
-    raise TypeError(f"cannot register {type(t).__name__}: a numpy array or a CPU torch tensor")
+        return arr, t, None
+    raise TypeError(f"cannot register {type(t).__name__}: a numpy array, a torch tensor or a device array "
+                    "(__cuda_array_interface__, DLPack, __tent_memory__)")
 
 
 @dataclass
 class _Item:
     name: str
-    arr: np.ndarray  # uint8 view of the user's tensor
+    arr: np.ndarray | None  # uint8 view of the user's tensor (None: device memory, see `dev`)
     keep: Any
     buf: Any = None  # engine LocalBuffer when registered in place
     pack_off: int = -1  # offset inside the pack when tiny
     mode: str = "direct"  # "direct" (registered in place) or "copy" (served through staging slots)
+    dev: DeviceView | None = None  # device tensors
+
+    @property
+    def nbytes(self) -> int:
+        return self.dev.nbytes if self.dev is not None else self.arr.nbytes  # type: ignore[union-attr]
+
+    def read_into(self, dst: np.ndarray, off: int) -> None:
+        """dst[:] = this tensor's bytes [off, off + dst.size)."""
+        if self.dev is not None:
+            self.dev.to_host(dst, off)
+        else:
+            dst[:] = self.arr[off:off + dst.size]  # type: ignore[index]
+
+    def write_from(self, src: np.ndarray, off: int) -> None:
+        if self.dev is not None:
+            self.dev.from_host(src, off)
+        else:
+            self.arr[off:off + src.size] = src  # type: ignore[index]
+
+    def host_copy(self) -> np.ndarray:
+        return self.dev.host_copy() if self.dev is not None else self.arr.copy()  # type: ignore[union-attr]
+
+    def checksum(self) -> Any:
+        """What the publisher announces: the host checksum, or ["wsum64", v] computed on the device."""
+        if self.dev is not None:
+            return checksum_entry(self.dev.checksum())
+        return checksum(self.arr)  # type: ignore[arg-type]
+
+    def matches(self, expected: Any) -> bool:
+        """Does this tensor's content hash to `expected` (computed where the data is)?"""
+        if isinstance(expected, list):
+            if self.dev is not None:
+                return checksum_entry(self.dev.checksum())[1] == expected[1]
+            return wsum64_bytes(self.arr) == expected[1]  # type: ignore[arg-type]
+        if self.dev is not None:  # a host checksum of device data: read back (a host publisher's tensor)
+            return checksum(self.dev.host_copy()) == expected
+        return checksum(self.arr) == expected  # type: ignore[arg-type]
+
+
+def _matches_bytes(data: np.ndarray, expected: Any) -> bool:
+    if isinstance(expected, list):
+        return wsum64_bytes(data) == expected[1]
+    return checksum(data) == expected
 
 
 class _SourceFailed(RuntimeError):
@@ -491,6 +545,7 @@ class _Stager:
         self.slots = [handle.engine.allocate(STAGE_SLOT, segment=handle.segment) for _ in range(STAGE_SLOTS)]
         self.free = list(range(len(self.slots)))
         self.leases: dict[int, tuple[bytes, float]] = {}
+        self.pinned: set[int] = set()
         self.queue: deque = deque()
         self.served = 0
         host = handle.engine.engine_id.rpartition(":")[0] or "127.0.0.1"
@@ -575,12 +630,15 @@ class _Stager:
         if h.state == "idle" or h.version != msg["v"]:
             self._reply(ident, error(rid, E_STATE, f"not holding v{msg['v']} (state {h.state}, v{h.version})"))
             return
-        if it is None or off < 0 or n <= 0 or n > STAGE_SLOT or off + n > it.arr.nbytes:
+        if it is None or off < 0 or n <= 0 or n > STAGE_SLOT or off + n > it.nbytes:
             self._reply(ident, error(rid, "bad_range", f"no slice [{off}, {off + n}) of {msg['item']!r}"))
             return
         slot = self.free.pop()
         buf = self.slots[slot]
-        buf.array[:n] = it.arr[off:off + n]
+        if it.dev is not None and slot not in self.pinned:
+            self.pinned.add(slot)
+            it.dev.runtime.pin(buf.addr, buf.length)  # device -> slot copies run as DMA
+        it.read_into(buf.array[:n], off)
         self.leases[slot] = (ident, time.monotonic() + self.lease_s)
         self.served += 1
         self._reply(ident, {"rid": rid, "ok": True, "slot": slot, "roff": buf.offset})
@@ -612,6 +670,20 @@ class _Verifier:
             self.checks.append((pos, name))
         self.i = 0
         self.seconds = 0.0
+        self.streams: dict[str, StreamHash] = {}  # copy-mode device tensors, hashed on the landing buffer
+        self.device_checks = 0
+
+    def feed(self, name: str, off: int, data: np.ndarray) -> None:
+        """Landed bytes [off, off + data.size) of device tensor `name` (in order): hash them now."""
+        if self.exp is None:
+            return
+        sh = self.streams.get(name)
+        if sh is None or sh.n != off:  # (re)started: a re-routed pull resumes where it stopped
+            if off != 0:
+                self.streams.pop(name, None)
+                return
+            sh = self.streams[name] = StreamHash(self.exp[name], _xxhash)
+        sh.update(data)
 
     def advance(self, done: int) -> None:
         t0 = time.perf_counter()
@@ -620,16 +692,25 @@ class _Verifier:
             name = self.checks[self.i][1]
             self.i += 1
             if name == "__pack__":
-                names = [n for n, it in h.items.items() if it.buf is None and it.pack_off >= 0]
-                for n in names:
-                    it = h.items[n]
-                    it.arr[:] = h._pack.array[it.pack_off:it.pack_off + it.arr.nbytes]
-            else:
-                names = [name]
-            if self.exp is not None:
-                for n in names:
-                    if checksum(h.items[n].arr) != self.exp[n]:
+                for n, it in h.items.items():
+                    if it.buf is not None or it.pack_off < 0:
+                        continue
+                    packed = h._pack.array[it.pack_off:it.pack_off + it.nbytes]
+                    if self.exp is not None and not _matches_bytes(packed, self.exp[n]):  # checked in the pack
                         raise ChecksumError("checksum", f"v{self.v} shard {h.shard}: end-to-end checksum mismatch in {n!r}")
+                    it.write_from(packed, 0)
+                continue
+            if self.exp is None:
+                continue
+            it = h.items[name]
+            sh = self.streams.pop(name, None)
+            if sh is not None and sh.n == it.nbytes:
+                ok = sh.digest() == (self.exp[name][1] if isinstance(self.exp[name], list) else self.exp[name])
+            else:
+                ok = it.matches(self.exp[name])
+                self.device_checks += it.dev is not None
+            if not ok:
+                raise ChecksumError("checksum", f"v{self.v} shard {h.shard}: end-to-end checksum mismatch in {name!r}")
         self.seconds += time.perf_counter() - t0
 
 _seg_counter = itertools.count()
@@ -651,6 +732,7 @@ class ShardHandle:
         self._stage_auth: dict[str, ZmqClientAuth] = {}
         self._stage_rid = itertools.count(1)
         self._landing = None  # copy mode, receiving side: registered landing buffer
+        self._landing_pinned = False  # page-locked for host -> device copies (device tensors)
         self._verify = True  # diagnostics only (bench dataplane): False skips the receive-side hash
         self.throttle_Bps = throttle_Bps  # emulate a NIC cap on this reader (benchmarks/tests)
         self.conn = conn
@@ -723,17 +805,18 @@ class ShardHandle:
         with self._lock:
             if self.state != "idle":
                 raise RefhubError("bad_state", "register while published/receiving: unpublish first")
-            arr, keep = _as_array(tensor)
+            arr, keep, dev = _as_array(tensor)
             old = self.items.get(name)
             if old is not None:
                 self.unregister(name)
-            it = _Item(name, arr, keep, mode=mode)
-            if arr.nbytes >= TINY and mode == "direct":
-                it.buf = self.engine.register(arr, segment=self.segment)
+            it = _Item(name, arr, keep, mode=mode, dev=dev)
+            nb = it.nbytes
+            if nb >= TINY and mode == "direct":
+                it.buf = self.engine.register(tensor if dev is not None else arr, segment=self.segment)
             self.items[name] = it
-            if old is None or old.arr.nbytes != arr.nbytes or (old.arr.nbytes < TINY) != (arr.nbytes < TINY):
+            if old is None or old.nbytes != nb or (old.nbytes < TINY) != (nb < TINY):
                 self._layout_dirty = True
-            elif arr.nbytes < TINY:
+            elif nb < TINY:
                 it.pack_off = old.pack_off
 
     def unregister(self, name: str) -> None:
@@ -746,17 +829,17 @@ class ShardHandle:
             self._layout_dirty = True
 
     def _build_layout(self) -> None:
-        if any(it.mode == "copy" and it.arr.nbytes >= TINY for it in self.items.values()) and self._stager is None:
+        if any(it.mode == "copy" and it.nbytes >= TINY for it in self.items.values()) and self._stager is None:
             self._stager = _Stager(self)
         if not self._layout_dirty:
             return
-        tiny = sorted(n for n, it in self.items.items() if it.arr.nbytes < TINY)
+        tiny = sorted(n for n, it in self.items.items() if it.nbytes < TINY)
         for it in self.items.values():
             it.pack_off = -1
         size = 0
         for n in tiny:
             self.items[n].pack_off = size
-            size += (self.items[n].arr.nbytes + 63) & ~63
+            size += (self.items[n].nbytes + 63) & ~63
         if self._pack is not None and (self._pack.length < size or size == 0):
             self.engine.unregister(self._pack)
             self._pack = None
@@ -768,11 +851,11 @@ class ShardHandle:
         """The byte stream served to readers: [(name, LocalBuffer or None for copy mode, offset, nbytes)]."""
         out: list[tuple[str, Any, int, int]] = []
         if self._pack is not None:
-            used = max((it.pack_off + it.arr.nbytes for it in self.items.values() if it.pack_off >= 0), default=0)
+            used = max((it.pack_off + it.nbytes for it in self.items.values() if it.pack_off >= 0), default=0)
             out.append(("__pack__", self._pack, 0, used))
-        for n in sorted(n for n, it in self.items.items() if it.arr.nbytes >= TINY):
+        for n in sorted(n for n, it in self.items.items() if it.nbytes >= TINY):
             it = self.items[n]
-            out.append((n, it.buf, 0, it.arr.nbytes))
+            out.append((n, it.buf, 0, it.nbytes))
         return out
 
     def _ref(self, with_layout: bool = True) -> dict:
@@ -783,7 +866,7 @@ class ShardHandle:
             # remote offset -1: copy mode (ask the stager for the slice)
             "items": [[n, b.offset + off if b is not None else -1, nb] for n, b, off, nb in stream],
             "total": sum(s[3] for s in stream),
-            "pack": sorted([n, it.pack_off, it.arr.nbytes] for n, it in self.items.items() if it.pack_off >= 0),
+            "pack": sorted([n, it.pack_off, it.nbytes] for n, it in self.items.items() if it.pack_off >= 0),
         }
         if self._stager is not None:
             ref["stager"] = self._stager.address
@@ -801,7 +884,7 @@ class ShardHandle:
         return word >> VERSION_SHIFT, word & BYTES_MASK, sum(s[3] for s in self._stream())
 
     def _checksums(self) -> list[int]:
-        return [checksum(self.items[n].arr) for n in sorted(self.items)]
+        return [self.items[n].checksum() for n in sorted(self.items)]
 
     # -------------------------------------------------------------- ROS primitives
     def publish(self, version: int) -> None:
@@ -812,7 +895,7 @@ class ShardHandle:
             if self._pack is not None:
                 for it in self.items.values():
                     if it.pack_off >= 0:
-                        self._pack.array[it.pack_off:it.pack_off + it.arr.nbytes] = it.arr
+                        it.read_into(self._pack.array[it.pack_off:it.pack_off + it.nbytes], 0)
             t0 = time.perf_counter()
             cks = self._checksums()
             self.stats = {"publish_checksum_s": time.perf_counter() - t0}
@@ -847,7 +930,7 @@ class ShardHandle:
                           self.num_shards, self.retain, self.datacenter, False, kind="offload",
                           request_timeout=self.request_timeout)
         for n, it in self.items.items():
-            off.register(n, it.arr.copy())
+            off.register(n, it.host_copy())
         off.publish(version)
         self._offloads.append(off)
         log.info("offloaded %s v%d shard %d to CPU in %.3fs", self.model, version, self.shard, time.monotonic() - t0)
@@ -951,7 +1034,7 @@ class ShardHandle:
         dt = time.monotonic() - t0
         self.stats = {"bytes": total, "seconds": dt, "verify_s": ver.seconds, "reroutes": reroutes, "sources": sources,
                       "batches": st["batches"], "staged_slices": st["staged"], "GBps": total / dt / 1e9 if dt else 0.0,
-                      "verified": cks is not None}
+                      "verified": cks is not None, "device_checksums": ver.device_checks}
 
     def _pull_from(self, v: int, src: dict, mine: list, total: int, ver: _Verifier, st: dict, deadline: float) -> None:
         """Windowed READs of [st["done"], total) from one source: up to WINDOW batches in flight; each
@@ -992,7 +1075,7 @@ class ShardHandle:
                         if copyish[k]:
                             if not inflight:
                                 end = min(avail, starts[k] + mine[k][3])
-                                self._copy_range(v, src, mine[k], ritems[k], starts[k], issued, end, st, deadline)
+                                self._copy_range(v, src, mine[k], ritems[k], starts[k], issued, end, st, deadline, ver)
                                 issued = st["done"] = end
                                 self._set_progress(v, end)
                                 ver.advance(end)
@@ -1079,7 +1162,7 @@ class ShardHandle:
             s.close(0)
 
     def _copy_range(self, v: int, src: dict, m: tuple, r: list, start: int, a: int, b: int, st: dict,
-                    deadline: float) -> None:
+                    deadline: float, ver: _Verifier | None = None) -> None:
         """[a, b) of one stream item where either side is a copy-mode tensor: slice by slice, the source
         stages a slice (STAGE_DEPTH requests ahead), we READ it (into a landing buffer when our tensor
         is copy mode too, then copied into place), release the slot and advance the progress word."""
@@ -1093,6 +1176,9 @@ class ShardHandle:
         pieces = [(x, min(x + slot_bytes, b)) for x in range(a, b, slot_bytes)]
         if lb is None and self._landing is None:
             self._landing = self.engine.allocate(STAGE_SLOT, segment=f"{self.segment}-landing")
+        dev = self.items[name].dev
+        if lb is None and dev is not None and not self._landing_pinned:
+            self._landing_pinned = bool(dev.runtime.pin(self._landing.addr, self._landing.length))
         addr = ref.get("stager") if src_copy else None
         if src_copy and not addr:
             raise _SourceFailed(f"source {src.get('replica')} serves {r[0]!r} in copy mode but runs no stager")
@@ -1148,7 +1234,11 @@ class ShardHandle:
                 if src_copy:
                     sock.send_multipart(ca.wrap(msgpack.packb({"op": "release", "rid": 0, "slot": held.pop()})))
                 if lb is None:
-                    self.items[name].arr[x - start:y - start] = self._landing.array[:y - x]
+                    landed = self._landing.array[:y - x]
+                    it = self.items[name]
+                    if it.dev is not None and ver is not None:
+                        ver.feed(name, x - start, landed)  # hashed here, on its way to the device
+                    it.write_from(landed, x - start)
                 st["done"] = y
                 self._set_progress(v, y)
         except BaseException:

@@ -149,6 +149,17 @@ def _check_str(op: str, name: str, val: Any, limit: int = MAX_NAME) -> None:
         raise ProtocolError(f"op {op!r}: {name!r} must be 1..{limit} characters")
 
 
+# a device tensor's checksum is computed where it lives, tagged with its algorithm (refhub.device)
+WSUM64 = "wsum64"
+DEVICE_CHECKSUM_ALGOS = (WSUM64,)
+
+
+def _is_checksum(c: Any) -> bool:
+    if type(c) is int:
+        return True
+    return isinstance(c, list) and len(c) == 2 and c[0] in DEVICE_CHECKSUM_ALGOS and type(c[1]) is int
+
+
 def _check_version(op: str, v: Any) -> None:
     if not 0 <= v <= MAX_VERSION:
         raise ProtocolError(f"op {op!r}: version must be in [0, {MAX_VERSION}]")
@@ -193,8 +204,8 @@ def validate(msg: Any) -> str:
     elif op == "publish":
         _check_version(op, msg["version"])
         cks = msg.get("checksum")
-        if isinstance(cks, list) and (len(cks) > MAX_CHECKSUMS or not all(type(c) is int for c in cks)):
-            raise ProtocolError("publish: 'checksum' must be a list of ints")
+        if isinstance(cks, list) and (len(cks) > MAX_CHECKSUMS or not all(_is_checksum(c) for c in cks)):
+            raise ProtocolError("publish: 'checksum' must be a list of ints or [algorithm, int] pairs")
     elif op == "replicate":
         parse_version(msg["version"])
     elif op == "progress":

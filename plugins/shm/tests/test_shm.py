@@ -451,7 +451,7 @@ def test_memfd_server_name_taken_by_another_process_is_skipped(monkeypatch: pyte
     squatter = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     squatter.bind(f"\0tent-shm-{os.getpid()}-aaaaaaaaaaaa")
     try:
-        server = shm_plugin._ShmServer("secret")
+        server = shm_plugin._ShmServer("engine-under-test", b"k" * 32, allow_cma=False)
         try:
             assert server.name == f"tent-shm-{os.getpid()}-bbbbbbbbbbbb"
         finally:
