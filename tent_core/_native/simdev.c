@@ -356,14 +356,25 @@ static void run_op(sim_stream_t *st, sim_op_t *op) {
       emulate_cost(st, op->n);
       break;
     }
-    case OP_FILL: { /* tent_core.testing.pattern(n, seed), offset by the seed's stride */
+    case OP_FILL: { /* tent_core.testing.pattern(n, seed): splitmix64's finalizer of each 8-byte
+                       word's index plus a seed offset, stored little-endian (bytes that never repeat) */
       uint8_t *d = resolve(op->dst, op->n);
       if (!d) {
         if (op->status) *op->status = -EFAULT;
         break;
       }
-      uint32_t add = (uint32_t)op->arg * 97u;
-      for (uint64_t i = 0; i < op->n; i++) d[i] = (uint8_t)(((uint32_t)i * 2654435761u + add) >> 13);
+      uint64_t add = (op->arg + 1) * 0x9E3779B97F4A7C15ull;
+      for (uint64_t w = 0; w * 8 < op->n; w++) {
+        uint64_t z = w + add;
+        z ^= z >> 30;
+        z *= 0xBF58476D1CE4E5B9ull;
+        z ^= z >> 27;
+        z *= 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        uint8_t le[8];
+        for (int b = 0; b < 8; b++) le[b] = (uint8_t)(z >> (8 * b));
+        memcpy(d + w * 8, le, op->n - w * 8 < 8 ? op->n - w * 8 : 8);
+      }
       emulate_cost(st, op->n);
       break;
     }
