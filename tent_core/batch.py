@@ -1,9 +1,9 @@
 """Batch handles: what the application holds after submit(), and the typed errors of statuses.
 
-A `BatchHandle` wraps the native completion counter of one submit. For the engine it also records
-how each part of the batch was routed (`note_route` / `decision_for`): recovery uses that to
-retry or substitute a failed slice with the Decision of the request it belongs to (same memory
-kinds, same policy rule), never a guess.
+A `BatchHandle` is the native completion counter of one submit. For the engine it also records
+how each part of the batch was routed (`note_route` / `decision_for`, or the plan-cache entries the
+fast path used): recovery uses that to retry or substitute a failed slice with the Decision of the
+request it belongs to (same memory kinds, same policy rule), never a guess.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from . import errors
+from . import _native, errors
 from .abi import Status
 
 # tent_status codes (executor_abi.h) -> typed errors
@@ -54,35 +54,45 @@ def status_of(exc: BaseException) -> int:
     return int(Status.E_INTERNAL)
 
 
-class BatchHandle:
-    """Poll, wait (with a deadline) or cancel a submitted batch."""
+class BatchHandle(_native.Batch):
+    """Poll, wait (with a deadline) or cancel a submitted batch.
 
-    def __init__(self, engine: Any, batch: Any, deadline: float, num_requests: int) -> None:
-        self.engine = engine  # the owner the progress thread hands this batch's failures to
-        self._batch = batch
-        self.deadline = deadline  # time.monotonic() seconds
-        self.num_requests = num_requests
-        self.submitted_at = time.monotonic()
-        self._deadline_hit = False
-        self.is_probe = False  # heartbeat slices of the rail monitor
-        # route -> the Decision its slices follow (or _AMBIGUOUS: look in _pieces by local address)
-        self._routes: dict[Any, Any] = {}
-        self._pieces: list[tuple[Any, int, int, Any]] = []  # (route, local lo, local hi, decision)
+    The handle is the native completion counter itself (`_native.Batch`), so the engine's fast
+    path makes one without running Python; its fields (engine, deadline, num_requests,
+    submitted_at, is_probe) live in the native object. `BatchHandle(engine, total, deadline, n)`
+    makes one from Python (`total` may also be an existing `_native.Batch` to wrap)."""
+
+    __slots__ = ()
+
+    def __new__(cls, engine: Any, batch: Any, deadline: float, num_requests: int) -> BatchHandle:
+        return super().__new__(cls, batch, engine=engine, deadline=deadline, num_requests=num_requests)
 
     # ---- routing record (engine side) ---------------------------------------------------------
 
     def note_route(self, route: Any, decision: Any, lo: int, hi: int) -> None:
         """Slices for local addresses [lo, hi) go through `route` under `decision`."""
-        known = self._routes.get(route)
+        routes = self._routes
+        if routes is None:
+            routes = self._routes = {}
+            self._pieces = []
+        known = routes.get(route)
         if known is None:
-            self._routes[route] = decision
+            routes[route] = decision
         elif known is not decision:
-            self._routes[route] = _AMBIGUOUS
+            routes[route] = _AMBIGUOUS
         self._pieces.append((route, lo, hi, decision))
 
     def decision_for(self, route: Any, local_addr: int) -> Any:
         """The Decision of the request a slice through `route` at `local_addr` belongs to, or None."""
-        d = self._routes.get(route)
+        fast = self._fast
+        if fast is not None:  # planned from the plan cache: one entry per (local buffer, remote) class
+            for e in fast if isinstance(fast, tuple) else (fast,):
+                if e.route is route and e.local_lo <= local_addr < e.local_lo + e.llen:
+                    return e.decision
+        routes = self._routes
+        if routes is None:
+            return None
+        d = routes.get(route)
         if d is not _AMBIGUOUS:
             return d
         for r, lo, hi, dec in self._pieces:
@@ -92,19 +102,10 @@ class BatchHandle:
 
     # ---- application side --------------------------------------------------------------------
 
-    @property
-    def bytes_done(self) -> int:
-        return self._batch.bytes_done
-
-    @property
-    def retries(self) -> int:
-        return self._batch.retries
-
     def poll(self) -> str:
         """'pending', 'done', 'failed' or 'cancelled'. Never blocks."""
-        b = self._batch
-        if b.remaining == 0:
-            err = b.error
+        if self.remaining == 0:
+            err = self.error
             if err == 0:
                 return "done"
             return "cancelled" if err == _CANCELLED and not self._deadline_hit else "failed"
@@ -115,10 +116,10 @@ class BatchHandle:
 
     def _expire(self) -> None:
         self._deadline_hit = True
-        self._batch.cancel()
+        _native.Batch.cancel(self)
 
     def _raise_if_failed(self) -> None:
-        err = self._batch.error
+        err = self.error
         if err == 0:
             return
         if self._deadline_hit:
@@ -127,15 +128,19 @@ class BatchHandle:
 
     def _deadline_text(self) -> str:
         took = self.deadline - self.submitted_at
-        return f"batch of {self.num_requests} request(s) missed its {took:.3g}s deadline ({self._batch.remaining} slice(s) unfinished)"
+        return f"batch of {self.num_requests} request(s) missed its {took:.3g}s deadline ({self.remaining} slice(s) unfinished)"
 
-    def wait(self, timeout: float | None = None) -> bool:
+    def wait(self, timeout: float | None = None) -> bool:  # type: ignore[override]
         """Block until the batch finishes. Returns True when it completed; False if
         `timeout` elapsed first (the batch keeps running). Raises a typed error if it
         failed, was cancelled, or its deadline passed (the batch is then cancelled)."""
+        if self.remaining == 0:  # finished already (small requests often are): no clock, no call
+            if self.error:
+                self._raise_if_failed()
+            return True
         now = time.monotonic()
         end = self.deadline if timeout is None else min(self.deadline, now + max(0.0, timeout))
-        done = self._batch.wait(max(0.0, end - now))
+        done = _native.Batch.wait(self, max(0.0, end - now))
         if done:
             self._raise_if_failed()
             return True
@@ -143,10 +148,6 @@ class BatchHandle:
             self._expire()
             raise errors.DeadlineExceededError(self._deadline_text())
         return False
-
-    def cancel(self) -> None:
-        """Stop the batch: slices not yet started never run. wait() then raises CancelledError."""
-        self._batch.cancel()
 
     def __repr__(self) -> str:
         return f"<BatchHandle {self.poll()} requests={self.num_requests} bytes={self.bytes_done}>"

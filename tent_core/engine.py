@@ -97,6 +97,14 @@ class Engine:
         self._probe_buf: LocalBuffer | None = None
         self._recovery = Recovery(self, cfg, self.peers, self.router, self.monitor, lambda: self._probe_buf, PROGRESS)
         self._submitter = Submitter(self, cfg, self._segments, self.peers, self.router, self.scheduler, self.monitor, PROGRESS)
+        self._fast: Any = None
+        if cfg.fast_path:
+            self._fast = _native.FastPath(
+                Request, BatchHandle, self, PROGRESS.inflight, cfg.request_deadline_s,
+                size_keyed=any(r.min_size is not None or r.max_size is not None for r in rules),
+            )
+            self._submitter.fast = self._fast
+            self.peers.on_change = self._fast.invalidate  # peers, routes or their buffers changed
         # every engine exposes a tiny read-only buffer that peers' heartbeat slices read
         if self.transports:
             self._probe_buf = self.allocate(PROBE_BYTES, segment=PROBE_SEGMENT, perm=Permission.READ)
@@ -156,6 +164,8 @@ class Engine:
 
     def unregister(self, buf: LocalBuffer) -> None:
         """After return, no peer can touch the buffer through this engine's transports."""
+        if self._fast is not None:
+            self._fast.invalidate()  # cached plans naming the buffer are gone before it is
         self._segments.unregister(buf)
 
     def segment_name(self, segment: str = "default") -> str:
@@ -190,8 +200,17 @@ class Engine:
             raise errors.TentError("engine is closed")
 
     def submit(self, requests: Sequence[Request] | Request, deadline: float | None = None) -> BatchHandle:
-        """Queue requests and return at once. `deadline` is seconds from now (default from config)."""
-        self._check_open()
+        """Queue requests and return at once. `deadline` is seconds from now (default from config).
+
+        Small same-host copies may complete inside this call (the transport runs them on the calling
+        thread: no hand-off, no wake-up); the handle then reports done at once."""
+        if self._closed:
+            raise errors.TentError("engine is closed")
+        fast = self._fast
+        if fast is not None:
+            handle = fast.submit(requests, deadline)  # requests whose plan is cached: native, no Python per request
+            if handle is not None:
+                return handle
         return self._submitter.submit(requests, deadline)
 
     def transfer(
@@ -259,6 +278,8 @@ class Engine:
             if self._closed:
                 return
             self._closed = True
+        if self._fast is not None:
+            self._fast.close()  # every later submit is refused by the open check; drop cached plans
         self._submitter.close()  # staged pipelines finish (their legs fail fast once transports go)
         PROGRESS.detach(self)  # fence: no retry, tick or probe of this engine runs after this
         self._control.close()

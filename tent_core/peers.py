@@ -130,6 +130,9 @@ class PeerDirectory:
         self._lock = threading.RLock()
         self._peers: dict[str, Peer] = {}
         self._remote_cache: dict[str, tuple[Peer, str]] = {}
+        # called whenever what a cached plan relies on changes (a peer's buffers, routes, dead
+        # transports, suspicion): the engine's plan cache drops its entries
+        self.on_change: Callable[[], None] = lambda: None
 
     # ---- lookup --------------------------------------------------------------------------------
 
@@ -198,6 +201,7 @@ class PeerDirectory:
         desc = self._describe(engine_id, peer.client, timeout)
         with peer.lock:
             peer.load_segments(desc["segments"])
+            self.on_change()
             for r in peer.routes.values():
                 r.transport.connect(peer.info, peer.raw_buffers)
         return peer
@@ -209,6 +213,7 @@ class PeerDirectory:
         if not peer.suspect:
             log.info("every path to %s failed; it is re-checked before the next request", peer.engine_id)
         peer.suspect = True
+        self.on_change()
 
     def _revalidate(self, peer: Peer, timeout: float) -> Peer:
         with peer.lock:
@@ -224,6 +229,7 @@ class PeerDirectory:
                 peer.connect_errors.clear()
                 peer.plans.clear()
                 peer.suspect = False
+                self.on_change()
                 return peer
             log.info("engine %s restarted: reconnecting", peer.engine_id)
             fresh = self._build(peer.engine_id, desc, peer.client)
@@ -243,6 +249,8 @@ class PeerDirectory:
     def _retire(self, peer: Peer) -> None:
         with self._lock:
             peer.retired = True
+        self.on_change()
+        with self._lock:
             for key in [k for k, (p, _) in self._remote_cache.items() if p is peer]:
                 del self._remote_cache[key]
         with peer.lock:
@@ -361,12 +369,14 @@ class PeerDirectory:
                 return None
             rails = [RAILS.acquire(name, peer.engine_id, ri, self._scheduler) for ri in link.rails]
             route = peer.routes[name] = Route(transport, link, rails)
+            self.on_change()
             return route
 
     def mark_dead(self, peer: Peer, transport: str, replacement: str) -> None:
         if transport not in peer.dead_transports:
             log.warning("transport %s to %s keeps failing; substituting %s", transport, peer.engine_id, replacement)
             peer.dead_transports.add(transport)
+            self.on_change()
 
 
 __all__ = ["Peer", "PeerDirectory", "RemoteBuffer", "Route"]

@@ -219,8 +219,7 @@ class Recovery:
         if not bufs or probe is None:
             self.monitor.on_success(rail.slot, now)  # nothing to probe with: re-admit on trust
             return
-        batch = _native.Batch(1)
-        h = BatchHandle(self._owner, batch, now + 10.0, 1)
+        h = batch = BatchHandle(self._owner, 1, now + 10.0, 1)
         h.is_probe = True
         self._progress.track(h)
         ex = route.transport.executor
@@ -302,6 +301,11 @@ class Progress:
             if threading.current_thread() is not self._thread:
                 while self._busy is owner:
                     self._cv.wait()
+
+    @property
+    def inflight(self) -> dict[int, BatchHandle]:
+        """token -> handle of batches with slices out; the native fast path adds its batches here."""
+        return self._inflight
 
     def track(self, handle: BatchHandle) -> None:
         self._inflight[handle._batch.token] = handle

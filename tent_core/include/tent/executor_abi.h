@@ -112,7 +112,20 @@ typedef struct tent_executor_ops {
    * was or will be reported; the caller finalizes them. An executor that has already reported some
    * of the n must return 0 and report the rest itself. */
   int (*submit)(void *self, const tent_slice_t *slices, uint32_t n);
+  /* Optional, additive (the core uses it only when struct_size covers it and it is non-NULL; an
+   * executor built against the first layout simply lacks it). Same contract as submit(), but the
+   * calling thread may do the work itself before returning: a small same-host copy completes
+   * inside the call (no hand-off to a worker, no wake-up), a small network request leaves on the
+   * caller's thread. The core calls it only with slices no longer than the transport's declared
+   * inline size; the executor may still queue some or all of them (it decides how much of the
+   * caller's time to take). The caller may hold the Python GIL: never wait on other engine work. */
+  int (*submit_inline)(void *self, const tent_slice_t *slices, uint32_t n);
 } tent_executor_ops_t;
+
+/* struct_size of the first layout (every ops table has at least this much) */
+#define TENT_EXECUTOR_OPS_BASE_SIZE (offsetof(tent_executor_ops_t, submit_inline))
+/* struct_size of an ops table that has submit_inline */
+#define TENT_EXECUTOR_OPS_INLINE_SIZE (offsetof(tent_executor_ops_t, submit_inline) + sizeof(void *))
 
 typedef const tent_executor_ops_t *(*tent_executor_ops_fn)(void);
 
