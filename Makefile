@@ -6,26 +6,29 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.tent-installed
 PLUGINS := tcp shm gds nvlink
 PLUGIN_DIRS := $(foreach p,$(PLUGINS),$(wildcard plugins/$(p)))
-SOURCES := pyproject.toml setup.py tent_core/_native/native.c $(wildcard tent_core/include/tent/*.h) \
-           $(wildcard plugins/*/pyproject.toml plugins/*/setup.py plugins/*/csrc/*.c refhub/pyproject.toml)
+SOURCES := pyproject.toml setup.py $(wildcard tent_core/_native/*.c tent_core/include/tent/*.h) \
+           $(wildcard plugins/*/pyproject.toml plugins/*/setup.py plugins/*/csrc/*.c refhub/pyproject.toml \
+           bench/pyproject.toml)
 
 .PHONY: install demo test lint bench-deps clean
 
 install: $(STAMP)
 
 $(STAMP): $(SOURCES)
-	./scripts/system-deps.sh
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip setuptools wheel
-	$(PIP) install -q pluggy pyzmq msgpack numpy click rich matplotlib prometheus-client \
+	@./scripts/system-deps.sh
+	@test -x $(PY) || { echo "==> creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@echo "==> Python dependencies into $(VENV)"
+	@$(PIP) install -q --upgrade pip setuptools wheel
+	@$(PIP) install -q pluggy pyzmq msgpack numpy click rich matplotlib prometheus-client \
 	    pytest pytest-timeout hypothesis ruff
-	# NVIDIA's libcufile (1 MB, no CUDA needed to load it): the gds tests load the real library
-	$(PIP) install -q nvidia-cufile-cu12 || echo "nvidia-cufile-cu12 not installable here: its test skips"
-	$(PIP) install -q --no-build-isolation -e . $(foreach d,$(PLUGIN_DIRS),-e $(d))
-	# refhub/ (the distribution folder) would shadow the refhub package as a namespace package when
-	# Python runs from the repo root; a path-based editable install puts the real package first
-	$(PIP) install -q --no-build-isolation --config-settings editable_mode=compat -e refhub
-	touch $(STAMP)
+	@# NVIDIA's libcufile (1 MB, no CUDA needed to load it): the gds tests load the real library
+	@$(PIP) install -q nvidia-cufile-cu12 || echo "nvidia-cufile-cu12 not installable here: its test skips"
+	@echo "==> building tent-core, the plugins ($(PLUGINS)), refhub and tent-bench (editable)"
+	@# tent-core first: the plugins' setup.py files build through tent_core.build
+	@$(PIP) install -q --no-build-isolation -e .
+	@$(PIP) install -q --no-build-isolation $(foreach d,$(PLUGIN_DIRS),-e $(d)) -e refhub -e bench
+	@touch $(STAMP)
+	@echo "==> installed: $(VENV)/bin/tent, $(VENV)/bin/refhub (make test, make demo)"
 
 demo: install
 	$(VENV)/bin/tent bench --quick

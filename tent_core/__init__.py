@@ -12,29 +12,74 @@ Applications say what to move; the engine decides how::
 
 from __future__ import annotations
 
+import importlib
 import logging
-
-from .batch import BatchHandle
-from .engine import Engine, LocalBuffer, Request
-from .errors import (
-    CancelledError,
-    DeadlineExceededError,
-    InvalidRequestError,
-    NoPathError,
-    NotRegisteredError,
-    OutOfBoundsError,
-    PeerUnreachableError,
-    PermissionDeniedError,
-    PolicyRejectedError,
-    TentError,
-    TransferError,
-    UnknownSegmentError,
-)
-from .types import READ, READ_ONLY, READ_WRITE, WRITE, MemoryKind, OpCode, Permission, Priority
+from typing import TYPE_CHECKING, Any
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __version__ = "0.1.0"
+
+# The public names are imported on first use (PEP 562), so `import tent_core.build` in a
+# plugin's setup.py needs neither numpy nor pyzmq nor the compiled core.
+_LAZY = {
+    "BatchHandle": ".batch",
+    "Engine": ".engine",
+    "LocalBuffer": ".request",
+    "Request": ".request",
+    **dict.fromkeys(
+        (
+            "CancelledError",
+            "DeadlineExceededError",
+            "InvalidRequestError",
+            "NoPathError",
+            "NotRegisteredError",
+            "OutOfBoundsError",
+            "PeerUnreachableError",
+            "PermissionDeniedError",
+            "PolicyRejectedError",
+            "TentError",
+            "TransferError",
+            "UnknownSegmentError",
+        ),
+        ".errors",
+    ),
+    **dict.fromkeys(("READ", "READ_ONLY", "READ_WRITE", "WRITE", "MemoryKind", "OpCode", "Permission", "Priority"), ".types"),
+}
+
+if TYPE_CHECKING:
+    from .batch import BatchHandle
+    from .engine import Engine
+    from .request import LocalBuffer, Request
+    from .errors import (
+        CancelledError,
+        DeadlineExceededError,
+        InvalidRequestError,
+        NoPathError,
+        NotRegisteredError,
+        OutOfBoundsError,
+        PeerUnreachableError,
+        PermissionDeniedError,
+        PolicyRejectedError,
+        TentError,
+        TransferError,
+        UnknownSegmentError,
+    )
+    from .types import READ, READ_ONLY, READ_WRITE, WRITE, MemoryKind, OpCode, Permission, Priority
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tent_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "BatchHandle",

@@ -114,17 +114,23 @@ class Engine:
     def _start_transports(self, host: str, only: Sequence[str] | None) -> dict[str, Transport]:
         started: dict[str, Transport] = {}
         allow = set(only) if only is not None else None
+        for name in sorted(set(self.config.transports) - set(self.plugins.registry.entries)):
+            log.warning("config section transports.%s names no installed transport", name)
         for name, entry in sorted(self.plugins.registry.entries.items()):
             if allow is not None and name not in allow:
                 continue
             transport, avail = instantiate(entry)
+            if transport is not None:
+                section = {"slice_timeout_ms": int(self.config.slice_timeout_s * 1000), **self.config.transports.get(name, {})}
+                try:  # a typo in a transport's section is an error, even where the transport is unavailable
+                    section = transport.resolve_config(section)
+                except errors.ConfigError:
+                    for running in started.values():
+                        running.close()
+                    self._control.close()
+                    raise
             if transport is not None and avail.available:
-                ctx = TransportContext(
-                    engine_id=self.engine_id,
-                    host_id=self.host_id,
-                    config={"slice_timeout_ms": int(self.config.slice_timeout_s * 1000), **self.config.transports.get(name, {})},
-                    bind_host=host,
-                )
+                ctx = TransportContext(engine_id=self.engine_id, host_id=self.host_id, config=section, bind_host=host)
                 try:
                     transport.start(ctx)
                 except Exception as exc:

@@ -52,6 +52,10 @@ class TransferError(TentError):
     """A transfer failed for a reason not covered above."""
 
 
+class ConfigError(TentError, ValueError):
+    """A configuration value or key the engine or a transport does not accept."""
+
+
 class PluginABIError(TentError):
     """A plugin's compiled executor does not speak this core's ABI."""
 

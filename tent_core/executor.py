@@ -39,8 +39,10 @@ _DESTROY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
 def get_include() -> str:
-    """Directory holding ``tent/executor_abi.h``, for plugin builds."""
-    return str(Path(__file__).parent / "include")
+    """Directory holding ``tent/executor_abi.h``, for plugin builds (see :mod:`tent_core.build`)."""
+    from .build import get_include as _get_include
+
+    return _get_include()
 
 
 def find_extension(package_dir: str | os.PathLike[str], stem: str) -> str:

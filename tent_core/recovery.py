@@ -351,36 +351,52 @@ class Progress:
         if foreign:
             _native.requeue_failures(np.array(foreign, FAILURE_DTYPE).tobytes())
 
+    def _inflight_snapshot(self) -> list[tuple[int, BatchHandle]]:
+        # submitters add entries without a lock; a collection run inside list() can let one in
+        # mid-copy ("dictionary changed size during iteration"): copy again
+        while True:
+            try:
+                return list(self._inflight.items())
+            except RuntimeError:
+                continue
+
     def _run(self) -> None:
         last_sweep = last_tick = time.monotonic()
         while True:
-            r, _, _ = select.select([self._fd], [], [], HEALTH_TICK_S)
-            if r:
-                try:
-                    os.read(self._fd, 8)
-                except BlockingIOError:
-                    pass
-                self._failures()
-            now = time.monotonic()
-            if now - last_tick >= HEALTH_TICK_S:
-                last_tick = now
-                with self._cv:
-                    owners = list(self._owners)
-                for owner in owners:
-                    try:
-                        self._call(owner, owner._health_tick, now)
-                    except Exception:
-                        log.exception("health tick failed")
-            if now - last_sweep > 0.2:
-                last_sweep = now
-                for tok, h in list(self._inflight.items()):
-                    if h._batch.remaining == 0:
-                        self._inflight.pop(tok, None)
-                    elif now > h.deadline and not h._batch.cancelled:
-                        h._expire()  # nobody waits on it: stop its slices anyway
-                    elif now > h.deadline + 60:
-                        log.error("batch %x still has %d slices a minute past its deadline", tok, h._batch.remaining)
+            try:
+                last_sweep, last_tick = self._step(last_sweep, last_tick)
+            except Exception:  # the one thread that retries and expires every batch must not die
+                log.exception("progress thread step failed")
+                time.sleep(HEALTH_TICK_S)
 
+    def _step(self, last_sweep: float, last_tick: float) -> tuple[float, float]:
+        r, _, _ = select.select([self._fd], [], [], HEALTH_TICK_S)
+        if r:
+            try:
+                os.read(self._fd, 8)
+            except BlockingIOError:
+                pass
+            self._failures()
+        now = time.monotonic()
+        if now - last_tick >= HEALTH_TICK_S:
+            last_tick = now
+            with self._cv:
+                owners = list(self._owners)
+            for owner in owners:
+                try:
+                    self._call(owner, owner._health_tick, now)
+                except Exception:
+                    log.exception("health tick failed")
+        if now - last_sweep > 0.2:
+            last_sweep = now
+            for tok, h in self._inflight_snapshot():
+                if h._batch.remaining == 0:
+                    self._inflight.pop(tok, None)
+                elif now > h.deadline and not h._batch.cancelled:
+                    h._expire()  # nobody waits on it: stop its slices anyway
+                elif now > h.deadline + 60:
+                    log.error("batch %x still has %d slices a minute past its deadline", tok, h._batch.remaining)
+        return last_sweep, last_tick
 
 PROGRESS = Progress()
 

@@ -12,6 +12,8 @@ import ctypes
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .abi import Status
 from .executor import EXECUTOR_ABI_VERSION, Executor, find_extension, load_executor_library
 from .plugin_spec import hookimpl
@@ -23,12 +25,19 @@ TENT_E_CONNECT, TENT_E_IO, TENT_E_TIMEOUT, TENT_E_CONGESTED = (
 )
 
 
+def pattern(n: int, seed: int = 0) -> np.ndarray:
+    """A cheap, position-dependent byte pattern (verifies offsets, not just lengths)."""
+    idx = np.arange(n, dtype=np.uint32)
+    return ((idx * 2654435761 + seed * 97) >> 13).astype(np.uint8)
+
+
 class FaultyTransport(Transport):
     def __init__(self, inner: Transport, name: str | None = None) -> None:
         self.inner = inner
         self.name = name or f"faulty_{inner.name}"
         self.version = inner.version
         self.split_bytes = inner.split_bytes
+        self.config_keys = inner.config_keys  # the wrapper takes the inner transport's section
         self._executor: Executor | None = None
         self._lib: Any = None
 

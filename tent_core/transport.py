@@ -14,9 +14,59 @@ compiled slice executor (:class:`tent_core.executor.Executor`) the core submits 
 from __future__ import annotations
 
 import abc
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
+from .errors import ConfigError
 from .types import Availability, BufferInfo, CapabilityProfile, PeerInfo, PeerLink
+
+# Keys the engine puts into every transport's section (they may be set there too): a slice that
+# moves no byte for this long fails with TENT_E_TIMEOUT (from EngineConfig.slice_timeout_s).
+CORE_CONFIG_KEYS: Mapping[str, Any] = {"slice_timeout_ms": 500}
+
+
+def resolve_config(name: str, keys: Mapping[str, Any], section: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Transport `name`'s config: the defaults in `keys` (plus :data:`CORE_CONFIG_KEYS`) overlaid
+    with `section`. A key nobody declared is refused, naming the known ones; a value is converted
+    to its default's type (TOML and environment strings), None defaults take any value."""
+    from .config import _coerce  # the engine config's own conversion rules
+
+    known = {**CORE_CONFIG_KEYS, **keys}
+    section = dict(section or {})
+    unknown = sorted(set(section) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"transports.{name}: unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+            f"{name} accepts: {', '.join(sorted(known))}"
+        )
+    out = dict(known)
+    for key, value in section.items():
+        default = known[key]
+        if default is None or value is None:
+            out[key] = value
+        elif isinstance(default, bool) and type(value) is int and value in (0, 1):
+            out[key] = bool(value)
+        else:
+            where = f"transports.{name}.{key}"
+            try:
+                out[key] = _coerce(value, default, where)
+            except (TypeError, ValueError) as exc:
+                msg = str(exc) if str(exc).startswith(where) else f"{where}: {exc}"
+                raise ConfigError(f"{msg} (default {default!r})") from exc
+    return out
+
+
+@dataclass(frozen=True)
+class AccessControl:
+    """What a link refuses by itself, below the core's own initiator-side checks (the core checks
+    every request against the peer's advertised buffers before submitting). The conformance kit
+    tests exactly what is claimed here and reports the rest as skipped with `reason`."""
+
+    bounds: bool = True  # slices outside the peer's registered buffers fail with TENT_E_BOUNDS
+    permission: bool = True  # slices against a buffer's permission fail with TENT_E_PERMISSION
+    revocation: bool = True  # once the peer's release_buffer() returned, slices into that buffer fail
+    reason: str = ""  # why something is not enforced
 
 
 class TransportContext:
@@ -34,6 +84,10 @@ class Transport(abc.ABC):
 
     name: str = ""
     version: str = "0"
+    # This transport's config keys (its section `transports.<name>` of the engine config) with
+    # their defaults: the one place they are published. The engine refuses a section with any
+    # other key; start() gets the defaults overlaid with the section (see resolve_config).
+    config_keys: ClassVar[Mapping[str, Any]] = {}
     # On a single rail, requests longer than this are cut into slices of this size so the
     # executor can run them in parallel (0 = hand the executor whole requests; it may split).
     split_bytes: int = 0
@@ -51,7 +105,12 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     def start(self, ctx: TransportContext) -> None:
-        """Create the executor, open listeners. Called once, after probe() said available."""
+        """Create the executor, open listeners. Called once, after probe() said available.
+        Read the config through ``self.resolve_config(ctx.config)``."""
+
+    def resolve_config(self, section: Mapping[str, Any] | None) -> dict[str, Any]:
+        """`section` checked against :attr:`config_keys` and completed with their defaults."""
+        return resolve_config(self.name, self.config_keys, section)
 
     @property
     @abc.abstractmethod
@@ -79,6 +138,10 @@ class Transport(abc.ABC):
         """Prepare to move data with `peer`. `remote_buffers` are the peer's buffers
         (addr, length, perm, kind and this transport's per-buffer descriptor).
         May be called again when the peer's buffer list changed."""
+
+    def access_control(self, link: PeerLink) -> AccessControl:
+        """What `link` refuses by itself (see :class:`AccessControl`); everything by default."""
+        return AccessControl()
 
     def abort_rail(self, link: PeerLink, rail: int) -> int:
         """The engine paused this rail (it looks dead): fail its queued and in-flight slices now

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 
 from tent_core import READ_ONLY, READ_WRITE, Engine
-from tent_core.bench.runner import pattern
+from tent_core.testing import pattern
 
 
 def main() -> None:

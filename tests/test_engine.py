@@ -22,7 +22,7 @@ from tent_core import (
     Request,
     UnknownSegmentError,
 )
-from tent_core.bench.runner import pattern
+from tent_core.testing import pattern
 
 TRANSPORTS = ["tcp", "shm"]
 

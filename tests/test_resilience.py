@@ -10,9 +10,8 @@ import pytest
 from peers import Peer
 
 from tent_core import READ, Engine, PeerUnreachableError, Request
-from tent_core.bench.runner import pattern
 from tent_core.rail_monitor import RailState
-from tent_core.testing import TENT_E_IO, TENT_E_TIMEOUT, FaultPlugin
+from tent_core.testing import TENT_E_IO, TENT_E_TIMEOUT, FaultPlugin, pattern
 
 RAILS2 = {"rails": ["127.0.0.1", "127.0.0.2"]}
 

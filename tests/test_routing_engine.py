@@ -28,7 +28,7 @@ def pattern(n: int, seed: int) -> np.ndarray:
 
 def peer_pattern(n: int, seed: int) -> np.ndarray:
     """What tests/peer_process.py fills its segments with (rw: seed 0, ro: seed 1)."""
-    from tent_core.bench.runner import pattern as bench_pattern
+    from tent_core.testing import pattern as bench_pattern
 
     return bench_pattern(n, seed=seed)
 

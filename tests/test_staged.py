@@ -8,7 +8,7 @@ import pytest
 from peers import Peer, sha
 
 from tent_core import READ, READ_ONLY, WRITE, CancelledError, Engine, NoPathError, Request
-from tent_core.bench.runner import pattern
+from tent_core.testing import pattern
 
 
 @pytest.fixture(scope="module")

@@ -1,44 +1,5 @@
-"""Build the gds executor: a plain C shared library (loaded with ctypes, not imported)."""
+"""Builds tent_gds._executor: a plain C shared library (loaded with ctypes, not imported)."""
 
-import os
+from tent_core.build import build_executor
 
-from setuptools import Extension, setup
-from setuptools.command.build_ext import build_ext
-
-
-def _include_dir() -> str:
-    try:
-        from tent_core.executor import get_include
-
-        return get_include()
-    except Exception:  # tent_core not importable at build time: use the source tree
-        return os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tent_core", "include")
-
-
-class _PlainLibBuildExt(build_ext):
-    """The library has no PyInit_ function; do not ask the linker to export one."""
-
-    def get_export_symbols(self, ext):  # noqa: D401
-        return []
-
-
-setup(
-    cmdclass={"build_ext": _PlainLibBuildExt},
-    ext_modules=[
-        Extension(
-            "tent_gds._executor",
-            sources=["csrc/gds_executor.c"],
-            include_dirs=[_include_dir()],
-            extra_compile_args=[
-                "-O2",
-                "-std=gnu11",
-                "-Wall",
-                "-Wextra",
-                "-Wno-unused-parameter",
-                "-fvisibility=hidden",
-                "-D_GNU_SOURCE",
-            ],
-            extra_link_args=["-pthread"],
-        )
-    ],
-)
+build_executor("tent_gds._executor", ["csrc/gds_executor.c"], define_macros=[("_GNU_SOURCE", None)])

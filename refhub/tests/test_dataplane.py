@@ -10,8 +10,6 @@ import zmq
 
 pytest.importorskip("tent_core.engine")
 
-from refhub.bench_data import shard_sizes  # noqa: E402
-
 from refhub import client as C  # noqa: E402
 from refhub import protocol  # noqa: E402
 
@@ -120,13 +118,6 @@ def test_validate_stage_schema() -> None:
                 {"op": "release", "slot": "x"}, [1], {"op": "stage", "rid": True, "v": 1, "item": "a", "off": 0, "len": 1}):
         with pytest.raises(protocol.ProtocolError):
             protocol.validate_stage(bad)
-
-
-def test_shard_sizes_model_like() -> None:
-    sizes = shard_sizes(1024, 500)
-    assert len(sizes) == 500 and sum(sizes) == 1024 * MB
-    assert sum(1 for n in sizes if n < 2 * MB) == 250
-    assert sum(n for n in sizes if n < 2 * MB) < 16 * MB  # the pack stays small
 
 
 def test_checksum_is_xxh3_when_available() -> None:

@@ -20,16 +20,7 @@ cuFileRead/cuFileWrite for slices that land in them. Nothing CUDA is linked; the
 dlopen()s the libraries at start. Without them, :attr:`GdsTransport.cufile_reason` says why
 and the core synthesizes CUDA <-> file through host staging buffers instead.
 
-Config keys (this transport's section of the engine config):
-  ``engine``       "auto" (default: io_uring when usable, else pread), "io_uring", "pread"
-  ``threads``      executor worker threads (default 2)
-  ``queue_depth``  I/Os in flight per io_uring worker (default 16)
-  ``chunk``        slices are split into pieces of this many bytes (default 1 MiB, multiple of 4096)
-  ``direct``       open an O_DIRECT fd per file and use it for 4096-aligned pieces (default False;
-                   ignored on filesystems that refuse O_DIRECT, e.g. older tmpfs)
-  ``cufile``       "auto" (default: use cuFile when it works), "on" (start fails without it), "off"
-  ``cufile_lib``   path of libcufile (default: ``TENT_CUFILE``, the nvidia-cufile wheel, the loader path)
-  ``cuda_lib``     path of the CUDA driver library (default: libcuda.so.1 on the loader path)
+Config keys, with their defaults and meaning: :attr:`GdsTransport.config_keys`.
 """
 
 from __future__ import annotations
@@ -48,7 +39,7 @@ from typing import Any, ClassVar
 from tent_core.errors import InvalidRequestError, PeerUnreachableError
 from tent_core.executor import EXECUTOR_ABI_VERSION, Executor, PluginLibrary
 from tent_core.plugin_spec import hookimpl
-from tent_core.transport import Transport, TransportContext
+from tent_core.transport import AccessControl, Transport, TransportContext
 from tent_core.types import (
     Availability,
     BufferInfo,
@@ -69,12 +60,6 @@ CUFILE_MODES = ("auto", "on", "off")
 _ENGINE_NAMES = {0: "pread", 1: "io_uring"}
 TMPFS_MAGIC = 0x01021994
 DIRECT_ALIGN = 4096
-
-
-def _as_bool(v: Any) -> bool:
-    if isinstance(v, str):
-        return v.strip().lower() in ("1", "true", "yes", "on")
-    return bool(v)
 
 
 # --------------------------------------------------------------------------- library
@@ -198,6 +183,16 @@ def _remote_files(name: str, remote_buffers: list[dict[str, Any]]) -> dict[int, 
 class GdsTransport(Transport):
     name = "gds"
     version = __version__
+    config_keys = {
+        "engine": "auto",  # "auto" (io_uring when usable, else pread), "io_uring", "pread"
+        "threads": 2,  # executor worker threads
+        "queue_depth": 16,  # I/Os in flight per io_uring worker
+        "chunk": 1 << 20,  # slices are split into pieces of this many bytes (multiple of 4096)
+        "direct": False,  # an O_DIRECT fd per file, used for 4096-aligned pieces
+        "cufile": "auto",  # "auto" (cuFile when it works), "on" (start fails without it), "off"
+        "cufile_lib": None,  # path of libcufile (default: TENT_CUFILE, the nvidia-cufile wheel, the loader path)
+        "cuda_lib": None,  # path of the CUDA driver library (default: libcuda.so.1 on the loader path)
+    }
 
     def __init__(self) -> None:
         self._lib: _Lib | None = None
@@ -243,25 +238,25 @@ class GdsTransport(Transport):
 
     # -- lifecycle
     def start(self, ctx: TransportContext) -> None:
-        cfg = dict(ctx.config or {})
-        engine = str(cfg.get("engine", "auto")).lower()
+        cfg = self.resolve_config(ctx.config)
+        engine = str(cfg["engine"]).lower()
         if engine not in ENGINES:
             raise InvalidRequestError(f"gds: config engine must be one of {ENGINES}, got {engine!r}")
-        cufile = str(cfg.get("cufile", "auto")).lower()
+        cufile = str(cfg["cufile"]).lower()
         if cufile not in CUFILE_MODES:
             raise InvalidRequestError(f"gds: config cufile must be one of {CUFILE_MODES}, got {cufile!r}")
-        self._direct = _as_bool(cfg.get("direct", False))
+        self._direct = bool(cfg["direct"])
         self._host_id = ctx.host_id
         self._lib = get_lib()
         ex_cfg = {
             "engine": engine,
-            "threads": int(cfg.get("threads", 2)),
-            "queue_depth": int(cfg.get("queue_depth", 16)),
-            "chunk": int(cfg.get("chunk", 1 << 20)),
+            "threads": int(cfg["threads"]),
+            "queue_depth": int(cfg["queue_depth"]),
+            "chunk": int(cfg["chunk"]),
             "direct": int(self._direct),
             "cufile": cufile,
-            "cufile_lib": find_cufile_library(cfg.get("cufile_lib")) or "",
-            "cuda_lib": str(cfg.get("cuda_lib", "")),
+            "cufile_lib": find_cufile_library(cfg["cufile_lib"]) or "",
+            "cuda_lib": str(cfg["cuda_lib"] or ""),
         }
         self._executor = self._lib.library.create(ex_cfg)
         why = ctypes.create_string_buffer(256)
@@ -379,6 +374,12 @@ class GdsTransport(Transport):
         self._sync_files(link, _remote_files(self.name, remote_buffers))
         return PeerLink(
             handle=link.handle, rails=[RailInfo(0, f"gds-{self.io_engine}")], extra={"engine": self.io_engine}
+        )
+
+    def access_control(self, link: PeerLink) -> AccessControl:
+        return AccessControl(
+            revocation=False,
+            reason="files stay reachable by path: a peer keeps the file it opened after release_buffer",
         )
 
     def _sync_files(self, link: _Link, wanted: dict[int, tuple[str, int, bool]]) -> None:

@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 from tent_core.errors import PeerUnreachableError
 from tent_core.executor import EXECUTOR_ABI_VERSION, Executor, PluginLibrary
 from tent_core.plugin_spec import hookimpl
-from tent_core.transport import Transport, TransportContext
+from tent_core.transport import AccessControl, Transport, TransportContext
 from tent_core.types import (
     Availability,
     BufferInfo,
@@ -108,6 +108,10 @@ class _Link:
 class NvlinkTransport(Transport):
     name = "nvlink"
     version = __version__
+    config_keys = {
+        "streams": 4,  # CUDA streams the executor spreads copies over
+        "cudart": None,  # path of libcudart (default: the one the plugin finds, see tent_nvlink.cuda)
+    }
 
     def __init__(self) -> None:
         self._lib: _Lib | None = None
@@ -135,11 +139,11 @@ class NvlinkTransport(Transport):
 
     # -- lifecycle
     def start(self, ctx: TransportContext) -> None:
-        cfg = dict(ctx.config or {})
+        cfg = self.resolve_config(ctx.config)
         self._host_id = ctx.host_id
         self._lib = get_lib()
         rt = runtime()
-        ex_cfg = {"streams": int(cfg.get("streams", 4)), "cudart": str(cfg.get("cudart", rt.path))}
+        ex_cfg = {"streams": int(cfg["streams"]), "cudart": str(cfg["cudart"] or rt.path)}
         self._executor = self._lib.library.create(ex_cfg)
         log.info(
             "nvlink transport started: %d device(s), streams=%d, cudart=%s",
@@ -182,6 +186,12 @@ class NvlinkTransport(Transport):
         if not self._host_id or peer.host_id != self._host_id:
             return f"peer {peer.engine_id} is on another host ({peer.host_id} != {self._host_id})"
         return None
+
+    def access_control(self, link: PeerLink) -> AccessControl:
+        return AccessControl(
+            revocation=False,
+            reason="a CUDA IPC mapping stays valid in the peer until the peer closes it",
+        )
 
     def connect(self, peer: PeerInfo, remote_buffers: list[dict[str, Any]]) -> PeerLink:
         if self._executor is None or self._lib is None:

@@ -16,13 +16,7 @@ Two data paths, chosen per peer at :meth:`ShmTransport.connect`:
     mapping table; ranges outside every mapping fail with TENT_E_BOUNDS, writes into a
     read-only mapping with TENT_E_PERMISSION.
 
-Config keys (this transport's section of the engine config):
-  ``mode``            "auto" (default: CMA when a probe read of the peer works, else memfd), "cma", "memfd"
-  ``threads``         executor worker threads (default 2)
-  ``chunk``           slices longer than this are split across workers (bytes, default 4 MiB; 0 = never)
-  ``populate``        MAP_POPULATE peer memfd mappings at connect (default True)
-  ``connect_timeout`` seconds for the memfd control exchange (default 5.0)
-  ``revoke_timeout``  seconds release_buffer waits for peers to unmap a buffer (default 2.0)
+Config keys, with their defaults and meaning: :attr:`ShmTransport.config_keys`.
 """
 
 from __future__ import annotations
@@ -44,7 +38,7 @@ from typing import Any, ClassVar
 from tent_core.errors import InvalidRequestError, PeerUnreachableError
 from tent_core.executor import EXECUTOR_ABI_VERSION, Executor, PluginLibrary
 from tent_core.plugin_spec import hookimpl
-from tent_core.transport import Transport, TransportContext
+from tent_core.transport import AccessControl, Transport, TransportContext
 from tent_core.types import (
     Availability,
     BufferInfo,
@@ -442,15 +436,17 @@ def _field(d: dict[str, Any], *names: str, default: Any = None) -> Any:
     return default
 
 
-def _as_bool(v: Any) -> bool:
-    if isinstance(v, str):
-        return v.strip().lower() not in ("0", "false", "no", "off", "")
-    return bool(v)
-
-
 class ShmTransport(Transport):
     name = "shm"
     version = __version__
+    config_keys = {
+        "mode": "auto",  # "auto" (CMA when a probe read of the peer works, else memfd), "cma", "memfd"
+        "threads": 2,  # executor worker threads
+        "chunk": 4 << 20,  # slices longer than this are split across workers (bytes; 0 = never)
+        "populate": True,  # MAP_POPULATE peer memfd mappings at connect
+        "connect_timeout": 5.0,  # seconds for the memfd control exchange
+        "revoke_timeout": 2.0,  # seconds release_buffer waits for peers to unmap a buffer
+    }
 
     def __init__(self) -> None:
         self._lib: _Lib | None = None
@@ -485,17 +481,17 @@ class ShmTransport(Transport):
 
     # -- lifecycle
     def start(self, ctx: TransportContext) -> None:
-        cfg = dict(ctx.config or {})
-        mode = str(cfg.get("mode", "auto")).lower()
+        cfg = self.resolve_config(ctx.config)
+        mode = str(cfg["mode"]).lower()
         if mode not in MODES:
             raise InvalidRequestError(f"shm: config mode must be one of {MODES}, got {mode!r}")
         self._mode = mode
-        self._populate = _as_bool(cfg.get("populate", True))
-        self._connect_timeout = float(cfg.get("connect_timeout", 5.0))
-        self._revoke_timeout = float(cfg.get("revoke_timeout", 2.0))
+        self._populate = bool(cfg["populate"])
+        self._connect_timeout = float(cfg["connect_timeout"])
+        self._revoke_timeout = float(cfg["revoke_timeout"])
         self._host_id = ctx.host_id
         self._lib = get_lib()
-        ex_cfg = {"threads": int(cfg.get("threads", 2)), "chunk": int(cfg.get("chunk", 4 << 20))}
+        ex_cfg = {"threads": int(cfg["threads"]), "chunk": int(cfg["chunk"])}
         self._executor = self._lib.library.create(ex_cfg)
         if mode != "cma":
             self._server = _ShmServer(self._secret)
@@ -601,6 +597,17 @@ class ShmTransport(Transport):
                 raise
         return PeerLink(
             handle=link.handle, rails=[RailInfo(0, _MODE_NAMES[link.mode])], extra={"mode": _MODE_NAMES[link.mode]}
+        )
+
+    def access_control(self, link: PeerLink) -> AccessControl:
+        if link.extra.get("mode") == "memfd":
+            return AccessControl()  # the executor only reaches the peer's mapped memfds, with their modes
+        return AccessControl(
+            bounds=False,
+            permission=False,
+            revocation=False,
+            reason="CMA (process_vm_readv/writev) reaches the peer's whole address space: the core's "
+            "initiator-side check is the only one (mode=memfd enforces them)",
         )
 
     def _new_link(self, peer: PeerInfo, desc: dict[str, Any], pid: int) -> _Link:

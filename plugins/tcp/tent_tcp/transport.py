@@ -26,7 +26,6 @@ from .native import TcpExecutor, executor_path
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONNS_PER_RAIL = 4
 _EXECUTOR_KEYS = ("threads", "conns_per_rail", "slice_timeout_ms", "connect_timeout_ms", "sockbuf")
 _ANY = {"", "0.0.0.0", "*"}
 
@@ -100,6 +99,20 @@ class TcpTransport(Transport):
     name = "tcp"
     split_bytes = 1 << 20  # 1 MiB slices keep every connection of a rail busy
     version = __version__
+    config_keys = {
+        # local addresses to listen on, one rail each (a list or "a,b"); default: the engine's bind host
+        "rails": None,
+        # each rail's nominal Gbit/s (a list, same order), a hint for the scheduler; default: measured
+        "nominal_gbps": None,
+        # parallel connections per rail keep the pipe full (measured on loopback: 4 beats 2 for
+        # 64 MiB writes by ~15%)
+        "conns_per_rail": 4,
+        # executor threads; default: one per connection slot (conns_per_rail x rails, at least 4)
+        "threads": None,
+        "connect_timeout_ms": 1000,
+        # SO_SNDBUF/SO_RCVBUF per connection (0 = kernel autotuning)
+        "sockbuf": 4 << 20,
+    }
 
     def __init__(self) -> None:
         self._exec: TcpExecutor | None = None
@@ -127,16 +140,14 @@ class TcpTransport(Transport):
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self, ctx: TransportContext) -> None:
-        cfg = dict(ctx.config or {})
-        rails = cfg.get("rails") or [ctx.bind_host or "127.0.0.1"]
+        cfg = self.resolve_config(ctx.config)
+        rails = cfg["rails"] or [ctx.bind_host or "127.0.0.1"]
         if isinstance(rails, str):
             rails = [r.strip() for r in rails.split(",") if r.strip()]
-        gbps = list(cfg.get("nominal_gbps") or [])
-        exec_cfg = {k: int(cfg[k]) for k in _EXECUTOR_KEYS if k in cfg}
-        # Parallel connections per rail keep the pipe full (measured on loopback: 4 beats 2 for
-        # 64 MiB writes by ~15%); one executor thread per connection slot, so no rail starves.
-        exec_cfg.setdefault("conns_per_rail", DEFAULT_CONNS_PER_RAIL)
-        exec_cfg.setdefault("threads", max(4, exec_cfg["conns_per_rail"] * max(1, len(rails))))
+        gbps = list(cfg["nominal_gbps"] or [])
+        if cfg["threads"] is None:  # one executor thread per connection slot, so no rail starves
+            cfg["threads"] = max(4, int(cfg["conns_per_rail"]) * max(1, len(rails)))
+        exec_cfg = {k: int(cfg[k]) for k in _EXECUTOR_KEYS}
         self._exec = TcpExecutor(exec_cfg)
         try:
             for i, host in enumerate(rails):

@@ -16,20 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from ..engine import Engine, Request
-from ..types import MemoryKind, OpCode, Permission
+from tent_core.engine import Engine, Request
+from tent_core.testing import pattern
+from tent_core.types import MemoryKind, OpCode, Permission
 
 log = logging.getLogger(__name__)
 
 KiB, MiB = 1024, 1024 * 1024
 DEFAULT_BLOCKS = [64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
 QUICK_BLOCKS = [64 * KiB, 1 * MiB, 4 * MiB, 64 * MiB]
-
-
-def pattern(n: int, seed: int = 0) -> np.ndarray:
-    """A cheap, position-dependent byte pattern (verifies offsets, not just lengths)."""
-    idx = np.arange(n, dtype=np.uint32)
-    return ((idx * 2654435761 + seed * 97) >> 13).astype(np.uint8)
 
 
 @dataclass
@@ -51,8 +46,8 @@ class BenchSpec:
 @contextmanager
 def target_process(size: int, host: str = "127.0.0.1", config: dict[str, Any] | None = None, pattern_fill: bool = True,
                    argv_prefix: list[str] | None = None) -> Iterator[dict[str, Any]]:
-    """Start `python -m tent_core.bench.target`, yield its {"segment", "transports"}; always stopped."""
-    argv = [sys.executable, "-m", "tent_core.bench.target", "--size", str(size), "--host", host]
+    """Start `python -m tent_bench.target`, yield its {"segment", "transports"}; always stopped."""
+    argv = [sys.executable, "-m", "tent_bench.target", "--size", str(size), "--host", host]
     if config:
         argv += ["--config", json.dumps(config)]
     if pattern_fill:

@@ -7,12 +7,13 @@ import json
 import logging
 import sys
 
-from ..engine import Engine
+from tent_core.engine import Engine
+
 from .runner import pattern
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tent_core.bench.target")
+    ap = argparse.ArgumentParser(prog="python -m tent_bench.target")
     ap.add_argument("--size", type=int, required=True)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--segment", default="bench")

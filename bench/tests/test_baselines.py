@@ -6,8 +6,7 @@ import math
 import multiprocessing as mp
 
 import pytest
-
-from tent_core.bench.baselines import (
+from tent_bench.baselines import (
     BASELINES,
     BaselineSweep,
     BaselineUnavailable,
@@ -92,7 +91,7 @@ def test_slots_walk_and_fixed():
 
 
 def test_child_failure_is_reported_and_cleaned_up():
-    from tent_core.bench.baselines import BaselineError
+    from tent_bench.baselines import BaselineError
 
     sweep = BaselineSweep(block_sizes=[4096], batch_sizes=[1], ops=["READ"], iters=1, warmup=0, host="256.0.0.1")
     with pytest.raises(BaselineError, match="socket"):
@@ -101,7 +100,7 @@ def test_child_failure_is_reported_and_cleaned_up():
 
 
 def test_mooncake_unavailable_raises(monkeypatch):
-    from tent_core.bench import baselines
+    from tent_bench import baselines
 
     monkeypatch.setattr(baselines, "_mooncake_unavailable_reason", lambda refresh=False: "not installed (test)")
     with pytest.raises(BaselineUnavailable, match="not installed"):

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from tent_core.bench import fabric_bench as fb
-from tent_core.testbed import Fabric
+from tent_bench import fabric_bench as fb
+from tent_bench.testbed import Fabric
 
 pytestmark = pytest.mark.netns
 
@@ -88,7 +87,7 @@ def test_peer_death_on_the_fabric_is_an_error_within_the_deadline():
     _require_fabric()
     with Fabric(nodes=2, rails=2, rate="200mbit") as fab:
         target_cfg = {"transports": {"tcp": {"rails": fab.addrs(1), "slice_timeout_ms": 100}}}
-        target = fab.popen(1, [sys.executable, "-m", "tent_core.bench.target", "--size", str(32 * MiB), "--host",
+        target = fab.popen(1, [sys.executable, "-m", "tent_bench.target", "--size", str(32 * MiB), "--host",
                                fab.addrs(1)[0], "--config", json.dumps(target_cfg)],
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
         try:

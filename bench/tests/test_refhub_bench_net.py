@@ -7,9 +7,8 @@ import pytest
 
 pytest.importorskip("tent_core.engine")
 
-from refhub.bench_net import burst, failover  # noqa: E402
-
-from tent_core.testbed import Fabric  # noqa: E402
+from tent_bench.refhub.net import burst, failover  # noqa: E402
+from tent_bench.testbed import Fabric  # noqa: E402
 
 pytestmark = pytest.mark.netns
 

@@ -11,9 +11,8 @@ import threading
 import time
 
 import pytest
-
-from tent_core.testbed import Fabric, cleanup_stale, default_prefix, format_rate, parse_fabric_spec, parse_rate
-from tent_core.testbed.fabric import list_namespaces
+from tent_bench.testbed import Fabric, cleanup_stale, default_prefix, format_rate, parse_fabric_spec, parse_rate
+from tent_bench.testbed.fabric import list_namespaces
 
 PORT = 5299
 

@@ -1,9 +1,9 @@
 """`tent bench --fabric`: TENT over a real multi-rail fabric (network namespaces, veth, tc).
 
 The parent (this module, in the CLI process) builds a fresh `Fabric` (node 0 <-> node 1 over N
-shaped veth rails), starts the target engine inside node 1 (``python -m tent_core.bench.target``,
+shaped veth rails), starts the target engine inside node 1 (``python -m tent_bench.target``,
 TCP rails = node 1's addresses) and, per scheduler policy, an initiator worker inside node 0
-(``python -m tent_core.bench.fabric_worker``: an Engine with ``transports=["tcp"]``, TCP rails =
+(``python -m tent_bench.fabric_worker``: an Engine with ``transports=["tcp"]``, TCP rails =
 node 0's addresses). Both namespaces share one kernel, so the same-host shm transport would bypass
 the fabric: the initiator offers TCP only.
 
@@ -42,10 +42,11 @@ from typing import Any
 
 import numpy as np
 
-from ..config import QosConfig
-from ..testbed.fabric import Fabric, format_rate, parse_fabric_spec
+from tent_core.config import QosConfig
+
 from .fabric_worker import OFFSET_SLOTS, OFFSET_STEP
 from .runner import target_process
+from .testbed.fabric import Fabric, format_rate, parse_fabric_spec
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +255,7 @@ class Worker:
     """A fabric_worker process in a namespace: JSON lines in a queue, stderr tail kept."""
 
     def __init__(self, fab: Fabric, node: int, spec: dict[str, Any]) -> None:
-        argv = [sys.executable, "-m", "tent_core.bench.fabric_worker", "--spec", json.dumps(spec)]
+        argv = [sys.executable, "-m", "tent_bench.fabric_worker", "--spec", json.dumps(spec)]
         self.proc = fab.popen(node, argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)  # fmt: skip
         self.lines: queue.Queue[dict[str, Any]] = queue.Queue()

@@ -1,6 +1,6 @@
-"""One benchmark "node" process, run inside a fabric namespace (or on loopback) by bench_net.
+"""One benchmark "node" process, run inside a fabric namespace (or on loopback) by tent_bench.refhub.net.
 
-``python -m refhub.bench_node ROLE --spec JSON`` prints ``{"event": "ready", ...}`` once set up,
+``python -m tent_bench.refhub.node ROLE --spec JSON`` prints ``{"event": "ready", ...}`` once set up,
 then obeys JSON lines on stdin and answers each with one JSON line:
 
 * ``publisher``: a refhub handle holding the benchmark tensors, published as version 1.
@@ -38,7 +38,7 @@ def tensors(sizes: list[int], seed: int | None) -> list[np.ndarray]:
 
 
 def expected_checksums(sizes: list[int], seed: int) -> list[int]:
-    from .client import checksum
+    from refhub.client import checksum
 
     return [checksum(t) for t in tensors(sizes, seed)]
 
@@ -54,7 +54,7 @@ def _engine(spec: dict) -> Any:
 
 def _await_receiving(server: str, timeout: float) -> None:
     """Until the server reports a shard of the benchmark model being received (or TimeoutError)."""
-    from .client import query
+    from refhub.client import query
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -66,7 +66,7 @@ def _await_receiving(server: str, timeout: float) -> None:
 
 
 def run_refhub(role: str, spec: dict) -> None:
-    from . import client
+    from refhub import client
 
     eng = _engine(spec)
     h = client.open("burst", replica=spec["name"], server=spec["server"], engine=eng, hb_interval=0.2,
@@ -92,7 +92,7 @@ def run_refhub(role: str, spec: dict) -> None:
                 t0 = time.monotonic()
                 v = h.replicate(1, timeout=600)
                 dt = time.monotonic() - t0
-                from .client import checksum
+                from refhub.client import checksum
 
                 ok = [checksum(t) for t in ts] == expect
                 emit({"ok": True, "v": v, "secs": dt, "data_ok": ok, "sources": h.stats.get("sources"),
@@ -116,8 +116,7 @@ def run_gloo(spec: dict) -> None:
 
     import torch
     import torch.distributed as dist
-
-    from .client import checksum
+    from refhub.client import checksum
 
     if spec.get("ifname"):
         os.environ["GLOO_SOCKET_IFNAME"] = spec["ifname"]
@@ -152,8 +151,7 @@ def run_gloo(spec: dict) -> None:
 
 def run_ray(spec: dict) -> None:
     import ray
-
-    from .client import checksum
+    from refhub.client import checksum
 
     ray.init(address=spec["address"], logging_level="ERROR", log_to_driver=False, _temp_dir=spec.get("temp_dir"))
 

@@ -1,6 +1,6 @@
 """Burst and failure-masking benchmarks over real shaped links (paper §5.1.2, §5.1.3).
 
-As root, every "node" is a network namespace of a `tent_core.testbed.Fabric` star: node 0 is the
+As root, every "node" is a network namespace of a `tent_bench.testbed.Fabric` star: node 0 is the
 switch (it forwards between the others and runs the reference server), node 1 the publisher, nodes
 2.. the receivers. Each node's single link to the switch is shaped in both directions (TBF, `rate`),
 so, as on a real cluster, the publisher's uplink carries everything that is read from it and each
@@ -49,7 +49,7 @@ class Nodes:
         self.procs: list[subprocess.Popen] = []
         self.logdir = tempfile.mkdtemp(prefix="refhub-bench-")
         if not force_loopback:
-            from tent_core.testbed import Fabric
+            from tent_bench.testbed import Fabric
 
             ok, why = Fabric.available()
             if ok:
@@ -155,7 +155,7 @@ def _send(p: subprocess.Popen, msg: dict) -> None:
 
 
 def _node(nodes: Nodes, j: int, role: str, spec: dict, name: str) -> subprocess.Popen:
-    return nodes.popen(j, [sys.executable, "-m", "refhub.bench_node", role, "--spec", json.dumps(spec)], name)
+    return nodes.popen(j, [sys.executable, "-m", "tent_bench.refhub.node", role, "--spec", json.dumps(spec)], name)
 
 
 def _server(nodes: Nodes, pipeline: bool, name: str) -> tuple[subprocess.Popen, str]:
@@ -179,7 +179,7 @@ def _read_plain(p: subprocess.Popen, timeout: float, what: str) -> str:
 
 
 def _sizes(size_mb: float, tensors: int) -> list[int]:
-    from .bench_data import shard_sizes
+    from .data import shard_sizes
 
     return shard_sizes(size_mb, tensors)
 
@@ -407,7 +407,7 @@ def burst(ns: list[int], size_mb: float = 128, tensors: int = 32, rate: str = "1
 
 
 def parse_rate_Bps(rate: str) -> float:
-    from tent_core.testbed.fabric import parse_rate
+    from tent_bench.testbed.fabric import parse_rate
 
     return parse_rate(rate) / 8
 

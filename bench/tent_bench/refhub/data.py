@@ -3,10 +3,10 @@
 - dataplane: one publisher and one reader process, a model-like 1 GiB shard (500 tensors, half of
   them tiny); verified replicate GB/s vs raw tent_core READs of the same bytes into the same
   buffers, by the same reader process, interleaved.
-- failover (loopback fallback of bench_net.failover): trainer -> A (reader-side cap) -> B; SIGKILL
+- failover (loopback fallback of tent_bench.refhub.net.failover): trainer -> A (reader-side cap) -> B; SIGKILL
   A mid-transfer; B's completion time vs no failure.
 
-The burst benchmark and the shaped-link failover live in bench_net (network namespaces).
+The burst benchmark and the shaped-link failover live in tent_bench.refhub.net (network namespaces).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def _reader(addr: str, name: str, size_mb: float, throttle: float | None, start:
 
 
 def _server(pipeline: bool = True) -> str:
-    from .server import start_embedded
+    from refhub.server import start_embedded
 
     return start_embedded(hb_timeout=3.0, pipeline=pipeline)
 
@@ -218,7 +218,7 @@ def dataplane(size_mb: float = 1024, repeat: int = 5, tensors: int = 500, transp
     med = statistics.median
     raw_w, raw_o, rh = med(res["raw_windowed"]), med(res["raw_one_batch"]), med(res["refhub"])
     raw = max(raw_w, raw_o)
-    from .client import _xxhash
+    from refhub.client import _xxhash
 
     return {
         "bench": "dataplane",

@@ -1,6 +1,6 @@
 """The initiator side of `tent bench --fabric`: runs inside a fabric namespace, prints JSON lines.
 
-Started by `tent_core.bench.fabric_bench` as ``python -m tent_core.bench.fabric_worker --spec JSON``
+Started by `tent_bench.fabric_bench` as ``python -m tent_bench.fabric_worker --spec JSON``
 inside node 0 of a `Fabric`. It builds an Engine restricted to the TCP transport (both namespaces
 share one kernel, so the same-host shm transport would bypass the fabric), connects to the target
 engine in node 1 and runs one of three modes:
@@ -37,8 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from ..engine import Engine, LocalBuffer, Request
-from ..types import OpCode, Priority
+from tent_core.engine import Engine, LocalBuffer, Request
+from tent_core.types import OpCode, Priority
+
 from .runner import pattern, percentile, run_point
 
 log = logging.getLogger(__name__)
@@ -464,7 +465,7 @@ MODES = {"sweep": run_sweep, "verify": run_verify, "mixed": run_mixed}
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tent_core.bench.fabric_worker")
+    ap = argparse.ArgumentParser(prog="python -m tent_bench.fabric_worker")
     ap.add_argument("--spec", required=True, help="JSON: mode, remote, host, config, ifaces, and the mode's section")
     args = ap.parse_args(argv)
     spec = json.loads(args.spec)

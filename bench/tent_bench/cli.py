@@ -1,0 +1,354 @@
+"""`tent bench`: the benchmark command, contributed to the `tent` CLI through the entry-point group
+``tent_core.cli`` (see bench/pyproject.toml)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+KiB, MiB, GiB = 1024, 1024**2, 1024**3
+
+
+def parse_size(text: str) -> int:
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    mult = 1
+    for suffix, m in (("k", KiB), ("m", MiB), ("g", GiB)):
+        if t.endswith(suffix):
+            t, mult = t[:-1], m
+            break
+    try:
+        value = int(float(t) * mult)
+    except ValueError as exc:
+        raise click.BadParameter(f"not a size: {text!r} (examples: 65536, 64K, 4M, 1G)") from exc
+    if value <= 0:
+        raise click.BadParameter(f"size must be > 0: {text!r}")
+    return value
+
+
+def _out() -> Console:
+    """Tables on stdout; a pipe or file gets a wide console instead of an 80-column squeeze."""
+    con = Console()
+    return con if con.is_terminal else Console(width=160)
+
+
+def _out() -> Console:
+    """Tables on stdout; a pipe or file gets a wide console instead of an 80-column squeeze."""
+    con = Console()
+    return con if con.is_terminal else Console(width=160)
+
+
+def _load_config_arg(src: str | None) -> dict[str, Any] | None:
+    if not src:
+        return None
+    from tent_core.config import load_config
+
+    try:
+        data = json.loads(src) if src.lstrip().startswith("{") else None
+        if data is None:
+            import tomllib
+
+            with open(src, "rb") as f:
+                data = tomllib.load(f)
+        load_config(data)  # validate now: a typo is a usage error, not a crash in a subprocess
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise click.BadParameter(f"--config: {exc}") from exc
+    return data
+
+
+def _csv(value: str | None) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()] if value else []
+
+
+def human(n: int) -> str:
+    for unit, m in (("G", GiB), ("M", MiB), ("K", KiB)):
+        if n >= m and n % m == 0:
+            return f"{n // m}{unit}"
+    return str(n)
+
+
+@click.command()
+@click.option("--quick", is_flag=True, help="A short sweep (a few seconds per transport).")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON on stdout.")
+@click.option("--transport", "transports", default=None, help="Comma-separated transports (default: every available).")
+@click.option("--block-sizes", default=None, help="Comma-separated sizes, e.g. 64K,4M,64M.")
+@click.option("--batch-sizes", default=None, help="Comma-separated batch sizes, e.g. 1,4.")
+@click.option("--ops", default="READ,WRITE", show_default=True, help="READ, WRITE or both.")
+@click.option("--threads", default=None, type=click.IntRange(1, 64), help="Submitting threads [default: 1; 4 with --fabric].")
+@click.option("--iters", default=None, type=click.IntRange(1), help="Max batches per point.")
+@click.option("--baseline", default=None, help="Comma-separated peers/limits run in the same sweep: mooncake, socket, cma, memcpy.")
+@click.option("--submit-cost", is_flag=True, help="Also measure the cost of submit() for one 64 KiB request.")
+@click.option("--no-verify", is_flag=True, help="Skip the byte-for-byte check before timing.")
+@click.option("--fabric", "fabric", default=None, metavar="SPEC",
+              help="Run over a fresh multi-rail netns fabric, e.g. 4x1gbit or 2x1gbit+2x500mbit (needs root).")
+@click.option("--degrade", default=None, metavar="I:FACTOR[,..]", help="--fabric: rails kept at FACTOR of their rate.")
+@click.option("--policy", "policies", default=None, metavar="LIST",
+              help="--fabric: scheduler policies run in turn (spray, round_robin, single, stripe).")
+@click.option("--timeline", default=None, metavar="PATH", help="--fabric: per-rail throughput over time, as a PNG.")
+@click.option("--fault", default=None, metavar="SCENARIO",
+              help="--fabric: e.g. 'down 0 at 1s; up 0 at 3s', 'degrade 2:0.5 at 1s; restore 2 at 3s', 'flap 1 every 300ms'.")
+@click.option("--duration", default=None, type=click.FloatRange(0.5, 600), metavar="SECONDS",
+              help="--fabric: continuous verified transfers for this long (default 5 with --fault).")
+@click.option("--mixed", is_flag=True, help="--fabric: 64 KiB HIGH-priority mice under 64 MiB LOW-priority elephants, QoS off/on.")
+@click.option("--path", "path_spec", default=None, metavar="KIND:TRANSPORT",
+              help="A synthesized path: e.g. file:tcp = a file here -> memory in another process, staged, vs each stage alone.")
+@click.option("--config", "config_src", default=None, metavar="JSON|PATH",
+              help="Engine config for both sides: inline JSON or a TOML file (see tent_core/config.py).")
+@click.option("--file-dir", default="/var/tmp", show_default=True, help="Where file benchmarks keep their file.")
+@click.option("--offered-load", "offered", default=None, type=click.FloatRange(0.01, 1000), metavar="GBIT",
+              help="--fabric sweep: open loop at this offered load (Gbit/s) instead of closed-loop submitters.")
+def bench(
+    quick: bool,
+    as_json: bool,
+    transports: str | None,
+    block_sizes: str | None,
+    batch_sizes: str | None,
+    ops: str,
+    threads: int | None,
+    iters: int | None,
+    baseline: str | None,
+    submit_cost: bool,
+    no_verify: bool,
+    fabric: str | None,
+    degrade: str | None,
+    policies: str | None,
+    timeline: str | None,
+    fault: str | None,
+    duration: float | None,
+    mixed: bool,
+    path_spec: str | None,
+    config_src: str | None,
+    file_dir: str,
+    offered: float | None,
+) -> None:
+    """TEBench-style sweep between a target and an initiator process on this host.
+
+    With --fabric, the two processes run in network namespaces joined by shaped veth rails
+    (see tent_bench/fabric_bench.py) and the engine uses its multi-rail TCP transport.
+    """
+    from . import runner
+
+    fabric_only = {"--degrade": degrade, "--policy": policies, "--timeline": timeline, "--fault": fault,
+                   "--duration": duration, "--mixed": mixed or None, "--offered-load": offered}  # fmt: skip
+    if fabric is None:
+        given = [k for k, v in fabric_only.items() if v is not None]
+        if given:
+            raise click.UsageError(f"{', '.join(given)} only apply with --fabric")
+    else:
+        _bench_fabric(fabric, quick, as_json, block_sizes, batch_sizes, ops, threads, iters, degrade, policies,
+                      timeline, fault, duration, mixed, baseline, submit_cost, transports, offered)  # fmt: skip
+        return
+    threads = threads or 1
+    spec = runner.BenchSpec(threads=threads, verify=not no_verify, file_dir=file_dir, config=_load_config_arg(config_src))
+    if quick:
+        spec.block_sizes = [64 * KiB, 4 * MiB, 64 * MiB]
+        spec.iters, spec.time_budget_s = 20, 0.3
+    else:
+        spec.block_sizes = list(runner.DEFAULT_BLOCKS)
+        spec.iters, spec.time_budget_s = 200, 1.5
+    if block_sizes:
+        spec.block_sizes = [parse_size(s) for s in _csv(block_sizes)]
+    if batch_sizes:
+        try:
+            spec.batch_sizes = [int(s) for s in _csv(batch_sizes)]
+        except ValueError as exc:
+            raise click.BadParameter(f"batch sizes must be integers: {batch_sizes!r}") from exc
+        if any(b <= 0 for b in spec.batch_sizes):
+            raise click.BadParameter("batch sizes must be > 0")
+    spec.ops = [o.upper() for o in _csv(ops)]
+    bad = [o for o in spec.ops if o not in ("READ", "WRITE")]
+    if bad or not spec.ops:
+        raise click.BadParameter(f"--ops takes READ and/or WRITE, got {ops!r}")
+    if iters:
+        spec.iters = iters
+    spec.transports = _csv(transports) or None
+    baselines = _csv(baseline)
+    from . import baselines as bl
+
+    unknown = [b for b in baselines if b not in bl.BASELINES]
+    if unknown:
+        raise click.BadParameter(f"unknown baseline(s) {unknown}; choose from {sorted(bl.BASELINES)}")
+
+    err = Console(stderr=True)
+    rows: list[dict[str, Any]] = []
+    npoints = len(spec.ops) * len(spec.block_sizes) * len(spec.batch_sizes)
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+        console=err, transient=True, disable=not err.is_terminal,
+    ) as prog:
+        task = prog.add_task("tent", total=npoints * max(1, len(spec.transports or [1])))
+
+        def step(desc: str) -> None:
+            prog.update(task, advance=1, description=desc)
+
+        if path_spec:
+            try:
+                rows += runner.run_staged_path(spec, path_spec, file_dir)
+            except (ValueError, RuntimeError) as exc:
+                raise click.ClickException(str(exc)) from exc
+        else:
+            rows += runner.run_tent(spec, step)
+        file_size = max(spec.block_sizes) * max(spec.batch_sizes) * spec.threads
+        sweep = bl.BaselineSweep(
+            block_sizes=spec.block_sizes, batch_sizes=spec.batch_sizes, ops=spec.ops,
+            iters=spec.iters, warmup=spec.warmup, time_budget_s=spec.time_budget_s,
+            walk_buffer=False,  # like our own sweep: every batch moves the same region
+            file_path=runner.bench_file(file_dir, file_size) if "fio" in baselines else None,
+        )
+        for name in baselines:
+            prog.update(task, description=f"baseline {name}")
+            try:
+                rows += bl.BASELINES[name](sweep)
+            except bl.BaselineUnavailable as exc:
+                err.print(f"[yellow]baseline {name} unavailable: {exc}[/]")
+    runner.add_ratios(rows)
+    extra: dict[str, Any] = {}
+    if submit_cost:
+        extra = runner.submit_cost_us(transports=spec.transports)
+    if as_json:
+        click.echo(json.dumps(rows if not extra else rows + [dict(kind="submit_cost", **extra)], indent=1))
+        return
+    _print_rows(rows, baselines)
+    if extra:
+        _out().print(f"submit() cost, one 64 KiB request: median {extra['median_us']:.2f} us, p99 {extra['p99_us']:.2f} us, "
+                     f"back to back {extra['queued_median_us']:.2f} us")
+
+
+def _bench_fabric(
+    fabric: str,
+    quick: bool,
+    as_json: bool,
+    block_sizes: str | None,
+    batch_sizes: str | None,
+    ops: str,
+    threads: int | None,
+    iters: int | None,
+    degrade: str | None,
+    policies: str | None,
+    timeline: str | None,
+    fault: str | None,
+    duration: float | None,
+    mixed: bool,
+    baseline: str | None,
+    submit_cost: bool,
+    transports: str | None,
+    offered: float | None = None,
+) -> None:
+    """`tent bench --fabric SPEC ...`: build, run every policy, tear down, print rows."""
+    from tent_core.config import POLICIES
+
+    from . import fabric_bench as fb
+    from .testbed.fabric import parse_fabric_spec
+
+    if baseline or submit_cost:
+        raise click.UsageError("--baseline and --submit-cost are local-mode options (not with --fabric)")
+    if transports and _csv(transports) != ["tcp"]:
+        raise click.UsageError("--fabric runs the tcp transport only (both namespaces share one kernel)")
+    try:
+        rates = parse_fabric_spec(fabric)
+        spec = fb.FabricBenchSpec(fabric=fabric, degrade=fb.parse_degrade(degrade), timeline=timeline, fault=fault,
+                                  duration_s=duration, mixed=mixed)  # fmt: skip
+        if fault:
+            fb.parse_fault(fault, duration or 5.0)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    if any(i >= len(rates) for i, _ in spec.degrade):
+        raise click.BadParameter(f"--degrade names a rail outside 0..{len(rates) - 1}")
+    spec.policies = _csv(policies) or ["spray"]
+    bad = [p for p in spec.policies if p not in POLICIES]
+    if bad:
+        raise click.BadParameter(f"unknown policy {bad}; choose from {list(POLICIES)}")
+    if mixed and (fault or duration):
+        raise click.UsageError("--mixed runs its own fixed load; drop --fault/--duration")
+    spec.threads = threads or 4
+    spec.offered_gbit = offered
+    if offered and (fault or duration or mixed):
+        raise click.UsageError("--offered-load applies to the sweep (not with --fault/--duration/--mixed)")
+    if quick:
+        spec.block_sizes, spec.budget_s = [1 * MiB, 64 * MiB], 1.5
+        spec.mixed_duration_s = 2.0
+    else:
+        spec.block_sizes, spec.budget_s = [256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB], 3.0
+    if block_sizes:
+        spec.block_sizes = [parse_size(s) for s in _csv(block_sizes)]
+    if batch_sizes:
+        try:
+            spec.batch_sizes = [int(s) for s in _csv(batch_sizes)]
+        except ValueError as exc:
+            raise click.BadParameter(f"batch sizes must be integers: {batch_sizes!r}") from exc
+    src = click.get_current_context().get_parameter_source("ops")
+    spec.ops = [o.upper() for o in _csv(ops)] if src is not click.core.ParameterSource.DEFAULT else ["READ"]
+    if any(o not in ("READ", "WRITE") for o in spec.ops):
+        raise click.BadParameter(f"--ops takes READ and/or WRITE, got {ops!r}")
+    if iters:
+        spec.iters = iters
+    if logging.getLogger().isEnabledFor(logging.INFO):
+        spec.log_level = logging.getLogger().getEffectiveLevel()
+    try:
+        fb.check_available()
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from exc
+    err = Console(stderr=True)
+    rows = fb.run_fabric_bench(spec, lambda msg: err.print(f"[dim]{msg}[/]"))
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    _print_fabric_rows(rows)
+
+
+def _print_fabric_rows(rows: list[dict[str, Any]]) -> None:
+    con = _out()
+    fab = next((r for r in rows if r.get("kind") == "fabric"), None)
+    if fab:
+        con.print(f"fabric {fab['spec']}: rails {fab['rail_gbit_actual']} Gbit/s (nominal sum {fab['nominal_sum_gbit']}, "
+                  f"actual {fab['actual_sum_gbit']})")  # fmt: skip
+    perf = [r for r in rows if r.get("engine") == "tent"]
+    if perf:
+        table = Table(title="tent bench --fabric")
+        for c in ("policy", "op", "block", "batch", "Gbit/s", "x nominal", "x actual", "p50 ms", "p99 ms", "rail share",
+                  "rail estimate Gbit/s", "rail state"):  # fmt: skip
+            table.add_column(c, justify="left" if c in ("policy", "op", "rail share", "rail estimate Gbit/s", "rail state") else "right")
+        for r in perf:
+            table.add_row(
+                r["policy"], r["op"], human(r["block_size"]), str(r["batch_size"]), f"{r['gbit']:.3f}",
+                f"{r.get('x_nominal', r['gbit'] / r['nominal_sum_gbit']):.3f}",
+                f"{r.get('x_actual', r['gbit'] / r['actual_sum_gbit']):.3f}",
+                f"{r.get('p50_us', 0) / 1e3:.1f}", f"{r['p99_us'] / 1e3:.1f}",
+                " ".join(f"{x:.2f}" for x in r.get("rail_share", [])),
+                " ".join(f"{x:.2f}" for x in r.get("rail_est_gbit", [])),
+                " ".join(str(x)[0] for x in r.get("rail_state", [])),  # H(ealthy) D(egraded) P(aused)
+            )  # fmt: skip
+        con.print(table)
+    for r in rows:
+        if r.get("kind") == "fault_summary":
+            keys = ("app_errors", "corrupt", "bytes_verified", "all_verified", "verified_gbit", "steady_gbit",
+                    "dip_ms", "dip_ms_noise", "detect_ms", "readmit_ms", "readmit_state_ms")  # fmt: skip
+            con.print(f"[bold]{r['policy']}[/] {r['fault']!r}: " + ", ".join(f"{k}={r.get(k)}" for k in keys if k in r))
+            for ev in r.get("events", []):
+                con.print("   ", json.dumps(ev))
+            if "flap" in r:
+                con.print("    flap:", json.dumps(r["flap"]))
+        elif r.get("kind") == "mixed":
+            con.print(f"[bold]{r['label']}[/]: mice p50 {r['mice_p50_us'] / 1e3:.2f} ms, p99 {r['mice_p99_us'] / 1e3:.2f} ms "
+                      f"(idle p50 {r['mice_idle_p50_us'] / 1e3:.2f} ms); elephants {r['elephant_gbit']:.3f} Gbit/s")  # fmt: skip
+
+
+def _print_rows(rows: list[dict[str, Any]], baselines: list[str]) -> None:
+    table = Table(title="tent bench")
+    cols = ["engine", "transport", "op", "block", "batch", "GB/s", "avg us", "p99 us"]
+    ratio_cols = [f"x_{b}" for b in baselines]
+    for c in cols + ratio_cols:
+        table.add_column(c, justify="right" if c not in ("engine", "transport", "op") else "left")
+    for r in rows:
+        cells = [
+            r["engine"], r["transport"], r["op"], human(r["block_size"]), str(r["batch_size"]),
+            f"{r['gbps']:.2f}", f"{r['avg_us']:.0f}", f"{r['p99_us']:.0f}",
+        ]
+        cells += [f"{r[c]:.2f}" if c in r else "" for c in ratio_cols]
+        table.add_row(*cells)
+    _out().print(table)

@@ -1,0 +1,2 @@
+"""refhub's benchmarks (paper section 5.1): data plane, bursts over shaped links, failure masking,
+reference-server capacity."""

@@ -1,0 +1,117 @@
+"""The conformance kit against every installed transport, run as a plugin author would run it;
+and against transports that break the contract on purpose, to show the kit catches them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tent_core.conformance import CHECKS
+from tent_core.plugin_manager import discover, instantiate
+
+INSTALLED = sorted(discover().registry.entries)
+MUST_RUN = {"tcp", "shm", "gds"}  # available on any Linux host: the kit must pass there, not skip
+
+
+def kit(name: str, *args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    proc = subprocess.run([sys.executable, "-m", "tent_core.conformance", name, "--json", *args], capture_output=True,
+                          text=True, timeout=300, env=env)  # fmt: skip
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("name", INSTALLED)
+def test_installed_transport_conforms(name: str) -> None:
+    rc, report = kit(name)
+    assert {"transport", "passed", "failed", "skipped", "checks"} <= set(report)
+    assert report["transport"] == name and [c["name"] for c in report["checks"]] == list(CHECKS)
+    failed = [f"{c['name']}: {c['detail']}" for c in report["checks"] if c["status"] == "failed"]
+    assert rc == 0 and not failed, failed
+    assert report["passed"] + report["skipped"] == len(CHECKS)
+    for c in report["checks"]:
+        if c["status"] == "skipped":
+            assert c["detail"], f"{c['name']} skipped without a reason"
+    transport, avail = instantiate(discover().registry.entries[name])
+    core = {"read_write_exact", "zero_length", "unaligned", "concurrent", "all_or_nothing_submit", "exactly_once_on_close"}
+    passed = {c["name"] for c in report["checks"] if c["status"] == "passed"}
+    if name in MUST_RUN:
+        assert avail.available, f"{name}: {avail.reason}"
+        assert core <= passed, report
+    elif report["reason"]:  # unavailable here, or serving memory kinds the kit does not exercise
+        assert report["skipped"] == len(CHECKS) and (avail.available or avail.reason in report["reason"]), report
+    else:
+        assert core <= passed, report
+
+def test_usage_errors() -> None:
+    out = subprocess.run([sys.executable, "-m", "tent_core.conformance", "no-such-transport"], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 2 and "not installed" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "tent_core.conformance", "tcp", "--config", '{"conns_per_rial": 2}'],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 2 and "conns_per_rial" in out.stderr
+
+
+# Transports that lie: each claims what it does not do. Installed as a distribution on PYTHONPATH
+# (entry point and all), so the kit finds them the way it finds any plugin.
+LIARS = '''
+from tent_core.plugin_spec import hookimpl
+from tent_core.executor import EXECUTOR_ABI_VERSION
+from tent_core.transport import AccessControl
+from tent_shm.plugin import ShmTransport
+from tent_tcp.transport import TcpTransport
+
+
+class ClaimsToRefuse(ShmTransport):
+    """CMA reaches the whole address space, but this one claims its links refuse bad ranges."""
+    name = "liar_cma"
+
+    def access_control(self, link):
+        return AccessControl()
+
+
+class ForgetsToRevoke(TcpTransport):
+    """release_buffer() that leaves the region registered."""
+    name = "liar_revoke"
+
+    def release_buffer(self, buf):
+        pass
+
+
+@hookimpl
+def tent_register_transports(registry):
+    registry.add("liar_cma", ClaimsToRefuse, abi_version=EXECUTOR_ABI_VERSION)
+    registry.add("liar_revoke", ForgetsToRevoke, abi_version=EXECUTOR_ABI_VERSION)
+'''
+
+
+@pytest.fixture(scope="module")
+def liars(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    if not {"tcp", "shm"} <= set(INSTALLED):
+        pytest.skip("needs tcp and shm")
+    root: Path = tmp_path_factory.mktemp("liars")
+    (root / "tent_liars.py").write_text(textwrap.dedent(LIARS))
+    info = root / "tent_liars-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tent-liars\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[tent_core.transports]\nliars = tent_liars\n")
+    return dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+
+
+def test_kit_catches_a_link_that_does_not_refuse_what_it_claims(liars: dict[str, str]) -> None:
+    rc, report = kit("liar_cma", "--check", "bounds", "--check", "permission", "--check", "release_buffer", env=liars)
+    status = {c["name"]: c["status"] for c in report["checks"]}
+    assert rc == 1 and status == {"bounds": "failed", "permission": "failed", "release_buffer": "failed"}, report
+
+
+def test_kit_catches_a_release_that_revokes_nothing(liars: dict[str, str]) -> None:
+    rc, report = kit("liar_revoke", "--check", "release_buffer", "--check", "read_write_exact", env=liars)
+    status = {c["name"]: c for c in report["checks"]}
+    assert rc == 1 and status["release_buffer"]["status"] == "failed", report
+    assert "succeeded" in status["release_buffer"]["detail"] and status["read_write_exact"]["status"] == "passed"
