@@ -442,7 +442,11 @@ class ShmTransport(Transport):
     config_keys = {
         "mode": "auto",  # "auto" (CMA when a probe read of the peer works, else memfd), "cma", "memfd"
         "threads": 2,  # executor worker threads
-        "chunk": 4 << 20,  # slices longer than this are split across workers (bytes; 0 = never)
+        "chunk": 1 << 20,  # slices longer than this are split across workers (bytes; 0 = never): 4 MiB uses both cores
+        # requests up to this long are copied by the submitting thread (no hand-off, no wake-up),
+        # alongside the workers for those longer than one chunk (bytes; 0 = never)
+        "inline_bytes": 4 << 20,
+        "inline_budget": 1 << 20,  # bytes the submitting thread copies per submit beyond its first piece
         "populate": True,  # MAP_POPULATE peer memfd mappings at connect
         "connect_timeout": 5.0,  # seconds for the memfd control exchange
         "revoke_timeout": 2.0,  # seconds release_buffer waits for peers to unmap a buffer
@@ -491,7 +495,8 @@ class ShmTransport(Transport):
         self._revoke_timeout = float(cfg["revoke_timeout"])
         self._host_id = ctx.host_id
         self._lib = get_lib()
-        ex_cfg = {"threads": int(cfg["threads"]), "chunk": int(cfg["chunk"])}
+        ex_cfg = {"threads": int(cfg["threads"]), "chunk": int(cfg["chunk"]), "inline_budget": int(cfg["inline_budget"])}
+        self.inline_bytes = max(0, int(cfg["inline_bytes"]))
         self._executor = self._lib.library.create(ex_cfg)
         if mode != "cma":
             self._server = _ShmServer(self._secret)
