@@ -3,17 +3,31 @@
  *
  * Client side: peers live in a generation-counted handle table (tent/handle_table.h). submit()
  * turns each slice into a job of one or more chunks (tent/chunk_queue.h; config `chunk`, default
- * 0 = whole slices) on its (peer, rail) FIFO. A rail with queued chunks and a free connection
- * slot (at most conns_per_rail chunks in flight per rail) sits in a ready list, so a worker finds
- * work in O(1) however many peers there are; it borrows a persistent connection (connecting
- * lazily), runs the chunk synchronously and, for a job's last chunk, reports the slice through
- * host->complete. Payload bytes go straight between the user's memory and send()/recv(): no
- * intermediate copies, no Python. A removed peer leaves the table at once and is freed when its
- * last in-flight chunk returns; its queued chunks fail as unreachable (retryable).
+ * 0 = whole slices) on its (peer, rail) queues: chunks up to `express_bytes` (default 256 KiB) on
+ * the rail's small-request queue, longer ones on its bulk queue. A rail has `conns_per_rail`
+ * bulk connection slots plus one express slot that only small chunks use, so a small request
+ * never waits behind a stream of large ones on the same peer; free workers serve small chunks
+ * first. A rail with queued chunks and a slot they may use sits in a ready list, so a worker
+ * finds work in O(1) however many peers there are; it borrows a persistent connection
+ * (connecting lazily), runs its chunks and, for a job's last chunk, reports the slice through
+ * host->complete. Small chunks queued together are pipelined on one connection (up to
+ * `pipeline` requests and `pipeline_bytes` bytes a run, spread over the free slots): all
+ * requests leave in one sendmsg, header and payload together, then the responses are read in
+ * order. Payload bytes go straight between the user's memory and the socket: no intermediate
+ * copies, no Python. A removed peer leaves the table at once and is freed when its last
+ * in-flight chunk returns; its queued chunks fail as unreachable (retryable).
+ *
+ * submit_inline (executor ABI, optional entry): when a rail has nothing queued and an idle
+ * connection with a free slot, the submitting thread sends the small requests itself (one
+ * sendmsg) and hands the connection to a worker only to read the responses; the worker's
+ * wake-up overlaps with the network round trip instead of preceding it. Anything that cannot
+ * leave at once is queued as by submit().
  *
  * Server side: one accept thread per listener, one thread per accepted connection.
- * Every request is checked against the registered regions (bounds + permission).
- * Regions are reference counted so unregister waits for in-flight server I/O.
+ * Every request is checked against the registered regions (bounds + permission; a sorted table,
+ * bisected, so the cost does not grow with the number of registrations). Regions are reference
+ * counted so unregister waits for in-flight server I/O. A READ's response header and payload
+ * leave in one sendmsg. Every connection runs with TCP_NODELAY (small requests leave at once).
  *
  * Wire protocol (little endian):
  *   request  (32 B): u32 magic 'TNTC', u16 version, u16 opcode, u64 remote_addr,
@@ -40,6 +54,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -59,6 +74,7 @@
 #define DRAIN_CHUNK (256 * 1024)
 #define MAX_RAILS 64
 #define SLOT_FREE (-2)
+#define PIPE_MAX 64 /* requests in one pipelined run at most */
 
 /* ------------------------------------------------------------------ utils */
 
@@ -107,6 +123,31 @@ static int send_all(int fd, const void *buf, size_t len, int more) {
   return IO_OK;
 }
 
+/* Send every byte of iov[0..n) (the array is consumed: entries are advanced in place). */
+static int sendv_all(int fd, struct iovec *iov, int n) {
+  while (n > 0) {
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)(n > 1024 ? 1024 : n)};
+    ssize_t k = sendmsg(fd, &m, MSG_NOSIGNAL);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return IO_TIMEOUT;
+      return IO_ERR;
+    }
+    if (k == 0) return IO_ERR;
+    size_t left = (size_t)k;
+    while (n > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      iov++;
+      n--;
+    }
+    if (n > 0) {
+      iov->iov_base = (char *)iov->iov_base + left;
+      iov->iov_len -= left;
+    }
+  }
+  return IO_OK;
+}
+
 static int recv_all(int fd, void *buf, size_t len) {
   char *p = buf;
   while (len) {
@@ -146,7 +187,6 @@ typedef struct region {
   uint32_t perm;
   int refs;
   int dead;
-  struct region *next;
 } region_t;
 
 typedef struct rail {
@@ -154,11 +194,13 @@ typedef struct rail {
   struct sockaddr_in local;  /* sin_addr 0 = don't bind */
   struct sockaddr_in remote;
   char name[96];
-  tent_chunk_queue_t q; /* chunks waiting for a connection slot */
-  int *idle;            /* idle connected fds */
+  tent_chunk_queue_t q;  /* bulk chunks waiting for a connection slot */
+  tent_chunk_queue_t qs; /* small chunks (<= express_bytes): served first, also by the express slot */
+  int *idle;             /* idle connected fds */
   int nidle;
-  int *slot_fd;         /* per in-flight slot: SLOT_FREE, -1 (connecting) or the fd in use */
-  int busy;             /* chunks in flight on this rail */
+  int *slot_fd;          /* per slot: SLOT_FREE, -1 (connecting) or the fd in use; the last is the express slot */
+  int busy;              /* bulk slots in use */
+  int express_busy;      /* the express slot is in use */
   uint64_t down_until_ms; /* connect failed recently: fail fast until then */
   int ready;                       /* linked into the executor's ready list */
   struct rail *ready_prev, *ready_next;
@@ -196,6 +238,10 @@ typedef struct tcp_exec {
 
   uint64_t chunk;     /* cut slices into chunks of at most this many bytes (0: whole slices) */
   uint32_t max_parts;
+  uint64_t express_bytes;  /* chunks up to this long are small: their own queue and the express slot */
+  int pipeline;            /* small requests in one pipelined run at most */
+  uint64_t pipeline_bytes; /* bytes of one pipelined run at most (at least one request) */
+  struct pipe_run *rx_head, *rx_tail; /* runs sent inline whose responses a worker must read */
 
   pthread_mutex_t mu; /* queues, peers, connection pools */
   pthread_cond_t cv;  /* work available / slot freed */
@@ -209,7 +255,9 @@ typedef struct tcp_exec {
 
   pthread_mutex_t reg_mu; /* regions */
   pthread_cond_t reg_cv;
-  region_t *regions;
+  region_t **regions;      /* live regions sorted by addr (then len) */
+  size_t nregions, cap_regions;
+  uint64_t max_region_len; /* longest ever registered: bounds the backward scan of a lookup */
 
   pthread_mutex_t srv_mu; /* listeners and server connections */
   listener_t *listeners;
@@ -233,20 +281,25 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->sockbuf = 4 << 20;
   ex->chunk = 0;
   ex->max_parts = 64;
+  ex->express_bytes = 256 << 10;
+  ex->pipeline = 16;
+  ex->pipeline_bytes = 1 << 20;
   char key[64], val[256];
   for (const char *c = cfg; tent_config_next(&c, key, sizeof key, val, sizeof val);) {
     char *end = NULL;
     long v = strtol(val, &end, 10);
     int *dst = NULL;
     long lo = 0, hi = 1L << 30;
-    if (!strcmp(key, "chunk")) {
+    if (!strcmp(key, "chunk") || !strcmp(key, "express_bytes") || !strcmp(key, "pipeline_bytes")) {
       char *e = NULL;
       unsigned long long c = strtoull(val, &e, 10);
       if (e == val || *e) {
-        snprintf(err, errlen, "bad value for chunk: %s", val);
+        snprintf(err, errlen, "bad value for %s: %s", key, val);
         return -1;
       }
-      ex->chunk = c;
+      if (!strcmp(key, "chunk")) ex->chunk = c;
+      else if (!strcmp(key, "express_bytes")) ex->express_bytes = c;
+      else ex->pipeline_bytes = c;
       continue;
     }
     if (!strcmp(key, "threads")) dst = &ex->nthreads, lo = 1, hi = 256;
@@ -254,6 +307,7 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
     else if (!strcmp(key, "slice_timeout_ms")) dst = &ex->slice_timeout_ms, lo = 1;
     else if (!strcmp(key, "connect_timeout_ms")) dst = &ex->connect_timeout_ms, lo = 1;
     else if (!strcmp(key, "sockbuf")) dst = &ex->sockbuf, lo = 0;
+    else if (!strcmp(key, "pipeline")) dst = &ex->pipeline, lo = 1, hi = PIPE_MAX;
     else continue; /* unknown keys are ignored (the transport may pass extra ones) */
     if (end == val || *end || v < lo || v > hi) {
       snprintf(err, errlen, "bad value for %s: %s", key, val);
@@ -266,14 +320,30 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
 
 /* ------------------------------------------------------------------ regions */
 
-/* Returns a referenced region or NULL with *status set. */
+/* First index whose region starts above addr (regions sorted by addr). reg_mu held. */
+static size_t region_upper(const tcp_exec_t *ex, uint64_t addr) {
+  size_t lo = 0, hi = ex->nregions;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (ex->regions[mid]->addr <= addr)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+/* Returns a referenced region or NULL with *status set. Candidates are the regions starting at
+ * or below addr, newest start first; none starting more than the longest registration below addr
+ * can contain it, so (registrations rarely overlapping) the scan stops after one or two. */
 static region_t *region_acquire(tcp_exec_t *ex, uint64_t addr, uint64_t len, uint32_t need, int *status) {
   region_t *found = NULL;
   int saw_inside = 0;
   pthread_mutex_lock(&ex->reg_mu);
-  for (region_t *r = ex->regions; r; r = r->next) {
-    if (r->dead) continue;
-    if (addr < r->addr || addr - r->addr > r->len || len > r->len - (addr - r->addr)) continue;
+  for (size_t i = region_upper(ex, addr); i-- > 0;) {
+    region_t *r = ex->regions[i];
+    if (addr - r->addr > ex->max_region_len) break;
+    if (addr - r->addr > r->len || len > r->len - (addr - r->addr)) continue;
     saw_inside = 1;
     if ((r->perm & need) == need) {
       found = r;
@@ -301,8 +371,22 @@ EXPORT int tcp_register_region(void *self, uint64_t addr, uint64_t len, uint32_t
   r->len = len;
   r->perm = perm;
   pthread_mutex_lock(&ex->reg_mu);
-  r->next = ex->regions;
-  ex->regions = r;
+  if (ex->nregions == ex->cap_regions) {
+    size_t cap = ex->cap_regions ? ex->cap_regions * 2 : 64;
+    region_t **n = realloc(ex->regions, cap * sizeof *n);
+    if (!n) {
+      pthread_mutex_unlock(&ex->reg_mu);
+      free(r);
+      return -ENOMEM;
+    }
+    ex->regions = n;
+    ex->cap_regions = cap;
+  }
+  size_t pos = region_upper(ex, addr); /* registrations in address order append at the end */
+  memmove(&ex->regions[pos + 1], &ex->regions[pos], (ex->nregions - pos) * sizeof *ex->regions);
+  ex->regions[pos] = r;
+  ex->nregions++;
+  if (len > ex->max_region_len) ex->max_region_len = len;
   pthread_mutex_unlock(&ex->reg_mu);
   return 0;
 }
@@ -311,11 +395,12 @@ EXPORT int tcp_unregister_region(void *self, uint64_t addr, uint64_t len) {
   tcp_exec_t *ex = self;
   if (!ex) return -EINVAL;
   pthread_mutex_lock(&ex->reg_mu);
-  region_t **pp = &ex->regions, *r = NULL;
-  for (; *pp; pp = &(*pp)->next) {
-    if ((*pp)->addr == addr && (*pp)->len == len && !(*pp)->dead) {
-      r = *pp;
-      *pp = r->next;
+  region_t *r = NULL;
+  for (size_t i = region_upper(ex, addr); i-- > 0 && ex->regions[i]->addr == addr;) {
+    if (ex->regions[i]->len == len) {
+      r = ex->regions[i];
+      memmove(&ex->regions[i], &ex->regions[i + 1], (ex->nregions - i - 1) * sizeof *ex->regions);
+      ex->nregions--;
       break;
     }
   }
@@ -323,7 +408,7 @@ EXPORT int tcp_unregister_region(void *self, uint64_t addr, uint64_t len) {
     pthread_mutex_unlock(&ex->reg_mu);
     return -ENOENT;
   }
-  r->dead = 1; /* unlinked: no new lookups find it; wait for in-flight server I/O */
+  r->dead = 1; /* out of the table: no new lookups find it; wait for in-flight server I/O */
   while (r->refs > 0) pthread_cond_wait(&ex->reg_cv, &ex->reg_mu);
   pthread_mutex_unlock(&ex->reg_mu);
   free(r);
@@ -376,15 +461,28 @@ static int send_response(int fd, int32_t status, uint64_t reqid, int more) {
   return send_all(fd, h, RSP_SIZE, more);
 }
 
+/* The next request header: at once when it is already here (pipelined requests), else after
+ * waiting for the connection to become readable. IO_OK, or anything else to close. */
+static int recv_header(tcp_exec_t *ex, int fd, uint8_t *h) {
+  ssize_t n = recv(fd, h, REQ_SIZE, MSG_DONTWAIT);
+  if (n == REQ_SIZE) return IO_OK;
+  if (n == 0) return IO_EOF;
+  if (n < 0) {
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return IO_ERR;
+    n = 0;
+    if (!wait_readable(ex, fd)) return IO_EOF;
+  }
+  return recv_all(fd, h + n, REQ_SIZE - (size_t)n);
+}
+
 static void *sconn_main(void *arg) {
   sconn_t *c = arg;
   tcp_exec_t *ex = c->ex;
   int fd = c->fd;
   uint8_t h[REQ_SIZE];
   for (;;) {
-    if (!wait_readable(ex, fd)) break;
-    int rc = recv_all(fd, h, REQ_SIZE);
-    if (rc != IO_OK) break; /* peer closed / stalled mid-header */
+    int rc = recv_header(ex, fd, h);
+    if (rc != IO_OK) break; /* peer closed / stalled mid-header / stopping */
     if (get32(h) != WIRE_MAGIC || get16(h + 4) != WIRE_VERSION) {
       slog("closing connection: bad request header (magic %08x version %u)", get32(h), get16(h + 4));
       break;
@@ -411,8 +509,12 @@ static void *sconn_main(void *arg) {
         if (send_response(fd, status, reqid, 0) != IO_OK) break;
         continue;
       }
-      rc = send_response(fd, TENT_OK, reqid, 1);
-      if (rc == IO_OK) rc = send_all(fd, (const void *)(uintptr_t)addr, (size_t)len, 0);
+      uint8_t rh[RSP_SIZE] = {0}; /* header and payload in one sendmsg */
+      put32(rh, WIRE_MAGIC);
+      put16(rh + 4, WIRE_VERSION);
+      put64(rh + 16, reqid);
+      struct iovec iov[2] = {{rh, RSP_SIZE}, {(void *)(uintptr_t)addr, (size_t)len}};
+      rc = sendv_all(fd, iov, len ? 2 : 1);
       region_release(ex, r);
       if (rc != IO_OK) break;
     }
@@ -563,6 +665,46 @@ static int rail_connect(tcp_exec_t *ex, rail_t *r) {
   return fd;
 }
 
+/* ------------------------------------------------------------------ pipelined runs */
+
+/* A run: chunks of one rail executed back to back on one connection. Its requests leave in one
+ * sendmsg (headers and WRITE payloads interleaved), its responses are read in order. A run of
+ * one chunk is the plain request/response exchange. */
+typedef struct pipe_run {
+  rail_t *r;
+  int slot, fd;
+  uint32_t k;
+  int send_rc;               /* IO_* of the send phase */
+  struct pipe_run *next;     /* in ex->rx while a worker is to read its responses */
+  tent_chunk_t c[PIPE_MAX];
+  uint64_t reqid[PIPE_MAX];
+  int status[PIPE_MAX];
+  uint8_t hdr[PIPE_MAX][REQ_SIZE];
+} pipe_run_t;
+
+static int nslots(const tcp_exec_t *ex) { return ex->conns_per_rail + 1; } /* the last is the express slot */
+
+/* Send every request of the run. */
+static int run_send(tcp_exec_t *ex, pipe_run_t *pr) {
+  struct iovec iov[2 * PIPE_MAX];
+  int n = 0;
+  for (uint32_t i = 0; i < pr->k; i++) {
+    const tent_chunk_t *c = &pr->c[i];
+    const tent_slice_t *s = &c->job->s;
+    uint8_t *h = pr->hdr[i];
+    pr->reqid[i] = atomic_fetch_add(&ex->next_reqid, 1);
+    put32(h, WIRE_MAGIC);
+    put16(h + 4, WIRE_VERSION);
+    put16(h + 6, (uint16_t)s->opcode);
+    put64(h + 8, s->remote_addr + c->off);
+    put64(h + 16, c->len);
+    put64(h + 24, pr->reqid[i]);
+    iov[n++] = (struct iovec){h, REQ_SIZE};
+    if (s->opcode == TENT_OP_WRITE && c->len) iov[n++] = (struct iovec){(void *)(uintptr_t)(s->local_addr + c->off), c->len};
+  }
+  return sendv_all(pr->fd, iov, n);
+}
+
 static int io_status(int rc) {
   switch (rc) {
     case IO_OK: return TENT_OK;
@@ -571,40 +713,44 @@ static int io_status(int rc) {
   }
 }
 
-/* Run one chunk [off, off+len) of slice `s` on a connected socket. *broken set when the
- * connection must be dropped. */
-static int run_chunk(tcp_exec_t *ex, int fd, const tent_slice_t *s, uint64_t off, uint64_t len, int *broken) {
-  uint8_t h[REQ_SIZE];
-  uint64_t reqid = atomic_fetch_add(&ex->next_reqid, 1);
-  uint64_t local = s->local_addr + off;
-  put32(h, WIRE_MAGIC);
-  put16(h + 4, WIRE_VERSION);
-  put16(h + 6, (uint16_t)s->opcode);
-  put64(h + 8, s->remote_addr + off);
-  put64(h + 16, len);
-  put64(h + 24, reqid);
-  *broken = 1;
-  int rc = send_all(fd, h, REQ_SIZE, s->opcode == TENT_OP_WRITE);
-  if (rc == IO_OK && s->opcode == TENT_OP_WRITE) rc = send_all(fd, (const void *)(uintptr_t)local, len, 0);
-  if (rc != IO_OK) return io_status(rc);
-  uint8_t rsp[RSP_SIZE];
-  rc = recv_all(fd, rsp, RSP_SIZE);
-  if (rc != IO_OK) return io_status(rc);
-  if (get32(rsp) != WIRE_MAGIC || get16(rsp + 4) != WIRE_VERSION || get64(rsp + 16) != reqid) return TENT_E_PROTOCOL;
-  int32_t status = (int32_t)get32(rsp + 8);
-  if (status == TENT_OK && s->opcode == TENT_OP_READ) {
-    rc = recv_all(fd, (void *)(uintptr_t)local, len);
-    if (rc != IO_OK) return io_status(rc);
+/* Read the run's responses into pr->status. Returns 1 when the connection must be dropped (an
+ * I/O or protocol error: the chunks not answered get that status). */
+static int run_recv(tcp_exec_t *ex, pipe_run_t *pr) {
+  uint8_t rsp[RSP_SIZE * PIPE_MAX];
+  int all_writes = 1;
+  for (uint32_t i = 0; i < pr->k; i++) all_writes &= pr->c[i].job->s.opcode == TENT_OP_WRITE;
+  uint32_t i = 0;
+  int rc = IO_OK, st = TENT_OK;
+  if (all_writes && pr->k > 1) rc = recv_all(pr->fd, rsp, RSP_SIZE * (size_t)pr->k); /* all answers at once */
+  for (; rc == IO_OK && i < pr->k; i++) {
+    const tent_chunk_t *c = &pr->c[i];
+    const uint8_t *h = rsp + (all_writes && pr->k > 1 ? RSP_SIZE * i : 0);
+    if (!(all_writes && pr->k > 1) && (rc = recv_all(pr->fd, rsp, RSP_SIZE)) != IO_OK) break;
+    if (get32(h) != WIRE_MAGIC || get16(h + 4) != WIRE_VERSION || get64(h + 16) != pr->reqid[i]) {
+      st = TENT_E_PROTOCOL;
+      break;
+    }
+    int32_t status = (int32_t)get32(h + 8);
+    if (status == TENT_OK && c->job->s.opcode == TENT_OP_READ && c->len) {
+      rc = recv_all(pr->fd, (void *)(uintptr_t)(c->job->s.local_addr + c->off), c->len);
+      if (rc != IO_OK) break;
+    }
+    if (status > 0 || status < TENT_E_INTERNAL) status = TENT_E_PROTOCOL;
+    pr->status[i] = status;
   }
-  *broken = 0;
-  if (status > 0 || status < TENT_E_INTERNAL) status = TENT_E_PROTOCOL;
-  return status;
+  if (i == pr->k) return 0;
+  if (st == TENT_OK) st = io_status(rc);
+  for (; i < pr->k; i++) pr->status[i] = st;
+  return 1;
 }
 
 /* ------------------------------------------------------------------ ready list */
 
+static int slot_free_bulk(const tcp_exec_t *ex, const rail_t *r) { return r->busy < ex->conns_per_rail; }
+
 static int rail_is_ready(const tcp_exec_t *ex, const rail_t *r) {
-  return r->q.len > 0 && r->busy < ex->conns_per_rail && !r->peer->removed;
+  if (r->peer->removed) return 0;
+  return (r->qs.len > 0 && (slot_free_bulk(ex, r) || !r->express_busy)) || (r->q.len > 0 && slot_free_bulk(ex, r));
 }
 
 static void ready_unlink(tcp_exec_t *ex, rail_t *r) {
@@ -651,16 +797,24 @@ static void fail_queue(tcp_exec_t *ex, tent_chunk_queue_t *q, int status) {
   tent_cq_free(q);
 }
 
-/* Take a rail's queued chunks out (O(1)); the caller fails them after dropping ex->mu. */
-static tent_chunk_queue_t rail_take_queue(tcp_exec_t *ex, rail_t *r) {
-  tent_chunk_queue_t q = r->q;
+/* Take a rail's queued chunks out (O(1)), bulk and small; the caller fails them after dropping
+ * ex->mu. */
+static void rail_take_queues(tcp_exec_t *ex, rail_t *r, tent_chunk_queue_t out[2]) {
+  out[0] = r->q;
+  out[1] = r->qs;
   memset(&r->q, 0, sizeof r->q);
+  memset(&r->qs, 0, sizeof r->qs);
   ready_unlink(ex, r);
-  return q;
+}
+
+static void rail_shutdown_slots(tcp_exec_t *ex, rail_t *r) {
+  for (int k = 0; k < nslots(ex); k++)
+    if (r->slot_fd[k] >= 0) shutdown(r->slot_fd[k], SHUT_RDWR);
 }
 
 static void rail_free(rail_t *r) {
   tent_cq_free(&r->q);
+  tent_cq_free(&r->qs);
   for (int k = 0; k < r->nidle; k++) close(r->idle[k]);
   free(r->idle);
   free(r->slot_fd);
@@ -680,94 +834,172 @@ static void peer_unref_locked(tcp_exec_t *ex, peer_t *pe) {
   peer_free(pe);
 }
 
+/* Claim a slot on `r` for a run of small (`small`) or bulk chunks: the express slot first for
+ * small ones. -1 when none is free. Called with ex->mu. */
+static int slot_claim(tcp_exec_t *ex, rail_t *r, int small) {
+  int slot = -1;
+  if (small && !r->express_busy) {
+    slot = ex->conns_per_rail;
+    r->express_busy = 1;
+  } else if (slot_free_bulk(ex, r)) {
+    slot = 0;
+    while (r->slot_fd[slot] != SLOT_FREE) slot++; /* busy < conns_per_rail: a free bulk slot exists */
+    r->busy++;
+  }
+  if (slot >= 0) {
+    r->slot_fd[slot] = r->nidle ? r->idle[--r->nidle] : -1;
+    r->peer->refs++;
+  }
+  return slot;
+}
+
+/* Give a run's slot (and connection) back and report its chunks. Called without ex->mu. */
+static void run_finish(tcp_exec_t *ex, pipe_run_t *pr, int broken) {
+  rail_t *r = pr->r;
+  peer_t *pe = r->peer;
+  pthread_mutex_lock(&ex->mu);
+  if (pr->fd >= 0) {
+    if (broken || ex->stopping || pe->removed) close(pr->fd);
+    else r->idle[r->nidle++] = pr->fd;
+  }
+  r->slot_fd[pr->slot] = SLOT_FREE;
+  if (pr->slot == ex->conns_per_rail) r->express_busy = 0;
+  else r->busy--;
+  for (uint32_t i = 0; i < pr->k; i++) {
+    if (pr->status[i] == TENT_OK) {
+      atomic_fetch_add(&r->bytes, pr->c[i].len);
+      atomic_fetch_add(&r->slices, 1);
+    } else {
+      atomic_fetch_add(&r->errors, 1);
+    }
+    if (pr->status[i] != TENT_OK && ex->stopping && pr->status[i] > TENT_E_BOUNDS) pr->status[i] = TENT_E_CANCELLED;
+  }
+  if (!pe->removed) rail_update_ready(ex, r); /* a slot freed on this rail */
+  peer_unref_locked(ex, pe);
+  pthread_cond_signal(&ex->cv);
+  pthread_mutex_unlock(&ex->mu);
+  for (uint32_t i = 0; i < pr->k; i++) finish_chunk(ex, &pr->c[i], pr->status[i]);
+}
+
+/* Why a popped chunk must not run (its status), or TENT_OK when it should. `down`: the rail's
+ * connects are failing. */
+static int chunk_skip_status(tcp_exec_t *ex, const tent_chunk_t *c, int down) {
+  if (atomic_load(&c->job->status) != TENT_OK) return TENT_OK + 1; /* an earlier chunk failed: skip, its status stands */
+  if (ex->host->is_cancelled(ex->host->ctx, c->job->s.token)) return TENT_E_CANCELLED;
+  if (c->len == 0) return TENT_OK + 1;
+  if (down) return TENT_E_CONNECT;
+  return TENT_OK;
+}
+
+/* Connect the run's slot if it has no connection yet, send and read the answers, give it back. */
+static void run_exchange(tcp_exec_t *ex, pipe_run_t *pr) {
+  rail_t *r = pr->r;
+  peer_t *pe = r->peer;
+  if (pr->fd < 0) {
+    int fd = rail_connect(ex, r);
+    pthread_mutex_lock(&ex->mu);
+    if (fd < 0) {
+      r->down_until_ms = mono_ms() + (uint64_t)ex->connect_timeout_ms;
+    } else {
+      r->down_until_ms = 0;
+      atomic_fetch_add(&r->connects, 1);
+      if (ex->stopping || pe->removed) {
+        close(fd);
+        fd = -1;
+      } else {
+        r->slot_fd[pr->slot] = fd;
+      }
+    }
+    pthread_mutex_unlock(&ex->mu);
+    pr->fd = fd;
+    if (fd < 0) {
+      for (uint32_t i = 0; i < pr->k; i++) pr->status[i] = TENT_E_CONNECT;
+      run_finish(ex, pr, 1);
+      return;
+    }
+  }
+  int rc = run_send(ex, pr);
+  int broken = 1;
+  if (rc != IO_OK)
+    for (uint32_t i = 0; i < pr->k; i++) pr->status[i] = io_status(rc);
+  else
+    broken = run_recv(ex, pr);
+  run_finish(ex, pr, broken);
+}
+
 static void *worker_main(void *arg) {
   tcp_exec_t *ex = arg;
-  tent_chunk_t c;
+  pipe_run_t *pr = malloc(sizeof *pr);
+  tent_chunk_t skipped[PIPE_MAX];
+  int skip_status[PIPE_MAX];
+  if (!pr) {
+    slog("worker: out of memory");
+    return NULL;
+  }
   pthread_mutex_lock(&ex->mu);
   for (;;) {
+    if (ex->rx_head) { /* responses of a run sent inline: read them before anything else */
+      pipe_run_t *rx = ex->rx_head;
+      ex->rx_head = rx->next;
+      if (!ex->rx_head) ex->rx_tail = NULL;
+      pthread_mutex_unlock(&ex->mu);
+      run_finish(ex, rx, run_recv(ex, rx));
+      free(rx);
+      pthread_mutex_lock(&ex->mu);
+      continue;
+    }
     if (ex->stopping) break;
     rail_t *r = ex->ready_head;
     if (!r) {
       pthread_cond_wait(&ex->cv, &ex->mu);
       continue;
     }
-    peer_t *pe = r->peer;
-    tent_cq_pop(&r->q, &c);
-    /* round robin: the rail goes to the back of the ready list (or leaves it) */
-    ready_unlink(ex, r);
-    const tent_slice_t *s = &c.job->s;
-    int status = TENT_OK, run = 0;
-    if (atomic_load(&c.job->status) != TENT_OK) {
-      status = TENT_OK; /* an earlier chunk of the slice failed: skip, its status stands */
-    } else if (ex->host->is_cancelled(ex->host->ctx, s->token)) {
-      status = TENT_E_CANCELLED;
-    } else if (c.len == 0) {
-      status = TENT_OK;
-    } else if (r->down_until_ms && mono_ms() < r->down_until_ms && r->nidle == 0) {
-      atomic_fetch_add(&r->errors, 1);
-      status = TENT_E_CONNECT;
-    } else {
-      run = 1;
+    /* small chunks first; several of them pipelined on one connection, shared out over the
+     * slots free for them */
+    int small = r->qs.len > 0;
+    tent_chunk_queue_t *q = small ? &r->qs : &r->q;
+    uint32_t want = 1;
+    if (small) {
+      int free_slots = (ex->conns_per_rail - r->busy) + !r->express_busy;
+      want = (uint32_t)((q->len + (size_t)free_slots - 1) / (size_t)free_slots);
+      if (want > (uint32_t)ex->pipeline) want = (uint32_t)ex->pipeline;
     }
-    if (!run) {
-      rail_update_ready(ex, r);
-      pthread_mutex_unlock(&ex->mu);
-      finish_chunk(ex, &c, status);
-      pthread_mutex_lock(&ex->mu);
-      continue;
-    }
-    int slot = 0;
-    while (r->slot_fd[slot] != SLOT_FREE) slot++; /* busy < conns_per_rail: a free slot exists */
-    r->busy++;
-    pe->refs++;
-    int fd = r->nidle ? r->idle[--r->nidle] : -1;
-    r->slot_fd[slot] = fd;
-    rail_update_ready(ex, r);
-    pthread_mutex_unlock(&ex->mu);
-
-    int broken = 0;
-    status = TENT_E_CONNECT;
-    if (fd < 0) {
-      fd = rail_connect(ex, r);
-      pthread_mutex_lock(&ex->mu);
-      if (fd < 0) {
-        r->down_until_ms = mono_ms() + (uint64_t)ex->connect_timeout_ms;
-      } else {
-        r->down_until_ms = 0;
-        atomic_fetch_add(&r->connects, 1);
-        if (ex->stopping || pe->removed) {
-          close(fd);
-          fd = -1;
-        } else {
-          r->slot_fd[slot] = fd;
-        }
+    int down = r->down_until_ms && mono_ms() < r->down_until_ms && r->nidle == 0;
+    uint32_t nskip = 0;
+    uint64_t bytes = 0;
+    pr->k = 0;
+    while (pr->k < want && q->len > 0) {
+      tent_chunk_t *head = &q->items[q->head];
+      if (pr->k > 0 && bytes + head->len > ex->pipeline_bytes) break;
+      tent_chunk_t c;
+      tent_cq_pop(q, &c);
+      int st = chunk_skip_status(ex, &c, down);
+      if (st != TENT_OK) {
+        skipped[nskip] = c;
+        skip_status[nskip++] = st == TENT_OK + 1 ? TENT_OK : st;
+        if (st == TENT_E_CONNECT) atomic_fetch_add(&r->errors, 1);
+        if (nskip == PIPE_MAX) break;
+        continue;
       }
-      pthread_mutex_unlock(&ex->mu);
+      bytes += c.len;
+      pr->status[pr->k] = TENT_OK;
+      pr->c[pr->k++] = c;
     }
-    if (fd >= 0) status = run_chunk(ex, fd, s, c.off, c.len, &broken);
-
-    pthread_mutex_lock(&ex->mu);
-    if (fd >= 0) {
-      if (broken || ex->stopping || pe->removed) close(fd);
-      else r->idle[r->nidle++] = fd;
+    ready_unlink(ex, r); /* round robin: the rail goes to the back of the ready list (or leaves it) */
+    if (pr->k > 0) {
+      pr->r = r;
+      pr->slot = slot_claim(ex, r, small);
+      pr->fd = r->slot_fd[pr->slot];
     }
-    r->slot_fd[slot] = SLOT_FREE;
-    r->busy--;
-    if (status == TENT_OK) {
-      atomic_fetch_add(&r->bytes, c.len);
-      atomic_fetch_add(&r->slices, 1);
-    } else {
-      atomic_fetch_add(&r->errors, 1);
-    }
-    if (status != TENT_OK && ex->stopping && status > TENT_E_BOUNDS) status = TENT_E_CANCELLED;
-    if (!pe->removed) rail_update_ready(ex, r); /* a slot freed on this rail */
-    peer_unref_locked(ex, pe);
-    pthread_cond_signal(&ex->cv);
+    rail_update_ready(ex, r);
+    if (pr->k > 0 && (r->qs.len > 0 || r->q.len > 0)) pthread_cond_signal(&ex->cv); /* more for another worker */
     pthread_mutex_unlock(&ex->mu);
-    finish_chunk(ex, &c, status);
+    for (uint32_t i = 0; i < nskip; i++) finish_chunk(ex, &skipped[i], skip_status[i]);
+    if (pr->k > 0) run_exchange(ex, pr);
     pthread_mutex_lock(&ex->mu);
   }
   pthread_mutex_unlock(&ex->mu);
+  free(pr);
   return NULL;
 }
 
@@ -795,14 +1027,14 @@ EXPORT int64_t tcp_add_peer(void *self, int nrails, const char **local_ips, cons
     int bad = !remote_ips[i] || inet_pton(AF_INET, remote_ips[i], &r->remote.sin_addr) != 1 ||
               remote_ports[i] <= 0 || remote_ports[i] > 65535;
     if (!bad && lip && *lip) bad = inet_pton(AF_INET, lip, &r->local.sin_addr) != 1;
-    r->idle = calloc((size_t)ex->conns_per_rail, sizeof(int));
-    r->slot_fd = calloc((size_t)ex->conns_per_rail, sizeof(int));
+    r->idle = calloc((size_t)nslots(ex), sizeof(int));
+    r->slot_fd = calloc((size_t)nslots(ex), sizeof(int));
     if (bad || !r->idle || !r->slot_fd) {
       pe->nrails = i + 1;
       peer_free(pe);
       return bad ? -EINVAL : -ENOMEM;
     }
-    for (int k = 0; k < ex->conns_per_rail; k++) r->slot_fd[k] = SLOT_FREE;
+    for (int k = 0; k < nslots(ex); k++) r->slot_fd[k] = SLOT_FREE;
     snprintf(r->name, sizeof r->name, "%s->%s:%d", (lip && *lip) ? lip : "*", remote_ips[i], remote_ports[i]);
   }
   pthread_mutex_lock(&ex->mu);
@@ -827,7 +1059,7 @@ EXPORT int64_t tcp_add_peer(void *self, int nrails, const char **local_ips, cons
 EXPORT void tcp_remove_peer(void *self, int64_t handle) {
   tcp_exec_t *ex = self;
   if (!ex) return;
-  tent_chunk_queue_t queued[MAX_RAILS];
+  tent_chunk_queue_t queued[MAX_RAILS][2];
   pthread_mutex_lock(&ex->mu);
   peer_t *pe = tent_ht_take(&ex->peers, (uint64_t)handle);
   if (!pe) {
@@ -839,16 +1071,18 @@ EXPORT void tcp_remove_peer(void *self, int64_t handle) {
   int nrails = pe->nrails;
   for (int i = 0; i < nrails; i++) {
     rail_t *r = &pe->rails[i];
-    queued[i] = rail_take_queue(ex, r);
+    rail_take_queues(ex, r, queued[i]);
     for (int k = 0; k < r->nidle; k++) close(r->idle[k]);
     r->nidle = 0;
-    for (int k = 0; k < ex->conns_per_rail; k++)
-      if (r->slot_fd[k] >= 0) shutdown(r->slot_fd[k], SHUT_RDWR);
+    rail_shutdown_slots(ex, r);
   }
   peer_unref_locked(ex, pe); /* the table's reference: freed now unless chunks are in flight */
   pthread_cond_broadcast(&ex->cv);
   pthread_mutex_unlock(&ex->mu);
-  for (int i = 0; i < nrails; i++) fail_queue(ex, &queued[i], TENT_E_CONNECT);
+  for (int i = 0; i < nrails; i++) {
+    fail_queue(ex, &queued[i][0], TENT_E_CONNECT);
+    fail_queue(ex, &queued[i][1], TENT_E_CONNECT);
+  }
 }
 
 /* The core believes this rail is dead: queued chunks fail at once (retryable, so the core
@@ -864,13 +1098,14 @@ EXPORT int tcp_abort_rail(void *self, int64_t handle, int rail) {
     return -EINVAL;
   }
   rail_t *r = &pe->rails[rail];
-  tent_chunk_queue_t q = rail_take_queue(ex, r);
-  for (int k = 0; k < ex->conns_per_rail; k++)
-    if (r->slot_fd[k] >= 0) shutdown(r->slot_fd[k], SHUT_RDWR);
+  tent_chunk_queue_t q[2];
+  rail_take_queues(ex, r, q);
+  rail_shutdown_slots(ex, r);
   pthread_cond_broadcast(&ex->cv);
   pthread_mutex_unlock(&ex->mu);
-  int n = (int)q.len;
-  fail_queue(ex, &q, TENT_E_CONNECT);
+  int n = (int)(q[0].len + q[1].len);
+  fail_queue(ex, &q[0], TENT_E_CONNECT);
+  fail_queue(ex, &q[1], TENT_E_CONNECT);
   return n;
 }
 
@@ -950,6 +1185,11 @@ static void *ex_create(const tent_host_api_t *host, const char *config, char *er
   return ex;
 }
 
+/* The queue a job's chunks go to: small ones (every chunk <= express_bytes) to the small queue. */
+static tent_chunk_queue_t *job_queue(tcp_exec_t *ex, rail_t *r, uint64_t per) {
+  return per <= ex->express_bytes ? &r->qs : &r->q;
+}
+
 static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
   tcp_exec_t *ex = self;
   if (!ex) return TENT_E_INTERNAL;
@@ -983,16 +1223,17 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
       if (plan[2 * pushed] == 0) continue;
       peer_t *pe = tent_ht_get(&ex->peers, slices[pushed].peer);
       rail_t *r = &pe->rails[slices[pushed].rail];
-      if (tent_cq_reserve(&r->q, plan[2 * pushed]) != 0) {
+      tent_chunk_queue_t *q = job_queue(ex, r, plan[2 * pushed + 1]);
+      if (tent_cq_reserve(q, plan[2 * pushed]) != 0) {
         rc = TENT_E_INTERNAL;
         while (pushed-- > 0) { /* take back what this submit queued, newest first */
           if (plan[2 * pushed] == 0) continue;
           peer_t *p2 = tent_ht_get(&ex->peers, slices[pushed].peer);
-          p2->rails[slices[pushed].rail].q.len -= plan[2 * pushed];
+          job_queue(ex, &p2->rails[slices[pushed].rail], plan[2 * pushed + 1])->len -= plan[2 * pushed];
         }
         break;
       }
-      tent_cq_push_job(&r->q, jobs[pushed], plan[2 * pushed], plan[2 * pushed + 1]);
+      tent_cq_push_job(q, jobs[pushed], plan[2 * pushed], plan[2 * pushed + 1]);
     }
     if (rc == TENT_OK) {
       for (uint32_t i = 0; i < n; i++)
@@ -1019,6 +1260,95 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
   return rc;
 }
 
+#define INLINE_RUNS 4 /* runs one submit_inline sends at most */
+
+/* Small slices to one rail leave on the caller's thread when the rail has nothing queued and an
+ * idle connection in a free slot: up to INLINE_RUNS pipelined runs are sent here, one sendmsg
+ * each, and handed to a worker to read the answers. The rest is queued as submit() would. */
+static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) {
+  tcp_exec_t *ex = self;
+  if (!ex) return TENT_E_INTERNAL;
+  if (n == 0) return TENT_OK;
+  for (uint32_t i = 0; i < n; i++) /* one rail, whole small slices: anything else takes the queue */
+    if (slices[i].peer != slices[0].peer || slices[i].rail != slices[0].rail || slices[i].length > ex->express_bytes ||
+        (ex->chunk && slices[i].length > ex->chunk) || (slices[i].opcode != TENT_OP_READ && slices[i].opcode != TENT_OP_WRITE))
+      return ex_submit(self, slices, n);
+  tent_job_t *one_job[1];
+  tent_job_t **jobs = n == 1 ? one_job : malloc(n * sizeof *jobs);
+  pipe_run_t *runs[INLINE_RUNS] = {0};
+  int nruns = 0;
+  int rc = jobs ? TENT_OK : TENT_E_INTERNAL;
+  uint32_t made = 0;
+  for (; rc == TENT_OK && made < n; made++)
+    if (!(jobs[made] = tent_job_new(&slices[made], 1))) rc = TENT_E_INTERNAL;
+  for (int k = 0; rc == TENT_OK && k < INLINE_RUNS && (uint32_t)k < n; k++)
+    if (!(runs[k] = malloc(sizeof(pipe_run_t)))) rc = TENT_E_INTERNAL;
+  int gone = 0;
+  if (rc == TENT_OK) {
+    pthread_mutex_lock(&ex->mu);
+    peer_t *pe = tent_ht_get(&ex->peers, slices[0].peer);
+    if (ex->stopping) rc = TENT_E_CANCELLED;
+    else if (!pe && tent_ht_was_issued(&ex->peers, slices[0].peer)) gone = 1;
+    else if (!pe || slices[0].rail >= (uint32_t)pe->nrails) rc = TENT_E_INTERNAL;
+    rail_t *r = pe && rc == TENT_OK && !gone ? &pe->rails[slices[0].rail] : NULL;
+    if (r && tent_cq_reserve(&r->qs, n) != 0) rc = TENT_E_INTERNAL; /* room for all: nothing can fail below */
+    if (r && rc == TENT_OK) {
+      uint32_t i = 0;
+      /* send now only when nothing waits before these on the rail (they would overtake it) */
+      while (i < n && nruns < INLINE_RUNS && r->q.len == 0 && r->qs.len == 0 && r->nidle > 0 &&
+             (slot_free_bulk(ex, r) || !r->express_busy)) {
+        pipe_run_t *pr = runs[nruns];
+        pr->r = r;
+        pr->slot = slot_claim(ex, r, 1);
+        pr->fd = r->slot_fd[pr->slot];
+        pr->k = 0;
+        uint64_t bytes = 0;
+        while (i < n && pr->k < (uint32_t)ex->pipeline && (pr->k == 0 || bytes + slices[i].length <= ex->pipeline_bytes)) {
+          bytes += slices[i].length;
+          pr->status[pr->k] = TENT_OK;
+          pr->c[pr->k++] = (tent_chunk_t){jobs[i], 0, slices[i].length};
+          i++;
+        }
+        nruns++;
+      }
+      for (; i < n; i++) tent_cq_push_job(&r->qs, jobs[i], 1, slices[i].length);
+      rail_update_ready(ex, r);
+      if (r->ready) pthread_cond_signal(&ex->cv);
+    }
+    pthread_mutex_unlock(&ex->mu);
+  }
+  if (rc != TENT_OK || gone) {
+    for (int k = 0; k < INLINE_RUNS; k++) free(runs[k]);
+    for (uint32_t i = 0; i < made; i++) {
+      if (rc == TENT_OK) ex->host->complete(ex->host->ctx, &jobs[i]->s, TENT_E_CONNECT); /* peer forgotten: retryable */
+      free(jobs[i]);
+    }
+    if (n != 1) free(jobs);
+    return rc;
+  }
+  for (int k = nruns; k < INLINE_RUNS; k++) free(runs[k]);
+  if (n != 1) free(jobs);
+  /* send on this thread; a worker reads the answers (its wake-up overlaps the round trip) */
+  for (int k = 0; k < nruns; k++) {
+    pipe_run_t *pr = runs[k];
+    pr->send_rc = run_send(ex, pr);
+    if (pr->send_rc != IO_OK) {
+      for (uint32_t i = 0; i < pr->k; i++) pr->status[i] = io_status(pr->send_rc);
+      run_finish(ex, pr, 1);
+      free(pr);
+      continue;
+    }
+    pthread_mutex_lock(&ex->mu);
+    pr->next = NULL;
+    if (ex->rx_tail) ex->rx_tail->next = pr;
+    else ex->rx_head = pr;
+    ex->rx_tail = pr;
+    pthread_cond_signal(&ex->cv);
+    pthread_mutex_unlock(&ex->mu);
+  }
+  return TENT_OK;
+}
+
 static void ex_destroy(void *self) {
   tcp_exec_t *ex = self;
   if (!ex) return;
@@ -1027,9 +1357,7 @@ static void ex_destroy(void *self) {
   ex->stopping = 1;
   for (size_t p = 0; p < ex->peers.cap; p++) {
     peer_t *pe = ex->peers.items[p];
-    for (int i = 0; pe && i < pe->nrails; i++)
-      for (int k = 0; k < ex->conns_per_rail; k++)
-        if (pe->rails[i].slot_fd[k] >= 0) shutdown(pe->rails[i].slot_fd[k], SHUT_RDWR);
+    for (int i = 0; pe && i < pe->nrails; i++) rail_shutdown_slots(ex, &pe->rails[i]);
   }
   pthread_cond_broadcast(&ex->cv);
   pthread_mutex_unlock(&ex->mu);
@@ -1055,9 +1383,10 @@ static void ex_destroy(void *self) {
     peer_t *pe = ex->peers.items[p];
     if (!pe) continue;
     for (int i = 0; i < pe->nrails; i++) {
-      tent_chunk_queue_t q = pe->rails[i].q;
-      memset(&pe->rails[i].q, 0, sizeof q);
-      fail_queue(ex, &q, TENT_E_CANCELLED);
+      tent_chunk_queue_t q[2];
+      rail_take_queues(ex, &pe->rails[i], q);
+      fail_queue(ex, &q[0], TENT_E_CANCELLED);
+      fail_queue(ex, &q[1], TENT_E_CANCELLED);
     }
     peer_free(pe);
   }
@@ -1074,11 +1403,8 @@ static void ex_destroy(void *self) {
     if (c->fd >= 0) close(c->fd);
     free(c);
   }
-  while (ex->regions) {
-    region_t *r = ex->regions;
-    ex->regions = r->next;
-    free(r);
-  }
+  for (size_t i = 0; i < ex->nregions; i++) free(ex->regions[i]);
+  free(ex->regions);
   free(ex->workers);
   if (ex->wake_fd >= 0) close(ex->wake_fd);
   pthread_mutex_destroy(&ex->mu);
@@ -1096,6 +1422,7 @@ static const tent_executor_ops_t g_ops = {
     .create = ex_create,
     .destroy = ex_destroy,
     .submit = ex_submit,
+    .submit_inline = ex_submit_inline,
 };
 
 EXPORT const tent_executor_ops_t *tent_executor_ops(void) { return &g_ops; }

@@ -26,7 +26,10 @@ from .native import TcpExecutor, executor_path
 
 log = logging.getLogger(__name__)
 
-_EXECUTOR_KEYS = ("threads", "conns_per_rail", "slice_timeout_ms", "connect_timeout_ms", "sockbuf")
+_EXECUTOR_KEYS = (
+    "threads", "conns_per_rail", "slice_timeout_ms", "connect_timeout_ms", "sockbuf", "express_bytes", "pipeline",
+    "pipeline_bytes",
+)
 _ANY = {"", "0.0.0.0", "*"}
 
 
@@ -107,11 +110,19 @@ class TcpTransport(Transport):
         # parallel connections per rail keep the pipe full (measured on loopback: 4 beats 2 for
         # 64 MiB writes by ~15%)
         "conns_per_rail": 4,
-        # executor threads; default: one per connection slot (conns_per_rail x rails, at least 4)
+        # executor threads; default: one per connection slot ((conns_per_rail + 1) x rails, at least 4)
         "threads": None,
         "connect_timeout_ms": 1000,
         # SO_SNDBUF/SO_RCVBUF per connection (0 = kernel autotuning)
         "sockbuf": 4 << 20,
+        # requests up to this long are "small": their own queue and an express connection slot per
+        # rail (they never wait behind large ones to the same peer), pipelined when several wait
+        "express_bytes": 256 << 10,
+        "pipeline": 16,  # small requests sent back to back on one connection at most
+        "pipeline_bytes": 1 << 20,  # bytes of one pipelined run at most
+        # requests up to this long leave on the submitting thread when a connection is idle (one
+        # sendmsg; a worker reads the answer): no hand-off before the wire. Default: express_bytes
+        "inline_bytes": None,
     }
 
     def __init__(self) -> None:
@@ -145,9 +156,12 @@ class TcpTransport(Transport):
         if isinstance(rails, str):
             rails = [r.strip() for r in rails.split(",") if r.strip()]
         gbps = list(cfg["nominal_gbps"] or [])
-        if cfg["threads"] is None:  # one executor thread per connection slot, so no rail starves
-            cfg["threads"] = max(4, int(cfg["conns_per_rail"]) * max(1, len(rails)))
+        if cfg["threads"] is None:
+            # one executor thread per connection slot (conns_per_rail bulk ones and the express
+            # one), so no rail starves and a small request's answer is read while large ones move
+            cfg["threads"] = max(4, (int(cfg["conns_per_rail"]) + 1) * max(1, len(rails)))
         exec_cfg = {k: int(cfg[k]) for k in _EXECUTOR_KEYS}
+        self.inline_bytes = max(0, int(cfg["express_bytes"] if cfg["inline_bytes"] is None else cfg["inline_bytes"]))
         self._exec = TcpExecutor(exec_cfg)
         try:
             for i, host in enumerate(rails):

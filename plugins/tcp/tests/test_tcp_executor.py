@@ -83,7 +83,8 @@ def test_many_concurrent_slices(server: Server, client: TcpExecutor) -> None:
     )
     assert res.done and res.error == 0, res
     assert np.array_equal(dst, src)
-    assert client.rail_counters(peer, 0)["connects"] <= 2
+    # persistent connections: the two bulk slots and the express slot small requests also use
+    assert client.rail_counters(peer, 0)["connects"] <= 3
 
 
 def test_many_batches_in_flight_from_threads(server: Server, client: TcpExecutor) -> None:
