@@ -103,10 +103,12 @@ def run(
     slices: Sequence[tuple[int, int, int, int, int, int]],
     timeout: float = 20.0,
     cancel_first: bool = False,
+    inline: bool = False,
 ) -> Result:
     """Submit (opcode, local, remote, length, peer, rail) slices as one batch and wait.
 
     Retryable failures are finalized like the core does after its retries: fail_slice(status).
+    `inline`: through the executor's submit_inline (the core's path for small requests).
     """
     arr = np.zeros(len(slices), SLICE_DTYPE)
     for i, (op, local, remote, length, peer, rail) in enumerate(slices):
@@ -115,8 +117,13 @@ def run(
     if cancel_first:
         b.cancel()
     t0 = time.monotonic()
-    rc = _native.submit(ex.ops, ex.handle, b, arr)
+    rc = _native.submit(ex.ops, ex.handle, b, arr, inline)
     assert rc == 0, rc
+    return wait_result(b, t0, timeout)
+
+
+def wait_result(b: Any, t0: float, timeout: float = 20.0) -> Result:
+    """Wait for batch `b` like run() does (finalizing retryable failures)."""
     retryable: list[int] = []
     done = False
     while time.monotonic() - t0 < timeout:

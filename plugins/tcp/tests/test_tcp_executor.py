@@ -12,10 +12,10 @@ import time
 
 import numpy as np
 import pytest
-from tcp_helpers import READ, WRITE, Server, TcpExecutor, connect, pattern, run
+from tcp_helpers import READ, WRITE, Server, TcpExecutor, connect, pattern, run, wait_result
 
 from tent_core import _native
-from tent_core.abi import Status
+from tent_core.abi import SLICE_DTYPE, Status
 
 E_CONNECT, E_IO, E_TIMEOUT = Status.E_CONNECT, Status.E_IO, Status.E_TIMEOUT
 E_BOUNDS, E_PERMISSION, E_CANCELLED = Status.E_BOUNDS, Status.E_PERMISSION, Status.E_CANCELLED
@@ -438,5 +438,91 @@ def test_chunked_slices_spread_over_a_rails_connections(server: Server) -> None:
         assert np.array_equal(dst, src)
         c = ex.rail_counters(peer, 0)
         assert c["bytes"] == 2 * n and c["slices"] == 2 * 17 and c["connects"] >= 2, c
+    finally:
+        ex.close()
+
+
+# ---- small requests: inline send, pipelining, the express lane ---------------------------------
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_small_requests_pipelined_byte_for_byte(server: Server, client: TcpExecutor, inline: bool) -> None:
+    peer = connect(client, server)
+    rw = server.addr("rw")
+    rng = np.random.default_rng(17)
+    sizes = rng.integers(1, 96 << 10, 40)  # small: under express_bytes, many per pipelined run
+    offs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    total = int(sizes.sum())
+    src = pattern(303, total)
+    for _ in range(2):  # the second round finds idle connections: sent on this thread when inline
+        res = run(client, [(WRITE, src.ctypes.data + int(o), rw + int(o), int(n), peer, 0) for o, n in zip(offs, sizes, strict=True)],
+                  inline=inline)
+        assert res.done and res.error == 0, res
+        assert server.sha("rw", 0, total) == sha(src)
+        dst = np.zeros(total, np.uint8)
+        order = rng.permutation(len(sizes))
+        res = run(client, [(READ, dst.ctypes.data + int(offs[i]), rw + int(offs[i]), int(sizes[i]), peer, 0) for i in order],
+                  inline=inline)
+        assert res.done and res.error == 0, res
+        assert np.array_equal(dst, src)
+    c = client.rail_counters(peer, 0)
+    assert c["slices"] == 4 * len(sizes) and c["errors"] == 0
+    assert c["connects"] <= 3  # two bulk slots and the express slot, reused
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_a_refused_request_in_a_pipelined_run_leaves_the_rest_and_the_connection(
+    server: Server, client: TcpExecutor, inline: bool
+) -> None:
+    peer = connect(client, server)
+    rw, cap = server.addr("rw"), server.regions["rw"][1]
+    ro = server.addr("ro")
+    assert run(client, [(READ, np.zeros(16, np.uint8).ctypes.data, rw, 16, peer, 0)]).error == 0  # a connection
+    before = client.rail_counters(peer, 0)["connects"]
+    n = 8192
+    dst = np.zeros((6, n), np.uint8)
+    src = pattern(404, n)
+    slices = [
+        (READ, dst[0].ctypes.data, rw, n, peer, 0),
+        (READ, dst[1].ctypes.data, rw + cap - n // 2, n, peer, 0),  # runs past the region: refused
+        (READ, dst[2].ctypes.data, rw + n, n, peer, 0),
+        (WRITE, src.ctypes.data, ro, n, peer, 0),  # read-only region: refused, its payload drained
+        (READ, dst[4].ctypes.data, rw + 2 * n, n, peer, 0),
+        (WRITE, src.ctypes.data, rw + 5 * n, n, peer, 0),
+    ]
+    res = run(client, slices, inline=inline)
+    assert res.done and res.error in (E_BOUNDS, E_PERMISSION), res
+    whole = pattern(1, 16 << 20)
+    assert np.array_equal(dst[0], whole[:n]) and np.array_equal(dst[2], whole[n : 2 * n])
+    assert np.array_equal(dst[4], whole[2 * n : 3 * n])
+    assert server.sha("rw", 5 * n, n) == sha(src)
+    assert not dst[1].any()
+    assert server.sha("ro", 0, n) == sha(pattern(2, 1 << 20)[:n])
+    c = client.rail_counters(peer, 0)
+    assert c["errors"] == 2 and c["connects"] <= before + 2  # refusals do not break connections
+
+
+def test_small_requests_overtake_a_queued_stream(server: Server) -> None:
+    """One bulk connection busy with a long queue of large writes: a small read takes the express
+    slot and completes while most of the stream still waits."""
+    ex = TcpExecutor({"threads": 3, "conns_per_rail": 1, "slice_timeout_ms": 30000})
+    try:
+        peer = connect(ex, server)
+        rw = server.addr("rw")
+        big = 512 << 10
+        src = pattern(505, 16 << 20)
+        stream = [(WRITE, src.ctypes.data + (i % 32) * big, rw + (i % 32) * big, big, peer, 0) for i in range(256)]
+        arr = np.zeros(len(stream), SLICE_DTYPE)
+        for i, (op, local, remote, length, p, rail) in enumerate(stream):
+            arr[i] = (local, remote, length, p, 0, 0, op, rail, 0, 0)
+        bulk = _native.Batch(len(stream))
+        t0 = time.monotonic()
+        assert _native.submit(ex.ops, ex.handle, bulk, arr) == 0
+        dst = np.zeros(4096, np.uint8)
+        small = run(ex, [(READ, dst.ctypes.data, rw + (16 << 20) - 4096, 4096, peer, 0)])
+        assert small.done and small.error == 0
+        left = bulk.remaining
+        assert left > 64, f"the small read waited for the stream ({left} of 256 large writes left)"
+        assert wait_result(bulk, t0, 60.0).error == 0
     finally:
         ex.close()
