@@ -75,6 +75,10 @@ class StatField(enum.IntEnum):
 
 STAT_FIELDS = len(StatField)
 
+# tent_slice_t.attempt: retry count in the low half, TENT_HINT_* flags in the high half
+ATTEMPT_MASK = 0xFFFF
+HINT_SMALL = 1 << 16  # the slice belongs to a small, latency-sensitive request
+
 
 def _check_against_header() -> None:
     """The compiled header and this module must agree; a mismatch is a build error, not a bug to find later."""
@@ -91,10 +95,15 @@ def _check_against_header() -> None:
         problems.append(f"stat fields: header {list(_native.STAT_FIELD_NAMES)}")
     if SLICE_DTYPE.itemsize != _native.SLICE_SIZE or FAILURE_DTYPE.itemsize != _native.FAILURE_SIZE:
         problems.append("slice record size")
+    if (_native.ATTEMPT_MASK, _native.HINT_SMALL) != (ATTEMPT_MASK, HINT_SMALL):
+        problems.append("slice hints")
     if problems:
         raise ImportError("tent_core.abi disagrees with executor_abi.h (rebuild tent_core): " + "; ".join(problems))
 
 
 _check_against_header()
 
-__all__ = ["FAILURE_DTYPE", "FIRST_FINAL_STATUS", "SLICE_DTYPE", "STAT_FIELDS", "StatField", "Status", "is_retryable"]
+__all__ = [
+    "ATTEMPT_MASK", "FAILURE_DTYPE", "FIRST_FINAL_STATUS", "HINT_SMALL", "SLICE_DTYPE", "STAT_FIELDS", "StatField", "Status",
+    "is_retryable",
+]

@@ -109,6 +109,7 @@ class BatchHandle(_native.Batch):
             if err == 0:
                 return "done"
             return "cancelled" if err == _CANCELLED and not self._deadline_hit else "failed"
+        self.kick()  # nobody waits here: work left to a waiter goes to the executor's workers
         if time.monotonic() >= self.deadline:
             self._expire()
             return "failed"

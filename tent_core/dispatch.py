@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from . import _native, errors
-from .abi import SLICE_DTYPE
+from .abi import HINT_SMALL, SLICE_DTYPE
 from .batch import BatchHandle
 from .config import EngineConfig
 from .peers import Peer, PeerDirectory, Route
@@ -55,11 +55,16 @@ log = logging.getLogger(__name__)
 
 _PERM_READ, _PERM_WRITE = int(Permission.READ), int(Permission.WRITE)
 
-# (route, rail, op, local address, remote address, length)
-Slice = tuple[Route, Rail, OpCode, int, int, int]
+# (route, rail, op, local address, remote address, length, hints for the executor (abi.HINT_*))
+Slice = tuple[Route, Rail, OpCode, int, int, int, int]
 
 # memory kinds as the fast path's RemoteSegment rows number them
 _KIND_CODES = {k: i for i, k in enumerate(MemoryKind)}
+
+
+def _row(b: Any) -> tuple[int, int, int, int, int]:
+    """A RemoteBuffer as a RemoteSegment row."""
+    return (b.offset, b.addr, b.length, b.perm, _KIND_CODES[b.kind])
 
 
 class Submitter:
@@ -107,8 +112,9 @@ class Submitter:
         plan: list[Slice] = []
         notes: list[tuple[Route, Decision, int, int]] = []
         local = request.local.addr + request.local_offset
+        hint = self._hint(request.length)
         for _, raddr, length in pieces:
-            self._plan_direct(peer, decision, request.op, local, raddr, length, request.priority, plan, notes)
+            self._plan_direct(peer, decision, request.op, local, raddr, length, request.priority, plan, notes, hint)
             local += length
         return self._launch(plan, notes, [], deadline, 1)
 
@@ -207,7 +213,7 @@ class Submitter:
                 self._check_local_stage(buf, req, op)
                 staged.append((req, p))  # type: ignore[arg-type]
                 return
-            rails = self._plan_direct(peer, p, op, local, raddr, length, prio, plan, notes)  # type: ignore[arg-type]
+            rails = self._plan_direct(peer, p, op, local, raddr, length, prio, plan, notes, self._hint(req.length))  # type: ignore[arg-type]
             if gen is not None and len(pieces) == 1 and len(rails) == 1:
                 self._remember(req, gen, peer, seg, rbuf, op, p, plan[-1][0], rails[0])  # type: ignore[arg-type]
             local += length
@@ -223,6 +229,7 @@ class Submitter:
         prio: Priority,
         plan: list[Slice],
         notes: list[tuple[Route, Decision, int, int]],
+        hint: int = 0,
     ) -> list[Rail]:
         """Slices of one piece appended to `plan`; returns the rails it could use."""
         route = self.peers.route(peer, decision)
@@ -238,18 +245,22 @@ class Submitter:
         if len(rails) == 1:
             step = route.transport.split_bytes
             if step <= 0 or length <= step:
-                plan.append((route, rails[0], op, local, raddr, length))
+                plan.append((route, rails[0], op, local, raddr, length, hint))
             else:
                 for off in range(0, length, step):
-                    plan.append((route, rails[0], op, local + off, raddr + off, min(step, length - off)))
+                    plan.append((route, rails[0], op, local + off, raddr + off, min(step, length - off), hint))
             return rails
         now = time.monotonic()
         weights: list[float] | None = [self.monitor.weight(r.slot, now) for r in rails]
         if not any(weights):  # type: ignore[arg-type]
             weights = None  # every rail paused: try them all rather than fail; retries sort it out
         for idx, off, ln in self.scheduler.plan(length, [r.telemetry for r in rails], prio, weights):
-            plan.append((route, rails[idx], op, local + off, raddr + off, ln))
+            plan.append((route, rails[idx], op, local + off, raddr + off, ln, hint))
         return rails
+
+    def _hint(self, request_length: int) -> int:
+        """The executor hints of a request's slices (see abi.HINT_SMALL)."""
+        return HINT_SMALL if request_length <= self.config.small_request_bytes else 0
 
     # ---- the plan cache -----------------------------------------------------------------------------
 
@@ -279,7 +290,11 @@ class Submitter:
         known = self._rsegs.get(key)
         if known is not None and known[0] is bufs:
             return known[1]
-        rseg = _native.RemoteSegment([(b.offset, b.addr, b.length, b.perm, _KIND_CODES[b.kind]) for b in bufs])
+        if known is not None and 0 < len(known[0]) < len(bufs) and bufs[len(known[0]) - 1] is known[0][-1]:
+            # the peer registered more buffers (PeerDirectory appended them): add only those
+            rseg = known[1].extended([_row(b) for b in bufs[len(known[0]) :]])
+        else:
+            rseg = _native.RemoteSegment([_row(b) for b in bufs])
         if len(self._rsegs) > 4096:
             self._rsegs.clear()
         self._rsegs[key] = (bufs, rseg)
@@ -296,11 +311,11 @@ class Submitter:
     @staticmethod
     def _dispatch(batch: Any, plan: list[Slice]) -> None:
         if len(plan) == 1:
-            route, rail, op, local, remote, length = plan[0]
+            route, rail, op, local, remote, length, hint = plan[0]
             transport = route.transport
             ex = transport.executor
             rc = _native.submit_one(
-                ex.ops, ex.handle, batch, int(op), local, remote, length, route.link.handle, rail.info.index, rail.slot, 0,
+                ex.ops, ex.handle, batch, int(op), local, remote, length, route.link.handle, rail.info.index, rail.slot, hint,
                 length <= transport.inline_bytes,
             )
             if rc != 0:
@@ -318,6 +333,7 @@ class Submitter:
             arr["peer"] = [it[0].link.handle for it in items]
             arr["rail"] = [it[1].info.index for it in items]
             arr["stat_index"] = [it[1].slot for it in items]
+            arr["attempt"] = [it[6] for it in items]  # hints; attempt 0
             transport = items[0][0].transport
             ex = transport.executor
             inline = transport.inline_bytes > 0 and all(it[5] <= transport.inline_bytes for it in items)

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from . import _native
-from .abi import FAILURE_DTYPE, Status
+from .abi import ATTEMPT_MASK, FAILURE_DTYPE, Status
 from .batch import BatchHandle
 from .config import EngineConfig
 from .peers import Peer, PeerDirectory, Route
@@ -112,7 +112,8 @@ class Recovery:
         if decision is None:
             batch.fail_slice(status)
             return
-        attempt = int(s["attempt"]) + 1
+        hints = int(s["attempt"]) & ~ATTEMPT_MASK  # the executor hints travel with the retry
+        attempt = (int(s["attempt"]) & ATTEMPT_MASK) + 1
         target = self._next(peer, route, rail, decision, attempt, now)
         if target is None:
             log.info("slice to %s failed on every path (status %d, attempt %d)", peer.engine_id, status, attempt)
@@ -127,7 +128,7 @@ class Recovery:
         ex = new_route.transport.executor
         rc = _native.submit_one(
             ex.ops, ex.handle, batch, int(s["opcode"]), local_addr, int(s["remote_addr"]), length,
-            new_route.link.handle, new_rail.info.index, new_rail.slot, attempt,
+            new_route.link.handle, new_rail.info.index, new_rail.slot, attempt | hints,
         )
         if rc != 0:
             batch.fail_slice(rc)
@@ -392,7 +393,9 @@ class Progress:
             for tok, h in self._inflight_snapshot():
                 if h._batch.remaining == 0:
                     self._inflight.pop(tok, None)
-                elif now > h.deadline and not h._batch.cancelled:
+                    continue
+                h._batch.kick()  # work an executor left to a waiter goes on even if nobody waits
+                if now > h.deadline and not h._batch.cancelled:
                     h._expire()  # nobody waits on it: stop its slices anyway
                 elif now > h.deadline + 60:
                     log.error("batch %x still has %d slices a minute past its deadline", tok, h._batch.remaining)

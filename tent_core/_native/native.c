@@ -57,6 +57,9 @@ typedef struct batch {
   atomic_int first_error;
   atomic_long bytes_done;
   atomic_long retries;
+  /* the executor (ops, handle) that may leave work of this batch to its waiter (submit_inline +
+   * progress in executor_abi.h); 0 when none */
+  atomic_ullong poll_ops, poll_exec;
   pthread_mutex_t mu;
   pthread_cond_t cv;
 } batch_t;
@@ -253,6 +256,12 @@ static void Batch_dealloc(BatchObject *self) {
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+static int batch_progress(batch_t *b, int64_t budget_ns);
+
+/* A waiter offers its thread to an executor (progress()) in steps of at most this long: an
+ * answer later than that goes to a worker while the waiter sleeps on the batch. */
+#define WAIT_POLL_STEP_NS 20000000ull /* 20 ms */
+
 /* How long wait() polls the counter before it sleeps on the condition variable. Waking a
  * sleeping thread costs tens of microseconds on small VMs, longer than a small transfer
  * itself; a short poll catches those completions first. Set from the engine config. */
@@ -274,6 +283,18 @@ static PyObject *Batch_wait(BatchObject *self, PyObject *args) {
   int done;
   Py_BEGIN_ALLOW_THREADS;
   long long spin = atomic_load_explicit(&g_wait_spin_ns, memory_order_relaxed);
+  if (atomic_load(&b->poll_ops)) {
+    /* an executor left work of this batch to its waiter (answers of requests sent inline): this
+     * thread reads them as they arrive, in bounded steps, then hands what is left to workers */
+    uint64_t end = timeout < 0 ? UINT64_MAX : now_ns() + (uint64_t)(timeout * 1e9);
+    while (atomic_load(&b->remaining) > 0) {
+      uint64_t now = now_ns();
+      if (now >= end) break;
+      uint64_t step = end - now < WAIT_POLL_STEP_NS ? end - now : WAIT_POLL_STEP_NS;
+      if (!batch_progress(b, (int64_t)step)) break;
+    }
+    if (atomic_load(&b->remaining) > 0) batch_progress(b, -1); /* the hand-off */
+  }
   if (spin > 0) {
     if (timeout >= 0 && spin > (long long)(timeout * 1e9)) spin = (long long)(timeout * 1e9);
     uint64_t until = now_ns() + (uint64_t)spin;
@@ -336,6 +357,17 @@ static PyObject *Batch_complete_slice(BatchObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* kick(): work an executor left to this batch's waiter goes on without one (see progress() in
+ * executor_abi.h): for non-blocking polls of the handle and the progress thread's sweep. */
+static PyObject *Batch_kick(BatchObject *self, PyObject *unused) {
+  if (atomic_load(&self->b->remaining) > 0 && atomic_load(&self->b->poll_ops)) {
+    Py_BEGIN_ALLOW_THREADS;
+    batch_progress(self->b, -1);
+    Py_END_ALLOW_THREADS;
+  }
+  Py_RETURN_NONE;
+}
+
 static PyObject *Batch_note_retry(BatchObject *self, PyObject *unused) {
   atomic_fetch_add(&self->b->retries, 1);
   Py_RETURN_NONE;
@@ -359,6 +391,7 @@ static PyMethodDef Batch_methods[] = {
     {"fail_slice", (PyCFunction)Batch_fail_slice, METH_VARARGS, "finalize one outstanding slice with an error"},
     {"complete_slice", (PyCFunction)Batch_complete_slice, METH_VARARGS, "finalize one outstanding slice as done"},
     {"note_retry", (PyCFunction)Batch_note_retry, METH_NOARGS, "count one retry"},
+    {"kick", (PyCFunction)Batch_kick, METH_NOARGS, "hand work left to a waiter over to the executor's workers"},
     {NULL}};
 
 static PyGetSetDef Batch_getset[] = {
@@ -503,6 +536,19 @@ static inline int ops_has_inline(const tent_executor_ops_t *ops) {
   return ops->struct_size >= TENT_EXECUTOR_OPS_INLINE_SIZE && ops->submit_inline != NULL;
 }
 
+static inline int ops_has_progress(const tent_executor_ops_t *ops) {
+  return ops->struct_size >= TENT_EXECUTOR_OPS_PROGRESS_SIZE && ops->progress != NULL;
+}
+
+/* Let the executor that may have left work of `b` to its waiter finish some (or hand it off). */
+static int batch_progress(batch_t *b, int64_t budget_ns) {
+  uint64_t ops_p = atomic_load(&b->poll_ops), exec_p = atomic_load(&b->poll_exec);
+  if (!ops_p || !exec_enter(ops_p, exec_p)) return 0;
+  int rc = ops_of(ops_p)->progress((void *)(uintptr_t)exec_p, (uintptr_t)b, budget_ns);
+  exec_leave();
+  return rc;
+}
+
 /* Stamp, account and hand n slices to a live executor (its submit_inline when `want_inline` and it
  * has one). Returns the executor's rc; on a refusal the slices are unaccounted again (none was
  * reported: the caller finalizes them). TENT_E_INTERNAL when (ops, exec) is not live. */
@@ -511,8 +557,13 @@ static int exec_submit(uint64_t ops_p, uint64_t exec_p, batch_t *b, tent_slice_t
   const tent_executor_ops_t *ops = ops_of(ops_p);
   uint64_t t = now_ns(), token = (uintptr_t)b;
   for (uint32_t i = 0; i < n; i++) stamp_and_account(&s[i], token, t);
-  int rc = want_inline && ops_has_inline(ops) ? ops->submit_inline((void *)(uintptr_t)exec_p, s, n)
-                                              : ops->submit((void *)(uintptr_t)exec_p, s, n);
+  int inl = want_inline && ops_has_inline(ops);
+  if (inl && ops_has_progress(ops)) { /* it may leave work to the waiter: one such executor per batch */
+    unsigned long long none = 0;
+    if (atomic_compare_exchange_strong(&b->poll_ops, &none, ops_p)) atomic_store(&b->poll_exec, exec_p);
+    else inl = none == ops_p && atomic_load(&b->poll_exec) == exec_p;
+  }
+  int rc = inl ? ops->submit_inline((void *)(uintptr_t)exec_p, s, n) : ops->submit((void *)(uintptr_t)exec_p, s, n);
   exec_leave();
   if (rc != 0)
     for (uint32_t i = 0; i < n; i++) unaccount(&s[i]);
@@ -629,6 +680,36 @@ static void RemoteSegment_dealloc(RemoteSegmentObject *self) {
 
 static Py_ssize_t RemoteSegment_len(RemoteSegmentObject *self) { return self->n; }
 
+/* extended(rows) -> a new RemoteSegment: these rows, then `rows` (which must sort after them).
+ * A copy of the table plus the new rows: the peer registered more buffers. */
+static PyObject *RemoteSegment_extended(RemoteSegmentObject *self, PyObject *rows) {
+  PyObject *args = PyTuple_Pack(1, rows);
+  if (!args) return NULL;
+  RemoteSegmentObject *tail = (RemoteSegmentObject *)RemoteSegment_new(Py_TYPE(self), args, NULL);
+  Py_DECREF(args);
+  if (!tail) return NULL;
+  if (self->n && tail->n && tail->b[0].off < self->b[self->n - 1].off) {
+    Py_DECREF(tail);
+    PyErr_SetString(PyExc_ValueError, "extended(): rows must sort after the segment's");
+    return NULL;
+  }
+  rbuf_t *all = PyMem_Calloc((size_t)(self->n + tail->n) + 1, sizeof(rbuf_t));
+  if (!all) {
+    Py_DECREF(tail);
+    return PyErr_NoMemory();
+  }
+  memcpy(all, self->b, (size_t)self->n * sizeof(rbuf_t));
+  memcpy(all + self->n, tail->b, (size_t)tail->n * sizeof(rbuf_t));
+  PyMem_Free(tail->b);
+  tail->b = all;
+  tail->n += self->n;
+  return (PyObject *)tail;
+}
+
+static PyMethodDef RemoteSegment_methods[] = {
+    {"extended", (PyCFunction)RemoteSegment_extended, METH_O, "extended(rows) -> a new RemoteSegment with rows appended"},
+    {NULL}};
+
 /* The buffer holding [pos, pos+len) whole, or NULL. */
 static const rbuf_t *rseg_find(const RemoteSegmentObject *rs, uint64_t pos, uint64_t len) {
   Py_ssize_t lo = 0, hi = rs->n;
@@ -654,6 +735,7 @@ static PyTypeObject RemoteSegmentType = {
     .tp_new = RemoteSegment_new,
     .tp_dealloc = (destructor)RemoteSegment_dealloc,
     .tp_as_sequence = &RemoteSegment_seq,
+    .tp_methods = RemoteSegment_methods,
     .tp_doc = "RemoteSegment(rows of (offset, addr, length, perm, kind)): a peer segment for the fast path",
 };
 
@@ -753,6 +835,7 @@ typedef struct {
   PyTypeObject *request_type, *handle_type;
   PyObject *owner, *inflight;
   double default_timeout;
+  uint64_t small_bytes; /* requests up to this long are small: their slices carry TENT_HINT_SMALL */
   int size_keyed; /* policy rules match on size: the request length is part of the key */
   int enabled;
   Py_ssize_t max_entries;
@@ -763,13 +846,15 @@ typedef struct {
 static PyObject *s_op, *s_local, *s_local_offset, *s_remote, *s_remote_offset, *s_length, *s_priority, *s_tag;
 
 static PyObject *FastPath_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"request_type", "handle_type", "owner", "inflight", "default_timeout", "size_keyed", "max_entries", NULL};
+  static char *kwlist[] = {"request_type", "handle_type", "owner", "inflight", "default_timeout", "size_keyed", "max_entries",
+                           "small_bytes", NULL};
   PyObject *req_t, *handle_t, *owner, *inflight;
   double timeout;
   int size_keyed = 0;
   Py_ssize_t max_entries = 4096;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!OO!d|pn", kwlist, &PyType_Type, &req_t, &PyType_Type, &handle_t,
-                                   &owner, &PyDict_Type, &inflight, &timeout, &size_keyed, &max_entries))
+  unsigned long long small_bytes = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!OO!d|pnK", kwlist, &PyType_Type, &req_t, &PyType_Type, &handle_t,
+                                   &owner, &PyDict_Type, &inflight, &timeout, &size_keyed, &max_entries, &small_bytes))
     return NULL;
   if (!PyType_IsSubtype((PyTypeObject *)handle_t, &BatchType)) {
     PyErr_SetString(PyExc_TypeError, "handle_type must subclass _native.Batch");
@@ -791,6 +876,7 @@ static PyObject *FastPath_new(PyTypeObject *type, PyObject *args, PyObject *kw) 
   Py_INCREF(inflight);
   self->inflight = inflight;
   self->default_timeout = timeout;
+  self->small_bytes = small_bytes;
   self->size_keyed = size_keyed;
   self->max_entries = max_entries > 0 ? max_entries : 1;
   self->enabled = 1;
@@ -995,6 +1081,7 @@ static PyObject *FastPath_submit(FastPathObject *fp, PyObject *const *args, Py_s
     s.peer = e->link;
     s.rail = e->rail;
     s.stat_index = (uint32_t)e->slot;
+    s.attempt = (uint64_t)len <= fp->small_bytes ? TENT_HINT_SMALL : 0;
     uint64_t local = e->laddr + (uint64_t)loff, remote = rb->addr + ((uint64_t)roff - rb->off), left = (uint64_t)len;
     uint64_t step = e->split && left > e->split ? e->split : left;
     ok = 1;
@@ -1311,6 +1398,8 @@ PyMODINIT_FUNC PyInit__native(void) {
   if (PyModule_AddObject(m, "STAT_FIELD_NAMES", fields) < 0) goto fail;
   fields = NULL;
   PyModule_AddIntConstant(m, "FIRST_FINAL_STATUS", TENT_FIRST_FINAL);
+  PyModule_AddIntConstant(m, "ATTEMPT_MASK", TENT_ATTEMPT_MASK);
+  PyModule_AddIntConstant(m, "HINT_SMALL", TENT_HINT_SMALL);
   return m;
 fail:
   Py_XDECREF(codes);
