@@ -3,8 +3,9 @@
  *
  * Client side: peers live in a generation-counted handle table (tent/handle_table.h). submit()
  * turns each slice into a job of one or more chunks (tent/chunk_queue.h; config `chunk`, default
- * 0 = whole slices) on its (peer, rail) queues: chunks up to `express_bytes` (default 256 KiB) on
- * the rail's small-request queue, longer ones on its bulk queue. A rail has `conns_per_rail`
+ * 0 = whole slices) on its (peer, rail) queues: slices the core hints as parts of small,
+ * latency-sensitive requests (TENT_HINT_SMALL) on the rail's small-request queue, the others on
+ * its bulk queue. A rail has `conns_per_rail`
  * bulk connection slots plus one express slot that only small chunks use, so a small request
  * never waits behind a stream of large ones on the same peer; free workers serve small chunks
  * first. A rail with queued chunks and a slot they may use sits in a ready list, so a worker
@@ -19,9 +20,11 @@
  *
  * submit_inline (executor ABI, optional entry): when a rail has nothing queued and an idle
  * connection with a free slot, the submitting thread sends the small requests itself (one
- * sendmsg) and hands the connection to a worker only to read the responses; the worker's
- * wake-up overlaps with the network round trip instead of preceding it. Anything that cannot
- * leave at once is queued as by submit().
+ * sendmsg) and nobody is woken: the answers are read by the thread that waits for the batch,
+ * through progress() from the core's bounded poll, as soon as they arrive (a request and its
+ * answer then cost no thread hand-off at all, like a bare blocking exchange). When the waiter
+ * stops polling (or nobody waits), progress(token, 1) hands the connection to a worker. Anything
+ * that cannot leave at once is queued as by submit().
  *
  * Server side: one accept thread per listener, one thread per accepted connection.
  * Every request is checked against the registered regions (bounds + permission; a sorted table,
@@ -195,7 +198,7 @@ typedef struct rail {
   struct sockaddr_in remote;
   char name[96];
   tent_chunk_queue_t q;  /* bulk chunks waiting for a connection slot */
-  tent_chunk_queue_t qs; /* small chunks (<= express_bytes): served first, also by the express slot */
+  tent_chunk_queue_t qs; /* chunks of small requests (TENT_HINT_SMALL): served first, also by the express slot */
   int *idle;             /* idle connected fds */
   int nidle;
   int *slot_fd;          /* per slot: SLOT_FREE, -1 (connecting) or the fd in use; the last is the express slot */
@@ -238,7 +241,6 @@ typedef struct tcp_exec {
 
   uint64_t chunk;     /* cut slices into chunks of at most this many bytes (0: whole slices) */
   uint32_t max_parts;
-  uint64_t express_bytes;  /* chunks up to this long are small: their own queue and the express slot */
   int pipeline;            /* small requests in one pipelined run at most */
   uint64_t pipeline_bytes; /* bytes of one pipelined run at most (at least one request) */
   struct pipe_run *rx_head, *rx_tail; /* runs sent inline whose responses a worker must read */
@@ -281,7 +283,6 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->sockbuf = 4 << 20;
   ex->chunk = 0;
   ex->max_parts = 64;
-  ex->express_bytes = 256 << 10;
   ex->pipeline = 16;
   ex->pipeline_bytes = 1 << 20;
   char key[64], val[256];
@@ -290,7 +291,7 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
     long v = strtol(val, &end, 10);
     int *dst = NULL;
     long lo = 0, hi = 1L << 30;
-    if (!strcmp(key, "chunk") || !strcmp(key, "express_bytes") || !strcmp(key, "pipeline_bytes")) {
+    if (!strcmp(key, "chunk") || !strcmp(key, "pipeline_bytes")) {
       char *e = NULL;
       unsigned long long c = strtoull(val, &e, 10);
       if (e == val || *e) {
@@ -298,7 +299,6 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
         return -1;
       }
       if (!strcmp(key, "chunk")) ex->chunk = c;
-      else if (!strcmp(key, "express_bytes")) ex->express_bytes = c;
       else ex->pipeline_bytes = c;
       continue;
     }
@@ -461,28 +461,15 @@ static int send_response(int fd, int32_t status, uint64_t reqid, int more) {
   return send_all(fd, h, RSP_SIZE, more);
 }
 
-/* The next request header: at once when it is already here (pipelined requests), else after
- * waiting for the connection to become readable. IO_OK, or anything else to close. */
-static int recv_header(tcp_exec_t *ex, int fd, uint8_t *h) {
-  ssize_t n = recv(fd, h, REQ_SIZE, MSG_DONTWAIT);
-  if (n == REQ_SIZE) return IO_OK;
-  if (n == 0) return IO_EOF;
-  if (n < 0) {
-    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return IO_ERR;
-    n = 0;
-    if (!wait_readable(ex, fd)) return IO_EOF;
-  }
-  return recv_all(fd, h + n, REQ_SIZE - (size_t)n);
-}
-
 static void *sconn_main(void *arg) {
   sconn_t *c = arg;
   tcp_exec_t *ex = c->ex;
   int fd = c->fd;
   uint8_t h[REQ_SIZE];
   for (;;) {
-    int rc = recv_header(ex, fd, h);
-    if (rc != IO_OK) break; /* peer closed / stalled mid-header / stopping */
+    if (!wait_readable(ex, fd)) break; /* an idle connection must outlive the receive timeout */
+    int rc = recv_all(fd, h, REQ_SIZE);
+    if (rc != IO_OK) break; /* peer closed / stalled mid-header */
     if (get32(h) != WIRE_MAGIC || get16(h + 4) != WIRE_VERSION) {
       slog("closing connection: bad request header (magic %08x version %u)", get32(h), get16(h + 4));
       break;
@@ -674,6 +661,8 @@ typedef struct pipe_run {
   rail_t *r;
   int slot, fd;
   uint32_t k;
+  uint32_t reported;         /* chunks [0, reported) were reported as their answers came in */
+  uint64_t token;            /* the batch of a run sent inline (its waiter may read the answers) */
   int send_rc;               /* IO_* of the send phase */
   struct pipe_run *next;     /* in ex->rx while a worker is to read its responses */
   tent_chunk_t c[PIPE_MAX];
@@ -681,6 +670,8 @@ typedef struct pipe_run {
   int status[PIPE_MAX];
   uint8_t hdr[PIPE_MAX][REQ_SIZE];
 } pipe_run_t;
+
+static void finish_chunk(tcp_exec_t *ex, const tent_chunk_t *c, int status);
 
 static int nslots(const tcp_exec_t *ex) { return ex->conns_per_rail + 1; } /* the last is the express slot */
 
@@ -715,7 +706,41 @@ static int io_status(int rc) {
 
 /* Read the run's responses into pr->status. Returns 1 when the connection must be dropped (an
  * I/O or protocol error: the chunks not answered get that status). */
+/* A lone READ's answer: header and payload in one readv (nothing else can follow on the
+ * connection, so the payload buffer never receives another answer's bytes). */
+static int run_recv_one_read(pipe_run_t *pr) {
+  const tent_chunk_t *c = &pr->c[0];
+  uint8_t h[RSP_SIZE];
+  char *dst = (char *)(uintptr_t)(c->job->s.local_addr + c->off);
+  struct iovec iov[2] = {{h, RSP_SIZE}, {dst, c->len}};
+  ssize_t n;
+  do n = readv(pr->fd, iov, 2);
+  while (n < 0 && errno == EINTR);
+  int rc = IO_OK, st = TENT_OK;
+  if (n <= 0) rc = n == 0 ? IO_EOF : (errno == EAGAIN || errno == EWOULDBLOCK) ? IO_TIMEOUT : IO_ERR;
+  else if (n < RSP_SIZE) rc = recv_all(pr->fd, h + n, RSP_SIZE - (size_t)n), n = RSP_SIZE;
+  if (rc == IO_OK && (get32(h) != WIRE_MAGIC || get16(h + 4) != WIRE_VERSION || get64(h + 16) != pr->reqid[0]))
+    st = TENT_E_PROTOCOL;
+  if (rc == IO_OK && st == TENT_OK) {
+    int32_t status = (int32_t)get32(h + 8);
+    size_t got = (size_t)n - RSP_SIZE;
+    if (status == TENT_OK) {
+      if (got < c->len) rc = recv_all(pr->fd, dst + got, c->len - got);
+    } else if (got) {
+      st = TENT_E_PROTOCOL; /* a refusal carries no payload */
+    }
+    if (status > 0 || status < TENT_E_INTERNAL) status = TENT_E_PROTOCOL;
+    if (rc == IO_OK && st == TENT_OK) {
+      pr->status[0] = status;
+      return 0;
+    }
+  }
+  pr->status[0] = st != TENT_OK ? st : io_status(rc);
+  return 1;
+}
+
 static int run_recv(tcp_exec_t *ex, pipe_run_t *pr) {
+  if (pr->k == 1 && pr->c[0].job->s.opcode == TENT_OP_READ && pr->c[0].len) return run_recv_one_read(pr);
   uint8_t rsp[RSP_SIZE * PIPE_MAX];
   int all_writes = 1;
   for (uint32_t i = 0; i < pr->k; i++) all_writes &= pr->c[i].job->s.opcode == TENT_OP_WRITE;
@@ -737,6 +762,16 @@ static int run_recv(tcp_exec_t *ex, pipe_run_t *pr) {
     }
     if (status > 0 || status < TENT_E_INTERNAL) status = TENT_E_PROTOCOL;
     pr->status[i] = status;
+    if (i + 1 < pr->k) { /* report it now (not the last: run_finish gives the connection back first) */
+      if (status == TENT_OK) {
+        atomic_fetch_add(&pr->r->bytes, c->len);
+        atomic_fetch_add(&pr->r->slices, 1);
+      } else {
+        atomic_fetch_add(&pr->r->errors, 1);
+      }
+      finish_chunk(ex, c, status);
+      pr->reported = i + 1;
+    }
   }
   if (i == pr->k) return 0;
   if (st == TENT_OK) st = io_status(rc);
@@ -865,7 +900,7 @@ static void run_finish(tcp_exec_t *ex, pipe_run_t *pr, int broken) {
   r->slot_fd[pr->slot] = SLOT_FREE;
   if (pr->slot == ex->conns_per_rail) r->express_busy = 0;
   else r->busy--;
-  for (uint32_t i = 0; i < pr->k; i++) {
+  for (uint32_t i = pr->reported; i < pr->k; i++) {
     if (pr->status[i] == TENT_OK) {
       atomic_fetch_add(&r->bytes, pr->c[i].len);
       atomic_fetch_add(&r->slices, 1);
@@ -876,9 +911,9 @@ static void run_finish(tcp_exec_t *ex, pipe_run_t *pr, int broken) {
   }
   if (!pe->removed) rail_update_ready(ex, r); /* a slot freed on this rail */
   peer_unref_locked(ex, pe);
-  pthread_cond_signal(&ex->cv);
+  if (ex->ready_head) pthread_cond_signal(&ex->cv); /* work a worker can take now (nobody is woken for nothing) */
   pthread_mutex_unlock(&ex->mu);
-  for (uint32_t i = 0; i < pr->k; i++) finish_chunk(ex, &pr->c[i], pr->status[i]);
+  for (uint32_t i = pr->reported; i < pr->k; i++) finish_chunk(ex, &pr->c[i], pr->status[i]);
 }
 
 /* Why a popped chunk must not run (its status), or TENT_OK when it should. `down`: the rail's
@@ -968,6 +1003,7 @@ static void *worker_main(void *arg) {
     uint32_t nskip = 0;
     uint64_t bytes = 0;
     pr->k = 0;
+    pr->reported = 0;
     while (pr->k < want && q->len > 0) {
       tent_chunk_t *head = &q->items[q->head];
       if (pr->k > 0 && bytes + head->len > ex->pipeline_bytes) break;
@@ -1185,10 +1221,10 @@ static void *ex_create(const tent_host_api_t *host, const char *config, char *er
   return ex;
 }
 
-/* The queue a job's chunks go to: small ones (every chunk <= express_bytes) to the small queue. */
-static tent_chunk_queue_t *job_queue(tcp_exec_t *ex, rail_t *r, uint64_t per) {
-  return per <= ex->express_bytes ? &r->qs : &r->q;
-}
+/* The queue a slice's chunks go to: those of small requests to the small queue. */
+static int is_small(const tent_slice_t *s) { return (s->attempt & TENT_HINT_SMALL) != 0; }
+
+static tent_chunk_queue_t *job_queue(rail_t *r, const tent_slice_t *s) { return is_small(s) ? &r->qs : &r->q; }
 
 static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
   tcp_exec_t *ex = self;
@@ -1223,23 +1259,30 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
       if (plan[2 * pushed] == 0) continue;
       peer_t *pe = tent_ht_get(&ex->peers, slices[pushed].peer);
       rail_t *r = &pe->rails[slices[pushed].rail];
-      tent_chunk_queue_t *q = job_queue(ex, r, plan[2 * pushed + 1]);
+      tent_chunk_queue_t *q = job_queue(r, &slices[pushed]);
       if (tent_cq_reserve(q, plan[2 * pushed]) != 0) {
         rc = TENT_E_INTERNAL;
         while (pushed-- > 0) { /* take back what this submit queued, newest first */
           if (plan[2 * pushed] == 0) continue;
           peer_t *p2 = tent_ht_get(&ex->peers, slices[pushed].peer);
-          job_queue(ex, &p2->rails[slices[pushed].rail], plan[2 * pushed + 1])->len -= plan[2 * pushed];
+          job_queue(&p2->rails[slices[pushed].rail], &slices[pushed])->len -= plan[2 * pushed];
         }
         break;
       }
       tent_cq_push_job(q, jobs[pushed], plan[2 * pushed], plan[2 * pushed + 1]);
     }
     if (rc == TENT_OK) {
-      for (uint32_t i = 0; i < n; i++)
-        if (plan[2 * i]) rail_update_ready(ex, &((peer_t *)tent_ht_get(&ex->peers, slices[i].peer))->rails[slices[i].rail]);
-      if (n == 1 && plan[0] == 1) pthread_cond_signal(&ex->cv);
-      else pthread_cond_broadcast(&ex->cv);
+      uint64_t bulk = 0, small = 0; /* wake as many workers as can start at once, not all of them */
+      for (uint32_t i = 0; i < n; i++) {
+        if (!plan[2 * i]) continue;
+        rail_update_ready(ex, &((peer_t *)tent_ht_get(&ex->peers, slices[i].peer))->rails[slices[i].rail]);
+        if (is_small(&slices[i])) small += plan[2 * i];
+        else bulk += plan[2 * i];
+      }
+      uint64_t wake = bulk + (small + (uint64_t)ex->pipeline - 1) / (uint64_t)ex->pipeline;
+      if (wake >= (uint64_t)ex->nworkers) pthread_cond_broadcast(&ex->cv);
+      else
+        while (wake-- > 0) pthread_cond_signal(&ex->cv);
     }
     pthread_mutex_unlock(&ex->mu);
   }
@@ -1262,7 +1305,7 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
 
 #define INLINE_RUNS 4 /* runs one submit_inline sends at most */
 
-/* Small slices to one rail leave on the caller's thread when the rail has nothing queued and an
+/* Slices of small requests to one rail leave on the caller's thread when the rail has nothing queued and an
  * idle connection in a free slot: up to INLINE_RUNS pipelined runs are sent here, one sendmsg
  * each, and handed to a worker to read the answers. The rest is queued as submit() would. */
 static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) {
@@ -1270,7 +1313,7 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
   if (!ex) return TENT_E_INTERNAL;
   if (n == 0) return TENT_OK;
   for (uint32_t i = 0; i < n; i++) /* one rail, whole small slices: anything else takes the queue */
-    if (slices[i].peer != slices[0].peer || slices[i].rail != slices[0].rail || slices[i].length > ex->express_bytes ||
+    if (slices[i].peer != slices[0].peer || slices[i].rail != slices[0].rail || !is_small(&slices[i]) ||
         (ex->chunk && slices[i].length > ex->chunk) || (slices[i].opcode != TENT_OP_READ && slices[i].opcode != TENT_OP_WRITE))
       return ex_submit(self, slices, n);
   tent_job_t *one_job[1];
@@ -1302,6 +1345,8 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
         pr->slot = slot_claim(ex, r, 1);
         pr->fd = r->slot_fd[pr->slot];
         pr->k = 0;
+        pr->reported = 0;
+        pr->token = slices[0].token;
         uint64_t bytes = 0;
         while (i < n && pr->k < (uint32_t)ex->pipeline && (pr->k == 0 || bytes + slices[i].length <= ex->pipeline_bytes)) {
           bytes += slices[i].length;
@@ -1328,7 +1373,8 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
   }
   for (int k = nruns; k < INLINE_RUNS; k++) free(runs[k]);
   if (n != 1) free(jobs);
-  /* send on this thread; a worker reads the answers (its wake-up overlaps the round trip) */
+  /* send on this thread; the waiter reads the answers through progress() (or a worker, after
+   * the hand-off): nobody is woken here */
   for (int k = 0; k < nruns; k++) {
     pipe_run_t *pr = runs[k];
     pr->send_rc = run_send(ex, pr);
@@ -1343,10 +1389,47 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
     if (ex->rx_tail) ex->rx_tail->next = pr;
     else ex->rx_head = pr;
     ex->rx_tail = pr;
-    pthread_cond_signal(&ex->cv);
     pthread_mutex_unlock(&ex->mu);
   }
   return TENT_OK;
+}
+
+/* Read the answers of a run of batch `token` sent inline on the calling (waiting) thread, waiting
+ * up to budget_ns for them to arrive; budget_ns < 0: wake workers to read them instead. */
+static int ex_progress(void *self, uint64_t token, int64_t budget_ns) {
+  tcp_exec_t *ex = self;
+  if (!ex) return 0;
+  pthread_mutex_lock(&ex->mu);
+  pipe_run_t *prev = NULL, *pr = ex->rx_head;
+  while (pr && pr->token != token) {
+    prev = pr;
+    pr = pr->next;
+  }
+  if (!pr || budget_ns < 0) {
+    int n = 0;
+    for (pipe_run_t *q = pr; q && n < ex->nworkers; q = q->next) n += q->token == token;
+    while (n-- > 0) pthread_cond_signal(&ex->cv);
+    pthread_mutex_unlock(&ex->mu);
+    return 0;
+  }
+  if (prev) prev->next = pr->next; /* claimed: no worker takes it now */
+  else ex->rx_head = pr->next;
+  if (ex->rx_tail == pr) ex->rx_tail = prev;
+  pthread_mutex_unlock(&ex->mu);
+  struct pollfd p = {.fd = pr->fd, .events = POLLIN};
+  struct timespec ts = {.tv_sec = budget_ns / 1000000000, .tv_nsec = budget_ns % 1000000000};
+  int n = ppoll(&p, 1, &ts, NULL);
+  if (n == 0 || (n < 0 && errno == EINTR)) { /* not yet: give it back */
+    pthread_mutex_lock(&ex->mu);
+    pr->next = ex->rx_head;
+    ex->rx_head = pr;
+    if (!ex->rx_tail) ex->rx_tail = pr;
+    pthread_mutex_unlock(&ex->mu);
+    return 0;
+  }
+  run_finish(ex, pr, run_recv(ex, pr)); /* answers arriving (or the connection broke): read them here */
+  free(pr);
+  return 1;
 }
 
 static void ex_destroy(void *self) {
@@ -1423,6 +1506,7 @@ static const tent_executor_ops_t g_ops = {
     .destroy = ex_destroy,
     .submit = ex_submit,
     .submit_inline = ex_submit_inline,
+    .progress = ex_progress,
 };
 
 EXPORT const tent_executor_ops_t *tent_executor_ops(void) { return &g_ops; }

@@ -27,8 +27,7 @@ from .native import TcpExecutor, executor_path
 log = logging.getLogger(__name__)
 
 _EXECUTOR_KEYS = (
-    "threads", "conns_per_rail", "slice_timeout_ms", "connect_timeout_ms", "sockbuf", "express_bytes", "pipeline",
-    "pipeline_bytes",
+    "threads", "conns_per_rail", "slice_timeout_ms", "connect_timeout_ms", "sockbuf", "pipeline", "pipeline_bytes",
 )
 _ANY = {"", "0.0.0.0", "*"}
 
@@ -115,14 +114,14 @@ class TcpTransport(Transport):
         "connect_timeout_ms": 1000,
         # SO_SNDBUF/SO_RCVBUF per connection (0 = kernel autotuning)
         "sockbuf": 4 << 20,
-        # requests up to this long are "small": their own queue and an express connection slot per
-        # rail (they never wait behind large ones to the same peer), pipelined when several wait
-        "express_bytes": 256 << 10,
+        # slices of small requests (the engine's small_request_bytes; the core hints them) have their
+        # own queue and an express connection slot per rail (they never wait behind large ones to
+        # the same peer), and are pipelined when several wait
         "pipeline": 16,  # small requests sent back to back on one connection at most
         "pipeline_bytes": 1 << 20,  # bytes of one pipelined run at most
-        # requests up to this long leave on the submitting thread when a connection is idle (one
-        # sendmsg; a worker reads the answer): no hand-off before the wire. Default: express_bytes
-        "inline_bytes": None,
+        # small requests up to this long leave on the submitting thread when a connection is idle
+        # (one sendmsg, no hand-off before the wire; the waiter reads the answer)
+        "inline_bytes": 256 << 10,
     }
 
     def __init__(self) -> None:
@@ -161,7 +160,7 @@ class TcpTransport(Transport):
             # one), so no rail starves and a small request's answer is read while large ones move
             cfg["threads"] = max(4, (int(cfg["conns_per_rail"]) + 1) * max(1, len(rails)))
         exec_cfg = {k: int(cfg[k]) for k in _EXECUTOR_KEYS}
-        self.inline_bytes = max(0, int(cfg["express_bytes"] if cfg["inline_bytes"] is None else cfg["inline_bytes"]))
+        self.inline_bytes = max(0, int(cfg["inline_bytes"]))
         self._exec = TcpExecutor(exec_cfg)
         try:
             for i, host in enumerate(rails):

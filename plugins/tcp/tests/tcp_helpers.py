@@ -104,15 +104,17 @@ def run(
     timeout: float = 20.0,
     cancel_first: bool = False,
     inline: bool = False,
+    hints: int = 0,
 ) -> Result:
     """Submit (opcode, local, remote, length, peer, rail) slices as one batch and wait.
 
     Retryable failures are finalized like the core does after its retries: fail_slice(status).
-    `inline`: through the executor's submit_inline (the core's path for small requests).
+    `inline`: through the executor's submit_inline (the core's path for small requests);
+    `hints`: TENT_HINT_* flags for every slice (tent_core.abi.HINT_SMALL: parts of small requests).
     """
     arr = np.zeros(len(slices), SLICE_DTYPE)
     for i, (op, local, remote, length, peer, rail) in enumerate(slices):
-        arr[i] = (local, remote, length, peer, 0, 0, op, rail, 0, 0)
+        arr[i] = (local, remote, length, peer, 0, 0, op, rail, 0, hints)
     b = _native.Batch(len(slices))
     if cancel_first:
         b.cancel()

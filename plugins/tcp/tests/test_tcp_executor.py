@@ -15,7 +15,7 @@ import pytest
 from tcp_helpers import READ, WRITE, Server, TcpExecutor, connect, pattern, run, wait_result
 
 from tent_core import _native
-from tent_core.abi import SLICE_DTYPE, Status
+from tent_core.abi import HINT_SMALL, SLICE_DTYPE, Status
 
 E_CONNECT, E_IO, E_TIMEOUT = Status.E_CONNECT, Status.E_IO, Status.E_TIMEOUT
 E_BOUNDS, E_PERMISSION, E_CANCELLED = Status.E_BOUNDS, Status.E_PERMISSION, Status.E_CANCELLED
@@ -450,19 +450,19 @@ def test_small_requests_pipelined_byte_for_byte(server: Server, client: TcpExecu
     peer = connect(client, server)
     rw = server.addr("rw")
     rng = np.random.default_rng(17)
-    sizes = rng.integers(1, 96 << 10, 40)  # small: under express_bytes, many per pipelined run
+    sizes = rng.integers(1, 96 << 10, 40)  # many per pipelined run
     offs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     total = int(sizes.sum())
     src = pattern(303, total)
     for _ in range(2):  # the second round finds idle connections: sent on this thread when inline
         res = run(client, [(WRITE, src.ctypes.data + int(o), rw + int(o), int(n), peer, 0) for o, n in zip(offs, sizes, strict=True)],
-                  inline=inline)
+                  inline=inline, hints=HINT_SMALL)
         assert res.done and res.error == 0, res
         assert server.sha("rw", 0, total) == sha(src)
         dst = np.zeros(total, np.uint8)
         order = rng.permutation(len(sizes))
         res = run(client, [(READ, dst.ctypes.data + int(offs[i]), rw + int(offs[i]), int(sizes[i]), peer, 0) for i in order],
-                  inline=inline)
+                  inline=inline, hints=HINT_SMALL)
         assert res.done and res.error == 0, res
         assert np.array_equal(dst, src)
     c = client.rail_counters(peer, 0)
@@ -490,7 +490,7 @@ def test_a_refused_request_in_a_pipelined_run_leaves_the_rest_and_the_connection
         (READ, dst[4].ctypes.data, rw + 2 * n, n, peer, 0),
         (WRITE, src.ctypes.data, rw + 5 * n, n, peer, 0),
     ]
-    res = run(client, slices, inline=inline)
+    res = run(client, slices, inline=inline, hints=HINT_SMALL)
     assert res.done and res.error in (E_BOUNDS, E_PERMISSION), res
     whole = pattern(1, 16 << 20)
     assert np.array_equal(dst[0], whole[:n]) and np.array_equal(dst[2], whole[n : 2 * n])
@@ -503,15 +503,16 @@ def test_a_refused_request_in_a_pipelined_run_leaves_the_rest_and_the_connection
 
 
 def test_small_requests_overtake_a_queued_stream(server: Server) -> None:
-    """One bulk connection busy with a long queue of large writes: a small read takes the express
-    slot and completes while most of the stream still waits."""
+    """One bulk connection busy with a long queue of writes of a large request: a small request's
+    read takes the express slot and completes while most of the stream still waits (the stream's
+    slices are short too: only the core's hint tells them apart)."""
     ex = TcpExecutor({"threads": 3, "conns_per_rail": 1, "slice_timeout_ms": 30000})
     try:
         peer = connect(ex, server)
         rw = server.addr("rw")
-        big = 512 << 10
+        big = 64 << 10
         src = pattern(505, 16 << 20)
-        stream = [(WRITE, src.ctypes.data + (i % 32) * big, rw + (i % 32) * big, big, peer, 0) for i in range(256)]
+        stream = [(WRITE, src.ctypes.data + (i % 256) * big, rw + (i % 256) * big, big, peer, 0) for i in range(1024)]
         arr = np.zeros(len(stream), SLICE_DTYPE)
         for i, (op, local, remote, length, p, rail) in enumerate(stream):
             arr[i] = (local, remote, length, p, 0, 0, op, rail, 0, 0)
@@ -519,10 +520,10 @@ def test_small_requests_overtake_a_queued_stream(server: Server) -> None:
         t0 = time.monotonic()
         assert _native.submit(ex.ops, ex.handle, bulk, arr) == 0
         dst = np.zeros(4096, np.uint8)
-        small = run(ex, [(READ, dst.ctypes.data, rw + (16 << 20) - 4096, 4096, peer, 0)])
+        small = run(ex, [(READ, dst.ctypes.data, rw + (16 << 20) - 4096, 4096, peer, 0)], hints=HINT_SMALL)
         assert small.done and small.error == 0
         left = bulk.remaining
-        assert left > 64, f"the small read waited for the stream ({left} of 256 large writes left)"
+        assert left > 256, f"the small read waited for the stream ({left} of 1024 writes left)"
         assert wait_result(bulk, t0, 60.0).error == 0
     finally:
         ex.close()
