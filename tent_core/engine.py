@@ -102,6 +102,7 @@ class Engine:
             self._fast = _native.FastPath(
                 Request, BatchHandle, self, PROGRESS.inflight, cfg.request_deadline_s,
                 size_keyed=any(r.min_size is not None or r.max_size is not None for r in rules),
+                small_bytes=max(0, cfg.small_request_bytes),
             )
             self._submitter.fast = self._fast
             self.peers.on_change = self._fast.invalidate  # peers, routes or their buffers changed
@@ -179,19 +180,32 @@ class Engine:
 
     # ----------------------------------------------------------- metadata (server side)
     def describe(self) -> dict[str, Any]:
+        table, epochs = self._segments.snapshot()
         return {
             "ok": True,
             "engine_id": self.engine_id,
             "host_id": self.host_id,
             "pid": os.getpid(),
             "transports": {n: t.local_descriptor() for n, t in self.transports.items()},
-            "segments": self._segments.table(),
+            "segments": table,
+            "epochs": epochs,
         }
 
     def _handle_control(self, msg: dict[str, Any]) -> dict[str, Any]:
         op = msg["op"]
         if op == "describe":
-            return self.describe()
+            seg = msg.get("segment")
+            if seg is None:
+                return self.describe()
+            # one segment, incrementally (see LocalSegments.describe_segment)
+            if not isinstance(seg, str):
+                raise errors.ProtocolError("describe: segment must be a string")
+            epoch, start = msg.get("epoch", 0), msg.get("from_offset", 0)
+            if not isinstance(epoch, int) or not isinstance(start, int):
+                raise errors.ProtocolError("describe: epoch and from_offset must be integers")
+            part = self._segments.describe_segment(seg, epoch, start)
+            return {"ok": True, "engine_id": self.engine_id, "pid": os.getpid(), "segment": seg, "found": part is not None,
+                    **(part or {})}
         if op == "ping":
             return {"ok": True}
         raise errors.ProtocolError(f"unknown op {op!r}")
