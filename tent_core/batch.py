@@ -131,14 +131,14 @@ class BatchHandle(_native.Batch):
         took = self.deadline - self.submitted_at
         return f"batch of {self.num_requests} request(s) missed its {took:.3g}s deadline ({self.remaining} slice(s) unfinished)"
 
-    def wait(self, timeout: float | None = None) -> bool:  # type: ignore[override]
+    # wait(timeout=None): a batch already finished without error answers True in C (small requests
+    # often have by the time the application waits); anything else runs `_wait` below.
+    wait = _native.Batch.wait_handle
+
+    def _wait(self, timeout: float | None = None) -> bool:
         """Block until the batch finishes. Returns True when it completed; False if
         `timeout` elapsed first (the batch keeps running). Raises a typed error if it
         failed, was cancelled, or its deadline passed (the batch is then cancelled)."""
-        if self.remaining == 0:  # finished already (small requests often are): no clock, no call
-            if self.error:
-                self._raise_if_failed()
-            return True
         now = time.monotonic()
         end = self.deadline if timeout is None else min(self.deadline, now + max(0.0, timeout))
         done = _native.Batch.wait(self, max(0.0, end - now))

@@ -102,10 +102,13 @@ class Engine:
             self._fast = _native.FastPath(
                 Request, BatchHandle, self, PROGRESS.inflight, cfg.request_deadline_s,
                 size_keyed=any(r.min_size is not None or r.max_size is not None for r in rules),
-                small_bytes=max(0, cfg.small_request_bytes),
+                small_bytes=max(0, cfg.small_request_bytes), fallback=self._submit_planned,
             )
             self._submitter.fast = self._fast
             self.peers.on_change = self._fast.invalidate  # peers, routes or their buffers changed
+            # submit() is the native fast path itself (the planner is its fallback): no Python frame
+            # between the application and the executor for requests whose plan is cached
+            self.submit = self._fast  # type: ignore[method-assign]
         # every engine exposes a tiny read-only buffer that peers' heartbeat slices read
         if self.transports:
             self._probe_buf = self.allocate(PROBE_BYTES, segment=PROBE_SEGMENT, perm=Permission.READ)
@@ -224,13 +227,13 @@ class Engine:
 
         Small same-host copies may complete inside this call (the transport runs them on the calling
         thread: no hand-off, no wake-up); the handle then reports done at once."""
+        # with the fast path on, the instance's submit is the native FastPath (see __init__), which
+        # calls _submit_planned for what it cannot take
+        return self._submit_planned(requests, deadline)
+
+    def _submit_planned(self, requests: Sequence[Request] | Request, deadline: float | None = None) -> BatchHandle:
         if self._closed:
             raise errors.TentError("engine is closed")
-        fast = self._fast
-        if fast is not None:
-            handle = fast.submit(requests, deadline)  # requests whose plan is cached: native, no Python per request
-            if handle is not None:
-                return handle
         return self._submitter.submit(requests, deadline)
 
     def transfer(

@@ -64,11 +64,31 @@ typedef struct batch {
   pthread_cond_t cv;
 } batch_t;
 
+/* Finished batches are kept for reuse by the thread that let go of the last reference (a few per
+ * thread): a submit on the same thread then needs no allocation and no mutex/condvar setup. */
+#define BATCH_CACHE 8
+static __thread batch_t *tl_batches[BATCH_CACHE];
+static __thread int tl_nbatches, tl_registered;
+static pthread_key_t g_batch_cache_key;
+
+static void batch_free(batch_t *b) {
+  pthread_mutex_destroy(&b->mu);
+  pthread_cond_destroy(&b->cv);
+  free(b);
+}
+
+static void batch_cache_drop(void *unused) { /* thread exit: nothing stays behind */
+  while (tl_nbatches > 0) batch_free(tl_batches[--tl_nbatches]);
+}
+
 static void batch_unref(batch_t *b) {
   if (atomic_fetch_sub(&b->refs, 1) == 1) {
-    pthread_mutex_destroy(&b->mu);
-    pthread_cond_destroy(&b->cv);
-    free(b);
+    if (tl_nbatches < BATCH_CACHE && (tl_registered || pthread_setspecific(g_batch_cache_key, (void *)1) == 0)) {
+      tl_registered = 1; /* nobody holds it: its mutex and condvar are idle */
+      tl_batches[tl_nbatches++] = b;
+      return;
+    }
+    batch_free(b);
   }
 }
 
@@ -180,14 +200,25 @@ static double mono_s(void) { return (double)now_ns() / 1e9; }
 
 /* A fresh batch_t for `total` slices; NULL when out of memory. */
 static batch_t *batch_create(long total) {
-  batch_t *b = calloc(1, sizeof(batch_t));
-  if (!b) return NULL;
-  pthread_mutex_init(&b->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&b->cv, &ca);
-  pthread_condattr_destroy(&ca);
+  batch_t *b;
+  if (tl_nbatches > 0) {
+    b = tl_batches[--tl_nbatches];
+    atomic_store(&b->cancelled, 0);
+    atomic_store(&b->first_error, 0);
+    atomic_store(&b->bytes_done, 0);
+    atomic_store(&b->retries, 0);
+    atomic_store(&b->poll_ops, 0);
+    atomic_store(&b->poll_exec, 0);
+  } else {
+    b = calloc(1, sizeof(batch_t));
+    if (!b) return NULL;
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&b->cv, &ca);
+    pthread_condattr_destroy(&ca);
+  }
   atomic_store(&b->remaining, total);
   atomic_store(&b->refs, total > 0 ? 2 : 1);
   return b;
@@ -357,6 +388,21 @@ static PyObject *Batch_complete_slice(BatchObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* wait_handle(timeout=None): BatchHandle.wait's fast side. A batch that finished without an
+ * error answers True here; anything else (still running, failed, a timeout to honour) goes to
+ * the handle's Python `_wait`, which waits and raises the typed errors. */
+static PyObject *Batch_wait_handle(BatchObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+  if (!kwnames && nargs <= 1 && atomic_load(&self->b->remaining) == 0 && atomic_load(&self->b->first_error) == 0)
+    Py_RETURN_TRUE;
+  static PyObject *name = NULL;
+  if (!name && !(name = PyUnicode_InternFromString("_wait"))) return NULL;
+  PyObject *meth = PyObject_GetAttr((PyObject *)self, name);
+  if (!meth) return NULL;
+  PyObject *r = PyObject_Vectorcall(meth, args, (size_t)nargs, kwnames);
+  Py_DECREF(meth);
+  return r;
+}
+
 /* kick(): work an executor left to this batch's waiter goes on without one (see progress() in
  * executor_abi.h): for non-blocking polls of the handle and the progress thread's sweep. */
 static PyObject *Batch_kick(BatchObject *self, PyObject *unused) {
@@ -392,6 +438,8 @@ static PyMethodDef Batch_methods[] = {
     {"complete_slice", (PyCFunction)Batch_complete_slice, METH_VARARGS, "finalize one outstanding slice as done"},
     {"note_retry", (PyCFunction)Batch_note_retry, METH_NOARGS, "count one retry"},
     {"kick", (PyCFunction)Batch_kick, METH_NOARGS, "hand work left to a waiter over to the executor's workers"},
+    {"wait_handle", (PyCFunction)(void (*)(void))Batch_wait_handle, METH_FASTCALL | METH_KEYWORDS,
+     "wait_handle(timeout=None): True at once for a batch finished without error, else self._wait(timeout)"},
     {NULL}};
 
 static PyGetSetDef Batch_getset[] = {
@@ -839,23 +887,39 @@ typedef struct {
   int size_keyed; /* policy rules match on size: the request length is part of the key */
   int enabled;
   Py_ssize_t max_entries;
+  PyObject *fallback; /* called with (requests, deadline) when the fast path cannot take a batch */
+  /* request fields read straight from their slots (offsets of the slotted Request type; 0: use getattr) */
+  Py_ssize_t off[8];
+  /* the last hit: the same class again (one request at a time) skips building the key. The
+   * strings are held, so their addresses cannot be reused by other objects while compared. */
+  FastEntryObject *last;
+  PyObject *last_remote, *last_tag;
+  long last_op, last_prio;
+  long long last_len;
   /* counters (tests, diagnostics) */
   unsigned long long hits, misses;
+  vectorcallfunc vectorcall;
 } FastPathObject;
 
 static PyObject *s_op, *s_local, *s_local_offset, *s_remote, *s_remote_offset, *s_length, *s_priority, *s_tag;
+static PyObject *FastPath_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 
 static PyObject *FastPath_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"request_type", "handle_type", "owner", "inflight", "default_timeout", "size_keyed", "max_entries",
-                           "small_bytes", NULL};
-  PyObject *req_t, *handle_t, *owner, *inflight;
+                           "small_bytes", "fallback", NULL};
+  PyObject *req_t, *handle_t, *owner, *inflight, *fallback = Py_None;
   double timeout;
   int size_keyed = 0;
   Py_ssize_t max_entries = 4096;
   unsigned long long small_bytes = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!OO!d|pnK", kwlist, &PyType_Type, &req_t, &PyType_Type, &handle_t,
-                                   &owner, &PyDict_Type, &inflight, &timeout, &size_keyed, &max_entries, &small_bytes))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!OO!d|pnKO", kwlist, &PyType_Type, &req_t, &PyType_Type, &handle_t,
+                                   &owner, &PyDict_Type, &inflight, &timeout, &size_keyed, &max_entries, &small_bytes,
+                                   &fallback))
     return NULL;
+  if (fallback != Py_None && !PyCallable_Check(fallback)) {
+    PyErr_SetString(PyExc_TypeError, "fallback must be callable");
+    return NULL;
+  }
   if (!PyType_IsSubtype((PyTypeObject *)handle_t, &BatchType)) {
     PyErr_SetString(PyExc_TypeError, "handle_type must subclass _native.Batch");
     return NULL;
@@ -881,15 +945,52 @@ static PyObject *FastPath_new(PyTypeObject *type, PyObject *args, PyObject *kw) 
   self->max_entries = max_entries > 0 ? max_entries : 1;
   self->enabled = 1;
   self->gen = 1;
+  self->vectorcall = FastPath_vectorcall;
+  Py_INCREF(fallback);
+  self->fallback = fallback;
+  /* a slotted request type: read its fields at their offsets */
+  PyObject *names[8] = {s_op, s_local, s_local_offset, s_remote, s_remote_offset, s_length, s_priority, s_tag};
+  for (int i = 0; i < 8; i++) {
+    PyObject *d = PyDict_GetItemWithError(((PyTypeObject *)req_t)->tp_dict, names[i]);
+    if (d && Py_TYPE(d) == &PyMemberDescr_Type && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX)
+      self->off[i] = ((PyMemberDescrObject *)d)->d_member->offset;
+  }
+  PyErr_Clear();
+  for (int i = 0; i < 8; i++)
+    if (!self->off[i]) memset(self->off, 0, sizeof self->off); /* all or none */
   return (PyObject *)self;
 }
 
+static void fast_forget_last(FastPathObject *self) {
+  Py_CLEAR(self->last);
+  Py_CLEAR(self->last_remote);
+  Py_CLEAR(self->last_tag);
+}
+
+static int FastPath_traverse(FastPathObject *self, visitproc visit, void *arg) {
+  Py_VISIT(self->cache);
+  Py_VISIT(self->owner);
+  Py_VISIT(self->inflight);
+  Py_VISIT(self->fallback);
+  Py_VISIT(self->last);
+  return 0;
+}
+
+static int FastPath_clear(FastPathObject *self) {
+  Py_CLEAR(self->cache);
+  Py_CLEAR(self->owner);
+  Py_CLEAR(self->inflight);
+  Py_CLEAR(self->fallback);
+  fast_forget_last(self);
+  self->enabled = 0;
+  return 0;
+}
+
 static void FastPath_dealloc(FastPathObject *self) {
-  Py_XDECREF(self->cache);
+  PyObject_GC_UnTrack(self);
+  FastPath_clear(self);
   Py_XDECREF(self->request_type);
   Py_XDECREF(self->handle_type);
-  Py_XDECREF(self->owner);
-  Py_XDECREF(self->inflight);
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -937,8 +1038,18 @@ static void req_fields_clear(req_fields_t *f) {
   Py_XDECREF(f->tag);
 }
 
-static int req_fields_read(PyObject *req, req_fields_t *f) {
+static int req_fields_read(const FastPathObject *fp, PyObject *req, req_fields_t *f) {
   memset(f, 0, sizeof *f);
+  if (fp->off[0] && Py_TYPE(req) == fp->request_type) { /* slots: no attribute lookups */
+    PyObject **out[8] = {&f->op, &f->local, &f->loff, &f->remote, &f->roff, &f->length, &f->prio, &f->tag};
+    for (int i = 0; i < 8; i++) {
+      PyObject *v = *(PyObject **)((char *)req + fp->off[i]);
+      if (!v) return -1; /* unset slot */
+      Py_INCREF(v);
+      *out[i] = v;
+    }
+    return 0;
+  }
   if (!(f->op = PyObject_GetAttr(req, s_op)) || !(f->local = PyObject_GetAttr(req, s_local)) ||
       !(f->loff = PyObject_GetAttr(req, s_local_offset)) || !(f->remote = PyObject_GetAttr(req, s_remote)) ||
       !(f->roff = PyObject_GetAttr(req, s_remote_offset)) || !(f->length = PyObject_GetAttr(req, s_length)) ||
@@ -952,6 +1063,16 @@ static int req_fields_read(PyObject *req, req_fields_t *f) {
 /* A non-negative int field, or -1 (no exception left) when it is not one. */
 static long long nonneg(PyObject *o) {
   if (!PyLong_Check(o)) return -1;
+#if PY_VERSION_HEX < 0x030C0000
+  { /* small non-negative ints (one or two 30-bit digits): read them, no conversion call */
+    Py_ssize_t size = Py_SIZE(o);
+    const digit *d = ((PyLongObject *)o)->ob_digit;
+    if (size == 0) return 0;
+    if (size == 1) return (long long)d[0];
+    if (size == 2) return (long long)d[0] | ((long long)d[1] << PyLong_SHIFT);
+    if (size < 0) return -1;
+  }
+#endif
   int overflow = 0;
   long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
   if (overflow || (v == -1 && PyErr_Occurred())) {
@@ -1010,7 +1131,7 @@ static PyObject *FastPath_submit(FastPathObject *fp, PyObject *const *args, Py_s
     PyErr_SetString(PyExc_TypeError, "submit(requests, deadline)");
     return NULL;
   }
-  if (!fp->enabled) Py_RETURN_NONE;
+  if (!fp->enabled || !fp->cache) Py_RETURN_NONE;
   PyObject *requests = args[0], *deadline = args[1];
   PyObject *const *items;
   Py_ssize_t nreq;
@@ -1048,7 +1169,7 @@ static PyObject *FastPath_submit(FastPathObject *fp, PyObject *const *args, Py_s
     ok = 0;
     if (Py_TYPE(req) != fp->request_type) break;
     req_fields_t f;
-    if (req_fields_read(req, &f) != 0) {
+    if (req_fields_read(fp, req, &f) != 0) {
       req_fields_clear(&f);
       break;
     }
@@ -1056,12 +1177,30 @@ static PyObject *FastPath_submit(FastPathObject *fp, PyObject *const *args, Py_s
               prio = nonneg(f.prio);
     FastEntryObject *e = NULL;
     if (op >= 0 && loff >= 0 && roff >= 0 && len > 0 && prio >= 0) {
-      PyObject *key = fast_key(fp, f.remote, f.local, (long)op, (long)prio, f.tag, len);
-      if (key) {
-        e = (FastEntryObject *)PyDict_GetItemWithError(fp->cache, key); /* borrowed */
-        Py_DECREF(key);
+      FastEntryObject *last = fp->last;
+      if (last && last->gen == fp->gen && f.remote == fp->last_remote && f.local == last->local && f.tag == fp->last_tag &&
+          op == fp->last_op && prio == fp->last_prio && (!fp->size_keyed || len == fp->last_len)) {
+        e = last; /* the class of the previous request: no key to build */
+      } else {
+        PyObject *key = fast_key(fp, f.remote, f.local, (long)op, (long)prio, f.tag, len);
+        if (key) {
+          e = (FastEntryObject *)PyDict_GetItemWithError(fp->cache, key); /* borrowed */
+          Py_DECREF(key);
+        }
+        if (!e) PyErr_Clear();
+        else if (e->gen == fp->gen) {
+          fast_forget_last(fp);
+          Py_INCREF(e);
+          fp->last = e;
+          Py_INCREF(f.remote);
+          fp->last_remote = f.remote;
+          Py_INCREF(f.tag);
+          fp->last_tag = f.tag;
+          fp->last_op = (long)op;
+          fp->last_prio = (long)prio;
+          fp->last_len = len;
+        }
       }
-      if (!e) PyErr_Clear();
     }
     const rbuf_t *rb = NULL;
     if (e && e->gen == fp->gen && e->local == f.local && (uint64_t)op == e->opcode && (uint64_t)loff <= e->llen &&
@@ -1170,7 +1309,7 @@ oom:
 
 static PyObject *FastPath_key(FastPathObject *fp, PyObject *req) {
   req_fields_t f;
-  if (req_fields_read(req, &f) != 0) {
+  if (req_fields_read(fp, req, &f) != 0) {
     req_fields_clear(&f);
     Py_RETURN_NONE;
   }
@@ -1188,7 +1327,7 @@ static PyObject *FastPath_put(FastPathObject *fp, PyObject *args) {
   PyObject *key;
   FastEntryObject *e;
   if (!PyArg_ParseTuple(args, "O!O!", &PyTuple_Type, &key, &FastEntryType, &e)) return NULL;
-  if (!fp->enabled || e->gen != fp->gen) Py_RETURN_FALSE; /* made under an older state: useless */
+  if (!fp->enabled || !fp->cache || e->gen != fp->gen) Py_RETURN_FALSE; /* made under an older state: useless */
   if (PyDict_GET_SIZE(fp->cache) >= fp->max_entries && PyDict_Contains(fp->cache, key) == 0) PyDict_Clear(fp->cache);
   if (PyDict_SetItem(fp->cache, key, (PyObject *)e) < 0) return NULL;
   Py_RETURN_TRUE;
@@ -1196,21 +1335,46 @@ static PyObject *FastPath_put(FastPathObject *fp, PyObject *args) {
 
 static PyObject *FastPath_invalidate(FastPathObject *fp, PyObject *unused) {
   fp->gen++;
-  PyDict_Clear(fp->cache);
+  if (fp->cache) PyDict_Clear(fp->cache);
+  fast_forget_last(fp);
   Py_RETURN_NONE;
 }
 
 static PyObject *FastPath_close(FastPathObject *fp, PyObject *unused) {
   fp->enabled = 0;
   fp->gen++;
-  PyDict_Clear(fp->cache);
+  if (fp->cache) PyDict_Clear(fp->cache);
+  fast_forget_last(fp);
   Py_INCREF(Py_None);
-  Py_SETREF(fp->owner, Py_None); /* the engine owns us: break the cycle */
-  Py_RETURN_NONE;
+  Py_XSETREF(fp->owner, Py_None); /* the engine owns us: break the cycle (the fallback stays: */
+  Py_RETURN_NONE;                 /* it reports the closed engine) */
+}
+
+/* fast(requests, deadline=None): the engine's submit. The fast path, or the fallback (the planner). */
+static PyObject *FastPath_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+  FastPathObject *fp = (FastPathObject *)self;
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  PyObject *argv[2] = {NULL, Py_None};
+  if (nargs < 1 || nargs + nkw > 2) goto usage;
+  argv[0] = args[0];
+  if (nargs == 2) argv[1] = args[1];
+  for (Py_ssize_t i = 0; i < nkw; i++) {
+    PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+    if (nargs == 2 || !PyUnicode_Check(k) || PyUnicode_CompareWithASCIIString(k, "deadline") != 0) goto usage;
+    argv[1] = args[nargs + i];
+  }
+  PyObject *h = FastPath_submit(fp, argv, 2);
+  if (h != Py_None) return h;
+  Py_DECREF(h);
+  if (!fp->fallback || fp->fallback == Py_None) Py_RETURN_NONE;
+  return PyObject_CallFunctionObjArgs(fp->fallback, argv[0], argv[1], NULL);
+usage:
+  PyErr_SetString(PyExc_TypeError, "submit(requests, deadline=None)");
+  return NULL;
 }
 
 static PyObject *FastPath_get_gen(FastPathObject *fp, void *c) { return PyLong_FromUnsignedLongLong(fp->gen); }
-static PyObject *FastPath_get_size(FastPathObject *fp, void *c) { return PyLong_FromSsize_t(PyDict_GET_SIZE(fp->cache)); }
+static PyObject *FastPath_get_size(FastPathObject *fp, void *c) { return PyLong_FromSsize_t(fp->cache ? PyDict_GET_SIZE(fp->cache) : 0); }
 static PyObject *FastPath_get_hits(FastPathObject *fp, void *c) { return PyLong_FromUnsignedLongLong(fp->hits); }
 static PyObject *FastPath_get_misses(FastPathObject *fp, void *c) { return PyLong_FromUnsignedLongLong(fp->misses); }
 
@@ -1237,9 +1401,13 @@ static PyMemberDef FastPath_members[] = {
 static PyTypeObject FastPathType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tent_core._native.FastPath",
     .tp_basicsize = sizeof(FastPathObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_new = FastPath_new,
     .tp_dealloc = (destructor)FastPath_dealloc,
+    .tp_traverse = (traverseproc)FastPath_traverse,
+    .tp_clear = (inquiry)FastPath_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(FastPathObject, vectorcall),
     .tp_methods = FastPath_methods,
     .tp_getset = FastPath_getset,
     .tp_members = FastPath_members,
@@ -1350,6 +1518,11 @@ PyMODINIT_FUNC PyInit__native(void) {
     s_tag = PyUnicode_InternFromString("tag");
     if (!s_op || !s_local || !s_local_offset || !s_remote || !s_remote_offset || !s_length || !s_priority || !s_tag)
       return NULL;
+  }
+  static int key_made = 0;
+  if (!key_made) {
+    if (pthread_key_create(&g_batch_cache_key, batch_cache_drop) != 0) return PyErr_NoMemory();
+    key_made = 1;
   }
   if (g_fail_fd < 0) {
     g_fail_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
