@@ -244,6 +244,8 @@ typedef struct tcp_exec {
   int pipeline;            /* small requests in one pipelined run at most */
   uint64_t pipeline_bytes; /* bytes of one pipelined run at most (at least one request) */
   struct pipe_run *rx_head, *rx_tail; /* runs sent inline whose responses a worker must read */
+  struct pipe_run *spare_runs;        /* finished runs kept for the next inline submit (under mu) */
+  int nspare_runs;
 
   pthread_mutex_t mu; /* queues, peers, connection pools */
   pthread_cond_t cv;  /* work available / slot freed */
@@ -675,6 +677,33 @@ static void finish_chunk(tcp_exec_t *ex, const tent_chunk_t *c, int status);
 
 static int nslots(const tcp_exec_t *ex) { return ex->conns_per_rail + 1; } /* the last is the express slot */
 
+#define SPARE_RUNS 8
+
+/* A run struct for an inline submit: a spare one, or a new one (NULL when out of memory). */
+static pipe_run_t *run_get(tcp_exec_t *ex) {
+  pthread_mutex_lock(&ex->mu);
+  pipe_run_t *pr = ex->spare_runs;
+  if (pr) {
+    ex->spare_runs = pr->next;
+    ex->nspare_runs--;
+  }
+  pthread_mutex_unlock(&ex->mu);
+  return pr ? pr : malloc(sizeof(pipe_run_t));
+}
+
+static void run_put(tcp_exec_t *ex, pipe_run_t *pr) {
+  if (!pr) return;
+  pthread_mutex_lock(&ex->mu);
+  if (ex->nspare_runs < SPARE_RUNS) {
+    pr->next = ex->spare_runs;
+    ex->spare_runs = pr;
+    ex->nspare_runs++;
+    pr = NULL;
+  }
+  pthread_mutex_unlock(&ex->mu);
+  free(pr);
+}
+
 /* Send every request of the run. */
 static int run_send(tcp_exec_t *ex, pipe_run_t *pr) {
   struct iovec iov[2 * PIPE_MAX];
@@ -979,7 +1008,7 @@ static void *worker_main(void *arg) {
       if (!ex->rx_head) ex->rx_tail = NULL;
       pthread_mutex_unlock(&ex->mu);
       run_finish(ex, rx, run_recv(ex, rx));
-      free(rx);
+      run_put(ex, rx);
       pthread_mutex_lock(&ex->mu);
       continue;
     }
@@ -1325,7 +1354,7 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
   for (; rc == TENT_OK && made < n; made++)
     if (!(jobs[made] = tent_job_new(&slices[made], 1))) rc = TENT_E_INTERNAL;
   for (int k = 0; rc == TENT_OK && k < INLINE_RUNS && (uint32_t)k < n; k++)
-    if (!(runs[k] = malloc(sizeof(pipe_run_t)))) rc = TENT_E_INTERNAL;
+    if (!(runs[k] = run_get(ex))) rc = TENT_E_INTERNAL;
   int gone = 0;
   if (rc == TENT_OK) {
     pthread_mutex_lock(&ex->mu);
@@ -1363,7 +1392,7 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
     pthread_mutex_unlock(&ex->mu);
   }
   if (rc != TENT_OK || gone) {
-    for (int k = 0; k < INLINE_RUNS; k++) free(runs[k]);
+    for (int k = 0; k < INLINE_RUNS; k++) run_put(ex, runs[k]);
     for (uint32_t i = 0; i < made; i++) {
       if (rc == TENT_OK) ex->host->complete(ex->host->ctx, &jobs[i]->s, TENT_E_CONNECT); /* peer forgotten: retryable */
       free(jobs[i]);
@@ -1371,7 +1400,7 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
     if (n != 1) free(jobs);
     return rc;
   }
-  for (int k = nruns; k < INLINE_RUNS; k++) free(runs[k]);
+  for (int k = nruns; k < INLINE_RUNS; k++) run_put(ex, runs[k]);
   if (n != 1) free(jobs);
   /* send on this thread; the waiter reads the answers through progress() (or a worker, after
    * the hand-off): nobody is woken here */
@@ -1381,7 +1410,7 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
     if (pr->send_rc != IO_OK) {
       for (uint32_t i = 0; i < pr->k; i++) pr->status[i] = io_status(pr->send_rc);
       run_finish(ex, pr, 1);
-      free(pr);
+      run_put(ex, pr);
       continue;
     }
     pthread_mutex_lock(&ex->mu);
@@ -1428,7 +1457,7 @@ static int ex_progress(void *self, uint64_t token, int64_t budget_ns) {
     return 0;
   }
   run_finish(ex, pr, run_recv(ex, pr)); /* answers arriving (or the connection broke): read them here */
-  free(pr);
+  run_put(ex, pr);
   return 1;
 }
 
@@ -1488,6 +1517,11 @@ static void ex_destroy(void *self) {
   }
   for (size_t i = 0; i < ex->nregions; i++) free(ex->regions[i]);
   free(ex->regions);
+  while (ex->spare_runs) {
+    pipe_run_t *pr = ex->spare_runs;
+    ex->spare_runs = pr->next;
+    free(pr);
+  }
   free(ex->workers);
   if (ex->wake_fd >= 0) close(ex->wake_fd);
   pthread_mutex_destroy(&ex->mu);
