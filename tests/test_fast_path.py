@@ -204,3 +204,40 @@ def test_write_through_the_fast_path_is_checked_by_the_target(peer):
         assert peer.digest("ro", 0, 1 << 16) == _sha(pattern(SIZE, seed=1)[: 1 << 16])
         peer.call(cmd="fill", segment="rw", seed=0)
         assert WRITE is not None
+
+
+def test_a_refresh_after_a_registration_fetches_only_the_new_buffers():
+    """The first request into a buffer the peer registered after we read its segment re-reads just
+    that segment, and only the buffers registered since (not the thousand already known)."""
+    with Engine(transports=["tcp"]) as tgt, Engine(transports=["tcp"]) as ini:
+        back = np.zeros(1100 * 4096, np.uint8)
+        back[:] = pattern(len(back), seed=6)
+        for i in range(1000):
+            tgt.register(back[i * 4096 : (i + 1) * 4096], segment="kv")
+        local = ini.allocate(4096)
+        seg = tgt.segment_name("kv")
+        ini.read(local, seg, 4096)
+        peer = ini.peers.lookup(tgt.engine_id)
+        answers: list[dict] = []
+        call = peer.client.call
+
+        def spy(msg, timeout):
+            out = call(msg, timeout)
+            answers.append(out)
+            return out
+
+        peer.client.call = spy
+        for i in range(1000, 1003):
+            b = tgt.register(back[i * 4096 : (i + 1) * 4096], segment="kv")
+            ini.read(local, seg, 4096, remote_offset=b.offset)
+            assert np.array_equal(local.array, back[i * 4096 : (i + 1) * 4096])
+        assert [len(a["buffers"]) for a in answers] == [1, 1, 1] and all(a["incremental"] for a in answers)
+        # a buffer left the segment: the next refresh reads it whole, and the gone buffer is refused
+        first = tgt._segments._segments["kv"].buffers[0]
+        tgt.unregister(first)
+        b = tgt.register(back[1003 * 4096 : 1004 * 4096], segment="kv")
+        ini.read(local, seg, 4096, remote_offset=b.offset)
+        assert np.array_equal(local.array, back[1003 * 4096 : 1004 * 4096])
+        assert not answers[-1]["incremental"] and len(answers[-1]["buffers"]) == 1003
+        with pytest.raises(NotRegisteredError):
+            ini.read(local, seg, 4096, remote_offset=first.offset)
