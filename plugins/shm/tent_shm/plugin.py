@@ -528,6 +528,20 @@ class ShmTransport(Transport):
             raise KeyError(f"shm: no peer link with handle {h:#x}")
         return _MODE_NAMES[link.mode]
 
+    def mapped_address(self, link_or_handle: PeerLink | int, remote_addr: int) -> int:
+        """Where a memfd peer's buffer at `remote_addr` is mapped in this process (0: not mapped),
+        for tools that compare the engine with a bare memcpy between the same mappings."""
+        h = link_or_handle.handle if isinstance(link_or_handle, PeerLink) else int(link_or_handle)
+        with self._lock:
+            link = self._by_handle.get(h)
+        if link is None:
+            raise KeyError(f"shm: no peer link with handle {h:#x}")
+        with link.lock:
+            for m in link.maps.values():
+                if m.local and m.remote <= remote_addr < m.remote + m.length:
+                    return m.local + (remote_addr - m.remote)
+        return 0
+
     def local_descriptor(self) -> dict[str, Any]:
         return {
             "pid": os.getpid(),
