@@ -50,7 +50,6 @@ _LAZY = {
 if TYPE_CHECKING:
     from .batch import BatchHandle
     from .engine import Engine
-    from .request import LocalBuffer, Request
     from .errors import (
         CancelledError,
         DeadlineExceededError,
@@ -65,6 +64,7 @@ if TYPE_CHECKING:
         TransferError,
         UnknownSegmentError,
     )
+    from .request import LocalBuffer, Request
     from .types import READ, READ_ONLY, READ_WRITE, WRITE, MemoryKind, OpCode, Permission, Priority
 
 

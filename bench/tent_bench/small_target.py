@@ -28,9 +28,16 @@ PAGE = 4096
 
 
 def fill(n: int, seed: int = 0) -> np.ndarray:
-    """Bytes that never repeat with a period (a 64-bit mix of each position and the seed)."""
-    idx = np.arange(n, dtype=np.uint64) + np.uint64(seed * 0x10000000001)
-    return ((idx * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(56)).astype(np.uint8)
+    """Bytes that never repeat: 8-byte word i is splitmix64(i + seed * 2**40), a bijection of u64,
+    so no two words of one buffer (up to 8 TiB) are equal and a shifted, stale or misplaced
+    slice of any length >= 8 bytes cannot pass a byte check."""
+    x = np.arange((n + 7) // 8, dtype=np.uint64) + np.uint64((seed << 40) & (2**64 - 1))
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return x.view(np.uint8)[:n]
 
 
 def main(argv: list[str] | None = None) -> int:

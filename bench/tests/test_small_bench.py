@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import numpy as np
-
 from tent_bench import _bare, small
 
 KiB = 1024
@@ -64,3 +63,27 @@ def test_scenarios_through_the_command_line() -> None:
     assert te["one_process_gbps"] > 0 and te["two_processes_gbps"] > 0
     costs = {r["variant"]: r["cpu_us"] for r in rows if r["scenario"] == "submit_cost"}
     assert set(costs) == {"fast path", "fast path, no inline", "planner"} and all(v > 0 for v in costs.values())
+
+
+def test_many_buffers_and_large_rows() -> None:
+    """The 10k-buffer scenario (scaled down) reads real buffers of both segments, and registers
+    new ones mid-run; the several-MiB scenario verifies bytes before it times."""
+    mb = small.many_buffers("shm", 1, count=40, few=4, many=64)
+    assert len(mb) == 1
+    r = mb[0]
+    assert (r["few"], r["many"]) == (4, 64)
+    assert r["few_us"] > 0 and r["many_us"] > 0 and r["scattered_us"] > 0 and r["ratio"] > 0
+    assert r["first_read_few_ms"] > 0 and r["first_read_many_ms"] > 0
+    lg = small.large([1 << 20, 2 << 20], ["WRITE"], 1, 4 << 20)
+    assert [(x["op"], x["block"], x["bare_threads"], x["bare_piece"]) for x in lg] == [
+        ("WRITE", 1 << 20, 2, 1 << 20), ("WRITE", 2 << 20, 2, 1 << 20)]  # fmt: skip
+    md = small.markdown(mb + lg)
+    assert "| shm | 4 / 64 |" in md and "| WRITE | 2 MiB |" in md
+
+
+def test_fill_never_repeats_within_a_buffer() -> None:
+    """The check pattern has no period a shifted or stale slice could hide behind (up to 64 MiB)."""
+    a = small.fill(64 << 20).view(np.uint64)
+    assert np.unique(a).size == a.size  # every 8-byte word of 64 MiB differs from every other
+    assert np.array_equal(small.fill(1000)[:100], small.fill(100))  # a prefix is the same bytes
+    assert not np.array_equal(small.fill(1 << 20), small.fill(1 << 20, seed=1))
