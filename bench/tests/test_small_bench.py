@@ -87,3 +87,17 @@ def test_fill_never_repeats_within_a_buffer() -> None:
     assert np.unique(a).size == a.size  # every 8-byte word of 64 MiB differs from every other
     assert np.array_equal(small.fill(1000)[:100], small.fill(100))  # a prefix is the same bytes
     assert not np.array_equal(small.fill(1 << 20), small.fill(1 << 20, seed=1))
+
+
+def test_tent_bench_quick_sweeps_small_sizes_next_to_the_bare_limit() -> None:
+    tent = os.path.join(os.path.dirname(sys.executable), "tent")
+    out = subprocess.run([tent, "bench", "--quick", "--json", "--transport", "shm", "--ops", "READ"],
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads(out.stdout)
+    assert [(r["transport"], r["op"], r["block"]) for r in rows] == [("shm", "READ", b) for b in small.QUICK_SIZES]
+    assert small.QUICK_SIZES[0] == 4 * KiB and small.QUICK_SIZES[-1] == 1024 * KiB
+    for r in rows:
+        assert r["rounds"] == 3 and r["bare_gbps"] > 0 and r["tent_p50_us"] <= r["tent_p99_us"]
+    bad = subprocess.run([tent, "bench", "--quick", "--ops", "COPY"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "READ and/or WRITE" in bad.stderr
