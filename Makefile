@@ -1,16 +1,17 @@
-# Quick start: `make demo` (a short benchmark between two local processes) and `make test`.
+# Quick start: `make demo` (a trainer and rollout processes sync ~1 GiB of weights through refhub,
+# then a short benchmark against the bare limits) and `make test`.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-PIP    := $(PY) -m pip
+PIP    := ./scripts/pip-quiet.sh $(PY) -m pip
 STAMP  := $(VENV)/.tent-installed
-PLUGINS := tcp shm gds nvlink
+PLUGINS := tcp shm gds nvlink ascend
 PLUGIN_DIRS := $(foreach p,$(PLUGINS),$(wildcard plugins/$(p)))
 SOURCES := pyproject.toml setup.py $(wildcard tent_core/_native/*.c tent_core/include/tent/*.h) \
            $(wildcard plugins/*/pyproject.toml plugins/*/setup.py plugins/*/csrc/*.c refhub/pyproject.toml \
            bench/pyproject.toml bench/setup.py bench/csrc/*.c)
 
-.PHONY: install demo test lint bench-deps clean
+.PHONY: install demo test lint bench-deps accel-deps clean
 
 install: $(STAMP)
 
@@ -23,6 +24,9 @@ $(STAMP): $(SOURCES)
 	    pytest pytest-timeout hypothesis ruff
 	@# NVIDIA's libcufile (1 MB, no CUDA needed to load it): the gds tests load the real library
 	@$(PIP) install -q nvidia-cufile-cu12 || echo "nvidia-cufile-cu12 not installable here: its test skips"
+	@# cuda-python's bindings (the preferred CUDA backend; they import without a GPU, so their
+	@# loading and error paths are tested everywhere)
+	@$(PIP) install -q cuda-bindings || echo "cuda-bindings not installable here: CUDA goes through ctypes"
 	@echo "==> building tent-core, the plugins ($(PLUGINS)), refhub and tent-bench (editable)"
 	@# tent-core first: the plugins' setup.py files build through tent_core.build
 	@$(PIP) install -q --no-build-isolation -e .
@@ -31,7 +35,7 @@ $(STAMP): $(SOURCES)
 	@echo "==> installed: $(VENV)/bin/tent, $(VENV)/bin/refhub (make test, make demo)"
 
 demo: install
-	$(VENV)/bin/tent bench --quick
+	@$(VENV)/bin/tent demo
 
 test: install
 	$(PY) -m pytest -q
@@ -44,6 +48,11 @@ bench-deps: install
 	@command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && { dpkg -s libibverbs1 >/dev/null 2>&1 || \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1); } || true
 	$(PIP) install -q mooncake-transfer-engine-non-cuda torch==2.13.0 ray xxhash
+
+# CuPy (about 250 MB): its arrays are registered in a test where it imports (it cannot allocate
+# without a GPU; the test wraps host memory it does not own)
+accel-deps: install
+	$(PIP) install -q cupy-cuda12x
 
 clean:
 	rm -rf $(VENV) build */build plugins/*/build *.egg-info plugins/*/*.egg-info

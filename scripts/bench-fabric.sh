@@ -3,7 +3,7 @@
 # Usage: scripts/bench-fabric.sh [OUTDIR]   (JSON per run in OUTDIR, timelines in docs/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-/tmp/tent-fabric-bench}
+OUT=${1:-$(mktemp -d "${TMPDIR:-/tmp}/tent-fabric-bench.XXXXXX")}  # private to this run unless given
 mkdir -p "$OUT"
 T=".venv/bin/tent bench --fabric 4x1gbit --json"
 $T --policy spray,round_robin --block-sizes 1M,64M                          > "$OUT/equal.json"

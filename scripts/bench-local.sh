@@ -3,7 +3,7 @@
 # for the Mooncake baseline. Usage: scripts/bench-local.sh [OUTDIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-/tmp/tent-local-bench}
+OUT=${1:-$(mktemp -d "${TMPDIR:-/tmp}/tent-local-bench.XXXXXX")}  # private to this run unless given
 mkdir -p "$OUT"
 T=".venv/bin/tent bench --json"
 $T --transport tcp --block-sizes 4M,64M --iters 100 --baseline socket,mooncake         > "$OUT/tcp.json"

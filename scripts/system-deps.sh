@@ -2,7 +2,8 @@
 # Install the system packages the build and the tests need, only when missing.
 # Debian/Ubuntu; root (or sudo) required to install. Safe to run repeatedly.
 # Required: a C compiler and Python's venv/headers (the build fails without them).
-# Optional: iproute2 (netns fabric tests skip without it), fio (the fio baseline skips).
+# Optional: iproute2 (netns fabric tests skip without it), fio (the fio baseline skips),
+# etcd-server (the etcd metadata-directory and Mooncake-compatibility tests skip without it).
 set -uo pipefail
 required=()
 optional=()
@@ -11,8 +12,11 @@ command -v make >/dev/null 2>&1 || required+=(make)
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || required+=(python3-venv)
 python3 -c 'import sysconfig, os; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' \
     >/dev/null 2>&1 || required+=(python3-dev)
-{ command -v ip && command -v tc; } >/dev/null 2>&1 || optional+=(iproute2)
+# ip and tc live in /usr/sbin, which an ordinary user's PATH often lacks: look there too
+{ PATH="$PATH:/usr/sbin:/sbin" command -v ip && PATH="$PATH:/usr/sbin:/sbin" command -v tc; } >/dev/null 2>&1 ||
+    optional+=(iproute2)
 command -v fio >/dev/null 2>&1 || optional+=(fio)
+command -v etcd >/dev/null 2>&1 || optional+=(etcd-server)
 [ ${#required[@]} -eq 0 ] && [ ${#optional[@]} -eq 0 ] && exit 0
 
 SUDO=""

@@ -8,11 +8,15 @@ request it belongs to (same memory kinds, same policy rule), never a guess.
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import _native, errors
 from .abi import Status
+
+log = logging.getLogger(__name__)
 
 # tent_status codes (executor_abi.h) -> typed errors
 _STATUS_ERRORS: dict[int, tuple[type[errors.TentError], str]] = {
@@ -41,6 +45,11 @@ _ERROR_STATUS: tuple[tuple[type[Exception], Status], ...] = (
 _AMBIGUOUS: Any = object()
 
 
+# Metrics hook (tent_core.metrics): called once per batch as HOOK(handle, outcome) when its end is first
+# observed by wait()/poll(); outcome is "done", "failed", "cancelled" or "timeout". None (the default) = off.
+COMPLETION_HOOK: Callable[[BatchHandle, str], None] | None = None
+
+
 def status_error(status: int, context: str = "") -> errors.TentError:
     cls, text = _STATUS_ERRORS.get(status, (errors.TransferError, f"transfer failed with status {status}"))
     return cls(f"{text}{' (' + context + ')' if context else ''} [status {status}]")
@@ -62,10 +71,20 @@ class BatchHandle(_native.Batch):
     submitted_at, is_probe) live in the native object. `BatchHandle(engine, total, deadline, n)`
     makes one from Python (`total` may also be an existing `_native.Batch` to wrap)."""
 
-    __slots__ = ()
+    # two small slots, unset until written (the fast path makes handles without running Python)
+    __slots__ = ("_ordering", "_reported")
 
     def __new__(cls, engine: Any, batch: Any, deadline: float, num_requests: int) -> BatchHandle:
         return super().__new__(cls, batch, engine=engine, deadline=deadline, num_requests=num_requests)
+
+    @property
+    def ordering(self) -> str:
+        """Stream ordering: "native" (executors wait on the device), "host", "none" or ""."""
+        return getattr(self, "_ordering", "")
+
+    @ordering.setter
+    def ordering(self, value: str) -> None:
+        self._ordering = value
 
     # ---- routing record (engine side) ---------------------------------------------------------
 
@@ -105,6 +124,8 @@ class BatchHandle(_native.Batch):
     def poll(self) -> str:
         """'pending', 'done', 'failed' or 'cancelled'. Never blocks."""
         if self.remaining == 0:
+            if COMPLETION_HOOK is not None:
+                self._report()
             err = self.error
             if err == 0:
                 return "done"
@@ -112,8 +133,26 @@ class BatchHandle(_native.Batch):
         self.kick()  # nobody waits here: work left to a waiter goes to the executor's workers
         if time.monotonic() >= self.deadline:
             self._expire()
+            if COMPLETION_HOOK is not None:
+                self._report()
             return "failed"
         return "pending"
+
+    def _report(self) -> None:
+        if getattr(self, "_reported", False) or self.is_probe or COMPLETION_HOOK is None:
+            return
+        self._reported = True
+        err = self._batch.error
+        if self._deadline_hit:
+            outcome = "timeout"
+        elif err == 0 and self._batch.remaining == 0:
+            outcome = "done"
+        else:
+            outcome = "cancelled" if err == _CANCELLED else "failed"
+        try:
+            COMPLETION_HOOK(self, outcome)
+        except Exception:  # metrics must never break a transfer
+            log.exception("batch completion hook failed")
 
     def _expire(self) -> None:
         self._deadline_hit = True
@@ -143,12 +182,19 @@ class BatchHandle(_native.Batch):
         end = self.deadline if timeout is None else min(self.deadline, now + max(0.0, timeout))
         done = _native.Batch.wait(self, max(0.0, end - now))
         if done:
+            if COMPLETION_HOOK is not None:
+                self._report()
             self._raise_if_failed()
             return True
         if time.monotonic() >= self.deadline:
             self._expire()
+            if COMPLETION_HOOK is not None:
+                self._report()
             raise errors.DeadlineExceededError(self._deadline_text())
         return False
 
     def __repr__(self) -> str:
         return f"<BatchHandle {self.poll()} requests={self.num_requests} bytes={self.bytes_done}>"
+
+
+_native.set_hook_namespace(globals())  # wait() of a finished batch skips Python only while no hook is set

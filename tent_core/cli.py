@@ -1,4 +1,4 @@
-"""The `tent` command line: `tent plugins`, `tent new-plugin`, and the subcommands other
+"""The `tent` command line: `tent plugins`, `tent new-plugin`, `tent doctor`, and the subcommands other
 distributions contribute through the entry-point group ``tent_core.cli`` (``tent bench`` comes
 from tent-bench)."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -71,6 +72,23 @@ def main(verbose: int) -> None:
 
 
 @main.command()
+@click.option("--file", "path", default=None, type=click.Path(dir_okay=False),
+              help="Write it to this file (mode 0600) instead of stdout.")
+def token(path: str | None) -> None:
+    """Make a new cluster auth token (256 random bits) for TENT_AUTH_TOKEN / auth_token_file."""
+    from .auth import new_token
+
+    tok = new_token()
+    if path is None:
+        click.echo(tok)
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(tok + "\n")
+    click.echo(f"wrote a new token to {path}; set TENT_AUTH_TOKEN_FILE={path} (and REFHUB_AUTH_TOKEN_FILE) on every node")
+
+
+@main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plugins(as_json: bool) -> None:
     """Installed transports: version, availability (with the reason when unavailable)."""
@@ -109,6 +127,41 @@ def plugins(as_json: bool) -> None:
 
 
 
+@main.command()
+@click.argument("remote")
+@click.option("--op", type=click.Choice(["read", "write"], case_sensitive=False), default="write", show_default=True,
+              help="READ (remote -> local) or WRITE (local -> remote).")
+@click.option("--local-kind", type=click.Choice(["host", "cuda", "npu", "sim"]), default="host", show_default=True,
+              help="Memory kind of the local buffer.")
+@click.option("--offset", "remote_offset", type=int, default=0, show_default=True, help="Offset in the remote segment.")
+@click.option("--length", type=int, default=None, help="Bytes (default: to the end of the remote buffer).")
+@click.option("--transports", default=None, help="Comma-separated transports this engine starts (default: all).")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Engine config (TOML).")
+@click.option("--simdev", is_flag=True, help="Add the simulated device transport (tests).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def explain(remote: str, op: str, local_kind: str, remote_offset: int, length: int | None, transports: str | None,
+            config_path: str | None, simdev: bool, as_json: bool) -> None:
+    """Which path a transfer to REMOTE (host:port/segment) would take, and the alternatives, priced.
+
+    Starts an engine here, reads the peer's description and asks the planner; nothing moves."""
+    from .engine import Engine
+    from .errors import TentError
+
+    plugins = None
+    if simdev:
+        from .simdev import SimDevicePlugin
+
+        plugins = [SimDevicePlugin()]
+    try:
+        with Engine(config_path, transports=transports.split(",") if transports else None, plugins=plugins) as eng:
+            ex = eng.explain(op=op.upper(), local_kind=local_kind, remote=remote, remote_offset=remote_offset,
+                             length=length)
+    except (TentError, ValueError) as exc:
+        raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
+    click.echo(json.dumps(ex.as_dict(), indent=2) if as_json else str(ex))
+
+
 @main.command("new-plugin")
 @click.argument("name")
 @click.argument("directory", type=click.Path(file_okay=False))
@@ -124,6 +177,19 @@ def new_plugin(name: str, directory: str) -> None:
     for f in files:
         click.echo(f"  {f}")
     click.echo(f"plugin {name!r} written to {directory}: pip install {directory} && python -m tent_core.conformance {name}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def doctor(as_json: bool) -> None:
+    """What this host offers TENT (transports, NICs, RDMA, GPUs, limits) and what to fix."""
+    from .doctor import render, report
+
+    rep = report()
+    if as_json:
+        click.echo(json.dumps(rep.as_dict(), indent=2))
+        return
+    render(rep, _out())
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ Defaults follow the C++ TENT (Mooncake `tent/`) unless a comment says why we dif
 
 1. the defaults below;
 2. a TOML file (path) or a dict, laid out as top-level engine keys plus the tables
-   `[scheduler]`, `[qos]` and `[health]`::
+   `[scheduler]`, `[qos]`, `[health]`, `[directory]` and `[metrics]`::
 
        request_deadline_s = 10.0
        [scheduler]
@@ -50,6 +50,7 @@ KiB = 1024
 MiB = 1024 * KiB
 
 POLICIES = ("spray", "round_robin", "single", "stripe")
+REQUIRE_AUTH_MODES = ("non_loopback", "always", "never")
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,56 @@ class RailHealthConfig:
 
 
 @dataclass(frozen=True)
+class DirectoryConfig:
+    """Cluster metadata directory (tent_core.directory); off = the embedded peer-to-peer exchange."""
+
+    # "" keeps the embedded exchange (peers are named by their control port). "etcd://host:port[,...]"
+    # publishes this engine there and resolves every peer name through it.
+    url: str = ""
+    # This engine's fixed name in the directory, "host:port" shaped (e.g. a Mooncake server name);
+    # "" = its control endpoint.
+    name: str = ""
+    prefix: str = "tent/"
+    # An engine that stops renewing (crashed, SIGKILLed) disappears from the directory after this long.
+    lease_ttl_s: float = 10.0
+    # One directory request (HTTP to etcd) fails after this long.
+    timeout_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Prometheus metrics (tent_core.metrics, needs prometheus-client); off by default."""
+
+    # > 0: the engine registers its collector and serves /metrics on host:port (one server per process).
+    port: int = 0
+    # Localhost by default: metrics name peers and rails.
+    host: str = "127.0.0.1"
+    # Metric name prefix. Not "tent": Mooncake's C++ TENT already exports tent_* series.
+    namespace: str = "tent_core"
+
+
+@dataclass(frozen=True)
+class PathCostConfig:
+    """Phase 1: comparing a direct path with paths staged through host memory (routing.path_cost).
+
+    A path is a pipeline of stages; each chunk pays every stage's per-chunk time once and the
+    slowest stage bounds the rest. Rates come from each transport's CapabilityProfile.bandwidth_gbps
+    (0 = unknown: the defaults below) and, for a target's own device copies, from what the target
+    advertises."""
+
+    # Rates assumed for a transport that advertises none.
+    same_host_gbps: float = 10.0
+    cross_host_gbps: float = 1.25
+    # Per request (direct) or per chunk and stage (staged): software overhead of one leg.
+    leg_overhead_s: float = 20e-6
+    # Per chunk of a target-staged path: the control round trip that asks the target to copy.
+    control_rtt_s: float = 150e-6
+    # Plans are cached per class of requests (kinds, op, rule), not per size: paths are compared
+    # for a request of this size.
+    reference_bytes: int = 64 * MiB
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Engine-level defaults plus the policy sections."""
 
@@ -207,6 +258,25 @@ class EngineConfig:
     max_transport_failovers: int = 3
     # Metadata (control-port) calls to a peer fail after this long: a dead peer is an error, not a hang.
     control_timeout_s: float = 5.0
+    # The cluster secret (SECURITY.md): peers prove they know it at connect with an HMAC
+    # challenge-response; it never crosses the wire. `TENT_AUTH_TOKEN`, or a file holding it
+    # (`auth_token_file` / `TENT_AUTH_TOKEN_FILE`: keeps it out of the environment and argv).
+    auth_token: str = field(default="", repr=False)
+    auth_token_file: str = ""
+    # When a token is mandatory: "non_loopback" (as soon as a listener binds a non-loopback address;
+    # loopback-only engines may run without one, with a warning), "always", or "never" (explicit
+    # opt-out: anyone who reaches the ports can read and write registered memory).
+    require_auth: str = "non_loopback"
+    # Control-port bounds: requests (describe, ping) are tiny; replies carry a whole buffer list.
+    control_max_request_bytes: int = 1 * MiB
+    control_max_reply_bytes: int = 256 * MiB
+    # ZeroMQ send queue per peer (messages); a peer that does not read loses replies beyond it.
+    control_send_hwm: int = 256
+    # A connection to the control port that has not completed the ZeroMQ handshake by then is dropped.
+    control_handshake_ms: int = 5000
+    # Raise the process's open-file soft limit to its hard limit at start: every listener caps its
+    # connections, but the caps add up, and the common soft default (1024) is low for a server.
+    raise_fd_limit: bool = True
     # BatchHandle.wait() polls for this long before it sleeps: waking a sleeping thread costs tens of
     # microseconds on small VMs, more than a 64 KiB copy, so small transfers finish while polling.
     # Process-wide (the last engine created sets it); 0 turns polling off.
@@ -224,6 +294,17 @@ class EngineConfig:
     staging_chunk_bytes: int = 4 * MiB
     staging_buffers: int = 8
     staging_workers: int = 4
+    # Target-side staging (tent_core.target_staging): this engine copies between its own host staging
+    # slots and its device memory for peers that cannot reach that memory directly. Off: peers see no
+    # staging offer and such requests fail with NoPathError.
+    target_staging: bool = True
+    target_staging_chunk_bytes: int = 4 * MiB
+    # Staging slots (each one chunk of pinned host memory) shared by every session, made on demand.
+    target_staging_slots: int = 16
+    # Slots one session (one staged request) holds at most: how many chunks it keeps in flight.
+    target_staging_depth: int = 4
+    # A session idle this long (its initiator vanished) is closed and its slots reclaimed.
+    target_staging_lease_s: float = 30.0
     # Administrator policy rules (tent_core.policy_rules): first match restricts/orders transports and rails.
     rules: list[dict[str, Any]] = field(default_factory=list)
     # Per-transport sections, handed to each plugin's start() as-is (e.g. {"tcp": {"rails": [...]}}).
@@ -231,9 +312,25 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     qos: QosConfig = field(default_factory=QosConfig)
     health: RailHealthConfig = field(default_factory=RailHealthConfig)
+    directory: DirectoryConfig = field(default_factory=DirectoryConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    path_cost: PathCostConfig = field(default_factory=PathCostConfig)
+
+    def __post_init__(self) -> None:
+        if self.require_auth not in REQUIRE_AUTH_MODES:
+            raise ValueError(f"require_auth must be one of {REQUIRE_AUTH_MODES}, not {self.require_auth!r}")
+        if self.control_max_request_bytes < 4096 or self.control_max_reply_bytes < 4096 or self.control_send_hwm < 1:
+            raise ValueError("control_max_*_bytes must be >= 4096 and control_send_hwm >= 1")
 
 
-_SECTIONS: dict[str, type] = {"scheduler": SchedulerConfig, "qos": QosConfig, "health": RailHealthConfig}
+_SECTIONS: dict[str, type] = {
+    "scheduler": SchedulerConfig,
+    "qos": QosConfig,
+    "health": RailHealthConfig,
+    "directory": DirectoryConfig,
+    "metrics": MetricsConfig,
+    "path_cost": PathCostConfig,
+}
 ENV_PREFIX = "TENT_"
 
 
@@ -336,7 +433,10 @@ def load_config(
 
 __all__ = [
     "POLICIES",
+    "DirectoryConfig",
     "EngineConfig",
+    "MetricsConfig",
+    "PathCostConfig",
     "QosConfig",
     "RailHealthConfig",
     "SchedulerConfig",

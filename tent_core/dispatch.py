@@ -39,6 +39,8 @@ from . import _native, errors
 from .abi import HINT_SMALL, SLICE_DTYPE
 from .batch import BatchHandle
 from .config import EngineConfig
+from .ordering import Orderer, OrderSpec
+from .ordering import collect as collect_order
 from .peers import Peer, PeerDirectory, Route
 from .policy_rules import RequestTraits
 from .rail_monitor import RailMonitor
@@ -96,6 +98,7 @@ class Submitter:
         self.fast: Any = None  # the engine's _native.FastPath, when the plan cache is on
         # (engine id, segment) -> (the peer's buffer list it was made from, RemoteSegment)
         self._rsegs: dict[tuple[str, str], tuple[list[Any], Any]] = {}
+        self.orderer: Orderer | None = None  # stream-ordered batches (tent_core.ordering), made on first use
 
     # ---- LegSubmitter (staged pipelines) ----------------------------------------------------------
 
@@ -130,9 +133,12 @@ class Submitter:
         notes: list[tuple[Route, Decision, int, int]] = []
         staged: list[tuple[Request, StagedPath]] = []
         gen = self.fast.generation if self.fast is not None else None  # entries made now are valid for this state
+        ordered = False
         for req in requests:
             self._plan_request(req, timeout, plan, notes, staged, gen)
-        return self._launch(plan, notes, staged, timeout, len(requests))
+            ordered = ordered or req.wait_stream is not None or req.wait_event is not None or req.signal_event is not None
+        order = collect_order(requests) if ordered else None
+        return self._launch(plan, notes, staged, timeout, len(requests), order)
 
     def _launch(
         self,
@@ -141,10 +147,23 @@ class Submitter:
         staged: list[tuple[Request, StagedPath]],
         timeout: float,
         num_requests: int,
+        order: OrderSpec | None = None,
     ) -> BatchHandle:
         handle = BatchHandle(self._owner, len(plan) + len(staged), time.monotonic() + timeout, num_requests)
+        batch = handle  # the handle is the native completion counter
         for note in notes:
             handle.note_route(*note)
+        if order is not None:
+            transports = list({id(it[0].transport): it[0].transport for it in plan}.values())
+            handle.ordering = self._orderer().launch(
+                handle, len(plan) + len(staged), transports, bool(staged),
+                lambda: self._start(handle, batch, plan, staged), order,
+            )
+            return handle
+        self._start(handle, batch, plan, staged)
+        return handle
+
+    def _start(self, handle: BatchHandle, batch: Any, plan: list[Slice], staged: list[tuple[Request, StagedPath]]) -> None:
         if plan:
             self.progress.track(handle)
             self._dispatch(handle, plan)
@@ -152,7 +171,12 @@ class Submitter:
                 self.progress.untrack(handle)  # finished inside submit: nothing left to watch
         for req, path in staged:
             self._staged_workers().submit(run_staged, self, handle, req, path, self._staging_pool())
-        return handle
+
+    def _orderer(self) -> Orderer:
+        with self._lock:
+            if self.orderer is None:
+                self.orderer = Orderer()
+            return self.orderer
 
     def _plan_request(
         self,
@@ -200,21 +224,25 @@ class Submitter:
             rule = None
             if router.rules:
                 rule = router.match(RequestTraits(prio, req.length, buf.kind, rbuf.kind, peer.same_host, req.tag))
-            p = peer.plans.get((buf.kind, rbuf.kind, op, rule))
+            hidden = rbuf.hidden
+            p = peer.plans.get((buf.kind, rbuf.kind, op, rule) if not hidden else (buf.kind, rbuf.kind, op, rule, hidden))
             if p is None:
                 traits = RequestTraits(prio, req.length, buf.kind, rbuf.kind, peer.same_host, req.tag)
-                p = self.peers.plan(peer, traits, op, rule)
-            if p.__class__ is StagedPath:
+                p = self.peers.plan(peer, traits, op, rule, hidden)
+            if p.__class__ is not Decision:  # a StagedPath or TargetStagedPath
                 if len(pieces) > 1:
                     raise errors.NoPathError(
                         f"no transport moves {buf.kind.value} <-> {rbuf.kind.value} memory directly, and a staged "
                         f"path cannot span {len(pieces)} remote buffers: split the request at buffer boundaries"
                     )
-                self._check_local_stage(buf, req, op)
+                if buf.kind != MemoryKind.HOST:
+                    self._check_local_stage(buf, req, op)
                 staged.append((req, p))  # type: ignore[arg-type]
                 return
             rails = self._plan_direct(peer, p, op, local, raddr, length, prio, plan, notes, self._hint(req.length))  # type: ignore[arg-type]
-            if gen is not None and len(pieces) == 1 and len(rails) == 1:
+            # a class of requests is cached per segment, so not where some buffer of it is kept from
+            # a transport (RemoteBuffer.hidden): those are planned one by one
+            if gen is not None and len(pieces) == 1 and len(rails) == 1 and not any(b.hidden for b in peer.segments[seg]):
                 self._remember(req, gen, peer, seg, rbuf, op, p, plan[-1][0], rails[0])  # type: ignore[arg-type]
             local += length
 
@@ -360,6 +388,9 @@ class Submitter:
         """Stop staged pipelines (each finalizes its unit) and wait for them."""
         with self._lock:
             workers, self._workers = self._workers, None
+            orderer = self.orderer
+        if orderer is not None:
+            orderer.close()  # held batches fail (cancelled); signals fire as batches end
         if workers is not None:
             workers.shutdown(wait=True, cancel_futures=True)
 

@@ -8,7 +8,8 @@ over that transport's rails (phase 2) and retries failed slices on other rails o
 The work is done by (one object each per engine):
 
 * `segments.LocalSegments`: registered local memory and its export to the transports;
-* `peers.PeerDirectory`: remote engines, their segments and the connected routes to them;
+* `peers.PeerDirectory`: remote engines, their segments and the connected routes to them (found
+  through their control ports, or through a cluster directory, `tent_core.directory`);
 * `routing.Router`: every transport / rail choice (pure policy);
 * `dispatch.Submitter`: the submit path (validation, planning, slicing, native submit);
 * `recovery.Recovery`: failed slices, rail health and heartbeats, driven by the process-wide
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import threading
 import time
 from collections.abc import Sequence
@@ -30,10 +32,12 @@ import numpy as np
 
 from . import _native, errors
 from .abi import SLICE_DTYPE, StatField
+from .auth import AuthError, ClusterAuth
+from .auth import from_config as auth_from_config
 from .batch import BatchHandle, status_error
 from .config import EngineConfig, load_config
 from .dispatch import Submitter
-from .metadata import ControlServer, host_identity
+from .metadata import ControlClient, ControlServer, host_identity
 from .peers import PeerDirectory
 from .plugin_manager import PluginSet, discover, instantiate
 from .policy_rules import parse_rules
@@ -45,14 +49,28 @@ from .request import LocalBuffer, Request, parse_segment_name
 from .routing import RetryLimits, Router
 from .segments import FILE_BASE, FILE_STRIDE, LocalSegments
 from .slice_scheduler import SliceScheduler
+from .target_staging import STAGE_OPS, TargetStager
 from .transport import Transport, TransportContext
 from .types import Availability, OpCode, Permission, Priority
 
 log = logging.getLogger(__name__)
 
-_BYTES, _SLICES, _ERRORS, _INFLIGHT = (
+_BYTES, _SLICES, _ERRORS, _INFLIGHT, _INFLIGHT_SLICES = (
     int(StatField.BYTES_DONE), int(StatField.SLICES_DONE), int(StatField.ERRORS), int(StatField.INFLIGHT_BYTES),
+    int(StatField.INFLIGHT_SLICES),
 )
+
+
+def _raise_fd_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit (capped at 1 Mi): see EngineConfig.raise_fd_limit."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 1 << 20 if hard == resource.RLIM_INFINITY else min(hard, 1 << 20)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            log.debug("open-file limit raised from %d to %d", soft, want)
+    except (OSError, ValueError) as exc:
+        log.debug("cannot raise the open-file limit: %s", exc)
 
 
 class Engine:
@@ -79,20 +97,37 @@ class Engine:
         self.host_id = host_identity()
         self._closed = False
         self._close_lock = threading.Lock()
-        self._control = ControlServer(host, port, self._handle_control)
-        self.engine_id = f"{host}:{self._control.port}"
+        # the cluster secret (SECURITY.md): every control request and data connection is authenticated
+        self.auth: ClusterAuth | None = auth_from_config(self.config, [host], what="engine")
+        cfg = self.config
+        if cfg.raise_fd_limit:
+            _raise_fd_limit()
+        self._control = ControlServer(
+            host, port, self._handle_control, auth=self.auth,
+            max_request_bytes=cfg.control_max_request_bytes, send_hwm=cfg.control_send_hwm,
+            handshake_ms=cfg.control_handshake_ms,
+        )
+        self.control_endpoint = f"{host}:{self._control.port}"  # where peers send metadata requests
+        dcfg = self.config.directory
+        # with a directory, peers may know this engine by a fixed name instead of its control endpoint
+        self.engine_id = dcfg.name if dcfg.url and dcfg.name else self.control_endpoint
         self.plugins: PluginSet = discover(plugins, autoload=autoload)
         self.availability: dict[str, Availability] = {}
         self.transports: dict[str, Transport] = self._start_transports(host, transports)
         self._profiles = {n: t.capabilities() for n, t in self.transports.items()}
-        cfg = self.config
-        self.router = Router(self._profiles, rules, RetryLimits(cfg.max_retries_per_slice, cfg.max_transport_failovers))
+        self.router = Router(
+            self._profiles, rules, RetryLimits(cfg.max_retries_per_slice, cfg.max_transport_failovers), cfg.path_cost,
+            cfg.staging_chunk_bytes,
+        )
         self.scheduler = SliceScheduler(cfg.scheduler, qos=PrioritySlots(cfg.qos) if cfg.qos.enabled else None)
         self.monitor = RailMonitor(cfg.health)
         self._segments = LocalSegments(self.engine_id, self.transports, self._profiles)
         self.peers = PeerDirectory(
             self.engine_id, self.host_id, self.transports, self.router, self.describe, self.monitor,
             control_timeout_s=cfg.control_timeout_s, scheduler=cfg.scheduler,
+            control_client=lambda endpoint: ControlClient(
+                endpoint, auth=self.auth, max_reply_bytes=cfg.control_max_reply_bytes, send_hwm=cfg.control_send_hwm
+            ),
         )
         self._probe_buf: LocalBuffer | None = None
         self._recovery = Recovery(self, cfg, self.peers, self.router, self.monitor, lambda: self._probe_buf, PROGRESS)
@@ -109,11 +144,37 @@ class Engine:
             # submit() is the native fast path itself (the planner is its fallback): no Python frame
             # between the application and the executor for requests whose plan is cached
             self.submit = self._fast  # type: ignore[method-assign]
+        # stages copies between its own host staging and device memory for peers that cannot reach it
+        self._stager = TargetStager(self._submitter, self._segments, self.peers, self.router, self._profiles, cfg)
         # every engine exposes a tiny read-only buffer that peers' heartbeat slices read
         if self.transports:
             self._probe_buf = self.allocate(PROBE_BYTES, segment=PROBE_SEGMENT, perm=Permission.READ)
+        if dcfg.url:
+            self._attach_directory()
+        if cfg.metrics.port:
+            from . import metrics
+
+            try:
+                metrics.attach(self, cfg.metrics)  # e.g. its port is taken
+            except BaseException:
+                self.close()
+                raise
         PROGRESS.attach(self)
         log.info("engine %s up with transports %s", self.engine_id, sorted(self.transports))
+
+    def _attach_directory(self) -> None:
+        """Publish this engine in the configured directory; peers are then resolved through it only."""
+        from .directory import bind_engine
+
+        try:
+            binding = bind_engine(
+                self.config.directory, self.engine_id, self.control_endpoint, self.describe, self.peers.control_client
+            )
+        except BaseException:
+            self.close()
+            raise
+        self.peers.use_directory(binding)  # closed with the peers
+        self._segments.on_change = binding.segment_changed
 
     def _start_transports(self, host: str, only: Sequence[str] | None) -> dict[str, Transport]:
         started: dict[str, Transport] = {}
@@ -134,9 +195,15 @@ class Engine:
                     self._control.close()
                     raise
             if transport is not None and avail.available:
-                ctx = TransportContext(engine_id=self.engine_id, host_id=self.host_id, config=section, bind_host=host)
+                ctx = TransportContext(engine_id=self.engine_id, host_id=self.host_id, config=section, bind_host=host,
+                                       auth=self.auth, require_auth=self.config.require_auth)
                 try:
                     transport.start(ctx)
+                except AuthError:  # a listener would be exposed without a token: refuse, do not degrade
+                    for running in started.values():
+                        running.close()
+                    self._control.close()
+                    raise
                 except Exception as exc:
                     avail = Availability.unavailable(f"start failed: {type(exc).__name__}: {exc}")
                     log.warning("transport %s could not start: %s", name, exc)
@@ -192,9 +259,10 @@ class Engine:
             "transports": {n: t.local_descriptor() for n, t in self.transports.items()},
             "segments": table,
             "epochs": epochs,
+            "staging": self._stager.offer() if hasattr(self, "_stager") else {},
         }
 
-    def _handle_control(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def _handle_control(self, msg: dict[str, Any]) -> Any:
         op = msg["op"]
         if op == "describe":
             seg = msg.get("segment")
@@ -211,11 +279,26 @@ class Engine:
                     **(part or {})}
         if op == "ping":
             return {"ok": True}
+        if op in STAGE_OPS:  # target-side staging (a Future for copies: replied when they are done)
+            return self._stager.handle(msg)
         raise errors.ProtocolError(f"unknown op {op!r}")
 
     def refresh_peer(self, engine_id: str, timeout: float | None = None) -> None:
         """Re-read a peer's segments (it registered new memory)."""
         self.peers.refresh(engine_id, timeout or self.config.control_timeout_s)
+
+    def peer_buffers(self, engine_id: str, refresh: bool = False) -> list[dict[str, Any]]:
+        """A peer's registered buffers: dicts with ``segment``, ``offset`` (inside the segment), ``addr``
+        (its virtual address there), ``length``, ``perm`` and ``kind``. For adapters that address
+        remote memory by raw address (the Mooncake facade)."""
+        self._check_open()
+        return self.peers.buffers(engine_id, refresh)
+
+    def ping(self, engine_id: str, timeout: float | None = None) -> float:
+        """Round trip (seconds) to a peer's control port. Raises PeerUnreachableError when the peer
+        is unknown (to the directory, if one is configured) or does not answer."""
+        self._check_open()
+        return self.peers.ping(engine_id, timeout)
 
     # ----------------------------------------------------------------- transfers
     def _check_open(self) -> None:
@@ -260,6 +343,16 @@ class Engine:
         n = local.length - local_offset if length is None else length
         self.transfer(OpCode.WRITE, local, local_offset, remote, remote_offset, n, timeout=timeout)
 
+    def explain(self, request: Request | None = None, **kind: Any) -> Any:
+        """The path a request takes and the alternatives, priced (`tent_core.explain.PathExplanation`;
+        `str()` of it is a readable report). Pass a Request, or describe one without a buffer:
+        ``explain(op="WRITE", local_kind="cuda", remote="host:port/seg", remote_offset=0, length=n)``.
+        Nothing moves; the peer is contacted once (describe) if it is not known yet."""
+        from .explain import explain_request
+
+        self._check_open()
+        return explain_request(self, request, **kind)
+
     # ----------------------------------------------------------- progress thread entry points
     def _handle_failure(self, handle: BatchHandle, rec: np.void) -> None:
         self._recovery.on_failure(handle, rec)
@@ -286,6 +379,7 @@ class Engine:
                             "slices": int(row[_SLICES]),
                             "errors": int(row[_ERRORS]),
                             "inflight_bytes": int(row[_INFLIGHT]),
+                            "inflight_slices": int(row[_INFLIGHT_SLICES]),
                             "bandwidth_GBps": r.telemetry.bandwidth_Bps / 1e9,
                             "state": self.monitor.state(r.slot, now).name,
                         }
@@ -304,9 +398,14 @@ class Engine:
         if self._fast is not None:
             self._fast.close()  # every later submit is refused by the open check; drop cached plans
         self._submitter.close()  # staged pipelines finish (their legs fail fast once transports go)
+        self._stager.close()
         PROGRESS.detach(self)  # fence: no retry, tick or probe of this engine runs after this
+        if self.config.metrics.port:
+            from . import metrics
+
+            metrics.detach(self)
+        self.peers.close()  # withdraw from the directory, disconnect every route, release rails
         self._control.close()
-        self.peers.close()  # disconnect every route, release rails
         for t in self.transports.values():
             try:
                 t.close()  # executors retire (no submit reaches them) and report what they held

@@ -22,6 +22,7 @@ class MemoryRegion:
     device: int
     keepalive: Any  # the object whose lifetime backs the memory
     array: np.ndarray | None  # uint8 host view, when host memory
+    readonly: bool = False  # the producer marked it read-only: peers may not write it
 
 
 def _from_numpy(arr: np.ndarray) -> MemoryRegion:
@@ -33,24 +34,49 @@ def _from_numpy(arr: np.ndarray) -> MemoryRegion:
 
 
 def _from_cuda_interface(obj: Any) -> MemoryRegion:
+    """`__cuda_array_interface__` (versions 0-3: CuPy, Numba, PyTorch, cuda.core...)."""
     ci = obj.__cuda_array_interface__
-    addr = int(ci["data"][0])
-    shape = ci["shape"]
+    if not isinstance(ci, dict) or "data" not in ci or "shape" not in ci or "typestr" not in ci:
+        raise InvalidRequestError(f"{type(obj).__name__}.__cuda_array_interface__ lacks data/shape/typestr")
+    if ci.get("mask") is not None:
+        raise InvalidRequestError("masked CUDA arrays cannot be registered")
+    addr = int(ci["data"][0] or 0)
+    shape = tuple(int(d) for d in ci["shape"])
     itemsize = np.dtype(ci["typestr"]).itemsize
-    n = int(np.prod(shape)) if shape else 1
-    if ci.get("strides") not in (None, ()):
-        expected = []
-        acc = itemsize
-        for dim in reversed(shape):
-            expected.append(acc)
-            acc *= dim
-        if tuple(reversed(expected)) != tuple(ci["strides"]):
-            raise InvalidRequestError("CUDA array must be contiguous to be registered")
-    device = -1
+    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    strides = ci.get("strides")
+    if strides not in (None, ()) and n > 0:
+        expected = itemsize
+        for dim, stride in zip(reversed(shape), reversed(tuple(strides)), strict=True):
+            if dim != 1 and int(stride) != expected:
+                raise InvalidRequestError("CUDA array must be contiguous (row-major) to be registered")
+            expected *= dim
+    return MemoryRegion(addr, n * itemsize, MemoryKind.CUDA, _cuda_device_of(obj, addr), obj, None, bool(ci["data"][1]))
+
+
+def _cuda_device_of(obj: Any, addr: int) -> int:
+    """The CUDA device of an array: its own `device` attribute (torch: .index, CuPy: .id), else -1
+    (the transports ask the runtime for the pointer's device when they export it)."""
     dev = getattr(obj, "device", None)
-    if dev is not None:
-        device = int(getattr(dev, "index", None) or getattr(dev, "id", 0) or 0)
-    return MemoryRegion(addr, n * itemsize, MemoryKind.CUDA, device, obj, None)
+    for attr in ("index", "id"):
+        v = getattr(dev, attr, None)
+        if isinstance(v, int):
+            return v
+    return dev if isinstance(dev, int) and not isinstance(dev, bool) else -1
+
+
+def _from_tent_memory(obj: Any) -> MemoryRegion:
+    """`__tent_memory__`: a mapping {"addr", "length", "kind", "device"} for device memory that no
+    standard interface describes (the simulated device of the tests, a plugin's own runtime)."""
+    d = obj.__tent_memory__
+    try:
+        kind = MemoryKind(d["kind"])
+        addr, length, device = int(d["addr"]), int(d["length"]), int(d.get("device", -1))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidRequestError(f"{type(obj).__name__}.__tent_memory__ is malformed: {exc}") from exc
+    if kind in (MemoryKind.HOST, MemoryKind.FILE) or addr <= 0 or length < 0:
+        raise InvalidRequestError(f"{type(obj).__name__}.__tent_memory__ must describe device memory, got {d!r}")
+    return MemoryRegion(addr, length, kind, device, obj, None)
 
 
 class _DLDevice(ctypes.Structure):
@@ -139,9 +165,9 @@ def _from_dlpack(obj: Any) -> MemoryRegion:
 
 
 def describe(obj: Any) -> MemoryRegion:
-    """numpy arrays, torch tensors (CPU or CUDA), CUDA-array-interface objects,
-    DLPack objects (CPU, pinned host or CUDA), writable buffer-protocol objects,
-    or an ``(addr, length)`` tuple."""
+    """numpy arrays, torch tensors (CPU or CUDA), CUDA-array-interface objects (CuPy, Numba...),
+    DLPack objects (CPU, pinned host or CUDA), ``__tent_memory__`` objects (other device memory),
+    writable buffer-protocol objects, or an ``(addr, length)`` tuple."""
     if isinstance(obj, np.ndarray):
         return _from_numpy(obj)
     mod = type(obj).__module__
@@ -151,10 +177,14 @@ def describe(obj: Any) -> MemoryRegion:
         length = obj.numel() * obj.element_size()
         if obj.device.type == "cuda":
             return MemoryRegion(obj.data_ptr(), length, MemoryKind.CUDA, obj.device.index or 0, obj, None)
+        if obj.device.type == "npu":  # torch_npu (Ascend)
+            return MemoryRegion(obj.data_ptr(), length, MemoryKind.NPU, obj.device.index or 0, obj, None)
         if obj.device.type != "cpu":
             raise InvalidRequestError(f"unsupported torch device {obj.device}")
         arr = np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * length).from_address(obj.data_ptr())) if length else np.empty(0, np.uint8)
         return MemoryRegion(obj.data_ptr(), length, MemoryKind.HOST, -1, obj, arr)
+    if hasattr(obj, "__tent_memory__"):
+        return _from_tent_memory(obj)
     if hasattr(obj, "__cuda_array_interface__"):
         return _from_cuda_interface(obj)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
@@ -183,8 +213,11 @@ class MemfdBuffer:
     def __init__(self, size: int, name: str = "tent") -> None:
         if size <= 0:
             raise InvalidRequestError(f"allocation size must be > 0, got {size}")
-        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        # sealable: a transport that shares it seals the size (a peer holding the fd must not shrink
+        # it under us: SIGBUS) and, for read-only registrations, future writes (SECURITY.md)
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
+            os.fchmod(self.fd, 0o600)  # memfds start 0777: nobody else may reopen it via /proc/<pid>/fd
             os.ftruncate(self.fd, size)
             self.map = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:

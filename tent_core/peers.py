@@ -7,6 +7,10 @@ a class of requests is routed (`plan`: a `routing.Decision` or `StagedPath`, cac
 which connected `Route` serves a Decision (`route`: connects lazily, rails acquired from
 `tent_core.rails`). Routing choices themselves are the Router's; this module holds the state.
 
+Where a peer's description comes from: by default its own control port (the peer is named by that
+port, ``host:port``); with a cluster directory (`use_directory`, ``[directory]`` in the config) the
+directory, where engines publish themselves under fixed names (`tent_core.directory`).
+
 Peer lifecycle: a peer whose slices ran out of every path is only marked *suspect* (`mark_suspect`);
 nothing in flight is disturbed. The next request to it re-reads its description: the same process
 answering keeps its routes (dead transports are given another chance), a restarted process (new pid
@@ -18,10 +22,12 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import errors
 from .config import SchedulerConfig
@@ -30,9 +36,12 @@ from .policy_rules import RequestTraits, Rule
 from .rail_monitor import RailMonitor
 from .rails import RAILS, Rail
 from .request import parse_segment_name
-from .routing import Decision, Router, StagedPath
+from .routing import Decision, Path, Router
 from .transport import Transport
 from .types import MemoryKind, OpCode, PeerInfo, PeerLink, Permission
+
+if TYPE_CHECKING:
+    from .directory import EngineDirectory
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +57,9 @@ class RemoteBuffer:
     perm: int  # Permission bits as a plain int: checked on every request
     kind: MemoryKind
     desc: dict[str, Any]
+    # transports whose descriptor marks the buffer as local to its process ({"local": true}: e.g. a
+    # READ-only CUDA buffer nvlink does not share over IPC); another process routes around them
+    hidden: frozenset[str] = frozenset()
 
 
 @dataclass(eq=False)
@@ -75,7 +87,7 @@ class Peer:
     raw_buffers: list[dict[str, Any]] = field(default_factory=list)
     epochs: dict[str, int] = field(default_factory=dict)  # segment -> the peer's epoch we read it at
     routes: dict[str, Route] = field(default_factory=dict)
-    plans: dict[tuple[Any, ...], Decision | StagedPath] = field(default_factory=dict)
+    plans: dict[tuple[Any, ...], Path] = field(default_factory=dict)
     dead_transports: set[str] = field(default_factory=set)
     connect_errors: dict[str, str] = field(default_factory=dict)  # why a transport could not connect
     suspect: bool = False
@@ -86,8 +98,9 @@ class Peer:
         seg_map: dict[str, list[RemoteBuffer]] = {}
         starts: dict[str, list[int]] = {}
         raw: list[dict[str, Any]] = []
+        other_process = self.info.pid != os.getpid()
         for name, bufs in segments.items():
-            rb = _remote_buffers(bufs)
+            rb = _remote_buffers(bufs, other_process)
             seg_map[name] = rb
             starts[name] = [r.offset for r in rb]
             raw.extend(dict(b, segment=name) for b in bufs)
@@ -104,7 +117,7 @@ class Peer:
             self.epochs.pop(name, None)
             self.raw_buffers = [b for b in self.raw_buffers if b.get("segment") != name]
             return
-        new = _remote_buffers(part["buffers"])
+        new = _remote_buffers(part["buffers"], self.info.pid != os.getpid())
         raw_new = [dict(b, segment=name) for b in part["buffers"]]
         old = self.segments.get(name)
         if part.get("incremental") and old is not None and (not new or not old or new[0].offset > old[-1].offset):
@@ -117,11 +130,21 @@ class Peer:
         self.epochs[name] = int(part["epoch"])
 
 
-def _remote_buffers(bufs: list[dict[str, Any]]) -> list[RemoteBuffer]:
+def _remote_buffers(bufs: list[dict[str, Any]], other_process: bool) -> list[RemoteBuffer]:
     return sorted(
-        (RemoteBuffer(int(b["offset"]), int(b["addr"]), int(b["length"]), int(b["perm"]), MemoryKind(b["kind"]), b["desc"]) for b in bufs),
+        (
+            RemoteBuffer(int(b["offset"]), int(b["addr"]), int(b["length"]), int(b["perm"]), MemoryKind(b["kind"]), b["desc"],
+                         _hidden(b["desc"]) if other_process else frozenset())
+            for b in bufs
+        ),
         key=lambda r: r.offset,
     )
+
+
+def _hidden(desc: Any) -> frozenset[str]:
+    if not isinstance(desc, Mapping):
+        return frozenset()
+    return frozenset(t for t, d in desc.items() if isinstance(d, Mapping) and d.get("local"))
 
 
 def _identity(desc: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -143,6 +166,7 @@ class PeerDirectory:
         *,
         control_timeout_s: float,
         scheduler: SchedulerConfig | None = None,
+        control_client: Callable[[str], ControlClient] | None = None,
     ) -> None:
         self.engine_id = engine_id
         self.host_id = host_id
@@ -152,12 +176,19 @@ class PeerDirectory:
         self._monitor = monitor
         self._control_timeout_s = control_timeout_s
         self._scheduler = scheduler
+        # how to reach a peer's control port (the engine passes its auth and bounds)
+        self.control_client: Callable[[str], ControlClient] = control_client or ControlClient
         self._lock = threading.RLock()
         self._peers: dict[str, Peer] = {}
         self._remote_cache: dict[str, tuple[Peer, str]] = {}
         # called whenever what a cached plan relies on changes (a peer's buffers, routes, dead
         # transports, suspicion): the engine's plan cache drops its entries
         self.on_change: Callable[[], None] = lambda: None
+        self.directory: EngineDirectory | None = None  # peers are described by the directory, not their port
+
+    def use_directory(self, directory: EngineDirectory) -> None:
+        """Resolve every peer name through `directory` from now on (it is closed with this object)."""
+        self.directory = directory
 
     # ---- lookup --------------------------------------------------------------------------------
 
@@ -193,16 +224,19 @@ class PeerDirectory:
         return peer
 
     def _describe(self, engine_id: str, client: ControlClient | None, timeout: float) -> dict[str, Any]:
-        if client is None:
+        if engine_id == self.engine_id:
             return self._describe_self()
+        if self.directory is not None:
+            return self.directory.describe_peer(engine_id)
+        assert client is not None
         desc = client.call({"op": "describe"}, timeout)
         if not desc.get("ok"):
             raise errors.PeerUnreachableError(f"engine {engine_id} refused describe: {desc.get('error')}")
         return desc
 
     def _fetch(self, engine_id: str, timeout: float, client: ControlClient | None = None) -> Peer:
-        if client is None and engine_id != self.engine_id:
-            client = ControlClient(engine_id)
+        if client is None and engine_id != self.engine_id and self.directory is None:
+            client = self.control_client(engine_id)
             try:
                 desc = self._describe(engine_id, client, timeout)
             except BaseException:
@@ -213,7 +247,8 @@ class PeerDirectory:
         return self._build(engine_id, desc, client)
 
     def _build(self, engine_id: str, desc: Mapping[str, Any], client: ControlClient | None) -> Peer:
-        info = PeerInfo(engine_id, str(desc["host_id"]), int(desc["pid"]), dict(desc["transports"]))
+        info = PeerInfo(engine_id, str(desc["host_id"]), int(desc["pid"]), dict(desc["transports"]),
+                        dict(desc.get("staging") or {}))
         reachable = tuple(n for n, t in self._transports.items() if t.can_reach(info) is None)
         peer = Peer(engine_id, info, client, desc["host_id"] == self.host_id, reachable)
         peer.load_segments(desc["segments"], desc.get("epochs"))
@@ -255,6 +290,35 @@ class PeerDirectory:
             for r in peer.routes.values():
                 r.transport.connect(peer.info, peer.raw_buffers)
         return peer
+
+    def buffers(self, engine_id: str, refresh: bool = False) -> list[dict[str, Any]]:
+        """A peer's registered buffers as its description lists them (``segment``, ``offset``,
+        ``addr``, ``length``, ``perm``, ``kind``); `refresh` re-reads an already known peer first."""
+        known = engine_id in self._peers
+        peer = self.refresh(engine_id) if refresh and known else self.get(engine_id)
+        keys = ("segment", "offset", "addr", "length", "perm", "kind")
+        return [{k: b[k] for k in keys} for b in peer.raw_buffers]
+
+    def ping(self, engine_id: str, timeout: float | None = None) -> float:
+        """Round trip (seconds) to a peer's control port, found through the directory when there is
+        one. Raises PeerUnreachableError when the peer is unknown or does not answer."""
+        timeout = self._control_timeout_s if timeout is None else timeout
+        if engine_id == self.engine_id:
+            return 0.0
+        endpoint = engine_id
+        if self.directory is not None:
+            endpoint = str(self.directory.describe_peer(engine_id).get("control") or "")
+            if not endpoint:
+                raise errors.PeerUnreachableError(f"the directory has no control endpoint for {engine_id!r}")
+        client = self.control_client(endpoint)
+        try:
+            t0 = time.monotonic()
+            rep = client.call({"op": "ping"}, timeout)
+            if not rep.get("ok"):
+                raise errors.PeerUnreachableError(f"engine {engine_id} refused ping: {rep.get('error')}")
+            return time.monotonic() - t0
+        finally:
+            client.close()
 
     # ---- suspicion, restart, forgetting ---------------------------------------------------------
 
@@ -322,6 +386,10 @@ class PeerDirectory:
                 self._monitor.forget(rail.slot)
 
     def close(self) -> None:
+        """Withdraw from the directory (if any), then drop every peer."""
+        directory, self.directory = self.directory, None
+        if directory is not None:
+            directory.close()
         with self._lock:
             peers, self._peers = list(self._peers.values()), {}
         for peer in peers:
@@ -369,14 +437,18 @@ class PeerDirectory:
 
     # ---- routing state --------------------------------------------------------------------------
 
-    def plan(self, peer: Peer, traits: RequestTraits, op: OpCode, rule: Rule | None) -> Decision | StagedPath:
-        """The Router's plan for (kinds, rule, op) to `peer`, cached on the peer."""
-        key = (traits.local_kind, traits.remote_kind, op, rule)
+    def plan(self, peer: Peer, traits: RequestTraits, op: OpCode, rule: Rule | None,
+             hidden: frozenset[str] = frozenset()) -> Path:
+        """The Router's plan for (kinds, rule, op) to `peer`, cached on the peer. `hidden`: transports
+        the remote buffer is not shared with (RemoteBuffer.hidden); its plans are cached apart."""
+        key = (traits.local_kind, traits.remote_kind, op, rule) if not hidden else (
+            traits.local_kind, traits.remote_kind, op, rule, hidden)
         plan = peer.plans.get(key)
         if plan is None:
             local_reachable = self.get(self.engine_id).reachable if traits.local_kind != MemoryKind.HOST else ()
-            plan = self._router.plan(traits, peer.reachable, local_reachable, op, rule)
-            if isinstance(plan, StagedPath):
+            reachable = tuple(t for t in peer.reachable if t not in hidden) if hidden else peer.reachable
+            plan = self._router.plan(traits, reachable, local_reachable, op, rule, peer.info.staging)
+            if not isinstance(plan, Decision):
                 log.info("synthesized path to %s: %s", peer.engine_id, plan.describe())
             peer.plans[key] = plan
         return plan

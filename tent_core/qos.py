@@ -9,19 +9,21 @@ Paper section 4.2, "Quality of Service", and the C++ `quota.cpp` / `promotion_po
   long. If no rail admits a request, all of them do (QoS shapes, it never blocks).
 * `PromotionQueue`: a strict HIGH -> MID -> LOW queue in which an entry that waited longer than
   `promotion_timeout_us` moves up one level (and waits again from there), so LOW work cannot starve.
-* `SharedRailLoad`: bytes queued per rail *name* (the NIC), shared by all processes on the host
-  through a small file in /dev/shm, so two engines on the same NIC see each other's load and feed it
-  to the cost model (`RailTelemetry.set_external`).
+* `SharedRailLoad`: bytes queued per rail *name* (the NIC), shared by all processes of one user on
+  the host through a small file in /dev/shm, so two engines on the same NIC see each other's load
+  and feed it to the cost model (`RailTelemetry.set_external`).
 
 All time is passed in (ns); nothing here sleeps or starts threads.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import mmap
 import os
+import stat
 import struct
 from collections import deque
 from collections.abc import Iterator
@@ -133,6 +135,12 @@ _VERSION = 1
 _HDR = struct.Struct("<8sIII")  # magic, version, max_rails, max_procs
 _HDR_SIZE = 64
 _NAME_BYTES = 48
+_OPEN_ATTEMPTS = 5
+_NAME_CANDIDATES = 8
+
+
+class _NotOurs(ValueError):
+    """A file under the table's name that this user must not use (another owner, a link, shared mode)."""
 
 
 class SharedRailLoad:
@@ -148,6 +156,12 @@ class SharedRailLoad:
     values from slightly different instants: good enough for a load estimate. Structural changes
     (creating the file, adding a rail name, claiming or freeing a column) take an `flock` on the
     file. Columns of processes that died without `close()` are reclaimed (zeroed) on attach.
+
+    The file belongs to one user: its name carries the uid (``tent-load-u<uid>-<name>``), it is
+    created mode 0600 and never followed through a link; a file under that name that is not the
+    user's own private file is left alone and the next name (``.1``, ``.2``, ...) is used, the same
+    walk in every process of the user, so another user can neither break nor steer this table. The
+    last process to close it removes it; an opener that finds the file removed meanwhile retries.
     """
 
     def __init__(
@@ -163,37 +177,89 @@ class SharedRailLoad:
         name = name or cfg.shared_load_name
         if "/" in name or not name:
             raise ValueError(f"bad shared load name {name!r}")
-        self.path = os.path.join(directory, f"tent-load-{name}")
+        base = os.path.join(directory, f"tent-load-u{os.geteuid()}-{name}")
         want_rails = int(max_rails or cfg.shared_load_max_rails)
         want_procs = int(max_procs or cfg.shared_load_max_procs)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         self._mm: mmap.mmap | None = None
-        try:
-            with self._locked():
-                size = os.fstat(self._fd).st_size
-                if size == 0:
-                    total = self._size(want_rails, want_procs)
-                    os.ftruncate(self._fd, total)
-                    os.pwrite(self._fd, _HDR.pack(_MAGIC, _VERSION, want_rails, want_procs), 0)
-                magic, version, self.max_rails, self.max_procs = _HDR.unpack(os.pread(self._fd, _HDR.size, 0))
-                if magic != _MAGIC or version != _VERSION:
-                    raise ValueError(f"{self.path} is not a TENT shared load file (v{_VERSION})")
-                self._mm = mmap.mmap(self._fd, self._size(self.max_rails, self.max_procs))
-                off = _HDR_SIZE
-                self._names = np.frombuffer(self._mm, dtype=f"S{_NAME_BYTES}", count=self.max_rails, offset=off)
-                off += self.max_rails * _NAME_BYTES
-                self._pids = np.frombuffer(self._mm, dtype=np.int64, count=self.max_procs, offset=off)
-                off += self.max_procs * 8
-                self._load = np.frombuffer(
-                    self._mm, dtype=np.int64, count=self.max_rails * self.max_procs, offset=off
-                ).reshape(self.max_rails, self.max_procs)
-                self._col = self._claim_column()
-        except BaseException:
-            self._release_views()
-            os.close(self._fd)
-            raise
+        refused: list[str] = []
+        # a file under our name that is not ours (planted by another user, or a link) is skipped:
+        # every process of this user walks the same names, so they still meet on one table
+        for k in range(_NAME_CANDIDATES):
+            self.path = base if k == 0 else f"{base}.{k}"
+            try:
+                self._open(want_rails, want_procs)
+                break
+            except _NotOurs as exc:
+                refused.append(str(exc))
+        else:
+            raise ValueError("no usable rail load table: " + "; ".join(refused))
         self._index: dict[str, int] = {}
         self._own: dict[str, int] = {}
+
+    def _open(self, want_rails: int, want_procs: int) -> None:
+        for _ in range(_OPEN_ATTEMPTS):
+            self._fd = self._open_own()
+            try:
+                with self._locked():
+                    if self._is_current():
+                        self._attach(want_rails, want_procs)
+                        return
+            except BaseException:
+                self._release_views()
+                os.close(self._fd)
+                raise
+            os.close(self._fd)  # its last user removed it after we opened it: open again
+        raise ValueError(f"{self.path} keeps being removed while opening it")
+
+    def _open_own(self) -> int:
+        """Open (or create, mode 0600) the table at self.path; links and files of other users or
+        with other modes raise _NotOurs."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EPERM, errno.ELOOP):
+                raise
+            st = os.lstat(self.path)
+            raise _NotOurs(f"{self.path} (uid {st.st_uid}, mode {stat.filemode(st.st_mode)}) is not this user's "
+                           f"(uid {os.geteuid()})") from None  # fmt: skip
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
+            os.close(fd)
+            raise _NotOurs(f"{self.path} (uid {st.st_uid}, mode {stat.filemode(st.st_mode)}) is not a private file "
+                           f"of this user (uid {os.geteuid()})")  # fmt: skip
+        return fd
+
+    def _is_current(self) -> bool:
+        """The open file is still the one at `self.path` (not removed by its last user meanwhile)."""
+        try:
+            on_disk = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        mine = os.fstat(self._fd)
+        return (on_disk.st_dev, on_disk.st_ino) == (mine.st_dev, mine.st_ino)
+
+    def _attach(self, want_rails: int, want_procs: int) -> None:
+        """Under the lock: initialize an empty file, map it, claim a column."""
+        size = os.fstat(self._fd).st_size
+        if size == 0:
+            total = self._size(want_rails, want_procs)
+            os.ftruncate(self._fd, total)
+            os.pwrite(self._fd, _HDR.pack(_MAGIC, _VERSION, want_rails, want_procs), 0)
+        magic, version, self.max_rails, self.max_procs = _HDR.unpack(os.pread(self._fd, _HDR.size, 0))
+        if magic != _MAGIC or version != _VERSION:
+            raise ValueError(f"{self.path} is not a TENT shared load file (v{_VERSION})")
+        if os.fstat(self._fd).st_size < self._size(self.max_rails, self.max_procs):
+            raise ValueError(f"{self.path} is shorter than its header says")
+        self._mm = mmap.mmap(self._fd, self._size(self.max_rails, self.max_procs))
+        off = _HDR_SIZE
+        self._names = np.frombuffer(self._mm, dtype=f"S{_NAME_BYTES}", count=self.max_rails, offset=off)
+        off += self.max_rails * _NAME_BYTES
+        self._pids = np.frombuffer(self._mm, dtype=np.int64, count=self.max_procs, offset=off)
+        off += self.max_procs * 8
+        self._load = np.frombuffer(
+            self._mm, dtype=np.int64, count=self.max_rails * self.max_procs, offset=off
+        ).reshape(self.max_rails, self.max_procs)
+        self._col = self._claim_column()
 
     @staticmethod
     def _size(max_rails: int, max_procs: int) -> int:
@@ -322,14 +388,19 @@ class SharedRailLoad:
             self._mm = None
 
     def close(self) -> None:
-        """Zero and free this process's column; the file stays for the others."""
+        """Zero and free this process's column; the last process attached removes the file."""
         if self._mm is None:
             return
         with self._locked():
             self._load[:, self._col] = 0
             self._pids[self._col] = 0
+            me = os.getpid()
+            last = not any(pid and (pid == me or self._alive(pid)) for pid in self._pids.tolist())
+            if last and self._is_current():
+                self.unlink()
         self._release_views()
         os.close(self._fd)
+        self._fd = -1
 
     def unlink(self) -> None:
         """Remove the file (tests; other attached processes keep their mapping)."""

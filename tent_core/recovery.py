@@ -21,6 +21,7 @@ owner again, and failures of its batches are finalized without it.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import select
@@ -261,6 +262,7 @@ class Recovery:
         if _SHARED_LOAD is None:
             try:
                 _SHARED_LOAD = SharedRailLoad(config=self.config.qos)
+                atexit.register(_SHARED_LOAD.close)  # the last process out removes the table
             except (OSError, ValueError) as exc:
                 log.warning("shared rail load table unavailable (%s); each process sees only its own load", exc)
                 _SHARED_LOAD = False

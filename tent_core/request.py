@@ -51,6 +51,13 @@ class Request:
     length: int
     priority: Priority = Priority.MID
     tag: str | None = None  # a class name administrators' policy rules can match
+    # Stream ordering (tent_core.ordering), per batch. A device stream (torch / CuPy / cuda-python
+    # stream, a simulated one, or a raw handle): the transfer starts after the work queued on it so far.
+    wait_stream: Any = None
+    # A device event: the transfer starts after its most recent record (as of submit).
+    wait_event: Any = None
+    # A device event that fires once the batch is final (done, failed or cancelled: see the handle).
+    signal_event: Any = None
 
 
 def parse_segment_name(name: str) -> tuple[str, str]:

@@ -16,9 +16,15 @@ later choice for that request derives from the same Decision:
   first), within the rule's rails;
 * substitution (`next_hop`): the next transport *of the same Decision*: same memory kinds as the
   failed slice, same rule, so `deny_transports` and `transports` hold on failover too;
-* synthesized paths (`plan`): when no single transport serves the kinds, a `StagedPath` through host
-  staging whose two legs carry their own Decisions (the rule of the original request, the stage
-  transports the planner chose first), so legs never re-resolve or lose the request's tag.
+* synthesized paths (`plan`): a `StagedPath` through host staging on the initiator, or a
+  `TargetStagedPath` through the *target's* host staging (the target engine copies between its
+  staging slots and its device memory; `tent_core.target_staging`), or both at once. Each leg
+  carries its own Decision (the rule of the original request, the transports the planner chose
+  first), so legs never re-resolve or lose the request's tag;
+* choosing among them (`candidates`, `plan`): every path that can serve the request is priced by
+  `path_cost` (a pipeline of stages: per-chunk time of each stage, the slowest bounds the rest) from
+  the transports' advertised rates; the cheapest wins, the direct path on a tie. `explain` returns
+  the priced candidates and why the others could not serve, for `Engine.explain` / `tent explain`.
 
 A request no transport survives fails at once: `NoPathError` when nothing can serve the kinds,
 `PolicyRejectedError` when the rule removed every candidate, each with the reason.
@@ -26,9 +32,12 @@ A request no transport survives fails at once: `NoPathError` when nothing can se
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from .config import PathCostConfig
 from .errors import NoPathError, PolicyRejectedError
 from .policy_rules import RequestTraits, Rule, first_match
 from .rail_monitor import RailState
@@ -71,7 +80,7 @@ def explain_no_path(
     parts = []
     for name, prof in sorted(profiles.items()):
         if name not in reach:
-            parts.append(f"{name}: peer does not offer it")
+            parts.append(f"{name}: the peer does not offer it or it cannot reach the peer")
         elif not prof.serves(local_kind, remote_kind, same_host):
             parts.append(f"{name}: cannot move {local_kind.value}<->{remote_kind.value} {where}")
     detail = "; ".join(parts) if parts else "no transport is installed and available"
@@ -141,6 +150,107 @@ class StagedPath:
         return leg
 
 
+def path_cost(nbytes: int, chunk: int, stages: Sequence[tuple[float, float]]) -> float:
+    """Seconds to move `nbytes` through a pipeline of `stages` ((bytes/s, seconds per chunk) each),
+    in chunks of `chunk` bytes: the first chunk passes every stage, each later one adds the slowest
+    stage's time (stages overlap). A direct path is one stage with chunk = nbytes."""
+    if not stages:
+        return 0.0
+    n = max(1, math.ceil(nbytes / chunk)) if chunk > 0 else 1
+    c = min(chunk, nbytes) if chunk > 0 else nbytes
+    per = [c / max(bw, 1.0) + fixed for bw, fixed in stages]
+    return sum(per) + (n - 1) * max(per)
+
+
+@dataclass(frozen=True)
+class TargetStagedPath:
+    """A path through the target's host staging: the target engine copies between its staging slots
+    and its device memory (`remote_kind`), and the wire leg moves bytes between the initiator and
+    those slots. When the local buffer is device memory the initiator stages too (`local_order`
+    set): local device <-> local staging <-> wire <-> target staging <-> target device.
+
+    `wire_kind` is the local end of the wire leg (HOST when the initiator stages), `wire_order` its
+    transports to the peer (kinds wire_kind <-> host), `chunk` the target's staging chunk."""
+
+    op: OpCode
+    local_kind: MemoryKind
+    remote_kind: MemoryKind
+    wire_kind: MemoryKind
+    wire_order: tuple[str, ...]
+    local_order: tuple[str, ...] = ()
+    chunk: int = 0
+    rule: Rule | None = None
+    _legs: dict[str, Decision] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def local_staged(self) -> bool:
+        return bool(self.local_order)
+
+    def describe(self) -> str:
+        wire = self.wire_order[0]
+        remote = f"target staging --target copy--> remote {self.remote_kind.value}"
+        if self.op == OpCode.WRITE:
+            head = f"local {self.local_kind.value}"
+            if self.local_staged:
+                head += f" --{self.local_order[0]}--> staging"
+            return f"{head} --{wire}--> {remote}"
+        tail = f"local {self.local_kind.value}"
+        if self.local_staged:
+            tail = f"staging --{self.local_order[0]}--> " + tail
+        return f"remote {self.remote_kind.value} --target copy--> target staging --{wire}--> {tail}"
+
+    @property
+    def wire_leg(self) -> Decision:
+        leg = self._legs.get("wire")
+        if leg is None:
+            leg = self._legs["wire"] = Decision(self.wire_kind, MemoryKind.HOST, self.wire_order, self.rule)
+        return leg
+
+    @property
+    def local_leg(self) -> Decision:
+        """Routing of the local leg (staging <-> the local buffer, seen as our own segment)."""
+        leg = self._legs.get("local")
+        if leg is None:
+            leg = self._legs["local"] = Decision(MemoryKind.HOST, self.local_kind, self.local_order, self.rule)
+        return leg
+
+
+Path = Decision | StagedPath | TargetStagedPath
+
+PATH_KINDS = ("direct", "initiator-staged", "target-staged", "both-staged")
+
+
+def path_kind(path: Path) -> str:
+    if isinstance(path, Decision):
+        return "direct"
+    if isinstance(path, StagedPath):
+        return "initiator-staged"
+    return "both-staged" if path.local_staged else "target-staged"
+
+
+def describe_path(path: Path) -> str:
+    if isinstance(path, Decision):
+        return f"local {path.local_kind.value} --{path.transports[0]}--> remote {path.remote_kind.value}"
+    return path.describe()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to serve a request: `path` with its estimated `cost_s` and `stages` ((name, bytes/s,
+    seconds per chunk) each), or None with the `reason` it cannot serve."""
+
+    kind: str
+    path: Path | None
+    cost_s: float = math.inf
+    reason: str = ""
+    stages: tuple[tuple[str, float, float], ...] = ()
+    chunk: int = 0
+
+    @property
+    def viable(self) -> bool:
+        return self.path is not None
+
+
 @dataclass(frozen=True)
 class Hop:
     """Where a failed slice goes next: `rail` is a position in the rails the caller passed for
@@ -166,10 +276,14 @@ class Router:
         profiles: Mapping[str, CapabilityProfile],
         rules: Sequence[Rule] = (),
         limits: RetryLimits | None = None,
+        cost: PathCostConfig | None = None,
+        staging_chunk: int = 4 << 20,
     ) -> None:
         self.profiles = dict(profiles)
         self.rules = tuple(rules)
         self.limits = limits or RetryLimits()
+        self.cost = cost or PathCostConfig()
+        self.staging_chunk = staging_chunk  # the initiator's own staging chunk
         self._ranked: dict[tuple[MemoryKind, MemoryKind, bool, frozenset[str]], tuple[str, ...]] = {}
 
     # ---- first choice ----------------------------------------------------------------------
@@ -218,21 +332,138 @@ class Router:
         local_reachable: Collection[str],
         op: OpCode,
         rule: Rule | None | bool = True,
-    ) -> Decision | StagedPath:
-        """A direct Decision when some transport serves the kinds, else a StagedPath through host
-        staging (only the initiator's side is staged: the local buffer must be reachable from host
-        memory on this host, the remote buffer from host memory through `reachable`)."""
+        remote_staging: Mapping[str, Any] | None = None,
+    ) -> Path:
+        """The cheapest path that serves the request (see `candidates`): a direct Decision, a
+        StagedPath through host staging here, a TargetStagedPath through the peer's staging (and
+        maybe ours). NoPathError with every candidate's reason when none can serve;
+        PolicyRejectedError when the rule removed every transport of every candidate."""
         if rule is True:
             rule = self.match(traits)
-        lk, rk, same = traits.local_kind, traits.remote_kind, traits.same_host
-        if self.ranked(lk, rk, same, reachable):
-            return self.decide(traits, reachable, rule)
-        path = self.plan_staged(lk, rk, same, reachable, local_reachable, op, rule if isinstance(rule, Rule) else None)
-        if path is None:
+        cands = self.candidates(traits, reachable, local_reachable, op, rule, remote_staging)
+        viable = [c for c in cands if c.viable]
+        if not viable:
+            policy = [c for c in cands if c.reason.startswith("policy: ")]
+            if policy:  # something could have served it, but the rule forbids it
+                raise PolicyRejectedError(policy[0].reason[len("policy: "):])
+            lk, rk, same = traits.local_kind, traits.remote_kind, traits.same_host
             raise NoPathError(
-                explain_no_path(self.profiles, lk, rk, same, reachable) + "; no staged path through host memory either"
+                explain_no_path(self.profiles, lk, rk, same, reachable)
+                + "; no staged path either ("
+                + "; ".join(f"{c.kind}: {c.reason}" for c in cands if c.kind != "direct")
+                + ")"
             )
-        return path
+        best = min(viable, key=lambda c: (c.cost_s, PATH_KINDS.index(c.kind)))
+        return best.path  # type: ignore[return-value]
+
+    def _rate(self, transport: str, same_host: bool) -> float:
+        gbps = self.profiles[transport].bandwidth_gbps if transport in self.profiles else 0.0
+        if gbps <= 0:
+            gbps = self.cost.same_host_gbps if same_host else self.cost.cross_host_gbps
+        return gbps * 1e9
+
+    def candidates(
+        self,
+        traits: RequestTraits,
+        reachable: Collection[str],
+        local_reachable: Collection[str],
+        op: OpCode,
+        rule: Rule | None | bool = True,
+        remote_staging: Mapping[str, Any] | None = None,
+        nbytes: int | None = None,
+    ) -> list[Candidate]:
+        """Every way to serve the request, priced for `nbytes` (default: the cost model's reference
+        size), in the order direct, initiator-staged, target-staged, both-staged. Pure: the peer's
+        staging offer (`remote_staging`: kinds, chunk, per-kind rates) comes in as data."""
+        if rule is True:
+            rule = self.match(traits)
+        rule = rule if isinstance(rule, Rule) else None
+        lk, rk, same = traits.local_kind, traits.remote_kind, traits.same_host
+        size = max(1, nbytes if nbytes is not None else self.cost.reference_bytes)
+        ov, rtt = self.cost.leg_overhead_s, self.cost.control_rtt_s
+        out: list[Candidate] = []
+
+        def priced(kind: str, make: Any, stages: list[tuple[str, float, float]], chunk: int) -> Candidate:
+            try:
+                path = make()
+            except PolicyRejectedError as exc:
+                return Candidate(kind, None, reason=f"policy: {exc}")
+            cost = path_cost(size, chunk, [(bw, fixed) for _, bw, fixed in stages])
+            return Candidate(kind, path, cost, "", tuple(stages), chunk)
+
+        # direct
+        order = self.ranked(lk, rk, same, reachable)
+        if order:
+            out.append(priced("direct", lambda: self.decide(traits, reachable, rule),
+                              [(order[0], self._rate(order[0], same), ov)], size))
+        else:
+            out.append(Candidate("direct", None, reason=explain_no_path(self.profiles, lk, rk, same, reachable)))
+
+        # initiator-staged (the existing synthesized path)
+        if lk == MemoryKind.HOST:
+            out.append(Candidate("initiator-staged", None, reason="n/a: local memory is host memory already"))
+        else:
+            remote = self.ranked(MemoryKind.HOST, rk, same, reachable)
+            local = self.ranked(MemoryKind.HOST, lk, True, local_reachable)
+            if not remote or not local:
+                why = (f"no local transport moves host<->{lk.value}" if not local
+                       else f"no transport moves host<->{rk.value} to the peer")
+                out.append(Candidate("initiator-staged", None, reason=why))
+            else:
+                chunk = self.staging_chunk
+                out.append(priced(
+                    "initiator-staged",
+                    lambda: StagedPath(self._apply_rule(local, rule)[0], self._apply_rule(remote, rule)[0], op,
+                                       self._apply_rule(local, rule), self._apply_rule(remote, rule), rule, lk, rk),
+                    [(f"{local[0]} (local copy)", self._rate(local[0], True), ov),
+                     (remote[0], self._rate(remote[0], same), ov)],
+                    chunk,
+                ))
+
+        # target-staged and both-staged
+        offer = remote_staging or {}
+        kinds = {str(k) for k in offer.get("kinds", ())}
+        tchunk = int(offer.get("chunk", 0) or 0)
+        trate = float((offer.get("gbps") or {}).get(rk.value, 0) or 0) * 1e9 or self.cost.same_host_gbps * 1e9
+        if rk == MemoryKind.HOST:
+            na = "n/a: remote memory is host memory already"
+            out += [Candidate("target-staged", None, reason=na), Candidate("both-staged", None, reason=na)]
+            return out
+        if rk.value not in kinds or tchunk <= 0:
+            why = "the peer offers no staging" if not kinds else f"the peer does not stage {rk.value} memory"
+            out += [Candidate("target-staged", None, reason=why), Candidate("both-staged", None, reason=why)]
+            return out
+        target_stage = ("target copy", trate, ov + rtt)
+        wire = self.ranked(lk, MemoryKind.HOST, same, reachable)
+        if wire:
+            out.append(priced(
+                "target-staged",
+                lambda: TargetStagedPath(op, lk, rk, lk, self._apply_rule(wire, rule), (), tchunk, rule),
+                [(wire[0], self._rate(wire[0], same), ov), target_stage],
+                tchunk,
+            ))
+        else:
+            out.append(Candidate("target-staged", None, reason=f"no transport moves {lk.value}<->host to the peer"))
+        if lk == MemoryKind.HOST:
+            out.append(Candidate("both-staged", None, reason="n/a: local memory is host memory already"))
+            return out
+        hwire = self.ranked(MemoryKind.HOST, MemoryKind.HOST, same, reachable)
+        local = self.ranked(MemoryKind.HOST, lk, True, local_reachable)
+        if not hwire or not local:
+            why = (f"no local transport moves host<->{lk.value}" if not local
+                   else "no transport moves host<->host to the peer")
+            out.append(Candidate("both-staged", None, reason=why))
+        else:
+            chunk = min(tchunk, self.staging_chunk)
+            out.append(priced(
+                "both-staged",
+                lambda: TargetStagedPath(op, lk, rk, MemoryKind.HOST, self._apply_rule(hwire, rule),
+                                         self._apply_rule(local, rule), chunk, rule),
+                [(f"{local[0]} (local copy)", self._rate(local[0], True), ov),
+                 (hwire[0], self._rate(hwire[0], same), ov), target_stage],
+                chunk,
+            ))
+        return out
 
     def plan_staged(
         self,
@@ -308,8 +539,15 @@ class Router:
 
 
 __all__ = [
+    "PATH_KINDS",
+    "Candidate",
     "Decision",
     "Hop",
+    "Path",
+    "TargetStagedPath",
+    "describe_path",
+    "path_cost",
+    "path_kind",
     "RequestTraits",
     "RetryLimits",
     "Router",

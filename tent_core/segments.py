@@ -3,7 +3,8 @@
 `LocalSegments` owns the engine's named segments and their buffers: registering user memory,
 engine-allocated (memfd) memory and files, exporting each buffer to every transport that can serve
 its memory kind (all or nothing), releasing it on unregister, and the segment table that
-`describe` hands to peers. It knows transports only through the `Transport` interface.
+`describe` hands to peers (and, with a cluster directory, `on_change` re-publishes after every
+register/unregister). It knows transports only through the `Transport` interface.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import itertools
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,9 +60,15 @@ class LocalSegments:
         self._segments: dict[str, LocalSegment] = {}
         self._file_bases = 0
         self.closed = False
+        # called with a segment's name after a buffer joined or left it (the directory publishes it)
+        self.on_change: Callable[[str], None] | None = None
 
     def register(self, obj: Any, segment: str, perm: Permission) -> LocalBuffer:
         region = describe(obj)
+        if region.readonly and Permission(perm) & Permission.WRITE:
+            raise errors.InvalidRequestError(
+                f"{type(obj).__name__} is read-only (its producer says so): register it with perm=READ_ONLY"
+            )
         return self._add(segment, region.addr, region.length, region.kind, region.device, perm, region.array, obj, None)
 
     def allocate(self, size: int, segment: str, perm: Permission) -> LocalBuffer:
@@ -138,6 +145,12 @@ class LocalSegments:
             info.extra["desc"] = exported
             info.extra["exported"] = called
             seg.buffers.append(buf)
+        if self.on_change is not None:
+            try:
+                self.on_change(segment)
+            except BaseException:
+                self.unregister(buf)  # a buffer peers cannot find is not registered: the caller gets no handle
+                raise
         return buf
 
     def unregister(self, buf: LocalBuffer) -> None:
@@ -157,6 +170,11 @@ class LocalSegments:
             except Exception:
                 log.exception("transport %s failed to release a buffer", name)
         _free(buf)
+        if self.on_change is not None:
+            try:
+                self.on_change(buf.segment)
+            except errors.TentError as exc:  # the stale entry is harmless: this engine refuses the range now
+                log.warning("%s", exc)
 
     def table(self) -> dict[str, list[dict[str, Any]]]:
         """The segment table peers read through `describe`."""

@@ -76,7 +76,13 @@ def run_staged(engine: LegSubmitter, handle: BatchHandle, req: Request, path: St
     """Drive one staged request to completion; finalizes exactly one unit of `handle`'s batch.
 
     Each leg is routed by the path's own Decisions (`path.local_leg`, `path.remote_leg`): the
-    transports the planner chose, under the original request's rule, with its priority and tag."""
+    transports the planner chose, under the original request's rule, with its priority and tag.
+    A TargetStagedPath runs through the target's staging instead (`tent_core.target_staging`)."""
+    if not isinstance(path, StagedPath):
+        from .target_staging import run_target_staged
+
+        run_target_staged(engine, handle, req, path, pool)
+        return
     batch = handle._batch
     try:
         _pipeline(engine, handle, req, path, pool)

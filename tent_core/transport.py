@@ -14,16 +14,19 @@ compiled slice executor (:class:`tent_core.executor.Executor`) the core submits 
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from .auth import ClusterAuth, default_auth, resolve
 from .errors import ConfigError
 from .types import Availability, BufferInfo, CapabilityProfile, PeerInfo, PeerLink
 
 # Keys the engine puts into every transport's section (they may be set there too): a slice that
 # moves no byte for this long fails with TENT_E_TIMEOUT (from EngineConfig.slice_timeout_s).
 CORE_CONFIG_KEYS: Mapping[str, Any] = {"slice_timeout_ms": 500}
+_FROM_ENV: Any = object()
 
 
 def resolve_config(name: str, keys: Mapping[str, Any], section: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -72,11 +75,38 @@ class AccessControl:
 class TransportContext:
     """What the engine hands a transport at start()."""
 
-    def __init__(self, *, engine_id: str, host_id: str, config: dict[str, Any], bind_host: str) -> None:
+    def __init__(
+        self,
+        *,
+        engine_id: str,
+        host_id: str,
+        config: dict[str, Any],
+        bind_host: str,
+        auth: ClusterAuth | None = _FROM_ENV,
+        require_auth: str | None = None,
+    ) -> None:
         self.engine_id = engine_id
         self.host_id = host_id
         self.config = config  # this transport's section of the engine config
         self.bind_host = bind_host  # the address the engine's control port listens on
+        self._auth = auth
+        # when a missing token is an error (EngineConfig.require_auth; default from $TENT_REQUIRE_AUTH)
+        self.require_auth = require_auth or os.environ.get("TENT_REQUIRE_AUTH", "non_loopback")
+
+    @property
+    def auth(self) -> ClusterAuth | None:
+        """The cluster secret (None: authentication off, loopback only). A transport authenticates
+        every connection its listeners accept with ``auth.key(<its purpose>)`` (tent_core.auth);
+        when the engine did not pass one, it comes from $TENT_AUTH_TOKEN[_FILE]."""
+        if self._auth is _FROM_ENV:
+            self._auth = default_auth([self.bind_host], what="transport")
+        return self._auth
+
+    def check_exposure(self, binds: list[str], what: str = "transport") -> None:
+        """A transport without `auth` about to listen on `binds`: raises AuthRequiredError unless the
+        engine's require_auth policy allows it (loopback only, by default)."""
+        if self.auth is None:
+            resolve("", binds, require=self.require_auth, what=what)
 
 
 class Transport(abc.ABC):

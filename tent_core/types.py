@@ -39,6 +39,18 @@ class MemoryKind(str, enum.Enum):
     HOST = "host"
     CUDA = "cuda"
     FILE = "file"
+    NPU = "npu"  # Huawei Ascend device memory (CANN runtime; the tent-ascend plugin)
+    # device-like memory simulated for tests (tent_core.simdev): host code cannot dereference its
+    # addresses, only the test transport `simdev` copies it, so the core's device paths run on CPU
+    SIM = "sim"
+
+    @property
+    def is_device(self) -> bool:
+        """Accelerator memory: reached from host memory only through a device runtime's copies."""
+        return self in DEVICE_KINDS
+
+
+DEVICE_KINDS = frozenset({MemoryKind.CUDA, MemoryKind.NPU, MemoryKind.SIM})
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,9 @@ class CapabilityProfile:
     same_host: bool
     cross_host: bool
     rank: int = 100
+    # Typical rate of one request through this transport, for comparing paths by cost (direct vs
+    # staged: tent_core.routing.path_cost). 0 = unknown: the planner assumes a default by locality.
+    bandwidth_gbps: float = 0.0
 
     def serves(self, local: MemoryKind, remote: MemoryKind, same_host: bool) -> bool:
         if same_host and not self.same_host:
@@ -120,3 +135,6 @@ class PeerInfo:
     host_id: str
     pid: int
     transports: dict[str, dict[str, Any]]  # transport name -> its local_descriptor()
+    # What the peer stages for others (tent_core.target_staging): the device kinds it copies to
+    # and from its own host staging buffers, chunk size and rates; empty when it does not.
+    staging: dict[str, Any] = field(default_factory=dict)

@@ -15,9 +15,12 @@ HERE = Path(__file__).parent
 class Peer:
     """A remote engine in its own process (tests/peer_process.py)."""
 
-    def __init__(self, size: int = 8 << 20, config: dict[str, Any] | None = None, transports: list[str] | None = None) -> None:
+    def __init__(self, size: int = 8 << 20, config: dict[str, Any] | None = None, transports: list[str] | None = None,
+                 env: dict[str, str] | None = None, preexec_fn: Any = None, stderr: Any = None) -> None:
         argv = [sys.executable, str(HERE / "peer_process.py"), str(size), json.dumps(config) if config else "", ",".join(transports or [])]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                                     preexec_fn=preexec_fn, stderr=stderr)
+        self.pid = self.proc.pid
         info = json.loads(self._readline(60))
         self.engine_id: str = info["engine"]
         self.transports: list[str] = info["transports"]

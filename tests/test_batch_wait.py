@@ -23,9 +23,15 @@ def restore_spin():
 def test_poll_is_bounded_by_the_timeout(restore_spin) -> None:
     _native.set_wait_spin_ns(10_000_000)  # 10 ms of polling asked for
     b = _native.Batch(1)
-    t0 = time.monotonic()
-    assert b.wait(0.001) is False  # an unfinished batch: the 1 ms timeout wins
-    assert time.monotonic() - t0 < 0.009
+    fastest = float("inf")
+    # an unfinished batch: the 1 ms timeout wins over the 10 ms poll; the fastest of several tries,
+    # so a try the scheduler preempted on a loaded machine cannot fail the check, while a poll
+    # that ignored the timeout makes every try last >= 10 ms
+    for _ in range(20):
+        t0 = time.monotonic()
+        assert b.wait(0.001) is False
+        fastest = min(fastest, time.monotonic() - t0)
+    assert fastest < 0.009, fastest
     b.fail_slice(Status.E_INTERNAL)
     assert b.wait(0) is True
 

@@ -72,6 +72,10 @@ class ClaimsToRefuse(ShmTransport):
     """CMA reaches the whole address space, but this one claims its links refuse bad ranges."""
     name = "liar_cma"
 
+    def start(self, ctx):
+        ctx.config = {**ctx.config, "mode": "cma"}  # CMA is opt-in (both sides): this one always opts in
+        super().start(ctx)
+
     def access_control(self, link):
         return AccessControl()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing as mp
 import os
-import time
 import uuid
 
 import pytest
@@ -304,17 +303,6 @@ def test_qos_filter_in_plan():
         fresh = rails_at(1, 1, 1, 1)  # HIGH on idle rails: every rail admits it
         used = {r for r, _, _ in s.plan(64 * MiB, fresh, Priority.HIGH, now_ns=now)}
         assert len(used) == 4
-
-
-def test_plan_is_fast():
-    s = SliceScheduler(SchedulerConfig())
-    rails = rails_at(1, 1, 1, 1)
-    n = 20000
-    t = time.perf_counter()
-    for _ in range(n):
-        s.plan(64 * KiB, rails, Priority.HIGH, now_ns=1)
-    per = (time.perf_counter() - t) / n
-    assert per < 50e-6, per  # a few us normally; generous for a loaded 2-core CI box
 
 
 def test_pick_retry_rail():

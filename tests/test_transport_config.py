@@ -63,4 +63,4 @@ def test_tent_plugins_shows_the_keys() -> None:
                          timeout=60, check=True)  # fmt: skip
     rows = {r["name"]: r for r in json.loads(out.stdout)}
     assert rows["tcp"]["config_keys"]["conns_per_rail"] == 4
-    assert rows["shm"]["config_keys"]["mode"] == "auto"
+    assert rows["shm"]["config_keys"]["mode"] == "memfd"  # CMA is opt-in (SECURITY.md)

@@ -322,7 +322,6 @@ def _run_procs(
     if capture_log:
         fd, log_path = tempfile.mkstemp(prefix=f"tent-baseline-{name}-", suffix=".log")
         os.close(fd)
-    ok = False
     try:
         info: dict = {"parent_pid": os.getpid()}
         t_conn = t_proc = None
@@ -367,7 +366,6 @@ def _run_procs(
                 raise BaselineError(f"{name}: unexpected message from initiator: {msg!r}")
         if t_conn is not None:
             _safe_send(t_conn, ("stop",))
-        ok = True
         return rows
     finally:
         for c in pipes:
@@ -378,7 +376,7 @@ def _run_procs(
                 c.close()
             except OSError:
                 pass
-        if log_path and ok:
+        if log_path:  # private (mkstemp); its tail is in the error message when the baseline failed
             try:
                 os.unlink(log_path)
             except OSError:

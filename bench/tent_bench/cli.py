@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from typing import Any
@@ -29,12 +30,6 @@ def parse_size(text: str) -> int:
     if value <= 0:
         raise click.BadParameter(f"size must be > 0: {text!r}")
     return value
-
-
-def _out() -> Console:
-    """Tables on stdout; a pipe or file gets a wide console instead of an 80-column squeeze."""
-    con = Console()
-    return con if con.is_terminal else Console(width=160)
 
 
 def _out() -> Console:
@@ -181,7 +176,7 @@ def bench(
     err = Console(stderr=True)
     rows: list[dict[str, Any]] = []
     npoints = len(spec.ops) * len(spec.block_sizes) * len(spec.batch_sizes)
-    with Progress(
+    with contextlib.ExitStack() as cleanup, Progress(
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
         console=err, transient=True, disable=not err.is_terminal,
     ) as prog:
@@ -196,13 +191,20 @@ def bench(
             except (ValueError, RuntimeError) as exc:
                 raise click.ClickException(str(exc)) from exc
         else:
-            rows += runner.run_tent(spec, step)
+            try:
+                rows += runner.run_tent(spec, step)
+            except RuntimeError as exc:
+                raise click.ClickException(str(exc)) from exc
         file_size = max(spec.block_sizes) * max(spec.batch_sizes) * spec.threads
+        try:
+            fio_file = cleanup.enter_context(runner.bench_file(file_dir, file_size)) if "fio" in baselines else None
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from exc
         sweep = bl.BaselineSweep(
             block_sizes=spec.block_sizes, batch_sizes=spec.batch_sizes, ops=spec.ops,
             iters=spec.iters, warmup=spec.warmup, time_budget_s=spec.time_budget_s,
             walk_buffer=False,  # like our own sweep: every batch moves the same region
-            file_path=runner.bench_file(file_dir, file_size) if "fio" in baselines else None,
+            file_path=fio_file,
         )
         for name in baselines:
             prog.update(task, description=f"baseline {name}")

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -148,8 +150,8 @@ def run_tent(spec: BenchSpec, progress: Callable[[str], None] | None = None) -> 
     if missing:
         raise SystemExit(f"transport(s) not available: {', '.join(missing)} (have {sorted(memory + files)})")
     if any(t in files for t in wanted):
-        path = bench_file(spec.file_dir, size)
-        rows += run_tent_files(spec, [t for t in wanted if t in files], path)
+        with bench_file(spec.file_dir, size) as path:
+            rows += run_tent_files(spec, [t for t in wanted if t in files], path)
         if progress:
             progress("files")
     names = [t for t in wanted if t in memory]
@@ -265,13 +267,19 @@ def env_info() -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- files and synthesized paths
-def bench_file(directory: str, size: int) -> str:
-    """A pattern-filled file of `size` bytes for file benchmarks (reused when already there)."""
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"tent-bench-{size}.bin")
-    if not (os.path.exists(path) and os.path.getsize(path) == size):
+@contextmanager
+def bench_file(directory: str, size: int) -> Iterator[str]:
+    """A pattern-filled file of `size` bytes for file benchmarks, in a directory private to this run
+    (created mode 0700 under `directory`) and removed with it on exit: a file another user's run
+    left behind is never reused, written or in the way."""
+    try:
+        tmp = tempfile.mkdtemp(prefix="tent-bench-", dir=directory)
+    except OSError as exc:
+        raise RuntimeError(f"cannot create the benchmark file in {directory}: {exc} (choose another with --file-dir)") from exc
+    try:
+        path = os.path.join(tmp, f"data-{size}.bin")
         chunk = pattern(16 * MiB)
-        with open(path, "wb") as f:
+        with open(path, "xb") as f:
             left = size
             while left > 0:
                 n = min(left, len(chunk))
@@ -279,7 +287,9 @@ def bench_file(directory: str, size: int) -> str:
                 left -= n
             f.flush()
             os.fsync(f.fileno())
-    return path
+        yield path
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def classify_transports(spec: BenchSpec) -> tuple[list[str], list[str]]:
@@ -343,7 +353,11 @@ def run_staged_path(spec: BenchSpec, path_spec: str, file_dir: str) -> list[dict
     if kind != "file" or not remote_transport:
         raise ValueError(f"--path takes file:TRANSPORT (e.g. file:tcp), got {path_spec!r}")
     size = max(spec.block_sizes) * max(spec.batch_sizes)
-    path = bench_file(file_dir, size)
+    with bench_file(file_dir, size) as path:
+        return _run_staged_path(spec, path_spec, remote_transport, path, size)
+
+
+def _run_staged_path(spec: BenchSpec, path_spec: str, remote_transport: str, path: str, size: int) -> list[dict[str, Any]]:
     expect = np.fromfile(path, np.uint8, count=min(size, 16 * MiB))
     rows: list[dict[str, Any]] = []
     with target_process(size, spec.host, spec.config, pattern_fill=False) as target:

@@ -27,11 +27,26 @@ def main(verbose: int) -> None:
 @click.option("--barrier-timeout", default=30.0, show_default=True, help="Per-replica barrier timeout (s).")
 @click.option("--pipeline/--no-pipeline", default=True, show_default=True,
               help="Pipeline replication (partially received replicas serve others).")
-def serve(bind: str, hb_timeout: float, barrier_timeout: float, pipeline: bool) -> None:
+@click.option("--auth-token-file", default="", envvar="REFHUB_AUTH_TOKEN_FILE",
+              help="File holding the cluster auth token (else $REFHUB_AUTH_TOKEN or $TENT_AUTH_TOKEN[_FILE]).")
+@click.option("--auth-token", default="", help="The cluster auth token itself (visible in `ps`: prefer the file).")
+@click.option("--require-auth", type=click.Choice(["non_loopback", "always", "never"]), default=None,
+              help="When a token is mandatory [default: non_loopback, i.e. as soon as --bind is not loopback].")
+@click.option("--metrics-port", default=0, show_default=True, help="Serve Prometheus /metrics on 127.0.0.1:PORT (0: off).")
+def serve(bind: str, hb_timeout: float, barrier_timeout: float, pipeline: bool, auth_token_file: str,
+          auth_token: str, require_auth: str | None, metrics_port: int) -> None:
     """Run a reference server (primary or backup: they are the same program)."""
-    from .server import serve as _serve
+    from tent_core.auth import AuthError
 
-    _serve(bind, hb_timeout=hb_timeout, barrier_timeout=barrier_timeout, pipeline=pipeline)
+    from .server import serve as _serve
+    from .server import server_auth
+
+    try:
+        auth = server_auth(bind, auth_token, auth_token_file, require_auth)
+    except AuthError as exc:
+        raise click.ClickException(str(exc)) from None
+    _serve(bind, hb_timeout=hb_timeout, barrier_timeout=barrier_timeout, pipeline=pipeline, auth=auth,
+           metrics_port=metrics_port)
 
 
 @main.command()

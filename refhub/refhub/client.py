@@ -20,6 +20,13 @@ Verification: the publisher hashes every tensor once at publish (xxh3_64 when ``
 installed, adler32 otherwise); a reader keeps a window of READ batches in flight and hashes each
 tensor as soon as the contiguous prefix covering it has arrived (while later batches are still on
 the wire), so end-to-end verification of every byte overlaps with the transfer.
+
+Device tensors (CUDA, NPU, the tests' simulated device; `refhub.device`): registered in place in
+direct mode (a reader's engine reaches them with a GPU-capable transport, or through the holder's
+pinned staging), staged from the device into the stager's pinned slots in copy mode, landed in a
+pinned buffer and copied onto the device by a copy-mode receiver. Their checksum is wsum64,
+computed on the device (published as ``["wsum64", value]``) and checked where the received copy is:
+on the receiving device, or on the landing buffer as each chunk passes.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import os
 import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,7 +48,24 @@ import msgpack
 import numpy as np
 import zmq
 
+from tent_core.auth import (
+    AuthError,
+    AuthRequiredError,
+    ClusterAuth,
+    HandshakeTimeout,
+    SessionLost,
+    ZmqClientAuth,
+    ZmqServerAuth,
+    is_loopback,
+)
+from tent_core.ratelog import RateLimitedLog
+
+from .device import DeviceView, StreamHash, checksum_entry, device_view, wsum64_bytes
+from .server import client_auth
+
 log = logging.getLogger("refhub.client")
+_rlog = RateLimitedLog(log)
+_FROM_ENV: Any = object()
 
 TINY = 2 * 1024 * 1024
 MB = 1024 * 1024
@@ -54,7 +79,11 @@ MAX_INFLIGHT = 1 << 30  # bytes in flight at most
 STAGE_SLOT = int(float(os.environ.get("REFHUB_STAGE_MB", "4")) * MB)  # copy mode: one staging slot
 STAGE_SLOTS = int(os.environ.get("REFHUB_STAGE_SLOTS", "4"))  # copy mode: staging slots per handle
 STAGE_DEPTH = 2  # copy mode: stage requests a reader keeps outstanding
+STAGE_MAX_MSG = 64 << 10  # stage/release requests and replies are tiny
+STAGE_HWM = 1000
 MODES = ("direct", "copy")
+OUTBOX_MAX = 100_000  # requests queued per connection (in the inproc queue, or while authenticating)
+MAX_REPLY_BYTES = 64 << 20  # a server reply (a list, a replicate with the source's layout)
 VERSION_SHIFT = 40
 BYTES_MASK = (1 << VERSION_SHIFT) - 1
 
@@ -101,9 +130,25 @@ class _Slot:
 
 
 class Connection:
-    """One DEALER connection to the reference server (with an optional backup), shared by handles."""
+    """One DEALER connection to the reference server (with an optional backup), shared by handles.
 
-    def __init__(self, server: str, backup: str | None = None, *, hb_interval: float = 0.5, failover_after: float = 2.0) -> None:
+    With a cluster token (``REFHUB_AUTH_TOKEN`` / ``TENT_AUTH_TOKEN``[``_FILE``], or `auth`) the I/O
+    thread authenticates before anything else is sent, and again after a failover or when the server
+    lost the session (then the handles re-register, as after a server restart). Every request
+    carries this connection's client id ``cid``: the credential that makes it the owner of the
+    handles it opens, across reconnects (SECURITY.md).
+    """
+
+    def __init__(self, server: str, backup: str | None = None, *, hb_interval: float = 0.5, failover_after: float = 2.0,
+                 auth: ClusterAuth | None = _FROM_ENV) -> None:
+        if auth is _FROM_ENV:
+            auth = client_auth()
+        self.auth: ClusterAuth | None = auth
+        self._auth = ZmqClientAuth(auth.key("refhub") if auth else None)
+        self._auth_error: Exception | None = None
+        self._next_auth = 0.0
+        self._outbox: deque = deque(maxlen=OUTBOX_MAX)  # requests waiting for the handshake
+        self.cid = os.urandom(16)
         self.addresses = [server] + ([backup] if backup else [])
         self.idx = 0
         self.hb_interval = hb_interval
@@ -117,8 +162,10 @@ class Connection:
         self.generation = 0  # bumps on every failover
         self._inproc = f"inproc://refhub-{id(self)}"
         self._pull = self.ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.RCVHWM, OUTBOX_MAX)
         self._pull.bind(self._inproc)
         self._push = self.ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.SNDHWM, OUTBOX_MAX)
         self._push.connect(self._inproc)
         self._push_lock = threading.Lock()
         self._stop = threading.Event()
@@ -134,13 +181,18 @@ class Connection:
     def _connect(self, addr: str) -> zmq.Socket:
         s = self.ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_BYTES)
+        s.setsockopt(zmq.SNDHWM, OUTBOX_MAX)
+        s.setsockopt(zmq.RCVHWM, OUTBOX_MAX)
         s.connect(addr)
+        self._auth.reset()
         return s
 
     def request(self, msg: dict, timeout: float = 30.0) -> dict:
         """Send one request and wait for its reply (deadline `timeout`). Raises RefhubError on error replies."""
         rid = next(self._rid)
         msg["rid"] = rid
+        msg["cid"] = self.cid
         slot = _Slot()
         with self._plock:
             self._pending[rid] = slot
@@ -150,6 +202,8 @@ class Connection:
         if not slot.ev.wait(timeout):
             with self._plock:
                 self._pending.pop(rid, None)
+            if self._auth_error is not None:
+                raise self._auth_error
             raise TimeoutError(f"refhub {msg.get('op')} got no reply within {timeout:.1f}s from {self.server}")
         rep = slot.reply
         if isinstance(rep, Exception):
@@ -160,6 +214,36 @@ class Connection:
             raise cls(code, rep.get("msg", ""))
         return rep
 
+    def _send(self, data: bytes) -> None:
+        if self._auth.ready:
+            self._dealer.send_multipart(self._auth.wrap(data))
+        else:
+            self._outbox.append(data)
+
+    def _authenticate(self, now: float) -> bool:
+        """Run the handshake if due; True when the connection may carry requests."""
+        if self._auth.ready:
+            return True
+        if now < self._next_auth:
+            return False
+        try:
+            self._auth.handshake(self._dealer, self.failover_after)
+        except HandshakeTimeout:
+            self._failover()  # the server does not answer: as after missed heartbeats
+            return False
+        except AuthError as exc:  # wrong token, or the server has auth off: tell every caller, retry later
+            err = RefhubError("auth", f"reference server {self.server}: {exc}")
+            self._auth_error = err
+            self._next_auth = now + max(1.0, self.failover_after)
+            _rlog.warning("auth", "refhub: cannot authenticate to %s: %s", self.server, exc)
+            self._fail_pending(err)
+            self._outbox.clear()
+            return False
+        self._auth_error = None
+        while self._outbox:
+            self._dealer.send_multipart(self._auth.wrap(self._outbox.popleft()))
+        return True
+
     def _io(self) -> None:
         poller = zmq.Poller()
         poller.register(self._pull, zmq.POLLIN)
@@ -168,6 +252,14 @@ class Connection:
         last_hb = 0.0
         hb_out = False
         while not self._stop.is_set():
+            if not self._auth.ready:
+                dealer = self._dealer
+                if self._authenticate(time.monotonic()):
+                    last_rx = time.monotonic()
+                    hb_out = False
+                if self._dealer is not dealer:  # failed over meanwhile
+                    poller.unregister(dealer)
+                    poller.register(self._dealer, zmq.POLLIN)
             ready = dict(poller.poll(int(self.hb_interval * 500)))
             now = time.monotonic()
             if self._pull in ready:
@@ -176,28 +268,44 @@ class Connection:
                         data = self._pull.recv(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    self._dealer.send(data)
+                    self._send(data)
             if self._dealer in ready:
                 while True:
                     try:
-                        data = self._dealer.recv(zmq.NOBLOCK)
+                        frames = self._dealer.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
+                    try:
+                        data = self._auth.unwrap(frames)
+                    except SessionLost as exc:
+                        if self._auth.enabled:
+                            log.warning("refhub: %s lost our session (%s): re-authenticating, re-registering handles",
+                                        self.server, exc)
+                            self._auth.reset()
+                            self._reset_handles()
+                        else:  # the server wants a token we do not have: say so to every caller
+                            self._fail_pending(RefhubError("auth", f"reference server {self.server}: {exc} "
+                                                           "(set REFHUB_AUTH_TOKEN[_FILE] or TENT_AUTH_TOKEN[_FILE])"))
+                        break
+                    except AuthError as exc:
+                        _rlog.warning("bad-reply", "refhub: dropped a reply from %s: %s", self.server, exc)
+                        continue
                     last_rx = now
                     hb_out = False
                     try:
                         reps = msgpack.unpackb(data, raw=False, strict_map_key=False)
                     except Exception:
-                        log.warning("undecodable reply from %s", self.server)
+                        _rlog.warning("bad-reply", "undecodable reply from %s", self.server)
                         continue
                     for rep in reps if isinstance(reps, list) else [reps]:
-                        self._deliver(rep)
+                        if isinstance(rep, dict):
+                            self._deliver(rep)
             if now - last_hb >= self.hb_interval:
                 last_hb = now
                 hs = list(self.handles)
-                if hs:
+                if hs and self._auth.ready:
                     hb_out = True
-                    self._dealer.send(msgpack.packb({"op": "hb", "rid": 0, "hs": hs}))
+                    self._send(msgpack.packb({"op": "hb", "rid": 0, "hs": hs, "cid": self.cid}))
                 elif not hb_out:
                     last_rx = now
             if hb_out and now - last_rx > self.failover_after:
@@ -244,13 +352,16 @@ class Connection:
         self.epoch = None
         self._reset_handles()
 
-    def _reset_handles(self) -> None:
-        self.generation += 1
+    def _fail_pending(self, err: Exception) -> None:
         with self._plock:
             pending, self._pending = self._pending, {}
         for slot in pending.values():
-            slot.reply = ServerFailover("failover", f"reference server changed to {self.server}")
+            slot.reply = err
             slot.ev.set()
+
+    def _reset_handles(self) -> None:
+        self.generation += 1
+        self._fail_pending(ServerFailover("failover", f"reference server changed to {self.server}"))
         for h in list(self.handles.values()):
             self.events.submit(h._reopen)
 
@@ -263,22 +374,51 @@ class Connection:
         self.ctx.term()
 
 
-def query(server: str, msg: dict, timeout: float = 2.0) -> dict:
+class Querier:
+    """A persistent connection for handle-less requests (stats, list by model): authenticates once."""
+
+    def __init__(self, server: str, auth: ClusterAuth | None = _FROM_ENV, timeout: float = 5.0) -> None:
+        if auth is _FROM_ENV:
+            auth = client_auth()
+        self.server = server
+        self._auth = ZmqClientAuth(auth.key("refhub") if auth else None)
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_BYTES)
+        self._sock.connect(server)
+        self._rid = itertools.count(1)
+        try:
+            self._auth.handshake(self._sock, timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def call(self, msg: dict, timeout: float = 2.0) -> dict:
+        rid = next(self._rid)
+        self._sock.send_multipart(self._auth.wrap(msgpack.packb(dict(msg, rid=rid))))
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._sock.poll(max(1, int(left * 1000))):
+                raise TimeoutError(f"no reply from {self.server} within {timeout}s")
+            rep = msgpack.unpackb(self._auth.unwrap(self._sock.recv_multipart()), raw=False, strict_map_key=False)
+            rep = rep[0] if isinstance(rep, list) else rep
+            if isinstance(rep, dict) and rep.get("rid") in (rid, 0):
+                return rep
+
+    def close(self) -> None:
+        self._sock.close(0)
+        self._ctx.term()
+
+
+def query(server: str, msg: dict, timeout: float = 2.0, auth: ClusterAuth | None = _FROM_ENV) -> dict:
     """One-off request (no handle): stats, list by model."""
-    ctx = zmq.Context()
-    s = ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.connect(server)
+    q = Querier(server, auth, timeout)
     try:
-        msg = dict(msg, rid=1)
-        s.send(msgpack.packb(msg))
-        if not s.poll(int(timeout * 1000)):
-            raise TimeoutError(f"no reply from {server} within {timeout}s")
-        rep = msgpack.unpackb(s.recv(), raw=False, strict_map_key=False)
-        return rep[0] if isinstance(rep, list) else rep
+        return q.call(msg, timeout)
     finally:
-        s.close(0)
-        ctx.term()
+        q.close()
 
 
 # --------------------------------------------------------------------------- engine
@@ -308,31 +448,77 @@ def _connection(server: str, backup: str | None, hb_interval: float, failover_af
         return c
 
 
-def _as_array(t: Any) -> tuple[np.ndarray, Any]:
-    """A uint8 view of a numpy array or a CPU torch tensor (and the object to keep alive)."""
+def _as_array(t: Any) -> tuple[np.ndarray | None, Any, DeviceView | None]:
+    """A uint8 view of a numpy array or a CPU torch tensor (and the object to keep alive), or
+    (None, t, its DeviceView) for a device tensor."""
+    dev = device_view(t)
+    if dev is not None:
+        return None, t, dev
     if isinstance(t, np.ndarray):
         if not t.flags.c_contiguous:
             raise ValueError("refhub tensors must be C-contiguous")
-        return t.reshape(-1).view(np.uint8), t
+        return t.reshape(-1).view(np.uint8), t, None
     mod = type(t).__module__
     if mod.startswith("torch"):
-        if t.device.type != "cpu":
-            raise ValueError("this build serves CPU tensors; GPU tensors need the nvlink/rdma plugins")
         if not t.is_contiguous():
             raise ValueError("refhub tensors must be contiguous")
         arr = t.detach().view(-1).view(__import__("torch").uint8).numpy()
-        return arr, t
-    raise TypeError(f"cannot register {type(t).__name__}: a numpy array or a CPU torch tensor")
+        return arr, t, None
+    raise TypeError(f"cannot register {type(t).__name__}: a numpy array, a torch tensor or a device array "
+                    "(__cuda_array_interface__, DLPack, __tent_memory__)")
 
 
 @dataclass
 class _Item:
     name: str
-    arr: np.ndarray  # uint8 view of the user's tensor
+    arr: np.ndarray | None  # uint8 view of the user's tensor (None: device memory, see `dev`)
     keep: Any
     buf: Any = None  # engine LocalBuffer when registered in place
     pack_off: int = -1  # offset inside the pack when tiny
     mode: str = "direct"  # "direct" (registered in place) or "copy" (served through staging slots)
+    dev: DeviceView | None = None  # device tensors
+
+    @property
+    def nbytes(self) -> int:
+        return self.dev.nbytes if self.dev is not None else self.arr.nbytes  # type: ignore[union-attr]
+
+    def read_into(self, dst: np.ndarray, off: int) -> None:
+        """dst[:] = this tensor's bytes [off, off + dst.size)."""
+        if self.dev is not None:
+            self.dev.to_host(dst, off)
+        else:
+            dst[:] = self.arr[off:off + dst.size]  # type: ignore[index]
+
+    def write_from(self, src: np.ndarray, off: int) -> None:
+        if self.dev is not None:
+            self.dev.from_host(src, off)
+        else:
+            self.arr[off:off + src.size] = src  # type: ignore[index]
+
+    def host_copy(self) -> np.ndarray:
+        return self.dev.host_copy() if self.dev is not None else self.arr.copy()  # type: ignore[union-attr]
+
+    def checksum(self) -> Any:
+        """What the publisher announces: the host checksum, or ["wsum64", v] computed on the device."""
+        if self.dev is not None:
+            return checksum_entry(self.dev.checksum())
+        return checksum(self.arr)  # type: ignore[arg-type]
+
+    def matches(self, expected: Any) -> bool:
+        """Does this tensor's content hash to `expected` (computed where the data is)?"""
+        if isinstance(expected, list):
+            if self.dev is not None:
+                return checksum_entry(self.dev.checksum())[1] == expected[1]
+            return wsum64_bytes(self.arr) == expected[1]  # type: ignore[arg-type]
+        if self.dev is not None:  # a host checksum of device data: read back (a host publisher's tensor)
+            return checksum(self.dev.host_copy()) == expected
+        return checksum(self.arr) == expected  # type: ignore[arg-type]
+
+
+def _matches_bytes(data: np.ndarray, expected: Any) -> bool:
+    if isinstance(expected, list):
+        return wsum64_bytes(data) == expected[1]
+    return checksum(data) == expected
 
 
 class _SourceFailed(RuntimeError):
@@ -359,11 +545,20 @@ class _Stager:
         self.slots = [handle.engine.allocate(STAGE_SLOT, segment=handle.segment) for _ in range(STAGE_SLOTS)]
         self.free = list(range(len(self.slots)))
         self.leases: dict[int, tuple[bytes, float]] = {}
+        self.pinned: set[int] = set()
         self.queue: deque = deque()
         self.served = 0
+        host = handle.engine.engine_id.rpartition(":")[0] or "127.0.0.1"
+        auth = handle.conn.auth
+        if auth is None and not is_loopback(host):
+            raise AuthRequiredError(f"refhub stager would bind {host} without an auth token (set REFHUB_AUTH_TOKEN)")
+        self.sessions = ZmqServerAuth(auth.key("refhub-stage") if auth else None)
         self.sock = handle.conn.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        host = handle.engine.engine_id.rpartition(":")[0] or "127.0.0.1"
+        self.sock.setsockopt(zmq.MAXMSGSIZE, STAGE_MAX_MSG)
+        self.sock.setsockopt(zmq.SNDHWM, STAGE_HWM)
+        self.sock.setsockopt(zmq.RCVHWM, STAGE_HWM)
+        self.sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)  # a silent TCP connection is dropped by then
         self.sock.bind(f"tcp://{host}:0")
         self.address = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         self._stop = threading.Event()
@@ -379,10 +574,19 @@ class _Stager:
             if poller.poll(100):
                 while True:
                     try:
-                        ident, payload = self.sock.recv_multipart(zmq.NOBLOCK)
+                        frames = self.sock.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    except ValueError:
+                    ident = frames[0]
+                    payload, refusal = self.sessions.accept(ident, frames[1:])
+                    if refusal is not None:
+                        if refusal[0].startswith(b"TENTDENY"):
+                            _rlog.warning("stage-auth", "stager %s refused a reader: %s", self.address,
+                                          self.sessions.last_denial)
+                        try:
+                            self.sock.send_multipart((ident, *refusal), zmq.NOBLOCK)
+                        except zmq.ZMQError:
+                            pass
                         continue
                     try:
                         msg = protocol.unpack(payload)
@@ -407,7 +611,7 @@ class _Stager:
 
     def _reply(self, ident: bytes, rep: dict) -> None:
         try:
-            self.sock.send_multipart((ident, msgpack.packb(rep, use_bin_type=True)), zmq.NOBLOCK)
+            self.sock.send_multipart((ident, *self.sessions.wrap(ident, msgpack.packb(rep, use_bin_type=True))), zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
 
@@ -426,12 +630,15 @@ class _Stager:
         if h.state == "idle" or h.version != msg["v"]:
             self._reply(ident, error(rid, E_STATE, f"not holding v{msg['v']} (state {h.state}, v{h.version})"))
             return
-        if it is None or off < 0 or n <= 0 or n > STAGE_SLOT or off + n > it.arr.nbytes:
+        if it is None or off < 0 or n <= 0 or n > STAGE_SLOT or off + n > it.nbytes:
             self._reply(ident, error(rid, "bad_range", f"no slice [{off}, {off + n}) of {msg['item']!r}"))
             return
         slot = self.free.pop()
         buf = self.slots[slot]
-        buf.array[:n] = it.arr[off:off + n]
+        if it.dev is not None and slot not in self.pinned:
+            self.pinned.add(slot)
+            it.dev.runtime.pin(buf.addr, buf.length)  # device -> slot copies run as DMA
+        it.read_into(buf.array[:n], off)
         self.leases[slot] = (ident, time.monotonic() + self.lease_s)
         self.served += 1
         self._reply(ident, {"rid": rid, "ok": True, "slot": slot, "roff": buf.offset})
@@ -463,6 +670,20 @@ class _Verifier:
             self.checks.append((pos, name))
         self.i = 0
         self.seconds = 0.0
+        self.streams: dict[str, StreamHash] = {}  # copy-mode device tensors, hashed on the landing buffer
+        self.device_checks = 0
+
+    def feed(self, name: str, off: int, data: np.ndarray) -> None:
+        """Landed bytes [off, off + data.size) of device tensor `name` (in order): hash them now."""
+        if self.exp is None:
+            return
+        sh = self.streams.get(name)
+        if sh is None or sh.n != off:  # (re)started: a re-routed pull resumes where it stopped
+            if off != 0:
+                self.streams.pop(name, None)
+                return
+            sh = self.streams[name] = StreamHash(self.exp[name], _xxhash)
+        sh.update(data)
 
     def advance(self, done: int) -> None:
         t0 = time.perf_counter()
@@ -471,16 +692,25 @@ class _Verifier:
             name = self.checks[self.i][1]
             self.i += 1
             if name == "__pack__":
-                names = [n for n, it in h.items.items() if it.buf is None and it.pack_off >= 0]
-                for n in names:
-                    it = h.items[n]
-                    it.arr[:] = h._pack.array[it.pack_off:it.pack_off + it.arr.nbytes]
-            else:
-                names = [name]
-            if self.exp is not None:
-                for n in names:
-                    if checksum(h.items[n].arr) != self.exp[n]:
+                for n, it in h.items.items():
+                    if it.buf is not None or it.pack_off < 0:
+                        continue
+                    packed = h._pack.array[it.pack_off:it.pack_off + it.nbytes]
+                    if self.exp is not None and not _matches_bytes(packed, self.exp[n]):  # checked in the pack
                         raise ChecksumError("checksum", f"v{self.v} shard {h.shard}: end-to-end checksum mismatch in {n!r}")
+                    it.write_from(packed, 0)
+                continue
+            if self.exp is None:
+                continue
+            it = h.items[name]
+            sh = self.streams.pop(name, None)
+            if sh is not None and sh.n == it.nbytes:
+                ok = sh.digest() == (self.exp[name][1] if isinstance(self.exp[name], list) else self.exp[name])
+            else:
+                ok = it.matches(self.exp[name])
+                self.device_checks += it.dev is not None
+            if not ok:
+                raise ChecksumError("checksum", f"v{self.v} shard {h.shard}: end-to-end checksum mismatch in {name!r}")
         self.seconds += time.perf_counter() - t0
 
 _seg_counter = itertools.count()
@@ -499,8 +729,10 @@ class ShardHandle:
         self.stage_timeout = stage_timeout  # copy mode: a stager silent this long is a failed source
         self._stager: _Stager | None = None
         self._stage_socks: dict[str, zmq.Socket] = {}
+        self._stage_auth: dict[str, ZmqClientAuth] = {}
         self._stage_rid = itertools.count(1)
         self._landing = None  # copy mode, receiving side: registered landing buffer
+        self._landing_pinned = False  # page-locked for host -> device copies (device tensors)
         self._verify = True  # diagnostics only (bench dataplane): False skips the receive-side hash
         self.throttle_Bps = throttle_Bps  # emulate a NIC cap on this reader (benchmarks/tests)
         self.conn = conn
@@ -573,17 +805,18 @@ class ShardHandle:
         with self._lock:
             if self.state != "idle":
                 raise RefhubError("bad_state", "register while published/receiving: unpublish first")
-            arr, keep = _as_array(tensor)
+            arr, keep, dev = _as_array(tensor)
             old = self.items.get(name)
             if old is not None:
                 self.unregister(name)
-            it = _Item(name, arr, keep, mode=mode)
-            if arr.nbytes >= TINY and mode == "direct":
-                it.buf = self.engine.register(arr, segment=self.segment)
+            it = _Item(name, arr, keep, mode=mode, dev=dev)
+            nb = it.nbytes
+            if nb >= TINY and mode == "direct":
+                it.buf = self.engine.register(tensor if dev is not None else arr, segment=self.segment)
             self.items[name] = it
-            if old is None or old.arr.nbytes != arr.nbytes or (old.arr.nbytes < TINY) != (arr.nbytes < TINY):
+            if old is None or old.nbytes != nb or (old.nbytes < TINY) != (nb < TINY):
                 self._layout_dirty = True
-            elif arr.nbytes < TINY:
+            elif nb < TINY:
                 it.pack_off = old.pack_off
 
     def unregister(self, name: str) -> None:
@@ -596,17 +829,17 @@ class ShardHandle:
             self._layout_dirty = True
 
     def _build_layout(self) -> None:
-        if any(it.mode == "copy" and it.arr.nbytes >= TINY for it in self.items.values()) and self._stager is None:
+        if any(it.mode == "copy" and it.nbytes >= TINY for it in self.items.values()) and self._stager is None:
             self._stager = _Stager(self)
         if not self._layout_dirty:
             return
-        tiny = sorted(n for n, it in self.items.items() if it.arr.nbytes < TINY)
+        tiny = sorted(n for n, it in self.items.items() if it.nbytes < TINY)
         for it in self.items.values():
             it.pack_off = -1
         size = 0
         for n in tiny:
             self.items[n].pack_off = size
-            size += (self.items[n].arr.nbytes + 63) & ~63
+            size += (self.items[n].nbytes + 63) & ~63
         if self._pack is not None and (self._pack.length < size or size == 0):
             self.engine.unregister(self._pack)
             self._pack = None
@@ -618,11 +851,11 @@ class ShardHandle:
         """The byte stream served to readers: [(name, LocalBuffer or None for copy mode, offset, nbytes)]."""
         out: list[tuple[str, Any, int, int]] = []
         if self._pack is not None:
-            used = max((it.pack_off + it.arr.nbytes for it in self.items.values() if it.pack_off >= 0), default=0)
+            used = max((it.pack_off + it.nbytes for it in self.items.values() if it.pack_off >= 0), default=0)
             out.append(("__pack__", self._pack, 0, used))
-        for n in sorted(n for n, it in self.items.items() if it.arr.nbytes >= TINY):
+        for n in sorted(n for n, it in self.items.items() if it.nbytes >= TINY):
             it = self.items[n]
-            out.append((n, it.buf, 0, it.arr.nbytes))
+            out.append((n, it.buf, 0, it.nbytes))
         return out
 
     def _ref(self, with_layout: bool = True) -> dict:
@@ -633,7 +866,7 @@ class ShardHandle:
             # remote offset -1: copy mode (ask the stager for the slice)
             "items": [[n, b.offset + off if b is not None else -1, nb] for n, b, off, nb in stream],
             "total": sum(s[3] for s in stream),
-            "pack": sorted([n, it.pack_off, it.arr.nbytes] for n, it in self.items.items() if it.pack_off >= 0),
+            "pack": sorted([n, it.pack_off, it.nbytes] for n, it in self.items.items() if it.pack_off >= 0),
         }
         if self._stager is not None:
             ref["stager"] = self._stager.address
@@ -643,8 +876,15 @@ class ShardHandle:
     def _set_progress(self, version: int, nbytes: int) -> None:
         self._ctrl.array[:8] = np.frombuffer(np.uint64((version << VERSION_SHIFT) | nbytes).tobytes(), dtype=np.uint8)
 
+    @property
+    def progress(self) -> tuple[int, int, int]:
+        """(version, bytes held, bytes in all) of this shard's byte stream: during a replicate, how
+        far it got (the same word pipeline readers of this replica see); after it, bytes held == all."""
+        word = int(self._ctrl.array[:8].view(np.uint64)[0])
+        return word >> VERSION_SHIFT, word & BYTES_MASK, sum(s[3] for s in self._stream())
+
     def _checksums(self) -> list[int]:
-        return [checksum(self.items[n].arr) for n in sorted(self.items)]
+        return [self.items[n].checksum() for n in sorted(self.items)]
 
     # -------------------------------------------------------------- ROS primitives
     def publish(self, version: int) -> None:
@@ -655,7 +895,7 @@ class ShardHandle:
             if self._pack is not None:
                 for it in self.items.values():
                     if it.pack_off >= 0:
-                        self._pack.array[it.pack_off:it.pack_off + it.arr.nbytes] = it.arr
+                        it.read_into(self._pack.array[it.pack_off:it.pack_off + it.nbytes], 0)
             t0 = time.perf_counter()
             cks = self._checksums()
             self.stats = {"publish_checksum_s": time.perf_counter() - t0}
@@ -690,7 +930,7 @@ class ShardHandle:
                           self.num_shards, self.retain, self.datacenter, False, kind="offload",
                           request_timeout=self.request_timeout)
         for n, it in self.items.items():
-            off.register(n, it.arr.copy())
+            off.register(n, it.host_copy())
         off.publish(version)
         self._offloads.append(off)
         log.info("offloaded %s v%d shard %d to CPU in %.3fs", self.model, version, self.shard, time.monotonic() - t0)
@@ -794,7 +1034,7 @@ class ShardHandle:
         dt = time.monotonic() - t0
         self.stats = {"bytes": total, "seconds": dt, "verify_s": ver.seconds, "reroutes": reroutes, "sources": sources,
                       "batches": st["batches"], "staged_slices": st["staged"], "GBps": total / dt / 1e9 if dt else 0.0,
-                      "verified": cks is not None}
+                      "verified": cks is not None, "device_checksums": ver.device_checks}
 
     def _pull_from(self, v: int, src: dict, mine: list, total: int, ver: _Verifier, st: dict, deadline: float) -> None:
         """Windowed READs of [st["done"], total) from one source: up to WINDOW batches in flight; each
@@ -835,7 +1075,7 @@ class ShardHandle:
                         if copyish[k]:
                             if not inflight:
                                 end = min(avail, starts[k] + mine[k][3])
-                                self._copy_range(v, src, mine[k], ritems[k], starts[k], issued, end, st, deadline)
+                                self._copy_range(v, src, mine[k], ritems[k], starts[k], issued, end, st, deadline, ver)
                                 issued = st["done"] = end
                                 self._set_progress(v, end)
                                 ver.advance(end)
@@ -895,22 +1135,34 @@ class ShardHandle:
         self._set_progress(v, end)
         ver.advance(end)
 
-    def _stage_sock(self, addr: str) -> zmq.Socket:
+    def _stage_sock(self, addr: str) -> tuple[zmq.Socket, ZmqClientAuth]:
         s = self._stage_socks.get(addr)
         if s is None:
             s = self.conn.ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.MAXMSGSIZE, STAGE_MAX_MSG)
+            s.setsockopt(zmq.SNDHWM, STAGE_HWM)
+            s.setsockopt(zmq.RCVHWM, STAGE_HWM)
             s.connect(addr)
+            auth = self.conn.auth
+            ca = ZmqClientAuth(auth.key("refhub-stage") if auth else None)
+            try:
+                ca.handshake(s, self.stage_timeout)
+            except AuthError as exc:
+                s.close(0)
+                raise _SourceFailed(f"stager {addr}: {exc}") from exc
             self._stage_socks[addr] = s
-        return s
+            self._stage_auth[addr] = ca
+        return s, self._stage_auth[addr]
 
     def _drop_stage_sock(self, addr: str) -> None:
         s = self._stage_socks.pop(addr, None)
+        self._stage_auth.pop(addr, None)
         if s is not None:
             s.close(0)
 
     def _copy_range(self, v: int, src: dict, m: tuple, r: list, start: int, a: int, b: int, st: dict,
-                    deadline: float) -> None:
+                    deadline: float, ver: _Verifier | None = None) -> None:
         """[a, b) of one stream item where either side is a copy-mode tensor: slice by slice, the source
         stages a slice (STAGE_DEPTH requests ahead), we READ it (into a landing buffer when our tensor
         is copy mode too, then copied into place), release the slot and advance the progress word."""
@@ -924,10 +1176,13 @@ class ShardHandle:
         pieces = [(x, min(x + slot_bytes, b)) for x in range(a, b, slot_bytes)]
         if lb is None and self._landing is None:
             self._landing = self.engine.allocate(STAGE_SLOT, segment=f"{self.segment}-landing")
+        dev = self.items[name].dev
+        if lb is None and dev is not None and not self._landing_pinned:
+            self._landing_pinned = bool(dev.runtime.pin(self._landing.addr, self._landing.length))
         addr = ref.get("stager") if src_copy else None
         if src_copy and not addr:
             raise _SourceFailed(f"source {src.get('replica')} serves {r[0]!r} in copy mode but runs no stager")
-        sock = self._stage_sock(addr) if src_copy else None
+        sock, ca = self._stage_sock(addr) if src_copy else (None, None)
         asked: deque = deque()
         replies: dict[int, dict] = {}
         held: list[int] = []
@@ -935,7 +1190,8 @@ class ShardHandle:
         def ask(i: int) -> None:
             x, y = pieces[i]
             rid = next(self._stage_rid)
-            sock.send(msgpack.packb({"op": "stage", "rid": rid, "v": v, "item": r[0], "off": x - start, "len": y - x}))
+            sock.send_multipart(ca.wrap(msgpack.packb({"op": "stage", "rid": rid, "v": v, "item": r[0], "off": x - start,
+                                                       "len": y - x})))
             asked.append(rid)
 
         def answer(rid: int) -> dict:
@@ -944,8 +1200,13 @@ class ShardHandle:
                 left = end_t - time.monotonic()
                 if left <= 0 or not sock.poll(int(left * 1000) + 1):
                     raise _SourceFailed(f"stager {addr} did not answer within {self.stage_timeout:.1f}s")
-                rep = msgpack.unpackb(sock.recv(), raw=False, strict_map_key=False)
-                replies[rep.get("rid", 0)] = rep
+                try:
+                    payload = ca.unwrap(sock.recv_multipart())
+                except AuthError as exc:
+                    raise _SourceFailed(f"stager {addr}: {exc}") from exc
+                rep = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+                if isinstance(rep, dict):
+                    replies[rep.get("rid", 0)] = rep
             rep = replies.pop(rid)
             if not rep.get("ok"):
                 raise _SourceFailed(f"stager {addr}: {rep.get('err')}: {rep.get('msg')}")
@@ -971,9 +1232,13 @@ class ShardHandle:
                     time.sleep(max(0.0, t_c + (y - a) / self.throttle_Bps - time.monotonic()))
                 self._read([(local, lo, seg, roff, y - x)], deadline)
                 if src_copy:
-                    sock.send(msgpack.packb({"op": "release", "rid": 0, "slot": held.pop()}))
+                    sock.send_multipart(ca.wrap(msgpack.packb({"op": "release", "rid": 0, "slot": held.pop()})))
                 if lb is None:
-                    self.items[name].arr[x - start:y - start] = self._landing.array[:y - x]
+                    landed = self._landing.array[:y - x]
+                    it = self.items[name]
+                    if it.dev is not None and ver is not None:
+                        ver.feed(name, x - start, landed)  # hashed here, on its way to the device
+                    it.write_from(landed, x - start)
                 st["done"] = y
                 self._set_progress(v, y)
         except BaseException:

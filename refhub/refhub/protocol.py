@@ -24,6 +24,23 @@ E_TXN = "txn_mismatch"
 E_BARRIER = "barrier_timeout"
 E_TIMEOUT = "timeout"
 E_MODEL = "model_mismatch"
+E_NOT_OWNER = "not_owner"
+E_LIMIT = "limit"
+
+# Bounds on every numeric and string field (a peer must not be able to make the server allocate
+# per its numbers, nor wait forever). Versions share a 64-bit progress word with a 40-bit byte count.
+MAX_SHARDS = 4096
+MAX_VERSION = (1 << 24) - 1
+MAX_BYTES = (1 << 40) - 1
+MAX_KEEP_LATEST = 1024
+MAX_WAIT_S = 24 * 3600.0
+MAX_ID = (1 << 63) - 1
+MAX_NAME = 256  # model, replica, datacenter names (UTF-8 characters)
+MAX_HB_HANDLES = 65536
+MAX_CHECKSUMS = 1 << 20
+MAX_REF_BYTES = 4 << 20  # a reference (segment, layout) as packed: replies carry it to every reader
+CID_BYTES = (8, 64)  # a client id (owner credential) is 8..64 bytes
+KINDS = ("normal", "offload")
 
 _INT = (int,)
 _STR = (str,)
@@ -32,8 +49,10 @@ _NUM = (int, float)
 _MAP = (dict,)
 _VERSION = (int, str)
 _LIST = (list, tuple)
+_CID = (bytes, str)
 
-# op -> {field: (types, required)}
+# op -> {field: (types, required)}. Every op also accepts "cid" (the client's owner credential) and
+# "rid". A field present with value nil is an error unless it is listed in NULLABLE.
 SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "open": {
         "model": (_STR, True),
@@ -42,7 +61,7 @@ SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "num_shards": (_INT, True),
         "datacenter": (_STR, False),
         "spot": (_BOOL, False),
-        "retain": (_MAP + (type(None),), False),
+        "retain": (_MAP, False),
         "kind": (_STR, False),
     },
     "hb": {"hs": (_LIST, True)},
@@ -57,6 +76,9 @@ SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "close": {"h": (_INT, True)},
     "stats": {},
 }
+NULLABLE = frozenset({("open", "retain"), ("open", "datacenter"), ("open", "kind"), ("open", "spot"),
+                      ("publish", "ref"), ("publish", "checksum"), ("replicate", "ref"), ("update", "ref")})
+_COMMON: dict[str, tuple[tuple[type, ...], bool]] = {"cid": (_CID, False)}
 
 # Copy mode: requests a reader sends straight to a holder's stager (not to the reference server).
 # stage: copy bytes [off, off+len) of tensor `item` of version `v` into a free staging slot; the
@@ -84,8 +106,12 @@ class ProtocolError(ValueError):
 def validate_stage(msg: Any) -> str:
     """Check one stager request (copy mode); return its op. Raises ProtocolError."""
     op = _check_fields(msg, STAGE_SCHEMA)
-    if op == "stage" and (msg["off"] < 0 or msg["len"] <= 0):
-        raise ProtocolError("stage: need off >= 0 and len > 0")
+    if op == "stage":
+        if not (0 <= msg["off"] <= MAX_BYTES and 0 < msg["len"] <= MAX_BYTES and 0 <= msg["v"] <= MAX_VERSION):
+            raise ProtocolError("stage: need 0 <= off, 0 < len (both < 2**40) and a valid version")
+        _check_str(op, "item", msg["item"], 4096)
+    elif not 0 <= msg["slot"] <= MAX_ID:
+        raise ProtocolError("release: slot out of range")
     return op
 
 
@@ -97,49 +123,119 @@ def _check_fields(msg: Any, schema: dict) -> str:
         raise ProtocolError("missing or non-string 'op'")
     fields = schema.get(op)
     if fields is None:
-        raise ProtocolError(f"unknown op {op!r}")
+        raise ProtocolError(f"unknown op {op[:40]!r}")
     rid = msg.get("rid", 0)
-    if not isinstance(rid, int) or isinstance(rid, bool):
-        raise ProtocolError("'rid' must be an int")
-    for name, (types, required) in fields.items():
-        val = msg.get(name)
-        if val is None:
+    if not isinstance(rid, int) or isinstance(rid, bool) or not 0 <= rid <= MAX_ID:
+        raise ProtocolError("'rid' must be an int in [0, 2**63)")
+    for name, (types, required) in (fields | _COMMON).items():
+        if name not in msg:
             if required:
                 raise ProtocolError(f"op {op!r}: missing field {name!r}")
             continue
+        val = msg[name]
+        if val is None:
+            if required or (op, name) not in NULLABLE:
+                raise ProtocolError(f"op {op!r}: field {name!r} must not be nil")
+            continue
         if not isinstance(val, types) or (isinstance(val, bool) and bool not in types):
             raise ProtocolError(f"op {op!r}: field {name!r} must be {'/'.join(t.__name__ for t in types)}")
+        if isinstance(val, int) and not isinstance(val, bool) and not -MAX_ID <= val <= MAX_ID:
+            raise ProtocolError(f"op {op!r}: field {name!r} is out of range")
     return op
 
 
+def _check_str(op: str, name: str, val: Any, limit: int = MAX_NAME) -> None:
+    if isinstance(val, str) and (not val or len(val) > limit):
+        raise ProtocolError(f"op {op!r}: {name!r} must be 1..{limit} characters")
+
+
+# a device tensor's checksum is computed where it lives, tagged with its algorithm (refhub.device)
+WSUM64 = "wsum64"
+DEVICE_CHECKSUM_ALGOS = (WSUM64,)
+
+
+def _is_checksum(c: Any) -> bool:
+    if type(c) is int:
+        return True
+    return isinstance(c, list) and len(c) == 2 and c[0] in DEVICE_CHECKSUM_ALGOS and type(c[1]) is int
+
+
+def _check_version(op: str, v: Any) -> None:
+    if not 0 <= v <= MAX_VERSION:
+        raise ProtocolError(f"op {op!r}: version must be in [0, {MAX_VERSION}]")
+
+
+def _check_handle(op: str, h: Any) -> None:
+    if not 0 <= h <= MAX_ID:
+        raise ProtocolError(f"op {op!r}: bad handle id")
+
+
 def validate(msg: Any) -> str:
-    """Check one request map; return its op. Raises ProtocolError with a readable reason."""
+    """Check one request map; return its op. Raises ProtocolError with a readable reason.
+
+    After this, every field a handler reads has its type and is within its bounds: handlers do not
+    fail on input (and so never leave a half-done transaction behind)."""
     op = _check_fields(msg, SCHEMA)
+    cid = msg.get("cid")
+    if cid is not None and not CID_BYTES[0] <= len(cid) <= CID_BYTES[1]:
+        raise ProtocolError(f"'cid' must be {CID_BYTES[0]}..{CID_BYTES[1]} bytes")
+    if "h" in msg and msg["h"] is not None:
+        _check_handle(op, msg["h"])
     if op == "open":
-        if msg["shard"] < 0 or msg["num_shards"] < 1 or msg["shard"] >= msg["num_shards"]:
+        for name in ("model", "replica", "datacenter", "kind"):
+            _check_str(op, name, msg.get(name))
+        if not 1 <= msg["num_shards"] <= MAX_SHARDS:
+            raise ProtocolError(f"open: num_shards must be in [1, {MAX_SHARDS}]")
+        if not 0 <= msg["shard"] < msg["num_shards"]:
             raise ProtocolError("open: need 0 <= shard < num_shards")
+        if msg.get("kind") is not None and msg["kind"] not in KINDS:
+            raise ProtocolError(f"open: kind must be one of {KINDS}")
         retain = msg.get("retain")
         if retain is not None:
+            if set(retain) - {"keep_latest"}:
+                raise ProtocolError("open: retain takes only keep_latest")
             k = retain.get("keep_latest", 0)
-            if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-                raise ProtocolError("open: retain.keep_latest must be a non-negative int")
+            if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_KEEP_LATEST:
+                raise ProtocolError(f"open: retain.keep_latest must be an int in [0, {MAX_KEEP_LATEST}]")
     elif op == "hb":
-        if not all(isinstance(h, int) for h in msg["hs"]):
-            raise ProtocolError("hb: 'hs' must be a list of ints")
+        hs = msg["hs"]
+        if len(hs) > MAX_HB_HANDLES or not all(type(h) is int and 0 <= h <= MAX_ID for h in hs):
+            raise ProtocolError(f"hb: 'hs' must be a list of at most {MAX_HB_HANDLES} handle ids")
+    elif op == "publish":
+        _check_version(op, msg["version"])
+        cks = msg.get("checksum")
+        if isinstance(cks, list) and (len(cks) > MAX_CHECKSUMS or not all(_is_checksum(c) for c in cks)):
+            raise ProtocolError("publish: 'checksum' must be a list of ints or [algorithm, int] pairs")
     elif op == "replicate":
         parse_version(msg["version"])
+    elif op == "progress":
+        if "done" in msg and not 0 <= msg["done"] <= MAX_BYTES:
+            raise ProtocolError("progress: 'done' must be in [0, 2**40)")
+    elif op == "list":
+        _check_str(op, "model", msg.get("model"))
     elif op == "wait":
+        t = msg.get("timeout", 30.0)
+        if not (isinstance(t, (int, float)) and t == t and 0 <= t <= MAX_WAIT_S):  # t == t: not NaN
+            raise ProtocolError(f"wait: timeout must be a finite number of seconds in [0, {MAX_WAIT_S:g}]")
         pred = msg["pred"]
         if len(pred) != 1:
             raise ProtocolError("wait: 'pred' must have exactly one key")
         ((name, arg),) = pred.items()
-        want = PREDICATES.get(name)
+        want = PREDICATES.get(name) if isinstance(name, str) else None
         if want is None:
-            raise ProtocolError(f"wait: unknown predicate {name!r}")
+            raise ProtocolError(f"wait: unknown predicate {str(name)[:40]!r}")
         if not isinstance(arg, want) or isinstance(arg, bool):
             raise ProtocolError(f"wait: predicate {name!r} has a bad argument")
-        if name == "replicas_at_least" and (len(arg) != 2 or not all(isinstance(x, int) for x in arg)):
-            raise ProtocolError("wait: replicas_at_least takes [version, count]")
+        if name == "replicas_at_least":
+            if len(arg) != 2 or not all(type(x) is int for x in arg) or not (0 <= arg[0] <= MAX_VERSION and 0 <= arg[1] <= MAX_ID):
+                raise ProtocolError("wait: replicas_at_least takes [version, count]")
+        elif not 0 <= arg <= MAX_VERSION:
+            raise ProtocolError(f"wait: predicate {name!r} needs a version in [0, {MAX_VERSION}]")
+    if "txn" in msg and not 0 <= msg["txn"] <= MAX_ID:
+        raise ProtocolError("'txn' out of range")
+    ref = msg.get("ref")
+    if ref is not None and len(pack(ref)) > MAX_REF_BYTES:
+        raise ProtocolError(f"op {op!r}: 'ref' is larger than {MAX_REF_BYTES} bytes packed")
     return op
 
 
@@ -148,16 +244,16 @@ def parse_version(spec: int | str) -> tuple[str, int]:
     if isinstance(spec, bool):
         raise ProtocolError("version must be an int or 'latest[-k]'")
     if isinstance(spec, int):
-        if spec < 0:
-            raise ProtocolError("version must be >= 0")
+        if not 0 <= spec <= MAX_VERSION:
+            raise ProtocolError(f"version must be in [0, {MAX_VERSION}]")
         return ("abs", spec)
     if spec == "latest":
         return ("rel", 0)
     if spec.startswith("latest-"):
         tail = spec[7:]
-        if tail.isdigit():
+        if tail.isascii() and tail.isdigit() and len(tail) <= 8 and int(tail) <= MAX_VERSION:
             return ("rel", int(tail))
-    raise ProtocolError(f"bad version {spec!r}: an int, 'latest' or 'latest-k'")
+    raise ProtocolError(f"bad version {spec[:40]!r}: an int, 'latest' or 'latest-k'")
 
 
 _packer = msgpack.Packer(use_bin_type=True)

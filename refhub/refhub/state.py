@@ -10,6 +10,15 @@ shard handle is in one of the states IDLE, PUBLISHED (holds a complete version, 
 (being filled with a version; serves the prefix it has to pipeline readers) or DRAINING (revoked,
 waiting until the reads from it end before its owner may mutate it).
 
+Ownership (SECURITY.md): a handle belongs to the client that opened it: the client id ``cid`` it
+sent (a random credential its connection keeps across reconnects), or, without one, the connection
+itself. Only the owner may act on a handle (publish, unpublish, transactions, close) or re-bind it
+with ``hb``; others get ``not_owner``. Re-opening a (replica, shard) that a live handle of another
+owner holds is refused until that handle has been silent for ``takeover_after`` seconds (a
+restarted worker waits that long, an impostor cannot evict a live one). A model's shape
+(``num_shards``) is fixed by its first open and released when its last replica goes away; the
+number of models and handles (in all and per owner) is capped.
+
 A *reservation* ``(replica, shard, txn)`` in ``source.readers`` pins a source buffer: it is taken
 when a replicate/update transaction picks the source and released when the reader finishes, fails
 over to another source, or dies. A handle is never told it may mutate its buffer (unpublish, update,
@@ -22,16 +31,21 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from tent_core.ratelog import RateLimitedLog
+
 from .protocol import (
     E_BAD_MESSAGE,
     E_BARRIER,
+    E_LIMIT,
     E_MODEL,
+    E_NOT_OWNER,
     E_STATE,
     E_TXN,
     E_UNAVAILABLE,
     E_UNKNOWN_HANDLE,
     TXN_OPS,
     ProtocolError,
+    pack,
     parse_version,
     validate,
 )
@@ -53,6 +67,8 @@ class Handle:
     replica: Replica
     shard: int
     last_seen: float
+    owner: Any = None  # ("cid", bytes) or ("conn", client): who may act on this handle
+    ref_bytes: int = 0  # packed size of `ref`, charged to the owner
     state: int = IDLE
     version: int | None = None
     ref: dict | None = None
@@ -125,12 +141,30 @@ class ServerState:
         suspect_s: float | None = None,
         epoch: str = "0",
         pipeline: bool = True,
+        takeover_after: float | None = None,
+        max_handles: int = 1 << 18,
+        max_handles_per_owner: int = 4096,
+        max_models: int = 1 << 16,
+        max_ref_bytes_per_owner: int = 256 << 20,
+        max_ref_bytes: int = 4 << 30,
     ) -> None:
         self.pipeline = pipeline  # False: only complete replicas serve (for the burst benchmark's baseline)
         self.hb_timeout = hb_timeout
         self.barrier_timeout = barrier_timeout
         self.suspect_s = hb_timeout if suspect_s is None else suspect_s
         self.epoch = epoch
+        self.takeover_after = hb_timeout / 2 if takeover_after is None else takeover_after
+        self.max_handles = max_handles
+        self.max_handles_per_owner = max_handles_per_owner
+        self.max_models = max_models
+        self.max_ref_bytes_per_owner = max_ref_bytes_per_owner
+        self.max_ref_bytes = max_ref_bytes
+        self.owned: dict[Any, int] = {}  # owner -> live handles
+        self.ref_bytes: dict[Any, int] = {}  # owner -> packed bytes of its handles' references
+        self.ref_bytes_total = 0
+        self.stats_hook: Any = None  # the I/O shell's counters (frames, drops, sessions), merged into stats
+        self._now = 0.0  # the time of the call being handled: the log limiter's clock (no clock reads)
+        self.rlog = RateLimitedLog(log, clock=lambda: self._now)
         self.models: dict[str, Model] = {}
         self.handles: dict[int, Handle] = {}
         self._next_hid = 1
@@ -143,14 +177,15 @@ class ServerState:
     def handle(self, client: Any, msg: Any, now: float) -> list[Reply]:
         """Process one request (already decoded). Never raises for a bad message."""
         out: list[Reply] = []
+        self._now = now
         rid = msg.get("rid", 0) if isinstance(msg, dict) else 0
-        if not isinstance(rid, int):
+        if not isinstance(rid, int) or isinstance(rid, bool) or not 0 <= rid < 1 << 63:
             rid = 0
         try:
             op = validate(msg)
         except ProtocolError as exc:
             self.errors += 1
-            log.warning("bad message from %r: %s", client, exc)
+            self.rlog.warning("bad-message", "bad message from %.60r: %s", client, exc)
             out.append((client, {"rid": rid, "ok": False, "err": E_BAD_MESSAGE, "msg": str(exc)}))
             return out
         self.ops += 1
@@ -158,18 +193,20 @@ class ServerState:
             self._dispatch(op, client, msg, rid, now, out)
         except Exception:  # a bug must not take the server down
             self.errors += 1
-            log.exception("internal error on %s from %r", op, client)
+            if self.rlog.allow("internal")[0]:
+                log.exception("internal error on %s from %.60r", op, client)
             out.append((client, {"rid": rid, "ok": False, "err": "internal", "msg": f"internal error on {op}"}))
         return out
 
     def tick(self, now: float) -> list[Reply]:
         """Apply timeouts: silent handles fail (whole replica), barriers and waits expire."""
         out: list[Reply] = []
+        self._now = now
         limit = now - self.hb_timeout
         dead = {h.replica for h in self.handles.values() if h.last_seen < limit}
         for rep in dead:
             if rep.model.replicas.get(rep.name) is rep:
-                log.warning("replica %s/%s missed heartbeats: removed", rep.model.name, rep.name)
+                self.rlog.warning("hb", "replica %s/%s missed heartbeats: removed", rep.model.name, rep.name)
                 self.failures += 1
                 self._remove_replica(rep, now, out)
         for model in self.models.values():
@@ -194,14 +231,21 @@ class ServerState:
             return
         if op == "hb":
             unknown = []
+            denied = []
+            me = _owner(client, msg)
             for hid in msg["hs"]:
                 h = self.handles.get(hid)
                 if h is None:
                     unknown.append(hid)
+                elif h.owner != me:
+                    denied.append(hid)  # not ours: neither kept alive nor re-bound
                 else:
                     h.last_seen = now
                     h.client = client
-            out.append((client, {"rid": rid, "ok": True, "unknown": unknown, "epoch": self.epoch}))
+            rep = {"rid": rid, "ok": True, "unknown": unknown, "epoch": self.epoch}
+            if denied:
+                rep["denied"] = denied
+            out.append((client, rep))
             return
         if op == "stats":
             out.append((client, {"rid": rid, "ok": True, **self.stats()}))
@@ -214,6 +258,17 @@ class ServerState:
         if h is None:
             out.append((client, _err(rid, E_UNKNOWN_HANDLE, f"handle {msg['h']} is not registered (epoch {self.epoch})")))
             return
+        if h.owner != _owner(client, msg):
+            self.rlog.warning("not-owner", "client %.60r tried %s on handle %d it does not own", client, op, h.hid)
+            out.append((client, _err(rid, E_NOT_OWNER, f"handle {h.hid} belongs to another client")))
+            return
+        if op in ("publish", "replicate", "update") and msg.get("ref"):
+            # references are kept per handle and sent to every reader: the owner's total is capped
+            size = len(pack(msg["ref"]))
+            mine = self.ref_bytes.get(h.owner, 0) - h.ref_bytes + size
+            if mine > self.max_ref_bytes_per_owner or self.ref_bytes_total - h.ref_bytes + size > self.max_ref_bytes:
+                out.append((client, _err(rid, E_LIMIT, "references too large (per-client or server limit)")))
+                return
         h.last_seen = now
         h.client = client
         rep = h.replica
@@ -238,20 +293,34 @@ class ServerState:
     def _open(self, client: Any, msg: dict, rid: int, now: float, out: list[Reply]) -> None:
         mname = msg["model"]
         n = msg["num_shards"]
-        model = self.models.get(mname)
-        if model is None:
-            model = self.models[mname] = Model(mname, n)
-        elif model.num_shards != n:
-            out.append((client, _err(rid, E_MODEL, f"model {mname} has {model.num_shards} shards, not {n}")))
+        owner = _owner(client, msg)
+        # every check first: a refused open changes nothing
+        if len(self.handles) >= self.max_handles or self.owned.get(owner, 0) >= self.max_handles_per_owner:
+            out.append((client, _err(rid, E_LIMIT, "too many open handles (server or client limit)")))
             return
-        retain = msg.get("retain") or {}
-        model.keep_latest = max(model.keep_latest, retain.get("keep_latest", 0))
+        model = self.models.get(mname)
+        if model is None and len(self.models) >= self.max_models:
+            out.append((client, _err(rid, E_LIMIT, f"too many models ({self.max_models})")))
+            return
+        if model is not None and model.num_shards != n:
+            out.append((client, _err(rid, E_MODEL, f"model {mname} has {model.num_shards} shards (held by "
+                                                    f"{len(model.replicas)} replica(s)), not {n}")))
+            return
         rname = msg["replica"]
         shard = msg["shard"]
-        rep = model.replicas.get(rname)
+        rep = model.replicas.get(rname) if model is not None else None
+        held = rep.shards.get(shard) if rep is not None else None
+        if held is not None and held.owner != owner and now - held.last_seen < self.takeover_after:
+            out.append((client, _err(rid, E_NOT_OWNER, f"replica {rname} shard {shard} of {mname} is held by another "
+                                                       f"live client (retry after {self.takeover_after:g}s of its silence)")))
+            return
+        if model is None:
+            model = self.models[mname] = Model(mname, n)
+        retain = msg.get("retain") or {}
+        model.keep_latest = max(model.keep_latest, retain.get("keep_latest", 0))
         if rep is not None and (shard in rep.shards or (rep.formed and rep.kind != "offload")):
             # A shard re-opening (restart, failover) invalidates its whole old replica.
-            log.info("replica %s/%s re-registered: dropping the old instance", mname, rname)
+            self.rlog.info("reopen", "replica %s/%s re-registered: dropping the old instance", mname, rname)
             self._remove_replica(rep, now, out)
             rep = None
         if rep is None:
@@ -263,7 +332,8 @@ class ServerState:
         self._next_hid += 1
         if rep.kind == "offload":
             rep.formed = True  # offload replicas hold whichever shards had the last copy: no barrier
-        h = Handle(hid, client, model, rep, shard, now)
+        h = Handle(hid, client, model, rep, shard, now, owner)
+        self.owned[owner] = self.owned.get(owner, 0) + 1
         if rep.kind == "offload":
             model.offload_handles[h] = None
         rep.shards[shard] = h
@@ -288,6 +358,7 @@ class ServerState:
     def _drop(self, h: Handle, now: float, out: list[Reply]) -> None:
         """Forget a closed handle (its readers have drained)."""
         h.alive = False
+        self._disown(h)
         self.handles.pop(h.hid, None)
         h.model.offload_handles.pop(h, None)
         rep = h.replica
@@ -305,6 +376,7 @@ class ServerState:
                 self._release_src(h, now, out)
             h.alive = False
             h.pending = None
+            self._disown(h)
             self.handles.pop(h.hid, None)
             h.model.offload_handles.pop(h, None)
         rep.shards.clear()
@@ -324,7 +396,34 @@ class ServerState:
         rep.seeding.clear()
         if model.replicas.get(rep.name) is rep:
             del model.replicas[rep.name]
+        if not model.replicas and self.models.get(model.name) is model:
+            del self.models[model.name]  # the name (and its shape) is free again
+            return
         self._reeval(model, now, out)
+
+    def _set_ref(self, h: Handle, ref: dict) -> None:
+        size = len(pack(ref)) if ref else 0
+        self._charge(h, size - h.ref_bytes)
+        h.ref = ref
+        h.ref_bytes = size
+
+    def _charge(self, h: Handle, delta: int) -> None:
+        if delta:
+            n = self.ref_bytes.get(h.owner, 0) + delta
+            if n > 0:
+                self.ref_bytes[h.owner] = n
+            else:
+                self.ref_bytes.pop(h.owner, None)
+            self.ref_bytes_total += delta
+
+    def _disown(self, h: Handle) -> None:
+        self._charge(h, -h.ref_bytes)
+        h.ref_bytes = 0
+        n = self.owned.get(h.owner, 0) - 1
+        if n > 0:
+            self.owned[h.owner] = n
+        else:
+            self.owned.pop(h.owner, None)
 
     # ------------------------------------------------------------------ holders / reservations
 
@@ -427,7 +526,8 @@ class ServerState:
     def _publish(self, h: Handle, msg: dict, rid: int, now: float, out: list[Reply]) -> None:
         v = msg["version"]
         if h.state == PUBLISHED and h.version == v:
-            h.ref = msg.get("ref") or h.ref
+            if msg.get("ref"):
+                self._set_ref(h, msg["ref"])
             out.append((h.client, {"rid": rid, "ok": True}))
             return
         if h.state != IDLE:
@@ -436,7 +536,7 @@ class ServerState:
         h.state = PUBLISHED
         h.version = v
         h.complete = True
-        h.ref = msg.get("ref") or {}
+        self._set_ref(h, msg.get("ref") or {})
         self._join_holders(h)
         cks = msg.get("checksum")
         if cks is not None:
@@ -526,14 +626,14 @@ class ServerState:
         h.seq += 1
         txn = rep.txns.get(k)
         if txn is None:
-            txn = rep.txns[k] = Txn(op, msg, h.shard)
-            if op == "wait":
-                txn.deadline = now + float(msg.get("timeout", 30.0))
+            # validate() bounded the timeout (finite, >= 0): computing the deadline cannot fail
+            deadline = now + float(msg.get("timeout", 30.0)) if op == "wait" else None
+            txn = rep.txns[k] = Txn(op, msg, h.shard, deadline=deadline)
             self._try_decide(rep, k, txn, now, out)
             if not txn.decided:
                 rep.model.pending.add((rep.name, k))
         elif txn.op != op:
-            log.warning("replica %s shard %d: txn %d is %s, got %s", rep.name, h.shard, k, txn.op, op)
+            self.rlog.warning("txn", "replica %s shard %d: txn %d is %s, got %s", rep.name, h.shard, k, txn.op, op)
             txn.consumed.add(h.shard)
             out.append((h.client, _err(rid, E_TXN, f"call {k} of this replica is {txn.op}, not {op}")))
             self._gc_txns(rep, now, out)
@@ -667,7 +767,7 @@ class ServerState:
             h.state = RECEIVING
             h.version = v
             h.complete = False
-            h.ref = msg.get("ref") or {}
+            self._set_ref(h, msg.get("ref") or {})
             h.src = src
             h.src_key = key
             h.seeding = src.replica.dc != rep.dc
@@ -733,7 +833,8 @@ class ServerState:
             return
         if src is not None and failed:
             src.suspect_until = now + self.suspect_s
-            log.info("handle %d reports source %d failed (%s)", h.hid, src.hid, "corrupt" if msg.get("corrupt") else "io")
+            self.rlog.info("src-failed", "handle %d reports source %d failed (%s)", h.hid, src.hid,
+                           "corrupt" if msg.get("corrupt") else "io")
         was_seeding = h.seeding
         if src is not None and key is not None:
             src.readers.pop(key, None)
@@ -830,10 +931,13 @@ class ServerState:
         return False
 
     def stats(self) -> dict:
+        extra = self.stats_hook() if self.stats_hook is not None else {}
         return {
+            **extra,
             "epoch": self.epoch,
             "models": len(self.models),
             "handles": len(self.handles),
+            "owners": len(self.owned),
             "ops": self.ops,
             "errors": self.errors,
             "failures": self.failures,
@@ -850,7 +954,24 @@ class ServerState:
                 assert per is not None and h in per[h.shard], f"handle {h.hid} missing from holders"
             if h.state == IDLE:
                 assert not h.readers, f"idle handle {h.hid} has readers"
+        owned: dict[Any, int] = {}
+        for h in self.handles.values():
+            owned[h.owner] = owned.get(h.owner, 0) + 1
+            assert self.models.get(h.model.name) is h.model, f"handle {h.hid} of a forgotten model"
+            assert h.replica.model.replicas.get(h.replica.name) is h.replica, f"handle {h.hid} of a forgotten replica"
+        assert owned == self.owned, "per-owner handle counts drifted"
+        refs: dict[Any, int] = {}
+        for h in self.handles.values():
+            if h.ref_bytes:
+                refs[h.owner] = refs.get(h.owner, 0) + h.ref_bytes
+        assert refs == self.ref_bytes and sum(refs.values()) == self.ref_bytes_total, "reference byte counts drifted"
         for model in self.models.values():
+            assert model.replicas, f"model {model.name} has no replica but was kept"
+            for rname, k in model.pending:
+                rep = model.replicas.get(rname)
+                txn = rep.txns.get(k) if rep else None
+                assert txn is not None and not txn.decided, f"pending ({rname}, {k}) is not an undecided txn"
+                assert txn.op != "wait" or txn.deadline is not None, "a wait without a deadline"
             for v, per in model.holders.items():
                 for s in per:
                     for c in s:
@@ -859,6 +980,11 @@ class ServerState:
 
 _NO_VERSIONS: frozenset = frozenset()
 _EMPTY_LIST = {"versions": {}, "latest": None, "retained": [], "replicas": 0}
+
+
+def _owner(client: Any, msg: dict) -> Any:
+    cid = msg.get("cid")
+    return ("cid", cid.encode() if isinstance(cid, str) else cid) if cid is not None else ("conn", client)
 
 
 def _err(rid: int, code: str, msg: str) -> dict:

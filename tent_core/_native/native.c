@@ -398,8 +398,29 @@ static PyObject *Batch_complete_slice(BatchObject *self, PyObject *args) {
 /* wait_handle(timeout=None): BatchHandle.wait's fast side. A batch that finished without an
  * error answers True here; anything else (still running, failed, a timeout to honour) goes to
  * the handle's Python `_wait`, which waits and raises the typed errors. */
+/* tent_core.batch's globals (set_hook_namespace): while its COMPLETION_HOOK is set, every wait
+ * runs `_wait`, which reports the end of the batch to the hook. */
+static PyObject *g_hook_ns = NULL;
+
+static int hook_off(void) {
+  if (!g_hook_ns) return 1;
+  PyObject *h = PyDict_GetItemString(g_hook_ns, "COMPLETION_HOOK"); /* borrowed; never raises */
+  return !h || h == Py_None;
+}
+
+static PyObject *py_set_hook_namespace(PyObject *m, PyObject *ns) {
+  if (!PyDict_Check(ns)) {
+    PyErr_SetString(PyExc_TypeError, "set_hook_namespace(globals dict)");
+    return NULL;
+  }
+  Py_INCREF(ns);
+  Py_XSETREF(g_hook_ns, ns);
+  Py_RETURN_NONE;
+}
+
 static PyObject *Batch_wait_handle(BatchObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-  if (!kwnames && nargs <= 1 && atomic_load(&self->b->remaining) == 0 && atomic_load(&self->b->first_error) == 0)
+  if (!kwnames && nargs <= 1 && atomic_load(&self->b->remaining) == 0 && atomic_load(&self->b->first_error) == 0 &&
+      hook_off())
     Py_RETURN_TRUE;
   static PyObject *name = NULL;
   if (!name && !(name = PyUnicode_InternFromString("_wait"))) return NULL;
@@ -906,6 +927,7 @@ typedef struct {
   PyObject *fallback; /* called with (requests, deadline) when the fast path cannot take a batch */
   /* request fields read straight from their slots (offsets of the slotted Request type; 0: use getattr) */
   Py_ssize_t off[8];
+  Py_ssize_t off_ordering[3]; /* wait_stream, wait_event, signal_event slots (0: not slotted) */
   /* the last hit: the same class again (one request at a time) skips building the key. The
    * strings are held, so their addresses cannot be reused by other objects while compared. */
   FastEntryObject *last;
@@ -964,6 +986,13 @@ static PyObject *FastPath_new(PyTypeObject *type, PyObject *args, PyObject *kw) 
   self->vectorcall = FastPath_vectorcall;
   Py_INCREF(fallback);
   self->fallback = fallback;
+  /* requests whose stream-ordering fields are set go to the planner (the Orderer) */
+  static const char *ordering_names[3] = {"wait_stream", "wait_event", "signal_event"};
+  for (int i = 0; i < 3; i++) {
+    PyObject *d = PyDict_GetItemString(((PyTypeObject *)req_t)->tp_dict, ordering_names[i]);
+    if (d && Py_TYPE(d) == &PyMemberDescr_Type && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX)
+      self->off_ordering[i] = ((PyMemberDescrObject *)d)->d_member->offset;
+  }
   /* a slotted request type: read its fields at their offsets */
   PyObject *names[8] = {s_op, s_local, s_local_offset, s_remote, s_remote_offset, s_length, s_priority, s_tag};
   for (int i = 0; i < 8; i++) {
@@ -1057,6 +1086,11 @@ static void req_fields_clear(req_fields_t *f) {
 static int req_fields_read(const FastPathObject *fp, PyObject *req, req_fields_t *f) {
   memset(f, 0, sizeof *f);
   if (fp->off[0] && Py_TYPE(req) == fp->request_type) { /* slots: no attribute lookups */
+    for (int i = 0; i < 3; i++) {
+      if (!fp->off_ordering[i]) continue;
+      PyObject *v = *(PyObject **)((char *)req + fp->off_ordering[i]);
+      if (v && v != Py_None) return -1; /* stream-ordered: the planner's */
+    }
     PyObject **out[8] = {&f->op, &f->local, &f->loff, &f->remote, &f->roff, &f->length, &f->prio, &f->tag};
     for (int i = 0; i < 8; i++) {
       PyObject *v = *(PyObject **)((char *)req + fp->off[i]);
@@ -1072,6 +1106,14 @@ static int req_fields_read(const FastPathObject *fp, PyObject *req, req_fields_t
       !(f->prio = PyObject_GetAttr(req, s_priority)) || !(f->tag = PyObject_GetAttr(req, s_tag))) {
     PyErr_Clear();
     return -1;
+  }
+  static const char *ordering_names[3] = {"wait_stream", "wait_event", "signal_event"};
+  for (int i = 0; i < 3; i++) {
+    PyObject *v = PyObject_GetAttrString(req, ordering_names[i]);
+    int set = v && v != Py_None;
+    Py_XDECREF(v);
+    PyErr_Clear();
+    if (set) return -1; /* stream-ordered: the planner's */
   }
   return 0;
 }
@@ -1505,6 +1547,7 @@ static PyObject *py_set_wait_spin_ns(PyObject *m, PyObject *arg) {
 }
 
 static PyMethodDef methods[] = {
+    {"set_hook_namespace", py_set_hook_namespace, METH_O, "set_hook_namespace(tent_core.batch globals): wait() honours its COMPLETION_HOOK"},
     {"submit", py_submit, METH_VARARGS, "submit(ops, exec, batch, slices, inline=False) -> rc"},
     {"submit_one", (PyCFunction)(void (*)(void))py_submit_one, METH_FASTCALL, "submit one slice"},
     {"executor_inline", py_executor_inline, METH_O, "executor_inline(ops) -> bool: it can run slices on the caller's thread"},

@@ -52,13 +52,11 @@ def _engine(spec: dict) -> Any:
     return Engine()
 
 
-def _await_receiving(server: str, timeout: float) -> None:
+def _await_receiving(querier: Any, timeout: float) -> None:
     """Until the server reports a shard of the benchmark model being received (or TimeoutError)."""
-    from refhub.client import query
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        listing = query(server, {"op": "list", "model": "burst"})
+        listing = querier.call({"op": "list", "model": "burst"})
         if any(v.get("receiving_shards", 0) > 0 for v in listing.get("versions", {}).values()):
             return
         time.sleep(0.005)
@@ -76,6 +74,8 @@ def run_refhub(role: str, spec: dict) -> None:
         h.register(f"w{i:04d}", t)
     if role == "publisher":
         h.publish(1)
+    # polls the server while waiting for a partial copy: connected (and authenticated) before "ready"
+    querier = client.Querier(spec["server"]) if role == "receiver" else None
     emit({"event": "ready", "engine": eng.engine_id})
     expect = expected_checksums(spec["sizes"], spec["seed"]) if role == "receiver" else None
     for line in sys.stdin:
@@ -86,7 +86,7 @@ def run_refhub(role: str, spec: dict) -> None:
         try:
             if cmd == "replicate":
                 if msg.get("once_receiving"):  # start on a partial copy: wait until some replica receives
-                    _await_receiving(spec["server"], float(msg.get("timeout", 60)))
+                    _await_receiving(querier, float(msg.get("timeout", 60)))
                     time.sleep(float(msg.get("lead", 0)))
                     emit({"event": "started"})
                 t0 = time.monotonic()
@@ -106,6 +106,8 @@ def run_refhub(role: str, spec: dict) -> None:
                 emit({"ok": False, "error": f"unknown command {cmd}"})
         except Exception as exc:  # reported to the driver
             emit({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+    if querier is not None:
+        querier.close()
     h.close()
     eng.close()
 

@@ -17,19 +17,28 @@ from typing import Any
 
 import msgpack
 import zmq
+from refhub.server import client_auth
+
+from tent_core.auth import ZmqClientAuth
 
 
 def _gen_main(addr: str, first: int, count: int, shards: int, nsock: int, batch: bool,
               t_start: float, warm: float, duration: float, q: Any) -> None:
     ctx = zmq.Context()
     socks = []
+    auths = []
+    auth = client_auth()  # the same token as the server's (REFHUB_/TENT_AUTH_TOKEN), if any
     for _ in range(nsock):
         s = ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.SNDHWM, 0)
         s.setsockopt(zmq.RCVHWM, 0)
         s.connect(addr)
+        ca = ZmqClientAuth(auth.key("refhub") if auth else None)
+        ca.handshake(s, 10.0)
         socks.append(s)
+        auths.append(ca)
+    by_sock = {s: ca for s, ca in zip(socks, auths, strict=True)}
     poller = zmq.Poller()
     for s in socks:
         poller.register(s, zmq.POLLIN)
@@ -55,10 +64,10 @@ def _gen_main(addr: str, first: int, count: int, shards: int, nsock: int, batch:
             if not box:
                 continue
             if batch:
-                socks[si].send(packb(box))
+                socks[si].send_multipart(auths[si].wrap(packb(box)))
             else:
                 for m in box:
-                    socks[si].send(packb(m))
+                    socks[si].send_multipart(auths[si].wrap(packb(m)))
             box.clear()
 
     while time.time() < t_start:
@@ -86,7 +95,7 @@ def _gen_main(addr: str, first: int, count: int, shards: int, nsock: int, batch:
         for s, _ in poller.poll(100):
             while True:
                 try:
-                    data = s.recv(zmq.NOBLOCK)
+                    data = by_sock[s].unwrap(s.recv_multipart(zmq.NOBLOCK))
                 except zmq.Again:
                     break
                 reps = unpackb(data, strict_map_key=False)

@@ -37,11 +37,14 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from tent_core.auth import new_token
 
 log = logging.getLogger(__name__)
 
@@ -258,6 +261,10 @@ class Fabric:
                     )
                 )
         self._current: dict[tuple[int, int], int] = {}  # (peer, rail) -> rate now
+        # Engines in the namespaces bind 198.18.x addresses, where an auth token is mandatory: every
+        # process started through exec_argv() reads the caller's TENT_AUTH_TOKEN[_FILE], or else a
+        # fresh token from a private file (a path in argv, never the token itself).
+        self.auth_token_file = ""
         self._up = False
         self._closed = False
 
@@ -318,7 +325,14 @@ class Fabric:
         return self.addrs(0, peer=node) if peer == 0 else []
 
     def exec_argv(self, node: int, argv: Sequence[str]) -> list[str]:
-        return ["ip", "netns", "exec", self.ns(node), *argv]
+        ns = self.ns(node)
+        if os.environ.get("TENT_AUTH_TOKEN") or os.environ.get("TENT_AUTH_TOKEN_FILE"):
+            return ["ip", "netns", "exec", ns, *argv]  # the caller's token is inherited
+        if not self.auth_token_file:
+            fd, self.auth_token_file = tempfile.mkstemp(prefix="tent-fabric-token-")  # mode 0600
+            with os.fdopen(fd, "w") as fh:
+                fh.write(new_token())
+        return ["ip", "netns", "exec", ns, "env", f"TENT_AUTH_TOKEN_FILE={self.auth_token_file}", *argv]
 
     def popen(self, node: int, argv: Sequence[str], **kw: Any) -> subprocess.Popen[Any]:
         """Start `argv` inside `node`'s namespace (the caller waits for / kills it)."""
@@ -375,6 +389,12 @@ class Fabric:
 
     def close(self) -> None:
         """Delete the namespaces (and with them every veth). Safe to call twice."""
+        if self.auth_token_file:
+            try:
+                os.unlink(self.auth_token_file)
+            except OSError:
+                pass
+            self.auth_token_file = ""
         if self._closed:
             return
         self._closed = True

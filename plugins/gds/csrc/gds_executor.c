@@ -30,6 +30,12 @@
  * with its last reference. Without cuFile, CUDA buffers are never registered here: the core
  * stages GPU <-> file through host memory instead.
  *
+ * Stream ordering: where libcuda is loaded (cufile on/auto with a device), a batch registered with
+ * tent_gds_order_add (token -> the CUevent its request waits for) has each chunk's I/O start only
+ * once cuEventQuery reports the event done, polled by the worker with a growing sleep until the
+ * entry's deadline (then the slice fails with TENT_E_TIMEOUT). cuFile I/O is driven by host threads,
+ * so the wait is the worker's; the submitting thread never blocks.
+ *
  * Status mapping: range outside every registered file / EOF before `length` on READ ->
  * TENT_E_BOUNDS; WRITE into a file registered read-only -> TENT_E_PERMISSION; EIO, ENOSPC
  * and other I/O errors -> TENT_E_IO; unknown peer -> TENT_E_CONNECT.
@@ -45,6 +51,10 @@
  *   int64_t  tent_gds_fs_magic(const char *path);  statfs f_type or -errno
  *   void     tent_gds_config(void *ex, uint64_t out[4]);  threads, queue_depth, chunk, direct
  *   void     tent_gds_stats(void *ex, uint64_t out[8]);
+ *   int32_t  tent_gds_order_add(void *ex, uint64_t token, uint64_t event, uint64_t seq, uint64_t deadline_ns);
+ *            -ENOTSUP where libcuda is not loaded
+ *   int32_t  tent_gds_order_remove(void *ex, uint64_t token);
+ *   uint64_t tent_gds_ordered(void *ex);                  chunks that waited for an event
  *   int32_t  tent_gds_cufile_state(void *ex, char *why, uint64_t whylen);  1 active, 0 not (why)
  *   int32_t  tent_gds_gpu_add(void *ex, uint64_t base, uint64_t length, char *err, uint64_t errlen);
  *   int32_t  tent_gds_gpu_remove(void *ex, uint64_t base);
@@ -62,12 +72,14 @@
 #include <sys/mman.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tent/chunk_queue.h"
 #include "tent/config_kv.h"
 #include "tent/executor_abi.h"
 #include "tent/handle_table.h"
+#include "tent/order_table.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -115,6 +127,7 @@ typedef struct cufile_api {
   int (*cuPointerGetAttribute)(void *data, int attribute, uint64_t ptr);
   int (*cuCtxSetCurrent)(void *ctx);
   int (*cuCtxGetCurrent)(void **ctx);
+  int (*cuEventQuery)(void *event); /* optional: stream ordering */
 } cufile_api_t;
 
 /* One per process: cuFile's driver state is process-wide, and libraries stay loaded. */
@@ -171,6 +184,7 @@ static int cufile_load(const char *cufile_lib, const char *cuda_lib) {
   CF_SYM(cu, "libcuda", cuPointerGetAttribute, "cuPointerGetAttribute");
   CF_SYM(cu, "libcuda", cuCtxSetCurrent, "cuCtxSetCurrent");
   CF_SYM(cu, "libcuda", cuCtxGetCurrent, "cuCtxGetCurrent");
+  *(void **)(&g_cf.cuEventQuery) = dlsym(cu, "cuEventQuery");
 #undef CF_SYM
   int n = 0, rc = g_cf.cuInit(0);
   if (rc == 0) rc = g_cf.cuDeviceGetCount(&n);
@@ -295,6 +309,8 @@ struct executor {
   int cufile_mode, cufile_open;
   char cufile_lib[256], cuda_lib[256], cufile_why[256];
   tent_handle_table_t peers;
+  tent_order_table_t order; /* batches whose I/O waits for a CUDA event */
+  atomic_ullong st_ordered;
 
   atomic_ullong st_direct_bytes, st_buffered_bytes, st_uring_ios, st_sync_ios, st_ok, st_failed;
   atomic_ullong st_gpu_bytes, st_gpu_ios;
@@ -494,12 +510,39 @@ static void finish_work(executor_t *ex, job_t *j, int st) {
   }
 }
 
+/* Stream ordering: wait until the batch's CUDA event is done (or its deadline, or a cancel). */
+static int wait_event(executor_t *ex, const tent_order_t *ord, uint64_t token) {
+  atomic_fetch_add(&ex->st_ordered, 1);
+  long sleep_ns = 20000;
+  for (;;) {
+    int rc = g_cf.cuEventQuery((void *)(uintptr_t)ord->event);
+    if (rc == 0) return TENT_OK;
+    if (rc != 600) { /* CUDA_ERROR_NOT_READY is the only "not yet" */
+      fprintf(stderr, "tent_gds: cuEventQuery: CUresult %d\n", rc);
+      return TENT_E_IO;
+    }
+    if (ex->host->is_cancelled(ex->host->ctx, token)) return TENT_E_CANCELLED;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    uint64_t t = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+    if (ord->deadline_ns && t >= ord->deadline_ns) return TENT_E_TIMEOUT;
+    struct timespec d = {0, sleep_ns};
+    nanosleep(&d, NULL);
+    if (sleep_ns < 1000000) sleep_ns *= 2;
+  }
+}
+
 /* Validate a work item and turn it into an io. Returns TENT_OK, or a status (item is done). */
 static int io_prepare(executor_t *ex, const work_t *w, io_t *io) {
   job_t *j = w->job;
   const tent_slice_t *s = &j->s;
   if (atomic_load(&j->status) != TENT_OK) return 1; /* an earlier chunk failed: skip */
   if (ex->host->is_cancelled(ex->host->ctx, s->token)) return TENT_E_CANCELLED;
+  tent_order_t ord;
+  if (tent_ot_get(&ex->order, s->token, &ord)) {
+    int st = wait_event(ex, &ord, s->token);
+    if (st != TENT_OK) return st;
+  }
   if (s->opcode != TENT_OP_READ && s->opcode != TENT_OP_WRITE) return TENT_E_PROTOCOL;
   if (s->remote_addr + s->length < s->remote_addr) return TENT_E_BOUNDS;
   if (w->len == 0) {
@@ -869,6 +912,7 @@ static void *ex_create(const tent_host_api_t *host, const char *config, char *er
   pthread_mutex_init(&ex->mu, NULL);
   pthread_cond_init(&ex->cv, NULL);
   pthread_rwlock_init(&ex->tab, NULL);
+  tent_ot_init(&ex->order);
   if (parse_config(ex, config, err, errlen) != 0) {
     ex_destroy(ex);
     return NULL;
@@ -971,6 +1015,7 @@ static void ex_destroy(void *self) {
   pthread_mutex_destroy(&ex->mu);
   pthread_cond_destroy(&ex->cv);
   pthread_rwlock_destroy(&ex->tab);
+  tent_ot_destroy(&ex->order);
   free(ex);
 }
 
@@ -1209,3 +1254,13 @@ EXPORT void tent_gds_stats(void *self, uint64_t out[8]) {
   out[6] = atomic_load(&ex->st_gpu_bytes);
   out[7] = atomic_load(&ex->st_gpu_ios);
 }
+
+/* I/O of batch `token` submitted from now on waits for CUevent `event` (see "Stream ordering"). */
+EXPORT int32_t tent_gds_order_add(void *self, uint64_t token, uint64_t event, uint64_t seq, uint64_t deadline_ns) {
+  if (!g_cf.loaded || !g_cf.cuEventQuery) return -ENOTSUP;
+  return tent_ot_add(&((executor_t *)self)->order, token, event, seq, deadline_ns);
+}
+
+EXPORT int32_t tent_gds_order_remove(void *self, uint64_t token) { return tent_ot_remove(&((executor_t *)self)->order, token); }
+
+EXPORT uint64_t tent_gds_ordered(void *self) { return atomic_load(&((executor_t *)self)->st_ordered); }

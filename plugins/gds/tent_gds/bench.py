@@ -1,6 +1,6 @@
 """Throughput of the gds executor next to the real ``fio`` (io_uring engine) on the same file.
 
-    python -m tent_gds.bench --path /tmp/tent-gds-bench.bin --size 1G --block 1M --rw read --direct 1
+    python -m tent_gds.bench --size 1G --block 1M --rw read --direct 1 [--dir /var/tmp | --path FILE]
 
 prints one JSON object: fio GB/s, ours, and the ratio. Both sides use the same file, size,
 block size, worker count (fio numjobs = our threads, each job owning 1/numjobs of the
@@ -17,6 +17,7 @@ import os
 import shutil
 import statistics
 import subprocess
+import tempfile
 import time
 from typing import Any
 
@@ -200,7 +201,8 @@ def compare(
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--path", default="/tmp/tent-gds-bench.bin")
+    ap.add_argument("--path", default=None, help="benchmark file (default: a fresh one in a private directory under --dir)")
+    ap.add_argument("--dir", default=os.environ.get("TMPDIR", "/var/tmp"), help="where the default file goes (a disk, not tmpfs)")
     ap.add_argument("--size", default="1G")
     ap.add_argument("--block", default="1M")
     ap.add_argument("--rw", default="read", choices=["read", "write"])
@@ -208,12 +210,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--queue-depth", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--keep", action="store_true", help="keep the benchmark file")
+    ap.add_argument("--keep", action="store_true", help="keep a --path file this run created")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    # the default file lives in a directory private to this run (mode 0700), removed at the end:
+    # a fixed name in a shared directory would collide with (or reuse) another user's file
+    private = tempfile.mkdtemp(prefix="tent-gds-bench-", dir=a.dir) if a.path is None else None
+    path = a.path or os.path.join(private, "data.bin")
+    created = not os.path.exists(path)
     try:
         res = compare(
-            a.path,
+            path,
             parse_size(a.size),
             parse_size(a.block),
             a.rw,
@@ -223,8 +230,10 @@ def main(argv: list[str] | None = None) -> None:
             repeat=a.repeat,
         )
     finally:
-        if not a.keep and os.path.exists(a.path):
-            os.unlink(a.path)
+        if private is not None:
+            shutil.rmtree(private, ignore_errors=True)
+        elif created and not a.keep and os.path.exists(path):
+            os.unlink(path)
     print(json.dumps(res))
 
 

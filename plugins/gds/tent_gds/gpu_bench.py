@@ -13,6 +13,8 @@ import argparse
 import ctypes
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -50,7 +52,14 @@ def run(size: int, iters: int, directory: str) -> dict[str, Any]:
         return {"ok": False, "reason": "PyTorch is not installed"}
     if not torch.cuda.is_available():
         return {"ok": False, "reason": "no CUDA device"}
-    path = os.path.join(directory, "tent-gds-gpu-bench.bin")
+    private = tempfile.mkdtemp(prefix="tent-gds-gpu-bench-", dir=directory)  # mode 0700, removed below
+    try:
+        return _run(torch, size, iters, os.path.join(private, "data.bin"))
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _run(torch: Any, size: int, iters: int, path: str) -> dict[str, Any]:
     prepare_file(path, size)
     dev = torch.empty(size, dtype=torch.uint8, device="cuda")
     pinned = torch.empty(size, dtype=torch.uint8, pin_memory=True)

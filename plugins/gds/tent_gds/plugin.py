@@ -83,6 +83,9 @@ class _Lib(PluginLibrary):
         "cufile_state": (i32, [vp, ctypes.c_char_p, u64]),
         "gpu_add": (i32, [vp, u64, u64, ctypes.c_char_p, u64]),
         "gpu_remove": (i32, [vp, u64]),
+        "order_add": (i32, [vp, u64, u64, u64, u64]),
+        "order_remove": (i32, [vp, u64]),
+        "ordered": (u64, [vp]),
     }
 
     peer_add: Any
@@ -97,6 +100,9 @@ class _Lib(PluginLibrary):
     cufile_state: Any
     gpu_add: Any
     gpu_remove: Any
+    order_add: Any
+    order_remove: Any
+    ordered: Any
 
     def uring_reason(self) -> str | None:
         """None if io_uring (with IORING_OP_READ/WRITE) works in this process, else why not."""
@@ -309,7 +315,9 @@ class GdsTransport(Transport):
             "gpu_bytes",
             "gpu_ios",
         )
-        return {k: int(out[i]) for i, k in enumerate(keys)}
+        st = {k: int(out[i]) for i, k in enumerate(keys)}
+        st["ordered_chunks"] = int(self._lib.ordered(self.executor.handle))
+        return st
 
     def local_descriptor(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host_id": self._host_id, "version": __version__}
@@ -447,6 +455,19 @@ class GdsTransport(Transport):
         self._lib.peer_remove(self._executor.handle, link.handle)
         with link.lock:
             link.files.clear()
+
+    # -- stream ordering: I/O of an ordered batch starts once the caller's CUDA event is done
+    def order_batch(self, token: int, mark: Any, deadline: float) -> bool:
+        """Register the batch's CUDA event with the executor (False: the host waits instead, e.g.
+        where libcuda is not loaded). `deadline` is time.monotonic() seconds (CLOCK_MONOTONIC)."""
+        if self._executor is None or self._lib is None or getattr(mark.runtime, "name", "") != "cuda":
+            return False
+        event, seq = mark.native
+        return int(self._lib.order_add(self._executor.handle, token, event, seq, int(deadline * 1e9))) == 0
+
+    def order_done(self, token: int) -> None:
+        if self._executor is not None and self._lib is not None:
+            self._lib.order_remove(self._executor.handle, token)
 
     def disconnect(self, link: PeerLink) -> None:
         with self._lock:

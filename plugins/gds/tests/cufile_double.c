@@ -47,6 +47,9 @@ static struct {
 } bufs[MAX_BUFS];
 
 /* ---- libcuda */
+/* events are host ints: 0 pending, nonzero done (cufile_double_run.py sets them) */
+EXPORT int cuEventQuery(void *ev) { return *(volatile int *)ev ? 0 : 600 /* CUDA_ERROR_NOT_READY */; }
+
 EXPORT int cuInit(unsigned flags) { return getenv("CUFILE_DOUBLE_NO_DEVICE") ? 100 /* CUDA_ERROR_NO_DEVICE */ : 0; }
 EXPORT int cuDeviceGetCount(int *n) {
   *n = 1;

@@ -103,6 +103,53 @@ def active(lib_path: str, work: Path, double: ctypes.CDLL) -> dict[str, Any]:
     return res
 
 
+def ordered(lib_path: str, work: Path, double: ctypes.CDLL) -> dict[str, Any]:
+    """Requests that wait for a CUDA event (the stand-in's events are host ints): the executor's
+    workers hold the I/O until the event is done; past the deadline the batch fails."""
+    import time
+
+    from tent_core import DeadlineExceededError
+    from tent_core.errors import TentError
+
+    res: dict[str, Any] = {}
+    n = (2 << 20) + 3
+    data = np.random.default_rng(11).integers(0, 256, n, dtype=np.uint8)
+    path = work / "w.bin"
+    data.tofile(path)
+    cfg = {"transports": {"gds": {"cufile": "on", "cufile_lib": lib_path, "cuda_lib": lib_path, "threads": 2, "chunk": 1 << 20}}}
+    with Engine(cfg, transports=["gds"]) as eng:
+        gds = eng.transports["gds"]
+        eng.register_file(str(path), segment="files")
+        dev_mem = np.zeros(n, np.uint8)
+        dev = eng.register(DeviceArrayStandIn(dev_mem))
+        seg = eng.segment_name("files")
+        event = ctypes.c_int(0)
+        reads = counters(double)["reads"]
+        h = eng.submit([Request(READ, dev, 0, seg, 0, n, wait_event=ctypes.addressof(event))], deadline=30)
+        res["ordering"] = h.ordering
+        time.sleep(0.3)
+        res["held"] = h.poll() == "pending" and counters(double)["reads"] == reads and not dev_mem.any()
+        event.value = 1  # the producer finished
+        res["done"] = bool(h.wait(30)) and bool(np.array_equal(dev_mem, data))
+        res["ordered_chunks"] = gds.stats()["ordered_chunks"]
+        never = ctypes.c_int(0)
+        t0 = time.monotonic()
+        h = eng.submit([Request(READ, dev, 0, seg, 0, 4096, wait_event=ctypes.addressof(never))], deadline=0.5)
+        try:
+            h.wait()
+            res["deadline"] = "completed"
+        except DeadlineExceededError:
+            res["deadline"] = "deadline"
+        except TentError as exc:
+            res["deadline"] = type(exc).__name__
+        res["deadline_s"] = time.monotonic() - t0
+        end = time.monotonic() + 10
+        while h._batch.remaining and time.monotonic() < end:
+            time.sleep(0.01)
+        res["finalized"] = h._batch.remaining == 0
+    return res
+
+
 def no_device(lib_path: str, work: Path, double: ctypes.CDLL) -> dict[str, Any]:
     os.environ["CUFILE_DOUBLE_NO_DEVICE"] = "1"
     res: dict[str, Any] = {}
@@ -131,7 +178,7 @@ def no_device(lib_path: str, work: Path, double: ctypes.CDLL) -> dict[str, Any]:
 def main() -> None:
     lib_path, work, scenario = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     double = ctypes.CDLL(lib_path)
-    fn = {"active": active, "no_device": no_device}[scenario]
+    fn = {"active": active, "no_device": no_device, "ordered": ordered}[scenario]
     print(json.dumps(fn(lib_path, work, double)))
 
 

@@ -167,3 +167,15 @@ def test_real_gpu_file_roundtrip(tmp_path: Path) -> None:
         eng.write(buf, eng.segment_name("dst"), n, timeout=120)
         assert gds.stats()["gpu_bytes"] == 2 * n
     assert np.array_equal(np.fromfile(tmp_path / "dst.bin", np.uint8), data)
+
+
+def test_io_of_an_ordered_batch_waits_for_the_cuda_event(standin: str, tmp_path: Path) -> None:
+    """Stream ordering on the gds path: the workers hold the cuFile I/O until the request's CUDA
+    event is done (the submitter never blocks), and a batch whose event never fires fails at its
+    deadline and is finalized."""
+    r = _run(standin, tmp_path, "ordered")
+    assert r["ordering"] == "native"
+    assert r["held"], "the I/O ran before the event was done"
+    assert r["done"] and r["ordered_chunks"] >= 3
+    assert r["deadline"] != "completed" and r["deadline_s"] < 5
+    assert r["finalized"]

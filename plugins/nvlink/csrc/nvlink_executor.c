@@ -18,6 +18,11 @@
  * ticket issued before the mapping left the table has completed. The caller may then close the
  * IPC handle behind the mapping: no copy can still be reading or writing it.
  *
+ * Stream ordering: a batch registered with tent_nvl_order_add (token -> the cudaEvent_t the request
+ * waits for) has each of its copies issued after cudaStreamWaitEvent(stream, event) on the stream
+ * the copy goes to: the GPU holds the copy until the caller's kernel recorded the event; no host
+ * thread waits.
+ *
  * Private exports (ctypes):
  *   uint64_t tent_nvl_peer_add(void *ex);
  *   int32_t  tent_nvl_peer_remove(void *ex, uint64_t peer);
@@ -25,6 +30,9 @@
  *                             int32_t device, int32_t writable);
  *   int32_t  tent_nvl_map_remove(void *ex, uint64_t peer, uint64_t rbase);
  *   void     tent_nvl_stats(void *ex, uint64_t out[4]);   copies issued, ok, failed, bytes
+ *   int32_t  tent_nvl_order_add(void *ex, uint64_t token, uint64_t event, uint64_t seq, uint64_t deadline_ns);
+ *   int32_t  tent_nvl_order_remove(void *ex, uint64_t token);
+ *   uint64_t tent_nvl_ordered(void *ex);                 copies issued behind a stream wait
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -38,6 +46,7 @@
 #include "tent/config_kv.h"
 #include "tent/executor_abi.h"
 #include "tent/handle_table.h"
+#include "tent/order_table.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_DEV 32
@@ -57,6 +66,7 @@ typedef struct cudart {
   cuerr_t (*EventSynchronize)(cuevent_t);
   cuerr_t (*EventDestroy)(cuevent_t);
   cuerr_t (*MemcpyAsync)(void *, const void *, size_t, int, custream_t);
+  cuerr_t (*StreamWaitEvent)(custream_t, cuevent_t, unsigned);
   const char *(*GetErrorString)(cuerr_t);
 } cudart_t;
 
@@ -108,8 +118,9 @@ typedef struct executor {
 
   pthread_rwlock_t tab;
   tent_handle_table_t peers;
+  tent_order_table_t order; /* batches whose copies wait for a device event */
 
-  atomic_ullong st_issued, st_ok, st_failed, st_bytes;
+  atomic_ullong st_issued, st_ok, st_failed, st_bytes, st_ordered;
 } executor_t;
 
 static int fifo_push(fifo_t *f, const pending_t *p) {
@@ -252,6 +263,21 @@ static void *submit_main(void *arg) {
       cuevent_t ev = st == TENT_OK ? get_event(ex) : NULL;
       pthread_mutex_unlock(&ex->mu);
       if (st == TENT_OK && !ev) st = TENT_E_IO;
+      tent_order_t ord;
+      if (st == TENT_OK && tent_ot_get(&ex->order, s->token, &ord)) {
+        /* stream ordering: this copy runs after the caller's event, on the GPU */
+        cuerr_t e = ex->rt.StreamWaitEvent(stream, (cuevent_t)(uintptr_t)ord.event, 0);
+        if (e) {
+          fprintf(stderr, "tent_nvlink: cudaStreamWaitEvent: %s\n", ex->rt.GetErrorString(e));
+          st = TENT_E_IO;
+          pthread_mutex_lock(&ex->mu);
+          put_event(ex, ev);
+          pthread_mutex_unlock(&ex->mu);
+          ev = NULL;
+        } else {
+          atomic_fetch_add(&ex->st_ordered, 1);
+        }
+      }
       if (st == TENT_OK) {
         void *dst = (void *)(uintptr_t)(s->opcode == TENT_OP_READ ? s->local_addr : rptr);
         const void *src = (const void *)(uintptr_t)(s->opcode == TENT_OP_READ ? rptr : s->local_addr);
@@ -334,6 +360,7 @@ static int load_cudart(cudart_t *rt, const char *path, char *err, size_t errlen)
   SYM(EventSynchronize, "cudaEventSynchronize");
   SYM(EventDestroy, "cudaEventDestroy");
   SYM(MemcpyAsync, "cudaMemcpyAsync");
+  SYM(StreamWaitEvent, "cudaStreamWaitEvent");
   SYM(GetErrorString, "cudaGetErrorString");
 #undef SYM
   return 0;
@@ -371,6 +398,7 @@ static void *ex_create(const tent_host_api_t *host, const char *config, char *er
   pthread_cond_init(&ex->cv_done, NULL);
   pthread_cond_init(&ex->cv_drain, NULL);
   pthread_rwlock_init(&ex->tab, NULL);
+  tent_ot_init(&ex->order);
   char lib[400];
   parse_config(ex, config, lib, sizeof lib);
   if (load_cudart(&ex->rt, lib, err, errlen) != 0) {
@@ -436,6 +464,7 @@ static void ex_destroy(void *self) {
   pthread_cond_destroy(&ex->cv_done);
   pthread_cond_destroy(&ex->cv_drain);
   pthread_rwlock_destroy(&ex->tab);
+  tent_ot_destroy(&ex->order);
   free(ex);
 }
 
@@ -567,3 +596,12 @@ EXPORT void tent_nvl_stats(void *self, uint64_t out[4]) {
   out[2] = atomic_load(&ex->st_failed);
   out[3] = atomic_load(&ex->st_bytes);
 }
+
+/* Copies of batch `token` issued from now on wait for `event` (a cudaEvent_t) on their stream. */
+EXPORT int32_t tent_nvl_order_add(void *self, uint64_t token, uint64_t event, uint64_t seq, uint64_t deadline_ns) {
+  return tent_ot_add(&((executor_t *)self)->order, token, event, seq, deadline_ns);
+}
+
+EXPORT int32_t tent_nvl_order_remove(void *self, uint64_t token) { return tent_ot_remove(&((executor_t *)self)->order, token); }
+
+EXPORT uint64_t tent_nvl_ordered(void *self) { return atomic_load(&((executor_t *)self)->st_ordered); }

@@ -15,7 +15,22 @@ Host memory: the local side of a slice may be any host memory (pageable or pinne
 *remote* HOST buffer is reachable only when the peer is this very process (the engine's
 self-peer): CUDA IPC does not export host memory.
 
-Config keys: ``streams`` (per device, default 4), ``cudart`` (path of libcudart to use).
+What a peer can touch: a CUDA IPC handle opens the *whole allocation* behind a buffer, writable,
+in the peer's process. The peer's executor maps only the registered range and refuses writes into
+a READ-only buffer, but that is the peer's own code: nothing on this side enforces it. So:
+
+* a buffer registered without WRITE permission is never shared over CUDA IPC (its descriptor is
+  local-only: this engine's own legs, e.g. target staging, still use it). Peers reach it through
+  the engine's target-side staging, where this engine checks every request;
+* with config ``share_partial_allocations = false``, a buffer that does not cover its whole
+  allocation is local-only too, so no peer ever maps bytes outside what was registered.
+
+Stream ordering: a batch whose request names a stream or event (`tent_core.ordering`) registers its
+event here (`order_batch`); the executor issues each of its copies after cudaStreamWaitEvent on the
+copy's stream.
+
+Config keys: ``streams`` (per device, default 4), ``cudart`` (path of libcudart to use),
+``share_partial_allocations`` (default true).
 """
 
 from __future__ import annotations
@@ -30,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from tent_core import devices
 from tent_core.errors import PeerUnreachableError
 from tent_core.executor import EXECUTOR_ABI_VERSION, Executor, PluginLibrary
 from tent_core.plugin_spec import hookimpl
@@ -46,7 +62,7 @@ from tent_core.types import (
 )
 
 from . import __version__
-from .cuda import CudaError, device_status, driver, pack_ipc_desc, runtime, unpack_ipc_desc
+from .cuda import CudaError, cudart_path, device_status, driver, pack_ipc_desc, runtime, unpack_ipc_desc
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +88,9 @@ class _Lib(PluginLibrary):
         "map_add": (i32, [vp, u64, u64, u64, u64, i32, i32]),
         "map_remove": (i32, [vp, u64, u64]),
         "stats": (None, [vp, ctypes.POINTER(u64)]),
+        "order_add": (i32, [vp, u64, u64, u64, u64]),
+        "order_remove": (i32, [vp, u64]),
+        "ordered": (u64, [vp]),
     }
 
     peer_add: Any
@@ -79,6 +98,9 @@ class _Lib(PluginLibrary):
     map_add: Any
     map_remove: Any
     stats: Any
+    order_add: Any
+    order_remove: Any
+    ordered: Any
 
 
 @functools.cache
@@ -111,6 +133,8 @@ class NvlinkTransport(Transport):
     config_keys = {
         "streams": 4,  # CUDA streams the executor spreads copies over
         "cudart": None,  # path of libcudart (default: the one the plugin finds, see tent_nvlink.cuda)
+        # share buffers that are part of a larger allocation (the peer's IPC mapping covers it all)
+        "share_partial_allocations": True,
     }
 
     def __init__(self) -> None:
@@ -120,6 +144,7 @@ class NvlinkTransport(Transport):
         self._links: dict[str, _Link] = {}
         self._by_handle: dict[int, _Link] = {}
         self._lock = threading.RLock()
+        self._share_partial = True
 
     # -- discovery
     def probe(self) -> Availability:
@@ -141,9 +166,10 @@ class NvlinkTransport(Transport):
     def start(self, ctx: TransportContext) -> None:
         cfg = self.resolve_config(ctx.config)
         self._host_id = ctx.host_id
+        self._share_partial = bool(cfg["share_partial_allocations"])
         self._lib = get_lib()
         rt = runtime()
-        ex_cfg = {"streams": int(cfg["streams"]), "cudart": str(cfg["cudart"] or rt.path)}
+        ex_cfg = {"streams": int(cfg["streams"]), "cudart": cudart_path(cfg["cudart"])}
         self._executor = self._lib.library.create(ex_cfg)
         log.info(
             "nvlink transport started: %d device(s), streams=%d, cudart=%s",
@@ -162,7 +188,9 @@ class NvlinkTransport(Transport):
         assert self._lib is not None
         out = (ctypes.c_uint64 * 4)()
         self._lib.stats(self.executor.handle, out)
-        return dict(zip(("issued", "ok", "failed", "bytes"), (int(x) for x in out), strict=True))
+        st = dict(zip(("issued", "ok", "failed", "bytes"), (int(x) for x in out), strict=True))
+        st["ordered"] = int(self._lib.ordered(self.executor.handle))
+        return st
 
     def local_descriptor(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "host_id": self._host_id, "version": __version__}
@@ -173,11 +201,28 @@ class NvlinkTransport(Transport):
             return {"host": True, "pid": os.getpid()}  # reachable by this process's self-peer only
         if buf.kind != MemoryKind.CUDA:
             return None
+        why = self.local_only_reason(buf)
+        if why is not None and buf.device >= 0:  # nothing to ask CUDA
+            log.info("nvlink: %s/%d is not shared with other processes: %s", buf.segment, buf.offset, why)
+            return {"local": True, "device": int(buf.device), "pid": os.getpid()}
         rt = runtime()
         device = buf.device if buf.device >= 0 else rt.pointer_device(buf.addr)
-        rt.set_device(device)
-        base, size = driver().address_range(buf.addr)
-        return pack_ipc_desc(rt.ipc_get(base), device, buf.addr - base, size, os.getpid())
+        if why is None:
+            rt.set_device(device)
+            base, size = driver().address_range(buf.addr)
+            if base == buf.addr and size == buf.length or self._share_partial:
+                return pack_ipc_desc(rt.ipc_get(base), device, buf.addr - base, size, os.getpid())
+            why = f"it covers [{buf.addr - base}, +{buf.length}) of a {size}-byte allocation (share_partial_allocations = false)"
+        log.info("nvlink: %s/%d is not shared with other processes: %s", buf.segment, buf.offset, why)
+        return {"local": True, "device": int(device), "pid": os.getpid()}
+
+    @staticmethod
+    def local_only_reason(buf: BufferInfo) -> str | None:
+        """Why a CUDA buffer is not shared over CUDA IPC (None: it is). A peer that opens an IPC
+        handle can write the whole allocation, so read-only buffers are never handed out."""
+        if not Permission(buf.perm) & Permission.WRITE:
+            return "CUDA IPC cannot enforce READ-only access (peers reach it through target staging)"
+        return None
 
     # -- peers
     def can_reach(self, peer: PeerInfo) -> str | None:
@@ -223,8 +268,8 @@ class NvlinkTransport(Transport):
             d = (b.get("desc") or {}).get(self.name)
             if d is None or kind not in (MemoryKind.CUDA.value, MemoryKind.HOST.value):
                 continue
-            if kind == MemoryKind.HOST.value and link.pid != os.getpid():
-                continue  # remote host memory: not reachable with CUDA IPC
+            if (kind == MemoryKind.HOST.value or d.get("local")) and link.pid != os.getpid():
+                continue  # remote host memory, or device memory its owner does not share over IPC
             writable = bool(Permission(int(b.get("perm", 3))) & Permission.WRITE)
             out[int(b["addr"])] = (int(b["length"]), d, kind, writable)
         return out
@@ -241,6 +286,8 @@ class NvlinkTransport(Transport):
                     continue
                 if kind == MemoryKind.HOST.value:
                     reg = _Region(length, addr, 0, writable)
+                elif d.get("local"):  # our own buffer, not shared over IPC: no handle to open
+                    reg = _Region(length, addr, int(d.get("device", 0)), writable)
                 else:
                     handle, device, offset, _size, _pid = unpack_ipc_desc(d)
                     if same_process:
@@ -303,6 +350,17 @@ class NvlinkTransport(Transport):
             lk = self._by_handle.get(link.handle)
             if lk is not None:
                 self._teardown(lk)
+
+    # -- stream ordering: copies of an ordered batch wait for the caller's CUDA event on the GPU
+    def order_batch(self, token: int, mark: devices.EventMark, deadline: float) -> bool:
+        if self._executor is None or self._lib is None or getattr(mark.runtime, "name", "") != "cuda":
+            return False
+        event, seq = mark.native
+        return int(self._lib.order_add(self._executor.handle, token, event, seq, 0)) == 0
+
+    def order_done(self, token: int) -> None:
+        if self._executor is not None and self._lib is not None:
+            self._lib.order_remove(self._executor.handle, token)
 
     def close(self) -> None:
         with self._lock:

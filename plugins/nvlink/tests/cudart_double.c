@@ -5,8 +5,10 @@
  * host memory: cudaMemcpyAsync only records the copy on its stream, cudaEventRecord marks how far
  * the stream got, and cudaEventSynchronize performs the stream's copies up to that mark. A gate
  * (cudart_double_hold) keeps copies "in flight" as long as a test wants, so it can check that
- * the executor's teardown waits for them. It proves the executor's ordering, not CUDA: that takes
- * scripts/gpu_check.sh on a GPU machine.
+ * the executor's teardown waits for them. cudaStreamWaitEvent queues a wait: the stream's later copies
+ * run only after the waited stream's copies up to the event's record (performed first, as a GPU would
+ * order them). It proves the executor's ordering, not CUDA: that takes scripts/gpu_check.sh on a GPU
+ * machine.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -17,10 +19,14 @@
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_COPIES 4096
 
+struct stream;
+
 typedef struct copy {
   void *dst;
   const void *src;
   size_t n;
+  struct stream *wait_stream; /* a wait entry: the other stream up to wait_upto first */
+  size_t wait_upto;
 } copy_t;
 
 typedef struct stream {
@@ -77,7 +83,7 @@ EXPORT int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void 
     pthread_mutex_unlock(&mu);
     return 2;
   }
-  st->copies[st->issued % MAX_COPIES] = (copy_t){dst, src, n};
+  st->copies[st->issued % MAX_COPIES] = (copy_t){dst, src, n, NULL, 0};
   st->issued++;
   pthread_mutex_unlock(&mu);
   atomic_fetch_add(&n_issued, 1);
@@ -93,19 +99,61 @@ EXPORT int cudaEventRecord(void *e, void *s) {
   return 0;
 }
 
+static void perform(stream_t *st, size_t upto) { /* mu held */
+  while (st && st->done < upto) {
+    copy_t c = st->copies[st->done % MAX_COPIES];
+    st->done++;
+    if (c.wait_stream) {
+      perform(c.wait_stream, c.wait_upto);
+      continue;
+    }
+    memcpy(c.dst, c.src, c.n);
+    atomic_fetch_add(&n_done, 1);
+  }
+}
+
 EXPORT int cudaEventSynchronize(void *e) {
   event_t *ev = e;
   pthread_mutex_lock(&mu);
   while (hold) pthread_cond_wait(&cv, &mu);
-  stream_t *st = ev->stream;
-  while (st && st->done < ev->upto) {
-    copy_t c = st->copies[st->done % MAX_COPIES];
-    memcpy(c.dst, c.src, c.n);
-    st->done++;
-    atomic_fetch_add(&n_done, 1);
-  }
+  perform(ev->stream, ev->upto);
   pthread_mutex_unlock(&mu);
   return 0;
+}
+
+EXPORT int cudaEventQuery(void *e) {
+  event_t *ev = e;
+  pthread_mutex_lock(&mu);
+  int done = !ev->stream || ev->stream->done >= ev->upto;
+  pthread_mutex_unlock(&mu);
+  return done ? 0 : 600; /* cudaErrorNotReady */
+}
+
+EXPORT int cudaStreamWaitEvent(void *s, void *e, unsigned flags) {
+  stream_t *st = s;
+  event_t *ev = e;
+  pthread_mutex_lock(&mu);
+  if (st->issued - st->done >= MAX_COPIES) {
+    pthread_mutex_unlock(&mu);
+    return 2;
+  }
+  st->copies[st->issued % MAX_COPIES] = (copy_t){NULL, NULL, 0, ev->stream, ev->upto};
+  st->issued++;
+  pthread_mutex_unlock(&mu);
+  return 0;
+}
+
+/* test helpers: a "user" stream whose copies run only when something waits for them */
+EXPORT void *cudart_double_stream(void) {
+  void *s = NULL;
+  cudaStreamCreateWithFlags(&s, 0);
+  return s;
+}
+
+EXPORT void *cudart_double_event(void) {
+  void *e = NULL;
+  cudaEventCreateWithFlags(&e, 0);
+  return e;
 }
 
 EXPORT const char *cudaGetErrorString(int e) { return e ? "cudart stand-in error" : "no error"; }

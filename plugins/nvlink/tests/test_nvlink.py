@@ -254,3 +254,75 @@ def test_teardown_waits_for_copies_in_flight(cudart_standin: str, teardown: str)
     finally:
         double.cudart_double_hold(0)
         ex.close()
+
+
+# ---------------------------------------------------------------- access control (no CUDA needed)
+def test_read_only_buffers_are_never_shared_over_ipc() -> None:
+    """A peer holding an IPC handle can write the whole allocation: READ-only buffers stay local."""
+    t = NvlinkTransport()
+    d = t.export_buffer(BufferInfo("g", 0, 0x7000_0000, 4096, MemoryKind.CUDA, device=0, perm=Permission.READ))
+    assert d == {"local": True, "device": 0, "pid": os.getpid()}
+    assert "READ-only" in (t.local_only_reason(BufferInfo("g", 0, 1, 1, MemoryKind.CUDA, perm=Permission.READ)) or "")
+    assert t.local_only_reason(BufferInfo("g", 0, 1, 1, MemoryKind.CUDA, perm=Permission.READ_WRITE)) is None
+    # a peer in another process skips it (no handle to open); the engine's own self-peer keeps it
+    t._executor = object()  # type: ignore[assignment]  (only _wanted is exercised)
+    from tent_nvlink.plugin import _Link
+
+    other = _Link("peer", os.getpid() + 1, 1)
+    own = _Link("self", os.getpid(), 2)
+    bufs = [_rbuf(0x7000_0000, 4096, d, perm=int(Permission.READ))]
+    assert t._wanted(other, bufs) == {}
+    assert list(t._wanted(own, bufs)) == [0x7000_0000]
+
+
+def test_order_batch_refuses_marks_of_other_runtimes() -> None:
+    from tent_core.simdev import SimStream, runtime
+
+    mark = runtime().mark_stream(SimStream())
+    assert NvlinkTransport().order_batch(1, mark, 0.0) is False
+
+
+# ---------------------------------------------------------------- stream ordering (CUDA stand-in)
+def test_copies_of_an_ordered_batch_wait_for_the_callers_event(cudart_standin: str) -> None:
+    """The caller's stream holds a copy that produces the source bytes; the batch is registered to
+    wait for an event recorded after it. The executor's copy must see the produced bytes; the same
+    copy without the order entry reads the old ones (so the check can fail)."""
+    import ctypes
+
+    double = ctypes.CDLL(cudart_standin)
+    double.cudart_double_stream.restype = ctypes.c_void_p
+    double.cudart_double_event.restype = ctypes.c_void_p
+    double.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    double.cudaEventRecord.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    double.cudaEventQuery.argtypes = [ctypes.c_void_p]
+    lib = get_lib()
+    ex = lib.library.create({"cudart": cudart_standin, "streams": 2})
+    n = 1 << 20
+    produced = np.random.default_rng(9).integers(0, 256, n, dtype=np.uint8)
+    src = np.zeros(n, np.uint8)  # the "device" buffer the caller's kernel fills
+    rbase = 0x7100_0000_0000
+    try:
+        peer = lib.peer_add(ex.handle)
+        assert lib.map_add(ex.handle, peer, rbase, n, src.ctypes.data, 0, 1) == 0
+        user_stream, user_event = double.cudart_double_stream(), double.cudart_double_event()
+        assert double.cudaMemcpyAsync(src.ctypes.data, produced.ctypes.data, n, 4, user_stream) == 0  # the producer
+        assert double.cudaEventRecord(user_event, user_stream) == 0
+        assert double.cudaEventQuery(user_event) == 600  # not run yet
+
+        unordered = np.zeros(n, np.uint8)
+        b = _native.Batch(1)
+        assert _native.submit_one(ex.ops, ex.handle, b, READ, unordered.ctypes.data, rbase, n, peer, 0, 1, 0) == 0
+        assert b.wait(10) and b.error == 0
+        assert not unordered.any(), "without ordering the copy ran before the producer"
+
+        ordered = np.zeros(n, np.uint8)
+        b = _native.Batch(1)
+        assert lib.order_add(ex.handle, b.token, user_event, 0, 0) == 0
+        assert lib.order_add(ex.handle, b.token, user_event, 0, 0) != 0  # one entry per batch
+        assert _native.submit_one(ex.ops, ex.handle, b, READ, ordered.ctypes.data, rbase, n, peer, 0, 1, 0) == 0
+        assert b.wait(10) and b.error == 0
+        assert np.array_equal(ordered, produced)
+        assert lib.ordered(ex.handle) == 1
+        assert lib.order_remove(ex.handle, b.token) == 0 and lib.order_remove(ex.handle, b.token) != 0
+    finally:
+        ex.close()

@@ -16,13 +16,26 @@ Two data paths, chosen per peer at :meth:`ShmTransport.connect`:
     mapping table; ranges outside every mapping fail with TENT_E_BOUNDS, writes into a
     read-only mapping with TENT_E_PERMISSION.
 
+Security (SECURITY.md): every engine runs the memfd server, in every mode: it is also how a peer
+verifies, before any same-host path is used, that the socket its descriptor names belongs to the
+process and engine it claims (``SO_PEERCRED`` pid, the engine's control endpoint), that the peer
+knows the cluster secret (the HMAC handshake of :mod:`tent_core.auth`, purpose ``shm``; without a
+token, a per-engine secret handed to authenticated ``describe`` callers) and that it runs as an
+allowed uid (our own, root, or ``allow_uids``). Read-only registrations are shared as ``O_RDONLY``
+fds of memfds sealed ``F_SEAL_FUTURE_WRITE`` (a re-open through /proc cannot write either); every
+shared memfd is sealed against shrinking (a peer cannot SIGBUS us). CMA bypasses the target, so it
+is used only when both sides enable it (``mode`` "auto" or "cma") and both run as the same uid.
+
 Config keys, with their defaults and meaning: :attr:`ShmTransport.config_keys`.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
+import fcntl
 import functools
+import ipaddress
 import json
 import logging
 import os
@@ -35,9 +48,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from tent_core.auth import AuthError, ClusterAuth, client_handshake, deny, server_handshake
 from tent_core.errors import InvalidRequestError, PeerUnreachableError
 from tent_core.executor import EXECUTOR_ABI_VERSION, Executor, PluginLibrary
 from tent_core.plugin_spec import hookimpl
+from tent_core.ratelog import RateLimitedLog
 from tent_core.transport import AccessControl, Transport, TransportContext
 from tent_core.types import (
     Availability,
@@ -58,7 +73,63 @@ MODE_CMA = 0
 MODE_MEMFD = 1
 _MODE_NAMES = {MODE_CMA: "cma", MODE_MEMFD: "memfd"}
 MODES = ("auto", "cma", "memfd")
+DEFAULT_MODE = "memfd"  # CMA bypasses the target: opt-in only
 _MAX_MSG = 65536
+F_SEAL_FUTURE_WRITE = 0x0010  # Linux 5.1; not in Python's fcntl module
+_SEALS_ALL = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+_SEALS_RO = _SEALS_ALL | F_SEAL_FUTURE_WRITE
+HANDSHAKE_TIMEOUT_S = 5.0
+_rlog = RateLimitedLog(log)
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a unix socket, as the kernel recorded them."""
+    return struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+
+
+def _split_endpoint(engine_id: str) -> tuple[str, str]:
+    host, _, port = engine_id.rpartition(":")
+    return (host.strip("[]"), port) if host and port.isdigit() else ("", "")
+
+
+def same_endpoint(dialed: str, claimed: str) -> bool:
+    """Is `claimed` (the engine id a memfd server reports) the control endpoint we dialed?
+
+    Same port and same address (names resolved); a server whose engine listens on a wildcard
+    address owns that port on every address. Non host:port ids must be equal."""
+    if dialed == claimed:
+        return True
+    dh, dp = _split_endpoint(dialed)
+    ch, cp = _split_endpoint(claimed)
+    if not dp or dp != cp:
+        return False
+    if ch in ("", "0.0.0.0", "::", "*"):
+        return True
+
+    def addr(h: str) -> str:
+        try:
+            return str(ipaddress.ip_address(h))
+        except ValueError:
+            try:
+                return socket.gethostbyname(h)
+            except OSError:
+                return h
+
+    return addr(dh) == addr(ch)
+
+
+def seal_memfd(fd: int, writable: bool) -> str | None:
+    """Seal a memfd before sharing it; None on success, else why it cannot be shared safely."""
+    want = _SEALS_ALL if writable else _SEALS_RO
+    try:
+        have = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        if have & want != want:
+            if have & fcntl.F_SEAL_SEAL:
+                return "its seals are locked without the ones sharing needs (create it with MFD_ALLOW_SEALING)"
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, want & ~have)
+    except OSError as exc:
+        return f"cannot seal it ({os.strerror(exc.errno or 0)}: create it with MFD_ALLOW_SEALING)"
+    return None
 
 
 # --------------------------------------------------------------------------- library
@@ -126,6 +197,9 @@ def _recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
     return msg, fds
 
 
+_BIND_ATTEMPTS = 8
+
+
 def _abstract(name: str) -> str:
     return "\0" + name
 
@@ -147,32 +221,56 @@ class _Export:
 
 
 class _ServerConn:
-    def __init__(self, sock: socket.socket, pid: int) -> None:
+    def __init__(self, sock: socket.socket, pid: int, uid: int) -> None:
         self.sock = sock
         self.pid = pid
+        self.uid = uid
         self.send_lock = threading.Lock()
         self.fetched: set[int] = set()
         self.acks: dict[int, threading.Event] = {}
 
 
 class _ShmServer:
-    """Hands registered memfd buffers to same-host peers (control path only)."""
+    """Hands registered memfd buffers to authenticated same-host peers (control path only)."""
 
-    def __init__(self, secret: str) -> None:
-        self.secret = secret
-        self.name = f"tent-shm-{os.getpid()}-{secrets.token_hex(6)}"
+    def __init__(
+        self, engine_id: str, key: bytes, *, allow_cma: bool, allow_uids: frozenset[int] = frozenset(), max_conns: int = 256
+    ) -> None:
+        self.engine_id = engine_id
+        self._key = key
+        self.allow_cma = allow_cma
+        self.allow_uids = frozenset({os.getuid(), 0}) | allow_uids
+        self.max_conns = max_conns
         self._lock = threading.Lock()
         self._exports: dict[int, _Export] = {}
         self._conns: set[_ServerConn] = set()
+        self._active = 0
+        self.refused = 0
         self._closed = False
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-        self._sock.bind(_abstract(self.name))
+        # an abstract name: nothing in the file system, gone with the socket; random, so another
+        # process (of any user) holding a name never collides with ours, and if one did we pick again
+        for attempt in range(_BIND_ATTEMPTS):
+            self.name = f"tent-shm-{os.getpid()}-{secrets.token_hex(6)}"
+            try:
+                self._sock.bind(_abstract(self.name))
+                break
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE or attempt == _BIND_ATTEMPTS - 1:
+                    self._sock.close()
+                    raise
         self._sock.listen(64)
         self._thread = threading.Thread(target=self._accept_loop, name="tent-shm-server", daemon=True)
         self._thread.start()
 
-    def export(self, buf: BufferInfo) -> None:
+    def export(self, buf: BufferInfo) -> bool:
+        """Offer a memfd-backed buffer to peers; False if it cannot be shared safely (not offered)."""
         writable = bool(Permission(buf.perm) & Permission.WRITE)
+        why = seal_memfd(buf.memfd, writable)
+        if why is not None:
+            log.warning("shm: buffer %#x (%s) is not shared through its memfd: %s", buf.addr,
+                        "read-write" if writable else "read-only", why)
+            return False
         exp = _Export(buf.addr, buf.length, buf.memfd, int(buf.extra.get("memfd_offset", 0)), writable)
         if not writable:
             exp.ro_fd = os.open(f"/proc/self/fd/{buf.memfd}", os.O_RDONLY | os.O_CLOEXEC)
@@ -181,6 +279,7 @@ class _ShmServer:
             self._exports[buf.addr] = exp
         if old:
             old.close()
+        return True
 
     def release(self, addr: int, timeout: float) -> None:
         """Stop handing `addr` out and ask every peer that mapped it to unmap; waits for their acks."""
@@ -215,26 +314,55 @@ class _ShmServer:
             if self._closed:
                 sock.close()
                 return
+            with self._lock:
+                full = self._active >= self.max_conns
+                if not full:
+                    self._active += 1
+            if full:
+                self.refused += 1
+                _rlog.warning("conn-cap", "shm: refused a control connection (%d open, the cap)", self.max_conns)
+                sock.close()
+                continue
             threading.Thread(target=self._serve, args=(sock,), name="tent-shm-conn", daemon=True).start()
 
-    def _serve(self, sock: socket.socket) -> None:
+    def _admit(self, sock: socket.socket) -> _ServerConn | None:
+        """Credentials, then the handshake, then hello: the connection is trusted after this."""
         try:
-            pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            pid, uid, _gid = peer_credentials(sock)
         except OSError:
-            pid = 0
-        conn = _ServerConn(sock, pid)
+            return None
+        if uid not in self.allow_uids:
+            self.refused += 1
+            _rlog.warning("uid", "shm: refused pid %d: uid %d may not map this engine's memory", pid, uid)
+            try:
+                sock.recv(_MAX_MSG)  # the client's HELLO: answer it, so the client sees why
+                sock.send(deny(f"uid {uid} may not map this engine's memory (allow_uids)"))
+            except OSError:
+                pass
+            return None
         try:
-            msg, fds = _recv(sock)
-            for fd in fds:
-                os.close(fd)
-            if (
-                not msg
-                or msg.get("op") != "hello"
-                or not secrets.compare_digest(str(msg.get("secret", "")), self.secret)
-            ):
-                log.warning("shm: refused control connection from pid %d (bad hello)", pid)
+            server_handshake(sock, self._key, timeout=HANDSHAKE_TIMEOUT_S)
+        except AuthError as exc:
+            self.refused += 1
+            _rlog.warning("auth", "shm: refused pid %d (uid %d): %s", pid, uid, exc)
+            return None
+        msg, fds = _recv(sock)
+        for fd in fds:
+            os.close(fd)
+        if not msg or msg.get("op") != "hello":
+            return None
+        _send(sock, {"op": "hello", "ok": True, "pid": os.getpid(), "uid": os.getuid(),
+                     "engine_id": self.engine_id, "cma": self.allow_cma})
+        return _ServerConn(sock, pid, uid)
+
+    def _serve(self, sock: socket.socket) -> None:
+        conn: _ServerConn | None = None
+        try:
+            sock.settimeout(HANDSHAKE_TIMEOUT_S)
+            conn = self._admit(sock)
+            if conn is None:
                 return
-            _send(sock, {"op": "hello", "ok": True, "pid": os.getpid()})
+            sock.settimeout(None)
             with self._lock:
                 self._conns.add(conn)
             while True:
@@ -251,14 +379,17 @@ class _ShmServer:
                     if ev:
                         ev.set()
                 else:
-                    log.warning("shm: unknown control op %r from pid %d", op, pid)
-        except (OSError, ValueError) as exc:
-            log.debug("shm: control connection from pid %d ended: %s", pid, exc)
+                    _rlog.warning("bad-op", "shm: unknown control op %.40r from pid %d", op, conn.pid)
+        except (OSError, ValueError, TypeError) as exc:
+            log.debug("shm: control connection ended: %s", exc)
         finally:
             with self._lock:
-                self._conns.discard(conn)
-            for ev in list(conn.acks.values()):
-                ev.set()
+                self._active -= 1
+                if conn is not None:
+                    self._conns.discard(conn)
+            if conn is not None:
+                for ev in list(conn.acks.values()):
+                    ev.set()
             sock.close()
 
     def _handle_get(self, conn: _ServerConn, msg: dict[str, Any]) -> None:
@@ -328,7 +459,13 @@ class _Link:
 class _ClientConn:
     """Persistent control connection to a peer's memfd server (replies + revoke pushes)."""
 
-    def __init__(self, name: str, secret: str, timeout: float, on_revoke: Any, on_close: Any) -> None:
+    def __init__(
+        self, name: str, key: bytes, engine_id: str, claimed_pid: int, timeout: float, on_revoke: Any, on_close: Any
+    ) -> None:
+        """Connect to memfd server `name` and verify it belongs to engine `engine_id` (the control
+        endpoint we dialed), running as `claimed_pid`: the kernel's SO_PEERCRED, the handshake and
+        the server's own account must agree, or no same-host path is used (a hostile describe could
+        otherwise point us at a third engine's memory: a confused deputy)."""
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         self.timeout = timeout
         self._on_revoke = on_revoke
@@ -341,17 +478,32 @@ class _ClientConn:
         try:
             self.sock.settimeout(timeout)
             self.sock.connect(_abstract(name))
-            _send(self.sock, {"op": "hello", "secret": secret})
+            pid, uid, _gid = peer_credentials(self.sock)
+            if claimed_pid and pid != claimed_pid:
+                raise PeerUnreachableError(
+                    f"shm: the memfd server {engine_id} names is process {pid or '(not visible here)'}, not the "
+                    f"pid {claimed_pid} it claims: refusing the same-host path"
+                )
+            client_handshake(self.sock, key, timeout=timeout)
+            _send(self.sock, {"op": "hello", "pid": os.getpid()})
             msg, fds = _recv(self.sock)
             for fd in fds:
                 os.close(fd)
             if not msg or not msg.get("ok"):
                 raise ConnectionError("memfd server refused the hello")
+            served = str(msg.get("engine_id", ""))
+            if not same_endpoint(engine_id, served):
+                raise PeerUnreachableError(
+                    f"shm: the memfd server {engine_id} names belongs to engine {served!r} (pid {pid}), not to "
+                    f"{engine_id}: refusing the same-host path"
+                )
             self.sock.settimeout(None)
         except BaseException:
             self.sock.close()
             raise
-        self.peer_pid = int(msg.get("pid", 0))
+        self.peer_pid = pid  # as the kernel sees it, in our pid namespace
+        self.peer_uid = uid
+        self.peer_allows_cma = bool(msg.get("cma"))
         self._thread = threading.Thread(target=self._reader, name="tent-shm-client", daemon=True)
         self._thread.start()
 
@@ -440,7 +592,11 @@ class ShmTransport(Transport):
     name = "shm"
     version = __version__
     config_keys = {
-        "mode": "auto",  # "auto" (CMA when a probe read of the peer works, else memfd), "cma", "memfd"
+        # "memfd" (peers map our sealed memfds, the target enforces), "auto" (CMA when both sides allow it,
+        # run as one uid and a probe read works, else memfd), "cma" (CMA only). CMA bypasses the target.
+        "mode": DEFAULT_MODE,
+        "allow_uids": None,  # further uids (besides ours and root) allowed to map our memfd buffers (list or "1,2")
+        "max_conns": 256,  # concurrent control connections the memfd server accepts
         "threads": 2,  # executor worker threads
         "chunk": 1 << 20,  # slices longer than this are split across workers (bytes; 0 = never): 4 MiB uses both cores
         # requests up to this long are copied by the submitting thread (no hand-off, no wake-up),
@@ -457,7 +613,9 @@ class ShmTransport(Transport):
         self._executor: Executor | None = None
         self._server: _ShmServer | None = None
         self._host_id = ""
-        self._mode = "auto"
+        self._mode = DEFAULT_MODE
+        self._auth: ClusterAuth | None = None
+        self._engine_id = ""
         self._populate = True
         self._connect_timeout = 5.0
         self._revoke_timeout = 2.0
@@ -489,7 +647,16 @@ class ShmTransport(Transport):
         mode = str(cfg["mode"]).lower()
         if mode not in MODES:
             raise InvalidRequestError(f"shm: config mode must be one of {MODES}, got {mode!r}")
+        allow_uids = cfg["allow_uids"] or []
+        if isinstance(allow_uids, str):
+            allow_uids = [u for u in allow_uids.split(",") if u.strip()]
+        try:
+            uids = frozenset(int(u) for u in allow_uids)
+        except (TypeError, ValueError):
+            raise InvalidRequestError(f"shm: allow_uids must be a list of uids, got {allow_uids!r}") from None
         self._mode = mode
+        self._auth = ctx.auth
+        self._engine_id = ctx.engine_id
         self._populate = bool(cfg["populate"])
         self._connect_timeout = float(cfg["connect_timeout"])
         self._revoke_timeout = float(cfg["revoke_timeout"])
@@ -498,8 +665,14 @@ class ShmTransport(Transport):
         ex_cfg = {"threads": int(cfg["threads"]), "chunk": int(cfg["chunk"]), "inline_budget": int(cfg["inline_budget"])}
         self.inline_bytes = max(0, int(cfg["inline_bytes"]))
         self._executor = self._lib.library.create(ex_cfg)
-        if mode != "cma":
-            self._server = _ShmServer(self._secret)
+        # the server runs in every mode: peers verify who we are through it before any same-host path
+        self._server = _ShmServer(
+            ctx.engine_id,
+            self._auth.key("shm") if self._auth else self._secret.encode(),
+            allow_cma=mode in ("auto", "cma"),
+            allow_uids=uids,
+            max_conns=int(cfg["max_conns"]),
+        )
         log.info(
             "shm transport started: mode=%s threads=%d chunk=%d sock=%s",
             mode,
@@ -543,16 +716,20 @@ class ShmTransport(Transport):
         return 0
 
     def local_descriptor(self) -> dict[str, Any]:
-        return {
+        desc = {
             "pid": os.getpid(),
             "sock": self._server.name if self._server else "",
-            "secret": self._secret,
             "probe_addr": ctypes.addressof(self._probe_buf),
             "probe_len": len(self._probe_magic),
             "probe_magic": self._probe_magic.hex(),
             "mode": self._mode,
             "version": __version__,
         }
+        if self._auth is None:
+            # no cluster secret (loopback only): peers that may describe us authenticate with this one;
+            # it grants the registered memfd buffers with their permissions, to allowed uids, nothing more
+            desc["secret"] = self._secret
+        return desc
 
     def rail_names(self) -> list[str]:
         return ["cma", "memfd"] if self._mode == "auto" else [self._mode]
@@ -561,10 +738,8 @@ class ShmTransport(Transport):
     def export_buffer(self, buf: BufferInfo) -> dict[str, Any] | None:
         if buf.kind != MemoryKind.HOST:
             return None
-        has_memfd = buf.memfd >= 0
-        if has_memfd and self._server is not None:
-            self._server.export(buf)
-        return {"memfd": has_memfd and self._server is not None}
+        shared = buf.memfd >= 0 and self._server is not None and self._server.export(buf)
+        return {"memfd": bool(shared)}
 
     def release_buffer(self, buf: BufferInfo) -> None:
         if self._server is not None:
@@ -631,33 +806,54 @@ class ShmTransport(Transport):
 
     def _new_link(self, peer: PeerInfo, desc: dict[str, Any], pid: int) -> _Link:
         assert self._executor is not None and self._lib is not None
-        why_cma = "mode=memfd configured"
-        if self._mode in ("auto", "cma"):
-            why = self._probe_cma(desc, pid)
-            if why is None:
-                return self._register_link(_Link(peer.engine_id, pid, MODE_CMA, 0))
-            why_cma = why
-            if self._mode == "cma":
-                raise PeerUnreachableError(f"shm: CMA to {peer.engine_id} not possible: {why_cma}")
         sock = desc.get("sock") or ""
         if not sock:
-            raise PeerUnreachableError(
-                f"shm: cannot reach {peer.engine_id}: CMA unavailable ({why_cma}) and the peer runs no memfd server"
-            )
+            raise PeerUnreachableError(f"shm: cannot reach {peer.engine_id}: it runs no memfd server (an older tent-shm?)")
+        if self._auth is not None:
+            key = self._auth.key("shm")
+        else:
+            key = str(desc.get("secret", "")).encode()
+            if not key:
+                raise PeerUnreachableError(
+                    f"shm: {peer.engine_id} advertises no shm secret: it has an auth token and we do not "
+                    "(configure the same TENT_AUTH_TOKEN on both)"
+                )
         link = _Link(peer.engine_id, pid, MODE_MEMFD, 0)
         try:
             link.conn = _ClientConn(
                 sock,
-                str(desc.get("secret", "")),
+                key,
+                peer.engine_id,
+                pid,
                 self._connect_timeout,
                 on_revoke=lambda addr, lk=link: self._revoke(lk, addr),
                 on_close=lambda lk=link: self._peer_closed(lk),
             )
+        except PeerUnreachableError:
+            raise
+        except AuthError as exc:
+            raise PeerUnreachableError(f"shm: {peer.engine_id}: the memfd server did not authenticate: {exc}") from exc
         except (OSError, ConnectionError) as exc:
             raise PeerUnreachableError(
-                f"shm: cannot reach {peer.engine_id}: CMA unavailable ({why_cma}); "
-                f"memfd server {sock!r} unreachable ({exc}; other network namespace?)"
+                f"shm: cannot reach {peer.engine_id}: memfd server {sock!r} unreachable ({exc}; other network namespace?)"
             ) from exc
+        why_cma = "mode=memfd configured"
+        if self._mode in ("auto", "cma"):
+            conn = link.conn
+            if not conn.peer_allows_cma:
+                why_cma = "the peer does not allow CMA (its shm mode is memfd)"
+            elif conn.peer_uid != os.getuid():
+                why_cma = f"the peer runs as uid {conn.peer_uid}, we as {os.getuid()} (CMA only within one user)"
+            else:
+                why = self._probe_cma(desc, conn.peer_pid)
+                why_cma = why or ""
+            if not why_cma:
+                link.mode = MODE_CMA
+                link.pid = conn.peer_pid
+                return self._register_link(link)
+            if self._mode == "cma":
+                link.conn.close()
+                raise PeerUnreachableError(f"shm: CMA to {peer.engine_id} not possible: {why_cma}")
         log.info("shm: %s uses memfd mappings (CMA: %s)", peer.engine_id, why_cma)
         return self._register_link(link)
 

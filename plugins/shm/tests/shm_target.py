@@ -21,7 +21,7 @@ def pattern(n: int, seed: int) -> np.ndarray:
 
 class _Memfd:
     def __init__(self, size: int) -> None:
-        self.fd = os.memfd_create("tent-shm-test", os.MFD_CLOEXEC)
+        self.fd = os.memfd_create("tent-shm-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(self.fd, size)
         self.map = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.array = np.frombuffer(self.map, dtype=np.uint8)

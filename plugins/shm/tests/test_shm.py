@@ -41,7 +41,8 @@ class Target:
     def __init__(self, specs: list[dict[str, Any]] = SPECS, config: dict[str, Any] | None = None) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=target_main, args=(child, specs, config or {}), daemon=True)
+        # CMA is opt-in on both sides: the target allows it unless a test says otherwise
+        self.proc = ctx.Process(target=target_main, args=(child, specs, config or {"mode": "auto"}), daemon=True)
         self.proc.start()
         child.close()
         if not self.conn.poll(60):
@@ -484,3 +485,24 @@ def test_engine_roundtrip(mode: str) -> None:
     finally:
         b.close()
         a.close()
+
+
+def test_memfd_server_name_taken_by_another_process_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control socket's abstract name is random; if a live socket of any process (any user)
+    already holds the name drawn, the server draws another instead of failing the engine."""
+    import socket
+
+    from tent_shm import plugin as shm_plugin
+
+    drawn = iter(["aaaaaaaaaaaa", "bbbbbbbbbbbb"])
+    monkeypatch.setattr(shm_plugin.secrets, "token_hex", lambda n: next(drawn))
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    squatter.bind(f"\0tent-shm-{os.getpid()}-aaaaaaaaaaaa")
+    try:
+        server = shm_plugin._ShmServer("engine-under-test", b"k" * 32, allow_cma=False)
+        try:
+            assert server.name == f"tent-shm-{os.getpid()}-bbbbbbbbbbbb"
+        finally:
+            server.close()
+    finally:
+        squatter.close()

@@ -26,11 +26,21 @@
  * stops polling (or nobody waits), progress(token, 1) hands the connection to a worker. Anything
  * that cannot leave at once is queued as by submit().
  *
- * Server side: one accept thread per listener, one thread per accepted connection.
+ * Server side: one accept thread per listener, one thread per accepted connection, at most
+ * `max_conns` connections at once (more are closed at accept; those still authenticating hold at
+ * most a quarter of them, for `auth_timeout_ms` at most, the oldest cut first). With an `auth_key` (the per-purpose
+ * key tent_core.auth derives from the cluster token) every connection runs the handshake of
+ * tent/auth.h first, both ways: a server serves no byte to a client that did not prove the key
+ * within `auth_timeout_ms`, a client sends none to a server that did not. A connection idle for
+ * `idle_timeout_ms` is closed (clients drop pooled connections before that).
  * Every request is checked against the registered regions (bounds + permission; a sorted table,
- * bisected, so the cost does not grow with the number of registrations). Regions are reference
- * counted so unregister waits for in-flight server I/O. A READ's response header and payload
- * leave in one sendmsg. Every connection runs with TCP_NODELAY (small requests leave at once).
+ * bisected, so the cost does not grow with the number of registrations). A region is a
+ * handle (tcp_register_region returns its id): removing one registration removes exactly it and
+ * its permission, even where another registration covers the same bytes. Regions are reference
+ * counted so unregister waits for in-flight server I/O, up to `unregister_timeout_ms`; then the
+ * connections still using the region are cut (their I/O fails at once) and it is freed.
+ * A READ's response header and payload leave in one sendmsg. Every connection runs with
+ * TCP_NODELAY (small requests leave at once).
  *
  * Wire protocol (little endian):
  *   request  (32 B): u32 magic 'TNTC', u16 version, u16 opcode, u64 remote_addr,
@@ -61,6 +71,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tent/auth.h"
 #include "tent/chunk_queue.h"
 #include "tent/config_kv.h"
 #include "tent/executor_abi.h"
@@ -87,16 +98,48 @@ static uint64_t mono_ms(void) {
   return (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
 }
 
-static atomic_int g_log_budget = 32; /* stderr logging stays sparse */
+/* stderr logging is rate limited (a token bucket: LOG_BURST lines, then LOG_PER_S a second), so
+ * a peer sending bad requests cannot flood the log; the next line says how many were dropped. */
+#define LOG_BURST 10.0
+#define LOG_PER_S 1.0
+static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;
+static double g_log_tokens = LOG_BURST;
+static uint64_t g_log_last_ms;
+static unsigned long long g_log_suppressed, g_log_lines;
 
 static void slog(const char *fmt, ...) {
-  if (atomic_fetch_sub(&g_log_budget, 1) <= 0) return;
+  pthread_mutex_lock(&g_log_mu);
+  uint64_t now = mono_ms();
+  if (g_log_last_ms) {
+    g_log_tokens += (double)(now - g_log_last_ms) / 1000.0 * LOG_PER_S;
+    if (g_log_tokens > LOG_BURST) g_log_tokens = LOG_BURST;
+  }
+  g_log_last_ms = now;
+  if (g_log_tokens < 1.0) {
+    g_log_suppressed++;
+    pthread_mutex_unlock(&g_log_mu);
+    return;
+  }
+  g_log_tokens -= 1.0;
+  unsigned long long dropped = g_log_suppressed;
+  g_log_suppressed = 0;
+  g_log_lines++;
+  pthread_mutex_unlock(&g_log_mu);
+  char line[512];
   va_list ap;
   va_start(ap, fmt);
-  fputs("[tent_tcp] ", stderr);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
+  vsnprintf(line, sizeof line, fmt, ap);
   va_end(ap);
+  if (dropped) fprintf(stderr, "[tent_tcp] %s (%llu similar line(s) suppressed)\n", line, dropped);
+  else fprintf(stderr, "[tent_tcp] %s\n", line);
+}
+
+/* out[0..1] = lines written, lines suppressed (process-wide). */
+EXPORT void tcp_log_stats(uint64_t *out) {
+  pthread_mutex_lock(&g_log_mu);
+  out[0] = g_log_lines;
+  out[1] = g_log_suppressed;
+  pthread_mutex_unlock(&g_log_mu);
 }
 
 static void put16(uint8_t *p, uint16_t v) { v = htole16(v); memcpy(p, &v, 2); }
@@ -186,6 +229,7 @@ static void tune_socket(int fd, int sockbuf) {
 /* ------------------------------------------------------------------ types */
 
 typedef struct region {
+  int64_t id;
   uint64_t addr, len;
   uint32_t perm;
   int refs;
@@ -200,6 +244,7 @@ typedef struct rail {
   tent_chunk_queue_t q;  /* bulk chunks waiting for a connection slot */
   tent_chunk_queue_t qs; /* chunks of small requests (TENT_HINT_SMALL): served first, also by the express slot */
   int *idle;             /* idle connected fds */
+  uint64_t *idle_since;  /* when each went idle (ms) */
   int nidle;
   int *slot_fd;          /* per slot: SLOT_FREE, -1 (connecting) or the fd in use; the last is the express slot */
   int busy;              /* bulk slots in use */
@@ -231,6 +276,11 @@ typedef struct sconn {
   struct tcp_exec *ex;
   int fd;
   int done;
+  region_t *cur; /* the region this connection's I/O is using now (under ex->reg_mu) */
+  int pending;   /* still authenticating (under srv_mu) */
+  int evicted;   /* cut to make room for a newer unauthenticated client (under srv_mu) */
+  uint64_t accepted_ms;
+  char who[64];  /* the client's address, for logs */
   pthread_t thread;
   struct sconn *next;
 } sconn_t;
@@ -238,6 +288,9 @@ typedef struct sconn {
 typedef struct tcp_exec {
   const tent_host_api_t *host;
   int nthreads, conns_per_rail, slice_timeout_ms, connect_timeout_ms, sockbuf;
+  int auth_on;
+  uint8_t auth_key[32];
+  int auth_timeout_ms, max_conns, idle_timeout_ms, unregister_timeout_ms;
 
   uint64_t chunk;     /* cut slices into chunks of at most this many bytes (0: whole slices) */
   uint32_t max_parts;
@@ -258,14 +311,18 @@ typedef struct tcp_exec {
   atomic_ullong next_reqid;
 
   pthread_mutex_t reg_mu; /* regions */
-  pthread_cond_t reg_cv;
+  pthread_cond_t reg_cv;   /* CLOCK_MONOTONIC */
   region_t **regions;      /* live regions sorted by addr (then len) */
   size_t nregions, cap_regions;
   uint64_t max_region_len; /* longest ever registered: bounds the backward scan of a lookup */
+  int64_t next_region_id;
 
   pthread_mutex_t srv_mu; /* listeners and server connections */
   listener_t *listeners;
   sconn_t *sconns;
+  int active_conns;
+  int pending_auth; /* connections still in the handshake: at most max_conns / 4 */
+  atomic_ullong refused_conns, auth_failures, idle_closed, cut_conns;
   int wake_fd; /* eventfd, readable once stopping */
 } tcp_exec_t;
 
@@ -287,12 +344,37 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->max_parts = 64;
   ex->pipeline = 16;
   ex->pipeline_bytes = 1 << 20;
+  ex->auth_on = 0;
+  ex->auth_timeout_ms = 5000;
+  ex->max_conns = 256;
+  ex->idle_timeout_ms = 120000;
+  ex->unregister_timeout_ms = 5000;
   char key[64], val[256];
   for (const char *c = cfg; tent_config_next(&c, key, sizeof key, val, sizeof val);) {
     char *end = NULL;
     long v = strtol(val, &end, 10);
     int *dst = NULL;
     long lo = 0, hi = 1L << 30;
+    if (!strcmp(key, "auth_key")) {
+      if (!*val) {
+        ex->auth_on = 0;
+        continue;
+      }
+      if (strlen(val) != 64) {
+        snprintf(err, errlen, "auth_key must be 64 hex digits");
+        return -1;
+      }
+      for (int i = 0; i < 32; i++) {
+        unsigned b;
+        if (sscanf(val + 2 * i, "%2x", &b) != 1) {
+          snprintf(err, errlen, "auth_key must be 64 hex digits");
+          return -1;
+        }
+        ex->auth_key[i] = (uint8_t)b;
+      }
+      ex->auth_on = 1;
+      continue;
+    }
     if (!strcmp(key, "chunk") || !strcmp(key, "pipeline_bytes")) {
       char *e = NULL;
       unsigned long long c = strtoull(val, &e, 10);
@@ -310,6 +392,10 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
     else if (!strcmp(key, "connect_timeout_ms")) dst = &ex->connect_timeout_ms, lo = 1;
     else if (!strcmp(key, "sockbuf")) dst = &ex->sockbuf, lo = 0;
     else if (!strcmp(key, "pipeline")) dst = &ex->pipeline, lo = 1, hi = PIPE_MAX;
+    else if (!strcmp(key, "auth_timeout_ms")) dst = &ex->auth_timeout_ms, lo = 1;
+    else if (!strcmp(key, "max_conns")) dst = &ex->max_conns, lo = 1, hi = 65536;
+    else if (!strcmp(key, "idle_timeout_ms")) dst = &ex->idle_timeout_ms, lo = 1;
+    else if (!strcmp(key, "unregister_timeout_ms")) dst = &ex->unregister_timeout_ms, lo = 0;
     else continue; /* unknown keys are ignored (the transport may pass extra ones) */
     if (end == val || *end || v < lo || v > hi) {
       snprintf(err, errlen, "bad value for %s: %s", key, val);
@@ -335,10 +421,11 @@ static size_t region_upper(const tcp_exec_t *ex, uint64_t addr) {
   return lo;
 }
 
-/* Returns a referenced region or NULL with *status set. Candidates are the regions starting at
- * or below addr, newest start first; none starting more than the longest registration below addr
- * can contain it, so (registrations rarely overlapping) the scan stops after one or two. */
-static region_t *region_acquire(tcp_exec_t *ex, uint64_t addr, uint64_t len, uint32_t need, int *status) {
+/* Returns a referenced region or NULL with *status set; `c` (the serving connection) records it.
+ * Candidates are the regions starting at or below addr, newest start first; none starting more
+ * than the longest registration below addr can contain it, so (registrations rarely
+ * overlapping) the scan stops after one or two. */
+static region_t *region_acquire(tcp_exec_t *ex, sconn_t *c, uint64_t addr, uint64_t len, uint32_t need, int *status) {
   region_t *found = NULL;
   int saw_inside = 0;
   pthread_mutex_lock(&ex->reg_mu);
@@ -350,6 +437,7 @@ static region_t *region_acquire(tcp_exec_t *ex, uint64_t addr, uint64_t len, uin
     if ((r->perm & need) == need) {
       found = r;
       r->refs++;
+      c->cur = r;
       break;
     }
   }
@@ -358,15 +446,17 @@ static region_t *region_acquire(tcp_exec_t *ex, uint64_t addr, uint64_t len, uin
   return found;
 }
 
-static void region_release(tcp_exec_t *ex, region_t *r) {
+static void region_release(tcp_exec_t *ex, sconn_t *c, region_t *r) {
   pthread_mutex_lock(&ex->reg_mu);
+  c->cur = NULL;
   if (--r->refs == 0 && r->dead) pthread_cond_broadcast(&ex->reg_cv);
   pthread_mutex_unlock(&ex->reg_mu);
 }
 
-EXPORT int tcp_register_region(void *self, uint64_t addr, uint64_t len, uint32_t perm) {
+/* Register [addr, addr+len) with `perm`: returns the registration's id (> 0) or -errno. */
+EXPORT int64_t tcp_register_region(void *self, uint64_t addr, uint64_t len, uint32_t perm) {
   tcp_exec_t *ex = self;
-  if (!ex) return -EINVAL;
+  if (!ex || perm > (PERM_REMOTE_READ | PERM_REMOTE_WRITE) || addr + len < addr) return -EINVAL;
   region_t *r = calloc(1, sizeof *r);
   if (!r) return -ENOMEM;
   r->addr = addr;
@@ -384,22 +474,28 @@ EXPORT int tcp_register_region(void *self, uint64_t addr, uint64_t len, uint32_t
     ex->regions = n;
     ex->cap_regions = cap;
   }
+  r->id = ++ex->next_region_id;
   size_t pos = region_upper(ex, addr); /* registrations in address order append at the end */
   memmove(&ex->regions[pos + 1], &ex->regions[pos], (ex->nregions - pos) * sizeof *ex->regions);
   ex->regions[pos] = r;
   ex->nregions++;
   if (len > ex->max_region_len) ex->max_region_len = len;
   pthread_mutex_unlock(&ex->reg_mu);
-  return 0;
+  return r->id;
 }
 
-EXPORT int tcp_unregister_region(void *self, uint64_t addr, uint64_t len) {
+/* Remove registration `id`: no new request finds it once this starts; it returns when no server
+ * I/O uses it any more. In-flight I/O gets `timeout_ms` (< 0: the executor's
+ * unregister_timeout_ms) to finish, then its connections are cut. 0: drained in time, 1: drained
+ * after cutting connections, -ENOENT: no such registration. */
+EXPORT int tcp_unregister_region(void *self, int64_t id, int timeout_ms) {
   tcp_exec_t *ex = self;
   if (!ex) return -EINVAL;
+  if (timeout_ms < 0) timeout_ms = ex->unregister_timeout_ms;
   pthread_mutex_lock(&ex->reg_mu);
   region_t *r = NULL;
-  for (size_t i = region_upper(ex, addr); i-- > 0 && ex->regions[i]->addr == addr;) {
-    if (ex->regions[i]->len == len) {
+  for (size_t i = 0; i < ex->nregions; i++) {
+    if (ex->regions[i]->id == id) {
       r = ex->regions[i];
       memmove(&ex->regions[i], &ex->regions[i + 1], (ex->nregions - i - 1) * sizeof *ex->regions);
       ex->nregions--;
@@ -410,11 +506,33 @@ EXPORT int tcp_unregister_region(void *self, uint64_t addr, uint64_t len) {
     pthread_mutex_unlock(&ex->reg_mu);
     return -ENOENT;
   }
-  r->dead = 1; /* out of the table: no new lookups find it; wait for in-flight server I/O */
-  while (r->refs > 0) pthread_cond_wait(&ex->reg_cv, &ex->reg_mu);
+  r->dead = 1; /* unlinked: no new lookups find it; wait for in-flight server I/O */
+  struct timespec dl;
+  clock_gettime(CLOCK_MONOTONIC, &dl);
+  dl.tv_sec += timeout_ms / 1000;
+  dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+  if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+  while (r->refs > 0)
+    if (pthread_cond_timedwait(&ex->reg_cv, &ex->reg_mu, &dl) == ETIMEDOUT) break;
+  int cut = 0;
+  if (r->refs > 0) {
+    /* a reader too slow (or stalled on purpose) to finish: cut its connection, its I/O fails now */
+    pthread_mutex_lock(&ex->srv_mu);
+    for (sconn_t *c = ex->sconns; c; c = c->next) {
+      if (c->cur == r && c->fd >= 0) {
+        shutdown(c->fd, SHUT_RDWR);
+        cut++;
+        atomic_fetch_add(&ex->cut_conns, 1);
+      }
+    }
+    pthread_mutex_unlock(&ex->srv_mu);
+    slog("unregister: %d connection(s) still using region %#llx after %d ms: cut", cut,
+         (unsigned long long)r->addr, timeout_ms);
+    while (r->refs > 0) pthread_cond_wait(&ex->reg_cv, &ex->reg_mu); /* their syscalls return at once */
+  }
   pthread_mutex_unlock(&ex->reg_mu);
   free(r);
-  return 0;
+  return cut ? 1 : 0;
 }
 
 /* ------------------------------------------------------------------ server */
@@ -423,19 +541,22 @@ static void sconn_close(sconn_t *c) {
   pthread_mutex_lock(&c->ex->srv_mu);
   if (c->fd >= 0) close(c->fd);
   c->fd = -1;
+  if (!c->done) c->ex->active_conns--;
   c->done = 1;
   pthread_mutex_unlock(&c->ex->srv_mu);
 }
 
-/* Wait until fd is readable or the executor stops. Returns 1 readable, 0 stop. */
-static int wait_readable(tcp_exec_t *ex, int fd) {
+/* Wait until fd is readable, the executor stops, or `timeout_ms` (< 0: forever) passes.
+ * Returns 1 readable, 0 stop, -1 timed out. */
+static int wait_readable(tcp_exec_t *ex, int fd, int timeout_ms) {
   for (;;) {
     struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = ex->wake_fd, .events = POLLIN}};
-    int n = poll(p, 2, -1);
+    int n = poll(p, 2, timeout_ms);
     if (n < 0) {
       if (errno == EINTR) continue;
       return 0;
     }
+    if (n == 0) return -1;
     if (p[1].revents) return 0;
     if (p[0].revents) return 1;
   }
@@ -468,26 +589,42 @@ static void *sconn_main(void *arg) {
   tcp_exec_t *ex = c->ex;
   int fd = c->fd;
   uint8_t h[REQ_SIZE];
+  if (ex->auth_on) {
+    char why[160];
+    int rc = tent_auth_server(fd, ex->auth_key, sizeof ex->auth_key, NULL, 0, ex->auth_timeout_ms, why, sizeof why);
+    pthread_mutex_lock(&ex->srv_mu);
+    if (!c->evicted) ex->pending_auth--;
+    c->pending = 0;
+    pthread_mutex_unlock(&ex->srv_mu);
+    if (rc != TENT_AUTH_OK) {
+      atomic_fetch_add(&ex->auth_failures, 1);
+      slog("refused a connection from %s: %s", c->who, why);
+      sconn_close(c);
+      return NULL;
+    }
+  }
   for (;;) {
-    if (!wait_readable(ex, fd)) break; /* an idle connection must outlive the receive timeout */
+    int w = wait_readable(ex, fd, ex->idle_timeout_ms);
+    if (w < 0) atomic_fetch_add(&ex->idle_closed, 1); /* idle too long: the client reconnects when it needs to */
+    if (w <= 0) break;
     int rc = recv_all(fd, h, REQ_SIZE);
     if (rc != IO_OK) break; /* peer closed / stalled mid-header */
     if (get32(h) != WIRE_MAGIC || get16(h + 4) != WIRE_VERSION) {
-      slog("closing connection: bad request header (magic %08x version %u)", get32(h), get16(h + 4));
+      slog("closing connection from %s: bad request header (magic %08x version %u)", c->who, get32(h), get16(h + 4));
       break;
     }
     uint32_t op = get16(h + 6);
     uint64_t addr = get64(h + 8), len = get64(h + 16), reqid = get64(h + 24);
     if (op != TENT_OP_READ && op != TENT_OP_WRITE) {
-      slog("closing connection: bad opcode %u", op);
+      slog("closing connection from %s: bad opcode %u", c->who, op);
       break;
     }
     int status = TENT_OK;
-    region_t *r = region_acquire(ex, addr, len, op == TENT_OP_READ ? PERM_REMOTE_READ : PERM_REMOTE_WRITE, &status);
+    region_t *r = region_acquire(ex, c, addr, len, op == TENT_OP_READ ? PERM_REMOTE_READ : PERM_REMOTE_WRITE, &status);
     if (op == TENT_OP_WRITE) {
       if (r) {
         rc = recv_all(fd, (void *)(uintptr_t)addr, (size_t)len);
-        region_release(ex, r);
+        region_release(ex, c, r);
       } else {
         rc = drain(fd, len);
       }
@@ -504,7 +641,7 @@ static void *sconn_main(void *arg) {
       put64(rh + 16, reqid);
       struct iovec iov[2] = {{rh, RSP_SIZE}, {(void *)(uintptr_t)addr, (size_t)len}};
       rc = sendv_all(fd, iov, len ? 2 : 1);
-      region_release(ex, r);
+      region_release(ex, c, r);
       if (rc != IO_OK) break;
     }
   }
@@ -530,8 +667,10 @@ static void *accept_main(void *arg) {
   listener_t *l = arg;
   tcp_exec_t *ex = l->ex;
   for (;;) {
-    if (!wait_readable(ex, l->fd)) break;
-    int fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC);
+    if (wait_readable(ex, l->fd, -1) <= 0) break;
+    struct sockaddr_in from;
+    socklen_t fromlen = sizeof from;
+    int fd = accept4(l->fd, (struct sockaddr *)&from, &fromlen, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) continue;
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
@@ -540,6 +679,37 @@ static void *accept_main(void *arg) {
         continue;
       }
       break;
+    }
+    char who[64] = "?";
+    if (fromlen >= sizeof from && from.sin_family == AF_INET) {
+      char ip[INET_ADDRSTRLEN];
+      inet_ntop(AF_INET, &from.sin_addr, ip, sizeof ip);
+      snprintf(who, sizeof who, "%s:%d", ip, ntohs(from.sin_port));
+    }
+    pthread_mutex_lock(&ex->srv_mu);
+    reap_sconns_locked(ex);
+    /* A thread and an fd per connection: never more than max_conns of them. Clients that have not
+     * authenticated (yet) hold at most a quarter; when those are all taken, the oldest of them is cut
+     * for the newcomer: a flood of clients that never authenticate cannot lock real peers out (a
+     * peer finishes its handshake in a round trip or two, long before it is the oldest). */
+    if (ex->auth_on && ex->pending_auth >= (ex->max_conns + 3) / 4) {
+      sconn_t *oldest = NULL;
+      for (sconn_t *o = ex->sconns; o; o = o->next)
+        if (o->pending && !o->evicted && o->fd >= 0 && (!oldest || o->accepted_ms < oldest->accepted_ms)) oldest = o;
+      if (oldest) {
+        oldest->evicted = 1;
+        ex->pending_auth--; /* its handshake fails now; it no longer counts against newcomers */
+        shutdown(oldest->fd, SHUT_RDWR);
+        atomic_fetch_add(&ex->refused_conns, 1);
+      }
+    }
+    int full = ex->active_conns >= ex->max_conns || (ex->auth_on && ex->pending_auth >= (ex->max_conns + 3) / 4);
+    pthread_mutex_unlock(&ex->srv_mu);
+    if (full) {
+      close(fd);
+      atomic_fetch_add(&ex->refused_conns, 1);
+      slog("refused a connection from %s: %d connections open (max_conns)", who, ex->max_conns);
+      continue;
     }
     tune_socket(fd, ex->sockbuf);
     set_timeouts(fd, ex->slice_timeout_ms);
@@ -550,14 +720,20 @@ static void *accept_main(void *arg) {
     }
     c->ex = ex;
     c->fd = fd;
+    snprintf(c->who, sizeof c->who, "%s", who);
     pthread_mutex_lock(&ex->srv_mu);
-    reap_sconns_locked(ex);
     if (ex->stopping || pthread_create(&c->thread, NULL, sconn_main, c) != 0) {
       pthread_mutex_unlock(&ex->srv_mu);
       close(fd);
       free(c);
       continue;
     }
+    ex->active_conns++;
+    if (ex->auth_on) {
+      ex->pending_auth++;
+      c->pending = 1;
+    }
+    c->accepted_ms = mono_ms();
     c->next = ex->sconns;
     ex->sconns = c;
     pthread_mutex_unlock(&ex->srv_mu);
@@ -648,6 +824,15 @@ static int rail_connect(tcp_exec_t *ex, rail_t *r) {
       return -1;
     }
   }
+  if (ex->auth_on) {
+    char why[160];
+    int rc = tent_auth_client(fd, ex->auth_key, sizeof ex->auth_key, NULL, 0, ex->connect_timeout_ms, why, sizeof why);
+    if (rc != TENT_AUTH_OK) {
+      slog("rail %s: %s", r->name, why);
+      close(fd);
+      return -1;
+    }
+  }
   int fl = fcntl(fd, F_GETFL);
   fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
   set_timeouts(fd, ex->slice_timeout_ms);
@@ -723,6 +908,15 @@ static int run_send(tcp_exec_t *ex, pipe_run_t *pr) {
     if (s->opcode == TENT_OP_WRITE && c->len) iov[n++] = (struct iovec){(void *)(uintptr_t)(s->local_addr + c->off), c->len};
   }
   return sendv_all(pr->fd, iov, n);
+}
+
+/* A pooled connection may have been closed by the server (idle timeout, restart): true if `fd`
+ * has been idle long enough that the server may have dropped it, or already shows EOF/HUP. */
+static int idle_fd_stale(tcp_exec_t *ex, int fd, uint64_t since, uint64_t now) {
+  if (now - since >= (uint64_t)ex->idle_timeout_ms / 2) return 1;
+  if (now - since < 200) return 0; /* just used: not worth a syscall */
+  struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+  return poll(&p, 1, 0) > 0;
 }
 
 static int io_status(int rc) {
@@ -881,6 +1075,7 @@ static void rail_free(rail_t *r) {
   tent_cq_free(&r->qs);
   for (int k = 0; k < r->nidle; k++) close(r->idle[k]);
   free(r->idle);
+  free(r->idle_since);
   free(r->slot_fd);
 }
 
@@ -911,7 +1106,17 @@ static int slot_claim(tcp_exec_t *ex, rail_t *r, int small) {
     r->busy++;
   }
   if (slot >= 0) {
-    r->slot_fd[slot] = r->nidle ? r->idle[--r->nidle] : -1;
+    int fd = -1;
+    uint64_t now = mono_ms();
+    while (r->nidle && fd < 0) { /* a pooled connection the server may have closed is dropped */
+      r->nidle--;
+      fd = r->idle[r->nidle];
+      if (idle_fd_stale(ex, fd, r->idle_since[r->nidle], now)) {
+        close(fd);
+        fd = -1;
+      }
+    }
+    r->slot_fd[slot] = fd;
     r->peer->refs++;
   }
   return slot;
@@ -924,7 +1129,10 @@ static void run_finish(tcp_exec_t *ex, pipe_run_t *pr, int broken) {
   pthread_mutex_lock(&ex->mu);
   if (pr->fd >= 0) {
     if (broken || ex->stopping || pe->removed) close(pr->fd);
-    else r->idle[r->nidle++] = pr->fd;
+    else {
+      r->idle_since[r->nidle] = mono_ms();
+      r->idle[r->nidle++] = pr->fd;
+    }
   }
   r->slot_fd[pr->slot] = SLOT_FREE;
   if (pr->slot == ex->conns_per_rail) r->express_busy = 0;
@@ -1093,8 +1301,9 @@ EXPORT int64_t tcp_add_peer(void *self, int nrails, const char **local_ips, cons
               remote_ports[i] <= 0 || remote_ports[i] > 65535;
     if (!bad && lip && *lip) bad = inet_pton(AF_INET, lip, &r->local.sin_addr) != 1;
     r->idle = calloc((size_t)nslots(ex), sizeof(int));
+    r->idle_since = calloc((size_t)nslots(ex), sizeof(uint64_t));
     r->slot_fd = calloc((size_t)nslots(ex), sizeof(int));
-    if (bad || !r->idle || !r->slot_fd) {
+    if (bad || !r->idle || !r->idle_since || !r->slot_fd) {
       pe->nrails = i + 1;
       peer_free(pe);
       return bad ? -EINVAL : -ENOMEM;
@@ -1203,6 +1412,19 @@ EXPORT void tcp_peer_stats(void *self, uint64_t *out) {
   pthread_mutex_unlock(&ex->mu);
 }
 
+/* out[0..4] = server connections open, refused at the cap, refused by authentication, closed
+ * idle, cut by an unregister deadline. */
+EXPORT void tcp_server_stats(void *self, uint64_t *out) {
+  tcp_exec_t *ex = self;
+  pthread_mutex_lock(&ex->srv_mu);
+  out[0] = (uint64_t)ex->active_conns;
+  pthread_mutex_unlock(&ex->srv_mu);
+  out[1] = atomic_load(&ex->refused_conns);
+  out[2] = atomic_load(&ex->auth_failures);
+  out[3] = atomic_load(&ex->idle_closed);
+  out[4] = atomic_load(&ex->cut_conns);
+}
+
 /* ------------------------------------------------------------------ ABI */
 
 static void ex_destroy(void *self);
@@ -1229,7 +1451,11 @@ static void *ex_create(const tent_host_api_t *host, const char *config, char *er
   pthread_mutex_init(&ex->mu, NULL);
   pthread_cond_init(&ex->cv, NULL);
   pthread_mutex_init(&ex->reg_mu, NULL);
-  pthread_cond_init(&ex->reg_cv, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&ex->reg_cv, &ca);
+  pthread_condattr_destroy(&ca);
   pthread_mutex_init(&ex->srv_mu, NULL);
   atomic_store(&ex->next_reqid, 1);
   ex->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -1529,6 +1755,7 @@ static void ex_destroy(void *self) {
   pthread_mutex_destroy(&ex->reg_mu);
   pthread_cond_destroy(&ex->reg_cv);
   pthread_mutex_destroy(&ex->srv_mu);
+  memset(ex->auth_key, 0, sizeof ex->auth_key);
   free(ex);
 }
 

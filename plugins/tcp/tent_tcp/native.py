@@ -3,8 +3,13 @@
 The executor library (``_executor*.so``) exports the standard ``tent_executor_ops`` plus:
 
     int     tcp_listen(void *self, const char *ip, int port);          -> bound port or -errno
-    int     tcp_register_region(void *self, uint64_t addr, uint64_t len, uint32_t perm);
-    int     tcp_unregister_region(void *self, uint64_t addr, uint64_t len);   (drains in-flight I/O)
+    int64_t tcp_register_region(void *self, uint64_t addr, uint64_t len, uint32_t perm);  -> id > 0
+    int     tcp_unregister_region(void *self, int64_t id, int timeout_ms);
+            removes exactly that registration; drains in-flight I/O, cutting its connections after
+            timeout_ms (< 0: the executor's unregister_timeout_ms). 0, 1 (cut some), -ENOENT
+    void    tcp_server_stats(void *self, uint64_t out[5]);
+            out = [connections open, refused at max_conns, refused by auth, closed idle, cut]
+    void    tcp_log_stats(uint64_t out[2]);   out = [log lines written, suppressed] (process-wide)
     int64_t tcp_add_peer(void *self, int nrails, const char **local_ips,
                          const char **remote_ips, const int *remote_ports);   -> handle > 0 or -errno
     void    tcp_remove_peer(void *self, int64_t peer);        (queued slices fail retryable at once)
@@ -47,9 +52,13 @@ def _bind(cdll: ctypes.CDLL) -> None:
     cdll.tcp_listen.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
     cdll.tcp_listen.restype = ctypes.c_int
     cdll.tcp_register_region.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32]
-    cdll.tcp_register_region.restype = ctypes.c_int
-    cdll.tcp_unregister_region.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64]
+    cdll.tcp_register_region.restype = ctypes.c_int64
+    cdll.tcp_unregister_region.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
     cdll.tcp_unregister_region.restype = ctypes.c_int
+    cdll.tcp_server_stats.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]
+    cdll.tcp_server_stats.restype = None
+    cdll.tcp_log_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
+    cdll.tcp_log_stats.restype = None
     cdll.tcp_add_peer.argtypes = [
         ctypes.c_void_p,
         ctypes.c_int,
@@ -109,17 +118,36 @@ class TcpExecutor:
             raise OSError(-rc, f"tcp_listen({ip}:{port}): {os.strerror(-rc)}")
         return int(rc)
 
-    def register_region(self, addr: int, length: int, perm: int) -> None:
+    def register_region(self, addr: int, length: int, perm: int) -> int:
+        """Register [addr, addr+length) for remote access with `perm`; returns the registration's id."""
         rc = self._cdll.tcp_register_region(self._h(), addr, length, perm)
         if rc < 0:
             raise OSError(-rc, f"tcp_register_region: {os.strerror(-rc)}")
+        return int(rc)
 
-    def unregister_region(self, addr: int, length: int) -> bool:
-        """Blocks until no server thread touches the region any more. False if unknown."""
+    def unregister_region(self, region_id: int, timeout_s: float | None = None) -> bool:
+        """Remove exactly registration `region_id` (another one covering the same bytes keeps its own
+        permission). Blocks (GIL released) until no server thread touches it; I/O still running
+        after `timeout_s` (default: the executor's unregister_timeout_ms) has its connection cut.
+        False if unknown."""
         h = self.executor.handle
         if not h:
             return False
-        return self._cdll.tcp_unregister_region(h, addr, length) == 0
+        ms = -1 if timeout_s is None else max(0, int(timeout_s * 1000))
+        return self._cdll.tcp_unregister_region(h, region_id, ms) >= 0
+
+    def server_stats(self) -> dict[str, int]:
+        """Server side: connections open, refused at max_conns, refused by authentication, closed idle,
+        cut by an unregister deadline."""
+        out = (ctypes.c_uint64 * 5)()
+        self._cdll.tcp_server_stats(self._h(), out)
+        return {"open": out[0], "refused": out[1], "auth_failures": out[2], "idle_closed": out[3], "cut": out[4]}
+
+    def log_stats(self) -> dict[str, int]:
+        """Executor log lines written and suppressed by the rate limit (process-wide)."""
+        out = (ctypes.c_uint64 * 2)()
+        self._cdll.tcp_log_stats(out)
+        return {"lines": out[0], "suppressed": out[1]}
 
     def add_peer(self, local_ips: Sequence[str], remote_ips: Sequence[str], remote_ports: Sequence[int]) -> int:
         n = len(remote_ips)

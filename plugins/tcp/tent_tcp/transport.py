@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 _EXECUTOR_KEYS = (
     "threads", "conns_per_rail", "slice_timeout_ms", "connect_timeout_ms", "sockbuf", "pipeline", "pipeline_bytes",
+    "auth_timeout_ms", "max_conns", "idle_timeout_ms", "unregister_timeout_ms",
 )
 _ANY = {"", "0.0.0.0", "*"}
 
@@ -111,6 +112,7 @@ class TcpTransport(Transport):
         "conns_per_rail": 4,
         # executor threads; default: one per connection slot ((conns_per_rail + 1) x rails, at least 4)
         "threads": None,
+        # also bounds the auth handshake of a data connection (client side)
         "connect_timeout_ms": 1000,
         # SO_SNDBUF/SO_RCVBUF per connection (0 = kernel autotuning)
         "sockbuf": 4 << 20,
@@ -122,6 +124,14 @@ class TcpTransport(Transport):
         # small requests up to this long leave on the submitting thread when a connection is idle
         # (one sendmsg, no hand-off before the wire; the waiter reads the answer)
         "inline_bytes": 256 << 10,
+        # server side (SECURITY.md): a client that has not authenticated within this is dropped
+        "auth_timeout_ms": 5000,
+        # connections served at once (a thread and an fd each); more are closed at accept
+        "max_conns": 256,
+        # a connection without a request for this long is closed (clients reconnect on demand)
+        "idle_timeout_ms": 120_000,
+        # unregister waits this long for in-flight reads/writes of the buffer, then cuts them
+        "unregister_timeout_ms": 5000,
     }
 
     def __init__(self) -> None:
@@ -130,7 +140,6 @@ class TcpTransport(Transport):
         self._lock = threading.Lock()
         # engine_id -> (descriptor key, link)
         self._peers: dict[str, tuple[tuple[tuple[str, int], ...], PeerLink]] = {}
-        self._exported: dict[tuple[int, int], int] = {}  # (addr, length) -> refcount
 
     # ---- discovery -------------------------------------------------------------------
     def probe(self) -> Availability:
@@ -159,8 +168,14 @@ class TcpTransport(Transport):
             # one executor thread per connection slot (conns_per_rail bulk ones and the express
             # one), so no rail starves and a small request's answer is read while large ones move
             cfg["threads"] = max(4, (int(cfg["conns_per_rail"]) + 1) * max(1, len(rails)))
-        exec_cfg = {k: int(cfg[k]) for k in _EXECUTOR_KEYS}
+        exec_cfg: dict[str, Any] = {k: int(cfg[k]) for k in _EXECUTOR_KEYS}
         self.inline_bytes = max(0, int(cfg["inline_bytes"]))
+        if ctx.auth is not None:
+            # every data connection runs the handshake of tent_core.auth (tent/auth.h) with this key
+            exec_cfg["auth_key"] = ctx.auth.key("tcp").hex()
+        else:
+            # no token: allowed only while every rail listens on loopback
+            ctx.check_exposure([_resolve_ipv4(str(h)) for h in rails], what="tcp transport")
         self._exec = TcpExecutor(exec_cfg)
         try:
             for i, host in enumerate(rails):
@@ -178,7 +193,6 @@ class TcpTransport(Transport):
         with self._lock:
             ex, self._exec = self._exec, None
             self._peers.clear()
-            self._exported.clear()
         if ex is not None:
             ex.close()
 
@@ -205,25 +219,20 @@ class TcpTransport(Transport):
     def export_buffer(self, buf: BufferInfo) -> dict[str, Any] | None:
         if buf.kind != MemoryKind.HOST:
             return None
-        key = (int(buf.addr), int(buf.length))
-        self.native.register_region(key[0], key[1], int(buf.perm))
-        with self._lock:
-            self._exported[key] = self._exported.get(key, 0) + 1
+        # one executor registration per engine registration: releasing it removes exactly it (and its
+        # permission), whatever else covers the same bytes
+        buf.extra["tcp_region"] = self.native.register_region(int(buf.addr), int(buf.length), int(buf.perm))
         return None
 
     def release_buffer(self, buf: BufferInfo) -> None:
-        key = (int(buf.addr), int(buf.length))
+        region = buf.extra.pop("tcp_region", None)
         with self._lock:
-            n = self._exported.get(key, 0)
-            if n == 0 or self._exec is None:
-                return
-            if n == 1:
-                del self._exported[key]
-            else:
-                self._exported[key] = n - 1
             ex = self._exec
-        # Blocks (GIL released by ctypes) until in-flight server I/O on the region drained.
-        ex.unregister_region(key[0], key[1])
+        if region is None or ex is None:
+            return
+        # Blocks (GIL released) until in-flight server I/O on the region drained, or was cut at
+        # unregister_timeout_ms.
+        ex.unregister_region(region)
 
     # ---- peers -------------------------------------------------------------------------
     def can_reach(self, peer: PeerInfo) -> str | None:

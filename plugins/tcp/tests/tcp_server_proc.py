@@ -6,7 +6,10 @@ Prints one JSON line {"ports": [...], "regions": {name: [addr, len, perm]}} and 
 JSON commands on stdin, one per line:
     {"cmd": "sha", "region": name, "off": int, "len": int}   -> {"sha": hex}
     {"cmd": "fill", "region": name, "seed": int}              -> {"ok": true}
-    {"cmd": "unregister", "region": name}                     -> {"ok": bool}
+    {"cmd": "unregister", "region": name}                     -> {"ok": bool}  (its first registration)
+    {"cmd": "register", "region": name, "perm": p}            -> {"id": int}   (one more registration)
+    {"cmd": "unregister_id", "id": int[, "timeout_s": t]}     -> {"ok": bool, "secs": float}
+    {"cmd": "stats"}                                          -> server_stats() and log_stats()
     {"cmd": "exit"}
 Region contents after start / "fill": pattern(seed, len) (see pattern()).
 """
@@ -17,6 +20,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,6 +34,11 @@ def pattern(seed: int, n: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
 
 
+def name_unregister(ex: TcpExecutor, rids: dict[str, int], name: str) -> bool:
+    rid = rids.pop(name, None)
+    return rid is not None and ex.unregister_region(rid)
+
+
 def main() -> None:
     ips = sys.argv[1].split(",")
     cfg = dict(kv.split("=", 1) for kv in sys.argv[2].split(";") if kv) if len(sys.argv) > 2 else {}
@@ -37,10 +46,11 @@ def main() -> None:
     ports = [ex.listen(ip, 0) for ip in ips]
     bufs: dict[str, np.ndarray] = {}
     info = {}
+    rids: dict[str, int] = {}
     for name, (size, perm, seed) in REGIONS.items():
         a = pattern(seed, size)
         bufs[name] = a
-        ex.register_region(a.ctypes.data, a.nbytes, perm)
+        rids[name] = ex.register_region(a.ctypes.data, a.nbytes, perm)
         info[name] = [a.ctypes.data, a.nbytes, perm]
     print(json.dumps({"ports": ports, "regions": info, "pid": os.getpid()}), flush=True)
     for line in sys.stdin:
@@ -56,7 +66,16 @@ def main() -> None:
             a[:] = pattern(req["seed"], a.nbytes)
             out = {"ok": True}
         elif cmd == "unregister":
-            out = {"ok": ex.unregister_region(a.ctypes.data, a.nbytes)}
+            t0 = time.monotonic()
+            out = {"ok": name_unregister(ex, rids, req["region"]), "secs": time.monotonic() - t0}
+        elif cmd == "register":
+            out = {"id": ex.register_region(a.ctypes.data, a.nbytes, int(req["perm"]))}
+        elif cmd == "unregister_id":
+            t0 = time.monotonic()
+            ok = ex.unregister_region(int(req["id"]), req.get("timeout_s"))
+            out = {"ok": ok, "secs": time.monotonic() - t0}
+        elif cmd == "stats":
+            out = {**ex.server_stats(), "log": ex.log_stats()}
         else:
             out = {"error": f"unknown command {cmd}"}
         print(json.dumps(out), flush=True)

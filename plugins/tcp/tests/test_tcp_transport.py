@@ -57,11 +57,32 @@ def test_profile_and_descriptor(pair: tuple[TcpTransport, TcpTransport]) -> None
     assert a.executor.handle and a.executor.ops
 
 
+def test_a_registration_is_a_handle(pair: tuple[TcpTransport, TcpTransport]) -> None:
+    """The same bytes registered READ_WRITE and READ_ONLY; releasing the READ_WRITE registration
+    removes exactly it: the region stays readable and is no longer remotely writable."""
+    a, b = pair
+    target = pattern(21, 1 << 16)
+    rw, ro = buffer(target), buffer(target, Permission.READ)
+    b.export_buffer(rw)
+    b.export_buffer(ro)
+    link = a.connect(peer_info("b:2", b), [])
+    src = pattern(22, 16)
+    assert run(a.executor, [(WRITE, src.ctypes.data, target.ctypes.data, 16, link.handle, 0)]).error == 0
+    b.release_buffer(rw)
+    assert run(a.executor, [(WRITE, src.ctypes.data, target.ctypes.data + 64, 16, link.handle, 0)]).error == Status.E_PERMISSION
+    back = np.zeros(16, np.uint8)
+    assert run(a.executor, [(READ, back.ctypes.data, target.ctypes.data + 64, 16, link.handle, 0)]).error == 0
+    assert np.array_equal(back, target[64:80])
+    b.release_buffer(ro)
+    assert run(a.executor, [(READ, back.ctypes.data, target.ctypes.data, 16, link.handle, 0)]).error == Status.E_BOUNDS
+
+
 def test_transfer_through_transport(pair: tuple[TcpTransport, TcpTransport]) -> None:
     a, b = pair
     target = np.zeros(1 << 20, np.uint8)
     ro = pattern(11, 4096)
-    b.export_buffer(buffer(target))
+    target_reg = buffer(target)  # a registration: releasing it names this very object
+    b.export_buffer(target_reg)
     b.export_buffer(buffer(ro, Permission.READ))
     link = a.connect(peer_info("b:2", b), [])
     # a has one rail 127.0.0.1, b has two on 127.0.0.0/24: both of b's rails are used
@@ -86,9 +107,11 @@ def test_transfer_through_transport(pair: tuple[TcpTransport, TcpTransport]) -> 
     assert run(a.executor, [(WRITE, src.ctypes.data, ro.ctypes.data, 16, link.handle, 0)]).error == Status.E_PERMISSION
     assert a.native.rail_counters(link.handle, 1)["slices"] == 2
 
-    b.release_buffer(buffer(target))
+    b.release_buffer(buffer(target))  # another registration object (never exported): releases nothing
+    assert run(a.executor, [(WRITE, src.ctypes.data, target.ctypes.data, 16, link.handle, 0)]).error == 0
+    b.release_buffer(target_reg)
     assert run(a.executor, [(WRITE, src.ctypes.data, target.ctypes.data, 16, link.handle, 0)]).error == Status.E_BOUNDS
-    b.release_buffer(buffer(target))  # releasing twice is harmless
+    b.release_buffer(target_reg)  # releasing twice is harmless
 
     a.disconnect(link)
     res = run(a.executor, [(READ, back.ctypes.data, ro.ctypes.data, 16, link.handle, 0)])

@@ -1,0 +1,228 @@
+"""`tent bench-staging`: a staged path's throughput against its slower stage, measured side by side.
+
+A target process holds (simulated) device memory that the initiator cannot reach directly (its
+device IPC is off), so transfers go through target-side staging: TCP between the initiator and
+the target's staging slots, and the target's own device copy between the slots and the device
+memory, pipelined chunk by chunk. Each round measures, interleaved and with the same bytes:
+
+* ``staged``: host memory here -> device memory there (WRITE) and back (READ), through staging;
+* ``wire``: the same transfer to the target's *host* memory over the same TCP transport (stage 1
+  alone, the same engine settings);
+* ``copy``: the target's copy between a staging-sized host buffer and the device memory, run in the
+  target process by its engine over the same simdev transport (stage 2 alone);
+
+and, with ``--both``, device memory here -> device memory there (both sides stage: three stages,
+the local copy measured like the target's).
+
+Every transfer is checked byte for byte before timing (patterns that never repeat). The result is
+staged / min(wire, copy) per round; the report gives the median and the spread (min..max) over
+rounds. ``--copy-ns-per-mib`` slows the simulated device copies (emulating a slower device link) so
+the copy can be made the slower stage. Prints a table, or JSON with ``--json``.
+
+    tent bench-staging --size 256M --rounds 7
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import click
+import numpy as np
+
+MiB = 1 << 20
+
+
+def _parse_size(text: str) -> int:
+    t = text.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    return int(float(t[:-1] if t[-1:] in "KMG" else t) * mult)
+
+
+class _Target:
+    """The target process (`python -m tent_bench.staging --target`), JSON lines on stdin/stdout."""
+
+    def __init__(self, size: int, config: dict[str, Any]) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "tent_bench.staging", "--target", str(size), json.dumps(config)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.info = self._read(120)
+
+    def _read(self, timeout: float) -> dict[str, Any]:
+        out: list[str] = []
+        t = threading.Thread(target=lambda: out.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        t.start()
+        t.join(timeout)
+        if not out or not out[0]:
+            self.proc.kill()
+            raise RuntimeError("the staging target did not answer")
+        return json.loads(out[0])
+
+    def call(self, **msg: Any) -> dict[str, Any]:
+        self.proc.stdin.write(json.dumps(msg) + "\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+        return self._read(600)
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()  # type: ignore[union-attr]
+            self.proc.wait(30)
+        except Exception:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def _target_main(size: int, config: dict[str, Any]) -> None:
+    import hashlib
+
+    from tent_core import READ, WRITE, Engine
+    from tent_core.simdev import SimArray, SimDevicePlugin
+
+    eng = Engine(config, transports=["tcp", "simdev"], plugins=[SimDevicePlugin()])
+    dev = SimArray(size)
+    eng.register(dev, segment="dev")
+    host = eng.allocate(size, segment="host")
+    chunk = eng.config.target_staging_chunk_bytes
+    slot = eng.allocate(chunk, segment="bench-slot")
+    print(json.dumps({"engine": eng.engine_id, "chunk": chunk}), flush=True)
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if msg["cmd"] == "digest":
+            src = dev.download(0, msg["n"]) if msg["segment"] == "dev" else host.array[: msg["n"]]
+            print(json.dumps({"sha": hashlib.sha256(src.tobytes()).hexdigest()}), flush=True)
+        elif msg["cmd"] == "copy":
+            # stage 2 alone: the target's slot <-> device copies, chunk after chunk, as staging does them
+            n, op = msg["n"], READ if msg["op"] == "READ" else WRITE
+            t0 = time.perf_counter()
+            for off in range(0, n, chunk):
+                ln = min(chunk, n - off)
+                eng.transfer(op, slot, 0, eng.segment_name("dev"), off, ln)
+            print(json.dumps({"seconds": time.perf_counter() - t0}), flush=True)
+    eng.close()
+
+
+def _timed(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def run(size: int, rounds: int, copy_ns_per_mib: int = 0, both: bool = False, chunk: int = 4 * MiB,
+        depth: int = 4) -> dict[str, Any]:
+    import hashlib
+
+    from tent_core import READ, WRITE, Engine
+    from tent_core.simdev import SimArray, SimDevicePlugin
+    from tent_core.testing import pattern
+
+    sim = {"ipc": False, "copy_ns_per_mib": copy_ns_per_mib}
+    common = {"target_staging_chunk_bytes": chunk, "target_staging_depth": depth, "staging_chunk_bytes": chunk,
+              "target_staging_slots": max(16, 2 * depth), "staging_buffers": 2 * depth}
+    tgt = _Target(size, {**common, "transports": {"simdev": sim}})
+    rows: dict[str, list[dict[str, float]]] = {}
+    try:
+        remote = tgt.info["engine"]
+        plugins = [SimDevicePlugin()] if both else None
+        names = ["tcp", "simdev"] if both else ["tcp"]
+        with Engine({**common, "transports": {"simdev": sim}} if both else common, transports=names,
+                    plugins=plugins) as eng:
+            buf = eng.allocate(size)
+            data = pattern(size, seed=17)
+            buf.array[:] = data
+            want = hashlib.sha256(data.tobytes()).hexdigest()
+            local_dev = None
+            if both:
+                local_dev_arr = SimArray(size)
+                local_dev_arr.upload(data)
+                local_dev = eng.register(local_dev_arr, segment="ldev")
+            # byte checks before timing, on every path measured
+            eng.transfer(WRITE, buf, 0, f"{remote}/dev", 0, size, timeout=600)
+            assert tgt.call(cmd="digest", segment="dev", n=size)["sha"] == want, "staged WRITE corrupted data"
+            back = eng.allocate(size)
+            eng.transfer(READ, back, 0, f"{remote}/dev", 0, size, timeout=600)
+            assert np.array_equal(back.array, data), "staged READ corrupted data"
+            eng.transfer(WRITE, buf, 0, f"{remote}/host", 0, size, timeout=600)
+            assert tgt.call(cmd="digest", segment="host", n=size)["sha"] == want, "wire WRITE corrupted data"
+            if local_dev is not None:
+                eng.transfer(WRITE, local_dev, 0, f"{remote}/dev", 0, size, timeout=600)
+                assert tgt.call(cmd="digest", segment="dev", n=size)["sha"] == want, "both-staged WRITE corrupted data"
+            paths = {"staged_write": eng.explain(op="WRITE", remote=f"{remote}/dev", length=size).chosen}
+
+            def measure(op: str) -> dict[str, float]:
+                o = WRITE if op == "WRITE" else READ
+                local = buf if o == WRITE else back
+                steps = {
+                    "staged": lambda: eng.transfer(o, local, 0, f"{remote}/dev", 0, size, timeout=600),
+                    "wire": lambda: eng.transfer(o, local, 0, f"{remote}/host", 0, size, timeout=600),
+                    "copy": None,
+                }
+                if local_dev is not None:
+                    steps["both"] = lambda: eng.transfer(o, local_dev, 0, f"{remote}/dev", 0, size, timeout=600)
+                out: dict[str, float] = {}
+                order = list(steps)
+                k = len(rows.get(op, []))
+                order = order[k % len(order):] + order[:k % len(order)]  # rotate: no path always goes first
+                for name in order:
+                    if name == "copy":
+                        out["copy"] = tgt.call(cmd="copy", op=op, n=size)["seconds"]
+                    else:
+                        out[name] = _timed(steps[name])
+                return out
+
+            for _ in range(rounds):
+                for op in ("WRITE", "READ"):
+                    rows.setdefault(op, []).append(measure(op))
+    finally:
+        tgt.close()
+    report: dict[str, Any] = {"size": size, "rounds": rounds, "chunk": chunk, "depth": depth,
+                              "copy_ns_per_mib": copy_ns_per_mib, "paths": paths, "ops": {}}
+    for op, rs in rows.items():
+        gb = {k: [size / r[k] / 1e9 for r in rs] for k in rs[0]}
+        ratio = [(size / r["staged"]) / min(size / r["wire"], size / r["copy"]) for r in rs]
+        entry = {k: {"median_GBps": statistics.median(v), "min": min(v), "max": max(v)} for k, v in gb.items()}
+        entry["ratio_staged_vs_slower_stage"] = {"median": statistics.median(ratio), "min": min(ratio), "max": max(ratio)}
+        entry["slower_stage"] = "wire" if statistics.median(gb["wire"]) <= statistics.median(gb["copy"]) else "copy"
+        if "both" in gb:
+            rb = [(size / r["both"]) / min(size / r["wire"], size / r["copy"]) for r in rs]
+            entry["ratio_both_vs_slower_stage"] = {"median": statistics.median(rb), "min": min(rb), "max": max(rb)}
+        report["ops"][op] = entry
+    return report
+
+
+@click.command("bench-staging")
+@click.option("--size", default="256M", show_default=True, help="Bytes per transfer (e.g. 64M, 1G).")
+@click.option("--rounds", default=7, show_default=True, type=click.IntRange(1, 100), help="Interleaved rounds.")
+@click.option("--chunk", default="4M", show_default=True, help="Staging chunk.")
+@click.option("--depth", default=4, show_default=True, type=click.IntRange(1, 64), help="Chunks in flight per request.")
+@click.option("--copy-ns-per-mib", default=0, show_default=True, type=click.IntRange(0),
+              help="Extra cost of each simulated device copy per MiB (makes the copy the slower stage).")
+@click.option("--both", is_flag=True, help="Also device -> device (both sides stage).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def main(size: str, rounds: int, chunk: str, depth: int, copy_ns_per_mib: int, both: bool, as_json: bool) -> None:
+    """A target-staged path's throughput against its slower stage (interleaved rounds, median, spread)."""
+    rep = run(_parse_size(size), rounds, copy_ns_per_mib, both, _parse_size(chunk), depth)
+    if as_json:
+        click.echo(json.dumps(rep, indent=2))
+        return
+    click.echo(f"target-staged path, {rep['size'] >> 20} MiB x {rounds} rounds, chunk {rep['chunk'] >> 20} MiB, "
+               f"depth {depth}, copy +{copy_ns_per_mib} ns/MiB (path: {rep['paths']['staged_write']})")
+    for op, e in rep["ops"].items():
+        cols = "  ".join(f"{k} {v['median_GBps']:.2f} GB/s [{v['min']:.2f}..{v['max']:.2f}]"
+                         for k, v in e.items() if isinstance(v, dict) and "median_GBps" in v)
+        r = e["ratio_staged_vs_slower_stage"]
+        line = f"{op:5}  {cols}  staged/{e['slower_stage']} = {r['median']:.2f} [{r['min']:.2f}..{r['max']:.2f}]"
+        if "ratio_both_vs_slower_stage" in e:
+            b = e["ratio_both_vs_slower_stage"]
+            line += f"  both/{e['slower_stage']} = {b['median']:.2f} [{b['min']:.2f}..{b['max']:.2f}]"
+        click.echo(line)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--target":
+        _target_main(int(sys.argv[2]), json.loads(sys.argv[3]) if len(sys.argv) > 3 else {})
+    else:
+        main()

@@ -1,0 +1,558 @@
+"""Target-side staging: a peer's device memory reached through the peer's own host staging.
+
+When no transport of the initiator reaches the target's device memory (a GPU on another host
+without GPUDirect, a simulated device across processes with IPC off...), the *target* stages: it
+copies between a few host staging slots of its own and its device memory with its local
+transports (nvlink, ascend, simdev on its self-peer), and the initiator moves bytes between its
+buffer and those slots over any transport that reaches the target's host memory (TCP...). When the
+initiator's buffer is device memory too, it stages on its side as well (both-staged). Chunks are
+pipelined: while the wire carries chunk n+1, the target copies chunk n.
+
+Control exchange (messages on the target's control port, `tent_core.metadata.ControlServer`):
+
+* ``stage_open`` {seg, offset, length, write, depth, chunk, deadline_s, from} -> {sid, chunk,
+  segment, slots: [segment offsets], slot_bytes}. The target checks the range against its own
+  registered buffers, bounds and permission (a WRITE session needs a writable buffer, a READ one a
+  readable buffer) and that the memory is a kind it stages; then leases up to `depth` slots.
+  ``busy`` in an error reply: no slot is free now, try again.
+* ``stage_push`` {sid, slot, off, len}: the initiator wrote [off, off+len) of the session range into
+  slot `slot`; the target copies it into place. Replied when the copy is done (deferred reply).
+* ``stage_pull`` {sid, slot, off, len}: the target copies [off, off+len) into the slot; replied when
+  done, then the initiator reads the slot.
+* ``stage_close`` {sid}: the session is over; its slots are freed once its copies are done. A
+  session idle for `target_staging_lease_s` (its initiator vanished) is closed by the target.
+
+Slots live in the target's segment ``_tent_tstage``, registered READ_WRITE: every peer that may
+write the staged buffer at all can reach them (no new access); a peer can only ever move bytes of a
+buffer whose permission allows it, because the target checks that at ``stage_open`` and copies only
+within the session's range.
+
+`TargetStager` is the target half (one per engine), `run_target_staged` the initiator half (runs in
+the engine's staged-path workers, finalizing one unit of the batch).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import devices, errors
+from .batch import BatchHandle, status_of
+from .config import EngineConfig
+from .metadata import ControlClient
+from .path_planner import chunk_plan
+from .policy_rules import RequestTraits
+from .request import LocalBuffer, Request
+from .routing import Decision, Router, TargetStagedPath
+from .types import CapabilityProfile, MemoryKind, OpCode, Permission, Priority
+
+log = logging.getLogger(__name__)
+
+STAGE_SEGMENT = "_tent_tstage"
+STAGE_OPS = ("stage_open", "stage_push", "stage_pull", "stage_close")
+_MAX_LEN = 1 << 62
+
+# typed errors a stager reply can name (by class name) and the initiator re-raises
+_ERRORS: dict[str, type[errors.TentError]] = {
+    cls.__name__: cls
+    for cls in (
+        errors.NotRegisteredError,
+        errors.OutOfBoundsError,
+        errors.PermissionDeniedError,
+        errors.UnknownSegmentError,
+        errors.NoPathError,
+        errors.DeadlineExceededError,
+        errors.InvalidRequestError,
+        errors.TransferError,
+        errors.PeerUnreachableError,
+        errors.CancelledError,
+    )
+}
+
+
+def stageable_kinds(profiles: Mapping[str, CapabilityProfile]) -> dict[MemoryKind, float]:
+    """Device kinds some local transport copies to and from host memory on this host, with the best
+    advertised rate (GB/s, 0 = unknown): what this engine can stage for its peers."""
+    out: dict[MemoryKind, float] = {}
+    for prof in profiles.values():
+        if not prof.same_host:
+            continue
+        for a, b in prof.kind_pairs:
+            if a == MemoryKind.HOST and b.is_device and (b, MemoryKind.HOST) in prof.kind_pairs:
+                out[b] = max(out.get(b, 0.0), prof.bandwidth_gbps)
+    return out
+
+
+def _int(msg: Mapping[str, Any], key: str, lo: int = 0, hi: int = _MAX_LEN) -> int:
+    v = msg.get(key)
+    if type(v) is not int or not lo <= v <= hi:
+        raise errors.ProtocolError(f"{msg.get('op')}: {key!r} must be an integer in [{lo}, {hi}], got {v!r}")
+    return v
+
+
+def _error_reply(exc: BaseException) -> dict[str, Any]:
+    return {"ok": False, "error": str(exc), "code": type(exc).__name__}
+
+
+# ---------------------------------------------------------------------------------------- target
+
+
+@dataclass
+class _Session:
+    sid: int
+    initiator: str
+    seg: str
+    offset: int
+    length: int
+    write: bool
+    kind: MemoryKind
+    decision: Decision
+    slots: list[LocalBuffer]
+    expires: float
+    pending: int = 0
+    closed: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # the session's copies run one after another, in arrival order (one device queue per session);
+    # the initiator keeps several requests in flight so the next copy is queued before one ends
+    copier: ThreadPoolExecutor | None = None
+
+
+class TargetStager:
+    """The target half: sessions, the slot pool and the copies between slots and device memory.
+
+    `engine` must offer ``engine_id``, ``submit_leg(request, decision, deadline)``; `segments`
+    ``allocate`` and `peers` the self-peer (``get``, ``map_remote``) as the engine's parts do."""
+
+    def __init__(self, engine: Any, segments: Any, peers: Any, router: Router, profiles: Mapping[str, CapabilityProfile],
+                 config: EngineConfig) -> None:
+        self.engine = engine
+        self.engine_id = engine.engine_id
+        self.segments = segments
+        self.peers = peers
+        self.router = router
+        self.config = config
+        self.kinds = stageable_kinds(profiles) if config.target_staging else {}
+        self.chunk = config.target_staging_chunk_bytes
+        self._lock = threading.Lock()
+        self._sessions: dict[int, _Session] = {}
+        self._free: list[LocalBuffer] = []
+        self._made = 0
+        self._sids = itertools.count(1)
+        self._closed = False
+        self.stats = {"sessions": 0, "pushed_bytes": 0, "pulled_bytes": 0, "refused": 0, "expired": 0}
+
+    def offer(self) -> dict[str, Any]:
+        """What peers read in `describe` (PeerInfo.staging); empty when this engine stages nothing."""
+        if not self.kinds:
+            return {}
+        return {
+            "kinds": sorted(k.value for k in self.kinds),
+            "chunk": self.chunk,
+            "slots": self.config.target_staging_slots,
+            "gbps": {k.value: rate for k, rate in self.kinds.items()},
+        }
+
+    # ---- control messages ---------------------------------------------------------------------
+
+    def handle(self, msg: Mapping[str, Any]) -> dict[str, Any] | Future[dict[str, Any]]:
+        op = msg["op"]
+        try:
+            if op == "stage_open":
+                return self._open(msg)
+            if op in ("stage_push", "stage_pull"):
+                return self._copy(msg, op == "stage_push")
+            if op == "stage_close":
+                self._close_session(_int(msg, "sid", 1), reason="closed by the initiator")
+                return {"ok": True}
+        except errors.ProtocolError:
+            raise
+        except errors.TentError as exc:
+            self.stats["refused"] += 1
+            return _error_reply(exc)
+        raise errors.ProtocolError(f"unknown op {op!r}")
+
+    def _open(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+        if not self.kinds:
+            raise errors.NoPathError(f"engine {self.engine_id} does not stage for peers")
+        seg = msg.get("seg")
+        if not isinstance(seg, str) or not seg:
+            raise errors.ProtocolError("stage_open: 'seg' must be a non-empty string")
+        offset, length = _int(msg, "offset"), _int(msg, "length", 1)
+        write = msg.get("write")
+        if not isinstance(write, bool):
+            raise errors.ProtocolError("stage_open: 'write' must be a boolean")
+        depth = _int(msg, "depth", 1, 1024)
+        lease = min(self.config.target_staging_lease_s, float(msg.get("deadline_s") or self.config.target_staging_lease_s))
+        self._reap()
+        me = self.peers.get(self.engine_id)
+        op = OpCode.WRITE if write else OpCode.READ
+        pieces = self.peers.map_remote(me, seg, offset, length, op)  # bounds and permission, checked here
+        if len(pieces) != 1:
+            raise errors.InvalidRequestError(
+                f"{self.engine_id}/{seg}: [{offset}, {offset + length}) spans {len(pieces)} buffers; stage each separately"
+            )
+        kind = pieces[0][0].kind
+        if kind not in self.kinds:
+            raise errors.NoPathError(f"{self.engine_id}/{seg}: {kind.value} memory is not staged here")
+        decision = self.router.decide(RequestTraits(Priority.MID, self.chunk, MemoryKind.HOST, kind, True, None), me.reachable)
+        slots = self._take_slots(min(depth, self.config.target_staging_depth), kind)
+        if not slots:
+            raise errors.TransferError(f"busy: every staging slot of {self.engine_id} is in use")
+        sess = _Session(next(self._sids), str(msg.get("from", "?")), seg, offset, length, write, kind, decision, slots,
+                        time.monotonic() + max(1.0, lease))
+        sess.copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tent-tstage-{sess.sid}")
+        with self._lock:
+            self._sessions[sess.sid] = sess
+        self.stats["sessions"] += 1
+        return {"ok": True, "sid": sess.sid, "chunk": self.chunk, "segment": STAGE_SEGMENT,
+                "slots": [s.offset for s in slots], "slot_bytes": self.chunk}
+
+    def _take_slots(self, n: int, kind: MemoryKind) -> list[LocalBuffer]:
+        out: list[LocalBuffer] = []
+        with self._lock:
+            while len(out) < n and self._free:
+                out.append(self._free.pop())
+            make = min(n - len(out), self.config.target_staging_slots - self._made)
+            self._made += max(0, make)
+        for _ in range(max(0, make)):
+            try:
+                buf = self.segments.allocate(self.chunk, STAGE_SEGMENT, Permission.READ_WRITE)
+            except BaseException:
+                with self._lock:
+                    self._made -= 1
+                raise
+            rt = devices.for_kind(kind)
+            if rt is not None:
+                try:
+                    rt.pin(buf.addr, buf.length)  # page-locked: host<->device copies run as DMA
+                except Exception as exc:
+                    log.debug("could not pin a staging slot: %s", exc)
+            out.append(buf)
+        return out
+
+    def _session(self, sid: int) -> _Session:
+        with self._lock:
+            sess = self._sessions.get(sid)
+        if sess is None or sess.closed:
+            raise errors.InvalidRequestError(f"no staging session {sid} on {self.engine_id} (closed or expired)")
+        return sess
+
+    def _copy(self, msg: Mapping[str, Any], push: bool) -> Future[dict[str, Any]]:
+        sess = self._session(_int(msg, "sid", 1))
+        slot = _int(msg, "slot", 0, len(sess.slots) - 1)
+        off, n = _int(msg, "off"), _int(msg, "len", 1, self.chunk)
+        if off + n > sess.length:
+            raise errors.OutOfBoundsError(f"staging session {sess.sid}: [{off}, {off + n}) is outside its {sess.length} bytes")
+        if push != sess.write:
+            raise errors.InvalidRequestError(f"staging session {sess.sid} is a {'WRITE' if sess.write else 'READ'} session")
+        req = Request(OpCode.WRITE if push else OpCode.READ, sess.slots[slot], 0, f"{self.engine_id}/{sess.seg}",
+                      sess.offset + off, n)
+        with sess.lock:
+            sess.pending += 1
+            sess.expires = time.monotonic() + self.config.target_staging_lease_s
+        assert sess.copier is not None
+        try:
+            return sess.copier.submit(self._run_copy, sess, req, n, push)
+        except RuntimeError:  # the session closed meanwhile
+            self._copy_done(sess)
+            raise errors.InvalidRequestError(f"staging session {sess.sid} is closed") from None
+
+    def _run_copy(self, sess: _Session, req: Request, n: int, push: bool) -> dict[str, Any]:
+        try:
+            self.engine.submit_leg(req, sess.decision, self.config.request_deadline_s).wait()
+        except errors.TentError as exc:
+            return _error_reply(exc)
+        finally:
+            self._copy_done(sess)
+        self.stats["pushed_bytes" if push else "pulled_bytes"] += n
+        return {"ok": True}
+
+    def _copy_done(self, sess: _Session) -> None:
+        with sess.lock:
+            sess.pending -= 1
+            release = sess.closed and sess.pending == 0
+        if release:
+            self._release_slots(sess)
+
+    def _close_session(self, sid: int, reason: str) -> None:
+        with self._lock:
+            sess = self._sessions.pop(sid, None)
+        if sess is None:
+            return
+        log.debug("staging session %d of %s: %s", sid, sess.initiator, reason)
+        with sess.lock:
+            sess.closed = True
+            release = sess.pending == 0
+        if release:
+            self._release_slots(sess)
+
+    def _release_slots(self, sess: _Session) -> None:
+        with self._lock:
+            self._free.extend(sess.slots)
+        sess.slots = []
+        if sess.copier is not None:
+            sess.copier.shutdown(wait=False)  # idle: every copy of the session has finished
+
+    def _reap(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            expired = [s.sid for s in self._sessions.values() if s.expires < now and s.pending == 0]
+        for sid in expired:
+            self.stats["expired"] += 1
+            self._close_session(sid, "lease expired")
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            sessions = list(self._sessions.values())
+        for sess in sessions:  # copies in flight finish (each bounded by the request deadline)
+            if sess.copier is not None:
+                sess.copier.shutdown(wait=True)
+
+
+# ---------------------------------------------------------------------------------------- initiator
+
+
+class _Step:
+    """One stage of one chunk in flight: a data leg (BatchHandle) or a control call (Future)."""
+
+    __slots__ = ("fut", "handle")
+
+    def __init__(self, handle: BatchHandle | None = None, fut: Future[dict[str, Any]] | None = None) -> None:
+        self.handle, self.fut = handle, fut
+
+    def done(self) -> bool:
+        if self.handle is not None:
+            return self.handle.poll() != "pending"
+        assert self.fut is not None
+        return self.fut.done()
+
+    def wait(self, timeout: float) -> bool:
+        if self.handle is not None:
+            try:
+                return self.handle.wait(timeout)
+            except errors.TentError:
+                return True  # result() raises it
+        assert self.fut is not None
+        try:
+            self.fut.result(timeout)
+        except TimeoutError:
+            return False
+        except Exception:
+            return True
+        return True
+
+    def result(self) -> None:
+        if self.handle is not None:
+            self.handle.wait(0)
+            return
+        assert self.fut is not None
+        rep = self.fut.result(0)
+        _raise_for(rep)
+
+    def cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            try:
+                self.handle.wait(5.0)
+            except errors.TentError:
+                pass
+        elif self.fut is not None:
+            try:
+                self.fut.result(5.0)
+            except Exception:
+                pass
+
+
+def _raise_for(rep: Mapping[str, Any]) -> None:
+    if rep.get("ok"):
+        return
+    cls = _ERRORS.get(str(rep.get("code")), errors.TransferError)
+    raise cls(f"target staging: {rep.get('error')}")
+
+
+class _Control:
+    """Control calls of one staging session on `lanes` connections (each with its thread), so that
+    up to `lanes` copy requests are with the target at once: it queues the next copy of the session
+    before the current one ends, and no round trip separates two copies."""
+
+    def __init__(self, endpoint: str, lanes: int = 2) -> None:
+        self.clients = [ControlClient(endpoint) for _ in range(max(1, lanes))]
+        self.threads = [ThreadPoolExecutor(max_workers=1, thread_name_prefix="tent-tstage-ctl") for _ in self.clients]
+        self._next = 0
+
+    def call(self, msg: dict[str, Any], timeout: float) -> Future[dict[str, Any]]:
+        i = self._next
+        self._next = (i + 1) % len(self.clients)
+        return self.threads[i].submit(self.clients[i].call, msg, max(0.01, timeout))
+
+    def close(self) -> None:
+        for t in self.threads:
+            t.shutdown(wait=True)
+        for c in self.clients:
+            c.close()
+
+
+def run_target_staged(engine: Any, handle: BatchHandle, req: Request, path: TargetStagedPath, pool: Any) -> None:
+    """Drive one target-staged request to completion; finalizes exactly one unit of `handle`'s batch.
+    `engine` is the Submitter (submit_leg, segment_name, peers); `pool` the initiator's StagingPool
+    (used when the local buffer is device memory)."""
+    batch = handle._batch
+    try:
+        _pipeline(engine, handle, req, path, pool)
+    except BaseException as exc:  # every outcome must finalize the unit
+        if isinstance(exc, errors.TentError):
+            log.debug("target-staged transfer failed: %s", exc)
+        else:
+            log.exception("target-staged transfer crashed")
+        batch.fail_slice(status_of(exc))
+        return
+    batch.complete_slice(req.length)
+
+
+def _left(handle: BatchHandle) -> float:
+    left = handle.deadline - time.monotonic()
+    if left <= 0:
+        raise errors.DeadlineExceededError("target-staged transfer missed its deadline")
+    return left
+
+
+def _open(ctl: _Control, handle: BatchHandle, msg: dict[str, Any]) -> dict[str, Any]:
+    delay = 0.001
+    while True:
+        rep = ctl.call(msg, min(_left(handle), 10.0)).result()
+        if rep.get("ok") or not str(rep.get("error", "")).startswith("busy"):
+            _raise_for(rep)
+            return rep
+        time.sleep(min(delay, max(0.0, handle.deadline - time.monotonic())))  # every slot leased: wait for one
+        delay = min(delay * 2, 0.05)
+
+
+def _pipeline(engine: Any, handle: BatchHandle, req: Request, path: TargetStagedPath, pool: Any) -> None:
+    batch = handle._batch
+    write = req.op == OpCode.WRITE
+    peer, seg = engine.peers.resolve(req.remote, min(_left(handle), engine.config.control_timeout_s))
+    ctl = _Control(peer.engine_id, lanes=min(2, engine.config.target_staging_depth))
+    sid = 0
+    try:
+        depth = engine.config.target_staging_depth
+        rep = _open(ctl, handle, {"op": "stage_open", "seg": seg, "offset": req.remote_offset, "length": req.length,
+                                  "write": write, "depth": depth, "deadline_s": _left(handle), "from": engine.engine_id})
+        sid = int(rep["sid"])
+        chunk = min(int(rep["slot_bytes"]), path.chunk or int(rep["slot_bytes"]))
+        if path.local_staged:
+            chunk = min(chunk, pool.chunk_bytes)
+        stage_seg = f"{peer.engine_id}/{rep['segment']}"
+        slots = [int(o) for o in rep["slots"]]
+        _run_chunks(engine, handle, req, path, pool, ctl, sid, stage_seg, slots, chunk)
+    finally:
+        if sid:
+            try:
+                ctl.call({"op": "stage_close", "sid": sid}, 2.0).result(5.0)
+            except Exception as exc:  # the target reclaims the session when its lease runs out
+                log.debug("stage_close to %s failed: %s", peer.engine_id, exc)
+        ctl.close()
+    if batch.cancelled:
+        raise errors.CancelledError("target-staged transfer cancelled")
+
+
+def _run_chunks(engine: Any, handle: BatchHandle, req: Request, path: TargetStagedPath, pool: Any, ctl: _Control,
+                sid: int, stage_seg: str, slots: list[int], chunk: int) -> None:
+    batch = handle._batch
+    write = req.op == OpCode.WRITE
+    local_base = req.local.offset + req.local_offset  # the local buffer seen as our own segment
+    self_seg = engine.segment_name(req.local.segment)
+    wire, local_leg = path.wire_leg, path.local_leg
+    prio, tag = req.priority, req.tag
+
+    def wire_op(op: OpCode, buf: LocalBuffer, boff: int, slot: int, ln: int) -> _Step:
+        r = Request(op, buf, boff, stage_seg, slots[slot], ln, prio, tag)
+        return _Step(engine.submit_leg(r, wire, _left(handle)))
+
+    def local_op(op: OpCode, st: LocalBuffer, off: int, ln: int) -> _Step:
+        # READ: local device -> staging; WRITE: staging -> local device
+        r = Request(op, st, 0, self_seg, local_base + off, ln, prio, tag)
+        return _Step(engine.submit_leg(r, local_leg, _left(handle)))
+
+    def ctl_op(kind: str, slot: int, off: int, ln: int) -> _Step:
+        return _Step(fut=ctl.call({"op": kind, "sid": sid, "slot": slot, "off": off, "len": ln}, _left(handle)))
+
+    Stage = Callable[[int, int, int, Any], _Step]
+    stages: list[Stage]
+    if write and path.local_staged:
+        stages = [lambda off, ln, s, st: local_op(OpCode.READ, st, off, ln),
+                  lambda off, ln, s, st: wire_op(OpCode.WRITE, st, 0, s, ln),
+                  lambda off, ln, s, st: ctl_op("stage_push", s, off, ln)]
+    elif write:
+        stages = [lambda off, ln, s, st: wire_op(OpCode.WRITE, req.local, req.local_offset + off, s, ln),
+                  lambda off, ln, s, st: ctl_op("stage_push", s, off, ln)]
+    elif path.local_staged:
+        stages = [lambda off, ln, s, st: ctl_op("stage_pull", s, off, ln),
+                  lambda off, ln, s, st: wire_op(OpCode.READ, st, 0, s, ln),
+                  lambda off, ln, s, st: local_op(OpCode.WRITE, st, off, ln)]
+    else:
+        stages = [lambda off, ln, s, st: ctl_op("stage_pull", s, off, ln),
+                  lambda off, ln, s, st: wire_op(OpCode.READ, req.local, req.local_offset + off, s, ln)]
+
+    chunks = chunk_plan(req.length, chunk)
+    free_slots = deque(range(len(slots)))
+    inflight: deque[list[Any]] = deque()  # [offset, length, slot, staging buffer, stage index, step]
+    nxt = 0
+    try:
+        while nxt < len(chunks) or inflight:
+            if batch.cancelled:
+                raise errors.CancelledError("target-staged transfer cancelled")
+            left = _left(handle)
+            while nxt < len(chunks) and free_slots:
+                st = None
+                if path.local_staged:
+                    st = pool.try_acquire() if inflight else pool.acquire(left)
+                    if st is None:
+                        if not inflight:
+                            raise errors.DeadlineExceededError("no staging buffer became free before the deadline")
+                        break
+                off, ln = chunks[nxt]
+                slot = free_slots.popleft()
+                ent = [off, ln, slot, st, 0, None]
+                inflight.append(ent)
+                nxt += 1
+                ent[5] = stages[0](off, ln, slot, st)
+            moved = False
+            for ent in inflight:
+                step = ent[5]
+                if step is None or not step.done():
+                    continue
+                step.result()  # raises the stage's error
+                ent[4] += 1
+                ent[5] = stages[ent[4]](ent[0], ent[1], ent[2], ent[3]) if ent[4] < len(stages) else None
+                moved = True
+            while inflight and inflight[0][5] is None:
+                ent = inflight.popleft()
+                free_slots.append(ent[2])
+                if ent[3] is not None:
+                    pool.release(ent[3])
+            # finished chunks behind an unfinished one give their slots back too
+            for ent in [e for e in inflight if e[5] is None]:
+                inflight.remove(ent)
+                free_slots.append(ent[2])
+                if ent[3] is not None:
+                    pool.release(ent[3])
+            if not moved and inflight:
+                head = next(e for e in inflight if e[5] is not None)
+                head[5].wait(min(0.002, max(0.0, handle.deadline - time.monotonic())))
+    finally:
+        for ent in inflight:
+            if ent[5] is not None:
+                ent[5].cancel()
+            if ent[3] is not None:
+                pool.release(ent[3])
+
+
+__all__ = ["STAGE_OPS", "STAGE_SEGMENT", "TargetStager", "run_target_staged", "stageable_kinds"]
