@@ -241,3 +241,29 @@ def test_a_refresh_after_a_registration_fetches_only_the_new_buffers():
         assert not answers[-1]["incremental"] and len(answers[-1]["buffers"]) == 1003
         with pytest.raises(NotRegisteredError):
             ini.read(local, seg, 4096, remote_offset=first.offset)
+
+
+def test_stream_ordered_requests_are_left_to_the_planner(peer):
+    """A request naming a stream (or event) never takes the cached plan of its class: the planner
+    holds it until the stream's work is done."""
+    import time
+
+    from tent_core.simdev import SimDevicePlugin, SimStream
+
+    with Engine(transports=["tcp", "simdev"], plugins=[SimDevicePlugin()]) as eng:
+        local = eng.allocate(1 << 16)
+        rw = peer.seg("rw")
+        eng.read(local, rw, 4096)
+        eng.read(local, rw, 4096)
+        hits = eng._fast.hits
+        eng.read(local, rw, 4096)
+        assert eng._fast.hits == hits + 1  # the class is cached
+        s = SimStream()
+        s.sleep(0.3)
+        t0 = time.monotonic()
+        h = eng.submit(Request(READ, local, 0, rw, 0, 4096, wait_stream=s))
+        assert eng._fast.hits == hits + 1  # not taken from the cache
+        h.wait()
+        assert time.monotonic() - t0 >= 0.25  # ordered after the stream's work
+        assert h.ordering in ("host", "native")
+        s.synchronize(30)

@@ -68,7 +68,7 @@ def test_scenarios_through_the_command_line() -> None:
 def test_many_buffers_and_large_rows() -> None:
     """The 10k-buffer scenario (scaled down) reads real buffers of both segments, and registers
     new ones mid-run; the several-MiB scenario verifies bytes before it times."""
-    mb = small.many_buffers("shm", 1, count=40, few=4, many=64)
+    mb = small.many_buffers("tcp", 1, count=40, few=4, many=64)
     assert len(mb) == 1
     r = mb[0]
     assert (r["few"], r["many"]) == (4, 64)
@@ -78,7 +78,7 @@ def test_many_buffers_and_large_rows() -> None:
     assert [(x["op"], x["block"], x["bare_threads"], x["bare_piece"]) for x in lg] == [
         ("WRITE", 1 << 20, 2, 1 << 20), ("WRITE", 2 << 20, 2, 1 << 20)]  # fmt: skip
     md = small.markdown(mb + lg)
-    assert "| shm | 4 / 64 |" in md and "| WRITE | 2 MiB |" in md
+    assert "| tcp | 4 / 64 |" in md and "| WRITE | 2 MiB |" in md
 
 
 def test_fill_never_repeats_within_a_buffer() -> None:
