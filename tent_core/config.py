@@ -322,6 +322,15 @@ class EngineConfig:
     # microseconds on small VMs, more than a 64 KiB copy, so small transfers finish while polling.
     # Process-wide (the last engine created sets it); 0 turns polling off.
     wait_spin_us: float = 50.0
+    # The plan cache and native submit path: a request whose class (remote segment, local buffer,
+    # op, priority, tag) was planned before, to a single-rail route, is validated, sliced and handed
+    # to the executor in C. False routes every request through the Python planner (for comparison).
+    fast_path: bool = True
+    # Requests up to this long are small and latency-sensitive (KV-cache blocks): their slices carry
+    # TENT_HINT_SMALL, and executors serve them before bulk work (tcp: an express connection per
+    # rail, several pipelined on one connection). Slices of larger requests never carry it, however
+    # short a spray cuts them. 0 = no request is small.
+    small_request_bytes: int = 256 * KiB
     # Synthesized paths (e.g. file -> staging -> TCP): chunk size, pooled staging buffers, driver threads.
     staging_chunk_bytes: int = 4 * MiB
     staging_buffers: int = 8

@@ -89,6 +89,7 @@ class Peer:
     segments: dict[str, list[RemoteBuffer]] = field(default_factory=dict)
     starts: dict[str, list[int]] = field(default_factory=dict)
     raw_buffers: list[dict[str, Any]] = field(default_factory=list)
+    epochs: dict[str, int] = field(default_factory=dict)  # segment -> the peer's epoch we read it at
     routes: dict[str, Route] = field(default_factory=dict)
     plans: dict[tuple[Any, ...], Path] = field(default_factory=dict)
     dead_transports: set[str] = field(default_factory=set)
@@ -102,24 +103,51 @@ class Peer:
         if self.liveness is None:
             self.liveness = PeerLiveness(self.engine_id)
 
-    def load_segments(self, segments: Mapping[str, list[dict[str, Any]]]) -> None:
+    def load_segments(self, segments: Mapping[str, list[dict[str, Any]]], epochs: Mapping[str, int] | None = None) -> None:
         seg_map: dict[str, list[RemoteBuffer]] = {}
         starts: dict[str, list[int]] = {}
         raw: list[dict[str, Any]] = []
         other_process = self.info.pid != os.getpid()
         for name, bufs in segments.items():
-            rb = sorted(
-                (
-                    RemoteBuffer(int(b["offset"]), int(b["addr"]), int(b["length"]), int(b["perm"]), MemoryKind(b["kind"]), b["desc"],
-                                 _hidden(b["desc"]) if other_process else frozenset())
-                    for b in bufs
-                ),
-                key=lambda r: r.offset,
-            )
+            rb = _remote_buffers(bufs, other_process)
             seg_map[name] = rb
             starts[name] = [r.offset for r in rb]
             raw.extend(dict(b, segment=name) for b in bufs)
         self.segments, self.starts, self.raw_buffers = seg_map, starts, raw
+        self.epochs = {k: int(v) for k, v in (epochs or {}).items() if k in seg_map}
+
+    def update_segment(self, name: str, part: Mapping[str, Any]) -> None:
+        """Apply the peer's answer to a one-segment describe (`LocalSegments.describe_segment`):
+        gone, its buffers registered since (appended), or all of them. Every list touched is a new
+        object, so readers holding the old ones see a consistent (older) view."""
+        if not part.get("found"):
+            self.segments.pop(name, None)
+            self.starts.pop(name, None)
+            self.epochs.pop(name, None)
+            self.raw_buffers = [b for b in self.raw_buffers if b.get("segment") != name]
+            return
+        new = _remote_buffers(part["buffers"], self.info.pid != os.getpid())
+        raw_new = [dict(b, segment=name) for b in part["buffers"]]
+        old = self.segments.get(name)
+        if part.get("incremental") and old is not None and (not new or not old or new[0].offset > old[-1].offset):
+            bufs, raw = old + new, self.raw_buffers + raw_new
+        else:
+            bufs, raw = new, [b for b in self.raw_buffers if b.get("segment") != name] + raw_new
+        self.segments[name] = bufs
+        self.starts[name] = [r.offset for r in bufs]
+        self.raw_buffers = raw
+        self.epochs[name] = int(part["epoch"])
+
+
+def _remote_buffers(bufs: list[dict[str, Any]], other_process: bool) -> list[RemoteBuffer]:
+    return sorted(
+        (
+            RemoteBuffer(int(b["offset"]), int(b["addr"]), int(b["length"]), int(b["perm"]), MemoryKind(b["kind"]), b["desc"],
+                         _hidden(b["desc"]) if other_process else frozenset())
+            for b in bufs
+        ),
+        key=lambda r: r.offset,
+    )
 
 
 def _hidden(desc: Any) -> frozenset[str]:
@@ -164,6 +192,9 @@ class PeerDirectory:
         self._lock = threading.RLock()
         self._peers: dict[str, Peer] = {}
         self._remote_cache: dict[str, tuple[Peer, str]] = {}
+        # called whenever what a cached plan relies on changes (a peer's buffers, routes, dead
+        # transports, suspicion): the engine's plan cache drops its entries
+        self.on_change: Callable[[], None] = lambda: None
         self.directory: EngineDirectory | None = None  # peers are described by the directory, not their port
 
     def use_directory(self, directory: EngineDirectory) -> None:
@@ -241,7 +272,7 @@ class PeerDirectory:
         reachable = tuple(n for n, t in self._transports.items() if t.can_reach(info) is None)
         peer = Peer(engine_id, info, client, desc["host_id"] == self.host_id, reachable,
                     liveness=PeerLiveness(engine_id, self._peer_config))  # fmt: skip
-        peer.load_segments(desc["segments"])
+        peer.load_segments(desc["segments"], desc.get("epochs"))
         return peer
 
     def refresh(self, engine_id: str, timeout: float | None = None) -> Peer:
@@ -250,7 +281,33 @@ class PeerDirectory:
         peer = self.get(engine_id, timeout)
         desc = self._describe(engine_id, peer.client, timeout)
         with peer.lock:
-            peer.load_segments(desc["segments"])
+            peer.load_segments(desc["segments"], desc.get("epochs"))
+            self.on_change()
+            for r in peer.routes.values():
+                r.transport.connect(peer.info, peer.raw_buffers)
+        return peer
+
+    def refresh_segment(self, peer: Peer, seg: str, timeout: float | None = None) -> Peer:
+        """Re-read one segment of a peer: only the buffers it registered since we read it (when none
+        left the segment meanwhile), so the cost does not grow with the buffers it already holds."""
+        timeout = self._control_timeout_s if timeout is None else timeout
+        peer = self.get(peer.engine_id, timeout)
+        if peer.client is None:
+            return self.refresh(peer.engine_id, timeout)
+        known = peer.segments.get(seg)
+        msg = {"op": "describe", "segment": seg, "epoch": peer.epochs.get(seg, 0) if known else 0,
+               "from_offset": known[-1].offset + 1 if known else 0}
+        part = peer.client.call(msg, timeout)
+        if not part.get("ok"):
+            raise errors.PeerUnreachableError(f"engine {peer.engine_id} refused describe: {part.get('error')}")
+        if "found" not in part:  # a peer that only knows the whole-table describe answered with it
+            with peer.lock:
+                peer.load_segments(part["segments"], part.get("epochs"))
+        else:
+            with peer.lock:
+                peer.update_segment(seg, part)
+        with peer.lock:
+            self.on_change()
             for r in peer.routes.values():
                 r.transport.connect(peer.info, peer.raw_buffers)
         return peer
@@ -339,12 +396,13 @@ class PeerDirectory:
             if peer.retired or self._peers.get(peer.engine_id) is not peer:
                 return
             if _identity(desc) == (peer.info.host_id, peer.info.pid, repr(sorted(peer.info.transports.items()))):
-                peer.load_segments(desc["segments"])
+                peer.load_segments(desc["segments"], desc.get("epochs"))
                 for r in peer.routes.values():
                     r.transport.connect(peer.info, peer.raw_buffers)
                 peer.dead_transports.clear()
                 peer.connect_errors.clear()
                 peer.plans.clear()
+                self.on_change()
                 return
             log.info("engine %s restarted: reconnecting", peer.engine_id)
             fresh = self._build(peer.engine_id, desc, peer.client)
@@ -364,6 +422,8 @@ class PeerDirectory:
     def _retire(self, peer: Peer) -> None:
         with self._lock:
             peer.retired = True
+        self.on_change()
+        with self._lock:
             for key in [k for k, (p, _) in self._remote_cache.items() if p is peer]:
                 del self._remote_cache[key]
         with peer.lock:
@@ -404,7 +464,7 @@ class PeerDirectory:
         bufs = peer.segments.get(seg)
         if bufs is None:
             if not refreshed:
-                peer = self.refresh(peer.engine_id)
+                peer = self.refresh_segment(peer, seg)
                 return self.map_remote(peer, seg, offset, length, op, True)
             raise errors.UnknownSegmentError(f"engine {peer.engine_id} has no segment {seg!r}")
         starts = peer.starts[seg]
@@ -416,7 +476,7 @@ class PeerDirectory:
             b = bufs[i] if i >= 0 else None
             if b is None or pos >= b.offset + max(b.length, 1) or (b.length == 0 and pos != b.offset):
                 if not refreshed:
-                    peer = self.refresh(peer.engine_id)
+                    peer = self.refresh_segment(peer, seg)
                     return self.map_remote(peer, seg, offset, length, op, True)
                 if pieces or (b is not None and pos == b.offset + b.length):
                     raise errors.OutOfBoundsError(
@@ -490,12 +550,14 @@ class PeerDirectory:
                 return None
             rails = [RAILS.acquire(name, peer.engine_id, ri, self._scheduler) for ri in link.rails]
             route = peer.routes[name] = Route(transport, link, rails)
+            self.on_change()
             return route
 
     def mark_dead(self, peer: Peer, transport: str, replacement: str) -> None:
         if transport not in peer.dead_transports:
             log.warning("transport %s to %s keeps failing; substituting %s", transport, peer.engine_id, replacement)
             peer.dead_transports.add(transport)
+            self.on_change()
 
 
 __all__ = ["Peer", "PeerDirectory", "RemoteBuffer", "Route"]

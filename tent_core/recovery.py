@@ -44,7 +44,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from . import _native
-from .abi import FAILURE_DTYPE, Status
+from .abi import ATTEMPT_MASK, FAILURE_DTYPE, HINT_MASK, MAX_ROUNDS, ROUND_SHIFT, Status
 from .batch import BatchHandle
 from .config import EngineConfig
 from .liveness import CheckResult, PeerState
@@ -144,7 +144,8 @@ class Recovery:
             self._give_up(handle, status, "internal: no routing decision recorded for a failed slice")
             return
         attempt = int(s["attempt"])
-        rounds, retry = attempt >> _ROUND_SHIFT, (attempt & _RETRY_MASK) + 1
+        hints = attempt & HINT_MASK  # the executor hints travel with the retry
+        rounds, retry = attempt >> ROUND_SHIFT, (attempt & ATTEMPT_MASK) + 1
         target = self._next(peer, route, rail, decision, retry, now)
         if target is None:
             log.debug("slice to %s out of paths (status %d, retry %d, round %d): waiting", peer.engine_id, status,
@@ -153,7 +154,7 @@ class Recovery:
             return
         new_route, new_rail = target
         self._resubmit(handle, new_route, new_rail, decision, int(s["opcode"]), local_addr, int(s["remote_addr"]),
-                       length, (rounds << _ROUND_SHIFT) | retry, route)  # fmt: skip
+                       length, _attempt(retry, hints, rounds), route)  # fmt: skip
 
     def _resubmit(self, handle: BatchHandle, route: Route, rail: Rail, decision: Any, opcode: int, local: int,
                   remote: int, length: int, attempt: int, was: Route | None) -> None:  # fmt: skip
@@ -205,7 +206,7 @@ class Recovery:
         if wait is None:
             wait = self._parked[peer] = _PeerWait(next_canary=now + pc.retry_backoff_base_s, backoff=pc.retry_backoff_base_s)
         wait.entries.append(_Parked(handle, route, decision, int(s["opcode"]), int(s["local_addr"]),
-                                    int(s["remote_addr"]), int(s["length"]), status, rounds + 1, now + delay))  # fmt: skip
+                                    int(s["remote_addr"]), int(s["length"]), status, rounds + 1, int(s["attempt"]) & HINT_MASK, now + delay))  # fmt: skip
 
     def _watch_deadlines(self, now: float) -> None:
         """A batch that waited on a peer's outage reached its deadline while the outage went on: the
@@ -222,6 +223,8 @@ class Recovery:
                     with peer.lock:
                         if peer.liveness.outage is outage:
                             peer.liveness.on_deadline(now)
+                    if peer.liveness.dead:
+                        self.peers.on_change()  # cached plans must not send to a dead peer
 
     def _drive_parked(self, now: float) -> None:
         """Finalize parked slices whose batch ended or whose peer is gone; re-issue the others when a
@@ -257,7 +260,7 @@ class Recovery:
                         peer.liveness.on_retry_round(wait.backoff)
                     wait.backoff = min(pc.retry_backoff_cap_s, wait.backoff * 2)
                 self._resubmit(p.handle, route, rail, p.decision, p.opcode, p.local, p.remote, p.length,
-                               p.rounds << _ROUND_SHIFT, p.route)  # fmt: skip
+                               _attempt(0, p.hints, p.rounds), p.route)  # fmt: skip
             wait.entries = still
             if not still:
                 del self._parked[peer]
@@ -424,8 +427,7 @@ class Recovery:
         if not bufs or probe is None:
             self.monitor.on_success(rail.slot, now)  # nothing to probe with: re-admit on trust
             return
-        batch = _native.Batch(1)
-        h = BatchHandle(self._owner, batch, now + 10.0, 1)
+        h = batch = BatchHandle(self._owner, 1, now + 10.0, 1)
         h.is_probe = True
         self._progress.track(h)
         ex = route.transport.executor
@@ -478,10 +480,10 @@ class Recovery:
         return _SHARED_LOAD or None
 
 
-# A slice's `attempt` field carries its retries in a row (low bits, what the Router limits) and the
-# times it waited for a path (high bits, its back-off step).
-_ROUND_SHIFT = 16
-_RETRY_MASK = (1 << _ROUND_SHIFT) - 1
+def _attempt(retry: int, hints: int, rounds: int) -> int:
+    """A slice's `attempt` field (abi.py): its retries in a row (what the Router limits), the
+    executor hints of its request, and the times it waited for a path (its back-off step)."""
+    return (min(rounds, MAX_ROUNDS) << ROUND_SHIFT) | hints | min(retry, ATTEMPT_MASK)
 
 
 @dataclass(eq=False)
@@ -497,6 +499,7 @@ class _Parked:
     length: int
     status: int  # its last failure
     rounds: int  # times it waited so far (this one included)
+    hints: int  # executor hints of its request (abi.HINT_MASK bits)
     not_before: float  # its own back-off: a slice that keeps failing waits longer each time
 
 
@@ -552,6 +555,8 @@ class PeerWatch:
                 peer.liveness.on_check(time.monotonic(), result, detail)
                 now_state = peer.liveness.state
             if now_state is not was:
+                if PeerState.DEAD in (was, now_state):
+                    self._peers.on_change()  # cached plans must not send to a dead peer (nor skip a revived one)
                 level = logging.WARNING if PeerState.DEAD in (was, now_state) else logging.DEBUG
                 log.log(level, "engine %s: %s -> %s (%s: %s)", peer.engine_id, was.value, now_state.value, result.value, detail)
 
@@ -599,6 +604,11 @@ class Progress:
             if threading.current_thread() is not self._thread:
                 while self._busy is owner:
                     self._cv.wait()
+
+    @property
+    def inflight(self) -> dict[int, BatchHandle]:
+        """token -> handle of batches with slices out; the native fast path adds its batches here."""
+        return self._inflight
 
     def track(self, handle: BatchHandle) -> None:
         self._inflight[handle._batch.token] = handle
@@ -687,7 +697,9 @@ class Progress:
             for tok, h in self._inflight_snapshot():
                 if h._batch.remaining == 0:
                     self._inflight.pop(tok, None)
-                elif now > h.deadline and not h._batch.cancelled:
+                    continue
+                h._batch.kick()  # work an executor left to a waiter goes on even if nobody waits
+                if now > h.deadline and not h._batch.cancelled:
                     h._expire()  # nobody waits on it: stop its slices anyway
                 elif now > h.deadline + 60:
                     log.error("batch %x still has %d slices a minute past its deadline", tok, h._batch.remaining)

@@ -121,6 +121,10 @@ class Transport(abc.ABC):
     # On a single rail, requests longer than this are cut into slices of this size so the
     # executor can run them in parallel (0 = hand the executor whole requests; it may split).
     split_bytes: int = 0
+    # Slices up to this long may be run (a copy) or sent (a network request) on the submitting
+    # thread, through the executor's optional submit_inline (executor_abi.h): no hand-off to a
+    # worker, no wake-up on the critical path. 0 = never. Ignored when the executor lacks it.
+    inline_bytes: int = 0
 
     @abc.abstractmethod
     def probe(self) -> Availability:

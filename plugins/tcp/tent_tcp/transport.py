@@ -26,8 +26,10 @@ from .native import TcpExecutor, executor_path
 
 log = logging.getLogger(__name__)
 
-_EXECUTOR_KEYS = ("threads", "conns_per_rail", "slice_timeout_ms", "connect_timeout_ms", "sockbuf", "auth_timeout_ms",
-                  "max_conns", "idle_timeout_ms", "unregister_timeout_ms", "congestion_ms", "connect_backoff_ms")
+_EXECUTOR_KEYS = (
+    "threads", "conns_per_rail", "slice_timeout_ms", "connect_timeout_ms", "sockbuf", "pipeline", "pipeline_bytes",
+    "auth_timeout_ms", "max_conns", "idle_timeout_ms", "unregister_timeout_ms", "congestion_ms", "connect_backoff_ms",
+)
 _ANY = {"", "0.0.0.0", "*"}
 
 
@@ -108,7 +110,7 @@ class TcpTransport(Transport):
         # parallel connections per rail keep the pipe full (measured on loopback: 4 beats 2 for
         # 64 MiB writes by ~15%)
         "conns_per_rail": 4,
-        # executor threads; default: one per connection slot (conns_per_rail x rails, at least 4)
+        # executor threads; default: one per connection slot ((conns_per_rail + 1) x rails, at least 4)
         "threads": None,
         # A connect whose SYN is lost waits for the kernel's 1 s SYN retransmission; giving up
         # sooner and connecting afresh is what brings a rail back quickly after its link returns
@@ -123,6 +125,14 @@ class TcpTransport(Transport):
         "congestion_ms": 0,
         # SO_SNDBUF/SO_RCVBUF per connection (0 = kernel autotuning)
         "sockbuf": 4 << 20,
+        # slices of small requests (the engine's small_request_bytes; the core hints them) have their
+        # own queue and an express connection slot per rail (they never wait behind large ones to
+        # the same peer), and are pipelined when several wait
+        "pipeline": 16,  # small requests sent back to back on one connection at most
+        "pipeline_bytes": 1 << 20,  # bytes of one pipelined run at most
+        # small requests up to this long leave on the submitting thread when a connection is idle
+        # (one sendmsg, no hand-off before the wire; the waiter reads the answer)
+        "inline_bytes": 256 << 10,
         # server side (SECURITY.md): a client that has not authenticated within this is dropped
         "auth_timeout_ms": 5000,
         # connections served at once (a thread and an fd each); more are closed at accept
@@ -163,9 +173,12 @@ class TcpTransport(Transport):
         if isinstance(rails, str):
             rails = [r.strip() for r in rails.split(",") if r.strip()]
         gbps = list(cfg["nominal_gbps"] or [])
-        if cfg["threads"] is None:  # one executor thread per connection slot, so no rail starves
-            cfg["threads"] = max(4, int(cfg["conns_per_rail"]) * max(1, len(rails)))
+        if cfg["threads"] is None:
+            # one executor thread per connection slot (conns_per_rail bulk ones and the express
+            # one), so no rail starves and a small request's answer is read while large ones move
+            cfg["threads"] = max(4, (int(cfg["conns_per_rail"]) + 1) * max(1, len(rails)))
         exec_cfg: dict[str, Any] = {k: int(cfg[k]) for k in _EXECUTOR_KEYS}
+        self.inline_bytes = max(0, int(cfg["inline_bytes"]))
         if ctx.auth is not None:
             # every data connection runs the handshake of tent_core.auth (tent/auth.h) with this key
             exec_cfg["auth_key"] = ctx.auth.key("tcp").hex()

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from tcp_helpers import READ, WRITE, TcpExecutor, run
 
-from tent_core.abi import StatField, Status
+from tent_core.abi import HINT_SMALL, StatField, Status
 from tent_core.rails import RAILS
 from tent_core.types import RailInfo
 
@@ -210,6 +210,67 @@ def test_a_write_into_a_full_send_buffer_reports_congestion_and_goes_on(rail_slo
         row = _row(rail_slot)
         # once for the 0.4 s pause (more only if a loaded machine also holds the reader up elsewhere)
         assert row["CONGESTION"] >= 1 and row["ERRORS"] == 0 and row["BYTES_MOVED"] == src.size, row
+    finally:
+        ex.close()
+        srv.close()
+
+
+@pytest.mark.parametrize("inline", [False, True], ids=["queued", "inline"])
+def test_pipelined_small_requests_slow_but_steady_never_time_out(rail_slot: int, inline: bool) -> None:
+    """Small requests (TENT_HINT_SMALL) travel in pipelined runs: all of a run's requests leave at
+    once and its answers come back one after another. A 500 ms progress timeout, a server moving
+    1 KiB every 20 ms: each 16 KiB answer takes ~0.3 s, a run of four ~1.3 s. None times out (the
+    run's connection keeps moving bytes), whether a worker sent the run or the submitting thread
+    did (submit_inline; its answers read through progress()); every piece that entered service
+    left it and every payload byte was counted as it moved."""
+    srv = PacedServer(step=1 << 10, interval=0.02)
+    ex = TcpExecutor({"threads": 2, "conns_per_rail": 1, "slice_timeout_ms": 500, "connect_timeout_ms": 5000})
+    try:
+        peer = ex.add_peer([""], ["127.0.0.1"], [srv.port])
+        n, k = 16 << 10, 8
+        if inline:  # submit_inline sends only on an idle pooled connection: make one
+            warm = np.zeros(n, np.uint8)
+            res = run(ex, [(READ, warm.ctypes.data, 0, n, peer, 0)], hints=HINT_SMALL, timeout=30)
+            assert res.done and res.error == 0, res
+        RAILS.row(rail_slot)[:] = 0
+        buf = np.zeros(k * n, np.uint8)
+        res = run(ex, [(READ, buf.ctypes.data + i * n, 0x20000 + i * n, n, peer, 0) for i in range(k)],
+                  stat_index=rail_slot, inline=inline, hints=HINT_SMALL, timeout=60)  # fmt: skip
+        assert res.done and res.error == 0 and not res.retryable, res
+        assert res.elapsed > 0.6, res  # longer than the timeout: no answer came back at once
+        expect = np.array([(0x20000 + j) & 0xFF for j in range(0, k * n, 1 << 10)], np.uint8).repeat(1 << 10)
+        assert np.array_equal(buf, expect)
+        row = _row(rail_slot)
+        assert row["ERRORS"] == 0 and row["SERVING"] == 0 and row["INFLIGHT_SLICES"] == 0, row
+        assert row["BYTES_MOVED"] == k * n, row
+    finally:
+        ex.close()
+        srv.close()
+
+
+@pytest.mark.parametrize("inline", [False, True], ids=["queued", "inline"])
+def test_pipelined_small_requests_whose_answers_stop_time_out(rail_slot: int, inline: bool) -> None:
+    """The server answers a request, then goes silent for 8 s with the connection open: the
+    requests of the run still waiting for their answers fail with TENT_E_TIMEOUT after the 300 ms
+    progress timeout (not at the end of the silence, not never), and leave service."""
+    srv = PacedServer(step=64 << 10, stop_after=1, stop_for=8.0)
+    ex = TcpExecutor({"threads": 2, "conns_per_rail": 1, "slice_timeout_ms": 300, "connect_timeout_ms": 1000})
+    try:
+        peer = ex.add_peer([""], ["127.0.0.1"], [srv.port])
+        n, k = 4 << 10, 8
+        if inline:  # an idle pooled connection (its server thread is now silent: nothing is answered)
+            warm = np.zeros(n, np.uint8)
+            res = run(ex, [(READ, warm.ctypes.data, 0, n, peer, 0)], hints=HINT_SMALL, timeout=30)
+            assert res.done and res.error == 0, res
+        RAILS.row(rail_slot)[:] = 0
+        buf = np.zeros(k * n, np.uint8)
+        res = run(ex, [(READ, buf.ctypes.data + i * n, i * n, n, peer, 0) for i in range(k)],
+                  stat_index=rail_slot, inline=inline, hints=HINT_SMALL, timeout=20)  # fmt: skip
+        assert res.done and res.retryable and set(res.retryable) == {Status.E_TIMEOUT}, res
+        assert 0.3 < res.elapsed < 6.0, res
+        row = _row(rail_slot)
+        assert row["SERVING"] == 0 and row["INFLIGHT_SLICES"] == 0, row
+        assert row["ERRORS"] == len(res.retryable), row
     finally:
         ex.close()
         srv.close()

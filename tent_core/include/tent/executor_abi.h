@@ -92,7 +92,9 @@ typedef struct tent_slice {
   uint32_t opcode;       /* enum tent_opcode */
   uint32_t rail;         /* plugin-defined rail index within `peer` */
   uint32_t stat_index;   /* core telemetry slot; opaque to the executor */
-  uint32_t attempt;      /* retry count, for the executor's logs only */
+  uint32_t attempt;      /* bits 0-15: retry count, for the executor's logs only;
+                          * bits 16-23: TENT_HINT_* flags set by the core (may be ignored);
+                          * bits 24-31: the core's own (echo the whole field untouched) */
 } tent_slice_t;
 
 /* Service telemetry an executor reports through host->note while it works on a slice. A slice
@@ -111,6 +113,15 @@ enum tent_note {
   TENT_NOTE_LIST(TENT_NOTE_ENUM_)
 #undef TENT_NOTE_ENUM_
 };
+
+/* Hints in bits 16-23 of tent_slice_t.attempt. An executor may use them to order its work;
+ * one that ignores them stays correct (they were zero before hints existed). */
+#define TENT_ATTEMPT_MASK 0xffffu
+#define TENT_HINT_MASK 0x00ff0000u
+/* The slice belongs to a small, latency-sensitive request (the engine config's
+ * small_request_bytes): serve it before bulk work, it may travel on its own connection or be
+ * pipelined with others. Slices of large requests never carry it, however short they are. */
+#define TENT_HINT_SMALL (1u << 16)
 
 typedef struct tent_host_api {
   uint32_t abi_version;
@@ -146,7 +157,33 @@ typedef struct tent_executor_ops {
    * was or will be reported; the caller finalizes them. An executor that has already reported some
    * of the n must return 0 and report the rest itself. */
   int (*submit)(void *self, const tent_slice_t *slices, uint32_t n);
+  /* Optional, additive (the core uses it only when struct_size covers it and it is non-NULL; an
+   * executor built against the first layout simply lacks it). Same contract as submit(), but the
+   * calling thread may do the work itself before returning: a small same-host copy completes
+   * inside the call (no hand-off to a worker, no wake-up), a small network request leaves on the
+   * caller's thread. The core calls it only with slices no longer than the transport's declared
+   * inline size; the executor may still queue some or all of them (it decides how much of the
+   * caller's time to take). The caller may hold the Python GIL: never wait on other engine work. */
+  int (*submit_inline)(void *self, const tent_slice_t *slices, uint32_t n);
+  /* Optional, additive (present when struct_size covers it and non-NULL). Work that submit_inline
+   * left half done for the batch `token` (a request sent on the caller's thread whose answer is
+   * still to be read) may be finished by a thread waiting for that batch. budget_ns >= 0: the
+   * core's waiter offers its thread for up to that long; the executor may block that long for
+   * the answer (as a bare blocking exchange would) and completes what arrives. Returns 1 when it
+   * completed something (the core calls again while the batch is unfinished), 0 when nothing of
+   * that batch is left to the waiter or the budget passed. budget_ns < 0, the hand-off: the
+   * caller stops; whatever of that batch is still pending must now go on without it (a worker
+   * takes it). The core hands off when its waiter gives up, on a non-blocking poll of the handle,
+   * and from its progress thread for every batch still running (every 0.2 s at most), so such
+   * work always completes. Executors without progress() must not leave work to waiters. */
+  int (*progress)(void *self, uint64_t token, int64_t budget_ns);
 } tent_executor_ops_t;
+
+/* struct_size of the first layout (every ops table has at least this much) */
+#define TENT_EXECUTOR_OPS_BASE_SIZE (offsetof(tent_executor_ops_t, submit_inline))
+/* struct_size of an ops table that has submit_inline / progress */
+#define TENT_EXECUTOR_OPS_INLINE_SIZE (offsetof(tent_executor_ops_t, submit_inline) + sizeof(void *))
+#define TENT_EXECUTOR_OPS_PROGRESS_SIZE (offsetof(tent_executor_ops_t, progress) + sizeof(void *))
 
 typedef const tent_executor_ops_t *(*tent_executor_ops_fn)(void);
 
