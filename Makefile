@@ -9,7 +9,7 @@ PLUGINS := tcp shm gds nvlink ascend rdma
 PLUGIN_DIRS := $(foreach p,$(PLUGINS),$(wildcard plugins/$(p)))
 SOURCES := pyproject.toml setup.py $(wildcard tent_core/_native/*.c tent_core/include/tent/*.h) \
            $(wildcard plugins/*/pyproject.toml plugins/*/setup.py plugins/*/csrc/*.c plugins/*/csrc/*.h refhub/pyproject.toml \
-           bench/pyproject.toml)
+           bench/pyproject.toml bench/setup.py bench/csrc/*.c)
 
 .PHONY: install demo test test-rdma lint bench-deps bench-all accel-deps clean
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every multi-rail fabric benchmark of docs/benchmarks.md, in one go (root; ~6 minutes).
+# The multi-rail spraying benchmarks and fault timelines of docs/benchmarks.md (root; ~5 minutes);
+# the QoS and resilience tables come from scripts/bench-resilience.sh.
 # Usage: scripts/bench-fabric.sh [OUTDIR]   (JSON per run in OUTDIR, timelines in docs/)
 set -euo pipefail
 cd "$(dirname "$0")/.."

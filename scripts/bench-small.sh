@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
-# Small transfers (64 KiB, 256 KiB) over shm, one process to another: the engine with and without
-# the wait poll (wait_spin_us), next to bare process_vm_readv/writev (the physical path) in the
-# same run. Prints one JSON line per setting. ITERS tunes it (default 1000).
+# The KV-cache regime (issue 17) and the same-host gaps of issue 14, in one go (~3 minutes on two
+# cores): small requests one at a time and in batches next to their bare C limits, shm requests
+# of 4 and 64 MiB against two threads copying 1 MiB pieces, two engines in one process, segments
+# of 10,000 buffers, the QoS tail, and the cost of submit(). Engine and limit run interleaved,
+# ROUNDS rounds (default 5), median and spread. Writes small.json and small.md (the tables of
+# docs/benchmarks.md) and submit.json into OUTDIR.
+# Usage: scripts/bench-small.sh [OUTDIR]      (ROUNDS=5 BUDGET=64M TRANSPORTS=shm,tcp)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TENT=${TENT:-.venv/bin/tent}
-for spin in 0 50; do
-    TENT_WAIT_SPIN_US=$spin "$TENT" bench --transport shm --baseline cma --block-sizes 64K,256K \
-        --iters "${ITERS:-1000}" --json 2>/dev/null | python3 -c "
-import json, sys
-rows = json.load(sys.stdin)
-out = {'wait_spin_us': $spin}
-for r in rows:
-    if r.get('engine') == 'tent':
-        k = f\"{r['op'].lower()}_{r['block_size'] >> 10}k\"
-        out[k] = {'gbps': round(r['gbps'], 2), 'x_cma': r['x_cma'], 'p99_us': round(r['p99_us'], 1)}
-print(json.dumps(out))"
-done
+OUT=${1:-/tmp/tent-small-bench}
+mkdir -p "$OUT"
+PY=.venv/bin/python
+$PY -m tent_bench.small --rounds "${ROUNDS:-5}" --budget "${BUDGET:-64M}" --transports "${TRANSPORTS:-shm,tcp}" \
+    --json > "$OUT/small.json"
+$PY -c "import json, sys; from tent_bench import small; d = json.load(open(sys.argv[1])); print(small.markdown(d['rows']))" \
+    "$OUT/small.json" > "$OUT/small.md"
+# submit() call to return, 200 queued before any wait (issue 14's "queued median"); three runs
+for i in 1 2 3; do
+    .venv/bin/tent bench --json --transport tcp --block-sizes 64K --iters 200 --ops WRITE --submit-cost 2>/dev/null |
+        $PY -c "import json, sys; print(json.dumps([r for r in json.load(sys.stdin) if r.get('kind') == 'submit_cost'][0]))"
+done > "$OUT/submit.json"
+cat "$OUT/small.md" "$OUT/submit.json"
+echo "results in $OUT"

@@ -41,6 +41,7 @@ class Status(enum.IntEnum):
     E_IO = -2
     E_TIMEOUT = -3
     E_CONGESTED = -4
+    E_REROUTED = -5
     E_BOUNDS = -10
     E_PERMISSION = -11
     E_PROTOCOL = -12
@@ -71,9 +72,30 @@ class StatField(enum.IntEnum):
     LATENCY_NS_SUM = 5
     LAST_LATENCY_NS = 6
     LAST_COMPLETE_NS = 7
+    SERVING = 8
+    PROGRESS_NS = 9
+    BYTES_MOVED = 10
+    CONGESTION = 11
 
 
 STAT_FIELDS = len(StatField)
+
+# tent_slice_t.attempt: retry count in bits 0-15, TENT_HINT_* flags in bits 16-23, the core's own
+# round counter (recovery: times a slice waited for a path) in bits 24-31
+ATTEMPT_MASK = 0xFFFF
+HINT_MASK = 0x00FF0000
+ROUND_SHIFT = 24
+MAX_ROUNDS = 0xFF
+HINT_SMALL = 1 << 16  # the slice belongs to a small, latency-sensitive request
+
+
+class Note(enum.IntEnum):
+    """`enum tent_note`: service telemetry an executor reports through `host->note`."""
+
+    START = 0
+    PROGRESS = 1
+    STOP = 2
+    CONGESTED = 3
 
 
 def _check_against_header() -> None:
@@ -89,12 +111,19 @@ def _check_against_header() -> None:
         problems.append(f"first final status: header {_native.FIRST_FINAL_STATUS}")
     if list(_native.STAT_FIELD_NAMES) != [f.name for f in StatField] or _native.STAT_FIELDS != STAT_FIELDS:
         problems.append(f"stat fields: header {list(_native.STAT_FIELD_NAMES)}")
+    if dict(_native.NOTE_EVENTS) != {n.name: n.value for n in Note}:
+        problems.append(f"note events: header {dict(_native.NOTE_EVENTS)}")
     if SLICE_DTYPE.itemsize != _native.SLICE_SIZE or FAILURE_DTYPE.itemsize != _native.FAILURE_SIZE:
         problems.append("slice record size")
+    if (_native.ATTEMPT_MASK, _native.HINT_SMALL) != (ATTEMPT_MASK, HINT_SMALL):
+        problems.append("slice hints")
     if problems:
         raise ImportError("tent_core.abi disagrees with executor_abi.h (rebuild tent_core): " + "; ".join(problems))
 
 
 _check_against_header()
 
-__all__ = ["FAILURE_DTYPE", "FIRST_FINAL_STATUS", "SLICE_DTYPE", "STAT_FIELDS", "StatField", "Status", "is_retryable"]
+__all__ = [
+    "ATTEMPT_MASK", "FAILURE_DTYPE", "FIRST_FINAL_STATUS", "HINT_MASK", "HINT_SMALL", "MAX_ROUNDS", "Note", "ROUND_SHIFT", "SLICE_DTYPE", "STAT_FIELDS", "StatField",
+    "Status", "is_retryable",
+]

@@ -12,7 +12,7 @@ Defaults follow the C++ TENT (Mooncake `tent/`) unless a comment says why we dif
 
 1. the defaults below;
 2. a TOML file (path) or a dict, laid out as top-level engine keys plus the tables
-   `[scheduler]`, `[qos]`, `[health]`, `[directory]` and `[metrics]`::
+   `[scheduler]`, `[qos]`, `[health]`, `[peers]`, `[directory]` and `[metrics]`::
 
        request_deadline_s = 10.0
        [scheduler]
@@ -116,18 +116,21 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class QosConfig:
-    """QoS: priority-slot rotation and anti-starvation (paper 4.2 "Quality of Service")."""
+    """QoS: priority-slot rotation (paper 4.2 "Quality of Service") and cross-process rail load."""
 
-    # Priority slots on/off. Off by default: with them a lone MID/LOW flow cannot use every rail at
-    # every instant (C++ behaviour); turn on where HIGH-priority mice share rails with elephants.
-    enabled: bool = False
+    # Priority slots on by default, decided from a measured mixed workload (docs/benchmarks.md,
+    # "QoS"): 64 KiB HIGH mice beside 64 MiB LOW elephants on 4 shaped 1 Gbit/s rails had a median
+    # latency of ~420 ms without slots (queued behind elephant slices on every rail) and ~0.45 ms
+    # with them, for ~10-15% of the elephants' throughput while mice are active; a flow alone
+    # keeps every rail (the slots are work-conserving, see active_window_us).
+    enabled: bool = True
     # Rail priority slots rotate this often (C++ `local_rotation_interval_us`).
     rotation_interval_us: int = 200
-    # Entries waiting longer than this move up one priority level (C++ 10 000 us).
-    promotion_timeout_us: int = 10_000
-    # True: promote every timed-out entry; False: C++ default "head-only" (if the head of a level
-    # timed out, that whole level moves up).
-    promotion_per_entry: bool = True
+    # A priority is held back by the slots only while a higher one was planned within this window
+    # (work-conserving: a lone MID/LOW flow uses every rail). 0 = always, as the C++ rotation. Long
+    # enough to span the wait of a HIGH request queued behind elephants (measured up to ~0.5 s on 4
+    # loaded 1 Gbit/s rails): a shorter window lets the elephants refill every rail between mice.
+    active_window_us: int = 1_000_000
     # Publish per-rail queued bytes to, and read other processes' from, a host-wide table in
     # /dev/shm, so engines in different processes sharing rails see each other's load.
     shared_load: bool = True
@@ -174,13 +177,22 @@ class RailHealthConfig:
     # passes and it is HEALTHY.
     readmit_weights: tuple[float, ...] = (0.25,)
     readmit_step_s: float = 0.1
-    # check_outliers: a rail whose predicted cost exceeds this multiple of the median cost of the
-    # usable rails is marked DEGRADED.
-    outlier_cost_ratio: float = 8.0
-    # A rail with bytes in flight and no completion for max(stall_min_s, stall_factor x its typical
-    # slice latency) is stalled (a downed veth gives no socket error: traffic just stops).
-    stall_min_s: float = 0.05
-    stall_factor: float = 8.0
+    # Outliers (paper 4.3, "implicit signals"): a rail whose recent service rate, as a fraction of
+    # its nominal rate, is below 1/outlier_ratio of the median of its usable siblings to the same
+    # peer is DEGRADED for as long as that lasts (plus quiet_period_s). Spraying already shifts load
+    # by measured rate; the state makes a grey rail visible and halves its share on top. Rates
+    # measured longer than outlier_window_s ago are not compared (an idle rail has no fresh rate).
+    outlier_ratio: float = 4.0
+    outlier_window_s: float = 1.0
+    # A rail that is serving slices but moved no byte for stall_s, while a sibling to the same peer
+    # moved bytes within that time, is stalled: paused at once and its queued slices re-routed
+    # untouched (a downed veth gives no socket error: traffic just stops). Only time in service
+    # counts, never time queued. What it serves is cut short (fails, retried elsewhere) only after
+    # stall_cut_s of silence: on a loaded 2-core host a healthy rail was seen silent for ~35-130 ms
+    # (scheduling), and a lost TCP segment costs >= 200 ms (the minimum retransmission timeout),
+    # so a false stall costs a short pause, never a slice error.
+    stall_s: float = 0.1
+    stall_cut_s: float = 0.3
 
     def __post_init__(self) -> None:
         if self.error_threshold < 1 or self.congestion_multiplier < 1:
@@ -189,6 +201,32 @@ class RailHealthConfig:
             raise ValueError("need 0 < cooldown_base_s <= cooldown_cap_s")
         if not 0.0 < self.degraded_weight <= 1.0:
             raise ValueError("degraded_weight must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    """Phase 3 at the peer level: retrying when every path fails, and telling a gone or silent peer
+    from a passing outage (`tent_core.liveness`). A request fails only at its deadline or when no
+    path can ever serve it."""
+
+    # Slices that found no usable path wait and are retried: at once when one of the peer's rails is
+    # re-admitted, else one of them every back-off step (base, doubling, capped), as a probe with
+    # real data. A peer whose links return is used again within one step.
+    retry_backoff_base_s: float = 0.02
+    retry_backoff_cap_s: float = 0.5
+    # While every path fails, the peer's control endpoint is checked (TCP connect, then a describe):
+    # refused = the process is gone, so waiting requests fail at once; no answer = silent, requests
+    # wait until their deadlines. Checks back off from base to cap; a dead peer is re-checked at the
+    # cap's cadence and used again once it answers. Each check is bounded by check_timeout_s.
+    check_backoff_base_s: float = 0.05
+    check_backoff_cap_s: float = 1.0
+    check_timeout_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0 < self.retry_backoff_base_s <= self.retry_backoff_cap_s:
+            raise ValueError("need 0 < retry_backoff_base_s <= retry_backoff_cap_s")
+        if not 0 < self.check_backoff_base_s <= self.check_backoff_cap_s or self.check_timeout_s <= 0:
+            raise ValueError("need 0 < check_backoff_base_s <= check_backoff_cap_s and check_timeout_s > 0")
 
 
 @dataclass(frozen=True)
@@ -248,11 +286,14 @@ class EngineConfig:
     # A request not complete by then fails with a timeout (C++ has no request deadline by default;
     # 30 s bounds every wait an application can get stuck in).
     request_deadline_s: float = 30.0
-    # Progress timeout handed to transports: a slice that moves no byte for this long fails and is
-    # retried elsewhere (C++ TENT: 10 s per slice). A downed veth raises no socket error at all, so
-    # this timer and the engine's stall detection are what see it; short = a dead rail costs little.
+    # Progress timeout handed to transports: a slice that moves no byte for this long *while being
+    # served* fails and is retried elsewhere (C++ TENT: 10 s per slice); time queued never counts.
+    # A downed veth raises no socket error at all, so this timer and the engine's stall detection
+    # are what see it. It must stay above the gaps a healthy path shows (TCP's minimum
+    # retransmission timeout is 200 ms on Linux), or a lost packet becomes a slice error.
     slice_timeout_s: float = 0.5
-    # Retries of one slice before the request falls back to another transport (C++ 8).
+    # Retries of one slice in a row before it waits for a path to come back (C++ 8: then it fails).
+    # A slice that runs out of paths waits and is retried with back-off ([peers]) until its deadline.
     max_retries_per_slice: int = 8
     # Transport substitutions per request before it fails (C++ `max_failover_attempts` 3).
     max_transport_failovers: int = 3
@@ -281,6 +322,15 @@ class EngineConfig:
     # microseconds on small VMs, more than a 64 KiB copy, so small transfers finish while polling.
     # Process-wide (the last engine created sets it); 0 turns polling off.
     wait_spin_us: float = 50.0
+    # The plan cache and native submit path: a request whose class (remote segment, local buffer,
+    # op, priority, tag) was planned before, to a single-rail route, is validated, sliced and handed
+    # to the executor in C. False routes every request through the Python planner (for comparison).
+    fast_path: bool = True
+    # Requests up to this long are small and latency-sensitive (KV-cache blocks): their slices carry
+    # TENT_HINT_SMALL, and executors serve them before bulk work (tcp: an express connection per
+    # rail, several pipelined on one connection). Slices of larger requests never carry it, however
+    # short a spray cuts them. 0 = no request is small.
+    small_request_bytes: int = 256 * KiB
     # Synthesized paths (e.g. file -> staging -> TCP): chunk size, pooled staging buffers, driver threads.
     staging_chunk_bytes: int = 4 * MiB
     staging_buffers: int = 8
@@ -303,6 +353,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     qos: QosConfig = field(default_factory=QosConfig)
     health: RailHealthConfig = field(default_factory=RailHealthConfig)
+    peers: PeerConfig = field(default_factory=PeerConfig)
     directory: DirectoryConfig = field(default_factory=DirectoryConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     path_cost: PathCostConfig = field(default_factory=PathCostConfig)
@@ -318,6 +369,7 @@ _SECTIONS: dict[str, type] = {
     "scheduler": SchedulerConfig,
     "qos": QosConfig,
     "health": RailHealthConfig,
+    "peers": PeerConfig,
     "directory": DirectoryConfig,
     "metrics": MetricsConfig,
     "path_cost": PathCostConfig,
@@ -428,6 +480,7 @@ __all__ = [
     "EngineConfig",
     "MetricsConfig",
     "PathCostConfig",
+    "PeerConfig",
     "QosConfig",
     "RailHealthConfig",
     "SchedulerConfig",

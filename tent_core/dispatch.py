@@ -12,6 +12,16 @@ Staged requests run in a small thread pool (`tent_core.staged`), their legs subm
 
 Everything that can be refused is refused here, before anything moves: the batch is all or
 nothing at submit time.
+
+The plan cache: a request whose plan is one piece on a single-rail route (the common case of KV
+blocks between two engines) leaves a `_native.FastEntry` in the engine's `_native.FastPath`, keyed
+by (remote segment, local buffer, op, priority, tag[, length when rules match on size]). The next
+request of that class never reaches this module: `Engine.submit` hands the batch to the native
+fast path, which repeats the checks made here (local range, remote buffer bounds, permission and
+memory kind, by bisection of the peer's buffer table), slices it the same way and calls the
+executor, all in C. Any miss, a stale entry (the generation moves on whenever peers, routes or
+local buffers change) or anything that is not plainly valid falls back to this planner, which
+raises the precise error or plans the request and caches it.
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from . import _native, errors
-from .abi import SLICE_DTYPE
+from .abi import HINT_SMALL, SLICE_DTYPE
 from .batch import BatchHandle
 from .config import EngineConfig
 from .ordering import Orderer, OrderSpec
@@ -45,8 +55,18 @@ from .types import MemoryKind, OpCode, Permission, Priority
 
 log = logging.getLogger(__name__)
 
-# (route, rail, op, local address, remote address, length)
-Slice = tuple[Route, Rail, OpCode, int, int, int]
+_PERM_READ, _PERM_WRITE = int(Permission.READ), int(Permission.WRITE)
+
+# (route, rail, op, local address, remote address, length, hints for the executor (abi.HINT_*))
+Slice = tuple[Route, Rail, OpCode, int, int, int, int]
+
+# memory kinds as the fast path's RemoteSegment rows number them
+_KIND_CODES = {k: i for i, k in enumerate(MemoryKind)}
+
+
+def _row(b: Any) -> tuple[int, int, int, int, int]:
+    """A RemoteBuffer as a RemoteSegment row."""
+    return (b.offset, b.addr, b.length, b.perm, _KIND_CODES[b.kind])
 
 
 class Submitter:
@@ -75,6 +95,9 @@ class Submitter:
         self._lock = threading.Lock()
         self._workers: ThreadPoolExecutor | None = None
         self.staging: StagingPool | None = None
+        self.fast: Any = None  # the engine's _native.FastPath, when the plan cache is on
+        # (engine id, segment) -> (the peer's buffer list it was made from, RemoteSegment)
+        self._rsegs: dict[tuple[str, str], tuple[list[Any], Any]] = {}
         self.orderer: Orderer | None = None  # stream-ordered batches (tent_core.ordering), made on first use
 
     # ---- LegSubmitter (staged pipelines) ----------------------------------------------------------
@@ -92,8 +115,9 @@ class Submitter:
         plan: list[Slice] = []
         notes: list[tuple[Route, Decision, int, int]] = []
         local = request.local.addr + request.local_offset
+        hint = self._hint(request.length)
         for _, raddr, length in pieces:
-            self._plan_direct(peer, decision, request.op, local, raddr, length, request.priority, plan, notes)
+            self._plan_direct(peer, decision, request.op, local, raddr, length, request.priority, plan, notes, hint)
             local += length
         return self._launch(plan, notes, [], deadline, 1)
 
@@ -108,9 +132,10 @@ class Submitter:
         plan: list[Slice] = []
         notes: list[tuple[Route, Decision, int, int]] = []
         staged: list[tuple[Request, StagedPath]] = []
+        gen = self.fast.generation if self.fast is not None else None  # entries made now are valid for this state
         ordered = False
         for req in requests:
-            self._plan_request(req, timeout, plan, notes, staged)
+            self._plan_request(req, timeout, plan, notes, staged, gen)
             ordered = ordered or req.wait_stream is not None or req.wait_event is not None or req.signal_event is not None
         order = collect_order(requests) if ordered else None
         return self._launch(plan, notes, staged, timeout, len(requests), order)
@@ -124,8 +149,8 @@ class Submitter:
         num_requests: int,
         order: OrderSpec | None = None,
     ) -> BatchHandle:
-        batch = _native.Batch(len(plan) + len(staged))
-        handle = BatchHandle(self._owner, batch, time.monotonic() + timeout, num_requests)
+        handle = BatchHandle(self._owner, len(plan) + len(staged), time.monotonic() + timeout, num_requests)
+        batch = handle  # the handle is the native completion counter
         for note in notes:
             handle.note_route(*note)
         if order is not None:
@@ -141,7 +166,9 @@ class Submitter:
     def _start(self, handle: BatchHandle, batch: Any, plan: list[Slice], staged: list[tuple[Request, StagedPath]]) -> None:
         if plan:
             self.progress.track(handle)
-            self._dispatch(batch, plan)
+            self._dispatch(handle, plan)
+            if handle.remaining == 0 and not staged:
+                self.progress.untrack(handle)  # finished inside submit: nothing left to watch
         for req, path in staged:
             self._staged_workers().submit(run_staged, self, handle, req, path, self._staging_pool())
 
@@ -158,6 +185,7 @@ class Submitter:
         plan: list[Slice],
         notes: list[tuple[Route, Decision, int, int]],
         staged: list[tuple[Request, StagedPath]],
+        gen: int | None = None,
     ) -> None:
         if not isinstance(req, Request):
             raise errors.InvalidRequestError(f"expected a Request, got {type(req).__name__}")
@@ -211,7 +239,11 @@ class Submitter:
                     self._check_local_stage(buf, req, op)
                 staged.append((req, p))  # type: ignore[arg-type]
                 return
-            self._plan_direct(peer, p, op, local, raddr, length, prio, plan, notes)  # type: ignore[arg-type]
+            rails = self._plan_direct(peer, p, op, local, raddr, length, prio, plan, notes, self._hint(req.length))  # type: ignore[arg-type]
+            # a class of requests is cached per segment, so not where some buffer of it is kept from
+            # a transport (RemoteBuffer.hidden): those are planned one by one
+            if gen is not None and len(pieces) == 1 and len(rails) == 1 and not any(b.hidden for b in peer.segments[seg]):
+                self._remember(req, gen, peer, seg, rbuf, op, p, plan[-1][0], rails[0])  # type: ignore[arg-type]
             local += length
 
     def _plan_direct(
@@ -225,7 +257,9 @@ class Submitter:
         prio: Priority,
         plan: list[Slice],
         notes: list[tuple[Route, Decision, int, int]],
-    ) -> None:
+        hint: int = 0,
+    ) -> list[Rail]:
+        """Slices of one piece appended to `plan`; returns the rails it could use."""
         route = self.peers.route(peer, decision)
         rails = route.rails
         if decision.rule is not None and decision.rule.rails is not None:
@@ -239,17 +273,60 @@ class Submitter:
         if len(rails) == 1:
             step = route.transport.split_bytes
             if step <= 0 or length <= step:
-                plan.append((route, rails[0], op, local, raddr, length))
+                plan.append((route, rails[0], op, local, raddr, length, hint))
             else:
                 for off in range(0, length, step):
-                    plan.append((route, rails[0], op, local + off, raddr + off, min(step, length - off)))
-            return
+                    plan.append((route, rails[0], op, local + off, raddr + off, min(step, length - off), hint))
+            return rails
         now = time.monotonic()
         weights: list[float] | None = [self.monitor.weight(r.slot, now) for r in rails]
         if not any(weights):  # type: ignore[arg-type]
             weights = None  # every rail paused: try them all rather than fail; retries sort it out
         for idx, off, ln in self.scheduler.plan(length, [r.telemetry for r in rails], prio, weights):
-            plan.append((route, rails[idx], op, local + off, raddr + off, ln))
+            plan.append((route, rails[idx], op, local + off, raddr + off, ln, hint))
+        return rails
+
+    def _hint(self, request_length: int) -> int:
+        """The executor hints of a request's slices (see abi.HINT_SMALL)."""
+        return HINT_SMALL if request_length <= self.config.small_request_bytes else 0
+
+    # ---- the plan cache -----------------------------------------------------------------------------
+
+    def _remember(self, req: Request, gen: int, peer: Peer, seg: str, rbuf: Any, op: OpCode, decision: Decision,
+                  route: Route, rail: Rail) -> None:
+        """Cache the plan of `req`'s class for the native fast path (see the module docstring)."""
+        fast = self.fast
+        key = fast.key(req)
+        if key is None:
+            return
+        transport = route.transport
+        ex = transport.executor
+        inline = transport.inline_bytes if _native.executor_inline(ex.ops) else 0
+        buf = req.local
+        entry = _native.FastEntry(
+            gen=gen, local=buf, laddr=buf.addr, llen=buf.length, rseg=self._remote_segment(peer, seg),
+            rkind=_KIND_CODES[rbuf.kind], perm=_PERM_READ if op == OpCode.READ else _PERM_WRITE, opcode=int(op),
+            ops=ex.ops, executor=ex.handle, link=route.link.handle, rail=rail.info.index, slot=rail.slot,
+            split=max(0, transport.split_bytes), inline_max=max(0, inline), route=route, decision=decision,
+        )
+        fast.put(key, entry)
+
+    def _remote_segment(self, peer: Peer, seg: str) -> Any:
+        """The peer's segment `seg` as a native RemoteSegment (rebuilt when the peer re-read it)."""
+        bufs = peer.segments[seg]
+        key = (peer.engine_id, seg)
+        known = self._rsegs.get(key)
+        if known is not None and known[0] is bufs:
+            return known[1]
+        if known is not None and 0 < len(known[0]) < len(bufs) and bufs[len(known[0]) - 1] is known[0][-1]:
+            # the peer registered more buffers (PeerDirectory appended them): add only those
+            rseg = known[1].extended([_row(b) for b in bufs[len(known[0]) :]])
+        else:
+            rseg = _native.RemoteSegment([_row(b) for b in bufs])
+        if len(self._rsegs) > 4096:
+            self._rsegs.clear()
+        self._rsegs[key] = (bufs, rseg)
+        return rseg
 
     def _check_local_stage(self, buf: LocalBuffer, req: Request, op: OpCode) -> None:
         # the local buffer is reached through our own segment: validate that leg now, not mid-pipeline
@@ -262,10 +339,12 @@ class Submitter:
     @staticmethod
     def _dispatch(batch: Any, plan: list[Slice]) -> None:
         if len(plan) == 1:
-            route, rail, op, local, remote, length = plan[0]
-            ex = route.transport.executor
+            route, rail, op, local, remote, length, hint = plan[0]
+            transport = route.transport
+            ex = transport.executor
             rc = _native.submit_one(
-                ex.ops, ex.handle, batch, int(op), local, remote, length, route.link.handle, rail.info.index, rail.slot, 0
+                ex.ops, ex.handle, batch, int(op), local, remote, length, route.link.handle, rail.info.index, rail.slot, hint,
+                length <= transport.inline_bytes,
             )
             if rc != 0:
                 batch.fail_slice(rc)
@@ -282,8 +361,11 @@ class Submitter:
             arr["peer"] = [it[0].link.handle for it in items]
             arr["rail"] = [it[1].info.index for it in items]
             arr["stat_index"] = [it[1].slot for it in items]
-            ex = items[0][0].transport.executor
-            rc = _native.submit(ex.ops, ex.handle, batch, arr)
+            arr["attempt"] = [it[6] for it in items]  # hints; attempt 0
+            transport = items[0][0].transport
+            ex = transport.executor
+            inline = transport.inline_bytes > 0 and all(it[5] <= transport.inline_bytes for it in items)
+            rc = _native.submit(ex.ops, ex.handle, batch, arr, inline)
             if rc != 0:
                 for _ in items:
                     batch.fail_slice(rc)

@@ -55,9 +55,9 @@ from .types import Availability, OpCode, Permission, Priority
 
 log = logging.getLogger(__name__)
 
-_BYTES, _SLICES, _ERRORS, _INFLIGHT, _INFLIGHT_SLICES = (
+_BYTES, _SLICES, _ERRORS, _INFLIGHT, _INFLIGHT_SLICES, _CONGESTION = (
     int(StatField.BYTES_DONE), int(StatField.SLICES_DONE), int(StatField.ERRORS), int(StatField.INFLIGHT_BYTES),
-    int(StatField.INFLIGHT_SLICES),
+    int(StatField.INFLIGHT_SLICES), int(StatField.CONGESTION),
 )
 
 
@@ -124,7 +124,7 @@ class Engine:
         self._segments = LocalSegments(self.engine_id, self.transports, self._profiles)
         self.peers = PeerDirectory(
             self.engine_id, self.host_id, self.transports, self.router, self.describe, self.monitor,
-            control_timeout_s=cfg.control_timeout_s, scheduler=cfg.scheduler,
+            control_timeout_s=cfg.control_timeout_s, scheduler=cfg.scheduler, peer_config=cfg.peers,
             control_client=lambda endpoint: ControlClient(
                 endpoint, auth=self.auth, max_reply_bytes=cfg.control_max_reply_bytes, send_hwm=cfg.control_send_hwm
             ),
@@ -132,6 +132,18 @@ class Engine:
         self._probe_buf: LocalBuffer | None = None
         self._recovery = Recovery(self, cfg, self.peers, self.router, self.monitor, lambda: self._probe_buf, PROGRESS)
         self._submitter = Submitter(self, cfg, self._segments, self.peers, self.router, self.scheduler, self.monitor, PROGRESS)
+        self._fast: Any = None
+        if cfg.fast_path:
+            self._fast = _native.FastPath(
+                Request, BatchHandle, self, PROGRESS.inflight, cfg.request_deadline_s,
+                size_keyed=any(r.min_size is not None or r.max_size is not None for r in rules),
+                small_bytes=max(0, cfg.small_request_bytes), fallback=self._submit_planned,
+            )
+            self._submitter.fast = self._fast
+            self.peers.on_change = self._fast.invalidate  # peers, routes or their buffers changed
+            # submit() is the native fast path itself (the planner is its fallback): no Python frame
+            # between the application and the executor for requests whose plan is cached
+            self.submit = self._fast  # type: ignore[method-assign]
         # stages copies between its own host staging and device memory for peers that cannot reach it
         self._stager = TargetStager(self._submitter, self._segments, self.peers, self.router, self._profiles, cfg)
         # every engine exposes a tiny read-only buffer that peers' heartbeat slices read
@@ -229,6 +241,8 @@ class Engine:
 
     def unregister(self, buf: LocalBuffer) -> None:
         """After return, no peer can touch the buffer through this engine's transports."""
+        if self._fast is not None:
+            self._fast.invalidate()  # cached plans naming the buffer are gone before it is
         self._segments.unregister(buf)
 
     def segment_name(self, segment: str = "default") -> str:
@@ -236,20 +250,33 @@ class Engine:
 
     # ----------------------------------------------------------- metadata (server side)
     def describe(self) -> dict[str, Any]:
+        table, epochs = self._segments.snapshot()
         return {
             "ok": True,
             "engine_id": self.engine_id,
             "host_id": self.host_id,
             "pid": os.getpid(),
             "transports": {n: t.local_descriptor() for n, t in self.transports.items()},
-            "segments": self._segments.table(),
+            "segments": table,
+            "epochs": epochs,
             "staging": self._stager.offer() if hasattr(self, "_stager") else {},
         }
 
     def _handle_control(self, msg: dict[str, Any]) -> Any:
         op = msg["op"]
         if op == "describe":
-            return self.describe()
+            seg = msg.get("segment")
+            if seg is None:
+                return self.describe()
+            # one segment, incrementally (see LocalSegments.describe_segment)
+            if not isinstance(seg, str):
+                raise errors.ProtocolError("describe: segment must be a string")
+            epoch, start = msg.get("epoch", 0), msg.get("from_offset", 0)
+            if not isinstance(epoch, int) or not isinstance(start, int):
+                raise errors.ProtocolError("describe: epoch and from_offset must be integers")
+            part = self._segments.describe_segment(seg, epoch, start)
+            return {"ok": True, "engine_id": self.engine_id, "pid": os.getpid(), "segment": seg, "found": part is not None,
+                    **(part or {})}
         if op == "ping":
             return {"ok": True}
         if op in STAGE_OPS:  # target-side staging (a Future for copies: replied when they are done)
@@ -285,8 +312,17 @@ class Engine:
             raise errors.TentError("engine is closed")
 
     def submit(self, requests: Sequence[Request] | Request, deadline: float | None = None) -> BatchHandle:
-        """Queue requests and return at once. `deadline` is seconds from now (default from config)."""
-        self._check_open()
+        """Queue requests and return at once. `deadline` is seconds from now (default from config).
+
+        Small same-host copies may complete inside this call (the transport runs them on the calling
+        thread: no hand-off, no wake-up); the handle then reports done at once."""
+        # with the fast path on, the instance's submit is the native FastPath (see __init__), which
+        # calls _submit_planned for what it cannot take
+        return self._submit_planned(requests, deadline)
+
+    def _submit_planned(self, requests: Sequence[Request] | Request, deadline: float | None = None) -> BatchHandle:
+        if self._closed:
+            raise errors.TentError("engine is closed")
         return self._submitter.submit(requests, deadline)
 
     def transfer(
@@ -348,6 +384,7 @@ class Engine:
                             "bytes": int(row[_BYTES]),
                             "slices": int(row[_SLICES]),
                             "errors": int(row[_ERRORS]),
+                            "congestion": int(row[_CONGESTION]),
                             "inflight_bytes": int(row[_INFLIGHT]),
                             "inflight_slices": int(row[_INFLIGHT_SLICES]),
                             "bandwidth_GBps": r.telemetry.bandwidth_Bps / 1e9,
@@ -367,9 +404,12 @@ class Engine:
             if self._closed:
                 return
             self._closed = True
+        if self._fast is not None:
+            self._fast.close()  # every later submit is refused by the open check; drop cached plans
         self._submitter.close()  # staged pipelines finish (their legs fail fast once transports go)
         self._stager.close()
         PROGRESS.detach(self)  # fence: no retry, tick or probe of this engine runs after this
+        self._recovery.close()  # slices waiting for a path are cancelled, the peer watch stops
         if self.config.metrics.port:
             from . import metrics
 

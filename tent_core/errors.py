@@ -36,6 +36,12 @@ class DeadlineExceededError(TentError, TimeoutError):
     """The request or batch did not complete before its deadline."""
 
 
+class PeerSilentError(PeerUnreachableError, DeadlineExceededError):
+    """The request's deadline passed while every path to its peer stayed down or silent (a stopped
+    process, cut links). Both a PeerUnreachableError and a DeadlineExceededError; the message says
+    what was tried and for how long."""
+
+
 class CancelledError(TentError):
     """The batch was cancelled."""
 

@@ -11,11 +11,13 @@ Where a peer's description comes from: by default its own control port (the peer
 port, ``host:port``); with a cluster directory (`use_directory`, ``[directory]`` in the config) the
 directory, where engines publish themselves under fixed names (`tent_core.directory`).
 
-Peer lifecycle: a peer whose slices ran out of every path is only marked *suspect* (`mark_suspect`);
-nothing in flight is disturbed. The next request to it re-reads its description: the same process
-answering keeps its routes (dead transports are given another chance), a restarted process (new pid
-or new transport endpoints) replaces the peer and retires the old one's routes; an unreachable
-one fails that request with PeerUnreachableError and stays suspect.
+Peer lifecycle: each peer carries a `liveness.PeerLiveness`. When a slice runs out of every path,
+recovery tells it; nothing in flight is disturbed. `check` (run by the engine's peer watch, never on
+the submit path) probes the peer's control endpoint: a refused connection means the process is gone
+(the peer is DEAD: new requests fail at once with the reason, `resolve` says so); an answer re-reads
+its description: the same process keeps its routes (dead transports are given another chance), a
+restarted process (new pid or new transport endpoints) replaces the peer and retires the old one's
+routes. A dead peer is used again as soon as a check is answered.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import bisect
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -30,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import errors
-from .config import SchedulerConfig
+from .config import PeerConfig, SchedulerConfig
+from .liveness import CheckResult, PeerLiveness
 from .metadata import ControlClient
 from .policy_rules import RequestTraits, Rule
 from .rail_monitor import RailMonitor
@@ -85,32 +89,65 @@ class Peer:
     segments: dict[str, list[RemoteBuffer]] = field(default_factory=dict)
     starts: dict[str, list[int]] = field(default_factory=dict)
     raw_buffers: list[dict[str, Any]] = field(default_factory=list)
+    epochs: dict[str, int] = field(default_factory=dict)  # segment -> the peer's epoch we read it at
     routes: dict[str, Route] = field(default_factory=dict)
     plans: dict[tuple[Any, ...], Path] = field(default_factory=dict)
     dead_transports: set[str] = field(default_factory=set)
     connect_errors: dict[str, str] = field(default_factory=dict)  # why a transport could not connect
-    suspect: bool = False
+    liveness: PeerLiveness = field(default=None)  # type: ignore[assignment]  # set by PeerDirectory
     retired: bool = False
+    restarted: bool = False  # retired because a new process answers under this engine id
     lock: threading.RLock = field(default_factory=threading.RLock)
 
-    def load_segments(self, segments: Mapping[str, list[dict[str, Any]]]) -> None:
+    def __post_init__(self) -> None:
+        if self.liveness is None:
+            self.liveness = PeerLiveness(self.engine_id)
+
+    def load_segments(self, segments: Mapping[str, list[dict[str, Any]]], epochs: Mapping[str, int] | None = None) -> None:
         seg_map: dict[str, list[RemoteBuffer]] = {}
         starts: dict[str, list[int]] = {}
         raw: list[dict[str, Any]] = []
         other_process = self.info.pid != os.getpid()
         for name, bufs in segments.items():
-            rb = sorted(
-                (
-                    RemoteBuffer(int(b["offset"]), int(b["addr"]), int(b["length"]), int(b["perm"]), MemoryKind(b["kind"]), b["desc"],
-                                 _hidden(b["desc"]) if other_process else frozenset())
-                    for b in bufs
-                ),
-                key=lambda r: r.offset,
-            )
+            rb = _remote_buffers(bufs, other_process)
             seg_map[name] = rb
             starts[name] = [r.offset for r in rb]
             raw.extend(dict(b, segment=name) for b in bufs)
         self.segments, self.starts, self.raw_buffers = seg_map, starts, raw
+        self.epochs = {k: int(v) for k, v in (epochs or {}).items() if k in seg_map}
+
+    def update_segment(self, name: str, part: Mapping[str, Any]) -> None:
+        """Apply the peer's answer to a one-segment describe (`LocalSegments.describe_segment`):
+        gone, its buffers registered since (appended), or all of them. Every list touched is a new
+        object, so readers holding the old ones see a consistent (older) view."""
+        if not part.get("found"):
+            self.segments.pop(name, None)
+            self.starts.pop(name, None)
+            self.epochs.pop(name, None)
+            self.raw_buffers = [b for b in self.raw_buffers if b.get("segment") != name]
+            return
+        new = _remote_buffers(part["buffers"], self.info.pid != os.getpid())
+        raw_new = [dict(b, segment=name) for b in part["buffers"]]
+        old = self.segments.get(name)
+        if part.get("incremental") and old is not None and (not new or not old or new[0].offset > old[-1].offset):
+            bufs, raw = old + new, self.raw_buffers + raw_new
+        else:
+            bufs, raw = new, [b for b in self.raw_buffers if b.get("segment") != name] + raw_new
+        self.segments[name] = bufs
+        self.starts[name] = [r.offset for r in bufs]
+        self.raw_buffers = raw
+        self.epochs[name] = int(part["epoch"])
+
+
+def _remote_buffers(bufs: list[dict[str, Any]], other_process: bool) -> list[RemoteBuffer]:
+    return sorted(
+        (
+            RemoteBuffer(int(b["offset"]), int(b["addr"]), int(b["length"]), int(b["perm"]), MemoryKind(b["kind"]), b["desc"],
+                         _hidden(b["desc"]) if other_process else frozenset())
+            for b in bufs
+        ),
+        key=lambda r: r.offset,
+    )
 
 
 def _hidden(desc: Any) -> frozenset[str]:
@@ -138,6 +175,7 @@ class PeerDirectory:
         *,
         control_timeout_s: float,
         scheduler: SchedulerConfig | None = None,
+        peer_config: PeerConfig | None = None,
         control_client: Callable[[str], ControlClient] | None = None,
     ) -> None:
         self.engine_id = engine_id
@@ -148,11 +186,15 @@ class PeerDirectory:
         self._monitor = monitor
         self._control_timeout_s = control_timeout_s
         self._scheduler = scheduler
+        self._peer_config = peer_config or PeerConfig()
         # how to reach a peer's control port (the engine passes its auth and bounds)
         self.control_client: Callable[[str], ControlClient] = control_client or ControlClient
         self._lock = threading.RLock()
         self._peers: dict[str, Peer] = {}
         self._remote_cache: dict[str, tuple[Peer, str]] = {}
+        # called whenever what a cached plan relies on changes (a peer's buffers, routes, dead
+        # transports, suspicion): the engine's plan cache drops its entries
+        self.on_change: Callable[[], None] = lambda: None
         self.directory: EngineDirectory | None = None  # peers are described by the directory, not their port
 
     def use_directory(self, directory: EngineDirectory) -> None:
@@ -169,15 +211,24 @@ class PeerDirectory:
         return self._peers.get(engine_id)
 
     def resolve(self, remote: str, timeout: float) -> tuple[Peer, str]:
-        """'host:port/segment' -> (peer, segment name)."""
+        """'host:port/segment' -> (peer, segment name). A peer known to be dead fails at once."""
         target = self._remote_cache.get(remote)
-        if target is not None and not target[0].suspect and not target[0].retired:
+        if target is not None and not target[0].retired:
+            self._fail_if_dead(target[0])
             return target
         engine_id, seg = parse_segment_name(remote)
         peer = self.get(engine_id, timeout)
         if len(self._remote_cache) < _REMOTE_CACHE_MAX or remote in self._remote_cache:
             self._remote_cache[remote] = (peer, seg)
         return peer, seg
+
+    @staticmethod
+    def _fail_if_dead(peer: Peer) -> None:
+        if peer.liveness.dead:
+            with peer.lock:
+                why = peer.liveness.fail_fast(time.monotonic())
+            if why:
+                raise errors.PeerUnreachableError(why)
 
     def get(self, engine_id: str, timeout: float | None = None) -> Peer:
         timeout = self._control_timeout_s if timeout is None else timeout
@@ -188,8 +239,8 @@ class PeerDirectory:
                 peer = self._peers.setdefault(engine_id, fetched)
             if peer is not fetched and fetched.client is not None:
                 fetched.client.close()  # another thread won the race
-        elif peer.suspect:
-            peer = self._revalidate(peer, timeout)
+        else:
+            self._fail_if_dead(peer)
         return peer
 
     def _describe(self, engine_id: str, client: ControlClient | None, timeout: float) -> dict[str, Any]:
@@ -219,8 +270,9 @@ class PeerDirectory:
         info = PeerInfo(engine_id, str(desc["host_id"]), int(desc["pid"]), dict(desc["transports"]),
                         dict(desc.get("staging") or {}))
         reachable = tuple(n for n, t in self._transports.items() if t.can_reach(info) is None)
-        peer = Peer(engine_id, info, client, desc["host_id"] == self.host_id, reachable)
-        peer.load_segments(desc["segments"])
+        peer = Peer(engine_id, info, client, desc["host_id"] == self.host_id, reachable,
+                    liveness=PeerLiveness(engine_id, self._peer_config))  # fmt: skip
+        peer.load_segments(desc["segments"], desc.get("epochs"))
         return peer
 
     def refresh(self, engine_id: str, timeout: float | None = None) -> Peer:
@@ -229,7 +281,33 @@ class PeerDirectory:
         peer = self.get(engine_id, timeout)
         desc = self._describe(engine_id, peer.client, timeout)
         with peer.lock:
-            peer.load_segments(desc["segments"])
+            peer.load_segments(desc["segments"], desc.get("epochs"))
+            self.on_change()
+            for r in peer.routes.values():
+                r.transport.connect(peer.info, peer.raw_buffers)
+        return peer
+
+    def refresh_segment(self, peer: Peer, seg: str, timeout: float | None = None) -> Peer:
+        """Re-read one segment of a peer: only the buffers it registered since we read it (when none
+        left the segment meanwhile), so the cost does not grow with the buffers it already holds."""
+        timeout = self._control_timeout_s if timeout is None else timeout
+        peer = self.get(peer.engine_id, timeout)
+        if peer.client is None:
+            return self.refresh(peer.engine_id, timeout)
+        known = peer.segments.get(seg)
+        msg = {"op": "describe", "segment": seg, "epoch": peer.epochs.get(seg, 0) if known else 0,
+               "from_offset": known[-1].offset + 1 if known else 0}
+        part = peer.client.call(msg, timeout)
+        if not part.get("ok"):
+            raise errors.PeerUnreachableError(f"engine {peer.engine_id} refused describe: {part.get('error')}")
+        if "found" not in part:  # a peer that only knows the whole-table describe answered with it
+            with peer.lock:
+                peer.load_segments(part["segments"], part.get("epochs"))
+        else:
+            with peer.lock:
+                peer.update_segment(seg, part)
+        with peer.lock:
+            self.on_change()
             for r in peer.routes.values():
                 r.transport.connect(peer.info, peer.raw_buffers)
         return peer
@@ -263,36 +341,76 @@ class PeerDirectory:
         finally:
             client.close()
 
-    # ---- suspicion, restart, forgetting ---------------------------------------------------------
+    # ---- liveness checks, restart, forgetting ----------------------------------------------------
 
-    def mark_suspect(self, peer: Peer) -> None:
-        """Every path to `peer` failed for some slice: re-check it before the next request uses it."""
-        if not peer.suspect:
-            log.info("every path to %s failed; it is re-checked before the next request", peer.engine_id)
-        peer.suspect = True
+    def check(self, peer: Peer, timeout: float) -> tuple[CheckResult, str]:
+        """Probe a peer whose paths fail (blocking, bounded by `timeout` per step; the engine's peer
+        watch calls it, never the submit path): a TCP connect to its control endpoint (refused = the
+        process is gone), then a describe (with a directory: the directory's entry, and a ping of
+        the control port). An answer re-reads the peer: the same process gets its transports back,
+        a restarted one replaces it (see the module docstring)."""
+        if peer.engine_id == self.engine_id:
+            return CheckResult.ANSWERED, "this engine"
+        t0 = time.monotonic()
+        endpoint = peer.engine_id
+        listed: dict[str, Any] | None = None
+        if self.directory is not None:
+            try:
+                listed = self.directory.describe_peer(peer.engine_id)
+            except errors.TentError as exc:
+                return CheckResult.NO_ANSWER, f"directory: {exc}"
+            endpoint = str(listed.get("control") or "")
+            if not endpoint:
+                return CheckResult.NO_ANSWER, f"the directory lists no control endpoint for {peer.engine_id}"
+        host, _, port = endpoint.rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout):
+                pass
+        except ConnectionRefusedError:
+            return CheckResult.REFUSED, f"connect to {endpoint} refused"
+        except (OSError, ValueError) as exc:
+            return CheckResult.NO_ANSWER, f"connect to {endpoint}: {exc or type(exc).__name__}"
+        left = max(0.05, timeout - (time.monotonic() - t0))
+        try:
+            if listed is not None:
+                client = self.control_client(endpoint)
+                try:
+                    rep = client.call({"op": "ping"}, left)
+                finally:
+                    client.close()
+                if not rep.get("ok"):
+                    return CheckResult.NO_ANSWER, f"ping refused: {rep.get('error')}"
+                desc = listed
+            else:
+                desc = self._describe(peer.engine_id, peer.client, left)
+        except errors.PeerUnreachableError as exc:
+            return CheckResult.NO_ANSWER, str(exc)
+        except errors.TentError as exc:
+            return CheckResult.NO_ANSWER, f"bad reply: {exc}"
+        self._apply_description(peer, desc)
+        return CheckResult.ANSWERED, f"pid {desc.get('pid')}"
 
-    def _revalidate(self, peer: Peer, timeout: float) -> Peer:
+    def _apply_description(self, peer: Peer, desc: Mapping[str, Any]) -> None:
+        """A fresh description of `peer`: reload it in place, or replace the peer if it restarted."""
         with peer.lock:
-            current = self._peers.get(peer.engine_id, peer)
-            if not peer.suspect or current is not peer:
-                return current
-            desc = self._describe(peer.engine_id, peer.client, timeout)  # unreachable: raises, stays suspect
+            if peer.retired or self._peers.get(peer.engine_id) is not peer:
+                return
             if _identity(desc) == (peer.info.host_id, peer.info.pid, repr(sorted(peer.info.transports.items()))):
-                peer.load_segments(desc["segments"])
+                peer.load_segments(desc["segments"], desc.get("epochs"))
                 for r in peer.routes.values():
                     r.transport.connect(peer.info, peer.raw_buffers)
                 peer.dead_transports.clear()
                 peer.connect_errors.clear()
                 peer.plans.clear()
-                peer.suspect = False
-                return peer
+                self.on_change()
+                return
             log.info("engine %s restarted: reconnecting", peer.engine_id)
             fresh = self._build(peer.engine_id, desc, peer.client)
             peer.client = None  # the new peer owns the control connection now
+            peer.restarted = True
             with self._lock:
                 self._peers[peer.engine_id] = fresh
         self._retire(peer)
-        return fresh
 
     def forget(self, peer: Peer) -> None:
         """Drop a peer now: cached names, routes (disconnected, rails released), control connection."""
@@ -304,6 +422,8 @@ class PeerDirectory:
     def _retire(self, peer: Peer) -> None:
         with self._lock:
             peer.retired = True
+        self.on_change()
+        with self._lock:
             for key in [k for k, (p, _) in self._remote_cache.items() if p is peer]:
                 del self._remote_cache[key]
         with peer.lock:
@@ -344,7 +464,7 @@ class PeerDirectory:
         bufs = peer.segments.get(seg)
         if bufs is None:
             if not refreshed:
-                peer = self.refresh(peer.engine_id)
+                peer = self.refresh_segment(peer, seg)
                 return self.map_remote(peer, seg, offset, length, op, True)
             raise errors.UnknownSegmentError(f"engine {peer.engine_id} has no segment {seg!r}")
         starts = peer.starts[seg]
@@ -356,7 +476,7 @@ class PeerDirectory:
             b = bufs[i] if i >= 0 else None
             if b is None or pos >= b.offset + max(b.length, 1) or (b.length == 0 and pos != b.offset):
                 if not refreshed:
-                    peer = self.refresh(peer.engine_id)
+                    peer = self.refresh_segment(peer, seg)
                     return self.map_remote(peer, seg, offset, length, op, True)
                 if pieces or (b is not None and pos == b.offset + b.length):
                     raise errors.OutOfBoundsError(
@@ -430,12 +550,14 @@ class PeerDirectory:
                 return None
             rails = [RAILS.acquire(name, peer.engine_id, ri, self._scheduler) for ri in link.rails]
             route = peer.routes[name] = Route(transport, link, rails)
+            self.on_change()
             return route
 
     def mark_dead(self, peer: Peer, transport: str, replacement: str) -> None:
         if transport not in peer.dead_transports:
             log.warning("transport %s to %s keeps failing; substituting %s", transport, peer.engine_id, replacement)
             peer.dead_transports.add(transport)
+            self.on_change()
 
 
 __all__ = ["Peer", "PeerDirectory", "RemoteBuffer", "Route"]

@@ -1,19 +1,25 @@
-"""QoS: priority-slot rotation, anti-starvation promotion, cross-process rail load.
+"""QoS: priority-slot rotation and cross-process rail load.
 
-Paper section 4.2, "Quality of Service", and the C++ `quota.cpp` / `promotion_policy.h` /
-`shared_quota.h`:
+Paper section 4.2, "Quality of Service", and the C++ `quota.cpp` / `shared_quota.h`:
 
 * `PrioritySlots`: each rail has a rotating slot number `(position + epoch) % n`, the epoch advancing
   every `rotation_interval_us`. A rail admits priority p iff its slot >= p, so at any instant one rail
   takes HIGH only, one HIGH+MID, the rest everything; the roles rotate so no rail is reserved for
-  long. If no rail admits a request, all of them do (QoS shapes, it never blocks).
-* `PromotionQueue`: a strict HIGH -> MID -> LOW queue in which an entry that waited longer than
-  `promotion_timeout_us` moves up one level (and waits again from there), so LOW work cannot starve.
+  long. If no rail admits a request, all of them do (QoS shapes, it never blocks). Unlike the C++
+  rotation, the slots are work-conserving: a priority is held back only while some higher
+  priority was planned within `active_window_us`, so a lone MID or LOW flow (a checkpoint, a
+  weight sync) still uses every rail (measured in docs/benchmarks.md, "QoS").
 * `SharedRailLoad`: bytes queued per rail *name* (the NIC), shared by all processes of one user on
   the host through a small file in /dev/shm, so two engines on the same NIC see each other's load
   and feed it to the cost model (`RailTelemetry.set_external`).
 
 All time is passed in (ns); nothing here sleeps or starts threads.
+
+There is no promotion queue (the C++ `promotion_policy.h` ages LOW work up through strict priority
+levels): priorities act where rails are chosen, and slices then wait in the executors' per-rail
+FIFOs, which the engine does not reorder, so a strict-priority queue with anti-starvation would
+have nothing to order. LOW work cannot starve here: the slots hold it back only from some rails,
+and only while higher priorities are active.
 """
 
 from __future__ import annotations
@@ -25,9 +31,6 @@ import mmap
 import os
 import stat
 import struct
-from collections import deque
-from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 
@@ -40,11 +43,29 @@ _N_PRIO = len(Priority)
 
 
 class PrioritySlots:
-    """Per-rail priority windows rotating every `rotation_interval_us` (C++ local rotation)."""
+    """Per-rail priority windows rotating every `rotation_interval_us` (C++ local rotation),
+    enforced only while a higher priority is active (see the module docstring)."""
 
     def __init__(self, config: QosConfig | None = None) -> None:
         self.config = config or QosConfig()
         self._interval_ns = max(1, int(self.config.rotation_interval_us) * 1000)
+        self._active_ns = max(0, int(self.config.active_window_us) * 1000)
+        self._seen: list[int | None] = [None] * _N_PRIO  # when each priority was last planned
+
+    def note(self, priority: int, now_ns: int) -> None:
+        """A request of `priority` is being planned now."""
+        self._seen[min(max(int(priority), 0), _N_PRIO - 1)] = now_ns
+
+    def contended(self, priority: int, now_ns: int) -> bool:
+        """True when a priority above `priority` was planned within the active window (always when
+        the window is 0: the C++ behaviour)."""
+        if self._active_ns == 0:
+            return True
+        for p in range(min(int(priority), _N_PRIO)):
+            seen = self._seen[p]
+            if seen is not None and now_ns - seen <= self._active_ns:
+                return True
+        return False
 
     def epoch(self, now_ns: int) -> int:
         return now_ns // self._interval_ns
@@ -59,73 +80,11 @@ class PrioritySlots:
     def admitted(self, n_rails: int, priority: int, now_ns: int, candidates: list[int] | None = None) -> list[int]:
         """Positions (among `candidates`, default all) that take `priority` now; all if none does."""
         cand = list(range(n_rails)) if candidates is None else candidates
-        if priority <= 0 or n_rails <= 1:
+        if priority <= 0 or n_rails <= 1 or not self.contended(priority, now_ns):
             return cand
         e = now_ns // self._interval_ns
         ok = [i for i in cand if (i + e) % n_rails >= priority]
         return ok or cand
-
-
-class PromotionQueue:
-    """Strict-priority FIFO queues with anti-starvation promotion (C++ 10 ms, one level at a time).
-
-    `per_entry=True` promotes each timed-out entry; False is the C++ default "head-only" mode: when
-    the head of a level timed out, that whole level moves up (cheaper, coarser).
-    """
-
-    def __init__(self, config: QosConfig | None = None, per_entry: bool | None = None) -> None:
-        self.config = config or QosConfig()
-        self.per_entry = self.config.promotion_per_entry if per_entry is None else per_entry
-        self._timeout_ns = int(self.config.promotion_timeout_us) * 1000
-        self._levels: list[deque[tuple[int, Any]]] = [deque() for _ in range(_N_PRIO)]
-        self.promotions = 0
-
-    def __len__(self) -> int:
-        return sum(len(q) for q in self._levels)
-
-    def depth(self, priority: int) -> int:
-        return len(self._levels[priority])
-
-    def push(self, item: Any, priority: int, now_ns: int) -> None:
-        self._levels[min(max(int(priority), 0), _N_PRIO - 1)].append((now_ns, item))
-
-    def promote(self, now_ns: int) -> int:
-        """Move entries that waited past the timeout up one level; returns how many moved."""
-        moved = 0
-        timeout = self._timeout_ns
-        for level in range(1, _N_PRIO):  # a level's promoted entries wait again one level up
-            q = self._levels[level]
-            if not q:
-                continue
-            up = self._levels[level - 1]
-            if self.per_entry:
-                keep: deque[tuple[int, Any]] = deque()
-                for t, item in q:
-                    if now_ns - t >= timeout:
-                        up.append((now_ns, item))
-                        moved += 1
-                    else:
-                        keep.append((t, item))
-                self._levels[level] = keep
-            elif now_ns - q[0][0] >= timeout:
-                up.extend((now_ns, item) for _, item in q)
-                moved += len(q)
-                q.clear()
-        self.promotions += moved
-        return moved
-
-    def pop(self, now_ns: int) -> tuple[Any, int] | None:
-        """Promote, then take the oldest entry of the highest non-empty level: (item, level)."""
-        self.promote(now_ns)
-        for level, q in enumerate(self._levels):
-            if q:
-                return q.popleft()[1], level
-        return None
-
-    def __iter__(self) -> Iterator[tuple[Any, int]]:
-        for level, q in enumerate(self._levels):
-            for _, item in q:
-                yield item, level
 
 
 # ---- cross-process shared rail load -------------------------------------------------------------
@@ -422,4 +381,4 @@ class SharedRailLoad:
             pass
 
 
-__all__ = ["PrioritySlots", "PromotionQueue", "SharedRailLoad"]
+__all__ = ["PrioritySlots", "SharedRailLoad"]

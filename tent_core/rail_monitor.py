@@ -3,9 +3,9 @@
 Paper section 4.3. Per rail (one local/remote NIC pair of one transport):
 
 * HEALTHY: full weight.
-* DEGRADED: weight x `degraded_weight` (0.5). Entered on an error below the pause threshold, or
-  when telemetry shows the rail's cost far above its peers (`check_outliers`). Back to HEALTHY after
-  `quiet_period_s` without errors or degradation events.
+* DEGRADED: weight x `degraded_weight` (0.5). Entered on an error below the pause threshold, on a
+  congestion event, or when telemetry shows the rail far slower than its siblings (`check_outliers`).
+  Back to HEALTHY after `quiet_period_s` without errors or degradation events.
 * PAUSED: weight 0, excluded. Entered when errors within `error_window_s` reach the threshold: a hard
   error counts 1, a congestion error counts 1/`congestion_multiplier` (so congestion needs twice the
   threshold, and mixes count proportionally). The cooldown starts at `cooldown_base_s` and doubles
@@ -20,21 +20,37 @@ age out of the window instead, so a flapping rail that still completes some slic
 "reset, not decay" gap its own docs flag); the cooldown expiring does not re-admit a rail blindly,
 a heartbeat must succeed first; re-admission is gradual.
 
-Pure and single-threaded: every call takes `now` (seconds, any monotonic clock), nothing sleeps.
+Pure: every call takes `now` (seconds, any monotonic clock), nothing sleeps. The engine's submit
+threads read weights while its progress thread feeds events, so every public method holds the
+monitor's own (reentrant) lock: a transition is never seen half made.
 Rails are identified by any hashable key (the engine uses the rail index).
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import random
 import statistics
+import threading
 from collections import deque
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from .config import RailHealthConfig
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _locked(fn: _F) -> _F:
+    @functools.wraps(fn)
+    def wrapper(self: RailMonitor, *args: Any, **kw: Any) -> Any:
+        with self._lock:
+            return fn(self, *args, **kw)
+
+    return wrapper  # type: ignore[return-value]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +87,7 @@ class RailMonitor:
         self._rails: dict[Hashable, _Rail] = {}
         self._units_to_pause = float(self.config.error_threshold)
         self._rng = random.Random(self.config.jitter_seed)
+        self._lock = threading.RLock()
 
     def _get(self, rail: Hashable) -> _Rail:
         r = self._rails.get(rail)
@@ -132,6 +149,7 @@ class RailMonitor:
         j = self.config.cooldown_jitter
         return cooldown * (1.0 + j * (2.0 * self._rng.random() - 1.0)) if j > 0 else cooldown
 
+    @_locked
     def on_success(self, rail: Hashable, now: float) -> None:
         """A slice (or heartbeat) completed on `rail`."""
         r = self._get(rail)
@@ -146,6 +164,7 @@ class RailMonitor:
             r.step_since = now
             log.info("rail %s: heartbeat ok, re-admitting", rail)
 
+    @_locked
     def on_error(self, rail: Hashable, now: float, congestion: bool = False) -> RailState:
         """A slice failed or timed out on `rail`; returns the rail's new state."""
         cfg = self.config
@@ -171,6 +190,7 @@ class RailMonitor:
             r.last_event = now
         return r.state
 
+    @_locked
     def mark_degraded(self, rail: Hashable, now: float) -> None:
         """Telemetry says `rail` is far slower than its peers: halve its weight for a quiet period."""
         r = self._get(rail)
@@ -182,23 +202,28 @@ class RailMonitor:
         r.state = RailState.DEGRADED
         r.last_event = now
 
-    def check_outliers(self, costs: Mapping[Hashable, float] | Sequence[float], now: float) -> list[Hashable]:
-        """Mark DEGRADED every usable rail whose cost exceeds `outlier_cost_ratio` x the median.
+    @_locked
+    def check_outliers(self, slowness: Mapping[Hashable, float] | Sequence[float], now: float) -> list[Hashable]:
+        """Mark DEGRADED every usable rail whose slowness exceeds `outlier_ratio` x the median.
 
-        `costs` maps rail -> predicted cost (or is a sequence indexed by rail). Paused rails are
-        ignored; fewer than two usable rails means no peers to compare with. Returns the rails marked.
+        `slowness` maps rail -> how slow it is relative to what it should do (the engine passes the
+        inverse of its recent service rate as a fraction of nominal; a predicted cost works too), or
+        is a sequence indexed by rail. Paused rails and NaNs are ignored; fewer than two rails means
+        no siblings to compare with. A marked rail stays DEGRADED while it keeps being marked and
+        for `quiet_period_s` after. Returns the rails marked.
         """
-        items = costs.items() if isinstance(costs, Mapping) else enumerate(costs)
-        usable = [(k, c) for k, c in items if self.state(k, now) is not RailState.PAUSED and c == c]
+        items = slowness.items() if isinstance(slowness, Mapping) else enumerate(slowness)
+        usable = [(k, c) for k, c in items if c == c and self.state(k, now) is not RailState.PAUSED]
         if len(usable) < 2:
             return []
         med = statistics.median(c for _, c in usable)
-        limit = med * self.config.outlier_cost_ratio
+        limit = med * self.config.outlier_ratio
         marked = [k for k, c in usable if c > limit]
         for k in marked:
             self.mark_degraded(k, now)
         return marked
 
+    @_locked
     def pause(self, rail: Hashable, now: float) -> None:
         """Pause `rail` at once (e.g. telemetry shows it stalled: traffic stopped without an error)."""
         r = self._get(rail)
@@ -206,17 +231,20 @@ class RailMonitor:
         if r.state is not RailState.PAUSED:
             self._pause(rail, r, now)
 
+    @_locked
     def forget(self, rail: Hashable) -> None:
         """Drop what is known about `rail` (its key, e.g. a telemetry slot, may name another rail later)."""
         self._rails.pop(rail, None)
 
     # ---- queries --------------------------------------------------------------------------------
 
+    @_locked
     def state(self, rail: Hashable, now: float) -> RailState:
         r = self._get(rail)
         self._advance(rail, r, now)
         return r.state
 
+    @_locked
     def weight(self, rail: Hashable, now: float) -> float:
         """Spray weight: 1.0 HEALTHY, `degraded_weight` DEGRADED (less while re-admitting), 0.0 PAUSED."""
         r = self._get(rail)
@@ -229,12 +257,15 @@ class RailMonitor:
             return self.config.readmit_weights[r.readmit_step]
         return self.config.degraded_weight
 
+    @_locked
     def weights(self, rails: Iterable[Hashable], now: float) -> list[float]:
         return [self.weight(k, now) for k in rails]
 
+    @_locked
     def states(self, rails: Iterable[Hashable], now: float) -> list[RailState]:
         return [self.state(k, now) for k in rails]
 
+    @_locked
     def due_probe(self, rail: Hashable, now: float) -> bool:
         """True when `rail` is PAUSED, its cooldown is over and no heartbeat is outstanding.
 
@@ -249,11 +280,13 @@ class RailMonitor:
         r.probe_sent = now
         return True
 
+    @_locked
     def resume_at(self, rail: Hashable) -> float | None:
         """When a PAUSED rail may be probed (None if not paused)."""
         r = self._get(rail)
         return r.resume_at if r.state is RailState.PAUSED else None
 
+    @_locked
     def cooldown_s(self, rail: Hashable) -> float:
         """Cooldown of the current (or, if not paused, the next) pause of `rail`."""
         cfg = self.config

@@ -6,12 +6,22 @@
   it (a rail that just got PAUSED has its queued slices aborted so they re-route at once); the
   slice is re-issued where the Router's `next_hop` says, under the Decision of the request it
   belongs to (`BatchHandle.decision_for`: same memory kinds, same policy rule): another rail, or a
-  substitute transport (which then stays preferred for that peer). When no path is left, the slice
-  is finalized with its status and the peer is marked suspect (re-checked before its next
-  request); routes other batches use are never torn down from here.
+  substitute transport (which then stays preferred for that peer). When no path is left the slice
+  *waits* (a request fails only at its deadline or when no path can ever serve it): it is re-issued
+  as soon as a rail of its route is re-admitted, else one waiting slice per back-off step goes out
+  as a probe with real data (`[peers] retry_backoff_*`). The peer's `liveness.PeerLiveness` hears
+  of it and the `PeerWatch` thread checks the peer's control endpoint: a gone process (connection
+  refused) fails the waiting slices at once; a silent one (stopped, links cut) keeps them until
+  their deadline, whose error (`PeerSilentError`) says what was tried and for how long, and is
+  then remembered as dead so new requests fail at once until it answers again. Slices handed back
+  untouched (`E_REROUTED`: a rail aborted) are not errors of that rail. Routes other batches use
+  are never torn down from here.
 * `health_tick(now)`: every `HEALTH_TICK_S`, fold the native telemetry rows into the rails'
-  models, share the rails' load with other processes on the host, pause stalled rails, send
-  heartbeat slices on paused rails whose cooldown ended and judge the answers.
+  models, share the rails' load with other processes on the host, count the executors'
+  congestion reports, pause stalled rails (serving, no byte moved for `health.stall_s`, while a
+  sibling moves bytes), mark outliers DEGRADED (a rail far slower than its siblings), send
+  heartbeat slices on paused rails whose cooldown ended and judge the answers; tell each peer's
+  liveness about completions, start due checks, re-issue or finalize waiting slices.
 
 `Progress` is the one process-wide thread (`PROGRESS`) that waits on the native failure queue and
 the health cadence and calls into its attached owners (engines) through `_handle_failure` and
@@ -28,20 +38,24 @@ import select
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
 from . import _native
-from .abi import FAILURE_DTYPE, Status
+from .abi import ATTEMPT_MASK, FAILURE_DTYPE, HINT_MASK, MAX_ROUNDS, ROUND_SHIFT, Status
 from .batch import BatchHandle
 from .config import EngineConfig
+from .liveness import CheckResult, PeerState
 from .peers import Peer, PeerDirectory, Route
 from .qos import SharedRailLoad
 from .rail_monitor import RailMonitor, RailState
 from .rails import RAILS, Rail
 from .request import LocalBuffer
 from .routing import Router
+from .slice_scheduler import SliceScheduler
+from .telemetry import slowness, stalled
 from .types import OpCode
 
 log = logging.getLogger(__name__)
@@ -50,6 +64,7 @@ HEALTH_TICK_S = 0.01  # telemetry/health cadence of the progress thread
 PROBE_SEGMENT = "_tent_probe"
 PROBE_BYTES = 4096
 _CONGESTED = int(Status.E_CONGESTED)
+_REROUTED = int(Status.E_REROUTED)
 _SHARED_LOAD: Any = None  # the process's SharedRailLoad (False: unavailable)
 
 
@@ -74,6 +89,10 @@ class Recovery:
         self._probe_buffer = probe_buffer
         self._progress = progress
         self._probes: list[tuple[Rail, BatchHandle, float]] = []
+        self._parked: dict[Peer, _PeerWait] = {}  # slices out of paths, per peer (progress thread only)
+        self._waiting: dict[BatchHandle, Peer] = {}  # batches that waited on a peer's outage
+        self._cut: dict[int, int] = {}  # rail slot -> progress stamp of the silence last cut short
+        self._watch = PeerWatch(peers, config.peers.check_timeout_s)
 
     # ---- failed slices --------------------------------------------------------------------------
 
@@ -89,7 +108,8 @@ class Recovery:
         return peer, route
 
     def on_failure(self, handle: BatchHandle, rec: np.void) -> None:
-        """A slice failed with a retryable status: re-issue it elsewhere, or finalize it."""
+        """A slice failed with a retryable status: re-issue it elsewhere, park it until a path comes
+        back, or finalize it (deadline passed, batch cancelled, peer gone)."""
         s = rec["slice"]
         status = int(rec["status"])
         now = time.monotonic()
@@ -99,39 +119,181 @@ class Recovery:
             return
         rail = RAILS.by_slot(int(s["stat_index"]))
         peer, route = self._locate(rail, int(s["peer"]))
-        if route is not None:
+        if route is not None and status != _REROUTED:  # a slice handed back untouched did not fail here
             assert rail is not None
             was = self.monitor.state(rail.slot, now)
             state = self.monitor.on_error(rail.slot, now, congestion=status == _CONGESTED)
             if state == RailState.PAUSED and was != RailState.PAUSED and len(route.rails) > 1:
                 self.abort_rail(route, rail)
-        if batch.cancelled or now >= handle.deadline or peer is None or route is None or rail is None:
+        if batch.cancelled or now >= handle.deadline:
+            if not batch.cancelled:
+                handle._expire()  # the deadline, not this slice's status, is why the batch ends
             batch.fail_slice(status)
+            return
+        if peer is None or route is None or rail is None:
+            who = rail.peer_id if rail is not None else "the peer"
+            self._give_up(handle, status, f"the route to engine {who} went away while the request ran "
+                          "(the peer restarted or was forgotten)")  # fmt: skip
+            return
+        if self._fail_if_dead(handle, peer, now, status):
             return
         local_addr, length = int(s["local_addr"]), int(s["length"])
         decision = handle.decision_for(route, local_addr)
         if decision is None:
-            batch.fail_slice(status)
+            log.warning("no routing decision recorded for a failed slice to %s (local 0x%x)", peer.engine_id, local_addr)
+            self._give_up(handle, status, "internal: no routing decision recorded for a failed slice")
             return
-        attempt = int(s["attempt"]) + 1
-        target = self._next(peer, route, rail, decision, attempt, now)
+        attempt = int(s["attempt"])
+        hints = attempt & HINT_MASK  # the executor hints travel with the retry
+        rounds, retry = attempt >> ROUND_SHIFT, (attempt & ATTEMPT_MASK) + 1
+        target = self._next(peer, route, rail, decision, retry, now)
         if target is None:
-            log.info("slice to %s failed on every path (status %d, attempt %d)", peer.engine_id, status, attempt)
-            self.peers.mark_suspect(peer)  # re-checked before its next request; in-flight work untouched
-            batch.fail_slice(status)
+            log.debug("slice to %s out of paths (status %d, retry %d, round %d): waiting", peer.engine_id, status,
+                      retry, rounds)  # fmt: skip
+            self._park(handle, peer, route, decision, s, status, rounds, f"{route.transport.name} rail {rail.info.index}", now)
             return
         new_route, new_rail = target
-        if new_route is not route:
-            handle.note_route(new_route, decision, local_addr, local_addr + length)
-        new_rail.telemetry.add_pending(length, _native.now_ns())  # spread a burst of retries
+        self._resubmit(handle, new_route, new_rail, decision, int(s["opcode"]), local_addr, int(s["remote_addr"]),
+                       length, _attempt(retry, hints, rounds), route)  # fmt: skip
+
+    def _resubmit(self, handle: BatchHandle, route: Route, rail: Rail, decision: Any, opcode: int, local: int,
+                  remote: int, length: int, attempt: int, was: Route | None) -> None:  # fmt: skip
+        batch = handle._batch
+        if route is not was:
+            handle.note_route(route, decision, local, local + length)
+        rail.telemetry.add_pending(length, _native.now_ns())  # spread a burst of retries
         batch.note_retry()
-        ex = new_route.transport.executor
-        rc = _native.submit_one(
-            ex.ops, ex.handle, batch, int(s["opcode"]), local_addr, int(s["remote_addr"]), length,
-            new_route.link.handle, new_rail.info.index, new_rail.slot, attempt,
-        )
+        ex = route.transport.executor
+        rc = _native.submit_one(ex.ops, ex.handle, batch, opcode, local, remote, length, route.link.handle,
+                                rail.info.index, rail.slot, attempt)  # fmt: skip
         if rc != 0:
-            batch.fail_slice(rc)
+            self._give_up(handle, rc, f"the {route.transport.name} executor refused the retried slice")
+
+    @staticmethod
+    def _give_up(handle: BatchHandle, status: int, why: str) -> None:
+        """Finalize one slice of the batch with `status`; `why` becomes the application's error text
+        (the first reason given for the batch wins)."""
+        if handle.failure_detail is None:
+            handle.failure_detail = why
+        log.info("giving up a slice (status %d): %s", status, why)
+        handle._batch.fail_slice(status)
+
+    def _fail_if_dead(self, handle: BatchHandle, peer: Peer, now: float, status: int) -> bool:
+        """Finalize the slice when its peer's process is known to be gone (True), with the reason.
+        A peer only judged dead from silence keeps the slice waiting for its own deadline."""
+        if not peer.liveness.dead:
+            return False
+        with peer.lock:
+            why = peer.liveness.ends_waiting(now)
+        if why is None:
+            return False
+        self._give_up(handle, status, why)
+        return True
+
+    # ---- slices out of paths: wait with back-off until a path returns or the deadline passes ------
+
+    def _park(self, handle: BatchHandle, peer: Peer, route: Route, decision: Any, s: np.void, status: int,
+              rounds: int, path: str, now: float) -> None:  # fmt: skip
+        with peer.lock:
+            if status != _REROUTED:  # handed back untouched: nothing was tried
+                handle.outage = peer.liveness.on_no_path(now, path, status)
+            elif handle.outage is None:
+                handle.outage = peer.liveness.outage
+        self._waiting[handle] = peer
+        pc = self.config.peers
+        delay = 0.0 if rounds == 0 else min(pc.retry_backoff_cap_s, pc.retry_backoff_base_s * (2 ** (rounds - 1)))
+        wait = self._parked.get(peer)
+        if wait is None:
+            wait = self._parked[peer] = _PeerWait(next_canary=now + pc.retry_backoff_base_s, backoff=pc.retry_backoff_base_s)
+        wait.entries.append(_Parked(handle, route, decision, int(s["opcode"]), int(s["local_addr"]),
+                                    int(s["remote_addr"]), int(s["length"]), status, rounds + 1, int(s["attempt"]) & HINT_MASK, now + delay))  # fmt: skip
+
+    def _watch_deadlines(self, now: float) -> None:
+        """A batch that waited on a peer's outage reached its deadline while the outage went on: the
+        peer's liveness hears of it at once (a silent peer is then remembered as dead), whether the
+        batch's slices are parked or in flight right now."""
+        for handle, peer in list(self._waiting.items()):
+            if handle._batch.remaining == 0 and not handle._deadline_hit:
+                del self._waiting[handle]
+            elif now >= handle.deadline:
+                del self._waiting[handle]
+                outage = handle.outage
+                cancelled_by_app = handle._batch.cancelled and not handle._deadline_hit
+                if outage is not None and outage.ongoing and not cancelled_by_app:
+                    with peer.lock:
+                        if peer.liveness.outage is outage:
+                            peer.liveness.on_deadline(now)
+                    if peer.liveness.dead:
+                        self.peers.on_change()  # cached plans must not send to a dead peer
+
+    def _drive_parked(self, now: float) -> None:
+        """Finalize parked slices whose batch ended or whose peer is gone; re-issue the others when a
+        rail of their route is usable again, else one of them per back-off step (a real-data probe)."""
+        pc = self.config.peers
+        for peer, wait in list(self._parked.items()):
+            keep: list[_Parked] = []
+            for p in wait.entries:
+                batch = p.handle._batch
+                if batch.cancelled or now >= p.handle.deadline:
+                    if not batch.cancelled:
+                        p.handle._expire()  # wait() raises the deadline's error, with the outage it waited on
+                    batch.fail_slice(int(Status.E_CANCELLED))
+                elif peer.retired or peer.routes.get(p.route.transport.name) is not p.route:
+                    self._give_up(p.handle, p.status, f"engine {peer.engine_id} "
+                                  + ("restarted: the memory this request addressed is gone" if peer.restarted
+                                     else "was forgotten while the request waited"))  # fmt: skip
+                elif not self._fail_if_dead(p.handle, peer, now, p.status):
+                    keep.append(p)
+            wait.entries = keep
+            canary = now >= wait.next_canary
+            still: list[_Parked] = []
+            for p in keep:
+                target = self._redrive_target(peer, p, wait, now, canary) if now >= p.not_before else None
+                if target is None:
+                    still.append(p)
+                    continue
+                route, rail, was_canary = target
+                if was_canary:
+                    canary = False
+                    wait.next_canary = now + wait.backoff
+                    with peer.lock:
+                        peer.liveness.on_retry_round(wait.backoff)
+                    wait.backoff = min(pc.retry_backoff_cap_s, wait.backoff * 2)
+                self._resubmit(p.handle, route, rail, p.decision, p.opcode, p.local, p.remote, p.length,
+                               _attempt(0, p.hints, p.rounds), p.route)  # fmt: skip
+            wait.entries = still
+            if not still:
+                del self._parked[peer]
+
+    def _redrive_target(self, peer: Peer, p: _Parked, wait: _PeerWait, now: float, canary: bool) -> tuple[Route, Rail, bool] | None:
+        """A usable rail of the parked slice's route (healthy first), or, for the one canary of this
+        back-off step, the next rail in turn whatever its state. None: keep waiting."""
+        route = p.route
+        rails = [route.rails[i] for i in self.router.allowed_rails(p.decision, route.indices)]
+        if not rails:
+            return None
+        states = [self.monitor.state(r.slot, now) for r in rails]
+        pos = SliceScheduler.pick_retry_rail([r.telemetry for r in rails], -1, states)
+        if pos is not None:
+            wait.backoff = self.config.peers.retry_backoff_base_s  # a path is back: start the back-off over
+            return route, rails[pos], False
+        if not canary:
+            return None
+        wait.turn += 1
+        return route, rails[wait.turn % len(rails)], True
+
+    def parked(self) -> int:
+        """Slices waiting for a path (for tests and introspection)."""
+        return sum(len(w.entries) for w in self._parked.values())
+
+    def close(self) -> None:
+        """The engine closes: waiting slices are cancelled, the peer watch stops."""
+        for wait in self._parked.values():
+            for p in wait.entries:
+                p.handle._batch.fail_slice(int(Status.E_CANCELLED))
+        self._parked.clear()
+        self._waiting.clear()
+        self._watch.close()
 
     def _next(self, peer: Peer, route: Route, failed: Rail, decision: Any, attempt: int, now: float) -> tuple[Route, Rail] | None:
         positions = self.router.allowed_rails(decision, route.indices)
@@ -157,42 +319,78 @@ class Recovery:
     # ---- health -----------------------------------------------------------------------------------
 
     def health_tick(self, now: float) -> None:
-        """Feed telemetry to the rail monitor: completions, stalls, heartbeats of paused rails."""
+        """Feed telemetry to the rail monitor: completions, congestion, stalls, outliers, heartbeats."""
         now_ns = _native.now_ns()
         hc = self.config.health
-        stall_ns = hc.stall_min_s * 1e9
         shared = self._shared_load()
         for peer in self.peers.peers():
+            progressed = False
             for route in list(peer.routes.values()):
-                if len(route.rails) < 2:
-                    continue  # a single rail has nowhere else to go: transport substitution handles it
-                latest = 0
+                tels = []
                 for rail in route.rails:
                     tel = rail.telemetry
                     delta = tel.observe(RAILS.row(rail.slot), now_ns)
+                    tels.append(tel)
                     if shared is not None:
                         self._share_load(shared, rail)
-                    if delta.slices_done and self.monitor.state(rail.slot, now) != RailState.PAUSED:
+                    if delta.slices_done:
+                        # also on a paused rail: a completion is as good as a heartbeat (the monitor
+                        # re-admits it only once its cooldown is over)
+                        progressed = True
                         self.monitor.on_success(rail.slot, now)
-                    latest = max(latest, tel.last_complete_ns)
-                # A rail is stalled when it has work and has completed nothing for stall_min_s while
-                # another rail to the same peer kept completing (so it is the rail, not the peer or
-                # our CPU). Queue-inclusive latencies are not used: under load they are long.
+                    paused = self.monitor.state(rail.slot, now) == RailState.PAUSED
+                    if delta.congestion and not paused:
+                        # one signal per tick: the pieces a rail serves at once stall together
+                        if self.monitor.on_error(rail.slot, now, congestion=True) == RailState.PAUSED:
+                            log.info("rail %s to %s congested: paused", rail.info.name, peer.engine_id)
+                            if len(route.rails) > 1:
+                                self.abort_rail(route, rail, in_flight=False)  # slow, not broken
                 for rail in route.rails:
-                    tel = rail.telemetry
-                    if (
-                        tel.inflight_slices
-                        and tel.stall_s(now_ns) * 1e9 > stall_ns
-                        and now_ns - latest < stall_ns
-                        and self.monitor.state(rail.slot, now) != RailState.PAUSED
-                    ):
-                        log.info("rail %s to %s stalled (%.0f ms without progress): pausing",
-                                 rail.info.name, peer.engine_id, tel.stall_s(now_ns) * 1e3)
-                        self.monitor.pause(rail.slot, now)
-                        self.abort_rail(route, rail)
                     if self.monitor.due_probe(rail.slot, now):
                         self._send_probe(peer, route, rail, now)
+                if len(route.rails) < 2:
+                    continue  # a single rail has no sibling to compare with; its executor's timeout rules
+                for pos in stalled(tels, now_ns, hc.stall_s):
+                    rail = route.rails[pos]
+                    if self.monitor.state(rail.slot, now) == RailState.PAUSED:
+                        continue
+                    log.info("rail %s to %s stalled (%.0f ms serving without progress): pausing",
+                             rail.info.name, peer.engine_id, tels[pos].stall_s(now_ns) * 1e3)
+                    self.monitor.pause(rail.slot, now)
+                    self.abort_rail(route, rail, in_flight=False)  # its queue moves; what it serves may still finish
+                for pos in stalled(tels, now_ns, hc.stall_cut_s):
+                    rail = route.rails[pos]
+                    if self._cut.get(rail.slot) == tels[pos].progress_ns:
+                        continue  # already cut for this silence
+                    self._cut[rail.slot] = tels[pos].progress_ns
+                    log.info("rail %s to %s silent for %.0f ms: cutting what it serves", rail.info.name,
+                             peer.engine_id, tels[pos].stall_s(now_ns) * 1e3)  # fmt: skip
+                    self.monitor.pause(rail.slot, now)
+                    self.abort_rail(route, rail, in_flight=True)
+                slow = slowness(tels, now_ns, hc.outlier_window_s)
+                if len(slow) >= 2:
+                    before = {p: self.monitor.state(route.rails[p].slot, now) for p in slow}
+                    marked = set(self.monitor.check_outliers({route.rails[p].slot: v for p, v in slow.items()}, now))
+                    for p in slow:
+                        rail = route.rails[p]
+                        if rail.slot in marked and before[p] == RailState.HEALTHY:
+                            # its queue was sized for its old rate: hand it back to be re-planned
+                            log.info("rail %s to %s far slower than its siblings: DEGRADED", rail.info.name, peer.engine_id)
+                            self.abort_rail(route, rail, in_flight=False)
+            liveness = peer.liveness
+            if progressed and (liveness.outage is not None or liveness.state is not PeerState.ALIVE):
+                with peer.lock:
+                    liveness.on_progress(now)
+            if liveness.state is not PeerState.ALIVE:
+                with peer.lock:
+                    due = liveness.check_due(now)
+                if due:
+                    self._watch.request(peer)
         self._judge_probes(now)
+        if self._waiting:
+            self._watch_deadlines(now)
+        if self._parked:
+            self._drive_parked(now)
 
     def _judge_probes(self, now: float) -> None:
         hc = self.config.health
@@ -204,6 +402,15 @@ class Recovery:
                     h.cancel()  # the executor's progress timer ends it; stop waiting here
                     self.monitor.on_error(rail.slot, now)
                     continue
+                if now - sent > hc.probe_timeout_s and not h.failure_detail:
+                    # Unanswered: cut it (and whatever else hangs on this paused rail) now, so the
+                    # next heartbeat starts on a fresh connection instead of queueing behind one
+                    # whose packets were lost while the link was down (TCP backs its retransmissions
+                    # off for seconds).
+                    h.failure_detail = "heartbeat unanswered"
+                    route = self._route_of(rail)
+                    if route is not None and self.monitor.state(rail.slot, now) == RailState.PAUSED:
+                        self.abort_rail(route, rail)
                 still.append((rail, h, sent))
             elif b.error == 0:
                 log.debug("heartbeat on rail %s ok after %.1f ms", rail.info.name, (now - sent) * 1e3)
@@ -220,8 +427,7 @@ class Recovery:
         if not bufs or probe is None:
             self.monitor.on_success(rail.slot, now)  # nothing to probe with: re-admit on trust
             return
-        batch = _native.Batch(1)
-        h = BatchHandle(self._owner, batch, now + 10.0, 1)
+        h = batch = BatchHandle(self._owner, 1, now + 10.0, 1)
         h.is_probe = True
         self._progress.track(h)
         ex = route.transport.executor
@@ -231,9 +437,14 @@ class Recovery:
             batch.fail_slice(rc)
         self._probes.append((rail, h, now))
 
-    def abort_rail(self, route: Route, rail: Rail) -> None:
+    def _route_of(self, rail: Rail) -> Route | None:
+        peer = self.peers.lookup(rail.peer_id)
+        route = peer.routes.get(rail.transport) if peer is not None else None
+        return route if route is not None and rail in route.rails else None
+
+    def abort_rail(self, route: Route, rail: Rail, in_flight: bool = True) -> None:
         try:
-            n = route.transport.abort_rail(route.link, rail.info.index)
+            n = route.transport.abort_rail(route.link, rail.info.index, in_flight)
         except Exception:
             log.exception("transport %s failed to abort rail %s", route.transport.name, rail.info.name)
             return
@@ -267,6 +478,95 @@ class Recovery:
                 log.warning("shared rail load table unavailable (%s); each process sees only its own load", exc)
                 _SHARED_LOAD = False
         return _SHARED_LOAD or None
+
+
+def _attempt(retry: int, hints: int, rounds: int) -> int:
+    """A slice's `attempt` field (abi.py): its retries in a row (what the Router limits), the
+    executor hints of its request, and the times it waited for a path (its back-off step)."""
+    return (min(rounds, MAX_ROUNDS) << ROUND_SHIFT) | hints | min(retry, ATTEMPT_MASK)
+
+
+@dataclass(eq=False)
+class _Parked:
+    """A slice that found no usable path, waiting to be re-issued."""
+
+    handle: BatchHandle
+    route: Route
+    decision: Any
+    opcode: int
+    local: int
+    remote: int
+    length: int
+    status: int  # its last failure
+    rounds: int  # times it waited so far (this one included)
+    hints: int  # executor hints of its request (abi.HINT_MASK bits)
+    not_before: float  # its own back-off: a slice that keeps failing waits longer each time
+
+
+@dataclass(eq=False)
+class _PeerWait:
+    next_canary: float
+    backoff: float
+    entries: list[_Parked] = field(default_factory=list)
+    turn: int = 0  # canaries rotate over the rails
+
+
+class PeerWatch:
+    """Runs the peer directory's liveness checks (blocking: a TCP connect and a describe, each
+    bounded) on one daemon thread per engine, off the progress thread and the submit path, and
+    feeds the results to each peer's `PeerLiveness`."""
+
+    def __init__(self, peers: PeerDirectory, timeout: float) -> None:
+        self._peers = peers
+        self._timeout = timeout
+        self._cv = threading.Condition()
+        self._queue: list[Peer] = []
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    def request(self, peer: Peer) -> None:
+        with self._cv:
+            if self._stop:
+                with peer.lock:
+                    peer.liveness.check_lost(time.monotonic())
+                return
+            if peer not in self._queue:
+                self._queue.append(peer)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="tent-peer-watch", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._stop:
+                    self._cv.wait()
+                if self._stop:
+                    return
+                peer = self._queue.pop(0)
+            try:
+                result, detail = self._peers.check(peer, self._timeout)
+            except Exception as exc:  # a check must never kill the watch
+                log.exception("liveness check of %s failed", peer.engine_id)
+                result, detail = CheckResult.NO_ANSWER, f"check failed: {type(exc).__name__}: {exc}"
+            with peer.lock:
+                was = peer.liveness.state
+                peer.liveness.on_check(time.monotonic(), result, detail)
+                now_state = peer.liveness.state
+            if now_state is not was:
+                if PeerState.DEAD in (was, now_state):
+                    self._peers.on_change()  # cached plans must not send to a dead peer (nor skip a revived one)
+                level = logging.WARNING if PeerState.DEAD in (was, now_state) else logging.DEBUG
+                log.log(level, "engine %s: %s -> %s (%s: %s)", peer.engine_id, was.value, now_state.value, result.value, detail)
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=self._timeout * 3 + 1)
 
 
 class ProgressClient(Protocol):
@@ -305,6 +605,11 @@ class Progress:
                 while self._busy is owner:
                     self._cv.wait()
 
+    @property
+    def inflight(self) -> dict[int, BatchHandle]:
+        """token -> handle of batches with slices out; the native fast path adds its batches here."""
+        return self._inflight
+
     def track(self, handle: BatchHandle) -> None:
         self._inflight[handle._batch.token] = handle
 
@@ -340,8 +645,10 @@ class Progress:
                 owner = handle.engine
                 if not self._call(owner, owner._handle_failure, handle, rec):
                     handle._batch.fail_slice(status)  # its engine is closed: nothing retries it
-            except Exception:
+            except Exception as exc:
                 log.exception("retry handling failed")
+                if handle.failure_detail is None:
+                    handle.failure_detail = f"internal error while retrying: {type(exc).__name__}: {exc}"
                 try:
                     handle._batch.fail_slice(status)
                 except RuntimeError:
@@ -390,7 +697,9 @@ class Progress:
             for tok, h in self._inflight_snapshot():
                 if h._batch.remaining == 0:
                     self._inflight.pop(tok, None)
-                elif now > h.deadline and not h._batch.cancelled:
+                    continue
+                h._batch.kick()  # work an executor left to a waiter goes on even if nobody waits
+                if now > h.deadline and not h._batch.cancelled:
                     h._expire()  # nobody waits on it: stop its slices anyway
                 elif now > h.deadline + 60:
                     log.error("batch %x still has %d slices a minute past its deadline", tok, h._batch.remaining)
@@ -398,4 +707,4 @@ class Progress:
 
 PROGRESS = Progress()
 
-__all__ = ["HEALTH_TICK_S", "PROBE_BYTES", "PROBE_SEGMENT", "PROGRESS", "Progress", "Recovery"]
+__all__ = ["HEALTH_TICK_S", "PROBE_BYTES", "PROBE_SEGMENT", "PROGRESS", "PeerWatch", "Progress", "Recovery"]

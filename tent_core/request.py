@@ -37,9 +37,11 @@ class LocalBuffer:
     registered: bool = True
 
 
-@dataclass
+@dataclass(slots=True)
 class Request:
-    """One intent. `local` is a buffer returned by Engine.register/allocate."""
+    """One intent. `local` is a buffer returned by Engine.register/allocate.
+
+    Slotted: the engine's native submit path reads the fields at their slot offsets."""
 
     op: OpCode
     local: LocalBuffer

@@ -9,6 +9,8 @@ register/unregister). It knows transports only through the `Transport` interface
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import os
 import threading
@@ -31,11 +33,18 @@ FILE_BASE = 1 << 56
 FILE_STRIDE = 1 << 44
 
 
+_EPOCHS = itertools.count(1)
+
+
 @dataclass
 class LocalSegment:
     name: str
-    buffers: list[LocalBuffer] = field(default_factory=list)
+    buffers: list[LocalBuffer] = field(default_factory=list)  # in offset order (registration order)
     next_offset: int = 0
+    # moves on whenever a buffer leaves the segment (and differs for every incarnation of a
+    # segment name): a peer that read the segment at this epoch only misses buffers registered
+    # since, i.e. those at or past the end it saw (see `LocalSegments.describe_segment`)
+    epoch: int = field(default_factory=lambda: next(_EPOCHS))
 
 
 class LocalSegments:
@@ -151,6 +160,7 @@ class LocalSegments:
             if seg is None or buf not in seg.buffers:
                 raise errors.NotRegisteredError(f"buffer at {buf.addr:#x} is not registered with {self.engine_id}")
             seg.buffers.remove(buf)
+            seg.epoch = next(_EPOCHS)
             if not seg.buffers:
                 del self._segments[buf.segment]
             buf.registered = False
@@ -169,20 +179,26 @@ class LocalSegments:
     def table(self) -> dict[str, list[dict[str, Any]]]:
         """The segment table peers read through `describe`."""
         with self._lock:
-            return {
-                name: [
-                    {
-                        "offset": b.offset,
-                        "addr": b.addr,
-                        "length": b.length,
-                        "perm": int(b.perm),
-                        "kind": b.kind.value,
-                        "desc": b.info.extra.get("desc", {}) if b.info else {},
-                    }
-                    for b in seg.buffers
-                ]
-                for name, seg in self._segments.items()
-            }
+            return {name: [_entry(b) for b in seg.buffers] for name, seg in self._segments.items()}
+
+    def snapshot(self) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
+        """The segment table and each segment's epoch, read together."""
+        with self._lock:
+            return self.table(), {name: seg.epoch for name, seg in self._segments.items()}
+
+    def describe_segment(self, name: str, epoch: int = 0, from_offset: int = 0) -> dict[str, Any] | None:
+        """One segment for a peer that may know part of it: when it read it at `epoch` (nothing
+        left the segment since), only the buffers at or past `from_offset` (registered since);
+        otherwise all of them. None when there is no such segment. O(new buffers), so the first
+        request after a registration costs the same however many buffers the segment holds."""
+        with self._lock:
+            seg = self._segments.get(name)
+            if seg is None:
+                return None
+            since = epoch == seg.epoch
+            bufs = seg.buffers
+            start = bisect.bisect_left(bufs, from_offset, key=lambda b: b.offset) if since else 0
+            return {"epoch": seg.epoch, "incremental": since, "buffers": [_entry(b) for b in bufs[start:]]}
 
     def close(self) -> None:
         """Forget every buffer (the transports are closed already: nothing to release there)."""
@@ -193,6 +209,17 @@ class LocalSegments:
             for b in seg.buffers:
                 b.registered = False
                 _free(b)
+
+
+def _entry(b: LocalBuffer) -> dict[str, Any]:
+    return {
+        "offset": b.offset,
+        "addr": b.addr,
+        "length": b.length,
+        "perm": int(b.perm),
+        "kind": b.kind.value,
+        "desc": b.info.extra.get("desc", {}) if b.info else {},
+    }
 
 
 def _free(buf: LocalBuffer) -> None:

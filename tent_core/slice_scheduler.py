@@ -95,9 +95,11 @@ class SliceScheduler:
             cand = [i for i in range(n) if weights[i] > 0]
         if not cand:
             raise NoRailError("no usable rail (all paused or excluded)")
-        if self.qos is not None and priority > 0 and len(cand) > 1:
+        if self.qos is not None and len(cand) > 1:
             t = time.monotonic_ns() if now_ns is None else now_ns
-            cand = self.qos.admitted(n, priority, t, cand)
+            self.qos.note(priority, t)
+            if priority > 0:
+                cand = self.qos.admitted(n, priority, t, cand)
         return cand
 
     def plan(

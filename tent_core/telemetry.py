@@ -5,6 +5,12 @@ The native completion path keeps, per rail, a row of cumulative int64 counters w
 
     inflight_bytes, inflight_slices, bytes_done, slices_done, errors,
     latency_ns_sum, last_latency_ns, last_complete_ns      (CLOCK_MONOTONIC ns)
+    serving, progress_ns, bytes_moved, congestion          (service telemetry, from host->note)
+
+`inflight` counts slices from submit to completion, queue included; `serving` counts the pieces an
+executor is working on right now and `progress_ns` stamps the last byte moved (or service start).
+Stall detection uses only the latter: a rail is stalled when it serves something and nothing moved
+for a while, never because slices wait in a queue (a deep queue is load, not a fault).
 
 `RailTelemetry.observe(row, now_ns)` turns successive snapshots of that row into the quantities the
 cost model of the paper (section 4.2, eq. 1) needs:
@@ -23,14 +29,15 @@ rail can carry (each is conservative for a different reason, so the largest is t
   too low when slices queue behind each other;
 * Little's law, min(inflight before, inflight after) / tau: right when slices queue (latency includes
   the queue), kept conservative by using the smaller of the two inflight snapshots;
-* goodput, (bytes completed - bytes that were already in flight) / dt: bytes surely moved inside
-  the interval.
+* goodput while busy: bytes moved during intervals the rail was serving the whole time (counted as
+  they move when the executor reports progress, else at completion), over those intervals.
 
 Within a measurement window the largest sample is kept (the "cleanest path condition": application
 load and idle gaps only ever make samples smaller), clamped to the nominal rate when it is known, and
 the window peaks are EWMA-smoothed. A rail that stops completing anything produces no samples, so
 its estimate does not move; its queue A grows instead and with it its cost, and `is_stalled` says so
-explicitly (a downed veth gives no socket error: traffic just stops).
+explicitly (a downed veth gives no socket error: traffic just stops). `service_rate_Bps` is the rate
+of the last window in which the rail was busy serving, for comparing a rail with its siblings.
 """
 
 from __future__ import annotations
@@ -49,6 +56,10 @@ SLICES_DONE = int(StatField.SLICES_DONE)
 ERRORS = int(StatField.ERRORS)
 LATENCY_NS_SUM = int(StatField.LATENCY_NS_SUM)
 LAST_COMPLETE_NS = int(StatField.LAST_COMPLETE_NS)
+SERVING = int(StatField.SERVING)
+PROGRESS_NS = int(StatField.PROGRESS_NS)
+BYTES_MOVED = int(StatField.BYTES_MOVED)
+CONGESTION = int(StatField.CONGESTION)
 ROW_FIELDS = STAT_FIELDS
 
 _NS = 1e-9
@@ -60,6 +71,7 @@ class Delta(NamedTuple):
     bytes_done: int
     slices_done: int
     errors: int
+    congestion: int = 0  # congestion events the executor reported (soft: the slices went on)
 
 
 class RailTelemetry:
@@ -85,7 +97,13 @@ class RailTelemetry:
         "slices_done",
         "errors",
         "last_complete_ns",
-        "busy_since_ns",
+        "serving",
+        "progress_ns",
+        "bytes_moved",
+        "service_rate_Bps",
+        "service_rate_ns",
+        "_prev_service",
+        "_reports_service",
         "_b0",
         "_b1",
         "_alpha",
@@ -138,7 +156,13 @@ class RailTelemetry:
         self.slices_done = 0
         self.errors = 0
         self.last_complete_ns = 0
-        self.busy_since_ns = 0
+        self.serving = 0
+        self.progress_ns = 0
+        self.bytes_moved = 0
+        self.service_rate_Bps = 0.0  # rate of the last busy window (0: none yet)
+        self.service_rate_ns = 0  # when it was measured
+        self._prev_service = (0.0, 0)  # the busy window before that: (rate, ns)
+        self._reports_service = False  # the executor reports host->note (service telemetry)
         self._pending_ns = 0
         self._prev: tuple[int, ...] | None = None
         self._prev_ns = 0
@@ -169,6 +193,8 @@ class RailTelemetry:
         Returns what completed / failed since the previous snapshot.
         """
         cur = tuple(int(x) for x in row[:ROW_FIELDS])
+        if len(cur) < ROW_FIELDS:  # a row from before the service fields (synthetic in tests)
+            cur += (0,) * (ROW_FIELDS - len(cur))
         infl_b = cur[INFLIGHT_BYTES]
         prev = self._prev
         self.inflight_bytes = infl_b
@@ -177,21 +203,23 @@ class RailTelemetry:
         self.slices_done = cur[SLICES_DONE]
         self.errors = cur[ERRORS]
         self.last_complete_ns = cur[LAST_COMPLETE_NS]
+        self.serving = cur[SERVING]
+        self.progress_ns = cur[PROGRESS_NS]
+        self.bytes_moved = cur[BYTES_MOVED]
+        if cur[PROGRESS_NS]:
+            self._reports_service = True
         if prev is None:
             self._prev = cur
             self._prev_ns = now_ns
             self._window_start_ns = now_ns
-            if infl_b > 0:
-                self.busy_since_ns = now_ns
             return Delta(0, 0, 0)
 
         d_bytes = cur[BYTES_DONE] - prev[BYTES_DONE]
         d_slices = cur[SLICES_DONE] - prev[SLICES_DONE]
         d_errors = cur[ERRORS] - prev[ERRORS]
+        d_congestion = cur[CONGESTION] - prev[CONGESTION]
         d_lat = cur[LATENCY_NS_SUM] - prev[LATENCY_NS_SUM]
         prev_infl = prev[INFLIGHT_BYTES]
-        if prev_infl <= 0 and infl_b > 0:
-            self.busy_since_ns = now_ns
 
         # Reconcile the scheduler's own not-yet-seen assignments with what the executor accounted.
         if self.pending_bytes:
@@ -212,9 +240,15 @@ class RailTelemetry:
             if sample > self._peak:
                 self._peak = sample
         # While the rail stays busy the whole interval, what it delivered is its capacity: this is
-        # the estimate that holds under deep queues, where queue-inclusive latencies mislead.
+        # the estimate that holds under deep queues, where queue-inclusive latencies mislead. With
+        # service telemetry, "busy" means serving and bytes count as they move, so a slow rail shows
+        # its rate within one window even when its slices take longer than that.
         dt = now_ns - self._prev_ns
-        if prev_infl > 0 and infl_b > 0 and dt > 0:
+        if self._reports_service:
+            if prev[SERVING] > 0 and cur[SERVING] > 0 and dt > 0:
+                self._busy_bytes += cur[BYTES_MOVED] - prev[BYTES_MOVED]
+                self._busy_ns += dt
+        elif prev_infl > 0 and infl_b > 0 and dt > 0:
             self._busy_bytes += d_bytes
             self._busy_ns += dt
 
@@ -222,13 +256,16 @@ class RailTelemetry:
             self._roll_window(now_ns)
         self._prev = cur
         self._prev_ns = now_ns
-        return Delta(d_bytes, d_slices, d_errors)
+        return Delta(d_bytes, d_slices, d_errors, d_congestion)
 
     def _roll_window(self, now_ns: int) -> None:
         peak = self._peak
         window = now_ns - self._window_start_ns
-        if self._busy_ns * 2 >= window > 0 and self._busy_bytes > 0:
+        if self._busy_ns * 2 >= window > 0:
             busy_rate = self._busy_bytes / (self._busy_ns * _NS)
+            self._prev_service = (self.service_rate_Bps, self.service_rate_ns)
+            self.service_rate_Bps = busy_rate
+            self.service_rate_ns = now_ns
             if busy_rate > peak:
                 peak = busy_rate
         self._busy_bytes = 0
@@ -270,15 +307,31 @@ class RailTelemetry:
         return (self._b0 + self._b1 * (a + extra_bytes) / self.bandwidth_Bps) * self.penalty
 
     def stall_s(self, now_ns: int) -> float:
-        """Seconds this rail has had work in flight without completing anything (0 when idle)."""
-        if self.inflight_slices <= 0 and self.inflight_bytes <= 0:
-            return 0.0
-        ref = max(self.last_complete_ns, self.busy_since_ns)
-        return max(0.0, (now_ns - ref) * _NS)
+        """Seconds this rail has been serving work without moving a byte (0 when it serves nothing).
 
-    def is_stalled(self, now_ns: int, min_s: float = 0.05, factor: float = 8.0) -> bool:
-        """True if the rail looks dead: busy and silent for max(min_s, factor x typical latency)."""
-        return self.stall_s(now_ns) > max(min_s, factor * self.latency_s)
+        Time slices spend queued is not counted: only an executor's service telemetry (host->note)
+        says a rail is serving. For an executor that does not report it, 0: its own progress
+        timeout is what fails a dead rail's slices."""
+        if self.serving <= 0 or not self.progress_ns:
+            return 0.0
+        return max(0.0, (now_ns - self.progress_ns) * _NS)
+
+    def is_stalled(self, now_ns: int, min_s: float) -> bool:
+        """True if the rail looks dead: serving and silent for longer than `min_s`."""
+        return self.stall_s(now_ns) > min_s
+
+    def normalized_rate(self, now_ns: int, max_age_ns: int) -> float | None:
+        """The rail's recent service rate as a fraction of its nominal rate (bytes/s when the nominal
+        is unknown), or None when it was not busy within `max_age_ns`: nothing fresh to judge by.
+        The better of its last two busy windows counts, so one window in which its threads were
+        not scheduled does not make a healthy rail look slow."""
+        if not self.service_rate_ns or now_ns - self.service_rate_ns > max_age_ns:
+            return None
+        rate = self.service_rate_Bps
+        prev_rate, prev_ns = self._prev_service
+        if prev_ns and now_ns - prev_ns <= max_age_ns:
+            rate = max(rate, prev_rate)
+        return rate / self._nominal_Bps if self._nominal_Bps else rate
 
     def __repr__(self) -> str:
         return (
@@ -287,4 +340,29 @@ class RailTelemetry:
         )
 
 
-__all__ = ["ROW_FIELDS", "Delta", "RailTelemetry"]
+def stalled(rails: Sequence[RailTelemetry], now_ns: int, stall_s: float) -> list[int]:
+    """Positions of the rails (siblings: one peer, one transport) that serve work but moved no byte
+    for `stall_s` while some sibling moved bytes within that time. When every rail is silent the
+    peer (or our own CPU) is the suspect, not a rail: nothing is returned, the executors' progress
+    timeouts and the peer's liveness checks take over."""
+    limit_ns = stall_s * 1e9
+    out = [i for i, r in enumerate(rails) if r.serving > 0 and r.progress_ns and now_ns - r.progress_ns > limit_ns]
+    if not out:
+        return out
+    alive = any(now_ns - r.progress_ns <= limit_ns for i, r in enumerate(rails) if i not in out and r.progress_ns)
+    return out if alive else []
+
+
+def slowness(rails: Sequence[RailTelemetry], now_ns: int, window_s: float) -> dict[int, float]:
+    """For `RailMonitor.check_outliers`: position -> 1 / (recent service rate as a fraction of the
+    nominal rate), for the rails measured within `window_s`; a rail that moved nothing while serving
+    is infinitely slow."""
+    out: dict[int, float] = {}
+    for i, r in enumerate(rails):
+        rate = r.normalized_rate(now_ns, int(window_s * 1e9))
+        if rate is not None:
+            out[i] = 1.0 / rate if rate > 0 else float("inf")
+    return out
+
+
+__all__ = ["ROW_FIELDS", "Delta", "RailTelemetry", "slowness", "stalled"]

@@ -133,6 +133,9 @@ class FaultyTransport(Transport):
     def disconnect(self, link: PeerLink) -> None:
         self.inner.disconnect(link)
 
+    def abort_rail(self, link: PeerLink, rail: int, in_flight: bool = True) -> int:
+        return self.inner.abort_rail(link, rail, in_flight)
+
     def close(self) -> None:
         if self._executor is not None:
             self._executor.close()

@@ -121,6 +121,10 @@ class Transport(abc.ABC):
     # On a single rail, requests longer than this are cut into slices of this size so the
     # executor can run them in parallel (0 = hand the executor whole requests; it may split).
     split_bytes: int = 0
+    # Slices up to this long may be run (a copy) or sent (a network request) on the submitting
+    # thread, through the executor's optional submit_inline (executor_abi.h): no hand-off to a
+    # worker, no wake-up on the critical path. 0 = never. Ignored when the executor lacks it.
+    inline_bytes: int = 0
 
     @abc.abstractmethod
     def probe(self) -> Availability:
@@ -169,10 +173,11 @@ class Transport(abc.ABC):
         """What `link` refuses by itself (see :class:`AccessControl`); everything by default."""
         return AccessControl()
 
-    def abort_rail(self, link: PeerLink, rail: int) -> int:
-        """The engine paused this rail (it looks dead): fail its queued and in-flight slices now
-        with a retryable status so they are re-routed, instead of each waiting out a timeout.
-        Optional; returns how many queued slices were handed back."""
+    def abort_rail(self, link: PeerLink, rail: int, in_flight: bool = True) -> int:
+        """The engine paused this rail: hand its queued slices back now (status E_REROUTED, so they
+        are re-routed untouched) and, with `in_flight`, cut the ones being served short with a
+        retryable status instead of each waiting out a timeout. Optional; returns how many queued
+        slices were handed back."""
         return 0
 
     def handle_control(self, body: Any) -> dict[str, Any]:

@@ -86,7 +86,8 @@ def main() -> None:
     size = int(sys.argv[1]) if len(sys.argv) > 1 else 8 << 20
     cfg = json.loads(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] else None
     transports = sys.argv[3].split(",") if len(sys.argv) > 3 and sys.argv[3] else None
-    eng = Engine(cfg, transports=transports)
+    port = int(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[4] else 0  # a restarted peer keeps its engine id
+    eng = Engine(cfg, port=port, transports=transports)
     bufs = {
         "rw": eng.allocate(size, segment="rw", perm=READ_WRITE),
         "ro": eng.allocate(size, segment="ro", perm=READ_ONLY),

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,10 @@ class Peer:
     """A remote engine in its own process (tests/peer_process.py)."""
 
     def __init__(self, size: int = 8 << 20, config: dict[str, Any] | None = None, transports: list[str] | None = None,
-                 env: dict[str, str] | None = None, preexec_fn: Any = None, stderr: Any = None) -> None:
-        argv = [sys.executable, str(HERE / "peer_process.py"), str(size), json.dumps(config) if config else "", ",".join(transports or [])]
+                 env: dict[str, str] | None = None, preexec_fn: Any = None, stderr: Any = None,
+                 port: int = 0) -> None:  # fmt: skip
+        argv = [sys.executable, str(HERE / "peer_process.py"), str(size), json.dumps(config) if config else "",
+                ",".join(transports or []), str(port)]  # fmt: skip
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                                      preexec_fn=preexec_fn, stderr=stderr)
         self.pid = self.proc.pid
@@ -48,6 +51,15 @@ class Peer:
     def digest(self, segment: str, offset: int, length: int) -> str:
         return self.call(cmd="digest", segment=segment, offset=offset, length=length)["sha"]
 
+    def stop(self) -> None:
+        """SIGSTOP, and wait until the kernel has really stopped the process (delivery is
+        asynchronous: a transfer started right after the signal could otherwise still be served)."""
+        self.proc.send_signal(signal.SIGSTOP)
+        wait_stopped(self.proc.pid)
+
+    def cont(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
@@ -62,6 +74,17 @@ class Peer:
                 self.proc.wait(timeout=10)
             except Exception:
                 self.kill()
+
+
+def wait_stopped(pid: int, timeout: float = 10.0) -> None:
+    """Block until process `pid` is in state T (stopped), or raise."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                return
+        time.sleep(0.005)
+    raise TimeoutError(f"process {pid} did not stop")
 
 
 def sha(data: Any) -> str:

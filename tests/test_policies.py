@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tent_core.config import EngineConfig, QosConfig, RailHealthConfig, SchedulerConfig, load_config
-from tent_core.qos import PrioritySlots, PromotionQueue, SharedRailLoad
+from tent_core.qos import PrioritySlots, SharedRailLoad
 from tent_core.rail_monitor import RailMonitor, RailState
 from tent_core.slice_scheduler import NoRailError, SliceScheduler
-from tent_core.telemetry import RailTelemetry
+from tent_core.telemetry import RailTelemetry, slowness, stalled
 from tent_core.types import Priority
 
 KiB = 1024
@@ -24,8 +24,10 @@ GBIT = 1e9
 MS = 1_000_000  # ns
 
 
-def row(inflight_b=0, inflight_s=0, done_b=0, done_s=0, errors=0, lat_sum=0, last_lat=0, last_done=0):
-    return [inflight_b, inflight_s, done_b, done_s, errors, lat_sum, last_lat, last_done]
+def row(inflight_b=0, inflight_s=0, done_b=0, done_s=0, errors=0, lat_sum=0, last_lat=0, last_done=0,
+        serving=0, progress=0, moved=0, congestion=0):
+    return [inflight_b, inflight_s, done_b, done_s, errors, lat_sum, last_lat, last_done,
+            serving, progress, moved, congestion]
 
 
 def rails_at(*gbits: float, cfg: SchedulerConfig | None = None) -> list[RailTelemetry]:
@@ -48,7 +50,7 @@ def test_config_defaults_match_design():
     assert c.scheduler.min_slice_bytes == 64 * KiB and c.scheduler.max_slices_per_request == 64
     assert c.scheduler.gamma == 0.1 and c.scheduler.probe_every == 100
     assert c.scheduler.tier_penalties == (1.0, 5.0, 10.0) and c.scheduler.policy == "spray"
-    assert c.qos.rotation_interval_us == 200 and c.qos.promotion_timeout_us == 10_000
+    assert c.qos.rotation_interval_us == 200 and c.qos.active_window_us == 1_000_000
     assert c.health.error_threshold == 3 and c.health.congestion_multiplier == 2 and c.health.error_window_s == 10
     assert c.health.degraded_weight == 0.5
     assert c.request_deadline_s == 30 and c.max_retries_per_slice == 8 and c.max_transport_failovers == 3
@@ -66,11 +68,11 @@ def test_load_config_dict_toml_env(tmp_path):
     p = tmp_path / "tent.toml"
     p.write_text("request_deadline_s = 5\n[health]\ncooldown_base_s = 0.3\n[scheduler]\ntier_penalties = [1, 2]\n")
     env = {"TENT_SCHEDULER_GAMMA": "0.25", "TENT_HEALTH_ERROR_THRESHOLD": "5", "TENT_SLICE_TIMEOUT_S": "1.5",
-           "TENT_QOS_PROMOTION_PER_ENTRY": "false", "TENT_SCHEDULER_TIER_PENALTIES": "1,3,9", "TENT_UNRELATED": "x"}  # fmt: skip
+           "TENT_QOS_ACTIVE_WINDOW_US": "0", "TENT_SCHEDULER_TIER_PENALTIES": "1,3,9", "TENT_UNRELATED": "x"}  # fmt: skip
     c = load_config(p, env=env)
     assert c.request_deadline_s == 5.0 and c.health.cooldown_base_s == 0.3
     assert c.scheduler.gamma == 0.25 and c.health.error_threshold == 5 and c.slice_timeout_s == 1.5
-    assert c.qos.promotion_per_entry is False and c.scheduler.tier_penalties == (1.0, 3.0, 9.0)
+    assert c.qos.active_window_us == 0 and c.scheduler.tier_penalties == (1.0, 3.0, 9.0)
     assert load_config(None, env={"TENT_CONFIG": str(p)}).request_deadline_s == 5.0
     with pytest.raises(KeyError):
         load_config({"scheduler": {"gamaa": 1}}, env={})
@@ -143,12 +145,110 @@ def test_telemetry_pending_reconcile_errors_and_stall():
     assert r.pending_bytes == 1 * MiB and d.errors == 0
     d = r.observe(row(inflight_b=2 * MiB, inflight_s=2, errors=2), 3 * MS)
     assert d.errors == 2
-    # stall: busy since 2 ms, nothing completes
-    assert not r.is_stalled(30 * MS, min_s=0.05)
-    assert r.is_stalled(60 * MS, min_s=0.05)
+    # queued work that no executor serves yet is load, never a stall, however long it waits
+    assert r.stall_s(10_000 * MS) == 0.0 and not r.is_stalled(10_000 * MS, min_s=0.05)
     # pending forgotten after its TTL even if never reconciled
     r.observe(row(inflight_b=2 * MiB, inflight_s=2, errors=2), 2 * 1_000 * MS)
     assert r.pending_bytes == 0
+
+
+def test_stall_is_time_without_progress_while_served():
+    r = RailTelemetry(0, 1 * GBIT)
+    t0 = 1_000 * MS
+    r.observe(row(inflight_b=8 * MiB, inflight_s=8), t0)
+    # two pieces in service since t0; bytes keep moving: never stalled, however long the slices take
+    for k in range(1, 40):
+        t = t0 + k * 10 * MS
+        r.observe(row(inflight_b=8 * MiB, inflight_s=8, serving=2, progress=t - MS, moved=k * 100_000), t)
+        assert not r.is_stalled(t, min_s=0.05)
+    # then nothing moves: stalled once the silence exceeds the limit, counted from the last byte
+    last = t0 + 39 * 10 * MS - MS
+    r.observe(row(inflight_b=8 * MiB, inflight_s=8, serving=2, progress=last, moved=39 * 100_000), last + 40 * MS)
+    assert not r.is_stalled(last + 40 * MS, min_s=0.05)
+    assert r.is_stalled(last + 60 * MS, min_s=0.05)
+    assert r.stall_s(last + 60 * MS) == pytest.approx(0.060)
+    # nothing in service (all queued or idle): not stalled
+    r.observe(row(inflight_b=8 * MiB, inflight_s=8, serving=0, progress=last, moved=39 * 100_000), last + 70 * MS)
+    assert not r.is_stalled(last + 500 * MS, min_s=0.05)
+
+
+def _serving(tel: RailTelemetry, t: int, progress: int, moved: int = 0, serving: int = 2) -> None:
+    tel.observe(row(inflight_b=4 * MiB, inflight_s=4, serving=serving, progress=progress, moved=moved), t)
+
+
+def test_stalled_needs_a_sibling_that_moves():
+    rails = rails_at(1, 1, 1)
+    t = 10_000 * MS
+    for r in rails:
+        _serving(r, t - 500 * MS, t - 500 * MS)
+    _serving(rails[0], t, t - 150 * MS)  # silent 150 ms
+    _serving(rails[1], t, t - 2 * MS)  # moving
+    _serving(rails[2], t, t - 30 * MS)  # a short gap is not a stall
+    assert stalled(rails, t, 0.1) == [0]
+    # every rail silent: the peer (or our CPU) is suspect, not a rail
+    _serving(rails[1], t, t - 150 * MS)
+    _serving(rails[2], t, t - 150 * MS)
+    assert stalled(rails, t, 0.1) == []
+    # a rail with nothing in service is never stalled (queued work is load)
+    _serving(rails[0], t, t - 900 * MS, serving=0)
+    _serving(rails[1], t, t - 1 * MS)
+    _serving(rails[2], t, t - 1 * MS)
+    assert stalled(rails, t, 0.1) == []
+
+
+def test_slowness_from_fresh_service_rates_only():
+    cfg = SchedulerConfig(bandwidth_window_s=0.05, ewma_alpha=1.0)
+    rails = rails_at(1, 1, 2, 1, cfg=cfg)
+    rates = [125e6, 120e6, 250e6, 6e6]  # rail 2 is a 2 Gbit/s rail at full rate; rail 3 is at ~5%
+    for r in rails:
+        _serving(r, 0, 1)
+    for k in range(1, 11):
+        t = k * 10 * MS
+        for r, rate in zip(rails[:3], rates[:3], strict=True):
+            _serving(r, t, t, moved=int(rate * t / 1e9))
+        if k <= 5:
+            _serving(rails[3], t, t, moved=int(rates[3] * t / 1e9))
+    slow = slowness(rails, 100 * MS, 1.0)
+    assert slow[0] == pytest.approx(1.0, rel=0.05) and slow[2] == pytest.approx(1.0, rel=0.05)
+    assert slow[3] == pytest.approx(125 / 6, rel=0.05)
+    m = RailMonitor(RailHealthConfig(outlier_ratio=4.0))
+    assert m.check_outliers(slow, 0.1) == [3]
+    assert slowness(rails, 5_000 * MS, 1.0) == {}  # nothing measured within the last second
+
+
+def test_one_slow_window_is_not_an_outlier():
+    """A healthy rail whose threads were not scheduled for one window keeps its rate; a rail slow
+    for two windows in a row is slow."""
+    cfg = SchedulerConfig(bandwidth_window_s=0.05, ewma_alpha=1.0)
+    r = RailTelemetry(0, 1 * GBIT, config=cfg)
+    moved, t = 0, 0
+    _serving(r, t, 1)
+    for rate in (125e6, 125e6, 3e6):  # two 50 ms windows at full rate, then one nearly idle
+        for _ in range(5):
+            t += 10 * MS
+            moved += int(rate * 0.01)
+            _serving(r, t, t, moved=moved)
+    assert r.normalized_rate(t, 1_000 * MS) == pytest.approx(1.0, rel=0.05)
+    for _ in range(5):  # slow again: now it is slow
+        t += 10 * MS
+        moved += int(3e6 * 0.01)
+        _serving(r, t, t, moved=moved)
+    assert r.normalized_rate(t, 1_000 * MS) == pytest.approx(0.024, rel=0.1)
+
+
+def test_service_rate_counts_bytes_as_they_move():
+    """A slow rail shows its rate within one window even though none of its slices completes."""
+    cfg = SchedulerConfig(bandwidth_window_s=0.05, ewma_alpha=1.0)
+    r = RailTelemetry(0, 1 * GBIT, config=cfg)  # nominal 125 MB/s
+    r.observe(row(inflight_b=8 * MiB, inflight_s=8, serving=4, progress=1), 0)
+    rate = 6.25e6  # the rail runs at 5%
+    for k in range(1, 11):
+        t = k * 10 * MS
+        r.observe(row(inflight_b=8 * MiB, inflight_s=8, serving=4, progress=t, moved=int(rate * t / 1e9)), t)
+    assert r.service_rate_Bps == pytest.approx(rate, rel=0.02)
+    assert r.normalized_rate(100 * MS, 1_000 * MS) == pytest.approx(0.05, rel=0.02)
+    assert r.normalized_rate(2_000 * MS, 1_000 * MS) is None  # stale: nothing to judge by
+    assert r.bandwidth_Bps == pytest.approx(rate, rel=0.02)
 
 
 # ---- slice scheduler -----------------------------------------------------------------------------
@@ -295,14 +395,22 @@ def test_baseline_policies():
 def test_qos_filter_in_plan():
     slots = PrioritySlots(QosConfig(rotation_interval_us=200))
     s = SliceScheduler(SchedulerConfig(probe_every=0), qos=slots)
-    rails = rails_at(1, 1, 1, 1)
+    t0 = 10_000_000_000
+    # a lone LOW flow (a checkpoint) uses every rail: nothing of higher priority is active
+    used = {r for r, _, _ in s.plan(64 * MiB, rails_at(1, 1, 1, 1), Priority.LOW, now_ns=t0)}
+    assert len(used) == 4
     for epoch in range(4):
-        now = epoch * 200_000
-        used = {r for r, _, _ in s.plan(64 * MiB, rails, Priority.LOW, now_ns=now)}
-        assert len(used) == 2 and used == set(slots.admitted(4, Priority.LOW, now))
+        now = t0 + epoch * 200_000
         fresh = rails_at(1, 1, 1, 1)  # HIGH on idle rails: every rail admits it
         used = {r for r, _, _ in s.plan(64 * MiB, fresh, Priority.HIGH, now_ns=now)}
         assert len(used) == 4
+        rails = rails_at(1, 1, 1, 1)  # while HIGH is active, LOW is held to its slots
+        used = {r for r, _, _ in s.plan(64 * MiB, rails, Priority.LOW, now_ns=now + 1)}
+        assert len(used) == 2 and used == set(slots.admitted(4, Priority.LOW, now + 1))
+    # the active window passes: LOW has every rail again
+    later = t0 + 3 * 200_000 + QosConfig().active_window_us * 1000 + 1
+    used = {r for r, _, _ in s.plan(64 * MiB, rails_at(1, 1, 1, 1), Priority.LOW, now_ns=later)}
+    assert len(used) == 4
 
 
 def test_pick_retry_rail():
@@ -412,19 +520,32 @@ def test_monitor_cooldown_resets_after_long_health():
 
 
 def test_monitor_outliers():
-    m = RailMonitor(RailHealthConfig(cooldown_jitter=0, outlier_cost_ratio=8.0))
-    marked = m.check_outliers([1e-3, 1.2e-3, 0.9e-3, 50e-3], 0.0)
-    assert marked == [3] and m.state(3, 0.0) is RailState.DEGRADED
-    assert m.check_outliers({"a": 1.0}, 0.0) == []
-    m.pause(1, 0.0)
-    assert m.check_outliers([1e-3, 1e9, 1.1e-3], 0.1) == []  # paused rails are not compared
+    cfg = RailHealthConfig(cooldown_jitter=0, outlier_ratio=4.0, quiet_period_s=0.5)
+    m = RailMonitor(cfg)
+    # slowness = 1 / (service rate as a fraction of nominal): rail 3 runs at 5%
+    marked = m.check_outliers([1.0, 1.05, 0.98, 20.0], 0.0)
+    assert marked == [3] and m.state(3, 0.0) is RailState.DEGRADED and m.weight(3, 0.0) == 0.5
+    assert m.check_outliers([1.0, 1.05, 0.98, 3.5], 0.1) == []  # 3.5x slower: within the ratio
+    m2 = RailMonitor(cfg)
+    assert m2.check_outliers({"a": 1.0}, 0.0) == []  # no sibling to compare with
+    assert m2.check_outliers([1.0, 1.0, 40.0, 40.0], 0.0) == []  # half the rails slow: no clear outlier
+    m2.pause(1, 0.0)
+    assert m2.check_outliers([1.0, 1e9, 1.1], 0.1) == []  # paused rails are not compared
+    # kept DEGRADED while it stays an outlier, HEALTHY a quiet period after it recovered
+    m3 = RailMonitor(cfg)
+    for k in range(20):
+        m3.check_outliers([1.0, 1.0, 1.0, 20.0], k * 0.1)
+        assert m3.state(3, k * 0.1) is RailState.DEGRADED
+    for k in range(20, 30):
+        m3.check_outliers([1.0, 1.0, 1.0, 1.1], k * 0.1)
+    assert m3.state(3, 2.0 + cfg.quiet_period_s + 0.01) is RailState.HEALTHY
 
 
 # ---- QoS -----------------------------------------------------------------------------------------
 
 
 def test_priority_slot_rotation():
-    slots = PrioritySlots(QosConfig(rotation_interval_us=200))
+    slots = PrioritySlots(QosConfig(rotation_interval_us=200, active_window_us=0))  # always enforced
     seen_low = set()
     for epoch in range(8):
         now = epoch * 200_000 + 5
@@ -438,23 +559,16 @@ def test_priority_slot_rotation():
     assert slots.admitted(1, Priority.LOW, 0) == [0]
 
 
-def test_promotion_queue_anti_starvation():
-    q = PromotionQueue(QosConfig(promotion_timeout_us=10_000))
-    q.push("low", Priority.LOW, 0)
-    q.push("high", Priority.HIGH, 0)
-    assert q.pop(1 * MS) == ("high", 0)
-    q.push("mid", Priority.MID, 5 * MS)
-    assert q.pop(6 * MS) == ("mid", 1)
-    q.push("low2", Priority.LOW, 9 * MS)
-    q.promote(10 * MS)  # "low" waited 10 ms -> MID; "low2" not yet
-    assert q.depth(Priority.MID) == 1 and q.depth(Priority.LOW) == 1
-    q.promote(20 * MS)  # "low" -> HIGH after another 10 ms; low2 -> MID
-    assert q.depth(Priority.HIGH) == 1 and q.depth(Priority.MID) == 1
-    assert q.pop(20 * MS) == ("low", 0)
-    head = PromotionQueue(QosConfig(promotion_timeout_us=10_000), per_entry=False)
-    head.push("a", Priority.LOW, 0)
-    head.push("b", Priority.LOW, 9 * MS)
-    assert head.promote(10 * MS) == 2  # head-only: the whole level moves with its head
+def test_work_conserving_slots():
+    slots = PrioritySlots(QosConfig(rotation_interval_us=200, active_window_us=50_000))
+    now = 1_000_000_000
+    assert slots.admitted(4, Priority.LOW, now) == [0, 1, 2, 3]  # nobody above LOW is active
+    slots.note(Priority.MID, now)
+    assert len(slots.admitted(4, Priority.LOW, now + 1)) == 2  # MID active: LOW held to its slots
+    assert slots.admitted(4, Priority.MID, now + 1) == [0, 1, 2, 3]  # MID yields only to HIGH
+    slots.note(Priority.HIGH, now + 2)
+    assert len(slots.admitted(4, Priority.MID, now + 3)) == 3
+    assert slots.admitted(4, Priority.MID, now + 2 + 50_000_001) == [0, 1, 2, 3]  # HIGH went quiet
 
 
 def _child_sets_load(name: str, directory: str, ready, done) -> None:

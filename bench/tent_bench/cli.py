@@ -67,7 +67,8 @@ def human(n: int) -> str:
 
 
 @click.command()
-@click.option("--quick", is_flag=True, help="A short sweep (a few seconds per transport).")
+@click.option("--quick", is_flag=True,
+              help="A short sweep: 4 KiB-1 MiB, one request at a time, next to the bare-copy limit, with latency percentiles.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON on stdout.")
 @click.option("--transport", "transports", default=None, help="Comma-separated transports (default: every available).")
 @click.option("--block-sizes", default=None, help="Comma-separated sizes, e.g. 64K,4M,64M.")
@@ -146,6 +147,9 @@ def bench(
                       timeline, fault, duration, mixed, baseline, submit_cost, transports, offered, rounds, seeds)  # fmt: skip
         return
     threads = threads or 1
+    if quick and not (block_sizes or batch_sizes or baseline or path_spec or submit_cost or iters or threads > 1):
+        _bench_quick(as_json, _csv(transports), [o.upper() for o in _csv(ops)], _load_config_arg(config_src))
+        return
     spec = runner.BenchSpec(threads=threads, verify=not no_verify, file_dir=file_dir, config=_load_config_arg(config_src))
     if quick:
         spec.block_sizes = [64 * KiB, 4 * MiB, 64 * MiB]
@@ -264,6 +268,43 @@ def _local_rounds(spec: Any, baselines: list[str], nrounds: int, path_spec: str 
         rows.append({"kind": "mooncake_tuning", "rows": tuning, "chosen": next(
             (r["mooncake_env"] for r in rows if r.get("engine") == "mooncake"), None)})
     return rows
+
+
+def _bench_quick(as_json: bool, transports: list[str], ops: list[str], config: dict[str, Any] | None) -> None:
+    """`tent bench --quick`: the small-request sweep (tent_bench.small.one_at_a_time) on the
+    same-host transports, each size interleaved with its bare limit for three rounds."""
+    from tent_core.plugin_manager import discover, instantiate
+
+    from . import small
+
+    if any(o not in ("READ", "WRITE") for o in ops) or not ops:
+        raise click.BadParameter(f"--ops takes READ and/or WRITE, got {ops!r}")
+    available = []
+    for name, entry in sorted(discover().registry.entries.items()):
+        if name in ("shm", "tcp") and instantiate(entry)[1].available:
+            available.append(name)
+    wanted = transports or available
+    missing = [t for t in wanted if t not in available]
+    if missing:
+        raise click.BadParameter(f"--quick measures shm and tcp; not available here: {', '.join(missing)}")
+    err = Console(stderr=True)
+    rows: list[dict[str, Any]] = []
+    for t in wanted:
+        err.print(f"[dim]{t}: {', '.join(human(b) for b in small.QUICK_SIZES)}, 3 interleaved rounds...[/]")
+        rows += small.one_at_a_time(t, small.QUICK_SIZES, ops, 3, 8 * MiB, config)
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    table = Table(title="tent bench --quick: one request at a time vs the bare limit (median of 3 interleaved rounds)")
+    for c in ("transport", "op", "size", "tent GB/s", "bare GB/s", "x bare", "tent p50 us", "p99 us", "p99.9 us", "bare p50 us"):
+        table.add_column(c, justify="left" if c in ("transport", "op") else "right")
+    for r in rows:
+        table.add_row(r["transport"], r["op"], human(r["block"]), f"{r['tent_gbps']:.2f}", f"{r['bare_gbps']:.2f}",
+                      f"{r['ratio']:.2f}", f"{r['tent_p50_us']:.1f}", f"{r['tent_p99_us']:.1f}", f"{r['tent_p999_us']:.1f}",
+                      f"{r['bare_p50_us']:.1f}")  # fmt: skip
+    _out().print(table)
+    _out().print("bare: shm = one process_vm_readv/writev per request in C (or memcpy between the same mappings in memfd mode); "
+                 "tcp = a C request/response loop on one TCP_NODELAY connection. Full set: scripts/bench-small.sh")
 
 
 def _bench_fabric(

@@ -16,7 +16,9 @@ Three experiments (the worker's modes):
   parent applies a fault schedule to the fabric; summary row `kind="fault_summary"` with
   `app_errors`, `bytes_verified`, `dip_ms`, `readmit_ms`, ... (definitions in `analyze_faults`);
 * mixed (`--mixed`): HIGH-priority 64 KiB mice while LOW-priority 64 MiB elephants saturate the
-  rails, with QoS off and on when the engine config has a QoS switch.
+  rails, with QoS off and on when the engine config has a QoS switch (and "on, always": slots
+  enforced even without higher-priority traffic, as the C++ rotation); each variant also measures
+  one lone LOW and one lone MID elephant flow, the cost of QoS to a flow with the fabric to itself.
 
 Everything is torn down on every exit path (worker killed, target stopped, namespaces deleted),
 Ctrl-C included. Every wait is bounded.
@@ -655,6 +657,9 @@ def run_fabric_bench(spec: FabricBenchSpec, progress: Callable[[str], None] | No
             for p in spec.policies:
                 if sw:
                     variants += [(p, f"{p} qos=off", {"qos": {sw: False}}, {}), (p, f"{p} qos=on", {"qos": {sw: True}}, {})]
+                    if any(f.name == "active_window_us" for f in dataclasses.fields(QosConfig)):
+                        # the C++ rotation: slots enforced whether or not a higher priority is active
+                        variants.append((p, f"{p} qos=on, always", {"qos": {sw: True, "active_window_us": 0}}, {}))
                 else:
                     variants.append((p, f"{p} (no qos switch in the engine config)", {}, {}))
         for policy, label, extra, sweep_extra in variants:
@@ -745,7 +750,8 @@ def run_fabric_bench(spec: FabricBenchSpec, progress: Callable[[str], None] | No
                     "kind": "mixed", "policy": policy, "label": label, "qos": extra.get("qos"), **info,
                     "mouse_bytes": spec.mouse_bytes, "elephant_bytes": spec.verify_block, "elephants": spec.threads,
                     **{k: res[k] for k in ("mice_idle_p50_us", "mice_idle_p99_us", "mice_p50_us", "mice_p99_us",
-                                           "mice_count", "elephant_gbit", "elephant_errors")},
+                                           "mice_count", "elephant_gbit", "elephant_errors", "lone_low_gbit",
+                                           "lone_mid_gbit") if k in res},
                 })  # fmt: skip
                 panels.append({"label": f"mixed, {label}: {spec.fabric} {_degrade_text(spec.degrade)}", "timeline": tl})
         rows += summarize_policies(sweep_rows)

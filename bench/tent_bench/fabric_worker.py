@@ -3,16 +3,20 @@
 Started by `tent_bench.fabric_bench` as ``python -m tent_bench.fabric_worker --spec JSON``
 inside node 0 of a `Fabric`. It builds an Engine restricted to the TCP transport (both namespaces
 share one kernel, so the same-host shm transport would bypass the fabric), connects to the target
-engine in node 1 and runs one of three modes:
+engine in node 1 and runs one of four modes:
 
 * ``sweep``: TEBench-style points (block size x batch size, `threads` concurrent submitters so the
   pipe stays full), each row with the bytes every rail carried during the point;
 * ``verify``: `threads` submitters each READ `block` bytes at a rotating offset of the target's
-  pattern-filled buffer and check every byte, for `duration_s`. Any exception from wait() is an
-  application error. The fault schedule is applied by the parent while this runs;
+  pattern-filled buffer (a pattern that never repeats) and check every byte, for `duration_s`,
+  each request with `deadline_s`. Any exception from wait() is an application error (the thread
+  backs off `error_backoff_s`, then goes on). Every request's submit and end times and outcome are
+  reported, for latency around a fault and fail-fast times. The fault schedule is applied by the
+  parent while this runs;
 * ``mixed``: elephants (`elephants` threads of LOW-priority `block` READs) saturate the rails while
   one thread issues HIGH-priority `mouse_bytes` READs every `mouse_interval_ms`; reports the mice's
-  latency percentiles, unloaded and loaded.
+  latency percentiles, unloaded and loaded, and the throughput of one lone LOW and MID flow;
+* ``first``: the very first transfer of a fresh engine (the parent may still be bringing links up).
 
 All modes sample `engine.rail_stats()` and the node's per-rail interface counters (wire bytes, from
 /sys/class/net/<if>/statistics) every `sample_ms` into a timeline.
@@ -47,6 +51,7 @@ log = logging.getLogger(__name__)
 KiB, MiB = 1024, 1024 * 1024
 OFFSET_STEP = 64 * KiB  # verified READs rotate their remote offset so stale bytes cannot pass
 OFFSET_SLOTS = 16
+MAX_OUTCOMES = 50_000
 
 
 def emit(obj: dict[str, Any]) -> None:
@@ -327,6 +332,13 @@ class _Counters:
         self.bytes_requested = 0
         self.error_samples: list[dict[str, Any]] = []
         self.done: list[tuple[float, float, int]] = []  # (completion time, latency s, bytes)
+        # every request: (submitted, finished, outcome: "ok", "corrupt" or the error's class name)
+        self.outcomes: list[tuple[float, float, str]] = []
+        self.error_kinds: dict[str, str] = {}  # error class name -> its first message
+
+    def outcome(self, t0: float, t1: float, what: str) -> None:
+        if len(self.outcomes) < MAX_OUTCOMES:
+            self.outcomes.append((t0, t1, what))
 
 
 def run_verify(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, Any]:
@@ -335,6 +347,7 @@ def run_verify(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str,
     block: int = vf["block"]
     tsize: int = spec["target_size"]
     deadline_s: float = vf.get("deadline_s", 30.0)
+    error_backoff_s: float = vf.get("error_backoff_s", 0.02)
     if block + OFFSET_STEP * (OFFSET_SLOTS - 1) > tsize:
         raise ValueError("target buffer too small for the rotating offsets")
     local = eng.allocate(block * threads, segment="fabric-local")
@@ -362,14 +375,20 @@ def run_verify(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str,
             try:
                 eng.submit([Request(OpCode.READ, local, base, spec["remote"], off, block)], deadline=deadline_s).wait()
             except Exception as exc:  # every failure the application would see
+                t1 = time.monotonic()
+                kind = type(exc).__name__
                 with counters.lock:
                     counters.app_errors += 1
+                    counters.outcome(t0, t1, kind)
+                    counters.error_kinds.setdefault(kind, str(exc))
                     if len(counters.error_samples) < 20:
-                        counters.error_samples.append({"t": time.monotonic(), "error": f"{type(exc).__name__}: {exc}"})
+                        counters.error_samples.append({"t": t1, "error": f"{kind}: {exc}"})
+                stop.wait(error_backoff_s)  # an application backs off a little before trying again
                 continue
             t1 = time.monotonic()
             ok = bool(np.array_equal(view64, expect[off : off + block].view(np.uint64)))
             with counters.lock:
+                counters.outcome(t0, t1, "ok" if ok else "corrupt")
                 if ok:
                     counters.bytes_verified += block
                     counters.done.append((t1, t1 - t0, block))
@@ -400,8 +419,35 @@ def run_verify(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str,
         "p99_us": round(percentile(lat, 99) * 1e6, 1),
         "max_us": round(max(lat, default=0.0) * 1e6, 1),
         "errors": counters.error_samples,
+        "error_kinds": counters.error_kinds,
         "completions": [[round(t, 6), round(lt, 6)] for t, lt, _ in counters.done],
+        "outcomes": [[round(a, 6), round(b, 6), k] for a, b, k in counters.outcomes],
+        "block": block,
     }
+
+
+# ------------------------------------------------------------------ first transfer of a fresh engine
+
+
+def run_first(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, Any]:
+    """The very first transfer of a fresh engine (the parent may still be bringing links up): one
+    READ of `block` bytes with the given deadline, every byte checked."""
+    fs = spec["first"]
+    block: int = fs["block"]
+    local = eng.allocate(block, segment="fabric-local")
+    emit({"event": "ready", "t": time.monotonic()})
+    t0 = time.monotonic()
+    error = None
+    h = None
+    try:
+        h = eng.submit([Request(OpCode.READ, local, 0, spec["remote"], 0, block)], deadline=fs.get("deadline_s", 60.0))
+        h.wait()
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    t1 = time.monotonic()
+    ok = error is None and bool(np.array_equal(local.array, pattern(block)))  # type: ignore[arg-type]
+    return {"t_start": t0, "t_end": t1, "latency_s": round(t1 - t0, 6), "error": error, "verified": ok,
+            "retries": h.retries if h is not None else 0}  # fmt: skip
 
 
 # ------------------------------------------------------------------ mixed (QoS mice / elephants)
@@ -428,6 +474,21 @@ def run_mixed(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, 
             nxt += interval
             time.sleep(max(0.0, nxt - time.monotonic()))
 
+    def lone(prio: Priority, seconds: float) -> float:
+        """One elephant flow alone on the fabric (a checkpoint or weight sync): Gbit/s. It starts
+        after a quiet second, so no earlier request of a higher priority counts as active."""
+        time.sleep(mx.get("quiet_s", 1.2))
+        end, moved = time.monotonic() + seconds, 0
+        t0 = time.monotonic()
+        while time.monotonic() < end:
+            eng.submit([Request(OpCode.READ, local, 0, remote, 0, block, prio)], deadline=30.0).wait()
+            moved += block
+        return moved * 8 / (time.monotonic() - t0) / 1e9
+
+    # first, before any HIGH traffic: what QoS costs a flow that has the fabric to itself
+    lone_s = mx.get("lone_s", 2.0)
+    lone_low = lone(Priority.LOW, lone_s) if lone_s > 0 else None
+    lone_mid = lone(Priority.MID, lone_s) if lone_s > 0 else None
     idle: list[float] = []
     mice(mx.get("idle_s", 0.5), idle)
     emit({"event": "ready", "t": time.monotonic()})
@@ -468,6 +529,8 @@ def run_mixed(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, 
         "mice_p99_us": pct(loaded, 99),
         "mice_count": len(loaded),
         "elephant_gbit": round((b1 - b0) * 8 / max(t1 - t0, 1e-9) / 1e9, 4),
+        "lone_low_gbit": None if lone_low is None else round(lone_low, 4),
+        "lone_mid_gbit": None if lone_mid is None else round(lone_mid, 4),
         "elephant_errors": el_err[:5],
     }
 
@@ -477,7 +540,7 @@ def run_mixed(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, 
 OPEN_LOOP_WARMUP = 3
 OPEN_LOOP_MIN_REQUESTS = 60
 
-MODES = {"sweep": run_sweep, "verify": run_verify, "mixed": run_mixed}
+MODES = {"sweep": run_sweep, "verify": run_verify, "mixed": run_mixed, "first": run_first}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,10 +7,20 @@
  *    slots and the batch; retryable failures go to a process-wide queue whose
  *    eventfd wakes the engine's progress thread (which re-schedules them).
  *  - submit()/submit_one(): stamp slices and call the executor's submit.
+ *  - Batch doubles as the application's batch handle (tent_core.batch.BatchHandle subclasses it):
+ *    the handle's fields live here so the fast path can make one without running Python.
+ *  - FastPath: the submit path of requests whose plan is cached (FastEntry, keyed by remote
+ *    segment, local buffer, op, priority, tag): validation, bounds/permission checks against the
+ *    peer's buffer table (RemoteSegment, bisected), slicing and the executor call, with no Python
+ *    frame per request or slice. A miss (or anything unusual) returns None: the Python planner
+ *    runs, raises the precise error or plans the request and fills the cache.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <errno.h>
+#include <math.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -47,15 +57,38 @@ typedef struct batch {
   atomic_int first_error;
   atomic_long bytes_done;
   atomic_long retries;
+  /* the executor (ops, handle) that may leave work of this batch to its waiter (submit_inline +
+   * progress in executor_abi.h); 0 when none */
+  atomic_ullong poll_ops, poll_exec;
   pthread_mutex_t mu;
   pthread_cond_t cv;
 } batch_t;
 
+/* Finished batches are kept for reuse by the thread that let go of the last reference (a few per
+ * thread): a submit on the same thread then needs no allocation and no mutex/condvar setup. */
+#define BATCH_CACHE 8
+static __thread batch_t *tl_batches[BATCH_CACHE];
+static __thread int tl_nbatches, tl_registered;
+static pthread_key_t g_batch_cache_key;
+
+static void batch_free(batch_t *b) {
+  pthread_mutex_destroy(&b->mu);
+  pthread_cond_destroy(&b->cv);
+  free(b);
+}
+
+static void batch_cache_drop(void *unused) { /* thread exit: nothing stays behind */
+  while (tl_nbatches > 0) batch_free(tl_batches[--tl_nbatches]);
+}
+
 static void batch_unref(batch_t *b) {
   if (atomic_fetch_sub(&b->refs, 1) == 1) {
-    pthread_mutex_destroy(&b->mu);
-    pthread_cond_destroy(&b->cv);
-    free(b);
+    if (tl_nbatches < BATCH_CACHE && (tl_registered || pthread_setspecific(g_batch_cache_key, (void *)1) == 0)) {
+      tl_registered = 1; /* nobody holds it: its mutex and condvar are idle */
+      tl_batches[tl_nbatches++] = b;
+      return;
+    }
+    batch_free(b);
   }
 }
 
@@ -100,7 +133,8 @@ static void host_complete(void *ctx, const tent_slice_t *s, int32_t status) {
       __atomic_fetch_add(&st[TENT_STAT_LATENCY_NS_SUM], lat, __ATOMIC_RELAXED);
       __atomic_store_n(&st[TENT_STAT_LAST_LATENCY_NS], lat, __ATOMIC_RELAXED);
       __atomic_store_n(&st[TENT_STAT_LAST_COMPLETE_NS], (int64_t)t, __ATOMIC_RELAXED);
-    } else if (status != TENT_E_CANCELLED) {
+    } else if (status != TENT_E_CANCELLED && status != TENT_E_REROUTED) {
+      /* a slice handed back untouched (rerouted) or cancelled did not fail on this rail */
       __atomic_fetch_add(&st[TENT_STAT_ERRORS], 1, __ATOMIC_RELAXED);
     }
   }
@@ -142,47 +176,158 @@ static int host_is_cancelled(void *ctx, uint64_t token) {
   return atomic_load_explicit(&b->cancelled, memory_order_relaxed);
 }
 
+/* Service telemetry: the rail's row learns when pieces enter and leave service and when bytes
+ * move, so the core's stall detection counts time without progress while served, not queued. */
+static void host_note(void *ctx, const tent_slice_t *s, int32_t event, uint64_t value) {
+  (void)ctx;
+  int64_t *st = slot(s->stat_index);
+  if (!st) return;
+  switch (event) {
+    case TENT_NOTE_START:
+      __atomic_fetch_add(&st[TENT_STAT_SERVING], 1, __ATOMIC_RELAXED);
+      __atomic_store_n(&st[TENT_STAT_PROGRESS_NS], (int64_t)now_ns(), __ATOMIC_RELAXED);
+      break;
+    case TENT_NOTE_PROGRESS:
+      if (value) {
+        __atomic_fetch_add(&st[TENT_STAT_BYTES_MOVED], (int64_t)value, __ATOMIC_RELAXED);
+        __atomic_store_n(&st[TENT_STAT_PROGRESS_NS], (int64_t)now_ns(), __ATOMIC_RELAXED);
+      }
+      break;
+    case TENT_NOTE_STOP:
+      __atomic_fetch_sub(&st[TENT_STAT_SERVING], 1, __ATOMIC_RELAXED);
+      break;
+    case TENT_NOTE_CONGESTED:
+      __atomic_fetch_add(&st[TENT_STAT_CONGESTION], 1, __ATOMIC_RELAXED);
+      break;
+    default:
+      break;
+  }
+}
+
 static tent_host_api_t g_host = {TENT_EXECUTOR_ABI_VERSION, sizeof(tent_host_api_t), NULL, host_complete,
-                                 host_is_cancelled};
+                                 host_is_cancelled, host_note};
 
 /* ---- Python Batch type ---- */
 typedef struct {
   PyObject_HEAD batch_t *b;
   long total;
+  /* the handle's side (tent_core.batch.BatchHandle) */
+  PyObject *engine;       /* owner the progress thread hands this batch's failures to */
+  double deadline;        /* time.monotonic() seconds */
+  double submitted_at;
+  long num_requests;
+  char deadline_hit;
+  char is_probe;          /* heartbeat slices of the rail monitor */
+  PyObject *routes;       /* route -> Decision record of the planner (or None) */
+  PyObject *pieces;       /* (route, lo, hi, decision) list of the planner (or None) */
+  PyObject *fast;         /* FastEntry, or a tuple of them, the fast path used (or None) */
 } BatchObject;
 
-static PyObject *Batch_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-  long total = 0;
-  static char *kwlist[] = {"total", NULL};
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "l", kwlist, &total)) return NULL;
-  if (total < 0) {
-    PyErr_SetString(PyExc_ValueError, "total must be >= 0");
-    return NULL;
+static PyTypeObject BatchType;
+
+static double mono_s(void) { return (double)now_ns() / 1e9; }
+
+/* A fresh batch_t for `total` slices; NULL when out of memory. */
+static batch_t *batch_create(long total) {
+  batch_t *b;
+  if (tl_nbatches > 0) {
+    b = tl_batches[--tl_nbatches];
+    atomic_store(&b->cancelled, 0);
+    atomic_store(&b->first_error, 0);
+    atomic_store(&b->bytes_done, 0);
+    atomic_store(&b->retries, 0);
+    atomic_store(&b->poll_ops, 0);
+    atomic_store(&b->poll_exec, 0);
+  } else {
+    b = calloc(1, sizeof(batch_t));
+    if (!b) return NULL;
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&b->cv, &ca);
+    pthread_condattr_destroy(&ca);
   }
-  BatchObject *self = (BatchObject *)type->tp_alloc(type, 0);
-  if (!self) return NULL;
-  batch_t *b = calloc(1, sizeof(batch_t));
-  if (!b) {
-    Py_DECREF(self);
-    return PyErr_NoMemory();
-  }
-  pthread_mutex_init(&b->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&b->cv, &ca);
-  pthread_condattr_destroy(&ca);
   atomic_store(&b->remaining, total);
   atomic_store(&b->refs, total > 0 ? 2 : 1);
+  return b;
+}
+
+static void batch_fields_init(BatchObject *self) {
+  Py_INCREF(Py_None);
+  self->engine = Py_None;
+  Py_INCREF(Py_None);
+  self->routes = Py_None;
+  Py_INCREF(Py_None);
+  self->pieces = Py_None;
+  Py_INCREF(Py_None);
+  self->fast = Py_None;
+  self->deadline = INFINITY;
+  self->submitted_at = mono_s();
+}
+
+/* Batch(total) : a new completion counter; Batch(other) shares `other`'s counter (a handle made
+ * around an existing batch). Handle fields come from keywords engine, deadline, num_requests. */
+/* A Batch (or subclass) object. Python subclasses are heap types, which CPython always makes
+ * GC-tracked; one that adds no instance storage (BatchHandle: `__slots__ = ()`) can only show the
+ * collector its type, since Batch's own fields are not traversed. Untracking such an instance
+ * loses nothing and spares every submit a share of the young-generation collections that
+ * thousands of live handles would otherwise cost. */
+static BatchObject *batch_obj_alloc(PyTypeObject *type);
+
+static PyObject *Batch_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+  PyObject *total_obj, *engine = NULL;
+  double deadline = INFINITY;
+  long num_requests = 0;
+  static char *kwlist[] = {"total", "engine", "deadline", "num_requests", NULL};
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|Odl", kwlist, &total_obj, &engine, &deadline, &num_requests)) return NULL;
+  batch_t *b;
+  long total;
+  if (PyObject_TypeCheck(total_obj, &BatchType)) {
+    b = ((BatchObject *)total_obj)->b;
+    total = ((BatchObject *)total_obj)->total;
+    atomic_fetch_add(&b->refs, 1);
+  } else {
+    total = PyLong_AsLong(total_obj);
+    if (total == -1 && PyErr_Occurred()) return NULL;
+    if (total < 0) {
+      PyErr_SetString(PyExc_ValueError, "total must be >= 0");
+      return NULL;
+    }
+    b = batch_create(total);
+    if (!b) return PyErr_NoMemory();
+  }
+  BatchObject *self = batch_obj_alloc(type);
+  if (!self) {
+    batch_unref(b);
+    return NULL;
+  }
   self->b = b;
   self->total = total;
+  batch_fields_init(self);
+  if (engine) {
+    Py_INCREF(engine);
+    Py_SETREF(self->engine, engine);
+  }
+  self->deadline = deadline;
+  self->num_requests = num_requests;
   return (PyObject *)self;
 }
 
 static void Batch_dealloc(BatchObject *self) {
   if (self->b) batch_unref(self->b);
+  Py_XDECREF(self->engine);
+  Py_XDECREF(self->routes);
+  Py_XDECREF(self->pieces);
+  Py_XDECREF(self->fast);
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
+
+static int batch_progress(batch_t *b, int64_t budget_ns);
+
+/* A waiter offers its thread to an executor (progress()) in steps of at most this long: an
+ * answer later than that goes to a worker while the waiter sleeps on the batch. */
+#define WAIT_POLL_STEP_NS 20000000ull /* 20 ms */
 
 /* How long wait() polls the counter before it sleeps on the condition variable. Waking a
  * sleeping thread costs tens of microseconds on small VMs, longer than a small transfer
@@ -205,6 +350,18 @@ static PyObject *Batch_wait(BatchObject *self, PyObject *args) {
   int done;
   Py_BEGIN_ALLOW_THREADS;
   long long spin = atomic_load_explicit(&g_wait_spin_ns, memory_order_relaxed);
+  if (atomic_load(&b->poll_ops)) {
+    /* an executor left work of this batch to its waiter (answers of requests sent inline): this
+     * thread reads them as they arrive, in bounded steps, then hands what is left to workers */
+    uint64_t end = timeout < 0 ? UINT64_MAX : now_ns() + (uint64_t)(timeout * 1e9);
+    while (atomic_load(&b->remaining) > 0) {
+      uint64_t now = now_ns();
+      if (now >= end) break;
+      uint64_t step = end - now < WAIT_POLL_STEP_NS ? end - now : WAIT_POLL_STEP_NS;
+      if (!batch_progress(b, (int64_t)step)) break;
+    }
+    if (atomic_load(&b->remaining) > 0) batch_progress(b, -1); /* the hand-off */
+  }
   if (spin > 0) {
     if (timeout >= 0 && spin > (long long)(timeout * 1e9)) spin = (long long)(timeout * 1e9);
     uint64_t until = now_ns() + (uint64_t)spin;
@@ -267,6 +424,53 @@ static PyObject *Batch_complete_slice(BatchObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* wait_handle(timeout=None): BatchHandle.wait's fast side. A batch that finished without an
+ * error answers True here; anything else (still running, failed, a timeout to honour) goes to
+ * the handle's Python `_wait`, which waits and raises the typed errors. */
+/* tent_core.batch's globals (set_hook_namespace): while its COMPLETION_HOOK is set, every wait
+ * runs `_wait`, which reports the end of the batch to the hook. */
+static PyObject *g_hook_ns = NULL;
+
+static int hook_off(void) {
+  if (!g_hook_ns) return 1;
+  PyObject *h = PyDict_GetItemString(g_hook_ns, "COMPLETION_HOOK"); /* borrowed; never raises */
+  return !h || h == Py_None;
+}
+
+static PyObject *py_set_hook_namespace(PyObject *m, PyObject *ns) {
+  if (!PyDict_Check(ns)) {
+    PyErr_SetString(PyExc_TypeError, "set_hook_namespace(globals dict)");
+    return NULL;
+  }
+  Py_INCREF(ns);
+  Py_XSETREF(g_hook_ns, ns);
+  Py_RETURN_NONE;
+}
+
+static PyObject *Batch_wait_handle(BatchObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+  if (!kwnames && nargs <= 1 && atomic_load(&self->b->remaining) == 0 && atomic_load(&self->b->first_error) == 0 &&
+      hook_off())
+    Py_RETURN_TRUE;
+  static PyObject *name = NULL;
+  if (!name && !(name = PyUnicode_InternFromString("_wait"))) return NULL;
+  PyObject *meth = PyObject_GetAttr((PyObject *)self, name);
+  if (!meth) return NULL;
+  PyObject *r = PyObject_Vectorcall(meth, args, (size_t)nargs, kwnames);
+  Py_DECREF(meth);
+  return r;
+}
+
+/* kick(): work an executor left to this batch's waiter goes on without one (see progress() in
+ * executor_abi.h): for non-blocking polls of the handle and the progress thread's sweep. */
+static PyObject *Batch_kick(BatchObject *self, PyObject *unused) {
+  if (atomic_load(&self->b->remaining) > 0 && atomic_load(&self->b->poll_ops)) {
+    Py_BEGIN_ALLOW_THREADS;
+    batch_progress(self->b, -1);
+    Py_END_ALLOW_THREADS;
+  }
+  Py_RETURN_NONE;
+}
+
 static PyObject *Batch_note_retry(BatchObject *self, PyObject *unused) {
   atomic_fetch_add(&self->b->retries, 1);
   Py_RETURN_NONE;
@@ -279,6 +483,10 @@ static PyObject *Batch_get_retries(BatchObject *self, void *c) { return PyLong_F
 static PyObject *Batch_get_cancelled(BatchObject *self, void *c) { return PyBool_FromLong(atomic_load(&self->b->cancelled)); }
 static PyObject *Batch_get_token(BatchObject *self, void *c) { return PyLong_FromUnsignedLongLong((uintptr_t)self->b); }
 static PyObject *Batch_get_total(BatchObject *self, void *c) { return PyLong_FromLong(self->total); }
+static PyObject *Batch_get_self(BatchObject *self, void *c) {
+  Py_INCREF(self);
+  return (PyObject *)self;
+}
 
 static PyMethodDef Batch_methods[] = {
     {"wait", (PyCFunction)Batch_wait, METH_VARARGS, "wait(timeout=-1) -> bool: True when every slice finished"},
@@ -286,6 +494,9 @@ static PyMethodDef Batch_methods[] = {
     {"fail_slice", (PyCFunction)Batch_fail_slice, METH_VARARGS, "finalize one outstanding slice with an error"},
     {"complete_slice", (PyCFunction)Batch_complete_slice, METH_VARARGS, "finalize one outstanding slice as done"},
     {"note_retry", (PyCFunction)Batch_note_retry, METH_NOARGS, "count one retry"},
+    {"kick", (PyCFunction)Batch_kick, METH_NOARGS, "hand work left to a waiter over to the executor's workers"},
+    {"wait_handle", (PyCFunction)(void (*)(void))Batch_wait_handle, METH_FASTCALL | METH_KEYWORDS,
+     "wait_handle(timeout=None): True at once for a batch finished without error, else self._wait(timeout)"},
     {NULL}};
 
 static PyGetSetDef Batch_getset[] = {
@@ -296,17 +507,40 @@ static PyGetSetDef Batch_getset[] = {
     {"cancelled", (getter)Batch_get_cancelled, NULL, NULL, NULL},
     {"token", (getter)Batch_get_token, NULL, NULL, NULL},
     {"total", (getter)Batch_get_total, NULL, NULL, NULL},
+    {"_batch", (getter)Batch_get_self, NULL, "the completion counter (the handle itself)", NULL},
+    {NULL}};
+
+static PyMemberDef Batch_members[] = {
+    {"engine", T_OBJECT, offsetof(BatchObject, engine), 0, "owner of the batch (gets its failures)"},
+    {"deadline", T_DOUBLE, offsetof(BatchObject, deadline), 0, "time.monotonic() seconds"},
+    {"submitted_at", T_DOUBLE, offsetof(BatchObject, submitted_at), 0, "time.monotonic() at submit"},
+    {"num_requests", T_LONG, offsetof(BatchObject, num_requests), 0, NULL},
+    {"_deadline_hit", T_BOOL, offsetof(BatchObject, deadline_hit), 0, NULL},
+    {"is_probe", T_BOOL, offsetof(BatchObject, is_probe), 0, "heartbeat slices of the rail monitor"},
+    {"_routes", T_OBJECT, offsetof(BatchObject, routes), 0, NULL},
+    {"_pieces", T_OBJECT, offsetof(BatchObject, pieces), 0, NULL},
+    {"_fast", T_OBJECT, offsetof(BatchObject, fast), READONLY, "plan-cache entries the fast path used"},
     {NULL}};
 
 static PyTypeObject BatchType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tent_core._native.Batch",
     .tp_basicsize = sizeof(BatchObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_new = Batch_new,
     .tp_dealloc = (destructor)Batch_dealloc,
     .tp_methods = Batch_methods,
     .tp_getset = Batch_getset,
+    .tp_members = Batch_members,
 };
+
+static BatchObject *batch_obj_alloc(PyTypeObject *type) {
+  PyObject *o = type->tp_alloc(type, 0);
+  if (o && type != &BatchType && PyObject_IS_GC(o) && type->tp_basicsize == BatchType.tp_basicsize &&
+      type->tp_dictoffset == 0)
+    PyObject_GC_UnTrack(o);
+  return (BatchObject *)o;
+}
+
 
 /* ---- submit ---- */
 static int stamp_and_account(tent_slice_t *s, uint64_t token, uint64_t t) {
@@ -366,7 +600,7 @@ static PyObject *py_executor_register(PyObject *m, PyObject *args) {
     return NULL;
   }
   const tent_executor_ops_t *ops = (const tent_executor_ops_t *)(uintptr_t)ops_p;
-  if (ops->abi_version != TENT_EXECUTOR_ABI_VERSION || ops->struct_size < sizeof(tent_executor_ops_t) || !ops->submit) {
+  if (ops->abi_version != TENT_EXECUTOR_ABI_VERSION || ops->struct_size < TENT_EXECUTOR_OPS_BASE_SIZE || !ops->submit) {
     PyErr_SetString(PyExc_ValueError, "executor ops table has the wrong ABI version or size");
     return NULL;
   }
@@ -410,40 +644,70 @@ static PyObject *py_executor_retire(PyObject *m, PyObject *args) {
   return PyBool_FromLong(found);
 }
 
-/* submit(ops, exec, batch, slices_buffer) -> 0 or negative status. The buffer holds
+static inline tent_executor_ops_t *ops_of(uint64_t ops_p) { return (tent_executor_ops_t *)(uintptr_t)ops_p; }
+
+static inline int ops_has_inline(const tent_executor_ops_t *ops) {
+  return ops->struct_size >= TENT_EXECUTOR_OPS_INLINE_SIZE && ops->submit_inline != NULL;
+}
+
+static inline int ops_has_progress(const tent_executor_ops_t *ops) {
+  return ops->struct_size >= TENT_EXECUTOR_OPS_PROGRESS_SIZE && ops->progress != NULL;
+}
+
+/* Let the executor that may have left work of `b` to its waiter finish some (or hand it off). */
+static int batch_progress(batch_t *b, int64_t budget_ns) {
+  uint64_t ops_p = atomic_load(&b->poll_ops), exec_p = atomic_load(&b->poll_exec);
+  if (!ops_p || !exec_enter(ops_p, exec_p)) return 0;
+  int rc = ops_of(ops_p)->progress((void *)(uintptr_t)exec_p, (uintptr_t)b, budget_ns);
+  exec_leave();
+  return rc;
+}
+
+/* Stamp, account and hand n slices to a live executor (its submit_inline when `want_inline` and it
+ * has one). Returns the executor's rc; on a refusal the slices are unaccounted again (none was
+ * reported: the caller finalizes them). TENT_E_INTERNAL when (ops, exec) is not live. */
+static int exec_submit(uint64_t ops_p, uint64_t exec_p, batch_t *b, tent_slice_t *s, uint32_t n, int want_inline) {
+  if (!exec_enter(ops_p, exec_p)) return TENT_E_INTERNAL;
+  const tent_executor_ops_t *ops = ops_of(ops_p);
+  uint64_t t = now_ns(), token = (uintptr_t)b;
+  for (uint32_t i = 0; i < n; i++) stamp_and_account(&s[i], token, t);
+  int inl = want_inline && ops_has_inline(ops);
+  if (inl && ops_has_progress(ops)) { /* it may leave work to the waiter: one such executor per batch */
+    unsigned long long none = 0;
+    if (atomic_compare_exchange_strong(&b->poll_ops, &none, ops_p)) atomic_store(&b->poll_exec, exec_p);
+    else inl = none == ops_p && atomic_load(&b->poll_exec) == exec_p;
+  }
+  int rc = inl ? ops->submit_inline((void *)(uintptr_t)exec_p, s, n) : ops->submit((void *)(uintptr_t)exec_p, s, n);
+  exec_leave();
+  if (rc != 0)
+    for (uint32_t i = 0; i < n; i++) unaccount(&s[i]);
+  return rc;
+}
+
+/* submit(ops, exec, batch, slices_buffer, inline=False) -> 0 or negative status. The buffer holds
  * n tent_slice_t; token and submit_ns are filled in here. TENT_E_INTERNAL (nothing submitted)
- * when (ops, exec) is not a live executor. */
+ * when (ops, exec) is not a live executor. With inline, the executor may run the slices on this
+ * thread (see submit_inline in executor_abi.h). */
 static PyObject *py_submit(PyObject *m, PyObject *args) {
   unsigned long long ops_p, exec_p;
   BatchObject *bo;
   Py_buffer view;
-  if (!PyArg_ParseTuple(args, "KKO!w*", &ops_p, &exec_p, &BatchType, &bo, &view)) return NULL;
+  int want_inline = 0;
+  if (!PyArg_ParseTuple(args, "KKO!w*|p", &ops_p, &exec_p, &BatchType, &bo, &view, &want_inline)) return NULL;
   if (view.len % sizeof(tent_slice_t)) {
     PyBuffer_Release(&view);
     PyErr_SetString(PyExc_ValueError, "slice buffer size is not a multiple of sizeof(tent_slice_t)");
     return NULL;
   }
-  if (!exec_enter(ops_p, exec_p)) {
-    PyBuffer_Release(&view);
-    return PyLong_FromLong(TENT_E_INTERNAL);
-  }
-  const tent_executor_ops_t *ops = (const tent_executor_ops_t *)(uintptr_t)ops_p;
-  uint32_t n = (uint32_t)(view.len / sizeof(tent_slice_t));
-  tent_slice_t *s = (tent_slice_t *)view.buf;
-  uint64_t t = now_ns(), token = (uintptr_t)bo->b;
-  for (uint32_t i = 0; i < n; i++) stamp_and_account(&s[i], token, t);
-  int rc = ops->submit((void *)(uintptr_t)exec_p, s, n);
-  exec_leave();
-  if (rc != 0)
-    for (uint32_t i = 0; i < n; i++) unaccount(&s[i]);
+  int rc = exec_submit(ops_p, exec_p, bo->b, (tent_slice_t *)view.buf, (uint32_t)(view.len / sizeof(tent_slice_t)), want_inline);
   PyBuffer_Release(&view);
   return PyLong_FromLong(rc);
 }
 
-/* submit_one(ops, exec, batch, opcode, local, remote, length, peer, rail, stat_index, attempt) */
+/* submit_one(ops, exec, batch, opcode, local, remote, length, peer, rail, stat_index, attempt[, inline]) */
 static PyObject *py_submit_one(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 11 || !PyObject_TypeCheck(args[2], &BatchType)) {
-    PyErr_SetString(PyExc_TypeError, "submit_one(ops, exec, batch, opcode, local, remote, length, peer, rail, stat, attempt)");
+  if ((nargs != 11 && nargs != 12) || !PyObject_TypeCheck(args[2], &BatchType)) {
+    PyErr_SetString(PyExc_TypeError, "submit_one(ops, exec, batch, opcode, local, remote, length, peer, rail, stat, attempt[, inline])");
     return NULL;
   }
   tent_slice_t s;
@@ -453,7 +717,8 @@ static PyObject *py_submit_one(PyObject *m, PyObject *const *args, Py_ssize_t na
     v[i] = PyLong_AsUnsignedLongLong(args[i]);
     if (v[i] == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
   }
-  const tent_executor_ops_t *ops = (const tent_executor_ops_t *)(uintptr_t)v[0];
+  int want_inline = nargs == 12 ? PyObject_IsTrue(args[11]) : 0;
+  if (want_inline < 0) return NULL;
   s.opcode = (uint32_t)v[3];
   s.local_addr = v[4];
   s.remote_addr = v[5];
@@ -462,13 +727,781 @@ static PyObject *py_submit_one(PyObject *m, PyObject *const *args, Py_ssize_t na
   s.rail = (uint32_t)v[8];
   s.stat_index = (uint32_t)v[9];
   s.attempt = (uint32_t)v[10];
-  if (!exec_enter(v[0], v[1])) return PyLong_FromLong(TENT_E_INTERNAL);
-  stamp_and_account(&s, (uintptr_t)((BatchObject *)args[2])->b, now_ns());
-  int rc = ops->submit((void *)(uintptr_t)v[1], &s, 1);
-  exec_leave();
-  if (rc != 0) unaccount(&s);
-  return PyLong_FromLong(rc);
+  return PyLong_FromLong(exec_submit(v[0], v[1], ((BatchObject *)args[2])->b, &s, 1, want_inline));
 }
+
+/* executor_inline(ops) -> bool: the ops table has submit_inline */
+static PyObject *py_executor_inline(PyObject *m, PyObject *arg) {
+  unsigned long long ops_p = PyLong_AsUnsignedLongLong(arg);
+  if (ops_p == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  if (!ops_p) Py_RETURN_FALSE;
+  return PyBool_FromLong(ops_has_inline(ops_of(ops_p)));
+}
+
+/* ---- the fast path ------------------------------------------------------------------------- */
+
+/* RemoteSegment(rows): a peer's segment as the fast path checks it; rows are (offset, addr, length,
+ * perm, kind) sorted by offset (the order PeerDirectory keeps). Lookup is a bisection, so the cost
+ * of a request does not grow with the number of buffers in the segment. */
+typedef struct {
+  uint64_t off, addr, len;
+  uint32_t perm;
+  int32_t kind;
+} rbuf_t;
+
+typedef struct {
+  PyObject_HEAD rbuf_t *b;
+  Py_ssize_t n;
+} RemoteSegmentObject;
+
+static PyObject *RemoteSegment_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+  PyObject *rows;
+  if (!PyArg_ParseTuple(args, "O", &rows)) return NULL;
+  PyObject *seq = PySequence_Fast(rows, "RemoteSegment(rows): rows must be a sequence");
+  if (!seq) return NULL;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  RemoteSegmentObject *self = (RemoteSegmentObject *)type->tp_alloc(type, 0);
+  if (!self) goto fail;
+  self->b = PyMem_Calloc(n ? (size_t)n : 1, sizeof(rbuf_t));
+  if (!self->b) {
+    PyErr_NoMemory();
+    goto fail;
+  }
+  self->n = n;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    unsigned long long off, addr, len;
+    unsigned int perm;
+    int kind;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "KKKIi", &off, &addr, &len, &perm, &kind)) goto fail;
+    if (i > 0 && off < self->b[i - 1].off) {
+      PyErr_SetString(PyExc_ValueError, "RemoteSegment rows must be sorted by offset");
+      goto fail;
+    }
+    self->b[i] = (rbuf_t){off, addr, len, perm, kind};
+  }
+  Py_DECREF(seq);
+  return (PyObject *)self;
+fail:
+  Py_DECREF(seq);
+  Py_XDECREF(self);
+  return NULL;
+}
+
+static void RemoteSegment_dealloc(RemoteSegmentObject *self) {
+  PyMem_Free(self->b);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static Py_ssize_t RemoteSegment_len(RemoteSegmentObject *self) { return self->n; }
+
+/* extended(rows) -> a new RemoteSegment: these rows, then `rows` (which must sort after them).
+ * A copy of the table plus the new rows: the peer registered more buffers. */
+static PyObject *RemoteSegment_extended(RemoteSegmentObject *self, PyObject *rows) {
+  PyObject *args = PyTuple_Pack(1, rows);
+  if (!args) return NULL;
+  RemoteSegmentObject *tail = (RemoteSegmentObject *)RemoteSegment_new(Py_TYPE(self), args, NULL);
+  Py_DECREF(args);
+  if (!tail) return NULL;
+  if (self->n && tail->n && tail->b[0].off < self->b[self->n - 1].off) {
+    Py_DECREF(tail);
+    PyErr_SetString(PyExc_ValueError, "extended(): rows must sort after the segment's");
+    return NULL;
+  }
+  rbuf_t *all = PyMem_Calloc((size_t)(self->n + tail->n) + 1, sizeof(rbuf_t));
+  if (!all) {
+    Py_DECREF(tail);
+    return PyErr_NoMemory();
+  }
+  memcpy(all, self->b, (size_t)self->n * sizeof(rbuf_t));
+  memcpy(all + self->n, tail->b, (size_t)tail->n * sizeof(rbuf_t));
+  PyMem_Free(tail->b);
+  tail->b = all;
+  tail->n += self->n;
+  return (PyObject *)tail;
+}
+
+static PyMethodDef RemoteSegment_methods[] = {
+    {"extended", (PyCFunction)RemoteSegment_extended, METH_O, "extended(rows) -> a new RemoteSegment with rows appended"},
+    {NULL}};
+
+/* The buffer holding [pos, pos+len) whole, or NULL. */
+static const rbuf_t *rseg_find(const RemoteSegmentObject *rs, uint64_t pos, uint64_t len) {
+  Py_ssize_t lo = 0, hi = rs->n;
+  while (lo < hi) { /* first buffer with off > pos */
+    Py_ssize_t mid = (lo + hi) / 2;
+    if (rs->b[mid].off <= pos)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == 0) return NULL;
+  const rbuf_t *b = &rs->b[lo - 1];
+  if (pos - b->off >= b->len || len > b->len - (pos - b->off)) return NULL;
+  return b;
+}
+
+static PySequenceMethods RemoteSegment_seq = {.sq_length = (lenfunc)RemoteSegment_len};
+
+static PyTypeObject RemoteSegmentType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tent_core._native.RemoteSegment",
+    .tp_basicsize = sizeof(RemoteSegmentObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = RemoteSegment_new,
+    .tp_dealloc = (destructor)RemoteSegment_dealloc,
+    .tp_as_sequence = &RemoteSegment_seq,
+    .tp_methods = RemoteSegment_methods,
+    .tp_doc = "RemoteSegment(rows of (offset, addr, length, perm, kind)): a peer segment for the fast path",
+};
+
+/* FastEntry: the cached plan of one class of requests (remote segment, local buffer, op, priority,
+ * tag): where the bytes go (one transport, one rail) and how they are cut. Valid while the fast
+ * path's generation is the one it was made under. */
+typedef struct {
+  PyObject_HEAD uint64_t gen;
+  PyObject *local;  /* the LocalBuffer (identity is checked; kept alive by the entry) */
+  uint64_t laddr, llen;
+  RemoteSegmentObject *rseg;
+  int32_t rkind;    /* the remote memory kind the plan was made for */
+  uint32_t perm;    /* permission bit the op needs */
+  uint32_t opcode;
+  uint64_t ops, exec, link, slot;
+  uint32_t rail;
+  uint64_t split;      /* cut requests longer than this into slices of this size (0: never) */
+  uint64_t inline_max; /* slices up to this long may run on the caller's thread (0: never) */
+  PyObject *route, *decision;
+} FastEntryObject;
+
+static PyObject *FastEntry_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"gen", "local", "laddr", "llen", "rseg", "rkind", "perm", "opcode", "ops", "executor",
+                           "link", "rail", "slot", "split", "inline_max", "route", "decision", NULL};
+  unsigned long long gen, laddr, llen, ops, exec, link, slot, split, inline_max;
+  PyObject *local, *route, *decision;
+  RemoteSegmentObject *rseg;
+  int rkind;
+  unsigned int perm, opcode, rail;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "KOKKO!iIIKKKIKKKOO", kwlist, &gen, &local, &laddr, &llen,
+                                   &RemoteSegmentType, &rseg, &rkind, &perm, &opcode, &ops, &exec, &link, &rail,
+                                   &slot, &split, &inline_max, &route, &decision))
+    return NULL;
+  if (opcode != TENT_OP_READ && opcode != TENT_OP_WRITE) {
+    PyErr_SetString(PyExc_ValueError, "bad opcode");
+    return NULL;
+  }
+  FastEntryObject *self = (FastEntryObject *)type->tp_alloc(type, 0);
+  if (!self) return NULL;
+  self->gen = gen;
+  Py_INCREF(local);
+  self->local = local;
+  self->laddr = laddr;
+  self->llen = llen;
+  Py_INCREF(rseg);
+  self->rseg = rseg;
+  self->rkind = rkind;
+  self->perm = perm;
+  self->opcode = opcode;
+  self->ops = ops;
+  self->exec = exec;
+  self->link = link;
+  self->slot = slot;
+  self->rail = rail;
+  self->split = split;
+  self->inline_max = inline_max;
+  Py_INCREF(route);
+  self->route = route;
+  Py_INCREF(decision);
+  self->decision = decision;
+  return (PyObject *)self;
+}
+
+static void FastEntry_dealloc(FastEntryObject *self) {
+  Py_XDECREF(self->local);
+  Py_XDECREF(self->rseg);
+  Py_XDECREF(self->route);
+  Py_XDECREF(self->decision);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef FastEntry_members[] = {
+    {"route", T_OBJECT, offsetof(FastEntryObject, route), READONLY, NULL},
+    {"decision", T_OBJECT, offsetof(FastEntryObject, decision), READONLY, NULL},
+    {"local", T_OBJECT, offsetof(FastEntryObject, local), READONLY, NULL},
+    {"local_lo", T_ULONGLONG, offsetof(FastEntryObject, laddr), READONLY, "first local address it covers"},
+    {"llen", T_ULONGLONG, offsetof(FastEntryObject, llen), READONLY, NULL},
+    {"gen", T_ULONGLONG, offsetof(FastEntryObject, gen), READONLY, NULL},
+    {"split", T_ULONGLONG, offsetof(FastEntryObject, split), READONLY, NULL},
+    {"inline_max", T_ULONGLONG, offsetof(FastEntryObject, inline_max), READONLY, NULL},
+    {NULL}};
+
+static PyTypeObject FastEntryType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tent_core._native.FastEntry",
+    .tp_basicsize = sizeof(FastEntryObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = FastEntry_new,
+    .tp_dealloc = (destructor)FastEntry_dealloc,
+    .tp_members = FastEntry_members,
+    .tp_doc = "the cached plan of one class of requests (see FastPath)",
+};
+
+/* FastPath(request_type, handle_type, owner, inflight, default_timeout, size_keyed, max_entries) */
+typedef struct {
+  PyObject_HEAD uint64_t gen;
+  PyObject *cache; /* key tuple -> FastEntry */
+  PyTypeObject *request_type, *handle_type;
+  PyObject *owner, *inflight;
+  double default_timeout;
+  uint64_t small_bytes; /* requests up to this long are small: their slices carry TENT_HINT_SMALL */
+  int size_keyed; /* policy rules match on size: the request length is part of the key */
+  int enabled;
+  Py_ssize_t max_entries;
+  PyObject *fallback; /* called with (requests, deadline) when the fast path cannot take a batch */
+  /* request fields read straight from their slots (offsets of the slotted Request type; 0: use getattr) */
+  Py_ssize_t off[8];
+  Py_ssize_t off_ordering[3]; /* wait_stream, wait_event, signal_event slots (0: not slotted) */
+  /* the last hit: the same class again (one request at a time) skips building the key. The
+   * strings are held, so their addresses cannot be reused by other objects while compared. */
+  FastEntryObject *last;
+  PyObject *last_remote, *last_tag;
+  long last_op, last_prio;
+  long long last_len;
+  /* counters (tests, diagnostics) */
+  unsigned long long hits, misses;
+  vectorcallfunc vectorcall;
+} FastPathObject;
+
+static PyObject *s_op, *s_local, *s_local_offset, *s_remote, *s_remote_offset, *s_length, *s_priority, *s_tag;
+static PyObject *FastPath_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+
+static PyObject *FastPath_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"request_type", "handle_type", "owner", "inflight", "default_timeout", "size_keyed", "max_entries",
+                           "small_bytes", "fallback", NULL};
+  PyObject *req_t, *handle_t, *owner, *inflight, *fallback = Py_None;
+  double timeout;
+  int size_keyed = 0;
+  Py_ssize_t max_entries = 4096;
+  unsigned long long small_bytes = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!OO!d|pnKO", kwlist, &PyType_Type, &req_t, &PyType_Type, &handle_t,
+                                   &owner, &PyDict_Type, &inflight, &timeout, &size_keyed, &max_entries, &small_bytes,
+                                   &fallback))
+    return NULL;
+  if (fallback != Py_None && !PyCallable_Check(fallback)) {
+    PyErr_SetString(PyExc_TypeError, "fallback must be callable");
+    return NULL;
+  }
+  if (!PyType_IsSubtype((PyTypeObject *)handle_t, &BatchType)) {
+    PyErr_SetString(PyExc_TypeError, "handle_type must subclass _native.Batch");
+    return NULL;
+  }
+  FastPathObject *self = (FastPathObject *)type->tp_alloc(type, 0);
+  if (!self) return NULL;
+  self->cache = PyDict_New();
+  if (!self->cache) {
+    Py_DECREF(self);
+    return NULL;
+  }
+  Py_INCREF(req_t);
+  self->request_type = (PyTypeObject *)req_t;
+  Py_INCREF(handle_t);
+  self->handle_type = (PyTypeObject *)handle_t;
+  Py_INCREF(owner);
+  self->owner = owner;
+  Py_INCREF(inflight);
+  self->inflight = inflight;
+  self->default_timeout = timeout;
+  self->small_bytes = small_bytes;
+  self->size_keyed = size_keyed;
+  self->max_entries = max_entries > 0 ? max_entries : 1;
+  self->enabled = 1;
+  self->gen = 1;
+  self->vectorcall = FastPath_vectorcall;
+  Py_INCREF(fallback);
+  self->fallback = fallback;
+  /* requests whose stream-ordering fields are set go to the planner (the Orderer) */
+  static const char *ordering_names[3] = {"wait_stream", "wait_event", "signal_event"};
+  for (int i = 0; i < 3; i++) {
+    PyObject *d = PyDict_GetItemString(((PyTypeObject *)req_t)->tp_dict, ordering_names[i]);
+    if (d && Py_TYPE(d) == &PyMemberDescr_Type && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX)
+      self->off_ordering[i] = ((PyMemberDescrObject *)d)->d_member->offset;
+  }
+  /* a slotted request type: read its fields at their offsets */
+  PyObject *names[8] = {s_op, s_local, s_local_offset, s_remote, s_remote_offset, s_length, s_priority, s_tag};
+  for (int i = 0; i < 8; i++) {
+    PyObject *d = PyDict_GetItemWithError(((PyTypeObject *)req_t)->tp_dict, names[i]);
+    if (d && Py_TYPE(d) == &PyMemberDescr_Type && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX)
+      self->off[i] = ((PyMemberDescrObject *)d)->d_member->offset;
+  }
+  PyErr_Clear();
+  for (int i = 0; i < 8; i++)
+    if (!self->off[i]) memset(self->off, 0, sizeof self->off); /* all or none */
+  return (PyObject *)self;
+}
+
+static void fast_forget_last(FastPathObject *self) {
+  Py_CLEAR(self->last);
+  Py_CLEAR(self->last_remote);
+  Py_CLEAR(self->last_tag);
+}
+
+static int FastPath_traverse(FastPathObject *self, visitproc visit, void *arg) {
+  Py_VISIT(self->cache);
+  Py_VISIT(self->owner);
+  Py_VISIT(self->inflight);
+  Py_VISIT(self->fallback);
+  Py_VISIT(self->last);
+  return 0;
+}
+
+static int FastPath_clear(FastPathObject *self) {
+  Py_CLEAR(self->cache);
+  Py_CLEAR(self->owner);
+  Py_CLEAR(self->inflight);
+  Py_CLEAR(self->fallback);
+  fast_forget_last(self);
+  self->enabled = 0;
+  return 0;
+}
+
+static void FastPath_dealloc(FastPathObject *self) {
+  PyObject_GC_UnTrack(self);
+  FastPath_clear(self);
+  Py_XDECREF(self->request_type);
+  Py_XDECREF(self->handle_type);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The cache key of a request: (remote, id(local), op, priority, tag[, length]); NULL without an
+ * exception when the request does not fit the fast path's key (odd types). */
+static PyObject *fast_key(FastPathObject *fp, PyObject *remote, PyObject *local, long op, long prio, PyObject *tag,
+                          long long length) {
+  if (!PyUnicode_CheckExact(remote) || (tag != Py_None && !PyUnicode_CheckExact(tag))) return NULL;
+  PyObject *key = PyTuple_New(fp->size_keyed ? 6 : 5);
+  if (!key) return NULL;
+  PyObject *lid = PyLong_FromVoidPtr(local), *o = PyLong_FromLong(op), *p = PyLong_FromLong(prio);
+  PyObject *len = fp->size_keyed ? PyLong_FromLongLong(length) : NULL;
+  if (!lid || !o || !p || (fp->size_keyed && !len)) {
+    Py_XDECREF(lid);
+    Py_XDECREF(o);
+    Py_XDECREF(p);
+    Py_XDECREF(len);
+    Py_DECREF(key);
+    return NULL;
+  }
+  Py_INCREF(remote);
+  Py_INCREF(tag);
+  PyTuple_SET_ITEM(key, 0, remote);
+  PyTuple_SET_ITEM(key, 1, lid);
+  PyTuple_SET_ITEM(key, 2, o);
+  PyTuple_SET_ITEM(key, 3, p);
+  PyTuple_SET_ITEM(key, 4, tag);
+  if (len) PyTuple_SET_ITEM(key, 5, len);
+  return key;
+}
+
+/* One request's fields, as the fast path reads them. */
+typedef struct {
+  PyObject *op, *local, *loff, *remote, *roff, *length, *prio, *tag;
+} req_fields_t;
+
+static void req_fields_clear(req_fields_t *f) {
+  Py_XDECREF(f->op);
+  Py_XDECREF(f->local);
+  Py_XDECREF(f->loff);
+  Py_XDECREF(f->remote);
+  Py_XDECREF(f->roff);
+  Py_XDECREF(f->length);
+  Py_XDECREF(f->prio);
+  Py_XDECREF(f->tag);
+}
+
+static int req_fields_read(const FastPathObject *fp, PyObject *req, req_fields_t *f) {
+  memset(f, 0, sizeof *f);
+  if (fp->off[0] && Py_TYPE(req) == fp->request_type) { /* slots: no attribute lookups */
+    for (int i = 0; i < 3; i++) {
+      if (!fp->off_ordering[i]) continue;
+      PyObject *v = *(PyObject **)((char *)req + fp->off_ordering[i]);
+      if (v && v != Py_None) return -1; /* stream-ordered: the planner's */
+    }
+    PyObject **out[8] = {&f->op, &f->local, &f->loff, &f->remote, &f->roff, &f->length, &f->prio, &f->tag};
+    for (int i = 0; i < 8; i++) {
+      PyObject *v = *(PyObject **)((char *)req + fp->off[i]);
+      if (!v) return -1; /* unset slot */
+      Py_INCREF(v);
+      *out[i] = v;
+    }
+    return 0;
+  }
+  if (!(f->op = PyObject_GetAttr(req, s_op)) || !(f->local = PyObject_GetAttr(req, s_local)) ||
+      !(f->loff = PyObject_GetAttr(req, s_local_offset)) || !(f->remote = PyObject_GetAttr(req, s_remote)) ||
+      !(f->roff = PyObject_GetAttr(req, s_remote_offset)) || !(f->length = PyObject_GetAttr(req, s_length)) ||
+      !(f->prio = PyObject_GetAttr(req, s_priority)) || !(f->tag = PyObject_GetAttr(req, s_tag))) {
+    PyErr_Clear();
+    return -1;
+  }
+  static const char *ordering_names[3] = {"wait_stream", "wait_event", "signal_event"};
+  for (int i = 0; i < 3; i++) {
+    PyObject *v = PyObject_GetAttrString(req, ordering_names[i]);
+    int set = v && v != Py_None;
+    Py_XDECREF(v);
+    PyErr_Clear();
+    if (set) return -1; /* stream-ordered: the planner's */
+  }
+  return 0;
+}
+
+/* A non-negative int field, or -1 (no exception left) when it is not one. */
+static long long nonneg(PyObject *o) {
+  if (!PyLong_Check(o)) return -1;
+#if PY_VERSION_HEX < 0x030C0000
+  { /* small non-negative ints (one or two 30-bit digits): read them, no conversion call */
+    Py_ssize_t size = Py_SIZE(o);
+    const digit *d = ((PyLongObject *)o)->ob_digit;
+    if (size == 0) return 0;
+    if (size == 1) return (long long)d[0];
+    if (size == 2) return (long long)d[0] | ((long long)d[1] << PyLong_SHIFT);
+    if (size < 0) return -1;
+  }
+#endif
+  int overflow = 0;
+  long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+  if (overflow || (v == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    return -1;
+  }
+  return v;
+}
+
+typedef struct {
+  tent_slice_t *s;
+  uint8_t *inl; /* per slice: may run inline */
+  uint32_t n, cap;
+  tent_slice_t stack[32];
+  uint8_t inl_stack[32];
+} slice_buf_t;
+
+static int slices_push(slice_buf_t *sb, const tent_slice_t *s, int inl) {
+  if (sb->n == sb->cap) {
+    uint32_t cap = sb->cap * 4;
+    tent_slice_t *ns = PyMem_Malloc(cap * sizeof *ns);
+    uint8_t *ni = PyMem_Malloc(cap);
+    if (!ns || !ni) {
+      PyMem_Free(ns);
+      PyMem_Free(ni);
+      return -1;
+    }
+    memcpy(ns, sb->s, sb->n * sizeof *ns);
+    memcpy(ni, sb->inl, sb->n);
+    if (sb->s != sb->stack) {
+      PyMem_Free(sb->s);
+      PyMem_Free(sb->inl);
+    }
+    sb->s = ns;
+    sb->inl = ni;
+    sb->cap = cap;
+  }
+  sb->inl[sb->n] = (uint8_t)inl;
+  sb->s[sb->n++] = *s;
+  return 0;
+}
+
+static void slices_free(slice_buf_t *sb) {
+  if (sb->s != sb->stack) {
+    PyMem_Free(sb->s);
+    PyMem_Free(sb->inl);
+  }
+}
+
+#define FAST_MAX_ENTRIES_PER_BATCH 8
+
+/* submit(requests, deadline) -> handle, or None when the planner must run (a miss, a stale entry,
+ * or anything it would report as an error). Never raises for a bad request: the planner does. */
+static PyObject *FastPath_submit(FastPathObject *fp, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "submit(requests, deadline)");
+    return NULL;
+  }
+  if (!fp->enabled || !fp->cache) Py_RETURN_NONE;
+  PyObject *requests = args[0], *deadline = args[1];
+  PyObject *const *items;
+  Py_ssize_t nreq;
+  if (Py_TYPE(requests) == fp->request_type) {
+    items = &args[0];
+    nreq = 1;
+  } else if (PyList_CheckExact(requests)) {
+    items = ((PyListObject *)requests)->ob_item;
+    nreq = PyList_GET_SIZE(requests);
+  } else if (PyTuple_CheckExact(requests)) {
+    items = ((PyTupleObject *)requests)->ob_item;
+    nreq = PyTuple_GET_SIZE(requests);
+  } else {
+    Py_RETURN_NONE;
+  }
+  if (nreq == 0 || nreq > (1 << 20)) Py_RETURN_NONE;
+  double timeout = fp->default_timeout;
+  if (deadline != Py_None) {
+    timeout = PyFloat_AsDouble(deadline);
+    if (timeout == -1.0 && PyErr_Occurred()) {
+      PyErr_Clear();
+      Py_RETURN_NONE;
+    }
+    if (!(timeout > 0)) Py_RETURN_NONE; /* the planner raises the proper error */
+  }
+
+  slice_buf_t sb; /* no initializer: zeroing the inline arrays would cost more than the rest of a submit */
+  sb.n = 0;
+  sb.cap = 32;
+  sb.s = sb.stack;
+  sb.inl = sb.inl_stack;
+  FastEntryObject *used[FAST_MAX_ENTRIES_PER_BATCH];
+  int nused = 0;
+  int ok = 1;
+  for (Py_ssize_t i = 0; ok && i < nreq; i++) {
+    PyObject *req = items[i];
+    ok = 0;
+    if (Py_TYPE(req) != fp->request_type) break;
+    req_fields_t f;
+    if (req_fields_read(fp, req, &f) != 0) {
+      req_fields_clear(&f);
+      break;
+    }
+    long long op = nonneg(f.op), loff = nonneg(f.loff), roff = nonneg(f.roff), len = nonneg(f.length),
+              prio = nonneg(f.prio);
+    FastEntryObject *e = NULL;
+    if (op >= 0 && loff >= 0 && roff >= 0 && len > 0 && prio >= 0) {
+      FastEntryObject *last = fp->last;
+      if (last && last->gen == fp->gen && f.remote == fp->last_remote && f.local == last->local && f.tag == fp->last_tag &&
+          op == fp->last_op && prio == fp->last_prio && (!fp->size_keyed || len == fp->last_len)) {
+        e = last; /* the class of the previous request: no key to build */
+      } else {
+        PyObject *key = fast_key(fp, f.remote, f.local, (long)op, (long)prio, f.tag, len);
+        if (key) {
+          e = (FastEntryObject *)PyDict_GetItemWithError(fp->cache, key); /* borrowed */
+          Py_DECREF(key);
+        }
+        if (!e) PyErr_Clear();
+        else if (e->gen == fp->gen) {
+          fast_forget_last(fp);
+          Py_INCREF(e);
+          fp->last = e;
+          Py_INCREF(f.remote);
+          fp->last_remote = f.remote;
+          Py_INCREF(f.tag);
+          fp->last_tag = f.tag;
+          fp->last_op = (long)op;
+          fp->last_prio = (long)prio;
+          fp->last_len = len;
+        }
+      }
+    }
+    const rbuf_t *rb = NULL;
+    if (e && e->gen == fp->gen && e->local == f.local && (uint64_t)op == e->opcode && (uint64_t)loff <= e->llen &&
+        (uint64_t)len <= e->llen - (uint64_t)loff)
+      rb = rseg_find(e->rseg, (uint64_t)roff, (uint64_t)len);
+    req_fields_clear(&f);
+    if (!rb || !(rb->perm & e->perm) || rb->kind != e->rkind) break;
+    int k = 0;
+    while (k < nused && used[k] != e) k++;
+    if (k == nused) {
+      if (nused == FAST_MAX_ENTRIES_PER_BATCH) break;
+      used[nused++] = e;
+    }
+    tent_slice_t s;
+    memset(&s, 0, sizeof s);
+    s.opcode = e->opcode;
+    s.peer = e->link;
+    s.rail = e->rail;
+    s.stat_index = (uint32_t)e->slot;
+    s.attempt = (uint64_t)len <= fp->small_bytes ? TENT_HINT_SMALL : 0;
+    uint64_t local = e->laddr + (uint64_t)loff, remote = rb->addr + ((uint64_t)roff - rb->off), left = (uint64_t)len;
+    uint64_t step = e->split && left > e->split ? e->split : left;
+    ok = 1;
+    while (left > 0 && ok) {
+      s.local_addr = local;
+      s.remote_addr = remote;
+      s.length = step < left ? step : left;
+      ok = slices_push(&sb, &s, s.length <= e->inline_max) == 0;
+      local += s.length;
+      remote += s.length;
+      left -= s.length;
+    }
+  }
+  if (!ok) {
+    slices_free(&sb);
+    fp->misses++;
+    Py_RETURN_NONE;
+  }
+  fp->hits++;
+
+  /* the handle */
+  BatchObject *h = batch_obj_alloc(fp->handle_type);
+  batch_t *b = h ? batch_create((long)sb.n) : NULL;
+  if (!b) {
+    Py_XDECREF(h);
+    slices_free(&sb);
+    return h ? PyErr_NoMemory() : NULL;
+  }
+  h->b = b;
+  h->total = (long)sb.n;
+  batch_fields_init(h);
+  Py_INCREF(fp->owner);
+  Py_SETREF(h->engine, fp->owner);
+  h->deadline = h->submitted_at + timeout;
+  h->num_requests = (long)nreq;
+  if (nused == 1) {
+    Py_INCREF(used[0]);
+    Py_SETREF(h->fast, (PyObject *)used[0]);
+  } else {
+    PyObject *t = PyTuple_New(nused);
+    if (!t) goto oom;
+    for (int k = 0; k < nused; k++) {
+      Py_INCREF(used[k]);
+      PyTuple_SET_ITEM(t, k, (PyObject *)used[k]);
+    }
+    Py_SETREF(h->fast, t);
+  }
+  PyObject *token = PyLong_FromVoidPtr(b);
+  if (!token || PyDict_SetItem(fp->inflight, token, (PyObject *)h) < 0) {
+    Py_XDECREF(token);
+    goto oom;
+  }
+  /* hand the slices over, one executor call per run of slices for the same executor */
+  for (uint32_t i = 0; i < sb.n;) {
+    uint32_t j = i + 1;
+    int inl = sb.inl[i];
+    while (j < sb.n && sb.s[j].peer == sb.s[i].peer && sb.s[j].stat_index == sb.s[i].stat_index) {
+      inl &= sb.inl[j];
+      j++;
+    }
+    /* slices of one (link, rail slot) belong to one executor; find it through their entry */
+    FastEntryObject *e = used[0];
+    for (int k = 0; k < nused; k++)
+      if (used[k]->link == sb.s[i].peer && used[k]->slot == sb.s[i].stat_index) {
+        e = used[k];
+        break;
+      }
+    int rc = exec_submit(e->ops, e->exec, b, &sb.s[i], j - i, inl);
+    if (rc != 0)
+      for (uint32_t k = i; k < j; k++) {
+        batch_set_error(b, atomic_load(&b->cancelled) ? TENT_E_CANCELLED : rc);
+        batch_finish_one(b);
+      }
+    i = j;
+  }
+  if (atomic_load(&b->remaining) == 0 && PyDict_DelItem(fp->inflight, token) < 0) PyErr_Clear();
+  Py_DECREF(token);
+  slices_free(&sb);
+  return (PyObject *)h;
+oom:
+  /* nothing was submitted: the batch never had work in flight */
+  slices_free(&sb);
+  Py_DECREF(h);
+  return NULL;
+}
+
+static PyObject *FastPath_key(FastPathObject *fp, PyObject *req) {
+  req_fields_t f;
+  if (req_fields_read(fp, req, &f) != 0) {
+    req_fields_clear(&f);
+    Py_RETURN_NONE;
+  }
+  long long op = nonneg(f.op), prio = nonneg(f.prio), len = nonneg(f.length);
+  PyObject *key = op >= 0 && prio >= 0 && len >= 0 ? fast_key(fp, f.remote, f.local, (long)op, (long)prio, f.tag, len) : NULL;
+  req_fields_clear(&f);
+  if (!key) {
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+  }
+  return key;
+}
+
+static PyObject *FastPath_put(FastPathObject *fp, PyObject *args) {
+  PyObject *key;
+  FastEntryObject *e;
+  if (!PyArg_ParseTuple(args, "O!O!", &PyTuple_Type, &key, &FastEntryType, &e)) return NULL;
+  if (!fp->enabled || !fp->cache || e->gen != fp->gen) Py_RETURN_FALSE; /* made under an older state: useless */
+  if (PyDict_GET_SIZE(fp->cache) >= fp->max_entries && PyDict_Contains(fp->cache, key) == 0) PyDict_Clear(fp->cache);
+  if (PyDict_SetItem(fp->cache, key, (PyObject *)e) < 0) return NULL;
+  Py_RETURN_TRUE;
+}
+
+static PyObject *FastPath_invalidate(FastPathObject *fp, PyObject *unused) {
+  fp->gen++;
+  if (fp->cache) PyDict_Clear(fp->cache);
+  fast_forget_last(fp);
+  Py_RETURN_NONE;
+}
+
+static PyObject *FastPath_close(FastPathObject *fp, PyObject *unused) {
+  fp->enabled = 0;
+  fp->gen++;
+  if (fp->cache) PyDict_Clear(fp->cache);
+  fast_forget_last(fp);
+  Py_INCREF(Py_None);
+  Py_XSETREF(fp->owner, Py_None); /* the engine owns us: break the cycle (the fallback stays: */
+  Py_RETURN_NONE;                 /* it reports the closed engine) */
+}
+
+/* fast(requests, deadline=None): the engine's submit. The fast path, or the fallback (the planner). */
+static PyObject *FastPath_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+  FastPathObject *fp = (FastPathObject *)self;
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  PyObject *argv[2] = {NULL, Py_None};
+  if (nargs < 1 || nargs + nkw > 2) goto usage;
+  argv[0] = args[0];
+  if (nargs == 2) argv[1] = args[1];
+  for (Py_ssize_t i = 0; i < nkw; i++) {
+    PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+    if (nargs == 2 || !PyUnicode_Check(k) || PyUnicode_CompareWithASCIIString(k, "deadline") != 0) goto usage;
+    argv[1] = args[nargs + i];
+  }
+  PyObject *h = FastPath_submit(fp, argv, 2);
+  if (h != Py_None) return h;
+  Py_DECREF(h);
+  if (!fp->fallback || fp->fallback == Py_None) Py_RETURN_NONE;
+  return PyObject_CallFunctionObjArgs(fp->fallback, argv[0], argv[1], NULL);
+usage:
+  PyErr_SetString(PyExc_TypeError, "submit(requests, deadline=None)");
+  return NULL;
+}
+
+static PyObject *FastPath_get_gen(FastPathObject *fp, void *c) { return PyLong_FromUnsignedLongLong(fp->gen); }
+static PyObject *FastPath_get_size(FastPathObject *fp, void *c) { return PyLong_FromSsize_t(fp->cache ? PyDict_GET_SIZE(fp->cache) : 0); }
+static PyObject *FastPath_get_hits(FastPathObject *fp, void *c) { return PyLong_FromUnsignedLongLong(fp->hits); }
+static PyObject *FastPath_get_misses(FastPathObject *fp, void *c) { return PyLong_FromUnsignedLongLong(fp->misses); }
+
+static PyMethodDef FastPath_methods[] = {
+    {"submit", (PyCFunction)(void (*)(void))FastPath_submit, METH_FASTCALL,
+     "submit(requests, deadline) -> handle, or None: the planner must run"},
+    {"key", (PyCFunction)FastPath_key, METH_O, "key(request) -> the cache key of its class, or None"},
+    {"put", (PyCFunction)FastPath_put, METH_VARARGS, "put(key, entry) -> bool: cached (False: stale or closed)"},
+    {"invalidate", (PyCFunction)FastPath_invalidate, METH_NOARGS, "forget every entry (routes, peers or buffers changed)"},
+    {"close", (PyCFunction)FastPath_close, METH_NOARGS, "forget everything and take no request any more"},
+    {NULL}};
+
+static PyGetSetDef FastPath_getset[] = {
+    {"generation", (getter)FastPath_get_gen, NULL, "entries made under another generation are stale", NULL},
+    {"size", (getter)FastPath_get_size, NULL, "entries cached", NULL},
+    {"hits", (getter)FastPath_get_hits, NULL, "batches the fast path submitted", NULL},
+    {"misses", (getter)FastPath_get_misses, NULL, "batches it handed to the planner", NULL},
+    {NULL}};
+
+static PyMemberDef FastPath_members[] = {
+    {"enabled", T_INT, offsetof(FastPathObject, enabled), 0, "0: every submit goes to the planner"},
+    {NULL}};
+
+static PyTypeObject FastPathType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tent_core._native.FastPath",
+    .tp_basicsize = sizeof(FastPathObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_new = FastPath_new,
+    .tp_dealloc = (destructor)FastPath_dealloc,
+    .tp_traverse = (traverseproc)FastPath_traverse,
+    .tp_clear = (inquiry)FastPath_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(FastPathObject, vectorcall),
+    .tp_methods = FastPath_methods,
+    .tp_getset = FastPath_getset,
+    .tp_members = FastPath_members,
+    .tp_doc = "the engine's plan cache and its native submit path",
+};
 
 /* pop_failures(max) -> (bytes of failure records, count). Record = tent_slice_t + int32 status + pad. */
 static PyObject *py_pop_failures(PyObject *m, PyObject *args) {
@@ -543,8 +1576,10 @@ static PyObject *py_set_wait_spin_ns(PyObject *m, PyObject *arg) {
 }
 
 static PyMethodDef methods[] = {
-    {"submit", py_submit, METH_VARARGS, "submit(ops, exec, batch, slices) -> rc"},
+    {"set_hook_namespace", py_set_hook_namespace, METH_O, "set_hook_namespace(tent_core.batch globals): wait() honours its COMPLETION_HOOK"},
+    {"submit", py_submit, METH_VARARGS, "submit(ops, exec, batch, slices, inline=False) -> rc"},
     {"submit_one", (PyCFunction)(void (*)(void))py_submit_one, METH_FASTCALL, "submit one slice"},
+    {"executor_inline", py_executor_inline, METH_O, "executor_inline(ops) -> bool: it can run slices on the caller's thread"},
     {"executor_register", py_executor_register, METH_VARARGS, "executor_register(ops, handle): submit may reach it"},
     {"executor_retire", py_executor_retire, METH_VARARGS, "executor_retire(ops, handle) -> bool: no submit reaches it after return"},
     {"pop_failures", py_pop_failures, METH_VARARGS, "take queued retryable failures"},
@@ -559,7 +1594,26 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_native", "tent_core compiled hot path", -1, methods};
 
 PyMODINIT_FUNC PyInit__native(void) {
-  if (PyType_Ready(&BatchType) < 0) return NULL;
+  if (PyType_Ready(&BatchType) < 0 || PyType_Ready(&RemoteSegmentType) < 0 || PyType_Ready(&FastEntryType) < 0 ||
+      PyType_Ready(&FastPathType) < 0)
+    return NULL;
+  if (!s_op) {
+    s_op = PyUnicode_InternFromString("op");
+    s_local = PyUnicode_InternFromString("local");
+    s_local_offset = PyUnicode_InternFromString("local_offset");
+    s_remote = PyUnicode_InternFromString("remote");
+    s_remote_offset = PyUnicode_InternFromString("remote_offset");
+    s_length = PyUnicode_InternFromString("length");
+    s_priority = PyUnicode_InternFromString("priority");
+    s_tag = PyUnicode_InternFromString("tag");
+    if (!s_op || !s_local || !s_local_offset || !s_remote || !s_remote_offset || !s_length || !s_priority || !s_tag)
+      return NULL;
+  }
+  static int key_made = 0;
+  if (!key_made) {
+    if (pthread_key_create(&g_batch_cache_key, batch_cache_drop) != 0) return PyErr_NoMemory();
+    key_made = 1;
+  }
   if (g_fail_fd < 0) {
     g_fail_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (g_fail_fd < 0) return PyErr_SetFromErrno(PyExc_OSError);
@@ -568,13 +1622,19 @@ PyMODINIT_FUNC PyInit__native(void) {
   if (!m) return NULL;
   Py_INCREF(&BatchType);
   PyModule_AddObject(m, "Batch", (PyObject *)&BatchType);
+  Py_INCREF(&RemoteSegmentType);
+  PyModule_AddObject(m, "RemoteSegment", (PyObject *)&RemoteSegmentType);
+  Py_INCREF(&FastEntryType);
+  PyModule_AddObject(m, "FastEntry", (PyObject *)&FastEntryType);
+  Py_INCREF(&FastPathType);
+  PyModule_AddObject(m, "FastPath", (PyObject *)&FastPathType);
   PyModule_AddIntConstant(m, "EXECUTOR_ABI_VERSION", TENT_EXECUTOR_ABI_VERSION);
   PyModule_AddIntConstant(m, "SLICE_SIZE", sizeof(tent_slice_t));
   PyModule_AddIntConstant(m, "FAILURE_SIZE", sizeof(failure_t));
   PyModule_AddIntConstant(m, "STAT_FIELDS", ST_FIELDS);
   /* the status list and the telemetry row layout of executor_abi.h, for tent_core.abi */
-  PyObject *codes = PyDict_New(), *retry = PyDict_New(), *fields = PyList_New(0);
-  if (!codes || !retry || !fields) goto fail;
+  PyObject *codes = PyDict_New(), *retry = PyDict_New(), *fields = PyList_New(0), *notes = PyDict_New();
+  if (!codes || !retry || !fields || !notes) goto fail;
 #define ADD_STATUS_(name, value, retryable)                                              \
   do {                                                                                   \
     PyObject *v_ = PyLong_FromLong(value), *r_ = PyBool_FromLong(retryable);             \
@@ -594,18 +1654,32 @@ PyMODINIT_FUNC PyInit__native(void) {
   } while (0);
   TENT_STAT_LIST(ADD_FIELD_)
 #undef ADD_FIELD_
+#define ADD_NOTE_(name, value)                                                           \
+  do {                                                                                   \
+    PyObject *v_ = PyLong_FromLong(value);                                               \
+    int e_ = !v_ || PyDict_SetItemString(notes, #name, v_);                              \
+    Py_XDECREF(v_);                                                                      \
+    if (e_) goto fail;                                                                   \
+  } while (0);
+  TENT_NOTE_LIST(ADD_NOTE_)
+#undef ADD_NOTE_
   if (PyModule_AddObject(m, "STATUS_CODES", codes) < 0) goto fail;
   codes = NULL;
   if (PyModule_AddObject(m, "STATUS_RETRYABLE", retry) < 0) goto fail;
   retry = NULL;
   if (PyModule_AddObject(m, "STAT_FIELD_NAMES", fields) < 0) goto fail;
   fields = NULL;
+  if (PyModule_AddObject(m, "NOTE_EVENTS", notes) < 0) goto fail;
+  notes = NULL;
   PyModule_AddIntConstant(m, "FIRST_FINAL_STATUS", TENT_FIRST_FINAL);
+  PyModule_AddIntConstant(m, "ATTEMPT_MASK", TENT_ATTEMPT_MASK);
+  PyModule_AddIntConstant(m, "HINT_SMALL", TENT_HINT_SMALL);
   return m;
 fail:
   Py_XDECREF(codes);
   Py_XDECREF(retry);
   Py_XDECREF(fields);
+  Py_XDECREF(notes);
   Py_DECREF(m);
   return NULL;
 }

@@ -8,9 +8,20 @@
  *            through a per-peer mapping table and memcpy's.
  *
  * Worker threads (config `threads`, default 2) block on a condition variable and take
- * work items from a FIFO. A slice longer than `chunk` bytes (default 4 MiB) is split
- * into chunk-sized work items so every worker copies; the last finished chunk reports
- * the slice through host->complete exactly once, with the first error seen.
+ * work items from a FIFO. A slice longer than `chunk` bytes (default 1 MiB) is split
+ * into chunk-sized work items so every worker copies (a 4 MiB request uses both cores); the
+ * last finished chunk reports the slice through host->complete exactly once, with the first
+ * error seen.
+ *
+ * submit_inline (executor ABI, optional entry): the calling thread copies itself. One slice of
+ * at most one chunk is copied at once, with no queue, no worker and no wake-up: the slice is
+ * reported before the call returns. Several slices (or a longer one) are queued, one worker is
+ * woken, and the caller works through the queue alongside it until it has copied `inline_budget`
+ * bytes (default 1 MiB) or nothing is left; the workers finish the rest.
+ *
+ * A CMA peer's pidfd is polled before copies (a pid the peer no longer owns must never be
+ * written), at most once per PID_CHECK_NS per peer: a pid cannot be reused faster than the
+ * kernel cycles through the whole pid space, which takes far longer than that.
  *
  * Private (non-ABI) exports used by tent_shm.plugin through ctypes:
  *   uint64_t tent_shm_peer_add(void *ex, int32_t pid, int32_t mode);
@@ -36,6 +47,7 @@
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tent/chunk_queue.h"
@@ -48,6 +60,7 @@
 #define SHM_MODE_CMA 0
 #define SHM_MODE_MEMFD 1
 #define MAX_THREADS 64
+#define PID_CHECK_NS 1000000ull /* 1 ms */
 
 /* ---------------------------------------------------------------- peers */
 typedef struct mapping {
@@ -61,6 +74,7 @@ typedef struct peer {
   pid_t pid;
   int mode;
   int pidfd;
+  atomic_ullong alive_until_ns; /* the pidfd said "running" recently enough to skip polling it */
   atomic_int dead;
   int removed; /* under rw (write) */
   pthread_rwlock_t rw; /* readers: copies in flight; writers: mapping/peer changes */
@@ -76,6 +90,7 @@ typedef struct executor {
   const tent_host_api_t *host;
   uint32_t nthreads;
   uint64_t chunk;
+  uint64_t inline_budget; /* bytes the caller of submit_inline copies at most (beyond its first piece) */
   pthread_t threads[MAX_THREADS];
   uint32_t started;
 
@@ -105,10 +120,30 @@ static peer_t *peer_get(executor_t *ex, uint64_t h) {
   return p;
 }
 
+static inline uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 static int pidfd_exited(int pidfd) {
   if (pidfd < 0) return 0;
   struct pollfd pf = {.fd = pidfd, .events = POLLIN};
   return poll(&pf, 1, 0) > 0 && (pf.revents & (POLLIN | POLLHUP));
+}
+
+/* The peer process is gone (remembered); polls its pidfd at most once per PID_CHECK_NS. */
+static int peer_gone(peer_t *p) {
+  if (atomic_load_explicit(&p->dead, memory_order_relaxed)) return 1;
+  if (p->pidfd < 0) return 0;
+  uint64_t now = mono_ns();
+  if (now < atomic_load_explicit(&p->alive_until_ns, memory_order_relaxed)) return 0;
+  if (pidfd_exited(p->pidfd)) {
+    atomic_store(&p->dead, 1);
+    return 1;
+  }
+  atomic_store_explicit(&p->alive_until_ns, now + PID_CHECK_NS, memory_order_relaxed);
+  return 0;
 }
 
 /* mapping lookup: the mapping containing [addr, addr+len), or NULL */
@@ -169,8 +204,7 @@ static int run_work(executor_t *ex, const work_t *w) {
   peer_t *p = peer_get(ex, s->peer);
   if (!p) return TENT_E_CONNECT;
   int st;
-  if (atomic_load(&p->dead) || pidfd_exited(p->pidfd)) {
-    atomic_store(&p->dead, 1);
+  if (peer_gone(p)) {
     st = TENT_E_IO;
   } else if (p->mode == SHM_MODE_CMA) {
     st = cma_copy(p->pid, s->opcode, s->local_addr + w->off, s->remote_addr + w->off, w->len);
@@ -221,6 +255,19 @@ static void process(executor_t *ex, work_t *w) {
   finish_work(ex, w, st);
 }
 
+/* Take one queued chunk and run it on the calling thread; its size in *copied. 0 if the queue
+ * was empty. */
+static int help_one(executor_t *ex, uint64_t *copied) {
+  work_t w;
+  pthread_mutex_lock(&ex->mu);
+  int got = !ex->stop && tent_cq_pop(&ex->q, &w) == 0;
+  pthread_mutex_unlock(&ex->mu);
+  if (!got) return 0;
+  *copied = w.len;
+  process(ex, &w);
+  return 1;
+}
+
 static void *worker_main(void *arg) {
   executor_t *ex = arg;
   pthread_mutex_lock(&ex->mu);
@@ -241,7 +288,8 @@ static void *worker_main(void *arg) {
 /* ---------------------------------------------------------------- ABI */
 static void parse_config(executor_t *ex, const char *cfg) {
   ex->nthreads = 2;
-  ex->chunk = 4u << 20;
+  ex->chunk = 1u << 20;
+  ex->inline_budget = 1u << 20;
   char k[64], v[256];
   for (const char *c = cfg; tent_config_next(&c, k, sizeof k, v, sizeof v);) {
     if (!strcmp(k, "threads")) {
@@ -249,6 +297,8 @@ static void parse_config(executor_t *ex, const char *cfg) {
       ex->nthreads = t < 1 ? 1 : (t > MAX_THREADS ? MAX_THREADS : (uint32_t)t);
     } else if (!strcmp(k, "chunk")) {
       ex->chunk = strtoull(v, NULL, 10);
+    } else if (!strcmp(k, "inline_budget")) {
+      ex->inline_budget = strtoull(v, NULL, 10);
     }
   }
 }
@@ -309,8 +359,31 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
   return tent_cq_submit(&ex->q, &ex->mu, &ex->cv, &ex->stop, slices, n, ex->nthreads > 1 ? ex->chunk : 0, 65536);
 }
 
+/* The caller copies: one piece at once (reported before return, nothing queued, nobody woken);
+ * more are queued for the workers (one woken, it wakes the next) and the caller copies alongside
+ * them until it has done inline_budget bytes or the queue is empty. */
+static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) {
+  executor_t *ex = self;
+  if (n == 0) return TENT_OK;
+  if (n == 1 && (ex->chunk == 0 || slices[0].length <= ex->chunk)) {
+    tent_job_t j; /* reported below, never queued: it can live on this stack */
+    j.s = slices[0];
+    atomic_init(&j.remaining, 1);
+    atomic_init(&j.status, TENT_OK);
+    work_t w = {&j, 0, j.s.length};
+    int st = ex->host->is_cancelled(ex->host->ctx, j.s.token) ? TENT_E_CANCELLED : run_work(ex, &w);
+    ex->host->complete(ex->host->ctx, &j.s, st);
+    return TENT_OK;
+  }
+  int rc = tent_cq_submit_ex(&ex->q, &ex->mu, &ex->cv, &ex->stop, slices, n, ex->chunk, 65536, 1);
+  if (rc != TENT_OK) return rc;
+  uint64_t done = 0, c = 0;
+  while (done < ex->inline_budget && help_one(ex, &c)) done += c;
+  return TENT_OK;
+}
+
 static const tent_executor_ops_t g_ops = {
-    TENT_EXECUTOR_ABI_VERSION, sizeof(tent_executor_ops_t), "shm", ex_create, ex_destroy, ex_submit,
+    TENT_EXECUTOR_ABI_VERSION, sizeof(tent_executor_ops_t), "shm", ex_create, ex_destroy, ex_submit, ex_submit_inline,
 };
 
 EXPORT const tent_executor_ops_t *tent_executor_ops(void) { return &g_ops; }

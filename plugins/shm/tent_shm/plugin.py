@@ -598,7 +598,11 @@ class ShmTransport(Transport):
         "allow_uids": None,  # further uids (besides ours and root) allowed to map our memfd buffers (list or "1,2")
         "max_conns": 256,  # concurrent control connections the memfd server accepts
         "threads": 2,  # executor worker threads
-        "chunk": 4 << 20,  # slices longer than this are split across workers (bytes; 0 = never)
+        "chunk": 1 << 20,  # slices longer than this are split across workers (bytes; 0 = never): 4 MiB uses both cores
+        # requests up to this long are copied by the submitting thread (no hand-off, no wake-up),
+        # alongside the workers for those longer than one chunk (bytes; 0 = never)
+        "inline_bytes": 4 << 20,
+        "inline_budget": 1 << 20,  # bytes the submitting thread copies per submit beyond its first piece
         "populate": True,  # MAP_POPULATE peer memfd mappings at connect
         "connect_timeout": 5.0,  # seconds for the memfd control exchange
         "revoke_timeout": 2.0,  # seconds release_buffer waits for peers to unmap a buffer
@@ -658,7 +662,8 @@ class ShmTransport(Transport):
         self._revoke_timeout = float(cfg["revoke_timeout"])
         self._host_id = ctx.host_id
         self._lib = get_lib()
-        ex_cfg = {"threads": int(cfg["threads"]), "chunk": int(cfg["chunk"])}
+        ex_cfg = {"threads": int(cfg["threads"]), "chunk": int(cfg["chunk"]), "inline_budget": int(cfg["inline_budget"])}
+        self.inline_bytes = max(0, int(cfg["inline_bytes"]))
         self._executor = self._lib.library.create(ex_cfg)
         # the server runs in every mode: peers verify who we are through it before any same-host path
         self._server = _ShmServer(
@@ -695,6 +700,20 @@ class ShmTransport(Transport):
         if link is None:
             raise KeyError(f"shm: no peer link with handle {h:#x}")
         return _MODE_NAMES[link.mode]
+
+    def mapped_address(self, link_or_handle: PeerLink | int, remote_addr: int) -> int:
+        """Where a memfd peer's buffer at `remote_addr` is mapped in this process (0: not mapped),
+        for tools that compare the engine with a bare memcpy between the same mappings."""
+        h = link_or_handle.handle if isinstance(link_or_handle, PeerLink) else int(link_or_handle)
+        with self._lock:
+            link = self._by_handle.get(h)
+        if link is None:
+            raise KeyError(f"shm: no peer link with handle {h:#x}")
+        with link.lock:
+            for m in link.maps.values():
+                if m.local and m.remote <= remote_addr < m.remote + m.length:
+                    return m.local + (remote_addr - m.remote)
+        return 0
 
     def local_descriptor(self) -> dict[str, Any]:
         desc = {

@@ -68,6 +68,10 @@ def target_main(conn: Any, specs: list[dict[str, Any]], config: dict[str, Any]) 
         elif op == "release":
             tr.release_buffer(infos[cmd[1]])
             conn.send(True)
+        elif op == "fill":  # back to the pattern it started with
+            name = cmd[1]
+            arrays[name][:] = pattern(arrays[name].nbytes, 1000 + list(arrays).index(name))
+            conn.send(True)
         elif op == "exit":
             conn.send(True)
             break

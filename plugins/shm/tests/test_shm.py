@@ -93,21 +93,21 @@ def make_transport(mode: str, **cfg: Any) -> ShmTransport:
     return tr
 
 
-def submit(tr: ShmTransport, slices: list[tuple[int, int, int, int]], handle: int) -> Any:
-    """slices: (opcode, local, remote, length). Returns the batch."""
+def submit(tr: ShmTransport, slices: list[tuple[int, int, int, int]], handle: int, inline: bool = False) -> Any:
+    """slices: (opcode, local, remote, length). Returns the batch. `inline`: through submit_inline."""
     arr = np.zeros(len(slices), SLICE_DTYPE)
     for i, (op, local, remote, n) in enumerate(slices):
         arr[i] = (local, remote, n, handle, 0, 0, op, 0, i % 64, 0)
     b = _native.Batch(len(slices))
     ex = tr.executor
-    assert _native.submit(ex.ops, ex.handle, b, arr) == 0
+    assert _native.submit(ex.ops, ex.handle, b, arr, inline) == 0
     return b
 
 
-def one(tr: ShmTransport, op: int, local: int, remote: int, n: int, handle: int) -> Any:
+def one(tr: ShmTransport, op: int, local: int, remote: int, n: int, handle: int, inline: bool = False) -> Any:
     b = _native.Batch(1)
     ex = tr.executor
-    assert _native.submit_one(ex.ops, ex.handle, b, op, local, remote, n, handle, 0, 1, 0) == 0
+    assert _native.submit_one(ex.ops, ex.handle, b, op, local, remote, n, handle, 0, 1, 0, inline) == 0
     return b
 
 
@@ -213,6 +213,54 @@ def test_many_concurrent_slices(link: tuple[ShmTransport, int, Target]) -> None:
     for bb in batches:
         assert bb.wait(30) and bb.error == 0
     assert np.array_equal(dst, src)
+
+
+def test_inline_copy_is_done_when_submit_returns(link: tuple[ShmTransport, int, Target]) -> None:
+    """submit_inline: a copy of up to one chunk runs on the caller: reported before the call returns."""
+    tr, h, t = link
+    assert _native.executor_inline(tr.executor.ops)
+    name = "rw" if tr.link_mode(h) == "memfd" else "anon"
+    t.conn.send(("fill", name))  # other tests wrote into it
+    assert t.conn.recv() is True
+    idx = [b_["name"] for b_ in t.bufs].index(name)
+    want = pattern(t.by_name[name]["length"], 1000 + idx)
+    for off, n in ((0, 65536), (12345, 1 << 20), (1 << 20, 1)):
+        dst = np.zeros(n, np.uint8)
+        b = one(tr, READ, dst.ctypes.data, t.addr(name) + off, n, h, inline=True)
+        assert b.remaining == 0 and b.error == 0 and b.bytes_done == n  # no wait: done inside submit
+        assert np.array_equal(dst, want[off : off + n])
+    src = pattern(4096, 5)
+    b = one(tr, WRITE, src.ctypes.data, t.addr(name) + 8192, 4096, h, inline=True)
+    assert b.remaining == 0 and b.error == 0
+    assert t.get(name, 8192, 4096) == src.tobytes()
+    t.conn.send(("fill", name))  # leave the buffer as the other tests expect it
+    assert t.conn.recv() is True
+    if tr.link_mode(h) == "memfd":  # refusals are reported inline too, with the executor's checks
+        b = one(tr, READ, dst.ctypes.data, t.addr("ro") + (1 << 20) - 10, 100, h, inline=True)
+        assert b.remaining == 0 and b.error == E_BOUNDS
+        b = one(tr, WRITE, src.ctypes.data, t.addr("ro"), 4096, h, inline=True)
+        assert b.remaining == 0 and b.error == E_PERMISSION
+
+
+def test_inline_batch_is_shared_by_caller_and_workers(link: tuple[ShmTransport, int, Target]) -> None:
+    tr, h, t = link
+    name = "big" if tr.link_mode(h) == "memfd" else "anon"
+    size = t.by_name[name]["length"]
+    rng = np.random.default_rng(8)
+    cuts = np.sort(rng.choice(np.arange(1, size), 63, replace=False))
+    bounds = np.concatenate([[0], cuts, [size]])  # 64 slices, some longer than a chunk
+    src = pattern(size, 31)
+    b = submit(tr, [(WRITE, src.ctypes.data + int(a), t.addr(name) + int(a), int(e - a))
+                    for a, e in zip(bounds[:-1], bounds[1:], strict=True)], h, inline=True)
+    assert b.wait(30) and b.error == 0 and b.bytes_done == size
+    assert t.get(name, 0, size) == src.tobytes()
+    dst = np.zeros(size, np.uint8)
+    b = submit(tr, [(READ, dst.ctypes.data + int(a), t.addr(name) + int(a), int(e - a))
+                    for a, e in zip(bounds[:-1], bounds[1:], strict=True)], h, inline=True)
+    assert b.wait(30) and b.error == 0
+    assert np.array_equal(dst, src)
+    t.conn.send(("fill", name))
+    assert t.conn.recv() is True
 
 
 def test_cancelled_batch(link: tuple[ShmTransport, int, Target]) -> None:

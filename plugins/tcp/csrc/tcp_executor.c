@@ -3,13 +3,41 @@
  *
  * Client side: peers live in a generation-counted handle table (tent/handle_table.h). submit()
  * turns each slice into a job of one or more chunks (tent/chunk_queue.h; config `chunk`, default
- * 0 = whole slices) on its (peer, rail) FIFO. A rail with queued chunks and a free connection
- * slot (at most conns_per_rail chunks in flight per rail) sits in a ready list, so a worker finds
- * work in O(1) however many peers there are; it borrows a persistent connection (connecting
- * lazily), runs the chunk synchronously and, for a job's last chunk, reports the slice through
- * host->complete. Payload bytes go straight between the user's memory and send()/recv(): no
- * intermediate copies, no Python. A removed peer leaves the table at once and is freed when its
- * last in-flight chunk returns; its queued chunks fail as unreachable (retryable).
+ * 0 = whole slices) on its (peer, rail) queues: slices the core hints as parts of small,
+ * latency-sensitive requests (TENT_HINT_SMALL) on the rail's small-request queue, the others on
+ * its bulk queue. A rail has `conns_per_rail`
+ * bulk connection slots plus one express slot that only small chunks use, so a small request
+ * never waits behind a stream of large ones on the same peer; free workers serve small chunks
+ * first. A rail with queued chunks and a slot they may use sits in a ready list, so a worker
+ * finds work in O(1) however many peers there are; it borrows a persistent connection
+ * (connecting lazily), runs its chunks and, for a job's last chunk, reports the slice through
+ * host->complete. Small chunks queued together are pipelined on one connection (up to
+ * `pipeline` requests and `pipeline_bytes` bytes a run, spread over the free slots): all
+ * requests leave in one sendmsg, header and payload together, then the responses are read in
+ * order. Payload bytes go straight between the user's memory and the socket: no intermediate
+ * copies, no Python. A removed peer leaves the table at once and is freed when its last
+ * in-flight chunk returns; its queued chunks (both queues) are handed back untouched
+ * (TENT_E_REROUTED), as are those of a rail the core aborts.
+ *
+ * Progress timeout (`slice_timeout_ms`): a chunk fails with TENT_E_TIMEOUT when no byte of it moved
+ * for that long while it was being served (connecting included); time spent queued never counts.
+ * The chunks of a pipelined run are in service together from the moment the run starts (connect,
+ * then one send for all of them) until each one's answer is read; they share one progress clock,
+ * which every byte moved on the run's connection resets. Workers (and a waiter reading inline
+ * answers) report each chunk's service start/stop, moved payload bytes and congestion (a send
+ * that could not hand the kernel a byte for `congestion_ms`: the send buffer is full and not
+ * draining) through host->note, from which the core tells a dead rail from a busy one. A failed
+ * connect makes the rail fail fast for `connect_backoff_ms` while it has no connection, so a dead
+ * rail does not hold every worker.
+ *
+ * submit_inline (executor ABI, optional entry): when a rail has nothing queued and an idle
+ * connection with a free slot, the submitting thread sends the small requests itself (one
+ * sendmsg) and nobody is woken: the answers are read by the thread that waits for the batch,
+ * through progress() from the core's bounded poll, as soon as they arrive (a request and its
+ * answer then cost no thread hand-off at all, like a bare blocking exchange). When the waiter
+ * stops polling (or nobody waits), progress(token, -1) hands the connection to a worker. Anything
+ * that cannot leave at once is queued as by submit(). Such chunks are in service (and on the
+ * progress clock) from their send on.
  *
  * Server side: one accept thread per listener, one thread per accepted connection, at most
  * `max_conns` connections at once (more are closed at accept; those still authenticating hold at
@@ -18,11 +46,14 @@
  * tent/auth.h first, both ways: a server serves no byte to a client that did not prove the key
  * within `auth_timeout_ms`, a client sends none to a server that did not. A connection idle for
  * `idle_timeout_ms` is closed (clients drop pooled connections before that).
- * Every request is checked against the registered regions (bounds + permission). A region is a
+ * Every request is checked against the registered regions (bounds + permission; a sorted table,
+ * bisected, so the cost does not grow with the number of registrations). A region is a
  * handle (tcp_register_region returns its id): removing one registration removes exactly it and
  * its permission, even where another registration covers the same bytes. Regions are reference
  * counted so unregister waits for in-flight server I/O, up to `unregister_timeout_ms`; then the
  * connections still using the region are cut (their I/O fails at once) and it is freed.
+ * A READ's response header and payload leave in one sendmsg. Every connection runs with
+ * TCP_NODELAY (small requests leave at once).
  *
  * Wire protocol (little endian):
  *   request  (32 B): u32 magic 'TNTC', u16 version, u16 opcode, u64 remote_addr,
@@ -49,6 +80,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -69,6 +101,7 @@
 #define DRAIN_CHUNK (256 * 1024)
 #define MAX_RAILS 64
 #define SLOT_FREE (-2)
+#define PIPE_MAX 64 /* requests in one pipelined run at most */
 
 /* ------------------------------------------------------------------ utils */
 
@@ -132,35 +165,148 @@ static uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return l
 /* I/O results */
 enum { IO_OK = 0, IO_EOF = 1, IO_TIMEOUT = 2, IO_ERR = 3 };
 
+/* Bytes per send/recv call on the client: progress is reported (and the stall clock reset) at
+ * least this often while a long slice moves. */
+#define PROGRESS_STEP (1u << 20)
+
+/* The client's progress clock for one chunk in service. Its socket wakes every `tick` (SO_RCVTIMEO
+ * / SO_SNDTIMEO) to look at it: the progress timeout counts time without a byte moving while the
+ * chunk is being served, never time it spent queued. Moved payload bytes go to host->note. A send
+ * that cannot hand the kernel a byte for `congestion_ms` (send buffer full and not draining) is
+ * reported once per stall as congestion: the fabric pushing back, not (yet) a failure. NULL on the
+ * server side: there a timed-out call simply fails. */
+typedef struct io_watch {
+  const tent_host_api_t *host;
+  const tent_slice_t *slice;
+  uint64_t last_ms; /* last byte moved (or service start) */
+  int timeout_ms, congestion_ms;
+  int congested;   /* congestion noted for the current stall */
+} io_watch_t;
+
+static void io_moved(io_watch_t *w, size_t n, int payload) {
+  if (!w) return;
+  w->last_ms = mono_ms();
+  w->congested = 0;
+  if (payload) tent_host_note(w->host, w->slice, TENT_NOTE_PROGRESS, n);
+}
+
+/* A call woke without moving anything: 1 when the progress timeout is reached. */
+static int io_idle(io_watch_t *w, int sending) {
+  if (!w) return 1;
+  uint64_t idle = mono_ms() - w->last_ms;
+  if (idle >= (uint64_t)w->timeout_ms) return 1;
+  if (sending && !w->congested && idle >= (uint64_t)w->congestion_ms) {
+    w->congested = 1;
+    tent_host_note(w->host, w->slice, TENT_NOTE_CONGESTED, idle);
+  }
+  return 0;
+}
+
 /* Send all of buf. A call that times out with zero bytes sent = no progress. */
-static int send_all(int fd, const void *buf, size_t len, int more) {
+static int send_all(int fd, const void *buf, size_t len, int more, io_watch_t *w, int payload) {
   const char *p = buf;
   while (len) {
-    ssize_t n = send(fd, p, len, MSG_NOSIGNAL | (more ? MSG_MORE : 0));
+    size_t step = w && len > PROGRESS_STEP ? PROGRESS_STEP : len;
+    ssize_t n = send(fd, p, step, MSG_NOSIGNAL | (more || step < len ? MSG_MORE : 0));
     if (n > 0) {
       p += n;
       len -= (size_t)n;
+      io_moved(w, (size_t)n, payload);
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return IO_TIMEOUT;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (io_idle(w, 1)) return IO_TIMEOUT;
+      continue;
+    }
     return IO_ERR;
   }
   return IO_OK;
 }
 
-static int recv_all(int fd, void *buf, size_t len) {
+/* Who the bytes of one iovec entry belong to on the client: the slice they serve and whether they
+ * are its payload (moved payload is reported as progress) or a protocol header. */
+typedef struct iov_owner {
+  const tent_slice_t *slice;
+  int payload;
+} iov_owner_t;
+
+/* Send every byte of iov[0..n) (the array is consumed: entries are advanced in place). With a
+ * progress clock `w`, own[i] names the owner of iov[i] (consumed in step): each call hands the
+ * kernel at most PROGRESS_STEP bytes, so moved payload is reported as it goes, and a call that
+ * wakes without sending anything only fails once the clock runs out. */
+static int sendv_all(int fd, struct iovec *iov, int n, io_watch_t *w, const iov_owner_t *own) {
+  while (n > 0) {
+    int cnt = n > 1024 ? 1024 : n;
+    struct iovec *cut = NULL; /* an entry shortened to keep this call within PROGRESS_STEP */
+    size_t cut_len = 0;
+    if (w) {
+      size_t total = 0;
+      int i = 0;
+      while (i < cnt && total + iov[i].iov_len <= PROGRESS_STEP) total += iov[i++].iov_len;
+      if (i < cnt && total < PROGRESS_STEP) { /* entry i fits in part: shorten it for this call */
+        cut = &iov[i];
+        cut_len = iov[i].iov_len;
+        iov[i].iov_len = PROGRESS_STEP - total;
+        i++;
+      }
+      cnt = i; /* >= 1: an empty prefix leaves total < PROGRESS_STEP, so entry 0 is taken or cut */
+    }
+    int more = cut != NULL || cnt < n;
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
+    ssize_t k = sendmsg(fd, &m, MSG_NOSIGNAL | (w && more ? MSG_MORE : 0));
+    if (cut) cut->iov_len = cut_len;
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (w && own) w->slice = own->slice; /* the slice whose bytes are stuck */
+        if (io_idle(w, 1)) return IO_TIMEOUT;
+        continue;
+      }
+      return IO_ERR;
+    }
+    if (k == 0) return IO_ERR;
+    size_t left = (size_t)k;
+    if (w) io_moved(w, 0, 0);
+    while (n > 0 && left >= iov->iov_len) {
+      if (w && own && own->payload && iov->iov_len) {
+        w->slice = own->slice;
+        io_moved(w, iov->iov_len, 1);
+      }
+      left -= iov->iov_len;
+      iov++;
+      if (own) own++;
+      n--;
+    }
+    if (n > 0) {
+      if (w && own && own->payload && left) {
+        w->slice = own->slice;
+        io_moved(w, left, 1);
+      }
+      iov->iov_base = (char *)iov->iov_base + left;
+      iov->iov_len -= left;
+    }
+  }
+  return IO_OK;
+}
+
+static int recv_all(int fd, void *buf, size_t len, io_watch_t *w, int payload) {
   char *p = buf;
   while (len) {
-    ssize_t n = recv(fd, p, len, MSG_WAITALL);
+    size_t step = w && len > PROGRESS_STEP ? PROGRESS_STEP : len;
+    ssize_t n = recv(fd, p, step, MSG_WAITALL);
     if (n > 0) {
       p += n;
       len -= (size_t)n;
+      io_moved(w, (size_t)n, payload);
       continue;
     }
     if (n == 0) return IO_EOF;
     if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return IO_TIMEOUT;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (io_idle(w, 0)) return IO_TIMEOUT;
+      continue;
+    }
     return IO_ERR;
   }
   return IO_OK;
@@ -189,7 +335,6 @@ typedef struct region {
   uint32_t perm;
   int refs;
   int dead;
-  struct region *next;
 } region_t;
 
 typedef struct rail {
@@ -197,12 +342,14 @@ typedef struct rail {
   struct sockaddr_in local;  /* sin_addr 0 = don't bind */
   struct sockaddr_in remote;
   char name[96];
-  tent_chunk_queue_t q; /* chunks waiting for a connection slot */
-  int *idle;            /* idle connected fds */
-  uint64_t *idle_since; /* when each went idle (ms) */
+  tent_chunk_queue_t q;  /* bulk chunks waiting for a connection slot */
+  tent_chunk_queue_t qs; /* chunks of small requests (TENT_HINT_SMALL): served first, also by the express slot */
+  int *idle;             /* idle connected fds */
+  uint64_t *idle_since;  /* when each went idle (ms) */
   int nidle;
-  int *slot_fd;         /* per in-flight slot: SLOT_FREE, -1 (connecting) or the fd in use */
-  int busy;             /* chunks in flight on this rail */
+  int *slot_fd;          /* per slot: SLOT_FREE, -1 (connecting) or the fd in use; the last is the express slot */
+  int busy;              /* bulk slots in use */
+  int express_busy;      /* the express slot is in use */
   uint64_t down_until_ms; /* connect failed recently: fail fast until then */
   int ready;                       /* linked into the executor's ready list */
   struct rail *ready_prev, *ready_next;
@@ -245,9 +392,17 @@ typedef struct tcp_exec {
   int auth_on;
   uint8_t auth_key[32];
   int auth_timeout_ms, max_conns, idle_timeout_ms, unregister_timeout_ms;
+  int congestion_ms;      /* a send stalled this long is reported as congestion */
+  int connect_backoff_ms; /* after a failed connect, a rail without connections fails fast this long */
+  int tick_ms;            /* client sockets wake this often to check their progress clock */
 
   uint64_t chunk;     /* cut slices into chunks of at most this many bytes (0: whole slices) */
   uint32_t max_parts;
+  int pipeline;            /* small requests in one pipelined run at most */
+  uint64_t pipeline_bytes; /* bytes of one pipelined run at most (at least one request) */
+  struct pipe_run *rx_head, *rx_tail; /* runs sent inline whose responses a worker must read */
+  struct pipe_run *spare_runs;        /* finished runs kept for the next inline submit (under mu) */
+  int nspare_runs;
 
   pthread_mutex_t mu; /* queues, peers, connection pools */
   pthread_cond_t cv;  /* work available / slot freed */
@@ -260,8 +415,10 @@ typedef struct tcp_exec {
   atomic_ullong next_reqid;
 
   pthread_mutex_t reg_mu; /* regions */
-  pthread_cond_t reg_cv;  /* CLOCK_MONOTONIC */
-  region_t *regions;
+  pthread_cond_t reg_cv;   /* CLOCK_MONOTONIC */
+  region_t **regions;      /* live regions sorted by addr (then len) */
+  size_t nregions, cap_regions;
+  uint64_t max_region_len; /* longest ever registered: bounds the backward scan of a lookup */
   int64_t next_region_id;
 
   pthread_mutex_t srv_mu; /* listeners and server connections */
@@ -286,9 +443,13 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->conns_per_rail = 2;
   ex->slice_timeout_ms = 2000;
   ex->connect_timeout_ms = 1000;
+  ex->congestion_ms = 0; /* 0: a quarter of the progress timeout */
+  ex->connect_backoff_ms = 50;
   ex->sockbuf = 4 << 20;
   ex->chunk = 0;
   ex->max_parts = 64;
+  ex->pipeline = 16;
+  ex->pipeline_bytes = 1 << 20;
   ex->auth_on = 0;
   ex->auth_timeout_ms = 5000;
   ex->max_conns = 256;
@@ -320,21 +481,25 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
       ex->auth_on = 1;
       continue;
     }
-    if (!strcmp(key, "chunk")) {
+    if (!strcmp(key, "chunk") || !strcmp(key, "pipeline_bytes")) {
       char *e = NULL;
       unsigned long long c = strtoull(val, &e, 10);
       if (e == val || *e) {
-        snprintf(err, errlen, "bad value for chunk: %s", val);
+        snprintf(err, errlen, "bad value for %s: %s", key, val);
         return -1;
       }
-      ex->chunk = c;
+      if (!strcmp(key, "chunk")) ex->chunk = c;
+      else ex->pipeline_bytes = c;
       continue;
     }
     if (!strcmp(key, "threads")) dst = &ex->nthreads, lo = 1, hi = 256;
     else if (!strcmp(key, "conns_per_rail")) dst = &ex->conns_per_rail, lo = 1, hi = 64;
     else if (!strcmp(key, "slice_timeout_ms")) dst = &ex->slice_timeout_ms, lo = 1;
     else if (!strcmp(key, "connect_timeout_ms")) dst = &ex->connect_timeout_ms, lo = 1;
+    else if (!strcmp(key, "congestion_ms")) dst = &ex->congestion_ms, lo = 0;
+    else if (!strcmp(key, "connect_backoff_ms")) dst = &ex->connect_backoff_ms, lo = 0;
     else if (!strcmp(key, "sockbuf")) dst = &ex->sockbuf, lo = 0;
+    else if (!strcmp(key, "pipeline")) dst = &ex->pipeline, lo = 1, hi = PIPE_MAX;
     else if (!strcmp(key, "auth_timeout_ms")) dst = &ex->auth_timeout_ms, lo = 1;
     else if (!strcmp(key, "max_conns")) dst = &ex->max_conns, lo = 1, hi = 65536;
     else if (!strcmp(key, "idle_timeout_ms")) dst = &ex->idle_timeout_ms, lo = 1;
@@ -346,19 +511,40 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
     }
     *dst = (int)v;
   }
+  if (ex->congestion_ms <= 0 || ex->congestion_ms > ex->slice_timeout_ms)
+    ex->congestion_ms = ex->slice_timeout_ms / 4 > 5 ? ex->slice_timeout_ms / 4 : 5;
+  ex->tick_ms = ex->congestion_ms / 2 > 5 ? ex->congestion_ms / 2 : 5;
+  if (ex->tick_ms > ex->slice_timeout_ms) ex->tick_ms = ex->slice_timeout_ms;
   return 0;
 }
 
 /* ------------------------------------------------------------------ regions */
 
-/* Returns a referenced region or NULL with *status set; `c` (the serving connection) records it. */
+/* First index whose region starts above addr (regions sorted by addr). reg_mu held. */
+static size_t region_upper(const tcp_exec_t *ex, uint64_t addr) {
+  size_t lo = 0, hi = ex->nregions;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (ex->regions[mid]->addr <= addr)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+/* Returns a referenced region or NULL with *status set; `c` (the serving connection) records it.
+ * Candidates are the regions starting at or below addr, newest start first; none starting more
+ * than the longest registration below addr can contain it, so (registrations rarely
+ * overlapping) the scan stops after one or two. */
 static region_t *region_acquire(tcp_exec_t *ex, sconn_t *c, uint64_t addr, uint64_t len, uint32_t need, int *status) {
   region_t *found = NULL;
   int saw_inside = 0;
   pthread_mutex_lock(&ex->reg_mu);
-  for (region_t *r = ex->regions; r; r = r->next) {
-    if (r->dead) continue;
-    if (addr < r->addr || addr - r->addr > r->len || len > r->len - (addr - r->addr)) continue;
+  for (size_t i = region_upper(ex, addr); i-- > 0;) {
+    region_t *r = ex->regions[i];
+    if (addr - r->addr > ex->max_region_len) break;
+    if (addr - r->addr > r->len || len > r->len - (addr - r->addr)) continue;
     saw_inside = 1;
     if ((r->perm & need) == need) {
       found = r;
@@ -389,9 +575,23 @@ EXPORT int64_t tcp_register_region(void *self, uint64_t addr, uint64_t len, uint
   r->len = len;
   r->perm = perm;
   pthread_mutex_lock(&ex->reg_mu);
+  if (ex->nregions == ex->cap_regions) {
+    size_t cap = ex->cap_regions ? ex->cap_regions * 2 : 64;
+    region_t **n = realloc(ex->regions, cap * sizeof *n);
+    if (!n) {
+      pthread_mutex_unlock(&ex->reg_mu);
+      free(r);
+      return -ENOMEM;
+    }
+    ex->regions = n;
+    ex->cap_regions = cap;
+  }
   r->id = ++ex->next_region_id;
-  r->next = ex->regions;
-  ex->regions = r;
+  size_t pos = region_upper(ex, addr); /* registrations in address order append at the end */
+  memmove(&ex->regions[pos + 1], &ex->regions[pos], (ex->nregions - pos) * sizeof *ex->regions);
+  ex->regions[pos] = r;
+  ex->nregions++;
+  if (len > ex->max_region_len) ex->max_region_len = len;
   pthread_mutex_unlock(&ex->reg_mu);
   return r->id;
 }
@@ -405,11 +605,12 @@ EXPORT int tcp_unregister_region(void *self, int64_t id, int timeout_ms) {
   if (!ex) return -EINVAL;
   if (timeout_ms < 0) timeout_ms = ex->unregister_timeout_ms;
   pthread_mutex_lock(&ex->reg_mu);
-  region_t **pp = &ex->regions, *r = NULL;
-  for (; *pp; pp = &(*pp)->next) {
-    if ((*pp)->id == id && !(*pp)->dead) {
-      r = *pp;
-      *pp = r->next;
+  region_t *r = NULL;
+  for (size_t i = 0; i < ex->nregions; i++) {
+    if (ex->regions[i]->id == id) {
+      r = ex->regions[i];
+      memmove(&ex->regions[i], &ex->regions[i + 1], (ex->nregions - i - 1) * sizeof *ex->regions);
+      ex->nregions--;
       break;
     }
   }
@@ -479,7 +680,7 @@ static int drain(int fd, uint64_t len) {
   int rc = IO_OK;
   while (len && rc == IO_OK) {
     size_t n = len < DRAIN_CHUNK ? (size_t)len : DRAIN_CHUNK;
-    rc = recv_all(fd, scratch, n);
+    rc = recv_all(fd, scratch, n, NULL, 0);
     len -= n;
   }
   free(scratch);
@@ -492,7 +693,7 @@ static int send_response(int fd, int32_t status, uint64_t reqid, int more) {
   put16(h + 4, WIRE_VERSION);
   put32(h + 8, (uint32_t)status);
   put64(h + 16, reqid);
-  return send_all(fd, h, RSP_SIZE, more);
+  return send_all(fd, h, RSP_SIZE, more, NULL, 0);
 }
 
 static void *sconn_main(void *arg) {
@@ -518,7 +719,7 @@ static void *sconn_main(void *arg) {
     int w = wait_readable(ex, fd, ex->idle_timeout_ms);
     if (w < 0) atomic_fetch_add(&ex->idle_closed, 1); /* idle too long: the client reconnects when it needs to */
     if (w <= 0) break;
-    int rc = recv_all(fd, h, REQ_SIZE);
+    int rc = recv_all(fd, h, REQ_SIZE, NULL, 0);
     if (rc != IO_OK) break; /* peer closed / stalled mid-header */
     if (get32(h) != WIRE_MAGIC || get16(h + 4) != WIRE_VERSION) {
       slog("closing connection from %s: bad request header (magic %08x version %u)", c->who, get32(h), get16(h + 4));
@@ -534,7 +735,7 @@ static void *sconn_main(void *arg) {
     region_t *r = region_acquire(ex, c, addr, len, op == TENT_OP_READ ? PERM_REMOTE_READ : PERM_REMOTE_WRITE, &status);
     if (op == TENT_OP_WRITE) {
       if (r) {
-        rc = recv_all(fd, (void *)(uintptr_t)addr, (size_t)len);
+        rc = recv_all(fd, (void *)(uintptr_t)addr, (size_t)len, NULL, 0);
         region_release(ex, c, r);
       } else {
         rc = drain(fd, len);
@@ -546,8 +747,12 @@ static void *sconn_main(void *arg) {
         if (send_response(fd, status, reqid, 0) != IO_OK) break;
         continue;
       }
-      rc = send_response(fd, TENT_OK, reqid, 1);
-      if (rc == IO_OK) rc = send_all(fd, (const void *)(uintptr_t)addr, (size_t)len, 0);
+      uint8_t rh[RSP_SIZE] = {0}; /* header and payload in one sendmsg */
+      put32(rh, WIRE_MAGIC);
+      put16(rh + 4, WIRE_VERSION);
+      put64(rh + 16, reqid);
+      struct iovec iov[2] = {{rh, RSP_SIZE}, {(void *)(uintptr_t)addr, (size_t)len}};
+      rc = sendv_all(fd, iov, len ? 2 : 1, NULL, NULL);
       region_release(ex, c, r);
       if (rc != IO_OK) break;
     }
@@ -742,8 +947,98 @@ static int rail_connect(tcp_exec_t *ex, rail_t *r) {
   }
   int fl = fcntl(fd, F_GETFL);
   fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-  set_timeouts(fd, ex->slice_timeout_ms);
+  set_timeouts(fd, ex->tick_ms); /* wake up to check the chunk's progress clock (io_watch_t) */
   return fd;
+}
+
+/* ------------------------------------------------------------------ pipelined runs */
+
+/* A run: chunks of one rail executed back to back on one connection. Its requests leave in one
+ * sendmsg (headers and WRITE payloads interleaved), its responses are read in order. A run of
+ * one chunk is the plain request/response exchange. */
+typedef struct pipe_run {
+  rail_t *r;
+  int slot, fd;
+  uint32_t k;
+  uint32_t reported;         /* chunks [0, reported) were reported as their answers came in */
+  uint64_t token;            /* the batch of a run sent inline (its waiter may read the answers) */
+  int send_rc;               /* IO_* of the send phase */
+  struct pipe_run *next;     /* in ex->rx while a worker is to read its responses */
+  io_watch_t watch;          /* the run's progress clock: every chunk of it is in service */
+  tent_chunk_t c[PIPE_MAX];
+  uint64_t reqid[PIPE_MAX];
+  int status[PIPE_MAX];
+  uint8_t hdr[PIPE_MAX][REQ_SIZE];
+} pipe_run_t;
+
+static void finish_chunk(tcp_exec_t *ex, const tent_chunk_t *c, int status);
+
+static int nslots(const tcp_exec_t *ex) { return ex->conns_per_rail + 1; } /* the last is the express slot */
+
+/* The run enters service (before its connect, if any, and its send): its progress clock starts now
+ * (queue time never counts) and each chunk's service start is reported. */
+static void run_start(tcp_exec_t *ex, pipe_run_t *pr) {
+  pr->watch = (io_watch_t){ex->host, &pr->c[0].job->s, mono_ms(), ex->slice_timeout_ms, ex->congestion_ms, 0};
+  for (uint32_t i = 0; i < pr->k; i++) tent_host_note(ex->host, &pr->c[i].job->s, TENT_NOTE_START, pr->c[i].len);
+}
+
+/* A chunk of a run leaves service: STOP, then its report (the job may be freed by it). */
+static void run_chunk_done(tcp_exec_t *ex, const tent_chunk_t *c, int status) {
+  tent_host_note(ex->host, &c->job->s, TENT_NOTE_STOP, 0);
+  finish_chunk(ex, c, status);
+}
+
+#define SPARE_RUNS 8
+
+/* A run struct for an inline submit: a spare one, or a new one (NULL when out of memory). */
+static pipe_run_t *run_get(tcp_exec_t *ex) {
+  pthread_mutex_lock(&ex->mu);
+  pipe_run_t *pr = ex->spare_runs;
+  if (pr) {
+    ex->spare_runs = pr->next;
+    ex->nspare_runs--;
+  }
+  pthread_mutex_unlock(&ex->mu);
+  return pr ? pr : malloc(sizeof(pipe_run_t));
+}
+
+static void run_put(tcp_exec_t *ex, pipe_run_t *pr) {
+  if (!pr) return;
+  pthread_mutex_lock(&ex->mu);
+  if (ex->nspare_runs < SPARE_RUNS) {
+    pr->next = ex->spare_runs;
+    ex->spare_runs = pr;
+    ex->nspare_runs++;
+    pr = NULL;
+  }
+  pthread_mutex_unlock(&ex->mu);
+  free(pr);
+}
+
+/* Send every request of the run, on its progress clock. */
+static int run_send(tcp_exec_t *ex, pipe_run_t *pr) {
+  struct iovec iov[2 * PIPE_MAX];
+  iov_owner_t own[2 * PIPE_MAX];
+  int n = 0;
+  for (uint32_t i = 0; i < pr->k; i++) {
+    const tent_chunk_t *c = &pr->c[i];
+    const tent_slice_t *s = &c->job->s;
+    uint8_t *h = pr->hdr[i];
+    pr->reqid[i] = atomic_fetch_add(&ex->next_reqid, 1);
+    put32(h, WIRE_MAGIC);
+    put16(h + 4, WIRE_VERSION);
+    put16(h + 6, (uint16_t)s->opcode);
+    put64(h + 8, s->remote_addr + c->off);
+    put64(h + 16, c->len);
+    put64(h + 24, pr->reqid[i]);
+    own[n] = (iov_owner_t){s, 0};
+    iov[n++] = (struct iovec){h, REQ_SIZE};
+    if (s->opcode == TENT_OP_WRITE && c->len) {
+      own[n] = (iov_owner_t){s, 1};
+      iov[n++] = (struct iovec){(void *)(uintptr_t)(s->local_addr + c->off), c->len};
+    }
+  }
+  return sendv_all(pr->fd, iov, n, &pr->watch, own);
 }
 
 /* A pooled connection may have been closed by the server (idle timeout, restart): true if `fd`
@@ -763,40 +1058,109 @@ static int io_status(int rc) {
   }
 }
 
-/* Run one chunk [off, off+len) of slice `s` on a connected socket. *broken set when the
- * connection must be dropped. */
-static int run_chunk(tcp_exec_t *ex, int fd, const tent_slice_t *s, uint64_t off, uint64_t len, int *broken) {
-  uint8_t h[REQ_SIZE];
-  uint64_t reqid = atomic_fetch_add(&ex->next_reqid, 1);
-  uint64_t local = s->local_addr + off;
-  put32(h, WIRE_MAGIC);
-  put16(h + 4, WIRE_VERSION);
-  put16(h + 6, (uint16_t)s->opcode);
-  put64(h + 8, s->remote_addr + off);
-  put64(h + 16, len);
-  put64(h + 24, reqid);
-  *broken = 1;
-  int rc = send_all(fd, h, REQ_SIZE, s->opcode == TENT_OP_WRITE);
-  if (rc == IO_OK && s->opcode == TENT_OP_WRITE) rc = send_all(fd, (const void *)(uintptr_t)local, len, 0);
-  if (rc != IO_OK) return io_status(rc);
-  uint8_t rsp[RSP_SIZE];
-  rc = recv_all(fd, rsp, RSP_SIZE);
-  if (rc != IO_OK) return io_status(rc);
-  if (get32(rsp) != WIRE_MAGIC || get16(rsp + 4) != WIRE_VERSION || get64(rsp + 16) != reqid) return TENT_E_PROTOCOL;
-  int32_t status = (int32_t)get32(rsp + 8);
-  if (status == TENT_OK && s->opcode == TENT_OP_READ) {
-    rc = recv_all(fd, (void *)(uintptr_t)local, len);
-    if (rc != IO_OK) return io_status(rc);
+/* A lone READ's answer: header and payload in one readv (nothing else can follow on the
+ * connection, so the payload buffer never receives another answer's bytes). On the run's
+ * progress clock like recv_all. */
+static int run_recv_one_read(pipe_run_t *pr) {
+  const tent_chunk_t *c = &pr->c[0];
+  io_watch_t *w = &pr->watch;
+  uint8_t h[RSP_SIZE];
+  char *dst = (char *)(uintptr_t)(c->job->s.local_addr + c->off);
+  struct iovec iov[2] = {{h, RSP_SIZE}, {dst, c->len}};
+  ssize_t n;
+  int rc = IO_OK, st = TENT_OK;
+  for (;;) {
+    n = readv(pr->fd, iov, 2);
+    if (n > 0) break;
+    if (n == 0) {
+      rc = IO_EOF;
+      break;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      rc = IO_ERR;
+      break;
+    }
+    if (io_idle(w, 0)) {
+      rc = IO_TIMEOUT;
+      break;
+    }
   }
-  *broken = 0;
-  if (status > 0 || status < TENT_E_INTERNAL) status = TENT_E_PROTOCOL;
-  return status;
+  if (rc == IO_OK) {
+    w->slice = &c->job->s;
+    io_moved(w, n > RSP_SIZE ? (size_t)n - RSP_SIZE : 0, n > RSP_SIZE);
+    if (n < RSP_SIZE) rc = recv_all(pr->fd, h + n, RSP_SIZE - (size_t)n, w, 0), n = RSP_SIZE;
+  }
+  if (rc == IO_OK && (get32(h) != WIRE_MAGIC || get16(h + 4) != WIRE_VERSION || get64(h + 16) != pr->reqid[0]))
+    st = TENT_E_PROTOCOL;
+  if (rc == IO_OK && st == TENT_OK) {
+    int32_t status = (int32_t)get32(h + 8);
+    size_t got = (size_t)n - RSP_SIZE;
+    if (status == TENT_OK) {
+      if (got < c->len) rc = recv_all(pr->fd, dst + got, c->len - got, w, 1);
+    } else if (got) {
+      st = TENT_E_PROTOCOL; /* a refusal carries no payload */
+    }
+    if (status > 0 || status < TENT_E_INTERNAL) status = TENT_E_PROTOCOL;
+    if (rc == IO_OK && st == TENT_OK) {
+      pr->status[0] = status;
+      return 0;
+    }
+  }
+  pr->status[0] = st != TENT_OK ? st : io_status(rc);
+  return 1;
+}
+
+/* Read the run's responses into pr->status, on its progress clock. Returns 1 when the connection
+ * must be dropped (an I/O or protocol error: the chunks not answered get that status). */
+static int run_recv(tcp_exec_t *ex, pipe_run_t *pr) {
+  if (pr->k == 1 && pr->c[0].job->s.opcode == TENT_OP_READ && pr->c[0].len) return run_recv_one_read(pr);
+  uint8_t rsp[RSP_SIZE * PIPE_MAX];
+  int all_writes = 1;
+  for (uint32_t i = 0; i < pr->k; i++) all_writes &= pr->c[i].job->s.opcode == TENT_OP_WRITE;
+  uint32_t i = 0;
+  int rc = IO_OK, st = TENT_OK;
+  if (all_writes && pr->k > 1) rc = recv_all(pr->fd, rsp, RSP_SIZE * (size_t)pr->k, &pr->watch, 0); /* all answers at once */
+  for (; rc == IO_OK && i < pr->k; i++) {
+    const tent_chunk_t *c = &pr->c[i];
+    const uint8_t *h = rsp + (all_writes && pr->k > 1 ? RSP_SIZE * i : 0);
+    if (!(all_writes && pr->k > 1) && (rc = recv_all(pr->fd, rsp, RSP_SIZE, &pr->watch, 0)) != IO_OK) break;
+    if (get32(h) != WIRE_MAGIC || get16(h + 4) != WIRE_VERSION || get64(h + 16) != pr->reqid[i]) {
+      st = TENT_E_PROTOCOL;
+      break;
+    }
+    int32_t status = (int32_t)get32(h + 8);
+    if (status == TENT_OK && c->job->s.opcode == TENT_OP_READ && c->len) {
+      pr->watch.slice = &c->job->s;
+      rc = recv_all(pr->fd, (void *)(uintptr_t)(c->job->s.local_addr + c->off), c->len, &pr->watch, 1);
+      if (rc != IO_OK) break;
+    }
+    if (status > 0 || status < TENT_E_INTERNAL) status = TENT_E_PROTOCOL;
+    pr->status[i] = status;
+    if (i + 1 < pr->k) { /* report it now (not the last: run_finish gives the connection back first) */
+      if (status == TENT_OK) {
+        atomic_fetch_add(&pr->r->bytes, c->len);
+        atomic_fetch_add(&pr->r->slices, 1);
+      } else {
+        atomic_fetch_add(&pr->r->errors, 1);
+      }
+      run_chunk_done(ex, c, status);
+      pr->reported = i + 1;
+    }
+  }
+  if (i == pr->k) return 0;
+  if (st == TENT_OK) st = io_status(rc);
+  for (; i < pr->k; i++) pr->status[i] = st;
+  return 1;
 }
 
 /* ------------------------------------------------------------------ ready list */
 
+static int slot_free_bulk(const tcp_exec_t *ex, const rail_t *r) { return r->busy < ex->conns_per_rail; }
+
 static int rail_is_ready(const tcp_exec_t *ex, const rail_t *r) {
-  return r->q.len > 0 && r->busy < ex->conns_per_rail && !r->peer->removed;
+  if (r->peer->removed) return 0;
+  return (r->qs.len > 0 && (slot_free_bulk(ex, r) || !r->express_busy)) || (r->q.len > 0 && slot_free_bulk(ex, r));
 }
 
 static void ready_unlink(tcp_exec_t *ex, rail_t *r) {
@@ -843,16 +1207,24 @@ static void fail_queue(tcp_exec_t *ex, tent_chunk_queue_t *q, int status) {
   tent_cq_free(q);
 }
 
-/* Take a rail's queued chunks out (O(1)); the caller fails them after dropping ex->mu. */
-static tent_chunk_queue_t rail_take_queue(tcp_exec_t *ex, rail_t *r) {
-  tent_chunk_queue_t q = r->q;
+/* Take a rail's queued chunks out (O(1)), bulk and small; the caller fails them after dropping
+ * ex->mu. */
+static void rail_take_queues(tcp_exec_t *ex, rail_t *r, tent_chunk_queue_t out[2]) {
+  out[0] = r->q;
+  out[1] = r->qs;
   memset(&r->q, 0, sizeof r->q);
+  memset(&r->qs, 0, sizeof r->qs);
   ready_unlink(ex, r);
-  return q;
+}
+
+static void rail_shutdown_slots(tcp_exec_t *ex, rail_t *r) {
+  for (int k = 0; k < nslots(ex); k++)
+    if (r->slot_fd[k] >= 0) shutdown(r->slot_fd[k], SHUT_RDWR);
 }
 
 static void rail_free(rail_t *r) {
   tent_cq_free(&r->q);
+  tent_cq_free(&r->qs);
   for (int k = 0; k < r->nidle; k++) close(r->idle[k]);
   free(r->idle);
   free(r->idle_since);
@@ -873,107 +1245,196 @@ static void peer_unref_locked(tcp_exec_t *ex, peer_t *pe) {
   peer_free(pe);
 }
 
+/* Claim a slot on `r` for a run of small (`small`) or bulk chunks: the express slot first for
+ * small ones. -1 when none is free. Called with ex->mu. */
+static int slot_claim(tcp_exec_t *ex, rail_t *r, int small) {
+  int slot = -1;
+  if (small && !r->express_busy) {
+    slot = ex->conns_per_rail;
+    r->express_busy = 1;
+  } else if (slot_free_bulk(ex, r)) {
+    slot = 0;
+    while (r->slot_fd[slot] != SLOT_FREE) slot++; /* busy < conns_per_rail: a free bulk slot exists */
+    r->busy++;
+  }
+  if (slot >= 0) {
+    int fd = -1;
+    uint64_t now = mono_ms();
+    while (r->nidle && fd < 0) { /* a pooled connection the server may have closed is dropped */
+      r->nidle--;
+      fd = r->idle[r->nidle];
+      if (idle_fd_stale(ex, fd, r->idle_since[r->nidle], now)) {
+        close(fd);
+        fd = -1;
+      }
+    }
+    r->slot_fd[slot] = fd;
+    r->peer->refs++;
+  }
+  return slot;
+}
+
+/* Give back a slot claimed without a connection and never used. Called with ex->mu. */
+static void slot_unclaim(tcp_exec_t *ex, rail_t *r, int slot) {
+  r->slot_fd[slot] = SLOT_FREE;
+  if (slot == ex->conns_per_rail) r->express_busy = 0;
+  else r->busy--;
+  peer_unref_locked(ex, r->peer); /* the peer is in the table: never the last reference */
+}
+
+/* Give a run's slot (and connection) back and report its chunks. Called without ex->mu. */
+static void run_finish(tcp_exec_t *ex, pipe_run_t *pr, int broken) {
+  rail_t *r = pr->r;
+  peer_t *pe = r->peer;
+  pthread_mutex_lock(&ex->mu);
+  if (pr->fd >= 0) {
+    if (broken || ex->stopping || pe->removed) close(pr->fd);
+    else {
+      r->idle_since[r->nidle] = mono_ms();
+      r->idle[r->nidle++] = pr->fd;
+    }
+  }
+  r->slot_fd[pr->slot] = SLOT_FREE;
+  if (pr->slot == ex->conns_per_rail) r->express_busy = 0;
+  else r->busy--;
+  for (uint32_t i = pr->reported; i < pr->k; i++) {
+    if (pr->status[i] == TENT_OK) {
+      atomic_fetch_add(&r->bytes, pr->c[i].len);
+      atomic_fetch_add(&r->slices, 1);
+    } else {
+      atomic_fetch_add(&r->errors, 1);
+    }
+    if (pr->status[i] != TENT_OK && ex->stopping && pr->status[i] > TENT_E_BOUNDS) pr->status[i] = TENT_E_CANCELLED;
+  }
+  if (!pe->removed) rail_update_ready(ex, r); /* a slot freed on this rail */
+  peer_unref_locked(ex, pe);
+  if (ex->ready_head) pthread_cond_signal(&ex->cv); /* work a worker can take now (nobody is woken for nothing) */
+  pthread_mutex_unlock(&ex->mu);
+  for (uint32_t i = pr->reported; i < pr->k; i++) run_chunk_done(ex, &pr->c[i], pr->status[i]);
+}
+
+/* Why a popped chunk must not run (its status), or TENT_OK when it should. `down`: the rail's
+ * connects are failing. */
+static int chunk_skip_status(tcp_exec_t *ex, const tent_chunk_t *c, int down) {
+  if (atomic_load(&c->job->status) != TENT_OK) return TENT_OK + 1; /* an earlier chunk failed: skip, its status stands */
+  if (ex->host->is_cancelled(ex->host->ctx, c->job->s.token)) return TENT_E_CANCELLED;
+  if (c->len == 0) return TENT_OK + 1;
+  if (down) return TENT_E_CONNECT;
+  return TENT_OK;
+}
+
+/* Connect the run's slot if it has no connection yet, send and read the answers, give it back. */
+static void run_exchange(tcp_exec_t *ex, pipe_run_t *pr) {
+  rail_t *r = pr->r;
+  peer_t *pe = r->peer;
+  run_start(ex, pr); /* in service from here: a connect that hangs is no progress either */
+  if (pr->fd < 0) {
+    int fd = rail_connect(ex, r);
+    pthread_mutex_lock(&ex->mu);
+    if (fd < 0) {
+      r->down_until_ms = mono_ms() + (uint64_t)ex->connect_backoff_ms;
+    } else {
+      r->down_until_ms = 0;
+      atomic_fetch_add(&r->connects, 1);
+      if (ex->stopping || pe->removed) {
+        close(fd);
+        fd = -1;
+      } else {
+        r->slot_fd[pr->slot] = fd;
+      }
+    }
+    pthread_mutex_unlock(&ex->mu);
+    pr->fd = fd;
+    if (fd < 0) {
+      for (uint32_t i = 0; i < pr->k; i++) pr->status[i] = TENT_E_CONNECT;
+      run_finish(ex, pr, 1);
+      return;
+    }
+    pr->watch.last_ms = mono_ms(); /* connected: that was progress */
+  }
+  int rc = run_send(ex, pr);
+  int broken = 1;
+  if (rc != IO_OK)
+    for (uint32_t i = 0; i < pr->k; i++) pr->status[i] = io_status(rc);
+  else
+    broken = run_recv(ex, pr);
+  run_finish(ex, pr, broken);
+}
+
 static void *worker_main(void *arg) {
   tcp_exec_t *ex = arg;
-  tent_chunk_t c;
+  pipe_run_t *pr = malloc(sizeof *pr);
+  tent_chunk_t skipped[PIPE_MAX];
+  int skip_status[PIPE_MAX];
+  if (!pr) {
+    slog("worker: out of memory");
+    return NULL;
+  }
   pthread_mutex_lock(&ex->mu);
   for (;;) {
+    if (ex->rx_head) { /* responses of a run sent inline: read them before anything else */
+      pipe_run_t *rx = ex->rx_head;
+      ex->rx_head = rx->next;
+      if (!ex->rx_head) ex->rx_tail = NULL;
+      pthread_mutex_unlock(&ex->mu);
+      run_finish(ex, rx, run_recv(ex, rx));
+      run_put(ex, rx);
+      pthread_mutex_lock(&ex->mu);
+      continue;
+    }
     if (ex->stopping) break;
     rail_t *r = ex->ready_head;
     if (!r) {
       pthread_cond_wait(&ex->cv, &ex->mu);
       continue;
     }
-    peer_t *pe = r->peer;
-    tent_cq_pop(&r->q, &c);
-    /* round robin: the rail goes to the back of the ready list (or leaves it) */
-    ready_unlink(ex, r);
-    const tent_slice_t *s = &c.job->s;
-    int status = TENT_OK, run = 0;
-    if (atomic_load(&c.job->status) != TENT_OK) {
-      status = TENT_OK; /* an earlier chunk of the slice failed: skip, its status stands */
-    } else if (ex->host->is_cancelled(ex->host->ctx, s->token)) {
-      status = TENT_E_CANCELLED;
-    } else if (c.len == 0) {
-      status = TENT_OK;
-    } else if (r->down_until_ms && mono_ms() < r->down_until_ms && r->nidle == 0) {
-      atomic_fetch_add(&r->errors, 1);
-      status = TENT_E_CONNECT;
-    } else {
-      run = 1;
+    /* small chunks first; several of them pipelined on one connection, shared out over the
+     * slots free for them */
+    int small = r->qs.len > 0;
+    tent_chunk_queue_t *q = small ? &r->qs : &r->q;
+    uint32_t want = 1;
+    if (small) {
+      int free_slots = (ex->conns_per_rail - r->busy) + !r->express_busy;
+      want = (uint32_t)((q->len + (size_t)free_slots - 1) / (size_t)free_slots);
+      if (want > (uint32_t)ex->pipeline) want = (uint32_t)ex->pipeline;
     }
-    if (!run) {
-      rail_update_ready(ex, r);
-      pthread_mutex_unlock(&ex->mu);
-      finish_chunk(ex, &c, status);
-      pthread_mutex_lock(&ex->mu);
-      continue;
-    }
-    int slot = 0;
-    while (r->slot_fd[slot] != SLOT_FREE) slot++; /* busy < conns_per_rail: a free slot exists */
-    r->busy++;
-    pe->refs++;
-    int fd = -1;
-    uint64_t now_ms = mono_ms();
-    while (r->nidle && fd < 0) {
-      r->nidle--;
-      fd = r->idle[r->nidle];
-      if (idle_fd_stale(ex, fd, r->idle_since[r->nidle], now_ms)) {
-        close(fd);
-        fd = -1;
+    int down = r->down_until_ms && mono_ms() < r->down_until_ms && r->nidle == 0;
+    uint32_t nskip = 0;
+    uint64_t bytes = 0;
+    pr->k = 0;
+    pr->reported = 0;
+    while (pr->k < want && q->len > 0) {
+      tent_chunk_t *head = &q->items[q->head];
+      if (pr->k > 0 && bytes + head->len > ex->pipeline_bytes) break;
+      tent_chunk_t c;
+      tent_cq_pop(q, &c);
+      int st = chunk_skip_status(ex, &c, down);
+      if (st != TENT_OK) {
+        skipped[nskip] = c;
+        skip_status[nskip++] = st == TENT_OK + 1 ? TENT_OK : st;
+        if (st == TENT_E_CONNECT) atomic_fetch_add(&r->errors, 1);
+        if (nskip == PIPE_MAX) break;
+        continue;
       }
+      bytes += c.len;
+      pr->status[pr->k] = TENT_OK;
+      pr->c[pr->k++] = c;
     }
-    r->slot_fd[slot] = fd;
+    ready_unlink(ex, r); /* round robin: the rail goes to the back of the ready list (or leaves it) */
+    if (pr->k > 0) {
+      pr->r = r;
+      pr->slot = slot_claim(ex, r, small);
+      pr->fd = r->slot_fd[pr->slot];
+    }
     rail_update_ready(ex, r);
+    if (pr->k > 0 && (r->qs.len > 0 || r->q.len > 0)) pthread_cond_signal(&ex->cv); /* more for another worker */
     pthread_mutex_unlock(&ex->mu);
-
-    int broken = 0;
-    status = TENT_E_CONNECT;
-    if (fd < 0) {
-      fd = rail_connect(ex, r);
-      pthread_mutex_lock(&ex->mu);
-      if (fd < 0) {
-        r->down_until_ms = mono_ms() + (uint64_t)ex->connect_timeout_ms;
-      } else {
-        r->down_until_ms = 0;
-        atomic_fetch_add(&r->connects, 1);
-        if (ex->stopping || pe->removed) {
-          close(fd);
-          fd = -1;
-        } else {
-          r->slot_fd[slot] = fd;
-        }
-      }
-      pthread_mutex_unlock(&ex->mu);
-    }
-    if (fd >= 0) status = run_chunk(ex, fd, s, c.off, c.len, &broken);
-
-    pthread_mutex_lock(&ex->mu);
-    if (fd >= 0) {
-      if (broken || ex->stopping || pe->removed) {
-        close(fd);
-      } else {
-        r->idle_since[r->nidle] = mono_ms();
-        r->idle[r->nidle++] = fd;
-      }
-    }
-    r->slot_fd[slot] = SLOT_FREE;
-    r->busy--;
-    if (status == TENT_OK) {
-      atomic_fetch_add(&r->bytes, c.len);
-      atomic_fetch_add(&r->slices, 1);
-    } else {
-      atomic_fetch_add(&r->errors, 1);
-    }
-    if (status != TENT_OK && ex->stopping && status > TENT_E_BOUNDS) status = TENT_E_CANCELLED;
-    if (!pe->removed) rail_update_ready(ex, r); /* a slot freed on this rail */
-    peer_unref_locked(ex, pe);
-    pthread_cond_signal(&ex->cv);
-    pthread_mutex_unlock(&ex->mu);
-    finish_chunk(ex, &c, status);
+    for (uint32_t i = 0; i < nskip; i++) finish_chunk(ex, &skipped[i], skip_status[i]);
+    if (pr->k > 0) run_exchange(ex, pr);
     pthread_mutex_lock(&ex->mu);
   }
   pthread_mutex_unlock(&ex->mu);
+  free(pr);
   return NULL;
 }
 
@@ -1001,15 +1462,15 @@ EXPORT int64_t tcp_add_peer(void *self, int nrails, const char **local_ips, cons
     int bad = !remote_ips[i] || inet_pton(AF_INET, remote_ips[i], &r->remote.sin_addr) != 1 ||
               remote_ports[i] <= 0 || remote_ports[i] > 65535;
     if (!bad && lip && *lip) bad = inet_pton(AF_INET, lip, &r->local.sin_addr) != 1;
-    r->idle = calloc((size_t)ex->conns_per_rail, sizeof(int));
-    r->idle_since = calloc((size_t)ex->conns_per_rail, sizeof(uint64_t));
-    r->slot_fd = calloc((size_t)ex->conns_per_rail, sizeof(int));
+    r->idle = calloc((size_t)nslots(ex), sizeof(int));
+    r->idle_since = calloc((size_t)nslots(ex), sizeof(uint64_t));
+    r->slot_fd = calloc((size_t)nslots(ex), sizeof(int));
     if (bad || !r->idle || !r->idle_since || !r->slot_fd) {
       pe->nrails = i + 1;
       peer_free(pe);
       return bad ? -EINVAL : -ENOMEM;
     }
-    for (int k = 0; k < ex->conns_per_rail; k++) r->slot_fd[k] = SLOT_FREE;
+    for (int k = 0; k < nslots(ex); k++) r->slot_fd[k] = SLOT_FREE;
     snprintf(r->name, sizeof r->name, "%s->%s:%d", (lip && *lip) ? lip : "*", remote_ips[i], remote_ports[i]);
   }
   pthread_mutex_lock(&ex->mu);
@@ -1028,13 +1489,13 @@ EXPORT int64_t tcp_add_peer(void *self, int nrails, const char **local_ips, cons
   return (int64_t)h;
 }
 
-/* Forget a peer: its handle stops resolving at once, queued chunks fail as unreachable
- * (retryable: the core may re-route them) before this returns, in-flight ones are cut short;
+/* Forget a peer: its handle stops resolving at once, queued chunks are handed back untouched
+ * (TENT_E_REROUTED, retryable: the core may re-route them) before this returns, in-flight ones are cut short;
  * the peer is freed when the last of them returns. */
 EXPORT void tcp_remove_peer(void *self, int64_t handle) {
   tcp_exec_t *ex = self;
   if (!ex) return;
-  tent_chunk_queue_t queued[MAX_RAILS];
+  tent_chunk_queue_t queued[MAX_RAILS][2];
   pthread_mutex_lock(&ex->mu);
   peer_t *pe = tent_ht_take(&ex->peers, (uint64_t)handle);
   if (!pe) {
@@ -1046,22 +1507,26 @@ EXPORT void tcp_remove_peer(void *self, int64_t handle) {
   int nrails = pe->nrails;
   for (int i = 0; i < nrails; i++) {
     rail_t *r = &pe->rails[i];
-    queued[i] = rail_take_queue(ex, r);
+    rail_take_queues(ex, r, queued[i]);
     for (int k = 0; k < r->nidle; k++) close(r->idle[k]);
     r->nidle = 0;
-    for (int k = 0; k < ex->conns_per_rail; k++)
-      if (r->slot_fd[k] >= 0) shutdown(r->slot_fd[k], SHUT_RDWR);
+    rail_shutdown_slots(ex, r);
   }
   peer_unref_locked(ex, pe); /* the table's reference: freed now unless chunks are in flight */
   pthread_cond_broadcast(&ex->cv);
   pthread_mutex_unlock(&ex->mu);
-  for (int i = 0; i < nrails; i++) fail_queue(ex, &queued[i], TENT_E_CONNECT);
+  for (int i = 0; i < nrails; i++) { /* untouched: the core re-routes them */
+    fail_queue(ex, &queued[i][0], TENT_E_REROUTED);
+    fail_queue(ex, &queued[i][1], TENT_E_REROUTED);
+  }
 }
 
-/* The core believes this rail is dead: queued chunks fail at once (retryable, so the core
- * re-routes them) and in-flight ones are cut short instead of waiting out the progress timer.
- * Returns the number of queued chunks handed back, or -EINVAL. */
-EXPORT int tcp_abort_rail(void *self, int64_t handle, int rail) {
+/* The core stopped trusting this rail: queued chunks are handed back at once (TENT_E_REROUTED,
+ * retryable and untouched, so the core re-routes them). With `in_flight`, chunks being served are
+ * cut short too (their connections shut down: they fail and are retried elsewhere) instead of
+ * waiting out the progress timer; without it they finish or time out on their own (a rail that
+ * merely looked stalled loses nothing). Returns the number of queued chunks handed back, or -EINVAL. */
+EXPORT int tcp_abort_rail(void *self, int64_t handle, int rail, int in_flight) {
   tcp_exec_t *ex = self;
   if (!ex) return -EINVAL;
   pthread_mutex_lock(&ex->mu);
@@ -1071,13 +1536,14 @@ EXPORT int tcp_abort_rail(void *self, int64_t handle, int rail) {
     return -EINVAL;
   }
   rail_t *r = &pe->rails[rail];
-  tent_chunk_queue_t q = rail_take_queue(ex, r);
-  for (int k = 0; k < ex->conns_per_rail; k++)
-    if (r->slot_fd[k] >= 0) shutdown(r->slot_fd[k], SHUT_RDWR);
+  tent_chunk_queue_t q[2];
+  rail_take_queues(ex, r, q);
+  if (in_flight) rail_shutdown_slots(ex, r); /* the express slot's connection too */
   pthread_cond_broadcast(&ex->cv);
   pthread_mutex_unlock(&ex->mu);
-  int n = (int)q.len;
-  fail_queue(ex, &q, TENT_E_CONNECT);
+  int n = (int)(q[0].len + q[1].len);
+  fail_queue(ex, &q[0], TENT_E_REROUTED); /* untouched: not an error of this rail */
+  fail_queue(ex, &q[1], TENT_E_REROUTED);
   return n;
 }
 
@@ -1174,6 +1640,11 @@ static void *ex_create(const tent_host_api_t *host, const char *config, char *er
   return ex;
 }
 
+/* The queue a slice's chunks go to: those of small requests to the small queue. */
+static int is_small(const tent_slice_t *s) { return (s->attempt & TENT_HINT_SMALL) != 0; }
+
+static tent_chunk_queue_t *job_queue(rail_t *r, const tent_slice_t *s) { return is_small(s) ? &r->qs : &r->q; }
+
 static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
   tcp_exec_t *ex = self;
   if (!ex) return TENT_E_INTERNAL;
@@ -1207,22 +1678,30 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
       if (plan[2 * pushed] == 0) continue;
       peer_t *pe = tent_ht_get(&ex->peers, slices[pushed].peer);
       rail_t *r = &pe->rails[slices[pushed].rail];
-      if (tent_cq_reserve(&r->q, plan[2 * pushed]) != 0) {
+      tent_chunk_queue_t *q = job_queue(r, &slices[pushed]);
+      if (tent_cq_reserve(q, plan[2 * pushed]) != 0) {
         rc = TENT_E_INTERNAL;
         while (pushed-- > 0) { /* take back what this submit queued, newest first */
           if (plan[2 * pushed] == 0) continue;
           peer_t *p2 = tent_ht_get(&ex->peers, slices[pushed].peer);
-          p2->rails[slices[pushed].rail].q.len -= plan[2 * pushed];
+          job_queue(&p2->rails[slices[pushed].rail], &slices[pushed])->len -= plan[2 * pushed];
         }
         break;
       }
-      tent_cq_push_job(&r->q, jobs[pushed], plan[2 * pushed], plan[2 * pushed + 1]);
+      tent_cq_push_job(q, jobs[pushed], plan[2 * pushed], plan[2 * pushed + 1]);
     }
     if (rc == TENT_OK) {
-      for (uint32_t i = 0; i < n; i++)
-        if (plan[2 * i]) rail_update_ready(ex, &((peer_t *)tent_ht_get(&ex->peers, slices[i].peer))->rails[slices[i].rail]);
-      if (n == 1 && plan[0] == 1) pthread_cond_signal(&ex->cv);
-      else pthread_cond_broadcast(&ex->cv);
+      uint64_t bulk = 0, small = 0; /* wake as many workers as can start at once, not all of them */
+      for (uint32_t i = 0; i < n; i++) {
+        if (!plan[2 * i]) continue;
+        rail_update_ready(ex, &((peer_t *)tent_ht_get(&ex->peers, slices[i].peer))->rails[slices[i].rail]);
+        if (is_small(&slices[i])) small += plan[2 * i];
+        else bulk += plan[2 * i];
+      }
+      uint64_t wake = bulk + (small + (uint64_t)ex->pipeline - 1) / (uint64_t)ex->pipeline;
+      if (wake >= (uint64_t)ex->nworkers) pthread_cond_broadcast(&ex->cv);
+      else
+        while (wake-- > 0) pthread_cond_signal(&ex->cv);
     }
     pthread_mutex_unlock(&ex->mu);
   }
@@ -1231,7 +1710,7 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
   } else if (gone) {
     for (uint32_t i = 0; i < n; i++) {
       if (plan[2 * i] == 0) {
-        ex->host->complete(ex->host->ctx, &jobs[i]->s, TENT_E_CONNECT); /* peer forgotten: retryable */
+        ex->host->complete(ex->host->ctx, &jobs[i]->s, TENT_E_REROUTED); /* peer forgotten: retryable */
         free(jobs[i]);
       }
     }
@@ -1243,6 +1722,140 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
   return rc;
 }
 
+#define INLINE_RUNS 4 /* runs one submit_inline sends at most */
+
+/* Slices of small requests to one rail leave on the caller's thread when the rail has nothing queued and an
+ * idle connection in a free slot: up to INLINE_RUNS pipelined runs are sent here, one sendmsg
+ * each, and handed to a worker to read the answers. The rest is queued as submit() would. */
+static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) {
+  tcp_exec_t *ex = self;
+  if (!ex) return TENT_E_INTERNAL;
+  if (n == 0) return TENT_OK;
+  for (uint32_t i = 0; i < n; i++) /* one rail, whole small slices: anything else takes the queue */
+    if (slices[i].peer != slices[0].peer || slices[i].rail != slices[0].rail || !is_small(&slices[i]) ||
+        (ex->chunk && slices[i].length > ex->chunk) || (slices[i].opcode != TENT_OP_READ && slices[i].opcode != TENT_OP_WRITE))
+      return ex_submit(self, slices, n);
+  tent_job_t *one_job[1];
+  tent_job_t **jobs = n == 1 ? one_job : malloc(n * sizeof *jobs);
+  pipe_run_t *runs[INLINE_RUNS] = {0};
+  int nruns = 0;
+  int rc = jobs ? TENT_OK : TENT_E_INTERNAL;
+  uint32_t made = 0;
+  for (; rc == TENT_OK && made < n; made++)
+    if (!(jobs[made] = tent_job_new(&slices[made], 1))) rc = TENT_E_INTERNAL;
+  for (int k = 0; rc == TENT_OK && k < INLINE_RUNS && (uint32_t)k < n; k++)
+    if (!(runs[k] = run_get(ex))) rc = TENT_E_INTERNAL;
+  int gone = 0;
+  if (rc == TENT_OK) {
+    pthread_mutex_lock(&ex->mu);
+    peer_t *pe = tent_ht_get(&ex->peers, slices[0].peer);
+    if (ex->stopping) rc = TENT_E_CANCELLED;
+    else if (!pe && tent_ht_was_issued(&ex->peers, slices[0].peer)) gone = 1;
+    else if (!pe || slices[0].rail >= (uint32_t)pe->nrails) rc = TENT_E_INTERNAL;
+    rail_t *r = pe && rc == TENT_OK && !gone ? &pe->rails[slices[0].rail] : NULL;
+    if (r && tent_cq_reserve(&r->qs, n) != 0) rc = TENT_E_INTERNAL; /* room for all: nothing can fail below */
+    if (r && rc == TENT_OK) {
+      uint32_t i = 0;
+      /* send now only when nothing waits before these on the rail (they would overtake it) */
+      while (i < n && nruns < INLINE_RUNS && r->q.len == 0 && r->qs.len == 0 && r->nidle > 0 &&
+             (slot_free_bulk(ex, r) || !r->express_busy)) {
+        pipe_run_t *pr = runs[nruns];
+        pr->r = r;
+        pr->slot = slot_claim(ex, r, 1);
+        pr->fd = r->slot_fd[pr->slot];
+        if (pr->fd < 0) { /* the pooled connections were stale: a worker connects (never this thread) */
+          slot_unclaim(ex, r, pr->slot);
+          break;
+        }
+        pr->k = 0;
+        pr->reported = 0;
+        pr->token = slices[0].token;
+        uint64_t bytes = 0;
+        while (i < n && pr->k < (uint32_t)ex->pipeline && (pr->k == 0 || bytes + slices[i].length <= ex->pipeline_bytes)) {
+          bytes += slices[i].length;
+          pr->status[pr->k] = TENT_OK;
+          pr->c[pr->k++] = (tent_chunk_t){jobs[i], 0, slices[i].length};
+          i++;
+        }
+        nruns++;
+      }
+      for (; i < n; i++) tent_cq_push_job(&r->qs, jobs[i], 1, slices[i].length);
+      rail_update_ready(ex, r);
+      if (r->ready) pthread_cond_signal(&ex->cv);
+    }
+    pthread_mutex_unlock(&ex->mu);
+  }
+  if (rc != TENT_OK || gone) {
+    for (int k = 0; k < INLINE_RUNS; k++) run_put(ex, runs[k]);
+    for (uint32_t i = 0; i < made; i++) {
+      if (rc == TENT_OK) ex->host->complete(ex->host->ctx, &jobs[i]->s, TENT_E_REROUTED); /* peer forgotten: retryable */
+      free(jobs[i]);
+    }
+    if (n != 1) free(jobs);
+    return rc;
+  }
+  for (int k = nruns; k < INLINE_RUNS; k++) run_put(ex, runs[k]);
+  if (n != 1) free(jobs);
+  /* send on this thread; the waiter reads the answers through progress() (or a worker, after
+   * the hand-off): nobody is woken here */
+  for (int k = 0; k < nruns; k++) {
+    pipe_run_t *pr = runs[k];
+    run_start(ex, pr);
+    pr->send_rc = run_send(ex, pr);
+    if (pr->send_rc != IO_OK) {
+      for (uint32_t i = 0; i < pr->k; i++) pr->status[i] = io_status(pr->send_rc);
+      run_finish(ex, pr, 1);
+      run_put(ex, pr);
+      continue;
+    }
+    pthread_mutex_lock(&ex->mu);
+    pr->next = NULL;
+    if (ex->rx_tail) ex->rx_tail->next = pr;
+    else ex->rx_head = pr;
+    ex->rx_tail = pr;
+    pthread_mutex_unlock(&ex->mu);
+  }
+  return TENT_OK;
+}
+
+/* Read the answers of a run of batch `token` sent inline on the calling (waiting) thread, waiting
+ * up to budget_ns for them to arrive; budget_ns < 0: wake workers to read them instead. */
+static int ex_progress(void *self, uint64_t token, int64_t budget_ns) {
+  tcp_exec_t *ex = self;
+  if (!ex) return 0;
+  pthread_mutex_lock(&ex->mu);
+  pipe_run_t *prev = NULL, *pr = ex->rx_head;
+  while (pr && pr->token != token) {
+    prev = pr;
+    pr = pr->next;
+  }
+  if (!pr || budget_ns < 0) {
+    int n = 0;
+    for (pipe_run_t *q = pr; q && n < ex->nworkers; q = q->next) n += q->token == token;
+    while (n-- > 0) pthread_cond_signal(&ex->cv);
+    pthread_mutex_unlock(&ex->mu);
+    return 0;
+  }
+  if (prev) prev->next = pr->next; /* claimed: no worker takes it now */
+  else ex->rx_head = pr->next;
+  if (ex->rx_tail == pr) ex->rx_tail = prev;
+  pthread_mutex_unlock(&ex->mu);
+  struct pollfd p = {.fd = pr->fd, .events = POLLIN};
+  struct timespec ts = {.tv_sec = budget_ns / 1000000000, .tv_nsec = budget_ns % 1000000000};
+  int n = ppoll(&p, 1, &ts, NULL);
+  if (n == 0 || (n < 0 && errno == EINTR)) { /* not yet: give it back */
+    pthread_mutex_lock(&ex->mu);
+    pr->next = ex->rx_head;
+    ex->rx_head = pr;
+    if (!ex->rx_tail) ex->rx_tail = pr;
+    pthread_mutex_unlock(&ex->mu);
+    return 0;
+  }
+  run_finish(ex, pr, run_recv(ex, pr)); /* answers arriving (or the connection broke): read them here */
+  run_put(ex, pr);
+  return 1;
+}
+
 static void ex_destroy(void *self) {
   tcp_exec_t *ex = self;
   if (!ex) return;
@@ -1251,9 +1864,7 @@ static void ex_destroy(void *self) {
   ex->stopping = 1;
   for (size_t p = 0; p < ex->peers.cap; p++) {
     peer_t *pe = ex->peers.items[p];
-    for (int i = 0; pe && i < pe->nrails; i++)
-      for (int k = 0; k < ex->conns_per_rail; k++)
-        if (pe->rails[i].slot_fd[k] >= 0) shutdown(pe->rails[i].slot_fd[k], SHUT_RDWR);
+    for (int i = 0; pe && i < pe->nrails; i++) rail_shutdown_slots(ex, &pe->rails[i]);
   }
   pthread_cond_broadcast(&ex->cv);
   pthread_mutex_unlock(&ex->mu);
@@ -1279,9 +1890,10 @@ static void ex_destroy(void *self) {
     peer_t *pe = ex->peers.items[p];
     if (!pe) continue;
     for (int i = 0; i < pe->nrails; i++) {
-      tent_chunk_queue_t q = pe->rails[i].q;
-      memset(&pe->rails[i].q, 0, sizeof q);
-      fail_queue(ex, &q, TENT_E_CANCELLED);
+      tent_chunk_queue_t q[2];
+      rail_take_queues(ex, &pe->rails[i], q);
+      fail_queue(ex, &q[0], TENT_E_CANCELLED);
+      fail_queue(ex, &q[1], TENT_E_CANCELLED);
     }
     peer_free(pe);
   }
@@ -1298,10 +1910,12 @@ static void ex_destroy(void *self) {
     if (c->fd >= 0) close(c->fd);
     free(c);
   }
-  while (ex->regions) {
-    region_t *r = ex->regions;
-    ex->regions = r->next;
-    free(r);
+  for (size_t i = 0; i < ex->nregions; i++) free(ex->regions[i]);
+  free(ex->regions);
+  while (ex->spare_runs) {
+    pipe_run_t *pr = ex->spare_runs;
+    ex->spare_runs = pr->next;
+    free(pr);
   }
   free(ex->workers);
   if (ex->wake_fd >= 0) close(ex->wake_fd);
@@ -1321,6 +1935,8 @@ static const tent_executor_ops_t g_ops = {
     .create = ex_create,
     .destroy = ex_destroy,
     .submit = ex_submit,
+    .submit_inline = ex_submit_inline,
+    .progress = ex_progress,
 };
 
 EXPORT const tent_executor_ops_t *tent_executor_ops(void) { return &g_ops; }

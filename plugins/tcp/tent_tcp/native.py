@@ -13,7 +13,8 @@ The executor library (``_executor*.so``) exports the standard ``tent_executor_op
     int64_t tcp_add_peer(void *self, int nrails, const char **local_ips,
                          const char **remote_ips, const int *remote_ports);   -> handle > 0 or -errno
     void    tcp_remove_peer(void *self, int64_t peer);        (queued slices fail retryable at once)
-    int     tcp_abort_rail(void *self, int64_t peer, int rail);   -> queued slices handed back
+    int     tcp_abort_rail(void *self, int64_t peer, int rail, int in_flight);
+            -> queued slices handed back (in_flight: also cut the ones being served)
     int     tcp_get_rail_counters(void *self, int64_t peer, int rail, uint64_t *out, int nout);
             out = [bytes_ok, chunks_ok, errors, connects]
     void    tcp_peer_stats(void *self, uint64_t out[3]);
@@ -69,7 +70,7 @@ def _bind(cdll: ctypes.CDLL) -> None:
     cdll.tcp_add_peer.restype = ctypes.c_int64
     cdll.tcp_remove_peer.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     cdll.tcp_remove_peer.restype = None
-    cdll.tcp_abort_rail.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    cdll.tcp_abort_rail.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
     cdll.tcp_abort_rail.restype = ctypes.c_int
     cdll.tcp_get_rail_counters.argtypes = [
         ctypes.c_void_p,
@@ -166,9 +167,9 @@ class TcpExecutor:
         if h:
             self._cdll.tcp_remove_peer(h, peer)
 
-    def abort_rail(self, peer: int, rail: int) -> int:
+    def abort_rail(self, peer: int, rail: int, in_flight: bool = True) -> int:
         h = self.executor.handle
-        return int(self._cdll.tcp_abort_rail(h, peer, rail)) if h else 0
+        return int(self._cdll.tcp_abort_rail(h, peer, rail, int(in_flight))) if h else 0
 
     def rail_counters(self, peer: int, rail: int) -> dict[str, int]:
         out = (ctypes.c_uint64 * 4)()

@@ -26,8 +26,10 @@ from .native import TcpExecutor, executor_path
 
 log = logging.getLogger(__name__)
 
-_EXECUTOR_KEYS = ("threads", "conns_per_rail", "slice_timeout_ms", "connect_timeout_ms", "sockbuf", "auth_timeout_ms",
-                  "max_conns", "idle_timeout_ms", "unregister_timeout_ms")
+_EXECUTOR_KEYS = (
+    "threads", "conns_per_rail", "slice_timeout_ms", "connect_timeout_ms", "sockbuf", "pipeline", "pipeline_bytes",
+    "auth_timeout_ms", "max_conns", "idle_timeout_ms", "unregister_timeout_ms", "congestion_ms", "connect_backoff_ms",
+)
 _ANY = {"", "0.0.0.0", "*"}
 
 
@@ -108,12 +110,29 @@ class TcpTransport(Transport):
         # parallel connections per rail keep the pipe full (measured on loopback: 4 beats 2 for
         # 64 MiB writes by ~15%)
         "conns_per_rail": 4,
-        # executor threads; default: one per connection slot (conns_per_rail x rails, at least 4)
+        # executor threads; default: one per connection slot ((conns_per_rail + 1) x rails, at least 4)
         "threads": None,
-        # also bounds the auth handshake of a data connection (client side)
-        "connect_timeout_ms": 1000,
+        # A connect whose SYN is lost waits for the kernel's 1 s SYN retransmission; giving up
+        # sooner and connecting afresh is what brings a rail back quickly after its link returns
+        # (heartbeats of a paused rail connect while it is down). ~1000x a datacenter RTT. Also
+        # bounds the auth handshake of a data connection (client side).
+        "connect_timeout_ms": 250,
+        # after a failed connect, a rail with no open connection fails its slices at once for this
+        # long (they are re-routed) instead of each waiting for its own connect
+        "connect_backoff_ms": 50,
+        # a send that cannot hand the kernel a byte for this long (send buffer full, not draining)
+        # is reported as congestion; 0 = a quarter of the progress timeout
+        "congestion_ms": 0,
         # SO_SNDBUF/SO_RCVBUF per connection (0 = kernel autotuning)
         "sockbuf": 4 << 20,
+        # slices of small requests (the engine's small_request_bytes; the core hints them) have their
+        # own queue and an express connection slot per rail (they never wait behind large ones to
+        # the same peer), and are pipelined when several wait
+        "pipeline": 16,  # small requests sent back to back on one connection at most
+        "pipeline_bytes": 1 << 20,  # bytes of one pipelined run at most
+        # small requests up to this long leave on the submitting thread when a connection is idle
+        # (one sendmsg, no hand-off before the wire; the waiter reads the answer)
+        "inline_bytes": 256 << 10,
         # server side (SECURITY.md): a client that has not authenticated within this is dropped
         "auth_timeout_ms": 5000,
         # connections served at once (a thread and an fd each); more are closed at accept
@@ -154,9 +173,12 @@ class TcpTransport(Transport):
         if isinstance(rails, str):
             rails = [r.strip() for r in rails.split(",") if r.strip()]
         gbps = list(cfg["nominal_gbps"] or [])
-        if cfg["threads"] is None:  # one executor thread per connection slot, so no rail starves
-            cfg["threads"] = max(4, int(cfg["conns_per_rail"]) * max(1, len(rails)))
+        if cfg["threads"] is None:
+            # one executor thread per connection slot (conns_per_rail bulk ones and the express
+            # one), so no rail starves and a small request's answer is read while large ones move
+            cfg["threads"] = max(4, (int(cfg["conns_per_rail"]) + 1) * max(1, len(rails)))
         exec_cfg: dict[str, Any] = {k: int(cfg[k]) for k in _EXECUTOR_KEYS}
+        self.inline_bytes = max(0, int(cfg["inline_bytes"]))
         if ctx.auth is not None:
             # every data connection runs the handshake of tent_core.auth (tent/auth.h) with this key
             exec_cfg["auth_key"] = ctx.auth.key("tcp").hex()
@@ -267,9 +289,9 @@ class TcpTransport(Transport):
         log.debug("tcp: peer %s handle %d rails %s", peer.engine_id, handle, [r.name for r in infos])
         return link
 
-    def abort_rail(self, link: PeerLink, rail: int) -> int:
+    def abort_rail(self, link: PeerLink, rail: int, in_flight: bool = True) -> int:
         ex = self._exec
-        return ex.abort_rail(link.handle, rail) if ex is not None else 0
+        return ex.abort_rail(link.handle, rail, in_flight) if ex is not None else 0
 
     def disconnect(self, link: PeerLink) -> None:
         with self._lock:

@@ -103,20 +103,31 @@ def run(
     slices: Sequence[tuple[int, int, int, int, int, int]],
     timeout: float = 20.0,
     cancel_first: bool = False,
+    stat_index: int = 0,
+    inline: bool = False,
+    hints: int = 0,
 ) -> Result:
     """Submit (opcode, local, remote, length, peer, rail) slices as one batch and wait.
 
     Retryable failures are finalized like the core does after its retries: fail_slice(status).
+    `stat_index` names the telemetry row the slices count on.
+    `inline`: through the executor's submit_inline (the core's path for small requests);
+    `hints`: TENT_HINT_* flags for every slice (tent_core.abi.HINT_SMALL: parts of small requests).
     """
     arr = np.zeros(len(slices), SLICE_DTYPE)
     for i, (op, local, remote, length, peer, rail) in enumerate(slices):
-        arr[i] = (local, remote, length, peer, 0, 0, op, rail, 0, 0)
+        arr[i] = (local, remote, length, peer, 0, 0, op, rail, stat_index, hints)
     b = _native.Batch(len(slices))
     if cancel_first:
         b.cancel()
     t0 = time.monotonic()
-    rc = _native.submit(ex.ops, ex.handle, b, arr)
+    rc = _native.submit(ex.ops, ex.handle, b, arr, inline)
     assert rc == 0, rc
+    return wait_result(b, t0, timeout)
+
+
+def wait_result(b: Any, t0: float, timeout: float = 20.0) -> Result:
+    """Wait for batch `b` like run() does (finalizing retryable failures)."""
     retryable: list[int] = []
     done = False
     while time.monotonic() - t0 < timeout:

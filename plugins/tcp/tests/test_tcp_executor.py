@@ -12,14 +12,14 @@ import time
 
 import numpy as np
 import pytest
-from tcp_helpers import READ, WRITE, Server, TcpExecutor, connect, pattern, run
+from tcp_helpers import FAILURE_DTYPE, READ, WRITE, Server, TcpExecutor, connect, pattern, run, wait_result
 
 from tent_core import _native
-from tent_core.abi import Status
+from tent_core.abi import HINT_SMALL, SLICE_DTYPE, Status
 
-E_CONNECT, E_IO, E_TIMEOUT = Status.E_CONNECT, Status.E_IO, Status.E_TIMEOUT
+E_CONNECT, E_IO, E_TIMEOUT, E_REROUTED = Status.E_CONNECT, Status.E_IO, Status.E_TIMEOUT, Status.E_REROUTED
 E_BOUNDS, E_PERMISSION, E_CANCELLED = Status.E_BOUNDS, Status.E_PERMISSION, Status.E_CANCELLED
-RETRYABLE = {E_CONNECT, E_IO, E_TIMEOUT}
+RETRYABLE = {E_CONNECT, E_IO, E_TIMEOUT, E_REROUTED}
 
 
 def sha(a: np.ndarray) -> str:
@@ -83,7 +83,8 @@ def test_many_concurrent_slices(server: Server, client: TcpExecutor) -> None:
     )
     assert res.done and res.error == 0, res
     assert np.array_equal(dst, src)
-    assert client.rail_counters(peer, 0)["connects"] <= 2
+    # persistent connections: the two bulk slots and the express slot small requests also use
+    assert client.rail_counters(peer, 0)["connects"] <= 3
 
 
 def test_many_batches_in_flight_from_threads(server: Server, client: TcpExecutor) -> None:
@@ -289,9 +290,53 @@ def test_remove_peer_fails_queued_slices(server: Server, client: TcpExecutor) ->
         assert res.elapsed < 1.0, res
     finally:
         server.signal(signal.SIGCONT)
-    # submitting to a removed peer reports E_CONNECT, never hangs
+    # submitting to a removed peer hands the slice back untouched, never hangs
     res = run(client, [(READ, buf.ctypes.data, server.addr("rw"), 16, peer, 0)])
-    assert res.done and res.retryable == [E_CONNECT]
+    assert res.done and res.retryable == [E_REROUTED]
+
+
+@pytest.mark.parametrize("how", ["remove_peer", "abort_rail"])
+def test_queued_bulk_and_small_chunks_are_handed_back_rerouted(server: Server, client: TcpExecutor, how: str) -> None:
+    """A stopped server holds what is in flight (2 bulk slots, the express slot's pipelined run);
+    the chunks still queued, on the bulk and on the small-request queue, come back at once and
+    untouched (TENT_E_REROUTED: the core re-routes them, no rail is blamed) when the rail is
+    aborted or the peer removed; those in flight are cut short (retryable)."""
+    peer = connect(client, server)
+    big = np.zeros(20 << 20, np.uint8)
+    small = np.zeros(32 * 2048, np.uint8)
+
+    def submit(slices: list[tuple[int, int, int]], hints: int) -> object:
+        arr = np.zeros(len(slices), SLICE_DTYPE)
+        for i, (local, remote, length) in enumerate(slices):
+            arr[i] = (local, remote, length, peer, 0, 0, READ, 0, 0, hints)
+        b = _native.Batch(len(slices))
+        assert _native.submit(client.ops, client.handle, b, arr, False) == 0
+        return b
+
+    server.signal(signal.SIGSTOP)
+    try:
+        bulk = submit([(big.ctypes.data + i * (1 << 20), server.addr("rw"), 1 << 20) for i in range(20)], 0)
+        time.sleep(0.2)  # the bulk slots fill first: the small requests get the express slot only
+        tiny = submit([(small.ctypes.data + i * 2048, server.addr("rw"), 2048) for i in range(32)], HINT_SMALL)
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        if how == "remove_peer":
+            client.remove_peer(peer)
+        else:
+            assert client.abort_rail(peer, 0, True) >= 18 + 16
+        failed: dict[int, list[int]] = {bulk.token: [], tiny.token: []}  # one waiter: failures of both batches
+        while time.monotonic() - t0 < 10 and not (bulk.wait(0) and tiny.wait(0)):
+            time.sleep(0.02)
+            for rec in np.frombuffer(_native.pop_failures(), FAILURE_DTYPE):
+                b = bulk if int(rec["token"]) == bulk.token else tiny
+                failed[b.token].append(int(rec["status"]))
+                b.fail_slice(int(rec["status"]))
+        assert bulk.wait(0) and tiny.wait(0) and time.monotonic() - t0 < 5.0, failed
+        for b, n, queued in ((bulk, 20, 18), (tiny, 32, 16)):  # at most 2 / 16 of them were in flight
+            st = failed[b.token]
+            assert len(st) == n and set(st) <= RETRYABLE and st.count(E_REROUTED) >= queued, st
+    finally:
+        server.signal(signal.SIGCONT)
 
 
 def test_unregister_then_bounds(server: Server, client: TcpExecutor) -> None:
@@ -382,7 +427,7 @@ def test_peer_churn_frees_peers_and_reuses_handles(server: Server, client: TcpEx
     fresh = connect(client, server)
     assert fresh != old and (fresh & 0xFFFFFFFF) == (old & 0xFFFFFFFF)  # same slot, new generation
     res = run(client, [(READ, buf.ctypes.data, server.addr("rw"), 4096, old, 0)])
-    assert res.done and res.retryable == [E_CONNECT], res
+    assert res.done and res.retryable == [E_REROUTED], res
     assert client.rail_counters(fresh, 0)["slices"] == 0
     assert run(client, [(READ, buf.ctypes.data, server.addr("rw"), 4096, fresh, 0)]).error == 0
 
@@ -437,5 +482,92 @@ def test_chunked_slices_spread_over_a_rails_connections(server: Server) -> None:
         assert np.array_equal(dst, src)
         c = ex.rail_counters(peer, 0)
         assert c["bytes"] == 2 * n and c["slices"] == 2 * 17 and c["connects"] >= 2, c
+    finally:
+        ex.close()
+
+
+# ---- small requests: inline send, pipelining, the express lane ---------------------------------
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_small_requests_pipelined_byte_for_byte(server: Server, client: TcpExecutor, inline: bool) -> None:
+    peer = connect(client, server)
+    rw = server.addr("rw")
+    rng = np.random.default_rng(17)
+    sizes = rng.integers(1, 96 << 10, 40)  # many per pipelined run
+    offs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    total = int(sizes.sum())
+    src = pattern(303, total)
+    for _ in range(2):  # the second round finds idle connections: sent on this thread when inline
+        res = run(client, [(WRITE, src.ctypes.data + int(o), rw + int(o), int(n), peer, 0) for o, n in zip(offs, sizes, strict=True)],
+                  inline=inline, hints=HINT_SMALL)
+        assert res.done and res.error == 0, res
+        assert server.sha("rw", 0, total) == sha(src)
+        dst = np.zeros(total, np.uint8)
+        order = rng.permutation(len(sizes))
+        res = run(client, [(READ, dst.ctypes.data + int(offs[i]), rw + int(offs[i]), int(sizes[i]), peer, 0) for i in order],
+                  inline=inline, hints=HINT_SMALL)
+        assert res.done and res.error == 0, res
+        assert np.array_equal(dst, src)
+    c = client.rail_counters(peer, 0)
+    assert c["slices"] == 4 * len(sizes) and c["errors"] == 0
+    assert c["connects"] <= 3  # two bulk slots and the express slot, reused
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_a_refused_request_in_a_pipelined_run_leaves_the_rest_and_the_connection(
+    server: Server, client: TcpExecutor, inline: bool
+) -> None:
+    peer = connect(client, server)
+    rw, cap = server.addr("rw"), server.regions["rw"][1]
+    ro = server.addr("ro")
+    assert run(client, [(READ, np.zeros(16, np.uint8).ctypes.data, rw, 16, peer, 0)]).error == 0  # a connection
+    before = client.rail_counters(peer, 0)["connects"]
+    n = 8192
+    dst = np.zeros((6, n), np.uint8)
+    src = pattern(404, n)
+    slices = [
+        (READ, dst[0].ctypes.data, rw, n, peer, 0),
+        (READ, dst[1].ctypes.data, rw + cap - n // 2, n, peer, 0),  # runs past the region: refused
+        (READ, dst[2].ctypes.data, rw + n, n, peer, 0),
+        (WRITE, src.ctypes.data, ro, n, peer, 0),  # read-only region: refused, its payload drained
+        (READ, dst[4].ctypes.data, rw + 2 * n, n, peer, 0),
+        (WRITE, src.ctypes.data, rw + 5 * n, n, peer, 0),
+    ]
+    res = run(client, slices, inline=inline, hints=HINT_SMALL)
+    assert res.done and res.error in (E_BOUNDS, E_PERMISSION), res
+    whole = pattern(1, 16 << 20)
+    assert np.array_equal(dst[0], whole[:n]) and np.array_equal(dst[2], whole[n : 2 * n])
+    assert np.array_equal(dst[4], whole[2 * n : 3 * n])
+    assert server.sha("rw", 5 * n, n) == sha(src)
+    assert not dst[1].any()
+    assert server.sha("ro", 0, n) == sha(pattern(2, 1 << 20)[:n])
+    c = client.rail_counters(peer, 0)
+    assert c["errors"] == 2 and c["connects"] <= before + 2  # refusals do not break connections
+
+
+def test_small_requests_overtake_a_queued_stream(server: Server) -> None:
+    """One bulk connection busy with a long queue of writes of a large request: a small request's
+    read takes the express slot and completes while most of the stream still waits (the stream's
+    slices are short too: only the core's hint tells them apart)."""
+    ex = TcpExecutor({"threads": 3, "conns_per_rail": 1, "slice_timeout_ms": 30000})
+    try:
+        peer = connect(ex, server)
+        rw = server.addr("rw")
+        big = 64 << 10
+        src = pattern(505, 16 << 20)
+        stream = [(WRITE, src.ctypes.data + (i % 256) * big, rw + (i % 256) * big, big, peer, 0) for i in range(1024)]
+        arr = np.zeros(len(stream), SLICE_DTYPE)
+        for i, (op, local, remote, length, p, rail) in enumerate(stream):
+            arr[i] = (local, remote, length, p, 0, 0, op, rail, 0, 0)
+        bulk = _native.Batch(len(stream))
+        t0 = time.monotonic()
+        assert _native.submit(ex.ops, ex.handle, bulk, arr) == 0
+        dst = np.zeros(4096, np.uint8)
+        small = run(ex, [(READ, dst.ctypes.data, rw + (16 << 20) - 4096, 4096, peer, 0)], hints=HINT_SMALL)
+        assert small.done and small.error == 0
+        left = bulk.remaining
+        assert left > 256, f"the small read waited for the stream ({left} of 1024 writes left)"
+        assert wait_result(bulk, t0, 60.0).error == 0
     finally:
         ex.close()

@@ -115,7 +115,7 @@ def test_transfer_through_transport(pair: tuple[TcpTransport, TcpTransport]) -> 
 
     a.disconnect(link)
     res = run(a.executor, [(READ, back.ctypes.data, ro.ctypes.data, 16, link.handle, 0)])
-    assert res.retryable == [-1]
+    assert res.retryable == [Status.E_REROUTED]  # a forgotten peer: handed back untouched
     link2 = a.connect(peer_info("b:2", b), [])
     assert link2.handle != link.handle
     assert run(a.executor, [(READ, back.ctypes.data, ro.ctypes.data, 16, link2.handle, 0)]).error == 0

@@ -108,10 +108,13 @@ static inline uint64_t tent_cq_parts(uint64_t len, uint64_t chunk, uint32_t max_
 }
 
 /* The executor ABI's submit for chunk-queue executors: queue n slices as jobs under `mu` and
- * wake workers on `cv`. TENT_OK, or TENT_E_INTERNAL with nothing queued (out of memory, or
- * *stop already set). */
-static inline int tent_cq_submit(tent_chunk_queue_t *q, pthread_mutex_t *mu, pthread_cond_t *cv, const int *stop,
-                                 const tent_slice_t *slices, uint32_t n, uint64_t chunk, uint32_t max_parts) {
+ * wake workers on `cv` (every worker when there is more than one chunk, unless `wake_one`: then a
+ * single one, for callers that work through the queue themselves and workers that wake the next
+ * while work is left). TENT_OK, or TENT_E_INTERNAL with nothing queued (out of memory, or *stop
+ * already set). */
+static inline int tent_cq_submit_ex(tent_chunk_queue_t *q, pthread_mutex_t *mu, pthread_cond_t *cv, const int *stop,
+                                    const tent_slice_t *slices, uint32_t n, uint64_t chunk, uint32_t max_parts,
+                                    int wake_one) {
   if (n == 0) return TENT_OK;
   tent_job_t **jobs = malloc(n * sizeof *jobs); /* made outside the lock */
   uint64_t *plan = malloc(2 * (size_t)n * sizeof *plan); /* parts, per */
@@ -130,7 +133,7 @@ static inline int tent_cq_submit(tent_chunk_queue_t *q, pthread_mutex_t *mu, pth
       rc = TENT_E_INTERNAL;
     } else {
       for (uint32_t i = 0; i < n; i++) tent_cq_push_job(q, jobs[i], plan[2 * i], plan[2 * i + 1]);
-      if (total > 1)
+      if (total > 1 && !wake_one)
         pthread_cond_broadcast(cv);
       else
         pthread_cond_signal(cv);
@@ -142,6 +145,11 @@ static inline int tent_cq_submit(tent_chunk_queue_t *q, pthread_mutex_t *mu, pth
   free(jobs);
   free(plan);
   return rc;
+}
+
+static inline int tent_cq_submit(tent_chunk_queue_t *q, pthread_mutex_t *mu, pthread_cond_t *cv, const int *stop,
+                                 const tent_slice_t *slices, uint32_t n, uint64_t chunk, uint32_t max_parts) {
+  return tent_cq_submit_ex(q, mu, cv, stop, slices, n, chunk, max_parts, 0);
 }
 
 static inline void tent_cq_free(tent_chunk_queue_t *q) {

@@ -37,6 +37,7 @@ enum tent_opcode { TENT_OP_READ = 0, TENT_OP_WRITE = 1 };
   X(E_IO, -2, 1)         /* connection broke mid-slice */                                      \
   X(E_TIMEOUT, -3, 1)    /* no progress within the slice progress timeout */                   \
   X(E_CONGESTED, -4, 1)  /* the rail is saturated / back-pressured */                          \
+  X(E_REROUTED, -5, 1)   /* not attempted: handed back untouched (rail aborted, peer removed) */ \
   /* final: the remote refused the request itself, retrying cannot help */                    \
   X(E_BOUNDS, -10, 0)    /* remote range not inside a registered region */                     \
   X(E_PERMISSION, -11, 0) /* remote region registered without that permission */               \
@@ -54,8 +55,8 @@ enum tent_status {
 #define TENT_FIRST_FINAL (-10)
 static inline int tent_status_retryable(int status) { return status < 0 && status > TENT_FIRST_FINAL; }
 
-/* The core's per-rail telemetry row (int64 counters that the host's complete() updates; `stat_index`
- * of a slice names the row). Executors never touch it; it lives here so C and Python share one
+/* The core's per-rail telemetry row (int64 counters that the host's complete() and note() update;
+ * `stat_index` of a slice names the row). Executors never touch it directly; it lives here so C and Python share one
  * layout (tent_core.abi.StatField is checked against it). */
 #define TENT_STAT_LIST(X)                                                                      \
   X(INFLIGHT_BYTES)                                                                            \
@@ -65,7 +66,12 @@ static inline int tent_status_retryable(int status) { return status < 0 && statu
   X(ERRORS)                                                                                    \
   X(LATENCY_NS_SUM)                                                                            \
   X(LAST_LATENCY_NS)                                                                           \
-  X(LAST_COMPLETE_NS) /* CLOCK_MONOTONIC ns */
+  X(LAST_COMPLETE_NS) /* CLOCK_MONOTONIC ns */                                                 \
+  /* service telemetry, from host->note (stays 0 for executors that do not report it): */    \
+  X(SERVING)          /* pieces of slices in service now (started, not yet stopped) */        \
+  X(PROGRESS_NS)      /* CLOCK_MONOTONIC ns of the last service start or byte moved */        \
+  X(BYTES_MOVED)      /* bytes moved, counted as they move (not at completion) */             \
+  X(CONGESTION)       /* congestion events: the fabric pushed back without failing a slice */
 
 enum tent_stat_field {
 #define TENT_STAT_ENUM_(name) TENT_STAT_##name,
@@ -86,8 +92,36 @@ typedef struct tent_slice {
   uint32_t opcode;       /* enum tent_opcode */
   uint32_t rail;         /* plugin-defined rail index within `peer` */
   uint32_t stat_index;   /* core telemetry slot; opaque to the executor */
-  uint32_t attempt;      /* retry count, for the executor's logs only */
+  uint32_t attempt;      /* bits 0-15: retry count, for the executor's logs only;
+                          * bits 16-23: TENT_HINT_* flags set by the core (may be ignored);
+                          * bits 24-31: the core's own (echo the whole field untouched) */
 } tent_slice_t;
+
+/* Service telemetry an executor reports through host->note while it works on a slice. A slice
+ * may be served in pieces (chunks); each piece in service is bracketed by START and STOP.
+ * The core measures a rail's progress timeout from these: time without progress while being
+ * served, never time spent waiting in a queue. Columns: name, value. */
+#define TENT_NOTE_LIST(X)                                                                      \
+  X(START, 0)     /* a piece of the slice entered service (value: its length) */             \
+  X(PROGRESS, 1)  /* value bytes of it moved */                                              \
+  X(STOP, 2)      /* the piece left service (before it is reported through complete) */     \
+  X(CONGESTED, 3) /* the fabric pushed back for a while (TCP: send buffer full, not draining; \
+                     RDMA: RNR / retry exceeded): a soft signal, the slice goes on */
+
+enum tent_note {
+#define TENT_NOTE_ENUM_(name, value) TENT_NOTE_##name = value,
+  TENT_NOTE_LIST(TENT_NOTE_ENUM_)
+#undef TENT_NOTE_ENUM_
+};
+
+/* Hints in bits 16-23 of tent_slice_t.attempt. An executor may use them to order its work;
+ * one that ignores them stays correct (they were zero before hints existed). */
+#define TENT_ATTEMPT_MASK 0xffffu
+#define TENT_HINT_MASK 0x00ff0000u
+/* The slice belongs to a small, latency-sensitive request (the engine config's
+ * small_request_bytes): serve it before bulk work, it may travel on its own connection or be
+ * pipelined with others. Slices of large requests never carry it, however short they are. */
+#define TENT_HINT_SMALL (1u << 16)
 
 typedef struct tent_host_api {
   uint32_t abi_version;
@@ -97,7 +131,18 @@ typedef struct tent_host_api {
   void (*complete)(void *ctx, const tent_slice_t *slice, int32_t status);
   /* Non-zero if the batch behind `token` was cancelled; executors check it before running a slice. */
   int (*is_cancelled)(void *ctx, uint64_t token);
+  /* Service telemetry (enum tent_note) about a slice the executor holds; any thread, cheap (a few
+   * atomics). Appended after ABI 1 shipped: call it through tent_host_note(), which checks that the
+   * host's struct_size covers it. Executors that never call it still work (no stall detection
+   * on their rails beyond their own timeouts). */
+  void (*note)(void *ctx, const tent_slice_t *slice, int32_t event, uint64_t value);
 } tent_host_api_t;
+
+static inline void tent_host_note(const tent_host_api_t *host, const tent_slice_t *slice, int32_t event,
+                                  uint64_t value) {
+  if (host->struct_size >= offsetof(tent_host_api_t, note) + sizeof host->note && host->note)
+    host->note(host->ctx, slice, event, value);
+}
 
 typedef struct tent_executor_ops {
   uint32_t abi_version;  /* must equal TENT_EXECUTOR_ABI_VERSION */
@@ -112,7 +157,33 @@ typedef struct tent_executor_ops {
    * was or will be reported; the caller finalizes them. An executor that has already reported some
    * of the n must return 0 and report the rest itself. */
   int (*submit)(void *self, const tent_slice_t *slices, uint32_t n);
+  /* Optional, additive (the core uses it only when struct_size covers it and it is non-NULL; an
+   * executor built against the first layout simply lacks it). Same contract as submit(), but the
+   * calling thread may do the work itself before returning: a small same-host copy completes
+   * inside the call (no hand-off to a worker, no wake-up), a small network request leaves on the
+   * caller's thread. The core calls it only with slices no longer than the transport's declared
+   * inline size; the executor may still queue some or all of them (it decides how much of the
+   * caller's time to take). The caller may hold the Python GIL: never wait on other engine work. */
+  int (*submit_inline)(void *self, const tent_slice_t *slices, uint32_t n);
+  /* Optional, additive (present when struct_size covers it and non-NULL). Work that submit_inline
+   * left half done for the batch `token` (a request sent on the caller's thread whose answer is
+   * still to be read) may be finished by a thread waiting for that batch. budget_ns >= 0: the
+   * core's waiter offers its thread for up to that long; the executor may block that long for
+   * the answer (as a bare blocking exchange would) and completes what arrives. Returns 1 when it
+   * completed something (the core calls again while the batch is unfinished), 0 when nothing of
+   * that batch is left to the waiter or the budget passed. budget_ns < 0, the hand-off: the
+   * caller stops; whatever of that batch is still pending must now go on without it (a worker
+   * takes it). The core hands off when its waiter gives up, on a non-blocking poll of the handle,
+   * and from its progress thread for every batch still running (every 0.2 s at most), so such
+   * work always completes. Executors without progress() must not leave work to waiters. */
+  int (*progress)(void *self, uint64_t token, int64_t budget_ns);
 } tent_executor_ops_t;
+
+/* struct_size of the first layout (every ops table has at least this much) */
+#define TENT_EXECUTOR_OPS_BASE_SIZE (offsetof(tent_executor_ops_t, submit_inline))
+/* struct_size of an ops table that has submit_inline / progress */
+#define TENT_EXECUTOR_OPS_INLINE_SIZE (offsetof(tent_executor_ops_t, submit_inline) + sizeof(void *))
+#define TENT_EXECUTOR_OPS_PROGRESS_SIZE (offsetof(tent_executor_ops_t, progress) + sizeof(void *))
 
 typedef const tent_executor_ops_t *(*tent_executor_ops_fn)(void);
 

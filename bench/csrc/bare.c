@@ -1,0 +1,408 @@
+/*
+ * tent_bench._bare: the bare limits the small-request benchmarks put next to the engine, in C so
+ * no interpreter sits between two system calls (a Python loop around process_vm_readv costs
+ * microseconds per call and would flatter the engine).
+ *
+ *   cma(pid, op, local, remote, block, count, threads=1, piece=0) -> bytes
+ *       `count` requests one at a time, each `block` bytes between our `local` and the process
+ *       `pid`'s `remote` with process_vm_readv (op 0, READ) or process_vm_writev (op 1, WRITE).
+ *       threads > 1: each request is cut into `piece`-byte pieces copied by `threads` threads
+ *       (this one and threads-1 helpers that poll for work, so no wake-up is ever paid: the best
+ *       a two-thread copy can do). Returns each request's seconds as float64s.
+ *   memcpy(dst, src, block, count, threads=1, piece=0) -> bytes
+ *       the same with memcpy within this process (the limit of the memfd mode).
+ *   batch_cma(pid, op, local, remote, block, n, count, threads=1) -> bytes
+ *       `count` batches of `n` requests of `block` bytes at consecutive addresses, the `n`
+ *       requests shared by `threads` threads: each batch's seconds.
+ *   tcp_serve(host) -> port
+ *       a tiny request/response TCP server on background threads (one per connection):
+ *       header {u32 op, u32 pad, u64 length}; WRITE: `length` bytes follow, answered by one byte;
+ *       READ: answered by `length` bytes. TCP_NODELAY, as the engine's connections.
+ *   tcp(host, port, op, block, count) -> bytes
+ *       `count` requests one at a time on one connection to a tcp_serve server (a WRITE's
+ *       header and payload in one writev, like the engine): each request's seconds.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+static inline uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* ---- copies: one request = `len` bytes at (local + off, remote + off), cut into pieces ---- */
+enum { K_CMA_READ, K_CMA_WRITE, K_MEMCPY };
+
+typedef struct {
+  int kind;
+  pid_t pid;
+  uint64_t local, remote, len, piece;
+  atomic_ullong next;     /* next piece offset to take */
+  atomic_ullong done;     /* bytes finished */
+  atomic_int error;       /* first errno */
+  atomic_ulong gen;       /* request number: helpers start work when it moves */
+  atomic_int stop;
+} job_t;
+
+static int copy_piece(job_t *j, uint64_t off, uint64_t n) {
+  char *l = (char *)(uintptr_t)(j->local + off), *r = (char *)(uintptr_t)(j->remote + off);
+  if (j->kind == K_MEMCPY) {
+    memcpy(l, r, n);
+    return 0;
+  }
+  while (n) {
+    struct iovec li = {l, n}, ri = {r, n};
+    ssize_t k = j->kind == K_CMA_READ ? process_vm_readv(j->pid, &li, 1, &ri, 1, 0) : process_vm_writev(j->pid, &li, 1, &ri, 1, 0);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (k == 0) return EFAULT;
+    l += k;
+    r += k;
+    n -= (uint64_t)k;
+  }
+  return 0;
+}
+
+/* Take pieces of the current request until none is left. */
+static void work(job_t *j) {
+  for (;;) {
+    uint64_t off = atomic_fetch_add(&j->next, j->piece);
+    if (off >= j->len) return;
+    uint64_t n = j->len - off < j->piece ? j->len - off : j->piece;
+    int e = copy_piece(j, off, n);
+    if (e) {
+      int z = 0;
+      atomic_compare_exchange_strong(&j->error, &z, e);
+    }
+    atomic_fetch_add(&j->done, n);
+  }
+}
+
+static void *helper(void *arg) {
+  job_t *j = arg;
+  unsigned long seen = 0;
+  while (!atomic_load(&j->stop)) {
+    unsigned long g = atomic_load(&j->gen);
+    if (g == seen) {
+      relax();
+      continue;
+    }
+    seen = g;
+    work(j);
+  }
+  return NULL;
+}
+
+/* count requests, one at a time; per-request seconds into out. 0 or an errno. */
+static int run_requests(job_t *j, uint64_t block, Py_ssize_t count, int threads, double *out) {
+  pthread_t th[64];
+  int started = 0;
+  for (int i = 1; i < threads && i < 64; i++)
+    if (pthread_create(&th[started], NULL, helper, j) == 0) started++;
+  j->len = block;
+  for (Py_ssize_t i = 0; i < count && !atomic_load(&j->error); i++) {
+    uint64_t t0 = now_ns();
+    atomic_store(&j->done, 0);
+    atomic_store(&j->next, 0);
+    atomic_fetch_add(&j->gen, 1);
+    work(j);
+    while (atomic_load(&j->done) < block) relax();
+    out[i] = (double)(now_ns() - t0) / 1e9;
+  }
+  atomic_store(&j->stop, 1);
+  for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+  return atomic_load(&j->error);
+}
+
+static PyObject *copies(int kind, pid_t pid, uint64_t local, uint64_t remote, uint64_t block, Py_ssize_t count,
+                        int threads, uint64_t piece) {
+  if (count <= 0 || block == 0 || threads < 1 || threads > 64) {
+    PyErr_SetString(PyExc_ValueError, "need count > 0, block > 0, 1 <= threads <= 64");
+    return NULL;
+  }
+  PyObject *res = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(double));
+  if (!res) return NULL;
+  job_t *j = calloc(1, sizeof *j);
+  if (!j) {
+    Py_DECREF(res);
+    return PyErr_NoMemory();
+  }
+  j->kind = kind;
+  j->pid = pid;
+  j->local = local;
+  j->remote = remote;
+  j->piece = piece && threads > 1 ? piece : block;
+  int err;
+  Py_BEGIN_ALLOW_THREADS;
+  err = run_requests(j, block, count, threads, (double *)PyBytes_AS_STRING(res));
+  Py_END_ALLOW_THREADS;
+  free(j);
+  if (err) {
+    Py_DECREF(res);
+    errno = err;
+    return PyErr_SetFromErrno(PyExc_OSError);
+  }
+  return res;
+}
+
+static PyObject *py_cma(PyObject *m, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"pid", "op", "local", "remote", "block", "count", "threads", "piece", NULL};
+  int pid, op, threads = 1;
+  unsigned long long local, remote, block, piece = 0;
+  Py_ssize_t count;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "iiKKKn|iK", kwlist, &pid, &op, &local, &remote, &block, &count, &threads,
+                                   &piece))
+    return NULL;
+  return copies(op == 0 ? K_CMA_READ : K_CMA_WRITE, pid, local, remote, block, count, threads, piece);
+}
+
+static PyObject *py_memcpy(PyObject *m, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"dst", "src", "block", "count", "threads", "piece", NULL};
+  int threads = 1;
+  unsigned long long dst, src, block, piece = 0;
+  Py_ssize_t count;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "KKKn|iK", kwlist, &dst, &src, &block, &count, &threads, &piece)) return NULL;
+  return copies(K_MEMCPY, 0, dst, src, block, count, threads, piece);
+}
+
+/* batches: n requests of `block` bytes each, taken by `threads` threads, `count` times */
+static PyObject *py_batch_cma(PyObject *m, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"pid", "op", "local", "remote", "block", "n", "count", "threads", NULL};
+  int pid, op, threads = 1;
+  unsigned long long local, remote, block;
+  Py_ssize_t n, count;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "iiKKKnn|i", kwlist, &pid, &op, &local, &remote, &block, &n, &count,
+                                   &threads))
+    return NULL;
+  if (n <= 0) {
+    PyErr_SetString(PyExc_ValueError, "n must be > 0");
+    return NULL;
+  }
+  /* a batch of n requests at consecutive addresses is one request of n*block bytes in pieces of
+   * `block`: each piece is one system call, as each request of the batch is for the engine */
+  return copies(op == 0 ? K_CMA_READ : K_CMA_WRITE, pid, local, remote, block * (uint64_t)n, count, threads, block);
+}
+
+/* ---- tcp ---- */
+static int send_all(int fd, const void *p, size_t n) {
+  const char *c = p;
+  while (n) {
+    ssize_t k = send(fd, c, n, MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return -1;
+    c += k;
+    n -= (size_t)k;
+  }
+  return 0;
+}
+
+static int recv_all(int fd, void *p, size_t n) {
+  char *c = p;
+  while (n) {
+    ssize_t k = recv(fd, c, n, MSG_WAITALL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return -1;
+    c += k;
+    n -= (size_t)k;
+  }
+  return 0;
+}
+
+static void nodelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  int buf = 4 << 20;
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+}
+
+static void *serve_conn(void *arg) {
+  int fd = (int)(intptr_t)arg;
+  size_t cap = 0;
+  char *buf = NULL;
+  uint8_t h[16];
+  while (recv_all(fd, h, sizeof h) == 0) {
+    uint32_t op;
+    uint64_t len;
+    memcpy(&op, h, 4);
+    memcpy(&len, h + 8, 8);
+    if (len > (1ull << 31)) break;
+    if (len > cap) {
+      char *nb = realloc(buf, len);
+      if (!nb) break;
+      buf = nb;
+      cap = len;
+    }
+    if (op == 1) {
+      char ack = 1;
+      if (recv_all(fd, buf, len) || send_all(fd, &ack, 1)) break;
+    } else if (send_all(fd, buf, len)) {
+      break;
+    }
+  }
+  free(buf);
+  close(fd);
+  return NULL;
+}
+
+static void *accept_loop(void *arg) {
+  int lfd = (int)(intptr_t)arg;
+  for (;;) {
+    int fd = accept(lfd, NULL, NULL);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      break;
+    }
+    nodelay(fd);
+    pthread_t t;
+    if (pthread_create(&t, NULL, serve_conn, (void *)(intptr_t)fd) != 0) {
+      close(fd);
+      continue;
+    }
+    pthread_detach(t);
+  }
+  return NULL;
+}
+
+static PyObject *py_tcp_serve(PyObject *m, PyObject *args) {
+  const char *host;
+  if (!PyArg_ParseTuple(args, "s", &host)) return NULL;
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
+  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+    PyErr_SetString(PyExc_ValueError, "host must be an IPv4 address");
+    return NULL;
+  }
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  int buf = 4 << 20;
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+  socklen_t sl = sizeof sa;
+  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) || listen(fd, 64) || getsockname(fd, (struct sockaddr *)&sa, &sl)) {
+    if (fd >= 0) close(fd);
+    return PyErr_SetFromErrno(PyExc_OSError);
+  }
+  pthread_t t;
+  if (pthread_create(&t, NULL, accept_loop, (void *)(intptr_t)fd) != 0) {
+    close(fd);
+    PyErr_SetString(PyExc_RuntimeError, "pthread_create failed");
+    return NULL;
+  }
+  pthread_detach(t);
+  return PyLong_FromLong(ntohs(sa.sin_port));
+}
+
+static PyObject *py_tcp(PyObject *m, PyObject *args) {
+  const char *host;
+  int port, op;
+  unsigned long long block;
+  Py_ssize_t count;
+  if (!PyArg_ParseTuple(args, "siiKn", &host, &port, &op, &block, &count)) return NULL;
+  if (count <= 0 || block == 0 || block > (1ull << 31)) {
+    PyErr_SetString(PyExc_ValueError, "need count > 0 and 0 < block <= 2 GiB");
+    return NULL;
+  }
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+    PyErr_SetString(PyExc_ValueError, "host must be an IPv4 address");
+    return NULL;
+  }
+  PyObject *res = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(double));
+  char *data = malloc(block);
+  if (!res || !data) {
+    Py_XDECREF(res);
+    free(data);
+    return PyErr_NoMemory();
+  }
+  memset(data, 0x5a, block);
+  double *out = (double *)PyBytes_AS_STRING(res);
+  int err = 0;
+  Py_BEGIN_ALLOW_THREADS;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || (nodelay(fd), connect(fd, (struct sockaddr *)&sa, sizeof sa)) != 0) {
+    err = errno;
+  } else {
+    uint8_t h[16] = {0};
+    uint32_t o = (uint32_t)op;
+    uint64_t len = block;
+    memcpy(h, &o, 4);
+    memcpy(h + 8, &len, 8);
+    for (Py_ssize_t i = 0; i < count && !err; i++) {
+      uint64_t t0 = now_ns();
+      if (op == 1) {
+        struct iovec iov[2] = {{h, sizeof h}, {data, block}};
+        size_t left = sizeof h + block;
+        int k = 0;
+        while (left && !err) { /* header and payload in one writev, as the engine sends them */
+          ssize_t w = writev(fd, iov + k, 2 - k);
+          if (w < 0 && errno == EINTR) continue;
+          if (w <= 0) {
+            err = errno ? errno : EPIPE;
+            break;
+          }
+          left -= (size_t)w;
+          while (k < 2 && (size_t)w >= iov[k].iov_len) w -= (ssize_t)iov[k++].iov_len;
+          if (k < 2) {
+            iov[k].iov_base = (char *)iov[k].iov_base + w;
+            iov[k].iov_len -= (size_t)w;
+          }
+        }
+        char ack;
+        if (!err && recv_all(fd, &ack, 1)) err = errno ? errno : EPIPE;
+      } else {
+        if (send_all(fd, h, sizeof h) || recv_all(fd, data, block)) err = errno ? errno : EPIPE;
+      }
+      out[i] = (double)(now_ns() - t0) / 1e9;
+    }
+  }
+  if (fd >= 0) close(fd);
+  Py_END_ALLOW_THREADS;
+  free(data);
+  if (err) {
+    Py_DECREF(res);
+    errno = err;
+    return PyErr_SetFromErrno(PyExc_OSError);
+  }
+  return res;
+}
+
+static PyMethodDef methods[] = {
+    {"cma", (PyCFunction)(void (*)(void))py_cma, METH_VARARGS | METH_KEYWORDS,
+     "cma(pid, op, local, remote, block, count, threads=1, piece=0) -> per-request seconds (float64 bytes)"},
+    {"memcpy", (PyCFunction)(void (*)(void))py_memcpy, METH_VARARGS | METH_KEYWORDS,
+     "memcpy(dst, src, block, count, threads=1, piece=0) -> per-request seconds (float64 bytes)"},
+    {"batch_cma", (PyCFunction)(void (*)(void))py_batch_cma, METH_VARARGS | METH_KEYWORDS,
+     "batch_cma(pid, op, local, remote, block, n, count, threads=1) -> per-batch seconds (float64 bytes)"},
+    {"tcp_serve", py_tcp_serve, METH_VARARGS, "tcp_serve(host) -> port of a bare request/response server"},
+    {"tcp", py_tcp, METH_VARARGS, "tcp(host, port, op, block, count) -> per-request seconds (float64 bytes)"},
+    {NULL}};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_bare", "bare limits for the small-request benchmarks", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__bare(void) { return PyModule_Create(&moddef); }

@@ -1,0 +1,552 @@
+"""Small requests, the KV-cache regime (issue 17): the engine next to the bare limit.
+
+Every scenario runs the engine and what it is compared with *interleaved*: round after round,
+one then the other (the order flips every round), so a noisy neighbour hurts both alike; each
+figure is the median over the rounds with the lowest and highest round beside it. Byte checks
+before timing use a pattern that never repeats (`small_target.fill`).
+
+The bare limits are C loops (`tent_bench._bare`), never Python around a system call:
+
+* shm: one ``process_vm_readv``/``process_vm_writev`` per request, on one thread: what the engine
+  does for a request of up to one chunk, which it copies on the submitting thread. For a batch, or
+  a request longer than a chunk, the same pieces copied by two threads that poll for work (the
+  engine has two workers plus the submitting thread, on this machine's two cores). In memfd mode
+  the limit is ``memcpy`` between the same two mappings.
+* tcp: a C client and server on one persistent connection, TCP_NODELAY, header and payload in
+  one ``writev``, the answer read back before the next request (one request in flight, as the
+  engine's one-at-a-time loop).
+
+Scenarios (``SCENARIOS``): one_at_a_time, batches, large, two_engines, many_buffers, qos_tail,
+submit_cost. ``run(names, ...)`` returns rows; ``markdown(rows)`` renders them as the tables of
+docs/benchmarks.md. ``python -m tent_bench.small --help`` (or scripts/bench-small.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tent_core import Engine, OpCode, PeerUnreachableError, Priority, Request
+
+from . import _bare
+from .small_target import PAGE, fill
+
+log = logging.getLogger(__name__)
+
+KiB, MiB = 1024, 1024 * 1024
+QUICK_SIZES = [4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB]
+OPS = {"READ": OpCode.READ, "WRITE": OpCode.WRITE}
+
+
+# ------------------------------------------------------------------ plumbing
+
+
+@dataclass
+class Target:
+    info: dict[str, Any]
+    proc: subprocess.Popen[str]
+
+    @property
+    def segment(self) -> str:
+        return str(self.info["segment"])
+
+    def seg(self, name: str) -> str:
+        return f"{self.info['engine']}/{name}"
+
+    def call(self, **msg: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(_readline(self.proc, 60.0))
+
+
+def _readline(proc: subprocess.Popen[str], timeout: float) -> str:
+    out: list[str] = []
+    t = threading.Thread(target=lambda: out.append(proc.stdout.readline() if proc.stdout else ""), daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive() or not out or not out[0]:
+        proc.kill()
+        raise RuntimeError(f"small-bench target did not answer (rc={proc.poll()})")
+    return out[0]
+
+
+@contextmanager
+def target(size: int, config: dict[str, Any] | None = None, few: int = 0, many: int = 0) -> Iterator[Target]:
+    """`python -m tent_bench.small_target` in its own process; always stopped."""
+    argv = [sys.executable, "-m", "tent_bench.small_target", "--size", str(size), "--few", str(few), "--many", str(many)]
+    if config:
+        argv += ["--config", json.dumps(config)]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        yield Target(json.loads(_readline(proc, 120.0)), proc)
+    finally:
+        try:
+            if proc.stdin:
+                proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+                proc.stdin.close()
+            proc.wait(timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def interleave(rounds: int, fns: dict[str, Callable[[], dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """Run every function once per round, the order flipping each round."""
+    names = list(fns)
+    out: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names if r % 2 == 0 else names[::-1]:
+            out[n].append(fns[n]())
+    return out
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    v = sorted(values)
+    return {"med": float(np.median(v)), "lo": float(v[0]), "hi": float(v[-1])}
+
+
+def pct(lat: list[float] | np.ndarray, q: float) -> float:
+    return float(np.percentile(np.asarray(lat), q)) * 1e6 if len(lat) else 0.0
+
+
+def _timed(fn: Callable[[], Any], nbytes: int, count: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    lat = fn()
+    wall = time.perf_counter() - t0
+    return {"gbps": nbytes * count / wall / 1e9, "lat": list(lat)}
+
+
+def engine_loop(eng: Engine, reqs: list[Request], count: int) -> list[float]:
+    """`count` submit+wait of `reqs`, one batch in flight: each batch's seconds."""
+    lat = []
+    submit = eng.submit
+    clock = time.perf_counter
+    for _ in range(count):
+        t0 = clock()
+        submit(reqs).wait()
+        lat.append(clock() - t0)
+    return lat
+
+
+def _summary(name: str, samples: list[dict[str, Any]]) -> dict[str, Any]:
+    lat = [x for s in samples for x in s["lat"]]
+    g = spread([s["gbps"] for s in samples])
+    return {f"{name}_gbps": g["med"], f"{name}_gbps_lo": g["lo"], f"{name}_gbps_hi": g["hi"],
+            f"{name}_p50_us": pct(lat, 50), f"{name}_p99_us": pct(lat, 99), f"{name}_p999_us": pct(lat, 99.9)}  # fmt: skip
+
+
+def _ratio(a: list[dict[str, Any]], b: list[dict[str, Any]], key: str = "gbps") -> dict[str, float]:
+    r = spread([x[key] / y[key] for x, y in zip(a, b, strict=True) if y[key] > 0])
+    return {"ratio": r["med"], "ratio_lo": r["lo"], "ratio_hi": r["hi"]}
+
+
+def _verify(eng: Engine, local: Any, remote: str, n: int) -> None:
+    """READ the target's pattern; WRITE another, READ it back; restore. Never-repeating bytes."""
+    local.array[:n] = 0
+    eng.read(local, remote, n)
+    if not np.array_equal(local.array[:n], fill(n)):
+        raise RuntimeError("small bench: READ returned wrong bytes")
+    local.array[:n] = fill(n, seed=5)
+    eng.write(local, remote, n)
+    local.array[:n] = 0
+    eng.read(local, remote, n)
+    if not np.array_equal(local.array[:n], fill(n, seed=5)):
+        raise RuntimeError("small bench: WRITE then READ returned wrong bytes")
+    local.array[:n] = fill(n)
+    eng.write(local, remote, n)
+
+
+def _shm_view(eng: Engine, t: Target) -> tuple[str, int]:
+    """The shm link's mode to the target, and for memfd mode the address its buffer is mapped at here."""
+    tr = eng.transports["shm"]
+    peer = eng.peers.lookup(t.info["engine"])
+    route = peer.routes.get("shm") if peer else None
+    if route is None:
+        raise RuntimeError("small bench: no shm route to the target")
+    mode = tr.link_mode(route.link)
+    return mode, (tr.mapped_address(route.link, int(t.info["addr"])) if mode == "memfd" else 0)
+
+
+def _bare_one(eng: Engine, t: Target, transport: str, op: str, block: int, count: int, local_addr: int,
+              threads: int = 1, piece: int = 0, batch: int = 1) -> Callable[[], list[float]]:  # fmt: skip
+    """The bare loop matching the engine's one-at-a-time (or batch) loop on `transport`."""
+    o = 0 if op == "READ" else 1
+    if transport == "shm":
+        mode, mapped = _shm_view(eng, t)
+        pid, remote = int(t.info["pid"]), int(t.info["addr"])
+        if mode == "cma":
+            if batch > 1:
+                return lambda: np.frombuffer(_bare.batch_cma(pid, o, local_addr, remote, block, batch, count, threads), np.float64)
+            return lambda: np.frombuffer(_bare.cma(pid, o, local_addr, remote, block * batch, count, threads, piece), np.float64)
+        dst, src = (local_addr, mapped) if o == 0 else (mapped, local_addr)
+        return lambda: np.frombuffer(
+            _bare.memcpy(dst, src, block * batch, count, threads, piece or (block if batch > 1 else 0)), np.float64
+        )
+    if transport == "tcp":
+        if batch > 1:
+            raise ValueError("no bare tcp batch loop")
+        return lambda: np.frombuffer(_bare.tcp("127.0.0.1", int(t.info["bare_tcp_port"]), o, block, count), np.float64)
+    raise ValueError(f"no bare limit for {transport}")
+
+
+def _counts(block: int, budget_bytes: int, lo: int = 200, hi: int = 5000) -> int:
+    return int(min(hi, max(lo, budget_bytes // block)))
+
+
+# ------------------------------------------------------------------ scenarios
+
+
+def one_at_a_time(transport: str, sizes: list[int], ops: list[str], rounds: int, budget: int,
+                  config: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """One request in flight (submit, wait, repeat) vs the bare loop, per size and op."""
+    rows = []
+    size = max(sizes)
+    with target(size, config) as t, Engine(config, transports=[transport]) as eng:
+        local = eng.allocate(size, segment="small-local")
+        _verify(eng, local, t.segment, size)
+        for op in ops:
+            for block in sizes:
+                count = _counts(block, budget)
+                reqs = [Request(OPS[op], local, 0, t.segment, 0, block)]
+                engine_loop(eng, reqs, 20)  # warm: the plan is cached, connections are up
+                bare = _bare_one(eng, t, transport, op, block, count, local.addr)
+                res = interleave(rounds, {
+                    "tent": lambda reqs=reqs, count=count, block=block: _timed(lambda: engine_loop(eng, reqs, count), block, count),
+                    "bare": lambda bare=bare, count=count, block=block: _timed(bare, block, count),
+                })  # fmt: skip
+                rows.append({"scenario": "one_at_a_time", "transport": transport, "op": op, "block": block, "batch": 1,
+                             "count": count, "rounds": rounds, **_summary("tent", res["tent"]), **_summary("bare", res["bare"]),
+                             **_ratio(res["tent"], res["bare"])})  # fmt: skip
+    return rows
+
+
+def batches(transport: str, n: int, block: int, ops: list[str], rounds: int, budget: int,
+            config: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Batches of `n` requests of `block` bytes, one batch in flight."""
+    rows = []
+    with target(n * block, config) as t, Engine(config, transports=[transport]) as eng:
+        local = eng.allocate(n * block, segment="small-local")
+        _verify(eng, local, t.segment, n * block)
+        for op in ops:
+            count = _counts(n * block, budget, 50, 2000)
+            reqs = [Request(OPS[op], local, i * block, t.segment, i * block, block) for i in range(n)]
+            engine_loop(eng, reqs, 10)
+            fns: dict[str, Callable[[], dict[str, Any]]] = {
+                "tent": lambda reqs=reqs, count=count: _timed(lambda: engine_loop(eng, reqs, count), n * block, count)}
+            if transport == "shm":
+                bare = _bare_one(eng, t, transport, op, block, count, local.addr, threads=2, batch=n)
+                fns["bare"] = lambda bare=bare, count=count: _timed(bare, n * block, count)
+            res = interleave(rounds, fns)
+            row = {"scenario": "batches", "transport": transport, "op": op, "block": block, "batch": n, "count": count,
+                   "rounds": rounds, **_summary("tent", res["tent"])}  # fmt: skip
+            if "bare" in res:
+                row.update(_summary("bare", res["bare"]), bare_threads=2, **_ratio(res["tent"], res["bare"]))
+            rows.append(row)
+    return rows
+
+
+def large(sizes: list[int], ops: list[str], rounds: int, budget: int,
+          config: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """shm requests of several MiB, one at a time, vs two threads copying 1 MiB pieces (issue 14)."""
+    rows = []
+    size = max(sizes)
+    with target(size, config) as t, Engine(config, transports=["shm"]) as eng:
+        local = eng.allocate(size, segment="small-local")
+        _verify(eng, local, t.segment, min(size, 8 * MiB))
+        for op in ops:
+            for block in sizes:
+                count = _counts(block, budget, 10, 500)
+                reqs = [Request(OPS[op], local, 0, t.segment, 0, block)]
+                engine_loop(eng, reqs, 3)
+                bare = _bare_one(eng, t, "shm", op, block, count, local.addr, threads=2, piece=MiB)
+                res = interleave(rounds, {
+                    "tent": lambda reqs=reqs, count=count, block=block: _timed(lambda: engine_loop(eng, reqs, count), block, count),
+                    "bare": lambda bare=bare, count=count, block=block: _timed(bare, block, count),
+                })  # fmt: skip
+                rows.append({"scenario": "large", "transport": "shm", "op": op, "block": block, "batch": 1, "count": count,
+                             "rounds": rounds, "bare_threads": 2, "bare_piece": MiB, **_summary("tent", res["tent"]),
+                             **_summary("bare", res["bare"]), **_ratio(res["tent"], res["bare"])})  # fmt: skip
+    return rows
+
+
+def two_engines(rounds: int, budget: int, n: int = 16, block: int = 64 * KiB, op: str = "WRITE",
+                config: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Batched small requests over tcp: both engines in this process vs the target in another."""
+    count = _counts(n * block, budget, 50, 2000)
+    with target(n * block, config) as t, Engine(config, transports=["tcp"]) as eng, \
+            Engine(config, transports=["tcp"]) as tgt, Engine(config, transports=["tcp"]) as ini:  # fmt: skip
+        local = eng.allocate(n * block, segment="small-local")
+        _verify(eng, local, t.segment, n * block)
+        tbuf = tgt.allocate(n * block, segment="bench")
+        tbuf.array[:] = fill(n * block)  # type: ignore[index]
+        ilocal = ini.allocate(n * block, segment="small-local")
+        _verify(ini, ilocal, tgt.segment_name("bench"), n * block)
+        two = [Request(OPS[op], local, i * block, t.segment, i * block, block) for i in range(n)]
+        one = [Request(OPS[op], ilocal, i * block, tgt.segment_name("bench"), i * block, block) for i in range(n)]
+        engine_loop(eng, two, 10)
+        engine_loop(ini, one, 10)
+        res = interleave(rounds, {
+            "one_process": lambda: _timed(lambda: engine_loop(ini, one, count), n * block, count),
+            "two_processes": lambda: _timed(lambda: engine_loop(eng, two, count), n * block, count),
+        })  # fmt: skip
+    return [{"scenario": "two_engines", "transport": "tcp", "op": op, "block": block, "batch": n, "count": count,
+             "rounds": rounds, **_summary("one_process", res["one_process"]),
+             **_summary("two_processes", res["two_processes"]), **_ratio(res["one_process"], res["two_processes"])}]  # fmt: skip
+
+
+def many_buffers(transport: str, rounds: int, count: int = 2000, few: int = 10, many: int = 10_000,
+                 config: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """4 KiB synchronous READs into a segment of `few` vs `many` registered buffers, and the first
+    READ of a buffer registered after the initiator read the segment.
+
+    The ratio is the engine's cost alone: both loops touch the same number of distinct pages
+    (`few` buffers, in the large segment spread evenly over its whole range, so every lookup
+    searches all of it). "scattered" reads every buffer of the large segment in turn: that
+    adds the target's cache and TLB misses over 10,000 pages (40 MiB), which no lookup can avoid."""
+    with target(PAGE, config, few=few, many=many) as t, Engine(config, transports=[transport]) as eng:
+        local = eng.allocate(PAGE, segment="small-local")
+        stride = max(1, many // few)
+        reqs = {
+            "few": [Request(OpCode.READ, local, 0, t.seg("few"), (k % few) * PAGE, PAGE) for k in range(count)],
+            "many": [Request(OpCode.READ, local, 0, t.seg("many"), (k % few) * stride * PAGE, PAGE) for k in range(count)],
+            "scattered": [Request(OpCode.READ, local, 0, t.seg("many"), ((k * 7919) % many) * PAGE, PAGE)
+                          for k in range(count)],
+        }  # fmt: skip
+
+        def loop(name: str) -> dict[str, Any]:
+            lat = []
+            clock, submit = time.perf_counter, eng.submit
+            t0 = clock()
+            for r in reqs[name]:
+                a = clock()
+                submit(r).wait()
+                lat.append(clock() - a)
+            return {"gbps": PAGE * count / (clock() - t0) / 1e9, "lat": lat, "med_us": float(np.median(lat)) * 1e6}
+
+        for name in reqs:
+            loop(name)  # warm: the segment is read, the plan cached
+        res = interleave(rounds, {name: (lambda name=name: loop(name)) for name in reqs})
+        first: dict[str, list[float]] = {"few": [], "many": []}
+        for _ in range(3):
+            for name in ("few", "many"):
+                off = t.call(cmd="register", segment=name)["offset"]
+                a = time.perf_counter()
+                eng.read(local, t.seg(name), PAGE, remote_offset=off)
+                first[name].append(time.perf_counter() - a)
+    ratio = spread([m["med_us"] / f["med_us"] for m, f in zip(res["many"], res["few"], strict=True)])
+    return [{"scenario": "many_buffers", "transport": transport, "op": "READ", "block": PAGE, "batch": 1, "count": count,
+             "rounds": rounds, "few": few, "many": many,
+             "few_us": spread([x["med_us"] for x in res["few"]])["med"], "many_us": spread([x["med_us"] for x in res["many"]])["med"],
+             "scattered_us": spread([x["med_us"] for x in res["scattered"]])["med"],
+             "ratio": ratio["med"], "ratio_lo": ratio["lo"], "ratio_hi": ratio["hi"],
+             "first_read_few_ms": float(np.median(first["few"])) * 1e3, "first_read_many_ms": float(np.median(first["many"])) * 1e3}]  # fmt: skip
+
+
+def qos_tail(transport: str, rounds: int, count: int = 400, block: int = 64 * KiB, stream: int = 64 * MiB,
+             config: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """P99 of one-at-a-time `block` HIGH-priority READs, alone and under a concurrent stream of
+    `stream`-byte LOW-priority WRITEs to the same peer, QoS on."""
+    cfg = {**(config or {}), "qos": {**((config or {}).get("qos") or {}), "enabled": True}}
+    with target(stream + block, cfg) as t, Engine(cfg, transports=[transport]) as eng:
+        local = eng.allocate(stream + block, segment="small-local")
+        _verify(eng, local, t.segment, block)
+        mouse = [Request(OpCode.READ, local, stream, t.segment, stream, block, Priority.HIGH)]
+        elephant = [Request(OpCode.WRITE, local, 0, t.segment, 0, stream, Priority.LOW)]
+        engine_loop(eng, mouse, 20)
+        engine_loop(eng, elephant, 2)
+
+        def idle() -> dict[str, Any]:
+            return _timed(lambda: engine_loop(eng, mouse, count), block, count)
+
+        def loaded() -> dict[str, Any]:
+            stop = threading.Event()
+            moved = [0, 0.0]
+
+            def stream_loop() -> None:
+                t0 = time.perf_counter()
+                while not stop.is_set():
+                    eng.submit(elephant).wait()
+                    moved[0] += stream
+                moved[1] = time.perf_counter() - t0
+
+            th = threading.Thread(target=stream_loop, daemon=True)
+            th.start()
+            time.sleep(0.02)  # the stream is in flight
+            r = _timed(lambda: engine_loop(eng, mouse, count), block, count)
+            stop.set()
+            th.join(60)
+            r["stream_gbps"] = moved[0] / max(moved[1], 1e-9) / 1e9
+            return r
+
+        res = interleave(rounds, {"idle": idle, "loaded": loaded})
+    p99 = spread([pct(ld["lat"], 99) / pct(i["lat"], 99) for ld, i in zip(res["loaded"], res["idle"], strict=True)])
+    return [{"scenario": "qos_tail", "transport": transport, "op": "READ", "block": block, "batch": 1, "count": count,
+             "rounds": rounds, "stream": stream, **_summary("idle", res["idle"]), **_summary("loaded", res["loaded"]),
+             "stream_gbps": spread([x["stream_gbps"] for x in res["loaded"]])["med"],
+             "ratio": p99["med"], "ratio_lo": p99["lo"], "ratio_hi": p99["hi"]}]  # fmt: skip
+
+
+def submit_cost(transport: str, rounds: int, count: int = 2000, block: int = 64 * KiB) -> list[dict[str, Any]]:
+    """CPU time of the submitting thread per submit() (time.thread_time_ns: robust to a loaded
+    machine), `count` one-request submissions back to back before any wait, for the fast path,
+    the fast path without inline work, and the Python planner."""
+    variants = {
+        "fast path": {},
+        "fast path, no inline": {"transports": {transport: {"inline_bytes": 0}}},
+        "planner": {"fast_path": False, "transports": {transport: {"inline_bytes": 0}}},
+    }
+    rows = []
+    with target(block) as t:
+        for label, cfg in variants.items():
+            with Engine(cfg, transports=[transport]) as eng:
+                local = eng.allocate(block, segment="small-local")
+                req = [Request(OpCode.WRITE, local, 0, t.segment, 0, block)]
+                engine_loop(eng, req, 200)
+                cpu, wall = [], []
+                for _ in range(rounds):
+                    hs = []
+                    c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
+                    for _ in range(count):
+                        hs.append(eng.submit(req))
+                    cpu.append((time.thread_time_ns() - c0) / count / 1e3)
+                    wall.append((time.perf_counter_ns() - w0) / count / 1e3)
+                    for h in hs:
+                        h.wait()
+                c, w = spread(cpu), spread(wall)
+                rows.append({"scenario": "submit_cost", "transport": transport, "variant": label, "block": block,
+                             "count": count, "rounds": rounds, "cpu_us": c["med"], "cpu_us_lo": c["lo"], "cpu_us_hi": c["hi"],
+                             "wall_us": w["med"]})  # fmt: skip
+    return rows
+
+
+SCENARIOS = ("one_at_a_time", "batches", "large", "two_engines", "many_buffers", "qos_tail", "submit_cost")
+
+
+def run(names: list[str], transports: list[str], rounds: int = 5, budget: int = 64 * MiB, ops: list[str] | None = None,
+        sizes: list[int] | None = None, config: dict[str, Any] | None = None,
+        progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """The scenarios `names` on `transports` (those that apply); rows in order."""
+    ops = ops or ["READ", "WRITE"]
+    rows: list[dict[str, Any]] = []
+    say = progress or (lambda msg: None)
+    for name in names:
+        if name not in SCENARIOS:
+            raise ValueError(f"unknown scenario {name!r}; choose from {', '.join(SCENARIOS)}")
+        say(name)
+        if name == "one_at_a_time":
+            for tr in transports:
+                rows += one_at_a_time(tr, sizes or [64 * KiB, 256 * KiB], ops, rounds, budget, config)
+        elif name == "batches":
+            for tr in transports:
+                rows += batches(tr, 16, 64 * KiB, ops, rounds, budget, config)
+        elif name == "large" and "shm" in transports:
+            rows += large([4 * MiB, 64 * MiB], ops, rounds, 4 * budget, config)
+        elif name == "two_engines" and "tcp" in transports:
+            rows += two_engines(rounds, budget, config=config)
+        elif name == "many_buffers":
+            for tr in transports:
+                try:
+                    rows += many_buffers(tr, rounds, config=config)
+                except PeerUnreachableError as exc:  # shm without CMA maps only engine-allocated buffers
+                    log.warning("many_buffers over %s skipped: %s", tr, exc)
+        elif name == "qos_tail":
+            for tr in transports:
+                rows += qos_tail(tr, rounds, config=config)
+        elif name == "submit_cost":
+            for tr in transports:
+                rows += submit_cost(tr, rounds)
+    return rows
+
+
+# ------------------------------------------------------------------ tables
+
+
+def _size(n: int) -> str:
+    return f"{n // MiB} MiB" if n >= MiB and n % MiB == 0 else f"{n // KiB} KiB" if n % KiB == 0 else f"{n} B"
+
+
+def _range(r: dict[str, Any], key: str, fmt: str = "{:.2f}") -> str:
+    return f"{fmt.format(r[key])} ({fmt.format(r[key + '_lo'])}-{fmt.format(r[key + '_hi'])})"
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """docs/benchmarks.md tables: median (lowest-highest round) for every interleaved figure."""
+    out: list[str] = []
+
+    def table(title: str, head: list[str], body: list[list[str]]) -> None:
+        if not body:
+            return
+        out.extend([f"**{title}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)])
+        out.extend("| " + " | ".join(r) + " |" for r in body)
+        out.append("")
+
+    sel = lambda name: [r for r in rows if r["scenario"] == name]  # noqa: E731
+    table("One request at a time vs the bare limit", [
+        "transport", "op", "size", "tent GB/s", "bare GB/s", "x bare", "tent P50 / P99 / P99.9 us", "bare P50 / P99 us"], [
+        [r["transport"], r["op"], _size(r["block"]), _range(r, "tent_gbps"), _range(r, "bare_gbps"), _range(r, "ratio"),
+         f"{r['tent_p50_us']:.1f} / {r['tent_p99_us']:.1f} / {r['tent_p999_us']:.1f}", f"{r['bare_p50_us']:.1f} / {r['bare_p99_us']:.1f}"]
+        for r in sel("one_at_a_time")])  # fmt: skip
+    table("Batches, one in flight", ["transport", "op", "batch", "tent GB/s", "bare GB/s (2 threads)", "x bare", "tent P50 / P99 us"], [
+        [r["transport"], r["op"], f"{r['batch']} x {_size(r['block'])}", _range(r, "tent_gbps"),
+         _range(r, "bare_gbps") if "bare_gbps" in r else "", _range(r, "ratio") if "ratio" in r else "",
+         f"{r['tent_p50_us']:.0f} / {r['tent_p99_us']:.0f}"] for r in sel("batches")])  # fmt: skip
+    table("shm, several MiB one at a time vs two threads copying 1 MiB pieces", ["op", "size", "tent GB/s", "bare GB/s", "x bare"], [
+        [r["op"], _size(r["block"]), _range(r, "tent_gbps"), _range(r, "bare_gbps"), _range(r, "ratio")] for r in sel("large")])  # fmt: skip
+    table("Two engines in one process vs two processes (tcp)", ["op", "batch", "one process GB/s", "two processes GB/s", "ratio"], [
+        [r["op"], f"{r['batch']} x {_size(r['block'])}", _range(r, "one_process_gbps"), _range(r, "two_processes_gbps"),
+         _range(r, "ratio")] for r in sel("two_engines")])  # fmt: skip
+    table("4 KiB READ into a segment of many buffers", ["transport", "buffers", "median us (few / many)", "x few",
+                                                        "many, scattered over all pages, us",
+                                                        "first READ after a registration, ms (few / many)"], [
+        [r["transport"], f"{r['few']} / {r['many']}", f"{r['few_us']:.1f} / {r['many_us']:.1f}", _range(r, "ratio"),
+         f"{r['scattered_us']:.1f}",
+         f"{r['first_read_few_ms']:.2f} / {r['first_read_many_ms']:.2f}"] for r in sel("many_buffers")])  # fmt: skip
+    table("64 KiB HIGH READs under a concurrent 64 MiB LOW stream to the same peer (QoS on)", [
+        "transport", "idle P50 / P99 us", "loaded P50 / P99 us", "P99 loaded / idle", "stream GB/s"], [
+        [r["transport"], f"{r['idle_p50_us']:.0f} / {r['idle_p99_us']:.0f}", f"{r['loaded_p50_us']:.0f} / {r['loaded_p99_us']:.0f}",
+         _range(r, "ratio"), f"{r['stream_gbps']:.2f}"] for r in sel("qos_tail")])  # fmt: skip
+    table("submit() CPU time per call, 64 KiB, back to back (calling thread)", ["transport", "path", "CPU us per submit", "wall us"], [
+        [r["transport"], r["variant"], _range(r, "cpu_us"), f"{r['wall_us']:.2f}"] for r in sel("submit_cost")])  # fmt: skip
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tent_bench.small", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated: {', '.join(SCENARIOS)}")
+    ap.add_argument("--transports", default="shm,tcp")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--budget", default="64M", help="bytes per timed loop (more: longer, steadier)")
+    ap.add_argument("--json", dest="as_json", action="store_true", help="rows as JSON instead of markdown tables")
+    ap.add_argument("--config", default=None, help="JSON engine config for both sides")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    from .cli import parse_size
+
+    rows = run([s for s in args.scenarios.split(",") if s], [t for t in args.transports.split(",") if t], args.rounds,
+               parse_size(args.budget), config=json.loads(args.config) if args.config else None,
+               progress=lambda m: print(f"... {m}", file=sys.stderr, flush=True))  # fmt: skip
+    meta = {"cpus": os.cpu_count(), "load": os.getloadavg(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if args.as_json:
+        print(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    else:
+        print(f"_{meta['time']}, {meta['cpus']} CPUs, load average {meta['load'][0]:.1f} at the end; "
+              f"{args.rounds} interleaved rounds, median (lowest-highest round)_\n")  # fmt: skip
+        print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""The target of the small-request benchmarks (`tent_bench.small`): an engine and the bare limits'
+servers in one process, driven over stdin/stdout (JSON lines).
+
+    python -m tent_bench.small_target --size BYTES [--config JSON] [--few N] [--many N]
+
+Prints {"engine", "segment", "pid", "addr", "size", "bare_tcp_port", "transports"} once ready:
+segment "bench" holds one engine-allocated buffer of `size` bytes at `addr`; with --few/--many,
+segments "few" and "many" hold that many registered 4 KiB buffers. Commands:
+    {"cmd": "register", "segment": name} -> {"ok": true, "offset": o}   one more 4 KiB buffer
+    {"cmd": "quit"}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+import numpy as np
+
+from tent_core.engine import Engine
+
+from . import _bare
+
+PAGE = 4096
+
+
+def fill(n: int, seed: int = 0) -> np.ndarray:
+    """Bytes that never repeat: 8-byte word i is splitmix64(i + seed * 2**40), a bijection of u64,
+    so no two words of one buffer (up to 8 TiB) are equal and a shifted, stale or misplaced
+    slice of any length >= 8 bytes cannot pass a byte check."""
+    x = np.arange((n + 7) // 8, dtype=np.uint64) + np.uint64((seed << 40) & (2**64 - 1))
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return x.view(np.uint8)[:n]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tent_bench.small_target")
+    ap.add_argument("--size", type=int, required=True)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--config", default=None, help="JSON engine config")
+    ap.add_argument("--few", type=int, default=0, help="4 KiB buffers in segment 'few'")
+    ap.add_argument("--many", type=int, default=0, help="4 KiB buffers in segment 'many'")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    cfg = json.loads(args.config) if args.config else None
+    spare = 64  # room for buffers registered later ("register")
+    with Engine(cfg, host=args.host) as eng:
+        buf = eng.allocate(args.size, segment="bench")
+        assert buf.array is not None
+        buf.array[:] = fill(args.size)  # the initiator checks bytes against it before timing
+        backing: dict[str, np.ndarray] = {}
+        used: dict[str, int] = {}
+        for name, n in (("few", args.few), ("many", args.many)):
+            if n <= 0:
+                continue
+            arr = np.zeros((n + spare) * PAGE, np.uint8)  # pre-faulted: a copy never meets a page fault
+            arr[:] = 1
+            backing[name] = arr
+            for i in range(n):
+                eng.register(arr[i * PAGE : (i + 1) * PAGE], segment=name)
+            used[name] = n
+        port = _bare.tcp_serve(args.host)
+        print(json.dumps({"engine": eng.engine_id, "segment": eng.segment_name("bench"), "pid": os.getpid(),
+                          "addr": buf.addr, "size": args.size, "bare_tcp_port": port, "transports": sorted(eng.transports)}),
+              flush=True)  # fmt: skip
+        for line in sys.stdin:
+            msg = json.loads(line)
+            if msg.get("cmd") == "quit":
+                break
+            if msg.get("cmd") == "register":
+                name = msg["segment"]
+                i = used[name]
+                if i >= len(backing[name]) // PAGE:
+                    print(json.dumps({"ok": False, "error": "no spare room"}), flush=True)
+                    continue
+                b = eng.register(backing[name][i * PAGE : (i + 1) * PAGE], segment=name)
+                used[name] = i + 1
+                print(json.dumps({"ok": True, "offset": b.offset}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

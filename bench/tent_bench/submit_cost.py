@@ -1,0 +1,104 @@
+"""Instructions per submit(): the cost of the submit path counted by valgrind (callgrind), which a
+loaded machine cannot distort the way it distorts time.
+
+    python -m tent_bench.submit_cost [--transport tcp] [--variant fast|planner] [--block 64K]
+
+runs the driver twice under ``valgrind --tool=callgrind --separate-threads=yes`` (N1 and N2
+submissions of one request from a dedicated thread, handles kept, waited for afterwards) and
+prints, as JSON, (instructions of that thread with N2 - with N1) / (N2 - N1): everything the
+submitting thread executes per submit() in user space (Python and C; the executor's work on that
+thread included, the kernel's not). Needs valgrind. ``--driver N`` is the driver itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+
+THREAD_MARK = "exec_submit"  # the native call every submit makes, on the submitting thread only
+
+
+def driver(transport: str, variant: str, block: int, n: int) -> None:
+    from tent_core import Engine, OpCode, Request
+
+    from .runner import target_process
+
+    cfg = {"fast_path": variant == "fast"}
+    with target_process(block, pattern_fill=False) as target, Engine(cfg, transports=[transport]) as eng:
+        local = eng.allocate(block, segment="cost-local")
+        req = [Request(OpCode.WRITE, local, 0, target["segment"], 0, block)]
+        for _ in range(50):
+            eng.submit(req).wait()
+        handles: list = []
+
+        def submitter() -> None:
+            for _ in range(n):
+                handles.append(eng.submit(req))
+
+        t = threading.Thread(target=submitter, name="submitter")
+        t.start()
+        t.join()
+        for h in handles:
+            h.wait()
+
+
+def _thread_instructions(out_prefix: str) -> int:
+    """Instructions of the one thread whose profile holds THREAD_MARK (the submitter)."""
+    best = None
+    for path in glob.glob(out_prefix + "*-*"):
+        if path.endswith("-01"):
+            continue  # the main thread (start-up, warm-up submits, waits)
+        with open(path, errors="replace") as f:
+            text = f.read()
+        if THREAD_MARK not in text:
+            continue
+        m = re.search(r"^totals:\s+(\d+)", text, re.M)
+        if m and "start_thread" in text and (best is None or int(m.group(1)) > best[0]):
+            best = (int(m.group(1)), path)
+    if best is None:
+        raise RuntimeError("no thread profile shows the submit path")
+    return best[0]
+
+
+def count(transport: str, variant: str, block: int, n1: int = 200, n2: int = 1200) -> dict:
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    totals = {}
+    with tempfile.TemporaryDirectory(prefix="tent-cg-") as tmp:
+        for n in (n1, n2):
+            prefix = os.path.join(tmp, f"cg.{n}")
+            cmd = ["valgrind", "--tool=callgrind", "--separate-threads=yes", "--dump-instr=no",
+                   f"--callgrind-out-file={prefix}.%p", sys.executable, "-m", "tent_bench.submit_cost",
+                   "--driver", str(n), "--transport", transport, "--variant", variant, "--block", str(block)]  # fmt: skip
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+            if res.returncode != 0:
+                raise RuntimeError(f"driver failed under valgrind:\n{res.stderr[-2000:]}")
+            totals[n] = _thread_instructions(prefix + ".")
+    return {"transport": transport, "variant": variant, "block": block,
+            "instructions_per_submit": (totals[n2] - totals[n1]) / (n2 - n1)}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tent_bench.submit_cost", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--transport", default="tcp")
+    ap.add_argument("--variant", choices=("fast", "planner"), default="fast")
+    ap.add_argument("--block", type=int, default=64 * 1024)
+    ap.add_argument("--driver", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.driver:
+        driver(args.transport, args.variant, args.block, args.driver)
+        return 0
+    print(json.dumps(count(args.transport, args.variant, args.block)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""The small-request benchmark (tent_bench.small) and its C bare limits, run for real, briefly.
+These check that the figures come from moved bytes and that the limits copy what they claim;
+the figures themselves belong in docs/benchmarks.md, not in assertions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+from tent_bench import _bare, small
+
+KiB = 1024
+
+
+def test_bare_cma_and_memcpy_copy_the_bytes() -> None:
+    src = small.fill(1 << 20, seed=3)
+    dst = np.zeros(1 << 20, np.uint8)
+    lat = np.frombuffer(_bare.cma(os.getpid(), 0, dst.ctypes.data, src.ctypes.data, 1 << 20, 3, 2, 64 * KiB), np.float64)
+    assert len(lat) == 3 and (lat > 0).all()
+    assert np.array_equal(dst, src)
+    dst[:] = 0
+    np.frombuffer(_bare.batch_cma(os.getpid(), 1, src.ctypes.data, dst.ctypes.data, 64 * KiB, 16, 2, 2), np.float64)
+    assert np.array_equal(dst, src)  # WRITE: ours (src) -> theirs (dst)
+    dst[:] = 0
+    _bare.memcpy(dst.ctypes.data, src.ctypes.data, 1 << 20, 2)
+    assert np.array_equal(dst, src)
+
+
+def test_bare_tcp_round_trips() -> None:
+    port = _bare.tcp_serve("127.0.0.1")
+    for op in (0, 1):
+        lat = np.frombuffer(_bare.tcp("127.0.0.1", port, op, 64 * KiB, 20), np.float64)
+        assert len(lat) == 20 and (lat > 0).all()
+
+
+def test_one_at_a_time_rows_next_to_the_bare_limit() -> None:
+    rows = small.one_at_a_time("shm", [4 * KiB, 64 * KiB], ["READ", "WRITE"], 1, 1 << 20)
+    rows += small.one_at_a_time("tcp", [64 * KiB], ["READ"], 1, 1 << 20)
+    assert [(r["transport"], r["op"], r["block"]) for r in rows] == [
+        ("shm", "READ", 4 * KiB), ("shm", "READ", 64 * KiB), ("shm", "WRITE", 4 * KiB), ("shm", "WRITE", 64 * KiB),
+        ("tcp", "READ", 64 * KiB),
+    ]  # fmt: skip
+    for r in rows:
+        assert r["tent_gbps"] > 0 and r["bare_gbps"] > 0 and r["ratio"] > 0
+        assert r["tent_p50_us"] <= r["tent_p99_us"] <= r["tent_p999_us"]
+    assert "| shm | READ | 4 KiB |" in small.markdown(rows)
+
+
+def test_scenarios_through_the_command_line() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tent_bench.small", "--scenarios", "batches,two_engines,submit_cost", "--transports", "tcp",
+         "--rounds", "1", "--budget", "1M", "--json"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads(out.stdout)["rows"]
+    kinds = {r["scenario"] for r in rows}
+    assert kinds == {"batches", "two_engines", "submit_cost"}
+    te = next(r for r in rows if r["scenario"] == "two_engines")
+    assert te["one_process_gbps"] > 0 and te["two_processes_gbps"] > 0
+    costs = {r["variant"]: r["cpu_us"] for r in rows if r["scenario"] == "submit_cost"}
+    assert set(costs) == {"fast path", "fast path, no inline", "planner"} and all(v > 0 for v in costs.values())
+
+
+def test_many_buffers_and_large_rows() -> None:
+    """The 10k-buffer scenario (scaled down) reads real buffers of both segments, and registers
+    new ones mid-run; the several-MiB scenario verifies bytes before it times."""
+    mb = small.many_buffers("tcp", 1, count=40, few=4, many=64)
+    assert len(mb) == 1
+    r = mb[0]
+    assert (r["few"], r["many"]) == (4, 64)
+    assert r["few_us"] > 0 and r["many_us"] > 0 and r["scattered_us"] > 0 and r["ratio"] > 0
+    assert r["first_read_few_ms"] > 0 and r["first_read_many_ms"] > 0
+    lg = small.large([1 << 20, 2 << 20], ["WRITE"], 1, 4 << 20)
+    assert [(x["op"], x["block"], x["bare_threads"], x["bare_piece"]) for x in lg] == [
+        ("WRITE", 1 << 20, 2, 1 << 20), ("WRITE", 2 << 20, 2, 1 << 20)]  # fmt: skip
+    md = small.markdown(mb + lg)
+    assert "| tcp | 4 / 64 |" in md and "| WRITE | 2 MiB |" in md
+
+
+def test_fill_never_repeats_within_a_buffer() -> None:
+    """The check pattern has no period a shifted or stale slice could hide behind (up to 64 MiB)."""
+    a = small.fill(64 << 20).view(np.uint64)
+    assert np.unique(a).size == a.size  # every 8-byte word of 64 MiB differs from every other
+    assert np.array_equal(small.fill(1000)[:100], small.fill(100))  # a prefix is the same bytes
+    assert not np.array_equal(small.fill(1 << 20), small.fill(1 << 20, seed=1))
+
+
+def test_tent_bench_quick_sweeps_small_sizes_next_to_the_bare_limit() -> None:
+    tent = os.path.join(os.path.dirname(sys.executable), "tent")
+    out = subprocess.run([tent, "bench", "--quick", "--json", "--transport", "shm", "--ops", "READ"],
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads(out.stdout)
+    assert [(r["transport"], r["op"], r["block"]) for r in rows] == [("shm", "READ", b) for b in small.QUICK_SIZES]
+    assert small.QUICK_SIZES[0] == 4 * KiB and small.QUICK_SIZES[-1] == 1024 * KiB
+    for r in rows:
+        assert r["rounds"] == 3 and r["bare_gbps"] > 0 and r["tent_p50_us"] <= r["tent_p99_us"]
+    bad = subprocess.run([tent, "bench", "--quick", "--ops", "COPY"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "READ and/or WRITE" in bad.stderr
