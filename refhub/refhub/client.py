@@ -74,8 +74,20 @@ BATCH = int(float(os.environ.get("REFHUB_BATCH_MB", "16")) * MB)  # bytes per su
 BATCH_S = 0.02  # ... and about this many seconds of the measured rate (>= 1 MB): small batches on slow
 # links keep pipeline hops close behind each other (a downstream reader sees a batch once it is complete)
 WINDOW = int(os.environ.get("REFHUB_WINDOW", "2"))  # batches in flight at least (the oldest is verified meanwhile)
-INFLIGHT_S = float(os.environ.get("REFHUB_INFLIGHT_S", "0.5"))  # ... and up to this many seconds of measured rate
+# ... and up to this many seconds of measured rate. What a reader keeps in flight waits in the queues of the
+# source's uplink, and its progress word (what readers of its partial copy see) trails its bytes by that
+# much: with 0.5 s, each hop of a pipeline chain on a 500 Mbit/s link trailed the one before by ~0.4 s.
+INFLIGHT_S = float(os.environ.get("REFHUB_INFLIGHT_S", "0.05"))
+PARTIAL_MIN_WINDOW = 2 * MB  # reading a partial copy: in flight at least (small batches, deep enough for the RTT)
 MAX_INFLIGHT = 1 << 30  # bytes in flight at most
+# Reading a partial copy, every batch also reads the source's progress word (into its own slot): each
+# completion brings a fresh view of what the source holds, without a blocking round trip that would
+# queue behind the batches on the wire and stall this reader's own progress (and its readers' after it).
+PROGRESS_SLOTS = 256  # batches in flight at most while reading a partial copy
+# ... in batches of about PARTIAL_BATCH_S of the measured rate: a pipeline reader's progress word (what
+# its own readers may read) advances per completed batch, so each hop of a chain trails by about one batch.
+PARTIAL_BATCH_S = 0.005
+PARTIAL_MIN_BATCH = 256 << 10
 STAGE_SLOT = int(float(os.environ.get("REFHUB_STAGE_MB", "4")) * MB)  # copy mode: one staging slot
 STAGE_SLOTS = int(os.environ.get("REFHUB_STAGE_SLOTS", "4"))  # copy mode: staging slots per handle
 STAGE_DEPTH = 2  # copy mode: stage requests a reader keeps outstanding
@@ -653,6 +665,14 @@ class _Stager:
                 pass
 
 
+def _merge_avail(avail: int, seen: int, issued: int) -> int:
+    """What may be read from a partial source: it only grows with what the source reports, and stops
+    where we are (no new reads; the server re-routes us) once the source no longer holds the version."""
+    if seen < 0:
+        return min(avail, issued)
+    return max(avail, seen)
+
+
 class _Verifier:
     """Hashes each tensor once the contiguous received prefix covers it (the pack: all tiny tensors,
     unpacked first) and compares with the publisher's checksums."""
@@ -756,7 +776,8 @@ class ShardHandle:
         self._layout_dirty = True
         self._ctrl = engine.allocate(64, segment=self.segment)  # progress word at offset 0 of the segment
         self._ctrl.array[:] = 0
-        self._scratch = engine.allocate(64, segment=f"{self.segment}-scratch")
+        # slot 0: synchronous progress reads; slots 1..: the progress word read along with each batch
+        self._scratch = engine.allocate(8 * (PROGRESS_SLOTS + 1), segment=f"{self.segment}-scratch")
         self._offloads: list[ShardHandle] = []
         self._closed = False
         self.stats: dict[str, Any] = {}
@@ -1034,6 +1055,7 @@ class ShardHandle:
         dt = time.monotonic() - t0
         self.stats = {"bytes": total, "seconds": dt, "verify_s": ver.seconds, "reroutes": reroutes, "sources": sources,
                       "batches": st["batches"], "staged_slices": st["staged"], "GBps": total / dt / 1e9 if dt else 0.0,
+                      "starved_s": round(st.get("starved_s", 0.0), 4),  # waiting for a partial source's next bytes
                       "verified": cks is not None, "device_checksums": ver.device_checks}
 
     def _pull_from(self, v: int, src: dict, mine: list, total: int, ver: _Verifier, st: dict, deadline: float) -> None:
@@ -1057,19 +1079,40 @@ class ShardHandle:
         avail = total if not partial else 0
         thr = self.throttle_Bps
         t_thr, base = time.monotonic(), issued
-        batch_bytes = min(CHUNK, BATCH)
+        # the first batches are small: this reader's progress word (what readers of its own partial copy
+        # see) must move early, or every hop of a pipeline chain inherits the delay; the measured rate
+        # sizes the batches from the first completion on
+        batch_bytes = min(MB, CHUNK, BATCH) if not partial else PARTIAL_MIN_BATCH
         window = WINDOW * batch_bytes
+
+        def adapt() -> None:
+            # keep about INFLIGHT_S seconds of the measured rate on the wire (every batch must finish
+            # within its deadline even on a slow link), at least WINDOW batches; from a partial copy
+            # in small batches (what is in flight is bounded by what the source holds anyway)
+            nonlocal batch_bytes, window
+            rate = (st["done"] - done0) / max(1e-6, time.monotonic() - t_start)
+            if partial:
+                if not thr:
+                    batch_bytes = max(PARTIAL_MIN_BATCH, min(BATCH, int(rate * PARTIAL_BATCH_S)))
+                window = max(WINDOW * batch_bytes, PARTIAL_MIN_WINDOW, min(MAX_INFLIGHT, int(rate * INFLIGHT_S)))
+                return
+            if not thr:
+                batch_bytes = max(MB, min(BATCH, int(rate * BATCH_S)))
+            window = max(WINDOW * batch_bytes, min(MAX_INFLIGHT, int(rate * INFLIGHT_S)))
         last_report = time.monotonic()
         sleep = 0.0005
         try:
             while st["done"] < total:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"replicate v{v}: deadline passed at {st['done']}/{total} bytes")
-                if issued < total and (issued - st["done"] < window or not inflight):
+                if issued < total and (issued - st["done"] < window or not inflight) and len(inflight) < PROGRESS_SLOTS:
                     if partial and avail <= issued:
+                        if inflight:  # their completions bring a fresher progress word: no blocking read
+                            avail = _merge_avail(avail, self._complete_oldest(v, inflight, st, ver), issued)
+                            adapt()
+                            continue
                         self._read([(self._scratch, 0, seg, ref["progress"], 8)], deadline)
-                        word = int(self._scratch.array[:8].view(np.uint64)[0])
-                        avail = word & BYTES_MASK if (word >> VERSION_SHIFT) == v else 0
+                        avail = _merge_avail(avail, self._progress_word(v, 0), issued)
                     if avail > issued:
                         k = bisect.bisect_right(starts, issued) - 1
                         if copyish[k]:
@@ -1081,7 +1124,7 @@ class ShardHandle:
                                 ver.advance(end)
                                 sleep = 0.0005
                             else:
-                                self._complete_oldest(v, inflight, st, ver)
+                                avail = _merge_avail(avail, self._complete_oldest(v, inflight, st, ver), issued)
                             continue
                         end = min(avail, issued + batch_bytes)
                         reqs = []
@@ -1095,21 +1138,20 @@ class ShardHandle:
                             for c in range(a, b, step):
                                 n = min(step, b - c)
                                 reqs.append((lb, loff + c - starts[j], seg, ritems[j][1] + c - starts[j], n))
+                        slot = 0
+                        if partial:
+                            slot = 1 + st["batches"] % PROGRESS_SLOTS
+                            reqs.append((self._scratch, 8 * slot, seg, ref["progress"], 8))
                         if thr:
                             time.sleep(max(0.0, t_thr + (end - base) / thr - time.monotonic()))
-                        inflight.append((end, self._submit(reqs, deadline)))
+                        inflight.append((end, self._submit(reqs, deadline), slot))
                         st["batches"] += 1
                         issued = end
                         sleep = 0.0005
                         continue
                 if inflight:
-                    self._complete_oldest(v, inflight, st, ver)
-                    # keep about INFLIGHT_S seconds of the measured rate on the wire (every batch must
-                    # finish within its deadline even on a slow link), at least WINDOW batches
-                    rate = (st["done"] - done0) / max(1e-6, time.monotonic() - t_start)
-                    if not thr:
-                        batch_bytes = max(MB, min(BATCH, int(rate * BATCH_S)))
-                    window = max(WINDOW * batch_bytes, min(MAX_INFLIGHT, int(rate * INFLIGHT_S)))
+                    avail = _merge_avail(avail, self._complete_oldest(v, inflight, st, ver), issued)
+                    adapt()
                     continue
                 # a partial source has nothing more yet: wait, and ask the server now and then
                 if time.monotonic() - last_report > 0.5:
@@ -1118,22 +1160,32 @@ class ShardHandle:
                     if "src" in rep:
                         raise _Reroute(rep["src"])
                 time.sleep(sleep)
-                sleep = min(sleep * 2, 0.02)
+                st["starved_s"] = st.get("starved_s", 0.0) + sleep
+                sleep = min(sleep * 2, 0.005)  # how late this hop of a chain may notice the first bytes
         finally:
-            for _, hdl in inflight:  # an error or a re-route: stop what is still on the wire
+            for _, hdl, _ in inflight:  # an error or a re-route: stop what is still on the wire
                 hdl.cancel()
                 try:
                     hdl.wait(2.0)
                 except Exception:
                     pass
 
-    def _complete_oldest(self, v: int, inflight: Any, st: dict, ver: _Verifier) -> None:
-        end, hdl = inflight[0]
+    def _complete_oldest(self, v: int, inflight: Any, st: dict, ver: _Verifier) -> int:
+        """Wait for the oldest batch in flight, publish our progress, verify what it completed; returns
+        the source's progress the batch read along (0: none, or not of version v)."""
+        end, hdl, slot = inflight[0]
         hdl.wait()
         inflight.popleft()
         st["done"] = end
         self._set_progress(v, end)
         ver.advance(end)
+        return self._progress_word(v, slot) if slot else 0
+
+    def _progress_word(self, v: int, slot: int) -> int:
+        """Bytes of version v the source holds, per the word read into `slot`; -1: it holds none of v
+        (not started yet, its receive failed, or it moved on)."""
+        word = int(self._scratch.array[8 * slot:8 * slot + 8].view(np.uint64)[0])
+        return word & BYTES_MASK if (word >> VERSION_SHIFT) == v else -1
 
     def _stage_sock(self, addr: str) -> tuple[zmq.Socket, ZmqClientAuth]:
         s = self._stage_socks.get(addr)

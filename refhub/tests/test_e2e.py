@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -115,7 +116,9 @@ def test_publish_replicate_update_unpublish(procs) -> None:
     r2 = Worker(addr, "rollout2")
     procs.append(r2)
     r2.send("replicate 3")
-    time.sleep(0.5)
+    # no answer while version 3 does not exist (an immediate reply, error or not, fails here)
+    assert select.select([r2.p.stdout], [], [], 1.0)[0] == [], "replicate 3 returned before version 3 existed"
+    assert r2.p.poll() is None
     assert t.cmd("unpublish")["ok"] and t.cmd("fill 3")["ok"] and t.cmd("publish 3")["ok"]
     rep = r2.read()
     assert rep["ok"] and rep["v"] == 3 and rep["data_ok"], rep

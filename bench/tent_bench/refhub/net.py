@@ -184,106 +184,136 @@ def _sizes(size_mb: float, tensors: int) -> list[int]:
     return shard_sizes(size_mb, tensors)
 
 
-def _refhub_rounds(nodes: Nodes, ns: list[int], sizes: list[int], pipeline: bool) -> dict[int, dict]:
-    tag = "pipe" if pipeline else "nopipe"
-    srv, addr = _server(nodes, pipeline, f"server-{tag}")
-    nmax = max(ns)
-    base = {"server": addr, "sizes": sizes, "seed": 7}
-    pub = _node(nodes, 1, "publisher", {**base, "name": "publisher", "host": nodes.ip(1) if nodes.shaped else None},
-                f"publisher-{tag}")
-    _read(pub, 120, "publisher")
-    rcv = []
-    for i in range(nmax):
-        j = 2 + i
-        rcv.append(_node(nodes, j, "receiver", {**base, "name": f"rollout{i}", "host": nodes.ip(j) if nodes.shaped else None},
-                         f"rollout{i}-{tag}"))
-    for i, p in enumerate(rcv):
-        _read(p, 120, f"rollout{i}")
-    out: dict[int, dict] = {}
-    try:
-        for n in ns:
-            for p in rcv[:n]:
-                _send(p, {"cmd": "replicate"})
-            res = [_read(p, 900, f"rollout{i} replicate") for i, p in enumerate(rcv[:n])]
-            bad = [r for r in res if not r.get("ok") or not r.get("data_ok")]
-            if bad:
-                raise RuntimeError(f"{tag} n={n}: {bad}")
-            secs = [r["secs"] for r in res]
-            out[n] = {"total_s": sum(secs), "mean_s": statistics.mean(secs), "max_s": max(secs),
-                      "from_publisher": sum(1 for r in res if r["sources"][0][0] == "publisher")}
-            for p in rcv[:n]:
-                _send(p, {"cmd": "drop"})
-            for i, p in enumerate(rcv[:n]):
-                _read(p, 60, f"rollout{i} drop")
-    finally:
-        for p in [*rcv, pub]:
+def _stall(res: list[dict]) -> dict:
+    secs = [r["secs"] for r in res]
+    return {"total_s": sum(secs), "mean_s": statistics.mean(secs), "max_s": max(secs)}
+
+
+class _RefhubSystem:
+    """A reference server, a publisher and `nmax` receivers (pipeline replication on or off)."""
+
+    def __init__(self, nodes: Nodes, nmax: int, sizes: list[int], pipeline: bool) -> None:
+        self.nodes, self.nmax, self.sizes, self.pipeline = nodes, nmax, sizes, pipeline
+        self.name = "pipeline" if pipeline else "no_pipeline"
+        self.procs: list[subprocess.Popen] = []
+        self.rcv: list[subprocess.Popen] = []
+
+    def start(self) -> None:
+        nodes, tag = self.nodes, "pipe" if self.pipeline else "nopipe"
+        srv, addr = _server(nodes, self.pipeline, f"server-{tag}")
+        self.procs.append(srv)
+        base = {"server": addr, "sizes": self.sizes, "seed": 7}
+        pub = _node(nodes, 1, "publisher", {**base, "name": "publisher", "host": nodes.ip(1) if nodes.shaped else None},
+                    f"publisher-{tag}")
+        self.procs.append(pub)
+        _read(pub, 120, "publisher")
+        for i in range(self.nmax):
+            j = 2 + i
+            self.rcv.append(_node(nodes, j, "receiver",
+                                  {**base, "name": f"rollout{i}", "host": nodes.ip(j) if nodes.shaped else None},
+                                  f"rollout{i}-{tag}"))
+        self.procs += self.rcv
+        for i, p in enumerate(self.rcv):
+            _read(p, 120, f"rollout{i}")
+
+    def round(self, n: int, rnd: int) -> dict:
+        rcv = self.rcv[:n]
+        for p in rcv:
+            _send(p, {"cmd": "replicate"})
+        res = [_read(p, 900, f"rollout{i} replicate") for i, p in enumerate(rcv)]
+        bad = [r for r in res if not r.get("ok") or not r.get("data_ok")]
+        if bad:
+            raise RuntimeError(f"{self.name} n={n}: {bad}")
+        for p in rcv:  # unpublish, and junk over every byte before the next round
+            _send(p, {"cmd": "drop", "junk": 1000 * (rnd + 1) + n})
+        for i, p in enumerate(rcv):
+            _read(p, 60, f"rollout{i} drop")
+        return {**_stall(res), "from_publisher": sum(1 for r in res if r["sources"][0][0] == "publisher"),
+                "receivers": [{"secs": round(r["secs"], 3), "sources": r["sources"], "starved_s": r.get("starved_s"),
+                               "batches": r.get("batches"), "rail_errors": r.get("rail_errors")} for r in res]}
+
+    def close(self) -> None:
+        for p in self.procs[1:]:
             try:
                 _send(p, {"cmd": "exit"})
             except (BrokenPipeError, OSError):
                 pass
-        for p in [*rcv, pub, srv]:
-            nodes.stop(p)
-    return out
+        for p in self.procs:
+            self.nodes.stop(p)
 
 
-def _gloo_rounds(nodes: Nodes, ns: list[int], sizes: list[int]) -> dict[int, dict]:
-    nmax = max(ns)
-    port = _free_port()
-    init = f"tcp://{nodes.ip(1)}:{port}"
-    ranks = []
-    for r in range(nmax + 1):
-        j = 1 + r
-        ranks.append(_node(nodes, j, "gloo", {"rank": r, "world": nmax + 1, "init": init, "sizes": sizes, "seed": 7,
-                                              "ifname": nodes.ifname(j) if nodes.shaped else "lo"}, f"gloo{r}"))
-    out: dict[int, dict] = {}
-    try:
-        for r, p in enumerate(ranks):
+class _GlooSystem:
+    """A torch.distributed gloo world: rank 0 in the publisher's node, rank r in receiver node r."""
+
+    def __init__(self, nodes: Nodes, nmax: int, sizes: list[int], form: str) -> None:
+        self.nodes, self.nmax, self.sizes, self.form = nodes, nmax, sizes, form
+        self.name = f"gloo_{form}"
+        self.ranks: list[subprocess.Popen] = []
+
+    def start(self) -> None:
+        nodes = self.nodes
+        init = f"tcp://{nodes.ip(1)}:{_free_port()}"
+        for r in range(self.nmax + 1):
+            j = 1 + r
+            self.ranks.append(_node(nodes, j, "gloo", {"rank": r, "world": self.nmax + 1, "init": init, "sizes": self.sizes,
+                                                       "seed": 7, "ifname": nodes.ifname(j) if nodes.shaped else "lo"},
+                                    f"{self.name}{r}"))
+        for r, p in enumerate(self.ranks):
             _read(p, 300, f"gloo rank {r}")
-        for n in ns:
-            for p in ranks:
-                _send(p, {"cmd": "bcast", "n": n})
-            res = [_read(p, 900, f"gloo rank {r}") for r, p in enumerate(ranks)]
-            rows = [x for x in res[1:n + 1]]
-            if not all(x.get("ok") and x.get("data_ok") for x in rows):
-                raise RuntimeError(f"gloo n={n}: {rows}")
-            secs = [x["secs"] for x in rows]
-            out[n] = {"total_s": sum(secs), "mean_s": statistics.mean(secs), "max_s": max(secs)}
-    finally:
-        for p in ranks:
+
+    def round(self, n: int, rnd: int) -> dict:
+        for p in self.ranks:
+            _send(p, {"cmd": "bcast", "n": n, "form": self.form, "junk": 1000 * (rnd + 1) + n})
+        res = [_read(p, 900, f"gloo rank {r}") for r, p in enumerate(self.ranks)]
+        rows = res[1:n + 1]
+        if not all(x.get("ok") and x.get("data_ok") for x in rows):
+            raise RuntimeError(f"{self.name} n={n}: {rows}")
+        return _stall(rows)
+
+    def close(self) -> None:
+        for p in self.ranks:
             try:
                 _send(p, {"cmd": "exit"})
             except (BrokenPipeError, OSError):
                 pass
-        for p in ranks:
-            nodes.stop(p)
-    return out
+        for p in self.ranks:
+            self.nodes.stop(p)
 
 
-def _ray_rounds(nodes: Nodes, ns: list[int], sizes: list[int], store_mb: int) -> tuple[dict[int, dict], str | None]:
+class _RaySystem:
     """Ray object store: a head node in the publisher's namespace, one Ray node per receiver namespace
-    (started one at a time, each with its own temp dir), a driver that puts the tensors and actors
-    pinned to the receiver nodes that get them at once. Returns the rows it managed and, if it had
-    to stop early, why."""
-    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
-    nmax = max(ns)
-    port = _free_port()
-    head = f"{nodes.ip(1)}:{port}"
-    common = ["--block", "--num-cpus", "1", "--object-store-memory", str(store_mb * MB), "--disable-usage-stats"]
-    tmp = tempfile.mkdtemp(prefix="rhray", dir="/tmp")  # one temp dir per node: several nodes share this host
-    starters = [nodes.popen(1, [ray_bin, "start", "--head", "--node-ip-address", nodes.ip(1), "--port", str(port),
-                                "--temp-dir", f"{tmp}/n1", "--include-dashboard", "false",
-                                "--resources", json.dumps({"pnode": 1}), *common],
-                            "ray-head", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)]
-    drv = None
-    out: dict[int, dict] = {}
+    (started one at a time as N grows, each with its own temp dir), a driver that puts the tensors and
+    actors pinned to the receiver nodes that get them at once."""
 
-    def start_node(i: int) -> None:
+    name = "ray"
+
+    def __init__(self, nodes: Nodes, nmax: int, sizes: list[int], store_mb: int) -> None:
+        self.nodes, self.nmax, self.sizes, self.store_mb = nodes, nmax, sizes, store_mb
+        self.ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+        self.port = _free_port()
+        self.head = f"{nodes.ip(1)}:{self.port}"
+        self.common = ["--block", "--num-cpus", "1", "--object-store-memory", str(store_mb * MB), "--disable-usage-stats"]
+        self.tmp = tempfile.mkdtemp(prefix="rhray", dir="/tmp")  # one temp dir per node: several nodes share this host
+        self.starters: list[subprocess.Popen] = []
+        self.drv: subprocess.Popen | None = None
+        self.up = 0
+
+    def start(self) -> None:
+        nodes = self.nodes
+        self.starters.append(nodes.popen(
+            1, [self.ray_bin, "start", "--head", "--node-ip-address", nodes.ip(1), "--port", str(self.port),
+                "--temp-dir", f"{self.tmp}/n1", "--include-dashboard", "false", "--resources", json.dumps({"pnode": 1}),
+                *self.common], "ray-head", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+        _wait_port(nodes, 1, nodes.ip(1), self.port, 90)
+
+    def _start_node(self, i: int) -> None:
         j = 2 + i
         for attempt in range(3):
-            p = nodes.popen(j, [ray_bin, "start", "--address", head, "--node-ip-address", nodes.ip(j),
-                                "--temp-dir", f"{tmp}/n{j}-{attempt}", "--resources", json.dumps({f"rnode{i + 1}": 1}),
-                                *common], f"ray-node{j}-{attempt}", stdin=subprocess.DEVNULL)
-            starters.append(p)
+            p = self.nodes.popen(j, [self.ray_bin, "start", "--address", self.head, "--node-ip-address", self.nodes.ip(j),
+                                     "--temp-dir", f"{self.tmp}/n{j}-{attempt}",
+                                     "--resources", json.dumps({f"rnode{i + 1}": 1}), *self.common],
+                                 f"ray-node{j}-{attempt}", stdin=subprocess.DEVNULL)
+            self.starters.append(p)
             end = time.monotonic() + 75
             try:
                 while True:
@@ -293,40 +323,34 @@ def _ray_rounds(nodes: Nodes, ns: list[int], sizes: list[int], store_mb: int) ->
                     if "Ray runtime started" in line:
                         return
             except (TimeoutError, RuntimeError):
-                nodes.stop(p, wait=30)
+                self.nodes.stop(p, wait=30)
                 if attempt == 2:
                     raise
 
-    up = 0
-    try:
-        _wait_port(nodes, 1, nodes.ip(1), port, 90)
-        for n in ns:
-            while up < n:  # one at a time: several raylets starting together on one host time out
-                start_node(up)
-                up += 1
-            if drv is None:
-                drv = _node(nodes, 1, "ray", {"address": head, "receivers": nmax, "sizes": sizes, "seed": 7,
-                                              "temp_dir": f"{tmp}/n1"}, "ray-driver")
-                _read(drv, 300, "ray driver")
-            _send(drv, {"cmd": "ray", "n": n})
-            res = _read(drv, 900, "ray round")
-            if not res.get("ok") or not all(r["data_ok"] for r in res["rows"]):
-                raise RuntimeError(f"ray n={n}: {res}")
-            secs = [r["secs"] for r in res["rows"]]
-            out[n] = {"total_s": sum(secs), "mean_s": statistics.mean(secs), "max_s": max(secs), "put_s": res["put_s"]}
-        return out, None
-    except Exception as exc:
-        return out, f"stopped after n={max(out) if out else 0}: {type(exc).__name__}: {exc}"[:600]
-    finally:
-        if drv is not None:
+    def round(self, n: int, rnd: int) -> dict:
+        while self.up < n:  # one at a time: several raylets starting together on one host time out
+            self._start_node(self.up)
+            self.up += 1
+        if self.drv is None:
+            self.drv = _node(self.nodes, 1, "ray", {"address": self.head, "receivers": self.nmax, "sizes": self.sizes,
+                                                    "seed": 7, "temp_dir": f"{self.tmp}/n1"}, "ray-driver")
+            _read(self.drv, 300, "ray driver")
+        _send(self.drv, {"cmd": "ray", "n": n})
+        res = _read(self.drv, 900, "ray round")
+        if not res.get("ok") or not all(r["data_ok"] for r in res["rows"]):
+            raise RuntimeError(f"ray n={n}: {res}")
+        return {**_stall(res["rows"]), "put_s": res["put_s"]}
+
+    def close(self) -> None:
+        if self.drv is not None:
             try:
-                _send(drv, {"cmd": "exit"})
+                _send(self.drv, {"cmd": "exit"})
             except (BrokenPipeError, OSError):
                 pass
-            nodes.stop(drv, wait=20)
-        for p in reversed(starters):  # `ray start --block` stops its node's processes on SIGTERM
-            nodes.stop(p, wait=30)
-        shutil.rmtree(tmp, ignore_errors=True)
+            self.nodes.stop(self.drv, wait=20)
+        for p in reversed(self.starters):  # `ray start --block` stops its node's processes on SIGTERM
+            self.nodes.stop(p, wait=30)
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def _wait_port(nodes: Nodes, j: int, host: str, port: int, timeout: float) -> None:
@@ -343,64 +367,105 @@ def _wait_port(nodes: Nodes, j: int, host: str, port: int, timeout: float) -> No
     raise TimeoutError(f"nothing listening on {host}:{port} after {timeout:.0f}s")
 
 
-def _peer(fn: Any, *args: Any) -> tuple[dict[int, dict] | None, str | None]:
-    try:
-        return fn(*args), None
-    except Exception as exc:
-        return None, f"{type(exc).__name__}: {exc}"[:800]
+def _err(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:600]
 
 
-def burst(ns: list[int], size_mb: float = 128, tensors: int = 32, rate: str = "1gbit", peers: tuple[str, ...] = ("gloo", "ray"),
-          force_loopback: bool = False, store_mb: int = 512) -> dict:
+def burst(ns: list[int], size_mb: float = 128, tensors: int = 32, rate: str = "1gbit",
+          peers: tuple[str, ...] = ("gloo", "ray"), force_loopback: bool = False, store_mb: int = 512,
+          rounds: int = 3, gloo_forms: tuple[str, ...] = ("chain", "async")) -> dict:
+    """N receivers replicate at once, for every N in `ns`: refhub with and without pipeline replication
+    and the peers, all started up front and run interleaved (per round and N, every system once, the
+    order rotating), `rounds` times; medians and spread of the total stall per row."""
+    from .rounds import summary
+
     sizes = _sizes(size_mb, tensors)
     nmax = max(ns)
     t0 = time.monotonic()
+    notes: dict[str, str] = {}
+    samples: dict[str, dict[int, list[dict]]] = {}
     with Nodes(nmax + 2, rate, force_loopback) as nodes:
-        pipe = _refhub_rounds(nodes, ns, sizes, True)
-        nopipe = _refhub_rounds(nodes, ns, sizes, False)
-        notes = {}
-        gloo = ray = None
+        systems: list[Any] = [_RefhubSystem(nodes, nmax, sizes, True), _RefhubSystem(nodes, nmax, sizes, False)]
         if "gloo" in peers:
             try:
                 import torch  # noqa: F401
 
-                gloo, err = _peer(_gloo_rounds, nodes, ns, sizes)
-                if err:
-                    notes["gloo"] = err + " | " + nodes.tail("gloo0", 300)
+                systems += [_GlooSystem(nodes, nmax, sizes, f) for f in gloo_forms]
             except ImportError:
-                notes["gloo"] = "torch is not installed (pip install torch): gloo not measured"
+                notes["gloo"] = "torch is not installed (pip install 'tent-bench[refhub-peers]'): gloo not measured"
         else:
             notes["gloo"] = "not requested"
         if "ray" in peers:
             if shutil.which("ray", path=os.path.dirname(sys.executable)) is None:
-                notes["ray"] = "ray is not installed (pip install ray): not measured"
+                notes["ray"] = "ray is not installed (pip install 'tent-bench[refhub-peers]'): not measured"
             else:
-                ray, err = _ray_rounds(nodes, ns, sizes, store_mb)
-                if err:
-                    notes["ray"] = err + " | " + nodes.tail("ray-driver", 300)
+                systems.append(_RaySystem(nodes, nmax, sizes, store_mb))
         else:
             notes["ray"] = "not requested"
+        live: list[Any] = []
+        try:
+            for sysm in systems:
+                try:
+                    sysm.start()
+                    live.append(sysm)
+                except Exception as exc:
+                    sysm.close()
+                    if sysm.name.startswith("pipeline") or sysm.name.startswith("no_pipeline"):
+                        raise
+                    notes[sysm.name] = "did not start: " + _err(exc)
+            for s_ in live:
+                samples[s_.name] = {n: [] for n in ns}
+            k = 0
+            for rnd in range(rounds):
+                for n in ns:
+                    order = live[k % len(live):] + live[:k % len(live)]
+                    k += 1
+                    for sysm in order:
+                        if sysm.name in notes:
+                            continue  # a peer that failed earlier in this run
+                        try:
+                            samples[sysm.name][n].append(sysm.round(n, rnd))
+                        except Exception as exc:
+                            if not sysm.name.startswith("gloo") and sysm.name != "ray":
+                                raise
+                            notes[sysm.name] = f"stopped at n={n}, round {rnd}: " + _err(exc)
+        finally:
+            for sysm in reversed(live):
+                sysm.close()
         shaped, note = nodes.shaped, nodes.note
     rows = []
     for n in ns:
-        row: dict[str, Any] = {"n": n, "pipeline_s": round(pipe[n]["total_s"], 3), "no_pipeline_s": round(nopipe[n]["total_s"], 3),
-                               "gloo_s": round(gloo[n]["total_s"], 3) if gloo else None,
-                               "ray_s": round(ray[n]["total_s"], 3) if ray and n in ray else None,
-                               "pipeline_per_receiver_s": round(pipe[n]["mean_s"], 3),
-                               "no_pipeline_per_receiver_s": round(nopipe[n]["mean_s"], 3),
-                               "pipeline_from_publisher": pipe[n]["from_publisher"]}
-        if gloo:
-            row["gloo_per_receiver_s"] = round(gloo[n]["mean_s"], 3)
-        if ray and n in ray:
-            row["ray_per_receiver_s"] = round(ray[n]["mean_s"], 3)
-            row["ray_put_s"] = round(ray[n]["put_s"], 3)
+        row: dict[str, Any] = {"n": n}
+        for name, per_n in samples.items():
+            got = per_n.get(n) or []
+            if not got:
+                row[f"{name}_s"] = None
+                continue
+            tot = summary([g["total_s"] for g in got])
+            row[f"{name}_s"] = tot["median"]
+            row[f"{name}_per_receiver_s"] = round(tot["median"] / n, 3)
+            row[f"{name}_spread"] = tot["spread"]
+            if name == "pipeline":
+                row["pipeline_from_publisher"] = got[-1]["from_publisher"]
+                row["pipeline_receivers"] = got[-1]["receivers"]
+            if name == "ray":
+                row["ray_put_s"] = round(statistics.median(g["put_s"] for g in got), 3)
+        gl = [row[f"gloo_{f}_s"] for f in gloo_forms if row.get(f"gloo_{f}_s") is not None]
+        row["gloo_s"] = min(gl) if gl else None  # gloo's best form at this N
         rows.append(row)
     one = sum(sizes) / (parse_rate_Bps(rate) * 0.95) if shaped else None
+    flat = {}
+    base = next((r for r in rows if r["n"] == 1), None)
+    if base and base.get("pipeline_per_receiver_s"):
+        flat = {f"n{r['n']}": round(r["pipeline_per_receiver_s"] / base["pipeline_per_receiver_s"], 3) for r in rows}
     return {
         "bench": "burst", "size_MB": size_mb, "tensors": len(sizes), "bytes": sum(sizes),
         "links": f"star, 1 link per node, {rate} each way (TBF)" if shaped else "loopback",
         "ideal_one_transfer_s": round(one, 3) if one else None,
-        "metric": "total stall = sum over receivers of the time from the common start to its verified copy",
+        "metric": "total stall = sum over receivers of the time from the common start to its verified copy "
+                  "(median over rounds; spread = (max - min) / median)",
+        "rounds": rounds, "systems_interleaved": list(samples),
+        "pipeline_per_receiver_vs_n1": flat,
         "rows": rows, "notes": notes | ({"setup": note} if note else {}),
         "wall_s": round(time.monotonic() - t0, 1),
     }
@@ -412,65 +477,140 @@ def parse_rate_Bps(rate: str) -> float:
     return parse_rate(rate) / 8
 
 
-def failover(size_mb: float = 64, tensors: int = 32, rate: str = "500mbit", kill_at: float = 0.5,
-             force_loopback: bool = False, lead_s: float = 0.25) -> dict:
-    """publisher -> A -> B over shaped links: A starts, B starts `lead_s` after the server sees A
-    receiving (so it reads A's partial copy), A is SIGKILLed at `kill_at` of one transfer time after
-    it began receiving; B must finish from the publisher with correct checksums. Reported: B's time
-    with and without the kill. Both starts wait on events, not on fixed sleeps, so a slow machine
-    shifts the timeline instead of changing the scenario."""
-    sizes = _sizes(size_mb, tensors)
-    out: dict[str, Any] = {}
-    with Nodes(4, rate, force_loopback) as nodes:
-        expected = sum(sizes) / (parse_rate_Bps(rate) * 0.95) if nodes.shaped else None
-        for inject in (False, True):
-            tag = "fail" if inject else "nofail"
-            srv, addr = _server(nodes, True, f"server-{tag}")
-            base = {"server": addr, "sizes": sizes, "seed": 7}
-            procs = [srv]
+FAILURES = ("kill", "stop", "cut")
+
+
+def _silence(nodes: Nodes, j: int, proc: subprocess.Popen, how: str) -> None:
+    """Fail node j's process: `kill` (SIGKILL: the kernel resets its sockets at once, peers see RST),
+    `stop` (SIGSTOP: the process goes silent, its sockets stay open and the kernel keeps ACKing
+    what fits in the buffers), `cut` (its link goes down at its end: the switch sees no carrier and
+    what it forwards to the node vanishes, with static neighbours no ARP fails either: no RST, no
+    ICMP, nothing; needs namespaces)."""
+    if how == "kill":
+        proc.send_signal(signal.SIGKILL)
+    elif how == "stop":
+        proc.send_signal(signal.SIGSTOP)
+    elif how == "cut":
+        if nodes.fabric is None:
+            raise RuntimeError("a link cut needs network namespaces (root)")
+        nodes.fabric.down(0, node_pair=(0, j))
+    else:
+        raise ValueError(f"failure must be one of {FAILURES}")
+
+
+def _heal(nodes: Nodes, j: int, proc: subprocess.Popen, how: str) -> None:
+    if how == "stop" and proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)  # never resumed: a stopped process that wakes up would rejoin
+    elif how == "cut" and nodes.fabric is not None:
+        nodes.fabric.up(0, node_pair=(0, j))
+        nodes.fabric.run(j, ["ip", "route", "replace", "198.18.0.0/15", "via", nodes.fabric.link(0, peer=j).addr0])
+
+
+ATTEMPTS = 3  # setups per case and round where B must land on A's partial copy (a slow host can miss it)
+
+
+def _failover_case(nodes: Nodes, sizes: list[int], case: str, rnd: int, attempt: int, expected: float | None,
+                   kill_at: float, lead_s: float) -> dict | None:
+    """One publisher -> A -> B run, A failing as `case` says; None when B was not scheduled on A's
+    partial copy (A finished first, or B never saw A receiving): then the run says nothing."""
+    tag = f"{case}{rnd}-{attempt}"
+    srv, addr = _server(nodes, True, f"server-{tag}")
+    base = {"server": addr, "sizes": sizes, "seed": 7 + rnd}
+    procs = [srv]
+    a = None
+    try:
+        pub = _node(nodes, 1, "publisher",
+                    {**base, "name": "publisher", "host": nodes.ip(1) if nodes.shaped else None}, f"pub-{tag}")
+        procs.append(pub)
+        _read(pub, 120, "publisher")
+        a = _node(nodes, 2, "receiver", {**base, "name": "A", "host": nodes.ip(2) if nodes.shaped else None}, f"A-{tag}")
+        b = _node(nodes, 3, "receiver", {**base, "name": "B", "host": nodes.ip(3) if nodes.shaped else None}, f"B-{tag}")
+        procs += [a, b]
+        _read(a, 120, "A")
+        _read(b, 120, "B")
+        _send(a, {"cmd": "replicate"})
+        # B starts once A is receiving: it is scheduled on A's partial copy (pipeline)
+        _send(b, {"cmd": "replicate", "once_receiving": True, "lead": lead_s, "timeout": 10 + 2 * (expected or 1)})
+        started = _read(b, 60, f"B start ({case}, round {rnd})")
+        if started.get("event") != "started":
+            if "TimeoutError" in str(started.get("error")):
+                return None  # B never saw A receiving
+            raise RuntimeError(f"B did not start: {started}")
+        t_a = time.monotonic() - lead_s  # about when A began receiving
+        if case != "none":
+            time.sleep(max(0.0, t_a + (expected or 0.5) * kill_at - time.monotonic()))
+            _silence(nodes, 2, a, case)
+            failed_after = time.monotonic() - t_a
+        res = _read(b, 600, "B")
+        if not res.get("ok") or not res.get("data_ok"):
+            raise RuntimeError(f"B failed ({case}): {res}")
+        if res["sources"][0] != ["A", True]:
+            return None
+        row = {"B_seconds": res["secs"], "B_sources": res["sources"], "B_data_ok": res["data_ok"], "B_started_on_A": True}
+        if case != "none":
+            row["A_failed_after_s"] = round(failed_after, 3)  # after A began receiving
+        return row
+    finally:
+        if a is not None and case != "none":
+            _heal(nodes, 2, a, case)
+        for p in procs[1:]:
             try:
-                pub = _node(nodes, 1, "publisher", {**base, "name": "publisher", "host": nodes.ip(1) if nodes.shaped else None},
-                            f"pub-{tag}")
-                procs.append(pub)
-                _read(pub, 120, "publisher")
-                a = _node(nodes, 2, "receiver", {**base, "name": "A", "host": nodes.ip(2) if nodes.shaped else None}, f"A-{tag}")
-                b = _node(nodes, 3, "receiver", {**base, "name": "B", "host": nodes.ip(3) if nodes.shaped else None}, f"B-{tag}")
-                procs += [a, b]
-                _read(a, 120, "A")
-                _read(b, 120, "B")
-                _send(a, {"cmd": "replicate"})
-                # B starts once A is receiving: it is scheduled on A's partial copy (pipeline)
-                _send(b, {"cmd": "replicate", "once_receiving": True, "lead": lead_s})
-                started = _read(b, 60, "B start")
-                if started.get("event") != "started":
-                    raise RuntimeError(f"B did not start: {started}")
-                t_a = time.monotonic() - lead_s  # about when A began receiving
-                if inject:
-                    time.sleep(max(0.0, t_a + (expected or 0.5) * kill_at - time.monotonic()))
-                    a.send_signal(signal.SIGKILL)
-                    killed_after = time.monotonic() - t_a
-                res = _read(b, 600, "B")
-                if not res.get("ok") or not res.get("data_ok"):
-                    raise RuntimeError(f"B failed: {res}")
-                row = {"B_seconds": round(res["secs"], 3), "B_sources": res["sources"], "B_data_ok": res["data_ok"],
-                       "B_started_on_A": res["sources"][0] == ["A", True]}
-                if inject:
-                    row["A_killed_after_s"] = round(killed_after, 3)  # after A began receiving
-                out["with_failure" if inject else "no_failure"] = row
-            finally:
-                for p in procs[1:]:
-                    try:
-                        _send(p, {"cmd": "exit"})
-                    except (BrokenPipeError, OSError):
-                        pass
-                for p in reversed(procs):
-                    nodes.stop(p)
+                _send(p, {"cmd": "exit"})
+            except (BrokenPipeError, OSError):
+                pass
+        for p in reversed(procs):
+            nodes.stop(p)
+
+
+def failover(size_mb: float = 64, tensors: int = 32, rate: str = "500mbit", kill_at: float = 0.5,
+             force_loopback: bool = False, lead_s: float = 0.25, failures: tuple[str, ...] = FAILURES,
+             rounds: int = 1) -> dict:
+    """publisher -> A -> B over shaped links: A starts, B starts `lead_s` after the server sees A
+    receiving (so it reads A's partial copy), A fails at `kill_at` of one transfer time after it
+    began receiving, in each way of `failures` (SIGKILL; SIGSTOP; link cut); B must finish from the
+    publisher with correct checksums. Reported: B's time with no failure and with each failure,
+    `rounds` times interleaved (median and spread). Both starts wait on events, not on fixed sleeps,
+    so a slow machine shifts the timeline instead of changing the scenario."""
+    from .rounds import summary
+
+    sizes = _sizes(size_mb, tensors)
+    cases = ["none", *failures]
+    runs: dict[str, list[dict]] = {c: [] for c in cases}
+    with Nodes(4, rate, force_loopback) as nodes:
+        if not nodes.shaped:
+            cases = [c for c in cases if c != "cut"]
+            runs.pop("cut", None)
+        expected = sum(sizes) / (parse_rate_Bps(rate) * 0.95) if nodes.shaped else None
+        retried = 0
+        for rnd in range(rounds):
+            for case in cases:
+                for attempt in range(ATTEMPTS):
+                    row = _failover_case(nodes, sizes, case, rnd, attempt, expected, kill_at, lead_s)
+                    if row is not None:
+                        runs[case].append(row)
+                        break
+                    retried += 1  # A finished before B was scheduled on its partial copy: not the scenario
+                else:
+                    raise RuntimeError(f"failover {case}: B was never scheduled on A's partial copy in {ATTEMPTS} tries")
         shaped, note = nodes.shaped, nodes.note
+    out: dict[str, Any] = {}
+    for case, rs in runs.items():
+        secs = [r["B_seconds"] for r in rs]
+        row = dict(rs[-1])
+        row["B_seconds"] = round(statistics.median(secs), 3)
+        row["B_seconds_rounds"] = summary(secs)
+        row["B_data_ok"] = all(r["B_data_ok"] for r in rs)
+        row["B_started_on_A"] = all(r["B_started_on_A"] for r in rs)
+        out[case] = row
+    base_s = out["none"]["B_seconds"]
     res = {"bench": "failover", "size_MB": size_mb, "tensors": len(sizes),
            "links": f"star, 1 link per node, {rate} each way (TBF)" if shaped else "loopback",
-           "kill_at_fraction": kill_at, "B_starts_after_A_s": lead_s,
-           "one_transfer_s": round(expected, 3) if expected else None, **out,
-           "extra_s": round(out["with_failure"]["B_seconds"] - out["no_failure"]["B_seconds"], 3)}
+           "kill_at_fraction": kill_at, "B_starts_after_A_s": lead_s, "rounds": rounds, "retried_setups": retried,
+           "one_transfer_s": round(expected, 3) if expected else None,
+           "no_failure": out["none"],
+           "with_failure": out.get("kill"),  # the SIGKILL case, under its earlier name
+           "failures": {c: out[c] for c in out if c != "none"},
+           "extra_s": {c: round(out[c]["B_seconds"] - base_s, 3) for c in out if c != "none"}}
     if note:
         res["note"] = note
     return res

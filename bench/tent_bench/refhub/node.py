@@ -96,11 +96,14 @@ def run_refhub(role: str, spec: dict) -> None:
 
                 ok = [checksum(t) for t in ts] == expect
                 emit({"ok": True, "v": v, "secs": dt, "data_ok": ok, "sources": h.stats.get("sources"),
+                      "starved_s": h.stats.get("starved_s"), "batches": h.stats.get("batches"),
+                      "rail_errors": sum(r["errors"] for r in eng.rail_stats()),
                       "t_end": time.monotonic()})
             elif cmd == "drop":
                 h.unpublish()
-                for t in ts:
-                    t[:] = 1
+                from .rounds import junk_fill
+
+                junk_fill(ts, int(msg.get("junk", 1)))  # the next round's copy cannot verify on these bytes
                 emit({"ok": True})
             else:
                 emit({"ok": False, "error": f"unknown command {cmd}"})
@@ -112,7 +115,19 @@ def run_refhub(role: str, spec: dict) -> None:
     eng.close()
 
 
+GLOO_CHUNK = 4 << 20  # chain form: bytes per send/recv piece (pieces of one tensor pipeline along the chain)
+GLOO_FORMS = ("chain", "async")
+
+
 def run_gloo(spec: dict) -> None:
+    """One gloo rank. ``{"cmd": "bcast", "n": N, "form": F}`` moves every tensor from rank 0 to ranks
+    1..N in one of gloo's two best forms:
+
+    * ``async``: one broadcast per tensor, all issued as async ops at once, then waited (gloo overlaps
+      them; the root still sends every byte to every receiver over its own uplink);
+    * ``chain``: a pipelined send/recv chain 0 -> 1 -> ... -> N in GLOO_CHUNK pieces, every rank
+      posts all its receives up front and forwards each piece as soon as it lands (each link carries
+      the bytes once, as refhub's pipeline replication does)."""
     import datetime
     import os
 
@@ -127,6 +142,7 @@ def run_gloo(spec: dict) -> None:
                             timeout=datetime.timedelta(seconds=300))
     arrs = tensors(spec["sizes"], spec["seed"] if rank == 0 else None)
     ts = [torch.from_numpy(a) for a in arrs]
+    pieces = [t[i:i + GLOO_CHUNK] for t in ts for i in range(0, t.numel(), GLOO_CHUNK)]
     expect = expected_checksums(spec["sizes"], spec["seed"]) if rank else None
     groups = {n: dist.new_group(ranks=list(range(n + 1))) for n in range(1, world)}
     emit({"event": "ready", "rank": rank})
@@ -135,16 +151,34 @@ def run_gloo(spec: dict) -> None:
         if msg.get("cmd") == "exit":
             break
         n = msg["n"]
+        form = msg.get("form", "chain")
         if rank > n:
             emit({"ok": True, "skipped": True})
             continue
         g = groups[n]
+        junk = int(msg.get("junk", 1))
         for a in arrs if rank else []:
-            a[:] = 1
+            a[:] = junk & 0xFF  # the previous round's bytes must not verify this one
         dist.barrier(group=g)
         t0 = time.monotonic()
-        for t in ts:
-            dist.broadcast(t, src=0, group=g)
+        if form == "async":
+            works = [dist.broadcast(t, src=0, group=g, async_op=True) for t in ts]
+            for w in works:
+                w.wait()
+        elif form == "chain":
+            if rank == 0:
+                works = [dist.isend(p, dst=1, tag=k) for k, p in enumerate(pieces)]
+            else:
+                recvs = [dist.irecv(p, src=rank - 1, tag=k) for k, p in enumerate(pieces)]
+                works = []
+                for k, (p, r) in enumerate(zip(pieces, recvs, strict=True)):
+                    r.wait()
+                    if rank < n:
+                        works.append(dist.isend(p, dst=rank + 1, tag=k))
+            for w in works:
+                w.wait()
+        else:
+            raise ValueError(f"unknown gloo form {form}")
         dt = time.monotonic() - t0
         ok = [checksum(a) for a in arrs] == expect if rank else True
         emit({"ok": True, "secs": dt, "data_ok": ok})
