@@ -248,6 +248,31 @@ class SimEvent:
         self._finalizer()
 
 
+_REAPER_LOCK = threading.Lock()
+_REAPER: list[Any] = []  # [queue.SimpleQueue] once started
+
+
+def _destroy_stream_later(handle: int, status: ctypes.c_int32) -> None:
+    """A garbage-collected stream's finalizer: destroying a stream joins its thread after its queued
+    work, which may wait on whatever thread the collector happened to run on (the engine's progress
+    thread, say): a deadlock. A daemon thread destroys it instead; it holds `status` (which queued
+    work writes) until then."""
+    import queue
+
+    with _REAPER_LOCK:
+        if not _REAPER:
+            q: queue.SimpleQueue[tuple[int, ctypes.c_int32]] = queue.SimpleQueue()
+
+            def reap() -> None:
+                while True:
+                    h, _st = q.get()
+                    lib().sim_stream_destroy(h)
+
+            threading.Thread(target=reap, name="simdev-reaper", daemon=True).start()
+            _REAPER.append(q)
+    _REAPER[0].put((handle, status))
+
+
 class SimStream:
     """An in-order queue of device work run by its own thread."""
 
@@ -256,7 +281,7 @@ class SimStream:
         if not self.handle:
             raise MemoryError("simdev: stream")
         self._status = ctypes.c_int32(0)
-        self._finalizer = weakref.finalize(self, lib().sim_stream_destroy, self.handle)
+        self._finalizer = weakref.finalize(self, _destroy_stream_later, self.handle, self._status)
 
     def _ok(self, rc: int, what: str) -> None:
         _check(rc, what)
@@ -288,7 +313,8 @@ class SimStream:
             raise RuntimeError(f"simdev: a copy or kernel on this stream failed: {os.strerror(-self._status.value)}")
 
     def close(self) -> None:
-        self._finalizer()
+        if self._finalizer.detach() is not None:  # an explicit close waits for the queued work here
+            lib().sim_stream_destroy(self.handle)
 
 
 # ---------------------------------------------------------------------------- runtime
