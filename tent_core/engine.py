@@ -102,6 +102,9 @@ class Engine:
         cfg = self.config
         if cfg.raise_fd_limit:
             _raise_fd_limit()
+        # the control port answers from here on; requests that need the engine's state wait until
+        # __init__ has built it (a peer may describe us before we finished starting)
+        self._ready = threading.Event()
         self._control = ControlServer(
             host, port, self._handle_control, auth=self.auth,
             max_request_bytes=cfg.control_max_request_bytes, send_hwm=cfg.control_send_hwm,
@@ -149,6 +152,7 @@ class Engine:
         # every engine exposes a tiny read-only buffer that peers' heartbeat slices read
         if self.transports:
             self._probe_buf = self.allocate(PROBE_BYTES, segment=PROBE_SEGMENT, perm=Permission.READ)
+        self._ready.set()
         if dcfg.url:
             self._attach_directory()
         if cfg.metrics.port:
@@ -264,6 +268,8 @@ class Engine:
 
     def _handle_control(self, msg: dict[str, Any]) -> Any:
         op = msg["op"]
+        if op != "ping" and not self._ready.wait(self.config.control_timeout_s):
+            return {"ok": False, "error": "engine still starting"}
         if op == "describe":
             seg = msg.get("segment")
             if seg is None:

@@ -445,7 +445,7 @@ def run_first(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, 
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
     t1 = time.monotonic()
-    ok = error is None and bool(np.array_equal(local.array, pattern(block)))  # type: ignore[arg-type]
+    ok = error is None and bool(np.array_equal(local.array, pattern(block, spec["seed"])))  # type: ignore[arg-type]
     return {"t_start": t0, "t_end": t1, "latency_s": round(t1 - t0, 6), "error": error, "verified": ok,
             "retries": h.retries if h is not None else 0}  # fmt: skip
 

@@ -44,6 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from tent_core.testing import fresh_seed
+
 from .fabric_bench import FaultInjector, Worker, parse_fault
 from .fabric_worker import OFFSET_SLOTS, OFFSET_STEP
 from .testbed.fabric import Fabric
@@ -111,13 +113,14 @@ class Target:
 
     def __init__(self, fab: Fabric, size: int) -> None:
         self.fab, self.size = fab, size
+        self.seed = fresh_seed()  # its byte pattern's stream; a restarted target serves the same bytes
         self.proc: subprocess.Popen[str] | None = None
         self.segment = ""
 
     def start(self, timeout: float = 120.0) -> float:
         cfg = {"transports": {"tcp": {"rails": self.fab.addrs(1), "nominal_gbps": [r / 1e9 for r in self.fab.rates]}}}
         argv = [sys.executable, "-m", "tent_bench.target", "--size", str(self.size), "--host", self.fab.addrs(1)[0],
-                "--port", str(CONTROL_PORT), "--config", json.dumps(cfg), "--pattern"]  # fmt: skip
+                "--port", str(CONTROL_PORT), "--config", json.dumps(cfg), "--pattern", "--seed", str(self.seed)]  # fmt: skip
         self.proc = self.fab.popen(1, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         out: list[str] = []
         reader = threading.Thread(target=lambda: out.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
@@ -174,6 +177,7 @@ def _worker_spec(fab: Fabric, target: Target, mode: str, log_level: int) -> dict
     return {
         "mode": mode,
         "remote": target.segment,
+        "seed": target.seed,
         "host": fab.addrs(0, peer=1)[0],
         "config": _initiator_config(fab),
         "ifaces": [fab.link(i).if0 for i in range(fab.rails)],
