@@ -33,7 +33,7 @@ VM_ENGINE_CONFIG: dict[str, Any] = {
     "request_deadline_s": 120.0,
     # emulated CPUs on a loaded host: a describe (with its auth handshake) can take seconds
     "control_timeout_s": 30.0,
-    "health": {"stall_min_s": 3.0},
+    "health": {"stall_s": 3.0, "stall_cut_s": 6.0},
     "transports": {"rdma": {"qp_timeout": 16, "retry_cnt": 7, "slice_timeout_ms": 15000, "handshake_timeout_s": 30.0}},
 }
 
