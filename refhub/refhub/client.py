@@ -943,6 +943,9 @@ class ShardHandle:
                 break
             self.state = "idle"
             self.version = None
+            # the immutability commitment ends here: the owner may overwrite these bytes, so the progress
+            # word must stop vouching for them before the server routes a pipeline reader to this replica
+            self._set_progress(0, 0)
 
     def _offload(self, version: int) -> None:
         """Copy this shard to CPU memory and publish it as an offload replica (released by the server later)."""
@@ -978,6 +981,8 @@ class ShardHandle:
         with self._lock:
             deadline = time.monotonic() + (timeout or self.request_timeout)
             self._build_layout()
+            if self.state != "published":  # a reader routed here as a partial copy must see no bytes yet
+                self._set_progress(0, 0)
             msg = {"op": op, "h": self.hid, "ref": self._ref(), **fields}
             while True:
                 rep = self.conn.request(dict(msg), max(0.1, deadline - time.monotonic()))

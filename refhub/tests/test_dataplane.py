@@ -79,6 +79,33 @@ def test_mutated_source_fails_checksum(server, small_batches) -> None:
     p.close()
 
 
+def test_unpublished_replica_stops_vouching_for_its_bytes(server, small_batches) -> None:
+    # a replica that unpublished may be overwritten (the burst bench junk-fills it between rounds);
+    # a pipeline reader routed to it on its next replicate read its stale "v1 complete" word and
+    # pulled junk (CI: end-to-end checksum mismatch). The word must say "nothing" until it re-receives.
+    sizes = [2 * MB, 3000]
+    src = _tensors(sizes, 3)
+    p = C.open("m", replica="pub", server=server)
+    for i, t in enumerate(src):
+        p.register(f"t{i}", t)
+    p.publish(1)
+    a = C.open("m", replica="a", server=server)
+    dst = [np.zeros(n, np.uint8) for n in sizes]
+    for i, t in enumerate(dst):
+        a.register(f"t{i}", t)
+    assert a.replicate(1, timeout=30) == 1
+    total = a.progress[2]
+    assert a.progress == (1, total, total)
+    a.unpublish()
+    assert a.progress[:2] == (0, 0)
+    for t in dst:
+        t[:] = 0xEE
+    assert a.replicate(1, timeout=30) == 1 and a.progress == (1, total, total)
+    assert all((x == y).all() for x, y in zip(src, dst, strict=True))
+    a.close()
+    p.close()
+
+
 def test_stager_validates_and_refuses(server) -> None:
     p = C.open("m", replica="pub", server=server, mode="copy")
     t = _tensors([3 * MB], 3)[0]
