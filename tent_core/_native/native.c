@@ -60,6 +60,9 @@ typedef struct batch {
   /* the executor (ops, handle) that may leave work of this batch to its waiter (submit_inline +
    * progress in executor_abi.h); 0 when none */
   atomic_ullong poll_ops, poll_exec;
+  /* threads asleep (or about to sleep) on cv: the finisher takes the mutex and broadcasts only
+   * when one may be, so a batch finished before anyone waits costs no lock and no syscall */
+  atomic_int sleepers;
   pthread_mutex_t mu;
   pthread_cond_t cv;
 } batch_t;
@@ -94,9 +97,13 @@ static void batch_unref(batch_t *b) {
 
 static void batch_finish_one(batch_t *b) {
   if (atomic_fetch_sub(&b->remaining, 1) == 1) {
-    pthread_mutex_lock(&b->mu);
-    pthread_cond_broadcast(&b->cv);
-    pthread_mutex_unlock(&b->mu);
+    /* seq_cst on both sides (Dekker): a waiter that registered before it saw remaining > 0 is
+     * seen here, and it holds the mutex from registering until cond_wait releases it */
+    if (atomic_load(&b->sleepers) > 0) {
+      pthread_mutex_lock(&b->mu);
+      pthread_cond_broadcast(&b->cv);
+      pthread_mutex_unlock(&b->mu);
+    }
     batch_unref(b); /* the in-flight reference */
   }
 }
@@ -225,7 +232,6 @@ typedef struct {
 
 static PyTypeObject BatchType;
 
-static double mono_s(void) { return (double)now_ns() / 1e9; }
 
 /* A fresh batch_t for `total` slices; NULL when out of memory. */
 static batch_t *batch_create(long total) {
@@ -238,6 +244,7 @@ static batch_t *batch_create(long total) {
     atomic_store(&b->retries, 0);
     atomic_store(&b->poll_ops, 0);
     atomic_store(&b->poll_exec, 0);
+    atomic_store(&b->sleepers, 0);
   } else {
     b = calloc(1, sizeof(batch_t));
     if (!b) return NULL;
@@ -253,7 +260,8 @@ static batch_t *batch_create(long total) {
   return b;
 }
 
-static void batch_fields_init(BatchObject *self) {
+/* `now`: now_ns() of the caller, or 0 to read the clock here */
+static void batch_fields_init(BatchObject *self, uint64_t now) {
   Py_INCREF(Py_None);
   self->engine = Py_None;
   Py_INCREF(Py_None);
@@ -263,7 +271,7 @@ static void batch_fields_init(BatchObject *self) {
   Py_INCREF(Py_None);
   self->fast = Py_None;
   self->deadline = INFINITY;
-  self->submitted_at = mono_s();
+  self->submitted_at = (double)(now ? now : now_ns()) / 1e9;
 }
 
 /* Batch(total) : a new completion counter; Batch(other) shares `other`'s counter (a handle made
@@ -304,7 +312,7 @@ static PyObject *Batch_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   }
   self->b = b;
   self->total = total;
-  batch_fields_init(self);
+  batch_fields_init(self, 0);
   if (engine) {
     Py_INCREF(engine);
     Py_SETREF(self->engine, engine);
@@ -380,6 +388,7 @@ static PyObject *Batch_wait(BatchObject *self, PyObject *args) {
     }
   }
   pthread_mutex_lock(&b->mu);
+  atomic_fetch_add(&b->sleepers, 1);
   while (atomic_load(&b->remaining) > 0) {
     if (timeout < 0) {
       pthread_cond_wait(&b->cv, &b->mu);
@@ -387,6 +396,7 @@ static PyObject *Batch_wait(BatchObject *self, PyObject *args) {
       break;
     }
   }
+  atomic_fetch_sub(&b->sleepers, 1);
   done = atomic_load(&b->remaining) == 0;
   pthread_mutex_unlock(&b->mu);
   Py_END_ALLOW_THREADS;
@@ -433,7 +443,16 @@ static PyObject *g_hook_ns = NULL;
 
 static int hook_off(void) {
   if (!g_hook_ns) return 1;
-  PyObject *h = PyDict_GetItemString(g_hook_ns, "COMPLETION_HOOK"); /* borrowed; never raises */
+  static PyObject *key = NULL; /* interned once: no string made per wait */
+  if (!key && !(key = PyUnicode_InternFromString("COMPLETION_HOOK"))) {
+    PyErr_Clear();
+    return 0; /* the Python side decides */
+  }
+  PyObject *h = PyDict_GetItemWithError(g_hook_ns, key); /* borrowed */
+  if (!h && PyErr_Occurred()) {
+    PyErr_Clear();
+    return 0;
+  }
   return !h || h == Py_None;
 }
 
@@ -666,10 +685,11 @@ static int batch_progress(batch_t *b, int64_t budget_ns) {
 /* Stamp, account and hand n slices to a live executor (its submit_inline when `want_inline` and it
  * has one). Returns the executor's rc; on a refusal the slices are unaccounted again (none was
  * reported: the caller finalizes them). TENT_E_INTERNAL when (ops, exec) is not live. */
-static int exec_submit(uint64_t ops_p, uint64_t exec_p, batch_t *b, tent_slice_t *s, uint32_t n, int want_inline) {
+static int exec_submit_at(uint64_t ops_p, uint64_t exec_p, batch_t *b, tent_slice_t *s, uint32_t n, int want_inline,
+                          uint64_t t) {
   if (!exec_enter(ops_p, exec_p)) return TENT_E_INTERNAL;
   const tent_executor_ops_t *ops = ops_of(ops_p);
-  uint64_t t = now_ns(), token = (uintptr_t)b;
+  uint64_t token = (uintptr_t)b;
   for (uint32_t i = 0; i < n; i++) stamp_and_account(&s[i], token, t);
   int inl = want_inline && ops_has_inline(ops);
   if (inl && ops_has_progress(ops)) { /* it may leave work to the waiter: one such executor per batch */
@@ -682,6 +702,10 @@ static int exec_submit(uint64_t ops_p, uint64_t exec_p, batch_t *b, tent_slice_t
   if (rc != 0)
     for (uint32_t i = 0; i < n; i++) unaccount(&s[i]);
   return rc;
+}
+
+static int exec_submit(uint64_t ops_p, uint64_t exec_p, batch_t *b, tent_slice_t *s, uint32_t n, int want_inline) {
+  return exec_submit_at(ops_p, exec_p, b, s, n, want_inline, now_ns());
 }
 
 /* submit(ops, exec, batch, slices_buffer, inline=False) -> 0 or negative status. The buffer holds
@@ -1340,7 +1364,8 @@ static PyObject *FastPath_submit(FastPathObject *fp, PyObject *const *args, Py_s
   }
   h->b = b;
   h->total = (long)sb.n;
-  batch_fields_init(h);
+  uint64_t t_submit = now_ns(); /* one clock read: the handle's submitted_at and the slices' submit_ns */
+  batch_fields_init(h, t_submit);
   Py_INCREF(fp->owner);
   Py_SETREF(h->engine, fp->owner);
   h->deadline = h->submitted_at + timeout;
@@ -1358,10 +1383,7 @@ static PyObject *FastPath_submit(FastPathObject *fp, PyObject *const *args, Py_s
     Py_SETREF(h->fast, t);
   }
   PyObject *token = PyLong_FromVoidPtr(b);
-  if (!token || PyDict_SetItem(fp->inflight, token, (PyObject *)h) < 0) {
-    Py_XDECREF(token);
-    goto oom;
-  }
+  if (!token) goto oom;
   /* hand the slices over, one executor call per run of slices for the same executor */
   for (uint32_t i = 0; i < sb.n;) {
     uint32_t j = i + 1;
@@ -1377,7 +1399,7 @@ static PyObject *FastPath_submit(FastPathObject *fp, PyObject *const *args, Py_s
         e = used[k];
         break;
       }
-    int rc = exec_submit(e->ops, e->exec, b, &sb.s[i], j - i, inl);
+    int rc = exec_submit_at(e->ops, e->exec, b, &sb.s[i], j - i, inl, t_submit);
     if (rc != 0)
       for (uint32_t k = i; k < j; k++) {
         batch_set_error(b, atomic_load(&b->cancelled) ? TENT_E_CANCELLED : rc);
@@ -1385,9 +1407,17 @@ static PyObject *FastPath_submit(FastPathObject *fp, PyObject *const *args, Py_s
       }
     i = j;
   }
-  if (atomic_load(&b->remaining) == 0 && PyDict_DelItem(fp->inflight, token) < 0) PyErr_Clear();
+  /* Only a batch with work left is tracked (recovery finds retryable failures through it). This
+   * thread held the GIL since the slices went out, so the progress thread, which needs it to look a
+   * failure's token up, cannot have missed the entry; a batch finished inline is never tracked. */
+  int rc = atomic_load(&b->remaining) == 0 ? 0 : PyDict_SetItem(fp->inflight, token, (PyObject *)h);
   Py_DECREF(token);
   slices_free(&sb);
+  if (rc < 0) { /* out of memory: what is in flight ends cancelled, nothing is retried */
+    atomic_store(&b->cancelled, 1);
+    Py_DECREF(h);
+    return NULL;
+  }
   return (PyObject *)h;
 oom:
   /* nothing was submitted: the batch never had work in flight */
