@@ -17,7 +17,8 @@
  * at most one chunk is copied at once, with no queue, no worker and no wake-up: the slice is
  * reported before the call returns. Several slices (or a longer one) are queued, one worker is
  * woken, and the caller works through the queue alongside it until it has copied `inline_budget`
- * bytes (default 1 MiB) or nothing is left; the workers finish the rest.
+ * bytes (default 4 MiB) or nothing is left, then polls briefly for the workers' last pieces, so
+ * a request of a few MiB is copied by two threads and usually reported before the call returns.
  *
  * A CMA peer's pidfd is polled before copies (a pid the peer no longer owns must never be
  * written), at most once per PID_CHECK_NS per peer: a pid cannot be reused faster than the
@@ -39,6 +40,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -132,11 +134,12 @@ static int pidfd_exited(int pidfd) {
   return poll(&pf, 1, 0) > 0 && (pf.revents & (POLLIN | POLLHUP));
 }
 
-/* The peer process is gone (remembered); polls its pidfd at most once per PID_CHECK_NS. */
-static int peer_gone(peer_t *p) {
+/* The peer process is gone (remembered); polls its pidfd at most once per PID_CHECK_NS. `now`:
+ * the caller's fresh clock reading, or 0 to read it here. */
+static int peer_gone(peer_t *p, uint64_t now) {
   if (atomic_load_explicit(&p->dead, memory_order_relaxed)) return 1;
   if (p->pidfd < 0) return 0;
-  uint64_t now = mono_ns();
+  if (!now) now = mono_ns();
   if (now < atomic_load_explicit(&p->alive_until_ns, memory_order_relaxed)) return 0;
   if (pidfd_exited(p->pidfd)) {
     atomic_store(&p->dead, 1);
@@ -196,7 +199,8 @@ static int cma_copy(pid_t pid, uint32_t op, uint64_t local, uint64_t remote, uin
   return TENT_OK;
 }
 
-static int run_work(executor_t *ex, const work_t *w) {
+/* `now`: a clock reading taken just before (the inline path: the slice's submit stamp), or 0 */
+static int run_work(executor_t *ex, const work_t *w, uint64_t now) {
   const tent_slice_t *s = &w->job->s;
   if (s->opcode != TENT_OP_READ && s->opcode != TENT_OP_WRITE) return TENT_E_PROTOCOL;
   if (s->length == 0) return TENT_OK;
@@ -204,7 +208,7 @@ static int run_work(executor_t *ex, const work_t *w) {
   peer_t *p = peer_get(ex, s->peer);
   if (!p) return TENT_E_CONNECT;
   int st;
-  if (peer_gone(p)) {
+  if (peer_gone(p, now)) {
     st = TENT_E_IO;
   } else if (p->mode == SHM_MODE_CMA) {
     st = cma_copy(p->pid, s->opcode, s->local_addr + w->off, s->remote_addr + w->off, w->len);
@@ -250,7 +254,7 @@ static void process(executor_t *ex, work_t *w) {
   } else if (ex->host->is_cancelled(ex->host->ctx, w->job->s.token)) {
     st = TENT_E_CANCELLED;
   } else {
-    st = run_work(ex, w);
+    st = run_work(ex, w, 0);
   }
   finish_work(ex, w, st);
 }
@@ -289,7 +293,7 @@ static void *worker_main(void *arg) {
 static void parse_config(executor_t *ex, const char *cfg) {
   ex->nthreads = 2;
   ex->chunk = 1u << 20;
-  ex->inline_budget = 1u << 20;
+  ex->inline_budget = 4u << 20;
   char k[64], v[256];
   for (const char *c = cfg; tent_config_next(&c, k, sizeof k, v, sizeof v);) {
     if (!strcmp(k, "threads")) {
@@ -359,9 +363,27 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
   return tent_cq_submit(&ex->q, &ex->mu, &ex->cv, &ex->stop, slices, n, ex->nthreads > 1 ? ex->chunk : 0, 65536);
 }
 
-/* The caller copies: one piece at once (reported before return, nothing queued, nobody woken);
- * more are queued for the workers (one woken, it wakes the next) and the caller copies alongside
- * them until it has done inline_budget bytes or the queue is empty. */
+/* How long the caller of submit_inline waits, polling, for the workers to finish the other pieces
+ * of what it queued, once the queue is empty: about what one 1 MiB piece takes on a slow core.
+ * Polling keeps the completion off the workers' wake-up of a sleeping waiter (tens of
+ * microseconds on small VMs); past it the caller leaves, and the last piece reports the slice. */
+#define HOLD_POLL_NS 1000000ull /* 1 ms */
+#define HOLD_YIELD_NS 50000ull  /* after this much polling, poll with sched_yield */
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* The caller copies: one piece at once (reported before return, nothing queued, nobody woken).
+ * More pieces are queued for the workers (one woken, it wakes the next) with one extra count per
+ * job, the caller's hold; the caller copies alongside the workers until it has done
+ * inline_budget bytes or the queue is empty, then polls (bounded by HOLD_POLL_NS) until the
+ * workers finished the other pieces of its jobs and lets go of its hold: whoever finishes a job
+ * last, caller or worker, reports it, exactly once, with the first error any piece saw. */
 static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) {
   executor_t *ex = self;
   if (n == 0) return TENT_OK;
@@ -371,14 +393,62 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
     atomic_init(&j.remaining, 1);
     atomic_init(&j.status, TENT_OK);
     work_t w = {&j, 0, j.s.length};
-    int st = ex->host->is_cancelled(ex->host->ctx, j.s.token) ? TENT_E_CANCELLED : run_work(ex, &w);
+    int st = ex->host->is_cancelled(ex->host->ctx, j.s.token) ? TENT_E_CANCELLED : run_work(ex, &w, j.s.submit_ns);
     ex->host->complete(ex->host->ctx, &j.s, st);
     return TENT_OK;
   }
-  int rc = tent_cq_submit_ex(&ex->q, &ex->mu, &ex->cv, &ex->stop, slices, n, ex->chunk, 65536, 1);
-  if (rc != TENT_OK) return rc;
+  job_t *few[8], **jobs = n <= 8 ? few : malloc(n * sizeof *jobs);
+  uint64_t *plan = malloc(2 * (size_t)n * sizeof *plan); /* parts, per */
+  size_t total = 0;
+  uint32_t made = 0;
+  int rc = jobs && plan ? TENT_OK : TENT_E_INTERNAL;
+  for (; rc == TENT_OK && made < n; made++) {
+    plan[2 * made] = tent_cq_parts(slices[made].length, ex->chunk, 65536, &plan[2 * made + 1]);
+    total += plan[2 * made];
+    jobs[made] = tent_job_new(&slices[made], (uint32_t)plan[2 * made] + 1); /* + the caller's hold */
+    if (!jobs[made]) rc = TENT_E_INTERNAL;
+  }
+  if (rc == TENT_OK) {
+    pthread_mutex_lock(&ex->mu);
+    if (ex->stop || tent_cq_reserve(&ex->q, total) != 0) {
+      rc = TENT_E_INTERNAL;
+    } else {
+      for (uint32_t i = 0; i < n; i++) tent_cq_push_job(&ex->q, jobs[i], plan[2 * i], plan[2 * i + 1]);
+      pthread_cond_signal(&ex->cv);
+    }
+    pthread_mutex_unlock(&ex->mu);
+  }
+  free(plan);
+  if (rc != TENT_OK) { /* nothing queued, nothing reported: the core finalizes the slices */
+    if (jobs)
+      for (uint32_t i = 0; i < made; i++) free(jobs[i]);
+    if (jobs != few) free(jobs);
+    return rc;
+  }
   uint64_t done = 0, c = 0;
   while (done < ex->inline_budget && help_one(ex, &c)) done += c;
+  uint64_t until = mono_ns() + HOLD_POLL_NS;
+  for (uint32_t i = 0; i < n; i++) {
+    job_t *j = jobs[i];
+    while (atomic_load(&j->remaining) > 1) {
+      if (done < ex->inline_budget && help_one(ex, &c)) {
+        done += c;
+        continue;
+      }
+      uint64_t now = mono_ns();
+      if (now >= until) break;
+      if (now + HOLD_POLL_NS - until < HOLD_YIELD_NS)
+        cpu_relax();
+      else
+        sched_yield(); /* a worker waiting for this core (a loaded machine) runs first */
+    }
+    int final;
+    if (tent_job_chunk_done(j, TENT_OK, &final)) { /* the hold was the last: the caller reports */
+      ex->host->complete(ex->host->ctx, &j->s, final);
+      free(j);
+    }
+  }
+  if (jobs != few) free(jobs);
   return TENT_OK;
 }
 

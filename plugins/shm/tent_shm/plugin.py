@@ -602,7 +602,7 @@ class ShmTransport(Transport):
         # requests up to this long are copied by the submitting thread (no hand-off, no wake-up),
         # alongside the workers for those longer than one chunk (bytes; 0 = never)
         "inline_bytes": 4 << 20,
-        "inline_budget": 1 << 20,  # bytes the submitting thread copies per submit beyond its first piece
+        "inline_budget": 4 << 20,  # bytes the submitting thread copies per submit beyond its first piece
         "populate": True,  # MAP_POPULATE peer memfd mappings at connect
         "connect_timeout": 5.0,  # seconds for the memfd control exchange
         "revoke_timeout": 2.0,  # seconds release_buffer waits for peers to unmap a buffer
