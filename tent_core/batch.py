@@ -76,7 +76,9 @@ class BatchHandle(_native.Batch):
     submitted_at, is_probe) live in the native object. `BatchHandle(engine, total, deadline, n)`
     makes one from Python (`total` may also be an existing `_native.Batch` to wrap)."""
 
-    # small slots, unset until written (the fast path makes handles without running Python)
+    # small slots, unset until written (the fast path makes handles without running Python). They hold
+    # plain data (a str, a bool, a liveness.Outage, a tuple of peers.Peer) that never refers back
+    # to a handle, so handles are kept out of cycle collection (_native.untrack_handles below).
     __slots__ = ("_ordering", "_reported", "_outage", "_failure_detail", "_peers")
 
     def __new__(cls, engine: Any, batch: Any, deadline: float, num_requests: int) -> BatchHandle:
@@ -271,3 +273,4 @@ class BatchHandle(_native.Batch):
 
 
 _native.set_hook_namespace(globals())  # wait() of a finished batch skips Python only while no hook is set
+_native.untrack_handles(BatchHandle)  # see its __slots__

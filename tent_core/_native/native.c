@@ -552,12 +552,41 @@ static PyTypeObject BatchType = {
     .tp_members = Batch_members,
 };
 
+/* Subclasses whose slots hold only data that never refers back to a handle (registered by
+ * untrack_handles): their instances are untracked too. Tracked handles count as young objects,
+ * so thousands queued (submit back to back, wait later) would run the collector every few hundred
+ * submits, and it would walk them all again in every older-generation pass. */
+#define UNTRACKED_TYPES 4
+static PyTypeObject *g_untracked_types[UNTRACKED_TYPES];
+
 static BatchObject *batch_obj_alloc(PyTypeObject *type) {
   PyObject *o = type->tp_alloc(type, 0);
-  if (o && type != &BatchType && PyObject_IS_GC(o) && type->tp_basicsize == BatchType.tp_basicsize &&
-      type->tp_dictoffset == 0)
-    PyObject_GC_UnTrack(o);
+  if (o && type != &BatchType && PyObject_IS_GC(o) && type->tp_dictoffset == 0) {
+    int untrack = type->tp_basicsize == BatchType.tp_basicsize;
+    for (int i = 0; !untrack && i < UNTRACKED_TYPES && g_untracked_types[i]; i++) untrack = g_untracked_types[i] == type;
+    if (untrack) PyObject_GC_UnTrack(o);
+  }
   return (BatchObject *)o;
+}
+
+/* untrack_handles(type): `type` (a Batch subclass without __dict__) declares that its slots never
+ * hold a reference back to a handle, so its instances need no cycle collection. */
+static PyObject *py_untrack_handles(PyObject *m, PyObject *arg) {
+  if (!PyType_Check(arg) || !PyType_IsSubtype((PyTypeObject *)arg, &BatchType) ||
+      ((PyTypeObject *)arg)->tp_dictoffset != 0) {
+    PyErr_SetString(PyExc_TypeError, "untrack_handles(a _native.Batch subclass with __slots__ and no __dict__)");
+    return NULL;
+  }
+  for (int i = 0; i < UNTRACKED_TYPES; i++) {
+    if (g_untracked_types[i] == (PyTypeObject *)arg) Py_RETURN_NONE;
+    if (!g_untracked_types[i]) {
+      Py_INCREF(arg);
+      g_untracked_types[i] = (PyTypeObject *)arg;
+      Py_RETURN_NONE;
+    }
+  }
+  PyErr_SetString(PyExc_RuntimeError, "untrack_handles: too many handle types");
+  return NULL;
 }
 
 
@@ -1606,6 +1635,7 @@ static PyObject *py_set_wait_spin_ns(PyObject *m, PyObject *arg) {
 }
 
 static PyMethodDef methods[] = {
+    {"untrack_handles", py_untrack_handles, METH_O, "untrack_handles(type): its instances skip cycle collection"},
     {"set_hook_namespace", py_set_hook_namespace, METH_O, "set_hook_namespace(tent_core.batch globals): wait() honours its COMPLETION_HOOK"},
     {"submit", py_submit, METH_VARARGS, "submit(ops, exec, batch, slices, inline=False) -> rc"},
     {"submit_one", (PyCFunction)(void (*)(void))py_submit_one, METH_FASTCALL, "submit one slice"},
