@@ -130,3 +130,17 @@ def test_a_dead_peer_fails_the_same_way_on_both_paths(transport):
     assert fast == planner, (fast, planner)
     assert all(r == "PeerUnreachableError" for r in fast), fast
     assert fast_hits is not None and fast_hits >= 4
+
+
+def test_handles_stay_out_of_cycle_collection(peer):
+    """Handles of both paths are untracked: thousands queued must not make every collection walk
+    them (a slot added to BatchHandle once made them all tracked)."""
+    import gc
+
+    for cfg in ({}, {"fast_path": False}):
+        with Engine(cfg, transports=["shm"]) as eng:
+            local = eng.allocate(64 * KiB)
+            hs = [eng.submit(Request(READ, local, 0, peer.seg("rw"), 0, 64 * KiB)) for _ in range(5)]
+            for h in hs:
+                assert h.wait(30)
+                assert not gc.is_tracked(h)
