@@ -96,6 +96,9 @@ PARTIAL_INFLIGHT_S = float(os.environ.get("REFHUB_PARTIAL_INFLIGHT_S", str(INFLI
 RTT_WINDOWS = 3
 PARTIAL_MIN_WINDOW = 2 * MB
 MAX_INFLIGHT = 1 << 30  # bytes in flight at most
+# the receive-side checksums run in a worker thread (xxhash releases the GIL) while this thread keeps the
+# window of READs full; 0: inline, between batches
+VERIFY_THREAD = os.environ.get("REFHUB_VERIFY_THREAD", "1") != "0"
 # Reading a partial copy, every batch also reads the source's progress word (into its own slot): each
 # completion brings a fresh view of what the source holds, without a blocking round trip that would
 # queue behind the batches on the wire and stall this reader's own progress (and its readers' after it).
@@ -704,6 +707,12 @@ class _Verifier:
         self.seconds = 0.0
         self.streams: dict[str, StreamHash] = {}  # copy-mode device tensors, hashed on the landing buffer
         self.device_checks = 0
+        self.wait_s = 0.0
+        # host tensors are checked in one worker thread, overlapped with this thread's READ window (device
+        # tensors, whose streams this thread feeds, are checked inline)
+        threaded = VERIFY_THREAD and self.exp is not None and all(it.dev is None for it in handle.items.values())
+        self.pool: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="refhub-verify") if threaded else None
+        self.pending: deque = deque()
 
     def feed(self, name: str, off: int, data: np.ndarray) -> None:
         """Landed bytes [off, off + data.size) of device tensor `name` (in order): hash them now."""
@@ -718,32 +727,66 @@ class _Verifier:
         sh.update(data)
 
     def advance(self, done: int) -> None:
-        t0 = time.perf_counter()
-        h = self.h
+        """Check every tensor the received prefix [0, done) now covers: in the worker thread when there
+        is one (the hash releases the GIL, so this thread keeps the window of READs full meanwhile; a
+        mismatch surfaces at a later advance or at finish), else here."""
         while self.i < len(self.checks) and self.checks[self.i][0] <= done:
             name = self.checks[self.i][1]
             self.i += 1
-            if name == "__pack__":
-                for n, it in h.items.items():
-                    if it.buf is not None or it.pack_off < 0:
-                        continue
-                    packed = h._pack.array[it.pack_off:it.pack_off + it.nbytes]
-                    if self.exp is not None and not _matches_bytes(packed, self.exp[n]):  # checked in the pack
-                        raise ChecksumError("checksum", f"v{self.v} shard {h.shard}: end-to-end checksum mismatch in {n!r}")
-                    it.write_from(packed, 0)
-                continue
-            if self.exp is None:
-                continue
-            it = h.items[name]
-            sh = self.streams.pop(name, None)
-            if sh is not None and sh.n == it.nbytes:
-                ok = sh.digest() == (self.exp[name][1] if isinstance(self.exp[name], list) else self.exp[name])
+            if self.pool is not None:
+                self.pending.append(self.pool.submit(self._check, name))
             else:
-                ok = it.matches(self.exp[name])
-                self.device_checks += it.dev is not None
-            if not ok:
-                raise ChecksumError("checksum", f"v{self.v} shard {h.shard}: end-to-end checksum mismatch in {name!r}")
-        self.seconds += time.perf_counter() - t0
+                self._check(name)
+        while self.pending and self.pending[0].done():
+            self.pending.popleft().result()
+
+    def finish(self) -> None:
+        """Wait for the checks still running (their time counts as `wait_s`); raises a mismatch."""
+        t0 = time.perf_counter()
+        try:
+            while self.pending:
+                self.pending.popleft().result()
+        finally:
+            self.wait_s += time.perf_counter() - t0
+            self.close()
+
+    def close(self) -> None:
+        for f in self.pending:
+            f.cancel()
+        self.pending.clear()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None
+
+    def _check(self, name: str) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._check_one(name)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _check_one(self, name: str) -> None:
+        h = self.h
+        if name == "__pack__":
+            for n, it in h.items.items():
+                if it.buf is not None or it.pack_off < 0:
+                    continue
+                packed = h._pack.array[it.pack_off:it.pack_off + it.nbytes]
+                if self.exp is not None and not _matches_bytes(packed, self.exp[n]):  # checked in the pack
+                    raise ChecksumError("checksum", f"v{self.v} shard {h.shard}: end-to-end checksum mismatch in {n!r}")
+                it.write_from(packed, 0)
+            return
+        if self.exp is None:
+            return
+        it = h.items[name]
+        sh = self.streams.pop(name, None)
+        if sh is not None and sh.n == it.nbytes:
+            ok = sh.digest() == (self.exp[name][1] if isinstance(self.exp[name], list) else self.exp[name])
+        else:
+            ok = it.matches(self.exp[name])
+            self.device_checks += it.dev is not None
+        if not ok:
+            raise ChecksumError("checksum", f"v{self.v} shard {h.shard}: end-to-end checksum mismatch in {name!r}")
 
 _seg_counter = itertools.count()
 
@@ -1083,8 +1126,6 @@ class ShardHandle:
         self._submit(reqs, deadline).wait()
 
     def _pull(self, v: int, src: dict, cks: list | None, deadline: float) -> None:
-        from tent_core.errors import TentError
-
         t0 = time.monotonic()
         sources = [(src.get("replica"), bool(src.get("partial")))]
         self._set_progress(v, 0)
@@ -1093,6 +1134,15 @@ class ShardHandle:
         if not self._verify:
             cks = None
         ver = _Verifier(self, mine, cks, v)
+        try:
+            self._pull_verified(v, src, mine, total, ver, deadline, t0, sources, cks)
+        finally:
+            ver.close()
+
+    def _pull_verified(self, v: int, src: dict, mine: list, total: int, ver: _Verifier, deadline: float, t0: float,
+                       sources: list, cks: list | None) -> None:
+        from tent_core.errors import TentError
+
         st = {"done": 0, "batches": 0, "staged": 0}
         reroutes = 0
         while True:
@@ -1110,8 +1160,10 @@ class ShardHandle:
             sources.append((src.get("replica"), bool(src.get("partial"))))
             reroutes += 1
         ver.advance(total)
+        ver.finish()
         dt = time.monotonic() - t0
-        self.stats = {"bytes": total, "seconds": dt, "verify_s": ver.seconds, "reroutes": reroutes, "sources": sources,
+        self.stats = {"bytes": total, "seconds": dt, "verify_s": ver.seconds, "verify_wait_s": round(ver.wait_s, 4),
+                      "reroutes": reroutes, "sources": sources,
                       "batches": st["batches"], "staged_slices": st["staged"], "GBps": total / dt / 1e9 if dt else 0.0,
                       "starved_s": round(st.get("starved_s", 0.0), 4),  # waiting for a partial source's next bytes
                       # from the start of the pull to its first landed batch (how far a pipeline hop starts late)

@@ -211,7 +211,7 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
             return dt, st
 
         out: dict[str, list] = {"raw_windowed": [], "raw_one_batch": [], "refhub": [], "refhub_s": [], "verify_s": [],
-                                "unverified": [], "raw": []}
+                                "verify_wait_s": [], "unverified": [], "raw": []}
         for i in range(repeat + 1):
             # the order inside a round rotates, so no series always runs first (or right after another)
             order = ["raw_windowed", "raw_one_batch", "unverified", "refhub"]
@@ -233,7 +233,7 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
                     if not st["verified"]:
                         raise RuntimeError("refhub replicate did not verify checksums")
                     res[what] = total / dt / 1e9
-                    res["refhub_s"], res["verify_s"] = dt, st["verify_s"]
+                    res["refhub_s"], res["verify_s"], res["verify_wait_s"] = dt, st["verify_s"], st.get("verify_wait_s", 0.0)
             if i == 0:
                 continue  # warm-up round
             res["raw"] = max(res["raw_windowed"], res["raw_one_batch"])
@@ -301,7 +301,10 @@ def dataplane(size_mb: float = 1024, repeat: int = 5, tensors: int = 500, transp
         "junk_filled_before_every_run": res["junk_rounds"],
         "refhub_GBps_median": round(rh, 3),
         "refhub_s_median": round(med(res["refhub_s"]), 4),
+        # time spent hashing during the replicate (in refhub's verify thread, overlapped with the READs),
+        # and how long the replicate waited for the last checks after its last byte landed
         "verify_in_loop_s_median": round(med(res["verify_s"]), 4),
+        "verify_wait_s_median": round(med(res["verify_wait_s"]), 4),
         "hash_only_s_median": round(med(res["hash_only_s"]), 4),
         "raw_GBps_median": round(raw, 3),
         "raw_windowed_GBps_median": round(raw_w, 3),
