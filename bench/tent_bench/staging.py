@@ -19,7 +19,13 @@ staged / min(wire, copy) per round; the report gives the median and the spread (
 rounds. ``--copy-ns-per-mib`` slows the simulated device copies (emulating a slower device link) so
 the copy can be made the slower stage. Prints a table, or JSON with ``--json``.
 
+By default the wire is loopback TCP, whose copies run on the same cores as the target's device
+copy (the staged path then pays a third copy of every byte on cores that "the wire alone" has to
+itself). ``--wire RATE`` measures over a real wire instead: the initiator and the target in two
+network namespaces joined by one veth pair shaped by tc to RATE (`run_wire`; needs root).
+
     tent bench-staging --size 256M --rounds 7
+    tent bench-staging --size 512M --rounds 5 --wire 4gbit
 """
 
 from __future__ import annotations
