@@ -253,7 +253,7 @@ def main(size: str, rounds: int, chunk: str, depth: int, copy_ns_per_mib: int, b
     if wire_rate:
         try:
             rep = run_wire(_parse_size(size), rounds, wire_rate, copy_ns_per_mib, both, _parse_size(chunk), depth)
-        except RuntimeError as exc:
+        except (RuntimeError, ValueError) as exc:  # no root / netns, a bad rate
             raise click.ClickException(str(exc)) from exc
     else:
         rep = run(_parse_size(size), rounds, copy_ns_per_mib, both, _parse_size(chunk), depth)
