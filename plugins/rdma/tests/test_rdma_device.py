@@ -370,8 +370,9 @@ def test_port_down_fails_fast_then_recovers(eng: Engine, target: Target) -> None
     expect = pattern64(8 * MiB, 1)[:MiB]
     down_for_s = 30.0  # the first request's deadline: the port stays down past it
     try:
-        eng.read(local, target.name("rw"), MiB, timeout=60)  # connected and healthy
-        assert _rdma_rail(eng, target)["state"] == "HEALTHY"
+        eng.read(local, target.name("rw"), MiB, timeout=60)  # connected
+        # healthy (earlier tests' refused requests may have paused it: re-admission ends in HEALTHY)
+        _wait_rail(eng, target, lambda r: r["state"] == "HEALTHY", "became healthy", 120)
         try:
             subprocess.run(["ip", "link", "set", nic, "down"], check=True)
             _wait_state(dev, "DOWN")
