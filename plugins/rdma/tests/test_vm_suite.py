@@ -43,10 +43,11 @@ pytestmark = [
 
 # pytest inside a guest: no cache writes (the checkout is read-only there), native tracebacks (pytest's
 # own walk the filesystem, slow over 9p), each test named as it runs with its duration at the end (a
-# run cut short by the limit still says where it was), each test bounded by the run's own limit
+# run cut short by the limit still says where it was; a test running past 5 minutes dumps every
+# thread's stack to the console), each test bounded by the run's own limit
 _GUEST_PYTEST = [PY, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-v", "--durations=0",
                  "-o", "addopts=",
-                 "--tb=native", "-o", f"timeout={VM_TIMEOUT_S}"]
+                 "--tb=native", "-o", f"timeout={VM_TIMEOUT_S}", "-o", "faulthandler_timeout=300"]
 
 
 def _testbed_or_skip() -> None:
