@@ -14,9 +14,7 @@ The bare limits are C loops (`tent_bench._bare`), never Python around a system c
   the limit is ``memcpy`` between the same two mappings.
 * tcp: a C client and server on one persistent connection, TCP_NODELAY, header and payload in
   one ``writev``, the answer read back before the next request (one request in flight, as the
-  engine's one-at-a-time loop), moving bytes between the same two buffers the engine uses (a
-  server sending from a buffer of its own, never written, sent the kernel's zero page: measured
-  3x faster for 256 KiB READs than from real memory on this machine).
+  engine's one-at-a-time loop), moving bytes between the same two buffers the engine uses.
 
 Scenarios (``SCENARIOS``): one_at_a_time, batches, large, two_engines, many_buffers, qos_tail,
 submit_cost. ``run(names, ...)`` returns rows; ``markdown(rows)`` renders them as the tables of
