@@ -8,7 +8,9 @@
  * its bulk queue. A rail has `conns_per_rail`
  * bulk connection slots plus one express slot that only small chunks use, so a small request
  * never waits behind a stream of large ones on the same peer; free workers serve small chunks
- * first. A rail with queued chunks and a slot they may use sits in a ready list, so a worker
+ * first. While small requests are active on a rail (one submitted within `qos_window_ms`), bulk
+ * there runs on `qos_bulk_conns` connections at most: on a shared host every bulk connection is
+ * a copying thread on each side competing with the small request's for the cores. A rail with queued chunks and a slot they may use sits in a ready list, so a worker
  * finds work in O(1) however many peers there are; it borrows a persistent connection
  * (connecting lazily), runs its chunks and, for a job's last chunk, reports the slice through
  * host->complete. Small chunks queued together are pipelined on one connection (up to
