@@ -8,9 +8,10 @@
  * its bulk queue. A rail has `conns_per_rail`
  * bulk connection slots plus one express slot that only small chunks use, so a small request
  * never waits behind a stream of large ones on the same peer; free workers serve small chunks
- * first. While small requests are active on a rail (one submitted within `qos_window_ms`), bulk
- * there runs on `qos_bulk_conns` connections at most: on a shared host every bulk connection is
- * a copying thread on each side competing with the small request's for the cores. A rail with queued chunks and a slot they may use sits in a ready list, so a worker
+ * first. While small requests are active on a rail (one submitted within `qos_window_ms`, in a
+ * submit without bulk slices), bulk there runs on `qos_bulk_conns` connections at most: on a
+ * shared host every bulk connection is a copying thread on each side competing with the small
+ * request's for the cores. A rail with queued chunks and a slot they may use sits in a ready list, so a worker
  * finds work in O(1) however many peers there are; it borrows a persistent connection
  * (connecting lazily), runs its chunks and, for a job's last chunk, reports the slice through
  * host->complete. Small chunks queued together are pipelined on one connection (up to
@@ -1757,11 +1758,16 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
       uint64_t bulk = 0, small = 0; /* wake as many workers as can start at once, not all of them */
       for (uint32_t i = 0; i < n; i++) {
         if (!plan[2 * i]) continue;
-        rail_t *r = &((peer_t *)tent_ht_get(&ex->peers, slices[i].peer))->rails[slices[i].rail];
-        if (is_small(&slices[i])) rail_note_small(ex, r);
-        rail_update_ready(ex, r);
         if (is_small(&slices[i])) small += plan[2 * i];
         else bulk += plan[2 * i];
+      }
+      for (uint32_t i = 0; i < n; i++) {
+        if (!plan[2 * i]) continue;
+        rail_t *r = &((peer_t *)tent_ht_get(&ex->peers, slices[i].peer))->rails[slices[i].rail];
+        /* small requests submitted together with bulk ones (a bulk batch and its little
+         * bookkeeping read) are part of that throughput work: they hold no bulk back */
+        if (!bulk && is_small(&slices[i])) rail_note_small(ex, r);
+        rail_update_ready(ex, r);
       }
       uint64_t wake = bulk + (small + (uint64_t)ex->pipeline - 1) / (uint64_t)ex->pipeline;
       if (wake >= (uint64_t)ex->nworkers) pthread_cond_broadcast(&ex->cv);

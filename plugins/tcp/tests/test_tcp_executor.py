@@ -573,10 +573,10 @@ def test_small_requests_overtake_a_queued_stream(server: Server) -> None:
         ex.close()
 
 
-def _submit(ex: TcpExecutor, slices: list[tuple[int, int, int, int, int, int]], hints: int = 0) -> tuple[object, float]:
+def _submit(ex: TcpExecutor, slices: list[tuple[int, int, int, int, int, int]], hints: int | list[int] = 0) -> tuple[object, float]:
     arr = np.zeros(len(slices), SLICE_DTYPE)
     for i, (op, local, remote, length, p, rail) in enumerate(slices):
-        arr[i] = (local, remote, length, p, 0, 0, op, rail, 0, hints)
+        arr[i] = (local, remote, length, p, 0, 0, op, rail, 0, hints if isinstance(hints, int) else hints[i])
     b = _native.Batch(len(slices))
     t0 = time.monotonic()
     assert _native.submit(ex.ops, ex.handle, b, arr) == 0
@@ -647,5 +647,34 @@ def test_bulk_uses_every_connection_without_small_requests(server: Server) -> No
             server.signal(signal.SIGCONT)
         assert wait_result(b, t0, 60.0).error == 0
         assert server.sha("rw", 0, 16 * chunk) == sha(src)
+    finally:
+        ex.close()
+
+
+def test_small_slices_submitted_with_bulk_ones_hold_no_bulk_back(server: Server) -> None:
+    """A bulk batch carrying a small bookkeeping read (refhub reads a progress word with every
+    batch) is throughput work: its bulk chunks use every connection at once."""
+    ex = TcpExecutor({"threads": 6, "conns_per_rail": 4, "slice_timeout_ms": 30000, "qos_bulk_conns": 1,
+                      "qos_window_ms": 60000})  # fmt: skip
+    try:
+        peer = connect(ex, server)
+        rw = server.addr("rw")
+        chunk = 1 << 20
+        src = pattern(609, 8 * chunk)
+        word = np.zeros(8, np.uint8)
+        server.signal(signal.SIGSTOP)  # every chunk stays in service: each holds its connection
+        try:
+            slices = [(WRITE, src.ctypes.data + i * chunk, rw + i * chunk, chunk, peer, 0) for i in range(8)]
+            slices.append((READ, word.ctypes.data, rw + (16 << 20) - 8, 8, peer, 0))
+            b, t0 = _submit(ex, slices, [0] * 8 + [HINT_SMALL])
+            deadline = time.monotonic() + 20.0
+            while ex.rail_counters(peer, 0)["connects"] < 5 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert ex.rail_counters(peer, 0)["connects"] == 5, ex.rail_counters(peer, 0)  # 4 bulk + express
+        finally:
+            server.signal(signal.SIGCONT)
+        assert wait_result(b, t0, 60.0).error == 0
+        assert server.sha("rw", 0, 8 * chunk) == sha(src)
+        assert np.array_equal(word, pattern(1, 16 << 20)[-8:])
     finally:
         ex.close()
