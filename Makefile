@@ -42,7 +42,8 @@ test: install
 
 # The RDMA suites inside Soft-RoCE guests (scripts/rdma-vm.sh installs QEMU, the kernel package,
 # virtme-ng, rdma-core and perftest on first use; root). Opt-in for now: `make test` skips them
-# with the reason (TENT_RDMA_VM=auto runs them where the testbed can be set up).
+# with the reason (15-40 min per suite under TCG on a shared 2-core host, over the 10 minutes
+# `make test` may spend on them); TENT_RDMA_VM=auto runs them where the testbed can be set up.
 test-rdma: install
 	TENT_RDMA_VM=1 $(PY) -m pytest -q -rA -s plugins/rdma/tests/test_vm_suite.py
 

@@ -21,6 +21,7 @@
 #   TENT_VM_ROLE     single | a | b           TENT_VM_OUT   the writable folder
 #   TENT_RDMA_DEVS   rxe0[,rxe1..]            TENT_VM_NICS  the rail netdevs (eth1,eth2..)
 #   TENT_VM_IP       this guest's control IP  TENT_VM_PEER_IP  the other guest's (two guests)
+# CMD's standard output (guest "a"'s with two guests) is also this script's, once the guests end.
 # Exit status: CMD's (guest "a"'s with two guests, or the first failure); 3 = the testbed could
 # not be set up (the reason is the last line on stderr and in OUT/testbed.json).
 #
@@ -282,8 +283,8 @@ export TENT_VM_NICS=$(IFS=,; echo "${nics[*]}")
 export TENT_VM_IP=$ip_self TENT_VM_PEER_IP=$ip_peer
 log "up: devices $TENT_RDMA_DEVS on $TENT_VM_NICS ($(nproc) vCPU)"
 cd "$TENT_VM_ROOT"
-bash "$TENT_VM_OUT/cmd.sh"
-rc=$?
+bash "$TENT_VM_OUT/cmd.sh" | tee "$TENT_VM_OUT/stdout.$role"
+rc=${PIPESTATUS[0]}
 echo $rc >"$TENT_VM_OUT/rc.$role"
 exit $rc
 EOS
@@ -363,6 +364,8 @@ for idx in "${!PIDS[@]}"; do
     for _ in $(seq 60); do kill -0 "${PIDS[1]}" 2>/dev/null || break; sleep 1; done
   fi
 done
+# CMD's standard output (guest a's with two guests) comes back on ours, e.g. for scripts/bench-all.sh
+cat "$OUT/stdout.${roles[0]}" 2>/dev/null || true
 python3 -c 'import json,sys; print(json.dumps({"ok": True, "accel": sys.argv[1], "kernel": sys.argv[2], "seconds": int(sys.argv[3])}))' \
   "$ACCEL" "$KVER" "$(( $(date +%s) - START ))" >"$OUT/testbed.json"
 echo "rdma-vm: done in $(( $(date +%s) - START ))s, rc $rc" >&2

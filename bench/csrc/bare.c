@@ -14,13 +14,16 @@
  *   batch_cma(pid, op, local, remote, block, n, count, threads=1) -> bytes
  *       `count` batches of `n` requests of `block` bytes at consecutive addresses, the `n`
  *       requests shared by `threads` threads: each batch's seconds.
- *   tcp_serve(host) -> port
+ *   tcp_serve(host, addr=0, size=0) -> port
  *       a tiny request/response TCP server on background threads (one per connection):
  *       header {u32 op, u32 pad, u64 length}; WRITE: `length` bytes follow, answered by one byte;
- *       READ: answered by `length` bytes. TCP_NODELAY, as the engine's connections.
- *   tcp(host, port, op, block, count) -> bytes
+ *       READ: answered by `length` bytes. TCP_NODELAY, as the engine's connections. With `addr`,
+ *       requests of up to `size` bytes read from / write into [addr, addr + size) (the buffer the
+ *       engine serves: the same memory, so the same copy costs; see small.py).
+ *   tcp(host, port, op, block, count, local=0) -> bytes
  *       `count` requests one at a time on one connection to a tcp_serve server (a WRITE's
- *       header and payload in one writev, like the engine): each request's seconds.
+ *       header and payload in one writev, like the engine): each request's seconds. With
+ *       `local`, the client's bytes are [local, local + block) (the engine's local buffer).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -240,8 +243,16 @@ static void nodelay(int fd) {
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
 }
 
+typedef struct serve_mem {
+  int fd;
+  char *addr; /* NULL: a buffer of the connection's own */
+  uint64_t size;
+} serve_mem_t;
+
 static void *serve_conn(void *arg) {
-  int fd = (int)(intptr_t)arg;
+  serve_mem_t mem = *(serve_mem_t *)arg;
+  free(arg);
+  int fd = mem.fd;
   size_t cap = 0;
   char *buf = NULL;
   uint8_t h[16];
@@ -251,9 +262,17 @@ static void *serve_conn(void *arg) {
     memcpy(&op, h, 4);
     memcpy(&len, h + 8, 8);
     if (len > (1ull << 31)) break;
+    if (mem.addr && len <= mem.size) {
+      char ack = 1;
+      if (op == 1 ? recv_all(fd, mem.addr, len) || send_all(fd, &ack, 1) : send_all(fd, mem.addr, len)) break;
+      continue;
+    }
     if (len > cap) {
       char *nb = realloc(buf, len);
       if (!nb) break;
+      /* real bytes: untouched pages all map the kernel's zero page, and a READ sent from one
+       * cache-hot 4 KiB page is no baseline for a server sending from a registered buffer */
+      memset(nb + cap, 0x5a, len - cap);
       buf = nb;
       cap = len;
     }
@@ -270,7 +289,9 @@ static void *serve_conn(void *arg) {
 }
 
 static void *accept_loop(void *arg) {
-  int lfd = (int)(intptr_t)arg;
+  serve_mem_t lmem = *(serve_mem_t *)arg;
+  free(arg);
+  int lfd = lmem.fd;
   for (;;) {
     int fd = accept(lfd, NULL, NULL);
     if (fd < 0) {
@@ -279,7 +300,10 @@ static void *accept_loop(void *arg) {
     }
     nodelay(fd);
     pthread_t t;
-    if (pthread_create(&t, NULL, serve_conn, (void *)(intptr_t)fd) != 0) {
+    serve_mem_t *mem = malloc(sizeof *mem);
+    if (mem) *mem = (serve_mem_t){fd, lmem.addr, lmem.size};
+    if (!mem || pthread_create(&t, NULL, serve_conn, mem) != 0) {
+      free(mem);
       close(fd);
       continue;
     }
@@ -290,7 +314,8 @@ static void *accept_loop(void *arg) {
 
 static PyObject *py_tcp_serve(PyObject *m, PyObject *args) {
   const char *host;
-  if (!PyArg_ParseTuple(args, "s", &host)) return NULL;
+  unsigned long long addr = 0, size = 0;
+  if (!PyArg_ParseTuple(args, "s|KK", &host, &addr, &size)) return NULL;
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
   if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
     PyErr_SetString(PyExc_ValueError, "host must be an IPv4 address");
@@ -308,7 +333,10 @@ static PyObject *py_tcp_serve(PyObject *m, PyObject *args) {
     return PyErr_SetFromErrno(PyExc_OSError);
   }
   pthread_t t;
-  if (pthread_create(&t, NULL, accept_loop, (void *)(intptr_t)fd) != 0) {
+  serve_mem_t *mem = malloc(sizeof *mem);
+  if (mem) *mem = (serve_mem_t){fd, (char *)(uintptr_t)addr, addr ? size : 0};
+  if (!mem || pthread_create(&t, NULL, accept_loop, mem) != 0) {
+    free(mem);
     close(fd);
     PyErr_SetString(PyExc_RuntimeError, "pthread_create failed");
     return NULL;
@@ -322,7 +350,8 @@ static PyObject *py_tcp(PyObject *m, PyObject *args) {
   int port, op;
   unsigned long long block;
   Py_ssize_t count;
-  if (!PyArg_ParseTuple(args, "siiKn", &host, &port, &op, &block, &count)) return NULL;
+  unsigned long long local = 0;
+  if (!PyArg_ParseTuple(args, "siiKn|K", &host, &port, &op, &block, &count, &local)) return NULL;
   if (count <= 0 || block == 0 || block > (1ull << 31)) {
     PyErr_SetString(PyExc_ValueError, "need count > 0 and 0 < block <= 2 GiB");
     return NULL;
@@ -333,13 +362,14 @@ static PyObject *py_tcp(PyObject *m, PyObject *args) {
     return NULL;
   }
   PyObject *res = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(double));
-  char *data = malloc(block);
+  char *own = local ? NULL : malloc(block);
+  char *data = local ? (char *)(uintptr_t)local : own;
   if (!res || !data) {
     Py_XDECREF(res);
-    free(data);
+    free(own);
     return PyErr_NoMemory();
   }
-  memset(data, 0x5a, block);
+  if (own) memset(own, 0x5a, block);
   double *out = (double *)PyBytes_AS_STRING(res);
   int err = 0;
   Py_BEGIN_ALLOW_THREADS;
@@ -382,7 +412,7 @@ static PyObject *py_tcp(PyObject *m, PyObject *args) {
   }
   if (fd >= 0) close(fd);
   Py_END_ALLOW_THREADS;
-  free(data);
+  free(own);
   if (err) {
     Py_DECREF(res);
     errno = err;
@@ -398,8 +428,8 @@ static PyMethodDef methods[] = {
      "memcpy(dst, src, block, count, threads=1, piece=0) -> per-request seconds (float64 bytes)"},
     {"batch_cma", (PyCFunction)(void (*)(void))py_batch_cma, METH_VARARGS | METH_KEYWORDS,
      "batch_cma(pid, op, local, remote, block, n, count, threads=1) -> per-batch seconds (float64 bytes)"},
-    {"tcp_serve", py_tcp_serve, METH_VARARGS, "tcp_serve(host) -> port of a bare request/response server"},
-    {"tcp", py_tcp, METH_VARARGS, "tcp(host, port, op, block, count) -> per-request seconds (float64 bytes)"},
+    {"tcp_serve", py_tcp_serve, METH_VARARGS, "tcp_serve(host, addr=0, size=0) -> port of a bare request/response server"},
+    {"tcp", py_tcp, METH_VARARGS, "tcp(host, port, op, block, count, local=0) -> per-request seconds (float64 bytes)"},
     {NULL}};
 
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_bare", "bare limits for the small-request benchmarks", -1,

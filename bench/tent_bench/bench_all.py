@@ -234,10 +234,17 @@ def render_path(text: str) -> str:
     rows = [r for r in data or [] if isinstance(r, dict) and r.get("stage")]
     if not rows:
         return render_generic(text)
-    return table(["stage", "transport", "block", "GB/s", "x slower stage", "rounds"],
-                 [[r["stage"], r["transport"], human(r["block_size"]), with_spread(r, "gbps"),
-                   with_spread(r, "x_slower_stage") if "x_slower_stage" in r else "", fmt(r.get("rounds"))]
-                  for r in rows])  # fmt: skip
+    out = table(["stage", "transport", "block", "GB/s", "x slower stage", "rounds"],
+                [[r["stage"], r["transport"], human(r["block_size"]), with_spread(r, "gbps"),
+                  with_spread(r, "x_slower_stage") if "x_slower_stage" in r else "", fmt(r.get("rounds"))]
+                 for r in rows])  # fmt: skip
+    wire = rows[0].get("wire_gbit")
+    return (_wire_note(wire) + "\n\n" + out) if wire else out
+
+
+def _wire_note(gbit: float) -> str:
+    return (f"Wire: one veth pair between two network namespaces, shaped by tc (TBF, both directions) to "
+            f"{fmt(gbit)} Gbit/s at layer 2 ({fmt(gbit * 0.956 / 8)} GB/s TCP goodput ceiling at MTU 1500).")
 
 
 def render_fabric(text: str) -> str:
@@ -342,7 +349,17 @@ def render_staging(text: str) -> str:
         if both:
             cells.append(med(e["ratio_both_vs_slower_stage"]) if "ratio_both_vs_slower_stage" in e else "-")
         rows.append(cells)
-    return table(header, rows)
+    wire = data.get("wire") if isinstance(data.get("wire"), dict) else None
+    return (_wire_note(wire["rate_gbit"]) + "\n\n" if wire else "") + table(header, rows)
+
+
+def target_path(text: str) -> str:
+    data = parse_json_output(text)
+    vals = [r["x_slower_stage"] for r in data or [] if isinstance(r, dict) and "x_slower_stage" in r]
+    if not vals:
+        return ""
+    return f"Target staged >= 0.8x its slower stage: **{'met' if all(v >= 0.8 for v in vals) else 'not met'}** (" + ", ".join(
+        f"{v:.2f}x" for v in vals) + ")."  # fmt: skip
 
 
 def target_staging(text: str) -> str:
@@ -460,9 +477,10 @@ def default_steps() -> list[Step]:
         Step("path-direct", [*b, "--path", "file:tcp", "--block-sizes", "64M", "--iters", "20", "--rounds", "3",
                              "--config", '{"transports": {"gds": {"direct": 1}}}'],
              [*b, "--path", "file:tcp", "--block-sizes", "4M", *_Q, "--config", '{"transports": {"gds": {"direct": 1}}}'],
-             render_path, covers=LOCAL_SCRIPTS),  # fmt: skip
+             render_path, target_path, covers=LOCAL_SCRIPTS),  # fmt: skip
         Step("path-buffered", [*b, "--path", "file:tcp", "--block-sizes", "64M", "--iters", "20", "--rounds", "3"],
-             [*b, "--path", "file:tcp", "--block-sizes", "4M", *_Q], render_path, covers=LOCAL_SCRIPTS),  # fmt: skip
+             [*b, "--path", "file:tcp", "--block-sizes", "4M", *_Q], render_path, target_path,
+             covers=LOCAL_SCRIPTS),  # fmt: skip
         Step("fabric-equal", [*fab, "--policy", "spray,round_robin", "--block-sizes", "1M,64M", "--rounds", "3"],
              [*fab, "--policy", "spray,round_robin", "--block-sizes", "1M", "--quick", "--rounds", "1"],
              render_fabric, needs_root=True, covers=FABRIC_SCRIPTS),  # fmt: skip
@@ -502,6 +520,14 @@ def default_steps() -> list[Step]:
         Step("staging-wire", [TENT, "bench-staging", "--size", "512M", "--rounds", "5", "--json"],
              [TENT, "bench-staging", "--size", "32M", "--rounds", "1", "--json"],
              render_staging, target_staging, probe=has_subcommand(TENT, "bench-staging")),  # fmt: skip
+        # the same two staged paths over a real wire: two network namespaces, one tc-shaped veth pair
+        Step("staging-veth", [TENT, "bench-staging", "--size", "512M", "--rounds", "5", "--wire", "4gbit", "--json"],
+             [TENT, "bench-staging", "--size", "32M", "--rounds", "1", "--wire", "4gbit", "--json"],
+             render_staging, target_staging, needs_root=True, probe=has_subcommand(TENT, "bench-staging")),  # fmt: skip
+        Step("path-veth", [*b, "--path", "file:tcp", "--wire", "4gbit", "--block-sizes", "64M", "--iters", "20",
+                           "--rounds", "3"],
+             [*b, "--path", "file:tcp", "--wire", "4gbit", "--block-sizes", "4M", *_Q],
+             render_path, target_path, needs_root=True),  # fmt: skip
         # refhub's benchmarks, as scripts/bench-refhub.sh runs them, one block per table
         Step("refhub-dataplane-shm", [REFHUB, "bench", "dataplane", "--json"],
              [REFHUB, "bench", "dataplane", "--json", "--quick"], covers=REFHUB_SCRIPTS),  # fmt: skip
@@ -513,9 +539,16 @@ def default_steps() -> list[Step]:
              needs_root=True, covers=REFHUB_SCRIPTS, timeout_s=1800),  # fmt: skip
         Step("refhub-failover", [REFHUB, "bench", "failover", "--json"], [REFHUB, "bench", "failover", "--json", "--quick"],
              needs_root=True, covers=REFHUB_SCRIPTS),  # fmt: skip
-        Step("rdma", ["scripts/rdma-vm.sh", "--out", "/tmp/tent-rdma-bench", "--", PY, "-m", "tent_rdma.bench", "single",
-                      "--sizes", "64K,1M", "--bytes", "32M", "--rounds", "3"],
-             needs=("scripts/rdma-vm.sh",), needs_root=True, opt_in=True, timeout_s=1800),  # fmt: skip
+        # Soft-RoCE guests (scripts/rdma-vm.sh; tent_rdma.bench prints its own tables with --markdown)
+        Step("rdma", ["scripts/rdma-vm.sh", "--memory", "8G", "--timeout", "2400", "--out", "/tmp/tent-rdma-bench", "--",
+                      PY, "-m", "tent_rdma.bench", "single", "--sizes", "64K,1M", "--bytes", "32M", "--rounds", "3",
+                      "--mooncake", "--markdown"],
+             needs=("scripts/rdma-vm.sh",), needs_root=True, opt_in=True, timeout_s=2700),  # fmt: skip
+        Step("rdma-two-vm", ["scripts/rdma-vm.sh", "--vms", "2", "--nics", "2", "--rates", "8mbit,8mbit", "--timeout", "2400",
+                             "--out", "/tmp/tent-rdma-bench2", "--", PY, "-m", "tent_rdma.testbed", "--limit", "2300", "--",
+                             PY, "-m", "tent_rdma.bench", "two-vm", "--rates", "8mbit,8mbit", "--bytes", "16M",
+                             "--rounds", "3", "--markdown"],
+             needs=("scripts/rdma-vm.sh",), needs_root=True, opt_in=True, timeout_s=2700),  # fmt: skip
     ]
 
 

@@ -92,6 +92,9 @@ def human(n: int) -> str:
 @click.option("--mixed", is_flag=True, help="--fabric: 64 KiB HIGH-priority mice under 64 MiB LOW-priority elephants, QoS off/on.")
 @click.option("--path", "path_spec", default=None, metavar="KIND:TRANSPORT",
               help="A synthesized path: e.g. file:tcp = a file here -> memory in another process, staged, vs each stage alone.")
+@click.option("--wire", "wire_rate", default=None, metavar="RATE",
+              help="--path over a real wire: this engine and the target in two network namespaces joined by a veth "
+                   "pair shaped to RATE (e.g. 2gbit). Needs root.")
 @click.option("--config", "config_src", default=None, metavar="JSON|PATH",
               help="Engine config for both sides: inline JSON or a TOML file (see tent_core/config.py).")
 @click.option("--file-dir", default="/var/tmp", show_default=True, help="Where file benchmarks keep their file.")
@@ -122,6 +125,7 @@ def bench(
     duration: float | None,
     mixed: bool,
     path_spec: str | None,
+    wire_rate: str | None,
     config_src: str | None,
     file_dir: str,
     offered: str | None,
@@ -138,6 +142,8 @@ def bench(
     fabric_only = {"--degrade": degrade, "--policy": policies, "--timeline": timeline, "--fault": fault,
                    "--duration": duration, "--mixed": mixed or None, "--offered-load": offered,
                    "--seeds": seeds}  # fmt: skip
+    if fabric is not None and wire_rate:
+        raise click.UsageError("--wire applies to --path; --fabric builds its own shaped rails")
     if fabric is None:
         given = [k for k, v in fabric_only.items() if v is not None]
         if given:
@@ -150,7 +156,10 @@ def bench(
     if quick and not (block_sizes or batch_sizes or baseline or path_spec or submit_cost or iters or threads > 1):
         _bench_quick(as_json, _csv(transports), [o.upper() for o in _csv(ops)], _load_config_arg(config_src))
         return
-    spec = runner.BenchSpec(threads=threads, verify=not no_verify, file_dir=file_dir, config=_load_config_arg(config_src))
+    if wire_rate and not path_spec:
+        raise click.UsageError("--wire only applies with --path (for the multi-rail fabric use --fabric)")
+    spec = runner.BenchSpec(threads=threads, verify=not no_verify, file_dir=file_dir, config=_load_config_arg(config_src),
+                            wire=wire_rate)
     if quick:
         spec.block_sizes = [64 * KiB, 4 * MiB, 64 * MiB]
         spec.iters, spec.time_budget_s = 20, 0.3

@@ -75,12 +75,18 @@ def _torch() -> Any:
     return torch
 
 
-def make_state_dict(spec: ModelSpec) -> dict[str, Any]:
-    """Zeroed, pre-faulted tensors: torch bf16 when torch is installed, numpy float16 otherwise."""
+def make_state_dict(spec: ModelSpec, alloc: Callable[[str, tuple[int, ...], Any], Any] | None = None) -> dict[str, Any]:
+    """Zeroed, pre-faulted tensors: torch bf16 when torch is installed, numpy float16 otherwise; from
+    `alloc(name, shape, dtype)` when given (refhub's `ShardHandle.allocate`: engine memory, which the
+    same-host transport reaches; it registers them too)."""
     torch = _torch()
+    dtype = torch.bfloat16 if torch is not None else np.float16
     sd: dict[str, Any] = {}
     for name, shape in spec.shapes().items():
-        t = torch.zeros(shape, dtype=torch.bfloat16) if torch is not None else np.zeros(shape, np.float16)
+        if alloc is not None:
+            t = alloc(name, shape, dtype)
+        else:
+            t = torch.zeros(shape, dtype=dtype) if torch is not None else np.zeros(shape, dtype)
         as_bytes(t)[::4096] = 0  # touch every page now, as a live model's weights are
         sd[name] = t
     return sd
@@ -148,9 +154,10 @@ def _child(role: str, server: str, spec: ModelSpec, cmds: Any, events: Any) -> N
 
     try:
         h = refhub.open(MODEL, replica=role, server=server, hb_interval=0.2)
-        sd = make_state_dict(spec)
-        for name, t in sd.items():
-            h.register(name, t)
+        # the weights live in engine memory (memfd-backed): other processes of this host read them with
+        # the shm transport; numpy/torch memory register()'d in place is reachable there only through
+        # CMA, which shm leaves off by default, so its bytes would go over TCP
+        sd = make_state_dict(spec, alloc=h.allocate)
         from tent_core.types import MemoryKind
 
         memory = sorted(n for n, p in h.engine._profiles.items() if p.serves(MemoryKind.HOST, MemoryKind.HOST, True))

@@ -44,6 +44,7 @@ class BenchSpec:
     config: dict[str, Any] | None = None
     verify: bool = True
     file_dir: str = "/var/tmp"  # where file benchmarks keep their file (disk, not tmpfs)
+    wire: str | None = None  # --path over a shaped veth between two network namespaces at this rate
 
 
 @contextmanager
@@ -367,19 +368,54 @@ def run_staged_path(spec: BenchSpec, path_spec: str, file_dir: str) -> list[dict
     (file -> host staging -> remote transport), next to each stage alone, in one run.
 
     Rows: the staged transfer ("file:tcp"), stage 1 alone (file -> local memory) and stage 2 alone
-    (local memory -> remote memory). `x_slower_stage` = staged / min(stage 1, stage 2)."""
+    (local memory -> remote memory). `x_slower_stage` = staged / min(stage 1, stage 2).
+    With `spec.wire` (a rate), see `run_staged_path_wire`."""
     kind, _, remote_transport = path_spec.partition(":")
     if kind != "file" or not remote_transport:
         raise ValueError(f"--path takes file:TRANSPORT (e.g. file:tcp), got {path_spec!r}")
     size = max(spec.block_sizes) * max(spec.batch_sizes)
     with bench_file(file_dir, size) as path:
+        if spec.wire:
+            return run_staged_path_wire(spec, path_spec, path, size)
         return _run_staged_path(spec, path_spec, remote_transport, path, size)
 
 
-def _run_staged_path(spec: BenchSpec, path_spec: str, remote_transport: str, path: str, size: int) -> list[dict[str, Any]]:
+def run_staged_path_wire(spec: BenchSpec, path_spec: str, path: str, size: int, timeout_s: float = 1800.0) -> list[dict[str, Any]]:
+    """The synthesized path over a real wire: this engine in one network namespace, the target in
+    another, joined by one veth pair shaped to `spec.wire` by tc (addresses from 198.18.0.0/15).
+    On loopback the TCP stage's copies run on the same cores as the file and staging copies; over
+    the veth the wire is a rate the CPU does not set. Needs root; the fabric goes on every exit."""
+    from .testbed.fabric import Fabric
+
+    ok, why = Fabric.available()
+    if not ok:
+        raise RuntimeError(f"--wire needs root and ip netns: {why}")
+    remote_transport = path_spec.partition(":")[2]
+    with Fabric(nodes=2, rails=1, rate=spec.wire) as fab:
+        args = {"spec": {**{f: getattr(spec, f) for f in spec.__dataclass_fields__}, "wire": None, "host": fab.addrs(0)[0]},
+                "path_spec": path_spec, "remote_transport": remote_transport, "path": path, "size": size,
+                "target_host": fab.addrs(1)[0], "target_prefix": fab.exec_argv(1, [])}
+        proc = fab.popen(0, [sys.executable, "-m", "tent_bench.runner", "--staged-path", json.dumps(args)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate(timeout=30)
+            raise RuntimeError(f"the wire path benchmark did not finish within {timeout_s:.0f} s") from None
+        if proc.returncode != 0:
+            raise RuntimeError(f"the wire path benchmark failed (rc={proc.returncode}): {err.strip()[-2000:]}")
+        rows: list[dict[str, Any]] = json.loads(out.strip().splitlines()[-1])
+        for r in rows:
+            r["wire_gbit"] = fab.rate(0) / 1e9
+    return rows
+
+
+def _run_staged_path(spec: BenchSpec, path_spec: str, remote_transport: str, path: str, size: int,
+                     target_host: str | None = None, target_prefix: list[str] | None = None) -> list[dict[str, Any]]:
     expect = np.fromfile(path, np.uint8, count=min(size, 16 * MiB))
     rows: list[dict[str, Any]] = []
-    with target_process(size, spec.host, spec.config, pattern_fill=False) as target:
+    with target_process(size, target_host or spec.host, spec.config, pattern_fill=False, argv_prefix=target_prefix) as target:
         remote = target["segment"]
         probe = Engine(spec.config, host=spec.host)
         file_transports = [n for n, p in probe._profiles.items() if p.serves(MemoryKind.HOST, MemoryKind.FILE, True)]
@@ -410,3 +446,13 @@ def _run_staged_path(spec: BenchSpec, path_spec: str, remote_transport: str, pat
                 raise RuntimeError("staged path verification failed: the target holds wrong bytes")
             eng.unregister(f)
     return rows
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--staged-path":  # run_staged_path_wire's side in its namespace
+        _a = json.loads(sys.argv[2])
+        _rows = _run_staged_path(BenchSpec(**_a["spec"]), _a["path_spec"], _a["remote_transport"], _a["path"], _a["size"],
+                                 _a["target_host"], _a["target_prefix"])
+        print(json.dumps(_rows), flush=True)
+    else:
+        sys.exit("usage: python -m tent_bench.runner --staged-path JSON (internal)")

@@ -14,7 +14,7 @@ The bare limits are C loops (`tent_bench._bare`), never Python around a system c
   the limit is ``memcpy`` between the same two mappings.
 * tcp: a C client and server on one persistent connection, TCP_NODELAY, header and payload in
   one ``writev``, the answer read back before the next request (one request in flight, as the
-  engine's one-at-a-time loop).
+  engine's one-at-a-time loop), moving bytes between the same two buffers the engine uses.
 
 Scenarios (``SCENARIOS``): one_at_a_time, batches, large, two_engines, many_buffers, qos_tail,
 submit_cost. ``run(names, ...)`` returns rows; ``markdown(rows)`` renders them as the tables of
@@ -198,7 +198,8 @@ def _bare_one(eng: Engine, t: Target, transport: str, op: str, block: int, count
     if transport == "tcp":
         if batch > 1:
             raise ValueError("no bare tcp batch loop")
-        return lambda: np.frombuffer(_bare.tcp("127.0.0.1", int(t.info["bare_tcp_port"]), o, block, count), np.float64)
+        port = int(t.info["bare_tcp_port"])  # both ends on the engine's buffers: the same memory, the same copies
+        return lambda: np.frombuffer(_bare.tcp("127.0.0.1", port, o, block, count, local_addr), np.float64)
     raise ValueError(f"no bare limit for {transport}")
 
 

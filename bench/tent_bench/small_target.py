@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(n):
                 eng.register(arr[i * PAGE : (i + 1) * PAGE], segment=name)
             used[name] = n
-        port = _bare.tcp_serve(args.host)
+        port = _bare.tcp_serve(args.host, buf.addr, args.size)  # the bare server serves the same memory
         print(json.dumps({"engine": eng.engine_id, "segment": eng.segment_name("bench"), "pid": os.getpid(),
                           "addr": buf.addr, "size": args.size, "bare_tcp_port": port, "transports": sorted(eng.transports)}),
               flush=True)  # fmt: skip

@@ -19,7 +19,13 @@ staged / min(wire, copy) per round; the report gives the median and the spread (
 rounds. ``--copy-ns-per-mib`` slows the simulated device copies (emulating a slower device link) so
 the copy can be made the slower stage. Prints a table, or JSON with ``--json``.
 
+By default the wire is loopback TCP, whose copies run on the same cores as the target's device
+copy (the staged path then pays a third copy of every byte on cores that "the wire alone" has to
+itself). ``--wire RATE`` measures over a real wire instead: the initiator and the target in two
+network namespaces joined by one veth pair shaped by tc to RATE (`run_wire`; needs root).
+
     tent bench-staging --size 256M --rounds 7
+    tent bench-staging --size 512M --rounds 5 --wire 4gbit
 """
 
 from __future__ import annotations
@@ -47,9 +53,10 @@ def _parse_size(text: str) -> int:
 class _Target:
     """The target process (`python -m tent_bench.staging --target`), JSON lines on stdin/stdout."""
 
-    def __init__(self, size: int, config: dict[str, Any]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "tent_bench.staging", "--target", str(size), json.dumps(config)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    def __init__(self, size: int, config: dict[str, Any], host: str = "127.0.0.1",
+                 argv_prefix: list[str] | None = None) -> None:
+        argv = [sys.executable, "-m", "tent_bench.staging", "--target", str(size), json.dumps(config), host]
+        self.proc = subprocess.Popen([*(argv_prefix or []), *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.info = self._read(120)
 
     def _read(self, timeout: float) -> dict[str, Any]:
@@ -76,23 +83,23 @@ class _Target:
             self.proc.wait(10)
 
 
-def _target_main(size: int, config: dict[str, Any]) -> None:
+def _target_main(size: int, config: dict[str, Any], host: str = "127.0.0.1") -> None:
     import hashlib
 
     from tent_core import READ, WRITE, Engine
     from tent_core.simdev import SimArray, SimDevicePlugin
 
-    eng = Engine(config, transports=["tcp", "simdev"], plugins=[SimDevicePlugin()])
+    eng = Engine(config, host=host, transports=["tcp", "simdev"], plugins=[SimDevicePlugin()])
     dev = SimArray(size)
     eng.register(dev, segment="dev")
-    host = eng.allocate(size, segment="host")
+    host_buf = eng.allocate(size, segment="host")
     chunk = eng.config.target_staging_chunk_bytes
     slot = eng.allocate(chunk, segment="bench-slot")
     print(json.dumps({"engine": eng.engine_id, "chunk": chunk}), flush=True)
     for line in sys.stdin:
         msg = json.loads(line)
         if msg["cmd"] == "digest":
-            src = dev.download(0, msg["n"]) if msg["segment"] == "dev" else host.array[: msg["n"]]
+            src = dev.download(0, msg["n"]) if msg["segment"] == "dev" else host_buf.array[: msg["n"]]
             print(json.dumps({"sha": hashlib.sha256(src.tobytes()).hexdigest()}), flush=True)
         elif msg["cmd"] == "copy":
             # stage 2 alone: the target's slot <-> device copies, chunk after chunk, as staging does them
@@ -112,7 +119,10 @@ def _timed(fn: Any) -> float:
 
 
 def run(size: int, rounds: int, copy_ns_per_mib: int = 0, both: bool = False, chunk: int = 4 * MiB,
-        depth: int = 4) -> dict[str, Any]:
+        depth: int = 4, host: str = "127.0.0.1", target_host: str = "127.0.0.1",
+        target_prefix: list[str] | None = None) -> dict[str, Any]:
+    """Loopback by default; `run_wire` calls it inside a fabric namespace with the target in the
+    other one (`target_prefix` starts it there, both engines bound to their fabric addresses)."""
     import hashlib
 
     from tent_core import READ, WRITE, Engine
@@ -122,14 +132,14 @@ def run(size: int, rounds: int, copy_ns_per_mib: int = 0, both: bool = False, ch
     sim = {"ipc": False, "copy_ns_per_mib": copy_ns_per_mib}
     common = {"target_staging_chunk_bytes": chunk, "target_staging_depth": depth, "staging_chunk_bytes": chunk,
               "target_staging_slots": max(16, 2 * depth), "staging_buffers": 2 * depth}
-    tgt = _Target(size, {**common, "transports": {"simdev": sim}})
+    tgt = _Target(size, {**common, "transports": {"simdev": sim}}, target_host, target_prefix)
     rows: dict[str, list[dict[str, float]]] = {}
     try:
         remote = tgt.info["engine"]
         plugins = [SimDevicePlugin()] if both else None
         names = ["tcp", "simdev"] if both else ["tcp"]
         with Engine({**common, "transports": {"simdev": sim}} if both else common, transports=names,
-                    plugins=plugins) as eng:
+                    plugins=plugins, host=host) as eng:
             buf = eng.allocate(size)
             data = pattern(size, seed=17)
             buf.array[:] = data
@@ -193,6 +203,38 @@ def run(size: int, rounds: int, copy_ns_per_mib: int = 0, both: bool = False, ch
     return report
 
 
+def run_wire(size: int, rounds: int, rate: str, copy_ns_per_mib: int = 0, both: bool = False, chunk: int = 4 * MiB,
+             depth: int = 4, shaper: str = "tbf", timeout_s: float = 1800.0) -> dict[str, Any]:
+    """The same measurement over a real wire: the initiator in one network namespace, the target in
+    another, joined by one veth pair shaped to `rate` (tc, both directions; addresses from
+    198.18.0.0/15). Unlike loopback TCP, the wire's bytes then cost the two ends only their socket
+    copies, not a second pair of copies on the same cores, so the staged path is compared with a
+    stage that does not compete with it for CPU. Needs root; the fabric is deleted on every exit."""
+    from .testbed.fabric import Fabric
+
+    ok, why = Fabric.available()
+    if not ok:
+        raise RuntimeError(f"--wire needs root and ip netns: {why}")
+    with Fabric(nodes=2, rails=1, rate=rate, shaper=shaper) as fab:
+        args = {"size": size, "rounds": rounds, "copy_ns_per_mib": copy_ns_per_mib, "both": both, "chunk": chunk,
+                "depth": depth, "host": fab.addrs(0)[0], "target_host": fab.addrs(1)[0],
+                "target_prefix": fab.exec_argv(1, [])}
+        proc = fab.popen(0, [sys.executable, "-m", "tent_bench.staging", "--initiator", json.dumps(args)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate(timeout=30)
+            raise RuntimeError(f"the wire benchmark did not finish within {timeout_s:.0f} s") from None
+        if proc.returncode != 0:
+            raise RuntimeError(f"the wire benchmark failed (rc={proc.returncode}): {err.strip()[-2000:]}")
+        report = json.loads(out.strip().splitlines()[-1])
+        report["wire"] = {"rate_gbit": fab.rate(0) / 1e9, "shaper": shaper, "fabric": fab.prefix,
+                          "initiator": args["host"], "target": args["target_host"]}
+    return report
+
+
 @click.command("bench-staging")
 @click.option("--size", default="256M", show_default=True, help="Bytes per transfer (e.g. 64M, 1G).")
 @click.option("--rounds", default=7, show_default=True, type=click.IntRange(1, 100), help="Interleaved rounds.")
@@ -201,14 +243,25 @@ def run(size: int, rounds: int, copy_ns_per_mib: int = 0, both: bool = False, ch
 @click.option("--copy-ns-per-mib", default=0, show_default=True, type=click.IntRange(0),
               help="Extra cost of each simulated device copy per MiB (makes the copy the slower stage).")
 @click.option("--both", is_flag=True, help="Also device -> device (both sides stage).")
+@click.option("--wire", "wire_rate", default=None, metavar="RATE",
+              help="Over a real wire: initiator and target in two network namespaces joined by a veth pair "
+                   "shaped to RATE (e.g. 2gbit). Needs root.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def main(size: str, rounds: int, chunk: str, depth: int, copy_ns_per_mib: int, both: bool, as_json: bool) -> None:
+def main(size: str, rounds: int, chunk: str, depth: int, copy_ns_per_mib: int, both: bool, wire_rate: str | None,
+         as_json: bool) -> None:
     """A target-staged path's throughput against its slower stage (interleaved rounds, median, spread)."""
-    rep = run(_parse_size(size), rounds, copy_ns_per_mib, both, _parse_size(chunk), depth)
+    if wire_rate:
+        try:
+            rep = run_wire(_parse_size(size), rounds, wire_rate, copy_ns_per_mib, both, _parse_size(chunk), depth)
+        except (RuntimeError, ValueError) as exc:  # no root / netns, a bad rate
+            raise click.ClickException(str(exc)) from exc
+    else:
+        rep = run(_parse_size(size), rounds, copy_ns_per_mib, both, _parse_size(chunk), depth)
     if as_json:
         click.echo(json.dumps(rep, indent=2))
         return
-    click.echo(f"target-staged path, {rep['size'] >> 20} MiB x {rounds} rounds, chunk {rep['chunk'] >> 20} MiB, "
+    over = f"wire {rep['wire']['rate_gbit']:g} Gbit/s (netns veth, {rep['wire']['shaper']})" if "wire" in rep else "loopback"
+    click.echo(f"target-staged path over {over}, {rep['size'] >> 20} MiB x {rounds} rounds, chunk {rep['chunk'] >> 20} MiB, "
                f"depth {depth}, copy +{copy_ns_per_mib} ns/MiB (path: {rep['paths']['staged_write']})")
     for op, e in rep["ops"].items():
         cols = "  ".join(f"{k} {v['median_GBps']:.2f} GB/s [{v['min']:.2f}..{v['max']:.2f}]"
@@ -223,6 +276,9 @@ def main(size: str, rounds: int, chunk: str, depth: int, copy_ns_per_mib: int, b
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--target":
-        _target_main(int(sys.argv[2]), json.loads(sys.argv[3]) if len(sys.argv) > 3 else {})
+        _target_main(int(sys.argv[2]), json.loads(sys.argv[3]) if len(sys.argv) > 3 else {},
+                     sys.argv[4] if len(sys.argv) > 4 else "127.0.0.1")
+    elif len(sys.argv) > 2 and sys.argv[1] == "--initiator":  # run_wire's side in the first namespace
+        print(json.dumps(run(**json.loads(sys.argv[2]))), flush=True)
     else:
         main()

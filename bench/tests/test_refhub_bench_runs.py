@@ -54,3 +54,9 @@ def test_dataplane_checks_every_run_against_junk() -> None:
     assert res["junk_filled_before_every_run"] == 12, res
     assert res["ratio_rounds"]["rounds"] == 2 and len(res["samples"]["refhub"]) == 2, res
     assert 0 < res["cpu_bound_ratio_limit"] <= 1, res
+    # the engine's choice between two local processes is the same-host transport, and the result says so
+    try:
+        import tent_shm  # noqa: F401
+    except ImportError:
+        return
+    assert res["transport_used"] == "shm 100%" and res["failed_slices"] == 0, res

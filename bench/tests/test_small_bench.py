@@ -36,6 +36,19 @@ def test_bare_tcp_round_trips() -> None:
         assert len(lat) == 20 and (lat > 0).all()
 
 
+def test_bare_tcp_moves_the_bytes_of_the_given_buffers() -> None:
+    """With buffers given (the engine's, in the benchmark), the bare loop moves exactly their bytes."""
+    remote = small.fill(1 << 20, seed=7)
+    local = np.zeros(64 * KiB, np.uint8)
+    port = _bare.tcp_serve("127.0.0.1", remote.ctypes.data, remote.nbytes)
+    _bare.tcp("127.0.0.1", port, 0, 64 * KiB, 2, local.ctypes.data)  # READ
+    assert np.array_equal(local, remote[: 64 * KiB])
+    local[:] = small.fill(64 * KiB, seed=8)
+    _bare.tcp("127.0.0.1", port, 1, 64 * KiB, 2, local.ctypes.data)  # WRITE
+    assert np.array_equal(remote[: 64 * KiB], local)
+    assert np.array_equal(remote[64 * KiB :], small.fill(1 << 20, seed=7)[64 * KiB :])
+
+
 def test_one_at_a_time_rows_next_to_the_bare_limit() -> None:
     rows = small.one_at_a_time("shm", [4 * KiB, 64 * KiB], ["READ", "WRITE"], 1, 1 << 20)
     rows += small.one_at_a_time("tcp", [64 * KiB], ["READ"], 1, 1 << 20)

@@ -71,23 +71,38 @@ TINY = 2 * 1024 * 1024
 MB = 1024 * 1024
 CHUNK = int(float(os.environ.get("REFHUB_CHUNK_MB", "4")) * MB)  # one READ request at most
 BATCH = int(float(os.environ.get("REFHUB_BATCH_MB", "16")) * MB)  # bytes per submitted batch at most
-BATCH_S = 0.02  # ... and about this many seconds of the measured rate (>= 1 MB): small batches on slow
-# links keep pipeline hops close behind each other (a downstream reader sees a batch once it is complete)
+BATCH_S = float(os.environ.get("REFHUB_BATCH_S", "0.02"))  # ... and about this many seconds of the measured
+# rate (>= 1 MB): a reader's progress word (what readers of its partial copy see) advances once a batch has
+# landed, so on a slow link every hop of a pipeline chain trails the one before by about one batch. (5 ms
+# batches, four times as many, made a 6-hop chain slower on a loaded 2-core host: docs/benchmarks.md)
+MIN_BATCH = MB
+# Reading a partial copy: batches of about PARTIAL_BATCH_S of the measured rate (>= PARTIAL_MIN_BATCH)
+PARTIAL_BATCH_S = 0.005
+PARTIAL_MIN_BATCH = 256 << 10
 WINDOW = int(os.environ.get("REFHUB_WINDOW", "2"))  # batches in flight at least (the oldest is verified meanwhile)
 # ... and up to this many seconds of measured rate. What a reader keeps in flight waits in the queues of the
 # source's uplink, and its progress word (what readers of its partial copy see) trails its bytes by that
 # much: with 0.5 s, each hop of a pipeline chain on a 500 Mbit/s link trailed the one before by ~0.4 s.
 INFLIGHT_S = float(os.environ.get("REFHUB_INFLIGHT_S", "0.05"))
-PARTIAL_MIN_WINDOW = 2 * MB  # reading a partial copy: in flight at least (small batches, deep enough for the RTT)
+# Reading a partial copy, a reader learns what its source holds from the progress word its batches read
+# along, a word as old as what it has in flight (the batch queued behind it on the source's uplink); and it
+# issues only what the source held: so each hop of a chain trails the one before by about twice its
+# in-flight time plus the source's batch. But its read requests queue on the source's downlink behind
+# what the source itself has in flight (INFLIGHT_S when it reads a complete copy), so a partial reader
+# needs at least that much in flight to keep its own link busy: with 10 ms against its source's 50 ms,
+# the second hop of a chain trailed by 0.25-0.5 s. PARTIAL_INFLIGHT_S of its rate, at least RTT_WINDOWS
+# round trips of a tiny read (a long link's bandwidth-delay product) and PARTIAL_MIN_WINDOW.
+PARTIAL_INFLIGHT_S = float(os.environ.get("REFHUB_PARTIAL_INFLIGHT_S", str(INFLIGHT_S)))
+RTT_WINDOWS = 3
+PARTIAL_MIN_WINDOW = 2 * MB
 MAX_INFLIGHT = 1 << 30  # bytes in flight at most
+# the receive-side checksums run in a worker thread (xxhash releases the GIL) while this thread keeps the
+# window of READs full; 0: inline, between batches
+VERIFY_THREAD = os.environ.get("REFHUB_VERIFY_THREAD", "1") != "0"
 # Reading a partial copy, every batch also reads the source's progress word (into its own slot): each
 # completion brings a fresh view of what the source holds, without a blocking round trip that would
 # queue behind the batches on the wire and stall this reader's own progress (and its readers' after it).
 PROGRESS_SLOTS = 256  # batches in flight at most while reading a partial copy
-# ... in batches of about PARTIAL_BATCH_S of the measured rate: a pipeline reader's progress word (what
-# its own readers may read) advances per completed batch, so each hop of a chain trails by about one batch.
-PARTIAL_BATCH_S = 0.005
-PARTIAL_MIN_BATCH = 256 << 10
 STAGE_SLOT = int(float(os.environ.get("REFHUB_STAGE_MB", "4")) * MB)  # copy mode: one staging slot
 STAGE_SLOTS = int(os.environ.get("REFHUB_STAGE_SLOTS", "4"))  # copy mode: staging slots per handle
 STAGE_DEPTH = 2  # copy mode: stage requests a reader keeps outstanding
@@ -692,6 +707,12 @@ class _Verifier:
         self.seconds = 0.0
         self.streams: dict[str, StreamHash] = {}  # copy-mode device tensors, hashed on the landing buffer
         self.device_checks = 0
+        self.wait_s = 0.0
+        # host tensors are checked in one worker thread, overlapped with this thread's READ window (device
+        # tensors, whose streams this thread feeds, are checked inline)
+        threaded = VERIFY_THREAD and self.exp is not None and all(it.dev is None for it in handle.items.values())
+        self.pool: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="refhub-verify") if threaded else None
+        self.pending: deque = deque()
 
     def feed(self, name: str, off: int, data: np.ndarray) -> None:
         """Landed bytes [off, off + data.size) of device tensor `name` (in order): hash them now."""
@@ -706,32 +727,66 @@ class _Verifier:
         sh.update(data)
 
     def advance(self, done: int) -> None:
-        t0 = time.perf_counter()
-        h = self.h
+        """Check every tensor the received prefix [0, done) now covers: in the worker thread when there
+        is one (the hash releases the GIL, so this thread keeps the window of READs full meanwhile; a
+        mismatch surfaces at a later advance or at finish), else here."""
         while self.i < len(self.checks) and self.checks[self.i][0] <= done:
             name = self.checks[self.i][1]
             self.i += 1
-            if name == "__pack__":
-                for n, it in h.items.items():
-                    if it.buf is not None or it.pack_off < 0:
-                        continue
-                    packed = h._pack.array[it.pack_off:it.pack_off + it.nbytes]
-                    if self.exp is not None and not _matches_bytes(packed, self.exp[n]):  # checked in the pack
-                        raise ChecksumError("checksum", f"v{self.v} shard {h.shard}: end-to-end checksum mismatch in {n!r}")
-                    it.write_from(packed, 0)
-                continue
-            if self.exp is None:
-                continue
-            it = h.items[name]
-            sh = self.streams.pop(name, None)
-            if sh is not None and sh.n == it.nbytes:
-                ok = sh.digest() == (self.exp[name][1] if isinstance(self.exp[name], list) else self.exp[name])
+            if self.pool is not None:
+                self.pending.append(self.pool.submit(self._check, name))
             else:
-                ok = it.matches(self.exp[name])
-                self.device_checks += it.dev is not None
-            if not ok:
-                raise ChecksumError("checksum", f"v{self.v} shard {h.shard}: end-to-end checksum mismatch in {name!r}")
-        self.seconds += time.perf_counter() - t0
+                self._check(name)
+        while self.pending and self.pending[0].done():
+            self.pending.popleft().result()
+
+    def finish(self) -> None:
+        """Wait for the checks still running (their time counts as `wait_s`); raises a mismatch."""
+        t0 = time.perf_counter()
+        try:
+            while self.pending:
+                self.pending.popleft().result()
+        finally:
+            self.wait_s += time.perf_counter() - t0
+            self.close()
+
+    def close(self) -> None:
+        for f in self.pending:
+            f.cancel()
+        self.pending.clear()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None
+
+    def _check(self, name: str) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._check_one(name)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _check_one(self, name: str) -> None:
+        h = self.h
+        if name == "__pack__":
+            for n, it in h.items.items():
+                if it.buf is not None or it.pack_off < 0:
+                    continue
+                packed = h._pack.array[it.pack_off:it.pack_off + it.nbytes]
+                if self.exp is not None and not _matches_bytes(packed, self.exp[n]):  # checked in the pack
+                    raise ChecksumError("checksum", f"v{self.v} shard {h.shard}: end-to-end checksum mismatch in {n!r}")
+                it.write_from(packed, 0)
+            return
+        if self.exp is None:
+            return
+        it = h.items[name]
+        sh = self.streams.pop(name, None)
+        if sh is not None and sh.n == it.nbytes:
+            ok = sh.digest() == (self.exp[name][1] if isinstance(self.exp[name], list) else self.exp[name])
+        else:
+            ok = it.matches(self.exp[name])
+            self.device_checks += it.dev is not None
+        if not ok:
+            raise ChecksumError("checksum", f"v{self.v} shard {h.shard}: end-to-end checksum mismatch in {name!r}")
 
 _seg_counter = itertools.count()
 
@@ -839,6 +894,47 @@ class ShardHandle:
                 self._layout_dirty = True
             elif nb < TINY:
                 it.pack_off = old.pack_off
+
+    def allocate(self, name: str, shape: int | tuple[int, ...], dtype: Any = np.uint8) -> Any:
+        """A new zeroed tensor in engine memory, registered as `name` (direct mode); returns it.
+
+        Same-host peers reach engine-allocated memory with the engine's same-host transport (shm maps
+        it: memfd-backed), where a tensor allocated by numpy or torch and then register()'d is reachable
+        through CMA only, which shm leaves off by default (it bypasses the target's checks), so such
+        tensors travel over TCP between processes of one host. `dtype`: a numpy dtype, or a torch
+        dtype (then a CPU torch tensor over the same memory is returned, bf16 included). The memory
+        lives until the process ends when the caller still holds the tensor after close()."""
+        shape_t = (int(shape),) if isinstance(shape, int | np.integer) else tuple(int(s) for s in shape)
+        torch_dtype = dtype if type(dtype).__module__.startswith("torch") else None
+        if torch_dtype is not None:
+            import torch
+
+            itemsize = torch.empty((), dtype=torch_dtype).element_size()
+        else:
+            itemsize = np.dtype(dtype).itemsize
+        nb = int(np.prod(shape_t, dtype=np.int64)) * itemsize
+        with self._lock:
+            if self.state != "idle":
+                raise RefhubError("bad_state", "allocate while published/receiving: unpublish first")
+            if nb < TINY:  # packed at publish anyway: plain memory
+                raw = np.zeros(nb, np.uint8)
+                buf = None
+            else:
+                buf = self.engine.allocate(nb, segment=self.segment)
+                raw = buf.array[:nb]
+                raw[:] = 0
+            if torch_dtype is not None:
+                import torch
+
+                t: Any = torch.frombuffer(memoryview(raw), dtype=torch_dtype).view(shape_t) if nb else \
+                    torch.zeros(shape_t, dtype=torch_dtype)
+            else:
+                t = raw.view(np.dtype(dtype)).reshape(shape_t)
+            if name in self.items:
+                self.unregister(name)
+            self.items[name] = _Item(name, raw, t, buf=buf, mode="direct")
+            self._layout_dirty = True
+            return t
 
     def unregister(self, name: str) -> None:
         with self._lock:
@@ -1030,8 +1126,6 @@ class ShardHandle:
         self._submit(reqs, deadline).wait()
 
     def _pull(self, v: int, src: dict, cks: list | None, deadline: float) -> None:
-        from tent_core.errors import TentError
-
         t0 = time.monotonic()
         sources = [(src.get("replica"), bool(src.get("partial")))]
         self._set_progress(v, 0)
@@ -1040,6 +1134,15 @@ class ShardHandle:
         if not self._verify:
             cks = None
         ver = _Verifier(self, mine, cks, v)
+        try:
+            self._pull_verified(v, src, mine, total, ver, deadline, t0, sources, cks)
+        finally:
+            ver.close()
+
+    def _pull_verified(self, v: int, src: dict, mine: list, total: int, ver: _Verifier, deadline: float, t0: float,
+                       sources: list, cks: list | None) -> None:
+        from tent_core.errors import TentError
+
         st = {"done": 0, "batches": 0, "staged": 0}
         reroutes = 0
         while True:
@@ -1057,10 +1160,14 @@ class ShardHandle:
             sources.append((src.get("replica"), bool(src.get("partial"))))
             reroutes += 1
         ver.advance(total)
+        ver.finish()
         dt = time.monotonic() - t0
-        self.stats = {"bytes": total, "seconds": dt, "verify_s": ver.seconds, "reroutes": reroutes, "sources": sources,
+        self.stats = {"bytes": total, "seconds": dt, "verify_s": ver.seconds, "verify_wait_s": round(ver.wait_s, 4),
+                      "reroutes": reroutes, "sources": sources,
                       "batches": st["batches"], "staged_slices": st["staged"], "GBps": total / dt / 1e9 if dt else 0.0,
                       "starved_s": round(st.get("starved_s", 0.0), 4),  # waiting for a partial source's next bytes
+                      # from the start of the pull to its first landed batch (how far a pipeline hop starts late)
+                      "first_s": round(st["first_t"] - t0, 4) if "first_t" in st else None,
                       "verified": cks is not None, "device_checksums": ver.device_checks}
 
     def _pull_from(self, v: int, src: dict, mine: list, total: int, ver: _Verifier, st: dict, deadline: float) -> None:
@@ -1087,22 +1194,25 @@ class ShardHandle:
         # the first batches are small: this reader's progress word (what readers of its own partial copy
         # see) must move early, or every hop of a pipeline chain inherits the delay; the measured rate
         # sizes the batches from the first completion on
-        batch_bytes = min(MB, CHUNK, BATCH) if not partial else PARTIAL_MIN_BATCH
+        batch_bytes = min(MIN_BATCH, CHUNK, BATCH) if not partial else PARTIAL_MIN_BATCH
         window = WINDOW * batch_bytes
+        rtt = 0.0  # the fastest tiny read of the source's progress word (reading a partial copy)
 
         def adapt() -> None:
             # keep about INFLIGHT_S seconds of the measured rate on the wire (every batch must finish
             # within its deadline even on a slow link), at least WINDOW batches; from a partial copy
-            # in small batches (what is in flight is bounded by what the source holds anyway)
+            # only PARTIAL_INFLIGHT_S, or a few round trips (what is in flight is bounded by what the
+            # source holds anyway)
             nonlocal batch_bytes, window
             rate = (st["done"] - done0) / max(1e-6, time.monotonic() - t_start)
             if partial:
                 if not thr:
                     batch_bytes = max(PARTIAL_MIN_BATCH, min(BATCH, int(rate * PARTIAL_BATCH_S)))
-                window = max(WINDOW * batch_bytes, PARTIAL_MIN_WINDOW, min(MAX_INFLIGHT, int(rate * INFLIGHT_S)))
+                window = max(WINDOW * batch_bytes, PARTIAL_MIN_WINDOW,
+                             min(MAX_INFLIGHT, int(rate * max(PARTIAL_INFLIGHT_S, RTT_WINDOWS * rtt))))
                 return
             if not thr:
-                batch_bytes = max(MB, min(BATCH, int(rate * BATCH_S)))
+                batch_bytes = max(MIN_BATCH, min(BATCH, int(rate * BATCH_S)))
             window = max(WINDOW * batch_bytes, min(MAX_INFLIGHT, int(rate * INFLIGHT_S)))
         last_report = time.monotonic()
         sleep = 0.0005
@@ -1116,7 +1226,9 @@ class ShardHandle:
                             avail = _merge_avail(avail, self._complete_oldest(v, inflight, st, ver), issued)
                             adapt()
                             continue
+                        t_rtt = time.monotonic()
                         self._read([(self._scratch, 0, seg, ref["progress"], 8)], deadline)
+                        rtt = min(rtt or 1e9, time.monotonic() - t_rtt)
                         avail = _merge_avail(avail, self._progress_word(v, 0), issued)
                     if avail > issued:
                         k = bisect.bisect_right(starts, issued) - 1
@@ -1181,6 +1293,8 @@ class ShardHandle:
         end, hdl, slot = inflight[0]
         hdl.wait()
         inflight.popleft()
+        if "first_t" not in st:
+            st["first_t"] = time.monotonic()
         st["done"] = end
         self._set_progress(v, end)
         ver.advance(end)

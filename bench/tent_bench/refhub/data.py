@@ -87,6 +87,15 @@ def shard_sizes(total_mb: float = 1024, count: int = 500, seed: int = 0) -> list
     return [sizes[i] for i in order]
 
 
+def _bytes_per_transport(engine: Any) -> dict[str, tuple[int, int]]:
+    """(bytes, failed slices) per transport so far, over every rail and peer of `engine`."""
+    out: dict[str, tuple[int, int]] = {}
+    for r in engine.rail_stats():
+        b, e = out.get(r["transport"], (0, 0))
+        out[r["transport"]] = (b + r["bytes"], e + r["errors"])
+    return out
+
+
 def _dp_engine(transport: str | None) -> Any:
     from tent_core import Engine
 
@@ -106,9 +115,10 @@ def _dp_publisher(addr: str, sizes: list[int], ready: Any, stop: Any, transport:
 
     h = refhub.open("dp", replica="trainer", server=addr, hb_interval=0.2, engine=_dp_engine(transport))
     rng = np.random.default_rng(1)
-    ts = [rng.integers(0, 255, n, dtype=np.uint8) for n in sizes]
-    for i, t in enumerate(ts):
-        h.register(f"w{i:04d}", t)
+    for i, n in enumerate(sizes):
+        # engine memory: the same-host transport (shm, memfd mode by default) maps it; a register()'d
+        # numpy array would be reachable through CMA only, so "engine's choice" would be tcp
+        h.allocate(f"w{i:04d}", n)[:] = rng.integers(0, 255, n, dtype=np.uint8)
     h.publish(1)
     ready.put({"ref": h._ref(), "publish_checksum_s": h.stats.get("publish_checksum_s"),
                "stream_checksums": [checksum(v) for v in _stream_views(h)]})
@@ -133,9 +143,9 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
     ref, expect = info["ref"], info["stream_checksums"]
     try:
         h = refhub.open("dp", replica="reader", server=addr, hb_interval=0.2, engine=_dp_engine(transport))
-        ts = [np.ones(n, dtype=np.uint8) for n in sizes]  # pre-faulted, as a rollout's weights are
-        for i, t in enumerate(ts):
-            h.register(f"w{i:04d}", t)
+        ts = [h.allocate(f"w{i:04d}", n) for i, n in enumerate(sizes)]  # engine memory, as the publisher's
+        for t in ts:
+            t[:] = 1  # pre-faulted, as a rollout's weights are
         h._build_layout()
         h._pack.array[:] = 1
         mine = h._stream()
@@ -147,6 +157,7 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
         total = sum(m[3] for m in mine)
         eng = h.engine
         eng.submit(reqs[:8], deadline=30).wait()  # connect
+        rails0 = _bytes_per_transport(eng)
         seed = [0]
 
         def junk() -> None:
@@ -200,7 +211,7 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
             return dt, st
 
         out: dict[str, list] = {"raw_windowed": [], "raw_one_batch": [], "refhub": [], "refhub_s": [], "verify_s": [],
-                                "unverified": [], "raw": []}
+                                "verify_wait_s": [], "unverified": [], "raw": []}
         for i in range(repeat + 1):
             # the order inside a round rotates, so no series always runs first (or right after another)
             order = ["raw_windowed", "raw_one_batch", "unverified", "refhub"]
@@ -222,7 +233,7 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
                     if not st["verified"]:
                         raise RuntimeError("refhub replicate did not verify checksums")
                     res[what] = total / dt / 1e9
-                    res["refhub_s"], res["verify_s"] = dt, st["verify_s"]
+                    res["refhub_s"], res["verify_s"], res["verify_wait_s"] = dt, st["verify_s"], st.get("verify_wait_s", 0.0)
             if i == 0:
                 continue  # warm-up round
             res["raw"] = max(res["raw_windowed"], res["raw_one_batch"])
@@ -235,8 +246,12 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
                 C.checksum(t)
             hash_only.append(time.perf_counter() - t0)
         out["hash_only_s"] = hash_only
+        rails1 = _bytes_per_transport(eng)
+        moved = {t: b - rails0.get(t, (0, 0))[0] for t, (b, _) in rails1.items() if b > rails0.get(t, (0, 0))[0]}
+        failed = sum(e for _, e in rails1.values()) - sum(e for _, e in rails0.values())
         h.close()
-        q.put({"ok": True, "total": total, "tensors": len(sizes), "stream_items": len(mine), "junk_rounds": seed[0], **out})
+        q.put({"ok": True, "total": total, "tensors": len(sizes), "stream_items": len(mine), "junk_rounds": seed[0],
+               "bytes_per_transport": moved, "failed_slices": failed, **out})
     except Exception as exc:  # reported to the parent
         import traceback
 
@@ -276,13 +291,20 @@ def dataplane(size_mb: float = 1024, repeat: int = 5, tensors: int = 500, transp
         "bytes": res["total"],
         "tensors": res["tensors"],
         "tiny_tensors_packed": sum(1 for n in sizes if n < 2 * MB),
-        "transport": transport or "engine's choice (shm between local processes)",
+        "transport": transport or "engine's choice",
+        # what carried the timed runs' bytes (the engine's rail counters): the proof of the path measured
+        "transport_used": ", ".join(f"{t} {b / max(1, sum(res['bytes_per_transport'].values())):.0%}"
+                                    for t, b in sorted(res["bytes_per_transport"].items())),
+        "failed_slices": res["failed_slices"],
         "checksum": "xxh3_64" if _xxhash is not None else "adler32",
         "verified_every_byte": res["ok"],
         "junk_filled_before_every_run": res["junk_rounds"],
         "refhub_GBps_median": round(rh, 3),
         "refhub_s_median": round(med(res["refhub_s"]), 4),
+        # time spent hashing during the replicate (in refhub's verify thread, overlapped with the READs),
+        # and how long the replicate waited for the last checks after its last byte landed
         "verify_in_loop_s_median": round(med(res["verify_s"]), 4),
+        "verify_wait_s_median": round(med(res["verify_wait_s"]), 4),
         "hash_only_s_median": round(med(res["hash_only_s"]), 4),
         "raw_GBps_median": round(raw, 3),
         "raw_windowed_GBps_median": round(raw_w, 3),

@@ -228,8 +228,16 @@ class _RefhubSystem:
             _send(p, {"cmd": "drop", "junk": 1000 * (rnd + 1) + n})
         for i, p in enumerate(rcv):
             _read(p, 60, f"rollout{i} drop")
+        # how far each receiver finished behind its first source (the nodes share one monotonic clock):
+        # in a pipeline chain, what every hop adds
+        ends = {f"rollout{i}": r.get("t_end") for i, r in enumerate(res)}
+
+        def lag(r: dict) -> float | None:
+            src = ends.get(r["sources"][0][0])
+            return round(r["t_end"] - src, 3) if src is not None and r.get("t_end") is not None else None
         return {**_stall(res), "from_publisher": sum(1 for r in res if r["sources"][0][0] == "publisher"),
                 "receivers": [{"secs": round(r["secs"], 3), "sources": r["sources"], "starved_s": r.get("starved_s"),
+                               "first_s": r.get("first_s"), "lag_behind_source_s": lag(r),
                                "batches": r.get("batches"), "rail_errors": r.get("rail_errors")} for r in res]}
 
     def close(self) -> None:

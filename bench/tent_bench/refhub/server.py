@@ -42,6 +42,15 @@ def _raise_nofile() -> int:
 
 def _gen_main(addr: str, first: int, count: int, shards: int, nsock: int, batch: bool,
               start_q: Any, warm: float, duration: float, q: Any, hb_interval: float = 0.0) -> None:
+    try:
+        _generate(addr, first, count, shards, nsock, batch, start_q, warm, duration, q, hb_interval)
+    except Exception as exc:  # the parent waits on q: tell it why at once instead of letting it time out
+        q.put({"error": f"{type(exc).__name__}: {exc}"})
+        raise
+
+
+def _generate(addr: str, first: int, count: int, shards: int, nsock: int, batch: bool,
+              start_q: Any, warm: float, duration: float, q: Any, hb_interval: float) -> None:
     _raise_nofile()
     ctx = zmq.Context()
     ctx.set(zmq.MAX_SOCKETS, nsock + 64)  # libzmq allows 1023 sockets per context by default
@@ -264,6 +273,9 @@ def run(clients: int = 4096, procs: int = 2, sockets: int = 4, shards: int = 1, 
         time.sleep(max(0.0, t_start + warm - time.time()))
         cpu0 = _cpu(server.pid)
         results = [q.get(timeout=duration + warm + 120) for _ in ps]
+        failed = [r["error"] for r in results if "error" in r]
+        if failed:
+            raise RuntimeError(f"generator: {failed}")
         cpu1 = _cpu(server.pid)
         for pr in ps:
             pr.join(timeout=10)

@@ -322,6 +322,53 @@ def run_two_vm(args: argparse.Namespace) -> dict[str, Any]:
     return {"test": "two-vm", "nics": nics, "rows": results, "rails": stats}
 
 
+def _mmm(vals: list[float], digits: int = 3) -> str:
+    """median (min-max), the documents' format for a cell over rounds."""
+    if not vals:
+        return ""
+    f = f"{{:.{digits}g}}"
+    return f"{f.format(statistics.median(vals))} ({f.format(min(vals))}-{f.format(max(vals))})"
+
+
+def _per_round(num: list[float], den: list[float]) -> list[float]:
+    """Ratios taken within each round (the same index is the same round)."""
+    return [a / b for a, b in zip(num, den, strict=False) if b > 0]
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= MiB and n % MiB == 0 else f"{n >> 10} KiB"
+
+
+def markdown(res: dict[str, Any]) -> str:
+    """The result as docs/benchmarks.md tables: Gbit/s median (min-max) over the rounds, ratios per round."""
+    lines: list[str] = []
+    if res["test"] == "single":
+        lines += [f"Device {res['device']} (one guest, loopback RC QPs). Gbit/s, median (min-max) of the rounds; "
+                  "ratios taken within each round.", "",
+                  "| op | size | bytes/round | QPs | tent | ib_*_bw | x perftest | Mooncake TE | x Mooncake | rounds |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in res["rows"]:
+            eng = r.get("engine", {}).get("rounds", [])
+            pt = r.get("perftest", {}).get("rounds", [])
+            mc = r.get("mooncake", {}).get("rounds", [])
+            lines.append(f"| {r['op']} | {_size(r['size'])} | {_size(r['bytes_per_round'])} | {r['qps']} | {_mmm(eng)} | "
+                         f"{_mmm(pt)} | {_mmm(_per_round(eng, pt))} | {_mmm(mc)} | {_mmm(_per_round(eng, mc))} | {len(eng)} |")
+        if res.get("mooncake_error"):
+            lines += ["", f"Mooncake TE: {res['mooncake_error']}"]
+    else:
+        lines += [f"NICs {', '.join(res['nics'])} (guest a -> guest b, WRITE). Gbit/s, median (min-max) of the rounds; "
+                  "the NICs' sum is perftest's ib_write_bw on each NIC alone, ratios taken within each round.", "",
+                  "| phase | rates | spray | round robin | sum of NICs | spray x sum | spray x round robin | rounds |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in res["rows"]:
+            sp, rr = r["spray"]["rounds"], r["round_robin"]["rounds"]
+            nics = [v["rounds"] for k, v in r.items() if k.startswith("perftest_")]
+            total = [sum(x) for x in zip(*nics, strict=True)]
+            lines.append(f"| {r['phase']} | {','.join(r['rates'])} | {_mmm(sp)} | {_mmm(rr)} | {_mmm(total)} | "
+                         f"{_mmm(_per_round(sp, total))} | {_mmm(_per_round(sp, rr))} | {len(sp)} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tent_rdma.bench")
     sub = ap.add_subparsers(dest="mode", required=True)
@@ -340,7 +387,11 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--qps", type=int, default=2)
     for p in (s, t):
         p.add_argument("--json", default=None, help="write the result here")
+        p.add_argument("--markdown", action="store_true", help="print docs/benchmarks.md tables after the JSON")
     args = ap.parse_args(argv)
+    # only the rdma plugin is imported (and by the processes started here): under an emulated CPU
+    # the other plugins' imports (CUDA bindings, cuFile) take minutes
+    os.environ.setdefault("TENT_PLUGINS", "rdma")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     res = run_single(args) if args.mode == "single" else run_two_vm(args)
     text = json.dumps(res, indent=2)
@@ -348,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             f.write(text + "\n")
     print(text)
+    if args.markdown:
+        print(markdown(res))
     return 0
 
 

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -339,34 +340,81 @@ def _wait_state(dev: str, want: str, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+def _rdma_rail(eng: Engine, target: Target) -> dict:
+    rows = [r for r in eng.rail_stats() if r["transport"] == "rdma" and r["peer"] == target.engine_id]
+    assert rows and len({r["rail"] for r in rows}) == 1, rows  # one device: one rail to the target
+    return rows[0]
+
+
+def _wait_rail(eng: Engine, target: Target, pred: Any, what: str, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        row = _rdma_rail(eng, target)
+        if pred(row):
+            return row
+        if time.monotonic() > deadline:
+            pytest.fail(f"the rail never {what} within {timeout:.0f}s: {row}")
+        time.sleep(0.05)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to take the link down")
 def test_port_down_fails_fast_then_recovers(eng: Engine, target: Target) -> None:
+    """The only NIC's port goes down. Its rail fails fast: the executor refuses its slices at once
+    and the rail monitor pauses the rail long before any deadline. A request never fails early with
+    a generic error and never hangs: with no path it waits, and either ends with the typed deadline
+    error at its deadline (port still down) or completes byte-exact once the port returns within
+    its deadline. The rail is re-admitted (HEALTHY, carrying bytes) after the port returns."""
     dev = rdma_ports_active()[0]
     nic = _netdev_of(dev)
     local = eng.allocate(MiB)
+    expect = pattern64(8 * MiB, 1)[:MiB]
+    down_for_s = 30.0  # the first request's deadline: the port stays down past it
     try:
-        eng.read(local, target.name("rw"), MiB, timeout=60)  # connected and healthy
-        subprocess.run(["ip", "link", "set", nic, "down"], check=True)
-        _wait_state(dev, "DOWN")
-        t0 = time.monotonic()
-        with pytest.raises(errors.TentError):
-            eng.read(local, target.name("rw"), MiB, timeout=60)
-        assert time.monotonic() - t0 < 20, "a dead port must fail its rails fast, not at the deadline"
-    finally:
-        subprocess.run(["ip", "link", "set", nic, "up"], check=True)
-    _wait_state(dev, "ACTIVE")
-    deadline = time.monotonic() + 90
-    while True:  # the QPs are rebuilt once the port is back
+        eng.read(local, target.name("rw"), MiB, timeout=60)  # connected
+        # healthy (earlier tests' refused requests may have paused it: re-admission ends in HEALTHY)
+        _wait_rail(eng, target, lambda r: r["state"] == "HEALTHY", "became healthy", 120)
         try:
+            subprocess.run(["ip", "link", "set", nic, "down"], check=True)
+            _wait_state(dev, "DOWN")
+            t0 = time.monotonic()
+            h = eng.submit([Request(OpCode.READ, local, 0, target.name("rw"), 0, MiB)], deadline=down_for_s)
+            paused = _wait_rail(eng, target, lambda r: r["state"] == "PAUSED", "paused", down_for_s)
+            paused_after = time.monotonic() - t0
+            assert paused_after < down_for_s / 2, f"the dead port's rail paused only after {paused_after:.1f}s"
+            assert paused["errors"] > 0, paused  # the executor failed its slices (not a silent stall)
+            with pytest.raises(errors.TentError) as info:
+                h.wait()
+            took = time.monotonic() - t0
+            assert isinstance(info.value, errors.DeadlineExceededError), repr(info.value)
+            assert took >= down_for_s - 1.0, f"failed after {took:.1f}s, before its {down_for_s:.0f}s deadline: {info.value!r}"
+            assert took < down_for_s + 15, f"ended {took - down_for_s:.1f}s past its deadline"
+            assert _rdma_rail(eng, target)["state"] == "PAUSED"  # heartbeats fail while the port is down
+
+            # the next request's deadline outlasts the outage: it waits (neither done nor failed)...
             local.array[:] = 0
-            eng.read(local, target.name("rw"), MiB, timeout=30)
-            break
-        except errors.TentError:
+            h = eng.submit([Request(OpCode.READ, local, 0, target.name("rw"), 0, MiB)], deadline=180)
+            time.sleep(3.0)
+            assert h.poll() == "pending", "a request ended while its only port was down"
+        finally:
+            subprocess.run(["ip", "link", "set", nic, "up"], check=True)
+        _wait_state(dev, "ACTIVE")
+        h.wait()  # ...and completes, byte-exact, once the port returns
+        assert np.array_equal(local.array, expect)
+        # re-admitted: heartbeats pass again, the rail goes back to HEALTHY and carries bytes
+        before = _rdma_rail(eng, target)["bytes"]
+        deadline = time.monotonic() + 120
+        while True:
+            local.array[:] = 0
+            eng.read(local, target.name("rw"), MiB, timeout=60)
+            assert np.array_equal(local.array, expect)
+            row = _rdma_rail(eng, target)
+            if row["state"] == "HEALTHY" and row["bytes"] > before:
+                break
             if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-    assert np.array_equal(local.array, pattern64(8 * MiB, 1)[:MiB])
-    eng.unregister(local)
+                pytest.fail(f"the rail never re-admitted: {row}")
+            time.sleep(0.2)
+    finally:
+        eng.unregister(local)
 
 
 def test_killed_peer_ends_in_a_typed_error_before_the_deadline(eng: Engine, targets: tuple[Target, Target]) -> None:

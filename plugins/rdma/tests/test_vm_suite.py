@@ -4,8 +4,10 @@
 - two guests with two NICs each: test_rdma_two_vm.py (rails across hosts, a NIC taken down).
 
 The testbed installs what it needs (root + apt); where it cannot (not root, no mirror, no QEMU) the
-tests skip with its reason. They are opt-in for now (TENT_RDMA_VM unset or 0 skips them: the
-port-down test still expects a fail-fast that the deadline-based retries of issue 12 replaced);
+tests skip with its reason. They are opt-in for now (TENT_RDMA_VM unset or 0 skips them): under
+TCG on the shared 2-core development host one suite takes 15-40 minutes (guest Python imports and
+engine start-up alone take minutes at load 15-20), far over the ten minutes `make test` may spend
+on them, and they have not yet passed twice in a row since the resilience merge;
 TENT_RDMA_VM=1 (make test-rdma) turns an unavailable testbed into a failure; TENT_RDMA_VM=auto
 runs them where the testbed can be set up: a testbed that cannot be set up (no
 root, no apt mirror, no QEMU, a guest that does not boot) or that runs past TENT_RDMA_VM_TIMEOUT
@@ -33,15 +35,19 @@ STRICT = MODE == "1"
 VM_TIMEOUT_S = int(os.environ.get("TENT_RDMA_VM_TIMEOUT", "900"))
 
 pytestmark = [
-    pytest.mark.skipif(MODE == "0", reason="the Soft-RoCE VM suites are opt-in: make test-rdma (or TENT_RDMA_VM=auto)"),
+    pytest.mark.skipif(MODE == "0", reason="the Soft-RoCE VM suites are opt-in (15-40 min each under TCG on a "
+                       "shared host, over make test's budget): make test-rdma (or TENT_RDMA_VM=auto)"),
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the testbed needs Linux"),
 ]
 
 
 # pytest inside a guest: no cache writes (the checkout is read-only there), native tracebacks (pytest's
-# own walk the filesystem, slow over 9p), each test bounded by the run's own limit
-_GUEST_PYTEST = [PY, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-q", "-o", "addopts=",
-                 "--tb=native", "-o", f"timeout={VM_TIMEOUT_S}"]
+# own walk the filesystem, slow over 9p), each test named as it runs with its duration at the end (a
+# run cut short by the limit still says where it was; a test running past 5 minutes dumps every
+# thread's stack to the console), each test bounded by the run's own limit
+_GUEST_PYTEST = [PY, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-v", "--durations=0",
+                 "-o", "addopts=",
+                 "--tb=native", "-o", f"timeout={VM_TIMEOUT_S}", "-o", "faulthandler_timeout=300"]
 
 
 def _testbed_or_skip() -> None:

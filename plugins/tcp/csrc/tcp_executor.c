@@ -8,7 +8,10 @@
  * its bulk queue. A rail has `conns_per_rail`
  * bulk connection slots plus one express slot that only small chunks use, so a small request
  * never waits behind a stream of large ones on the same peer; free workers serve small chunks
- * first. A rail with queued chunks and a slot they may use sits in a ready list, so a worker
+ * first. While small requests are active on a rail (one submitted within `qos_window_ms`, in a
+ * submit without bulk slices), bulk there runs on `qos_bulk_conns` connections at most: on a
+ * shared host every bulk connection is a copying thread on each side competing with the small
+ * request's for the cores. A rail with queued chunks and a slot they may use sits in a ready list, so a worker
  * finds work in O(1) however many peers there are; it borrows a persistent connection
  * (connecting lazily), runs its chunks and, for a job's last chunk, reports the slice through
  * host->complete. Small chunks queued together are pipelined on one connection (up to
@@ -350,6 +353,8 @@ typedef struct rail {
   int *slot_fd;          /* per slot: SLOT_FREE, -1 (connecting) or the fd in use; the last is the express slot */
   int busy;              /* bulk slots in use */
   int express_busy;      /* the express slot is in use */
+  int bulk_busy;         /* slots running bulk chunks (the others run small ones) */
+  uint64_t small_until_ms; /* small requests were submitted recently: bulk held to qos_bulk_conns until then */
   uint64_t down_until_ms; /* connect failed recently: fail fast until then */
   int ready;                       /* linked into the executor's ready list */
   struct rail *ready_prev, *ready_next;
@@ -395,6 +400,9 @@ typedef struct tcp_exec {
   int congestion_ms;      /* a send stalled this long is reported as congestion */
   int connect_backoff_ms; /* after a failed connect, a rail without connections fails fast this long */
   int tick_ms;            /* client sockets wake this often to check their progress clock */
+  int qos_bulk_conns;     /* bulk connections a rail runs at most while small requests are active (0: no cap) */
+  int qos_window_ms;      /* small requests count as active this long after their submit */
+  uint64_t throttle_until_ms; /* some rail holds bulk back until then: workers look again at that time */
 
   uint64_t chunk;     /* cut slices into chunks of at most this many bytes (0: whole slices) */
   uint32_t max_parts;
@@ -445,6 +453,8 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->connect_timeout_ms = 1000;
   ex->congestion_ms = 0; /* 0: a quarter of the progress timeout */
   ex->connect_backoff_ms = 50;
+  ex->qos_bulk_conns = 1;
+  ex->qos_window_ms = 5;
   ex->sockbuf = 4 << 20;
   ex->chunk = 0;
   ex->max_parts = 64;
@@ -498,6 +508,8 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
     else if (!strcmp(key, "connect_timeout_ms")) dst = &ex->connect_timeout_ms, lo = 1;
     else if (!strcmp(key, "congestion_ms")) dst = &ex->congestion_ms, lo = 0;
     else if (!strcmp(key, "connect_backoff_ms")) dst = &ex->connect_backoff_ms, lo = 0;
+    else if (!strcmp(key, "qos_bulk_conns")) dst = &ex->qos_bulk_conns, lo = 0, hi = 64;
+    else if (!strcmp(key, "qos_window_ms")) dst = &ex->qos_window_ms, lo = 0, hi = 60000;
     else if (!strcmp(key, "sockbuf")) dst = &ex->sockbuf, lo = 0;
     else if (!strcmp(key, "pipeline")) dst = &ex->pipeline, lo = 1, hi = PIPE_MAX;
     else if (!strcmp(key, "auth_timeout_ms")) dst = &ex->auth_timeout_ms, lo = 1;
@@ -959,6 +971,7 @@ static int rail_connect(tcp_exec_t *ex, rail_t *r) {
 typedef struct pipe_run {
   rail_t *r;
   int slot, fd;
+  int small;                 /* a run of small chunks (else bulk: counts in rail.bulk_busy) */
   uint32_t k;
   uint32_t reported;         /* chunks [0, reported) were reported as their answers came in */
   uint64_t token;            /* the batch of a run sent inline (its waiter may read the answers) */
@@ -1158,9 +1171,32 @@ static int run_recv(tcp_exec_t *ex, pipe_run_t *pr) {
 
 static int slot_free_bulk(const tcp_exec_t *ex, const rail_t *r) { return r->busy < ex->conns_per_rail; }
 
-static int rail_is_ready(const tcp_exec_t *ex, const rail_t *r) {
+/* May a bulk run start on `r` now? A free bulk slot is not enough while small requests are active
+ * on the rail (submitted within qos_window_ms): then bulk runs on qos_bulk_conns connections at
+ * most, so large transfers keep moving but do not fill every connection, kernel socket buffer and
+ * core with their bytes while a small request waits for its turn (measured: the P99 of 64 KiB
+ * requests beside a 64 MiB stream, docs/benchmarks.md). A rail held back this way is looked at
+ * again when its window ends (throttle_until_ms). Called with ex->mu. */
+static int bulk_may_start(tcp_exec_t *ex, rail_t *r) {
+  if (!slot_free_bulk(ex, r)) return 0;
+  if (ex->qos_bulk_conns <= 0 || r->bulk_busy < ex->qos_bulk_conns || !r->small_until_ms) return 1;
+  uint64_t now = mono_ms();
+  if (now >= r->small_until_ms) {
+    r->small_until_ms = 0;
+    return 1;
+  }
+  if (r->small_until_ms > ex->throttle_until_ms) ex->throttle_until_ms = r->small_until_ms;
+  return 0;
+}
+
+static int rail_is_ready(tcp_exec_t *ex, rail_t *r) {
   if (r->peer->removed) return 0;
-  return (r->qs.len > 0 && (slot_free_bulk(ex, r) || !r->express_busy)) || (r->q.len > 0 && slot_free_bulk(ex, r));
+  return (r->qs.len > 0 && (slot_free_bulk(ex, r) || !r->express_busy)) || (r->q.len > 0 && bulk_may_start(ex, r));
+}
+
+/* Small requests were just submitted on `r`: bulk is held back for the QoS window. ex->mu held. */
+static void rail_note_small(tcp_exec_t *ex, rail_t *r) {
+  if (ex->qos_bulk_conns > 0 && ex->qos_window_ms > 0) r->small_until_ms = mono_ms() + (uint64_t)ex->qos_window_ms;
 }
 
 static void ready_unlink(tcp_exec_t *ex, rail_t *r) {
@@ -1257,6 +1293,7 @@ static int slot_claim(tcp_exec_t *ex, rail_t *r, int small) {
     while (r->slot_fd[slot] != SLOT_FREE) slot++; /* busy < conns_per_rail: a free bulk slot exists */
     r->busy++;
   }
+  if (slot >= 0 && !small) r->bulk_busy++;
   if (slot >= 0) {
     int fd = -1;
     uint64_t now = mono_ms();
@@ -1297,6 +1334,7 @@ static void run_finish(tcp_exec_t *ex, pipe_run_t *pr, int broken) {
   r->slot_fd[pr->slot] = SLOT_FREE;
   if (pr->slot == ex->conns_per_rail) r->express_busy = 0;
   else r->busy--;
+  if (!pr->small) r->bulk_busy--;
   for (uint32_t i = pr->reported; i < pr->k; i++) {
     if (pr->status[i] == TENT_OK) {
       atomic_fetch_add(&r->bytes, pr->c[i].len);
@@ -1361,6 +1399,15 @@ static void run_exchange(tcp_exec_t *ex, pipe_run_t *pr) {
   run_finish(ex, pr, broken);
 }
 
+/* A QoS window ended: every rail's readiness again (bulk held back may start now). ex->mu held. */
+static void rails_recheck_locked(tcp_exec_t *ex) {
+  for (size_t p = 0; p < ex->peers.cap; p++) {
+    peer_t *pe = ex->peers.items[p];
+    for (int i = 0; pe && i < pe->nrails; i++) rail_update_ready(ex, &pe->rails[i]);
+  }
+  if (ex->ready_head) pthread_cond_broadcast(&ex->cv);
+}
+
 static void *worker_main(void *arg) {
   tcp_exec_t *ex = arg;
   pipe_run_t *pr = malloc(sizeof *pr);
@@ -1384,6 +1431,22 @@ static void *worker_main(void *arg) {
     }
     if (ex->stopping) break;
     rail_t *r = ex->ready_head;
+    if (!r && ex->throttle_until_ms) { /* bulk held back by the QoS window: look again when it ends */
+      uint64_t now = mono_ms();
+      if (now < ex->throttle_until_ms) {
+        uint64_t ms = ex->throttle_until_ms - now;
+        struct timespec dl;
+        clock_gettime(CLOCK_MONOTONIC, &dl);
+        dl.tv_sec += (time_t)(ms / 1000);
+        dl.tv_nsec += (long)(ms % 1000) * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&ex->cv, &ex->mu, &dl);
+        continue;
+      }
+      ex->throttle_until_ms = 0;
+      rails_recheck_locked(ex);
+      continue;
+    }
     if (!r) {
       pthread_cond_wait(&ex->cv, &ex->mu);
       continue;
@@ -1423,6 +1486,7 @@ static void *worker_main(void *arg) {
     ready_unlink(ex, r); /* round robin: the rail goes to the back of the ready list (or leaves it) */
     if (pr->k > 0) {
       pr->r = r;
+      pr->small = small;
       pr->slot = slot_claim(ex, r, small);
       pr->fd = r->slot_fd[pr->slot];
     }
@@ -1613,11 +1677,11 @@ static void *ex_create(const tent_host_api_t *host, const char *config, char *er
     return NULL;
   }
   pthread_mutex_init(&ex->mu, NULL);
-  pthread_cond_init(&ex->cv, NULL);
   pthread_mutex_init(&ex->reg_mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&ex->cv, &ca); /* timed waits (the QoS window) on the monotonic clock */
   pthread_cond_init(&ex->reg_cv, &ca);
   pthread_condattr_destroy(&ca);
   pthread_mutex_init(&ex->srv_mu, NULL);
@@ -1694,9 +1758,16 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
       uint64_t bulk = 0, small = 0; /* wake as many workers as can start at once, not all of them */
       for (uint32_t i = 0; i < n; i++) {
         if (!plan[2 * i]) continue;
-        rail_update_ready(ex, &((peer_t *)tent_ht_get(&ex->peers, slices[i].peer))->rails[slices[i].rail]);
         if (is_small(&slices[i])) small += plan[2 * i];
         else bulk += plan[2 * i];
+      }
+      for (uint32_t i = 0; i < n; i++) {
+        if (!plan[2 * i]) continue;
+        rail_t *r = &((peer_t *)tent_ht_get(&ex->peers, slices[i].peer))->rails[slices[i].rail];
+        /* small requests submitted together with bulk ones (a bulk batch and its little
+         * bookkeeping read) are part of that throughput work: they hold no bulk back */
+        if (!bulk && is_small(&slices[i])) rail_note_small(ex, r);
+        rail_update_ready(ex, r);
       }
       uint64_t wake = bulk + (small + (uint64_t)ex->pipeline - 1) / (uint64_t)ex->pipeline;
       if (wake >= (uint64_t)ex->nworkers) pthread_cond_broadcast(&ex->cv);
@@ -1756,11 +1827,14 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
     if (r && tent_cq_reserve(&r->qs, n) != 0) rc = TENT_E_INTERNAL; /* room for all: nothing can fail below */
     if (r && rc == TENT_OK) {
       uint32_t i = 0;
-      /* send now only when nothing waits before these on the rail (they would overtake it) */
-      while (i < n && nruns < INLINE_RUNS && r->q.len == 0 && r->qs.len == 0 && r->nidle > 0 &&
+      rail_note_small(ex, r);
+      /* send now only when no small request waits before these on the rail (they would overtake
+       * it); queued bulk chunks they may overtake: small requests are served first anyway */
+      while (i < n && nruns < INLINE_RUNS && r->qs.len == 0 && r->nidle > 0 &&
              (slot_free_bulk(ex, r) || !r->express_busy)) {
         pipe_run_t *pr = runs[nruns];
         pr->r = r;
+        pr->small = 1;
         pr->slot = slot_claim(ex, r, 1);
         pr->fd = r->slot_fd[pr->slot];
         if (pr->fd < 0) { /* the pooled connections were stale: a worker connects (never this thread) */

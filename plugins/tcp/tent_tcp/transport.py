@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 _EXECUTOR_KEYS = (
     "threads", "conns_per_rail", "slice_timeout_ms", "connect_timeout_ms", "sockbuf", "pipeline", "pipeline_bytes",
     "auth_timeout_ms", "max_conns", "idle_timeout_ms", "unregister_timeout_ms", "congestion_ms", "connect_backoff_ms",
+    "qos_bulk_conns", "qos_window_ms",
 )
 _ANY = {"", "0.0.0.0", "*"}
 
@@ -130,6 +131,13 @@ class TcpTransport(Transport):
         # the same peer), and are pipelined when several wait
         "pipeline": 16,  # small requests sent back to back on one connection at most
         "pipeline_bytes": 1 << 20,  # bytes of one pipelined run at most
+        # While small requests are active on a rail (one was submitted within qos_window_ms), bulk
+        # runs there on qos_bulk_conns connections at most (0 = no cap): on a shared host every
+        # bulk connection is a sender and a receiver thread competing with the small request's for
+        # the cores, and its bytes fill kernel socket buffers. Measured (docs/benchmarks.md, "QoS
+        # tail"): the P99 of 64 KiB HIGH READs beside a 64 MiB LOW stream on 2 cores.
+        "qos_bulk_conns": 1,
+        "qos_window_ms": 5,
         # small requests up to this long leave on the submitting thread when a connection is idle
         # (one sendmsg, no hand-off before the wire; the waiter reads the answer)
         "inline_bytes": 256 << 10,

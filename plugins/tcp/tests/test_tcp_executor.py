@@ -571,3 +571,110 @@ def test_small_requests_overtake_a_queued_stream(server: Server) -> None:
         assert wait_result(bulk, t0, 60.0).error == 0
     finally:
         ex.close()
+
+
+def _submit(ex: TcpExecutor, slices: list[tuple[int, int, int, int, int, int]], hints: int | list[int] = 0) -> tuple[object, float]:
+    arr = np.zeros(len(slices), SLICE_DTYPE)
+    for i, (op, local, remote, length, p, rail) in enumerate(slices):
+        arr[i] = (local, remote, length, p, 0, 0, op, rail, 0, hints if isinstance(hints, int) else hints[i])
+    b = _native.Batch(len(slices))
+    t0 = time.monotonic()
+    assert _native.submit(ex.ops, ex.handle, b, arr) == 0
+    return b, t0
+
+
+def test_bulk_holds_to_one_connection_while_small_requests_are_active(server: Server) -> None:
+    """QoS: after a small request, bulk chunks on the rail run on qos_bulk_conns connections only
+    (the express one is the small request's); when the window ends without another small request,
+    the chunks still queued spread over every bulk connection again, also while none finishes
+    (the server is stopped: the window's end alone must wake the workers)."""
+    ex = TcpExecutor({"threads": 6, "conns_per_rail": 4, "slice_timeout_ms": 30000, "qos_bulk_conns": 1,
+                      "qos_window_ms": 4000})  # fmt: skip  (long: the first phase must end within it, however loaded the host)
+    try:
+        peer = connect(ex, server)
+        rw = server.addr("rw")
+        dst = np.zeros(4096, np.uint8)
+        chunk = 1 << 20
+        src = pattern(606, 16 * chunk)
+
+        def small() -> None:
+            res = run(ex, [(READ, dst.ctypes.data, rw, 4096, peer, 0)], hints=HINT_SMALL)
+            assert res.done and res.error == 0, res
+            assert np.array_equal(dst, pattern(1, 4096))
+
+        small()  # the express connection; the window opens
+        bulk = [(WRITE, src.ctypes.data + i * chunk, rw + i * chunk, chunk, peer, 0) for i in range(16)]
+        b, t0 = _submit(ex, bulk)
+        assert wait_result(b, t0, 60.0).error == 0
+        assert server.sha("rw", 0, 16 * chunk) == sha(src)
+        # the small request's pooled connection, then bulk one at a time on it: never a second
+        assert ex.rail_counters(peer, 0)["connects"] == 1, ex.rail_counters(peer, 0)
+
+        server.signal(signal.SIGSTOP)  # nothing finishes from here on: only the window's end frees bulk
+        try:
+            small_b, ts = _submit(ex, [(READ, dst.ctypes.data, rw, 4096, peer, 0)], HINT_SMALL)
+            src2 = pattern(607, 16 * chunk)
+            b, t0 = _submit(ex, [(WRITE, src2.ctypes.data + i * chunk, rw + i * chunk, chunk, peer, 0) for i in range(16)])
+            deadline = time.monotonic() + 30.0
+            while ex.rail_counters(peer, 0)["connects"] < 5 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert ex.rail_counters(peer, 0)["connects"] == 5, ex.rail_counters(peer, 0)  # express + every bulk slot
+            assert time.monotonic() - t0 >= 3.0, "bulk spread out before the QoS window ended"
+        finally:
+            server.signal(signal.SIGCONT)
+        assert wait_result(small_b, ts, 60.0).error == 0
+        assert wait_result(b, t0, 60.0).error == 0
+        assert server.sha("rw", 0, 16 * chunk) == sha(src2)
+    finally:
+        ex.close()
+
+
+def test_bulk_uses_every_connection_without_small_requests(server: Server) -> None:
+    ex = TcpExecutor({"threads": 6, "conns_per_rail": 4, "slice_timeout_ms": 30000, "qos_bulk_conns": 1})
+    try:
+        peer = connect(ex, server)
+        rw = server.addr("rw")
+        chunk = 1 << 20
+        server.signal(signal.SIGSTOP)  # the chunks stay in service: each holds its connection
+        try:
+            src = pattern(608, 16 * chunk)
+            b, t0 = _submit(ex, [(WRITE, src.ctypes.data + i * chunk, rw + i * chunk, chunk, peer, 0) for i in range(16)])
+            deadline = time.monotonic() + 20.0
+            while ex.rail_counters(peer, 0)["connects"] < 4 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert ex.rail_counters(peer, 0)["connects"] == 4, ex.rail_counters(peer, 0)
+        finally:
+            server.signal(signal.SIGCONT)
+        assert wait_result(b, t0, 60.0).error == 0
+        assert server.sha("rw", 0, 16 * chunk) == sha(src)
+    finally:
+        ex.close()
+
+
+def test_small_slices_submitted_with_bulk_ones_hold_no_bulk_back(server: Server) -> None:
+    """A bulk batch carrying a small bookkeeping read (refhub reads a progress word with every
+    batch) is throughput work: its bulk chunks use every connection at once."""
+    ex = TcpExecutor({"threads": 6, "conns_per_rail": 4, "slice_timeout_ms": 30000, "qos_bulk_conns": 1,
+                      "qos_window_ms": 60000})  # fmt: skip
+    try:
+        peer = connect(ex, server)
+        rw = server.addr("rw")
+        chunk = 1 << 20
+        src = pattern(609, 8 * chunk)
+        word = np.zeros(8, np.uint8)
+        server.signal(signal.SIGSTOP)  # every chunk stays in service: each holds its connection
+        try:
+            slices = [(WRITE, src.ctypes.data + i * chunk, rw + i * chunk, chunk, peer, 0) for i in range(8)]
+            slices.append((READ, word.ctypes.data, rw + (16 << 20) - 8, 8, peer, 0))
+            b, t0 = _submit(ex, slices, [0] * 8 + [HINT_SMALL])
+            deadline = time.monotonic() + 20.0
+            while ex.rail_counters(peer, 0)["connects"] < 5 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert ex.rail_counters(peer, 0)["connects"] == 5, ex.rail_counters(peer, 0)  # 4 bulk + express
+        finally:
+            server.signal(signal.SIGCONT)
+        assert wait_result(b, t0, 60.0).error == 0
+        assert server.sha("rw", 0, 8 * chunk) == sha(src)
+        assert np.array_equal(word, pattern(1, 16 << 20)[-8:])
+    finally:
+        ex.close()

@@ -1,0 +1,121 @@
+"""Pipeline replication settings side by side: ``python -m tent_bench.refhub.pipeline_ab`` (root).
+
+The burst benchmark's shaped star (``tent_bench.refhub.net``), refhub with pipeline replication only,
+one reference server and set of receivers per configuration (each configuration is a set of
+``REFHUB_*`` environment variables, read by the client at import), all started up front and run
+interleaved, the order alternating per round. Per configuration and N: the median over rounds of
+the mean per-receiver time, its ratio to N=1, the first hop's time (the receiver that reads the
+publisher) and each later hop's lag behind its source (the difference of their end times: the
+nodes share one kernel, so their monotonic clocks agree). Every copy is verified.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+from . import net
+
+DEFAULT_CONFS = {
+    "default": {},
+    "small_windows": {"REFHUB_BATCH_S": "0.005", "REFHUB_INFLIGHT_S": "0.025", "REFHUB_PARTIAL_INFLIGHT_S": "0.03"},
+}
+
+
+def _hop_lags(out: list[dict]) -> tuple[list[float], list[float]]:
+    ends = {f"rollout{i}": x["t_end"] for i, x in enumerate(out)}
+    lags = [x["t_end"] - ends[x["sources"][0][0]] for x in out if x["sources"][0][0] in ends]
+    first = [x["secs"] for x in out if x["sources"][0][0] == "publisher"]
+    return lags, first
+
+
+def run(ns: list[int], rounds: int, confs: dict[str, dict[str, str]], size_mb: float = 64, rate: str = "500mbit") -> dict:
+    sizes = net._sizes(size_mb, 32 if size_mb >= 64 else 8)
+    ports = itertools.count(5600)
+
+    def server(nodes: net.Nodes, name: str) -> tuple[subprocess.Popen, str]:
+        bind = f"tcp://{nodes.ip(0)}:{next(ports) if nodes.shaped else net._free_port()}"
+        p = nodes.popen(0, [sys.executable, "-m", "refhub.cli", "serve", "--bind", bind, "--hb-timeout", "3"], name,
+                        stdin=subprocess.DEVNULL)
+        if "listening" not in net._read_plain(p, 60, name):
+            raise RuntimeError(f"{name}: {nodes.tail(name)}")
+        return p, bind
+
+    samples: dict[str, dict[int, list[dict[str, Any]]]] = {c: {n: [] for n in ns} for c in confs}
+    t0 = time.monotonic()
+    with net.Nodes(max(ns) + 2, rate) as nodes:
+        systems: dict[str, net._RefhubSystem] = {}
+        saved = dict(os.environ)
+        orig = net._server
+        try:
+            for c, env in confs.items():
+                os.environ.update(env)
+                net._server = lambda nodes_, _pipeline, name: server(nodes_, name)  # one port per system
+                s = systems[c] = net._RefhubSystem(nodes, max(ns), sizes, True)
+                s.start()
+                os.environ.clear()
+                os.environ.update(saved)
+            k = 0
+            for rnd in range(rounds):
+                for n in ns:
+                    names = list(confs)
+                    for c in names[k % len(names):] + names[:k % len(names)]:
+                        rcv = systems[c].rcv[:n]
+                        for p in rcv:
+                            net._send(p, {"cmd": "replicate"})
+                        out = [net._read(p, 900, f"{c} rollout{i}") for i, p in enumerate(rcv)]
+                        bad = [x for x in out if not x.get("ok") or not x.get("data_ok")]
+                        if bad:
+                            raise RuntimeError(f"{c} n={n}: {bad}")
+                        for p in rcv:
+                            net._send(p, {"cmd": "drop", "junk": 1000 * (rnd + 1) + n})
+                        for i, p in enumerate(rcv):
+                            net._read(p, 60, f"{c} rollout{i} drop")
+                        lags, first = _hop_lags(out)
+                        samples[c][n].append({"mean_s": statistics.mean(x["secs"] for x in out), "hop_lags_s": lags,
+                                              "first_hop_s": first})
+                    k += 1
+        finally:
+            net._server = orig
+            os.environ.clear()
+            os.environ.update(saved)
+            for s in systems.values():
+                s.close()
+        shaped = nodes.shaped
+    rows = []
+    for c in confs:
+        base = statistics.median(g["mean_s"] for g in samples[c][ns[0]])
+        for n in ns:
+            got = samples[c][n]
+            med = statistics.median(g["mean_s"] for g in got)
+            lags = [x for g in got for x in g["hop_lags_s"]]
+            rows.append({"config": c, "n": n, "per_receiver_s": round(med, 3), f"x_n{ns[0]}": round(med / base, 3),
+                         "first_hop_s": round(statistics.median(x for g in got for x in g["first_hop_s"]), 3),
+                         "hop_lag_median_s": round(statistics.median(lags), 3) if lags else None,
+                         "hop_lag_max_s": round(max(lags), 3) if lags else None,
+                         "rounds_s": [round(g["mean_s"], 3) for g in got]})
+    return {"bench": "pipeline_ab", "size_MB": size_mb, "rate": rate, "shaped": shaped, "rounds": rounds,
+            "configs": confs, "rows": rows, "wall_s": round(time.monotonic() - t0, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", default="1,4,6")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--size-mb", type=float, default=64)
+    ap.add_argument("--rate", default="500mbit")
+    ap.add_argument("--configs", default=json.dumps(DEFAULT_CONFS), help="JSON {name: {REFHUB_*: value}}")
+    a = ap.parse_args()
+    res = run([int(x) for x in a.n.split(",")], a.rounds, json.loads(a.configs), a.size_mb, a.rate)
+    print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

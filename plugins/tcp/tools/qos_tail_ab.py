@@ -1,0 +1,44 @@
+"""A/B of the tcp QoS bulk cap (not a test): the QoS-tail scenario of tent_bench.small
+(64 KiB HIGH READs one at a time, alone and beside a 64 MiB LOW WRITE stream to the same peer,
+QoS on) with the executor's `qos_bulk_conns` cap off (0) and on (the default), interleaved.
+
+    python plugins/tcp/tools/qos_tail_ab.py [--rounds 6] [--count 400]
+
+Prints each round and the medians: idle and loaded P99 of the HIGH READs, their ratio, and the
+stream's GB/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+from typing import Any
+
+from tent_bench import small
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "cap off": {"transports": {"tcp": {"qos_bulk_conns": 0}}},
+    "cap on (default)": {},
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--count", type=int, default=400, help="HIGH READs per phase")
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    keys = ("idle_p99_us", "loaded_p50_us", "loaded_p99_us", "ratio", "stream_gbps")
+    res: dict[str, list[dict[str, float]]] = {k: [] for k in VARIANTS}
+    for r in range(a.rounds):
+        for name in list(VARIANTS) if r % 2 == 0 else list(VARIANTS)[::-1]:
+            row = small.qos_tail("tcp", 1, count=a.count, config=VARIANTS[name])[0]
+            res[name].append({k: float(row[k]) for k in keys})
+            print(f"round {r} {name}: " + ", ".join(f"{k} {row[k]:.2f}" for k in keys), flush=True)
+    for name, rows in res.items():
+        print(f"median {name}: " + ", ".join(f"{k} {statistics.median(x[k] for x in rows):.2f}" for k in keys))
+
+
+if __name__ == "__main__":
+    main()
