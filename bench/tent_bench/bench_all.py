@@ -178,6 +178,34 @@ def render_generic(text: str) -> str:
     return f"```\n{tail}\n```" if tail else "(no output)"
 
 
+def render_burst(text: str) -> str:
+    """`refhub bench burst --json`: the run's facts, then seconds per receiver for every N, side by side."""
+    data = parse_json_output(text)
+    if not isinstance(data, dict) or not data.get("rows"):
+        return render_generic(text)
+    head = render_generic(json.dumps({k: v for k, v in data.items() if not isinstance(v, (list, dict))}))
+    systems = [("pipeline", "refhub pipeline"), ("no_pipeline", "refhub no pipeline"),
+               ("gloo_chain", "gloo send/recv chain"), ("gloo_async", "gloo async broadcast"), ("ray", "Ray")]
+    present = [(k, t) for k, t in systems if any(r.get(f"{k}_per_receiver_s") is not None for r in data["rows"])]
+    n1 = next((r.get("pipeline_per_receiver_s") for r in data["rows"] if r.get("n") == 1), None)
+    rows = []
+    for r in data["rows"]:
+        pipe = r.get("pipeline_per_receiver_s")
+        x = f"**{pipe / n1:.3f}**" if pipe and n1 else ""
+        rows.append([str(r["n"])] + [fmt(r.get(f"{k}_per_receiver_s")) for k, _ in present[:1]] + [x]
+                    + [fmt(r.get(f"{k}_per_receiver_s")) for k, _ in present[1:]])
+    per_n = table(["N", present[0][1], "x N=1"] + [t for _, t in present[1:]], rows)
+    ideal = data.get("ideal_one_transfer_s")
+    out = [head, "", f"Per receiver, seconds (median of {data.get('rounds')} interleaved rounds; the ideal single "
+           f"transfer is {ideal} s):", "", per_n]
+    far = {r["n"]: r["pipeline_per_receiver_s"] / n1 for r in data["rows"] if r.get("n", 0) >= 4 and n1}
+    if far:
+        met = all(v <= 1.1 for v in far.values())
+        said = ", ".join(f"N={n} {v:.2f}x" for n, v in sorted(far.items()))
+        out += ["", f"Target N=4 and N=6 within 1.1x of N=1: **{'met' if met else 'not met'}** ({said})."]
+    return "\n".join(out)
+
+
 def _engine_rows(data: Any) -> tuple[list[Row], list[str]]:
     rows = [r for r in data if isinstance(r, dict) and r.get("engine") == "tent"] if isinstance(data, list) else []
     baselines = []
@@ -536,7 +564,7 @@ def default_steps() -> list[Step]:
         Step("refhub-server", [REFHUB, "bench", "server-sweep", "--json"],
              [REFHUB, "bench", "server-sweep", "--json", "--quick"], covers=REFHUB_SCRIPTS, timeout_s=900),  # fmt: skip
         Step("refhub-burst", [REFHUB, "bench", "burst", "--json"], [REFHUB, "bench", "burst", "--json", "--quick"],
-             needs_root=True, covers=REFHUB_SCRIPTS, timeout_s=1800),  # fmt: skip
+             render=render_burst, needs_root=True, covers=REFHUB_SCRIPTS, timeout_s=1800),  # fmt: skip
         Step("refhub-failover", [REFHUB, "bench", "failover", "--json"], [REFHUB, "bench", "failover", "--json", "--quick"],
              needs_root=True, covers=REFHUB_SCRIPTS),  # fmt: skip
         # Soft-RoCE guests (scripts/rdma-vm.sh; tent_rdma.bench prints its own tables with --markdown)

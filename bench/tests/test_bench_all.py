@@ -124,3 +124,20 @@ def test_quick_run_of_a_subset_one_step_failing(tmp_path):
     rows = json.loads((out / "shm-cma.out").read_text())
     ours = [r for r in rows if r.get("engine") == "tent"]
     assert ours and all(r["verified_bytes"] > 0 for r in ours)
+
+
+def test_burst_rendering_shows_every_n_and_judges_the_target():
+    import json
+
+    from tent_bench.bench_all import render_burst
+
+    def row(n: int, pipe: float) -> dict:
+        return {"n": n, "pipeline_per_receiver_s": pipe, "no_pipeline_per_receiver_s": 1.1 * n, "ray_per_receiver_s": None}
+
+    data = {"bench": "burst", "rounds": 3, "ideal_one_transfer_s": 1.0, "rows": [row(1, 1.0), row(4, 1.05), row(6, 1.2)]}
+    out = render_burst(json.dumps(data))
+    assert "| 4 | 1.05 | **1.050** | 4.4 |" in out and "| 6 | 1.2 | **1.200** | 6.6 |" in out, out
+    assert "Ray" not in out  # a system that did not run gets no column
+    assert "**not met** (N=4 1.05x, N=6 1.20x)" in out
+    data["rows"][2] = row(6, 1.08)
+    assert "**met** (N=4 1.05x, N=6 1.08x)" in render_burst(json.dumps(data))
