@@ -395,17 +395,9 @@ def run_staged_path_wire(spec: BenchSpec, path_spec: str, path: str, size: int, 
         args = {"spec": {**{f: getattr(spec, f) for f in spec.__dataclass_fields__}, "wire": None, "host": fab.addrs(0)[0]},
                 "path_spec": path_spec, "remote_transport": remote_transport, "path": path, "size": size,
                 "target_host": fab.addrs(1)[0], "target_prefix": fab.exec_argv(1, [])}
-        proc = fab.popen(0, [sys.executable, "-m", "tent_bench.runner", "--staged-path", json.dumps(args)],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate(timeout=30)
-            raise RuntimeError(f"the wire path benchmark did not finish within {timeout_s:.0f} s") from None
-        if proc.returncode != 0:
-            raise RuntimeError(f"the wire path benchmark failed (rc={proc.returncode}): {err.strip()[-2000:]}")
-        rows: list[dict[str, Any]] = json.loads(out.strip().splitlines()[-1])
+        rows: list[dict[str, Any]] = fab.run_json(
+            0, [sys.executable, "-m", "tent_bench.runner", "--staged-path", json.dumps(args)], timeout_s,
+            "the wire path benchmark")
         for r in rows:
             r["wire_gbit"] = fab.rate(0) / 1e9
     return rows

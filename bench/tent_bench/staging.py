@@ -219,17 +219,8 @@ def run_wire(size: int, rounds: int, rate: str, copy_ns_per_mib: int = 0, both: 
         args = {"size": size, "rounds": rounds, "copy_ns_per_mib": copy_ns_per_mib, "both": both, "chunk": chunk,
                 "depth": depth, "host": fab.addrs(0)[0], "target_host": fab.addrs(1)[0],
                 "target_prefix": fab.exec_argv(1, [])}
-        proc = fab.popen(0, [sys.executable, "-m", "tent_bench.staging", "--initiator", json.dumps(args)],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate(timeout=30)
-            raise RuntimeError(f"the wire benchmark did not finish within {timeout_s:.0f} s") from None
-        if proc.returncode != 0:
-            raise RuntimeError(f"the wire benchmark failed (rc={proc.returncode}): {err.strip()[-2000:]}")
-        report = json.loads(out.strip().splitlines()[-1])
+        report = fab.run_json(0, [sys.executable, "-m", "tent_bench.staging", "--initiator", json.dumps(args)],
+                              timeout_s, "the wire benchmark")
         report["wire"] = {"rate_gbit": fab.rate(0) / 1e9, "shaper": shaper, "fabric": fab.prefix,
                           "initiator": args["host"], "target": args["target_host"]}
     return report

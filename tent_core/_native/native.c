@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tent/cpu_relax.h"
 #include "tent/executor_abi.h"
 
 /* ---- telemetry slots: rows of TENT_STAT_FIELDS int64 counters (layout in executor_abi.h),
@@ -342,14 +343,6 @@ static int batch_progress(batch_t *b, int64_t budget_ns);
  * itself; a short poll catches those completions first. Set from the engine config. */
 static atomic_llong g_wait_spin_ns = 0;
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
 static PyObject *Batch_wait(BatchObject *self, PyObject *args) {
   double timeout = -1.0;
   if (!PyArg_ParseTuple(args, "|d", &timeout)) return NULL;
@@ -373,7 +366,7 @@ static PyObject *Batch_wait(BatchObject *self, PyObject *args) {
   if (spin > 0) {
     if (timeout >= 0 && spin > (long long)(timeout * 1e9)) spin = (long long)(timeout * 1e9);
     uint64_t until = now_ns() + (uint64_t)spin;
-    while (atomic_load(&b->remaining) > 0 && now_ns() < until) cpu_relax();
+    while (atomic_load(&b->remaining) > 0 && now_ns() < until) tent_cpu_relax();
   }
   struct timespec dl;
   clock_gettime(CLOCK_MONOTONIC, &dl);

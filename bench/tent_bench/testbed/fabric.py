@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import json
 import logging
 import os
 import re
@@ -337,6 +338,24 @@ class Fabric:
     def popen(self, node: int, argv: Sequence[str], **kw: Any) -> subprocess.Popen[Any]:
         """Start `argv` inside `node`'s namespace (the caller waits for / kills it)."""
         return subprocess.Popen(self.exec_argv(node, argv), **kw)
+
+    def run_json(self, node: int, argv: Sequence[str], timeout_s: float, what: str) -> Any:
+        """Run `argv` inside `node`'s namespace to its end (killed at `timeout_s`) and parse the last
+        line of its stdout as JSON; RuntimeError naming `what` (and stderr's tail) otherwise."""
+        proc = self.popen(node, argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate(timeout=30)
+            raise RuntimeError(f"{what} did not finish within {timeout_s:.0f} s") from None
+        if proc.returncode != 0:
+            raise RuntimeError(f"{what} failed (rc={proc.returncode}): {err.strip()[-2000:]}")
+        lines = out.strip().splitlines()
+        if not lines:
+            raise RuntimeError(f"{what} printed nothing: {err.strip()[-2000:]}")
+        return json.loads(lines[-1])
 
     def run(
         self, node: int, argv: Sequence[str], timeout: float = CMD_TIMEOUT_S, check: bool = True

@@ -53,6 +53,7 @@
 #include <unistd.h>
 
 #include "tent/chunk_queue.h"
+#include "tent/cpu_relax.h"
 #include "tent/config_kv.h"
 #include "tent/executor_abi.h"
 #include "tent/handle_table.h"
@@ -370,14 +371,6 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
 #define HOLD_POLL_NS 1000000ull /* 1 ms */
 #define HOLD_YIELD_NS 50000ull  /* after this much polling, poll with sched_yield */
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
 /* The caller copies: one piece at once (reported before return, nothing queued, nobody woken).
  * More pieces are queued for the workers (one woken, it wakes the next) with one extra count per
  * job, the caller's hold; the caller copies alongside the workers until it has done
@@ -438,7 +431,7 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
       uint64_t now = mono_ns();
       if (now >= until) break;
       if (now + HOLD_POLL_NS - until < HOLD_YIELD_NS)
-        cpu_relax();
+        tent_cpu_relax();
       else
         sched_yield(); /* a worker waiting for this core (a loaded machine) runs first */
     }
