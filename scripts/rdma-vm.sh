@@ -123,7 +123,7 @@ if [ -z "$KROOT" ] || [ ! -e "$KROOT/.complete" ]; then
   kver=${image#linux-image-}
   dir="$CACHE/kernel-$kver"
   rm -rf "$dir"; mkdir -p "$dir"
-  (cd "$dir" && timeout 600 apt-get download "$image" >/dev/null 2>&1) || setup_fail "apt-get download $image failed"
+  (cd "$dir" && timeout 600 apt-get download "$image" >/dev/null 2>&1) || setup_fail "apt-get download $image failed (no network or no Debian mirror?)"
   dpkg -x "$dir"/linux-image-*.deb "$dir/kroot" || setup_fail "dpkg -x of $image failed"
   rm -f "$dir"/linux-image-*.deb
   touch "$dir/kroot/.complete"

@@ -173,20 +173,28 @@ def _bounded(argv: list[str], limit_s: float) -> tuple[int | None, str, str]:
         return None, out or "", err or ""
 
 
-def _last_line(text: str, default: str) -> str:
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else default
+def _last_line(text: str, default: str, prefix: str = "rdma-vm:") -> str:
+    """The script's own last word (its lines start with prefix; the guest's output follows them)."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    own = [ln for ln in lines if ln.startswith(prefix)]
+    return (own or lines or [default])[-1]
 
 
-def _guest_progress(out: Path) -> tuple[list[str], list[str]]:
+def _guest_progress(out: Path) -> tuple[list[str], list[str], str]:
     """From the guest pytest's -v output (tee'd into the shared folder as it runs): the tests that
-    failed and the tests that passed so far."""
+    failed, the tests that passed, and the one in progress ("" when none)."""
     path = out / "stdout.single"
     text = path.read_text(errors="replace") if path.exists() else ""
-    failed = [ln.split("::")[-1].split(" ")[0] for ln in text.splitlines() if "::" in ln and " FAILED" in ln]
-    failed += [ln.split("::")[-1].split(" ")[0] for ln in text.splitlines() if "::" in ln and " ERROR" in ln]
-    passed = [ln.split("::")[-1].split(" ")[0] for ln in text.splitlines() if "::" in ln and " PASSED" in ln]
-    return failed, passed
+    failed, passed, current = [], [], ""
+    for ln in text.splitlines():
+        for part in ln.split("plugins/rdma/tests/test_rdma_device.py::")[1:]:
+            name, _, verdict = part.strip().partition(" ")
+            if "FAILED" in verdict or "ERROR" in verdict:
+                failed.append(name)
+            elif "PASSED" in verdict:
+                passed.append(name)
+            current = "" if verdict.strip() else name
+    return failed, passed, current
 
 
 @pytest.mark.skipif(MODE != "ci", reason="TENT_RDMA_VM=1/auto: the full single-guest suite runs instead")
@@ -236,7 +244,7 @@ def test_make_test_subset(tmp_path: Path) -> None:
     ]
     argv = ["bash", str(SCRIPT), "--no-install", "--out", str(out), "--timeout", str(run_s), "--", *guest]
     rc, _, err = _bounded(argv, run_s + 60)
-    failed, passed = _guest_progress(out)
+    failed, passed, current = _guest_progress(out)
     took = f"{time.monotonic() - t0:.0f}s"
     if rc == 3:
         pytest.skip(_last_line(err, "rdma-vm.sh: testbed unavailable"))
@@ -245,7 +253,8 @@ def test_make_test_subset(tmp_path: Path) -> None:
         assert not failed, f"failed in the guest before the {CI_BUDGET_S}s budget ran out: {failed}\n{err[-3000:]}"
         pytest.skip(
             f"the Soft-RoCE guest ran past make test's {CI_BUDGET_S}s budget after {len(passed)} "
-            f"passed test(s) (TCG on a slow or busy host): {_last_line(err, '')}"
+            f"passed test(s){f', in {current}' if current else ''} (TCG on a slow or busy host): "
+            f"{_last_line(err, '')}"
         )
     n, failed_xml, skipped = _junit(out / "single.xml", subprocess.CompletedProcess(argv, rc, "", err), out)
     bed = json.loads((out / "testbed.json").read_text()) if (out / "testbed.json").exists() else {}
