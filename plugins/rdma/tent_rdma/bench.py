@@ -40,12 +40,14 @@ def parse_size(text: str) -> int:
     return int(float(t[:-1] if mult > 1 else t) * mult)
 
 
-def parse_perftest(output: str, size: int) -> float:
-    """BW average [Gb/sec] from perftest's result line ('#bytes #iterations BW peak BW average ...')."""
+def parse_perftest(output: str, size: int, mib_per_s: bool = False) -> float:
+    """BW average from perftest's result line ('#bytes #iterations BW peak BW average ...'), in
+    Gbit/s: as printed with --report_gbits, or converted from MB/sec (perftest's MB is 2^20 bytes)
+    when mib_per_s (--report_gbits prints two decimals: a NIC shaped to 8 Mbit/s reads 0.00)."""
     for line in output.splitlines():
         f = line.split()
         if len(f) >= 4 and f[0] == str(size):
-            return float(f[3])
+            return float(f[3]) * (1 << 20) * 8 / 1e9 if mib_per_s else float(f[3])
     raise RuntimeError(f"no perftest result line for size {size} in:\n{output[-2000:]}")
 
 
@@ -245,8 +247,8 @@ def _set_rate(nic: str, rate: str, remote: bool) -> None:
 def perftest_pair(dev: str, peer_ip: str, seconds: int, qps: int, size: int = MiB) -> float:
     """WRITE from here over one NIC to guest b (server there): Gbit/s."""
     gid = str(_gid_index(dev))
-    args = ["ib_write_bw", "-d", dev, "-x", gid, "-s", str(size), "-D", str(seconds), "-q", str(qps), "--report_gbits",
-            "-F", "-p", str(PERFTEST_PORT)]
+    args = ["ib_write_bw", "-d", dev, "-x", gid, "-s", str(size), "-D", str(seconds), "-q", str(qps), "-F", "-p",
+            str(PERFTEST_PORT)]  # MB/sec: shaped NICs are far below --report_gbits' 0.01 resolution
     testbed.remote_job(args, timeout=seconds + 120, background=True, wait_result=False)
     time.sleep(2.0)  # the server listens once started
     last = ""
@@ -254,7 +256,7 @@ def perftest_pair(dev: str, peer_ip: str, seconds: int, qps: int, size: int = Mi
         r = subprocess.run([*args, peer_ip], capture_output=True, text=True, timeout=seconds + 120)
         if r.returncode == 0:
             testbed.remote_result(seconds + 120)
-            return parse_perftest(r.stdout, size)
+            return parse_perftest(r.stdout, size, mib_per_s=True)
         last = r.stdout[-1000:] + r.stderr[-1000:]
         time.sleep(1.0)
     raise RuntimeError(f"ib_write_bw to {peer_ip} over {dev} failed: {last}")

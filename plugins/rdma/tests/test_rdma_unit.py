@@ -361,6 +361,7 @@ def test_bench_parsers() -> None:
         ---------------------------------------------------------------------------------------
         """)
     assert bench.parse_perftest(out, 1 << 20) == 0.45
+    assert bench.parse_perftest(out, 1 << 20, mib_per_s=True) == pytest.approx(0.45 * (1 << 20) * 8 / 1e9)
     with pytest.raises(RuntimeError):
         bench.parse_perftest(out, 65536)
     assert bench.parse_size("64K") == 65536 and bench.parse_size("4M") == 4 << 20 and bench.parse_size("512") == 512
