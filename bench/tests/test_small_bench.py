@@ -114,3 +114,20 @@ def test_tent_bench_quick_sweeps_small_sizes_next_to_the_bare_limit() -> None:
         assert r["rounds"] == 3 and r["bare_gbps"] > 0 and r["tent_p50_us"] <= r["tent_p99_us"]
     bad = subprocess.run([tent, "bench", "--quick", "--ops", "COPY"], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "READ and/or WRITE" in bad.stderr
+
+
+def test_many_buffers_over_shm_memfd_reports_why_it_is_not_measured() -> None:
+    """The target registers plain memory, which shm in memfd mode (the default) cannot map: the
+    engine refuses the first request with the reason (no retrying until a deadline) and the
+    scenario reports that reason as its row instead of a figure."""
+    rows = small.run(["many_buffers"], ["shm"], 1, 1 << 20, config={"transports": {"shm": {"mode": "memfd"}}})
+    assert len(rows) == 1 and rows[0]["transport"] == "shm"
+    reason = rows[0]["not_measured"]
+    assert "memfd mode" in reason and "engine.allocate()" in reason, reason
+    assert "| shm |  | not measured: no transport can reach" in small.markdown(rows)
+
+
+def test_many_buffers_over_shm_with_cma_is_measured() -> None:
+    mb = small.many_buffers("shm", 1, count=40, few=4, many=64, config={"transports": {"shm": {"mode": "auto"}}})
+    assert len(mb) == 1 and "not_measured" not in mb[0]
+    assert mb[0]["few_us"] > 0 and mb[0]["many_us"] > 0 and mb[0]["first_read_many_ms"] > 0
