@@ -239,8 +239,8 @@ static batch_t *batch_create(long total) {
   batch_t *b;
   if (tl_nbatches > 0) {
     /* Relaxed: the batch is this thread's alone until its slices are handed over, which
-     * publishes it (the executor's queue lock, or this very thread running them inline); seq_cst
-     * stores cost a locked instruction each, a fifth of the native side of a small submit. */
+     * publishes it (the executor's queue lock, or this very thread running them inline); a
+     * seq_cst store is a locked instruction on x86, nine of them per submit otherwise. */
     b = tl_batches[--tl_nbatches];
     atomic_store_explicit(&b->cancelled, 0, memory_order_relaxed);
     atomic_store_explicit(&b->first_error, 0, memory_order_relaxed);
