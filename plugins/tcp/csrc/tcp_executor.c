@@ -74,6 +74,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -90,6 +91,7 @@
 #include "tent/auth.h"
 #include "tent/chunk_queue.h"
 #include "tent/config_kv.h"
+#include "tent/cpu_relax.h"
 #include "tent/executor_abi.h"
 #include "tent/handle_table.h"
 
@@ -105,6 +107,7 @@
 #define MAX_RAILS 64
 #define SLOT_FREE (-2)
 #define PIPE_MAX 64 /* requests in one pipelined run at most */
+#define SPIN_AFTER_BYTES (256u << 10) /* a server connection polls for the next request after ones up to this long */
 
 /* ------------------------------------------------------------------ utils */
 
@@ -315,6 +318,31 @@ static int recv_all(int fd, void *buf, size_t len, io_watch_t *w, int payload) {
   return IO_OK;
 }
 
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Poll fd for readability, without sleeping, for up to `us` microseconds: 1 once readable (or
+ * hung up), 0 when the time ran out. Waking a thread that sleeps in poll/recv costs tens of
+ * microseconds on small VMs (the idle vCPU halts; the wake-up is an IPI through the hypervisor),
+ * as long as a 64 KiB request itself over loopback; an answer or a next request that comes within
+ * the bound is caught without it. Every few polls the thread yields, so on a busy host a runnable
+ * thread (perhaps the peer we wait for) gets the core. */
+#define SPIN_YIELD_EVERY 8
+static int spin_readable(int fd, int us) {
+  if (us <= 0) return 0;
+  uint64_t end = mono_ns() + (uint64_t)us * 1000ull;
+  for (unsigned i = 1;; i++) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 0) > 0) return 1;
+    if (mono_ns() >= end) return 0;
+    if (i % SPIN_YIELD_EVERY == 0) sched_yield();
+    else tent_cpu_relax();
+  }
+}
+
 static void set_timeouts(int fd, int ms) {
   struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -402,6 +430,7 @@ typedef struct tcp_exec {
   int tick_ms;            /* client sockets wake this often to check their progress clock */
   int qos_bulk_conns;     /* bulk connections a rail runs at most while small requests are active (0: no cap) */
   int qos_window_ms;      /* small requests count as active this long after their submit */
+  int busy_poll_us;       /* a small request's answer / the next request is polled for this long before sleeping */
   uint64_t throttle_until_ms; /* some rail holds bulk back until then: workers look again at that time */
 
   uint64_t chunk;     /* cut slices into chunks of at most this many bytes (0: whole slices) */
@@ -455,6 +484,7 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->connect_backoff_ms = 50;
   ex->qos_bulk_conns = 1;
   ex->qos_window_ms = 5;
+  ex->busy_poll_us = 50;
   ex->sockbuf = 4 << 20;
   ex->chunk = 0;
   ex->max_parts = 64;
@@ -510,6 +540,7 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
     else if (!strcmp(key, "connect_backoff_ms")) dst = &ex->connect_backoff_ms, lo = 0;
     else if (!strcmp(key, "qos_bulk_conns")) dst = &ex->qos_bulk_conns, lo = 0, hi = 64;
     else if (!strcmp(key, "qos_window_ms")) dst = &ex->qos_window_ms, lo = 0, hi = 60000;
+    else if (!strcmp(key, "busy_poll_us")) dst = &ex->busy_poll_us, lo = 0, hi = 10000;
     else if (!strcmp(key, "sockbuf")) dst = &ex->sockbuf, lo = 0;
     else if (!strcmp(key, "pipeline")) dst = &ex->pipeline, lo = 1, hi = PIPE_MAX;
     else if (!strcmp(key, "auth_timeout_ms")) dst = &ex->auth_timeout_ms, lo = 1;
@@ -727,8 +758,9 @@ static void *sconn_main(void *arg) {
       return NULL;
     }
   }
+  int spin = 0; /* the last request was small: its client may send the next one at once */
   for (;;) {
-    int w = wait_readable(ex, fd, ex->idle_timeout_ms);
+    int w = spin && spin_readable(fd, ex->busy_poll_us) ? 1 : wait_readable(ex, fd, ex->idle_timeout_ms);
     if (w < 0) atomic_fetch_add(&ex->idle_closed, 1); /* idle too long: the client reconnects when it needs to */
     if (w <= 0) break;
     int rc = recv_all(fd, h, REQ_SIZE, NULL, 0);
@@ -744,6 +776,7 @@ static void *sconn_main(void *arg) {
       break;
     }
     int status = TENT_OK;
+    spin = len <= SPIN_AFTER_BYTES; /* bulk connections sleep between requests: no core burnt beside a stream */
     region_t *r = region_acquire(ex, c, addr, len, op == TENT_OP_READ ? PERM_REMOTE_READ : PERM_REMOTE_WRITE, &status);
     if (op == TENT_OP_WRITE) {
       if (r) {
@@ -1914,9 +1947,13 @@ static int ex_progress(void *self, uint64_t token, int64_t budget_ns) {
   else ex->rx_head = pr->next;
   if (ex->rx_tail == pr) ex->rx_tail = prev;
   pthread_mutex_unlock(&ex->mu);
-  struct pollfd p = {.fd = pr->fd, .events = POLLIN};
-  struct timespec ts = {.tv_sec = budget_ns / 1000000000, .tv_nsec = budget_ns % 1000000000};
-  int n = ppoll(&p, 1, &ts, NULL);
+  int64_t spin_ns = (int64_t)ex->busy_poll_us * 1000;
+  int n = 1;
+  if (!spin_readable(pr->fd, (int)((spin_ns < budget_ns ? spin_ns : budget_ns) / 1000))) {
+    struct pollfd p = {.fd = pr->fd, .events = POLLIN};
+    struct timespec ts = {.tv_sec = budget_ns / 1000000000, .tv_nsec = budget_ns % 1000000000};
+    n = ppoll(&p, 1, &ts, NULL);
+  }
   if (n == 0 || (n < 0 && errno == EINTR)) { /* not yet: give it back */
     pthread_mutex_lock(&ex->mu);
     pr->next = ex->rx_head;
