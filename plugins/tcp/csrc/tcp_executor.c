@@ -40,7 +40,15 @@
  * answer then cost no thread hand-off at all, like a bare blocking exchange). When the waiter
  * stops polling (or nobody waits), progress(token, -1) hands the connection to a worker. Anything
  * that cannot leave at once is queued as by submit(). Such chunks are in service (and on the
- * progress clock) from their send on.
+ * progress clock) from their send on. A batch is shared out over the idle connections it may use
+ * (at most INLINE_RUNS runs), as workers share queued small chunks over the free slots: the
+ * target serves each connection on its own thread, so a batch's requests are served in parallel.
+ *
+ * Busy poll (`busy_poll_us`, default 0 = off): the waiter polls the socket of its inline run that
+ * long before it sleeps in ppoll, and a server connection that just served a request of up to
+ * SPIN_AFTER_BYTES polls for the next one before it sleeps in poll (bulk connections always
+ * sleep). It saves a thread wake-up per small request where cores are not shared; on a shared
+ * host the polling thread holds the core its peer needs (docs/benchmarks.md), hence off.
  *
  * Server side: one accept thread per listener, one thread per accepted connection, at most
  * `max_conns` connections at once (more are closed at accept; those still authenticating hold at
@@ -484,7 +492,7 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->connect_backoff_ms = 50;
   ex->qos_bulk_conns = 1;
   ex->qos_window_ms = 5;
-  ex->busy_poll_us = 50;
+  ex->busy_poll_us = 0;
   ex->sockbuf = 4 << 20;
   ex->chunk = 0;
   ex->max_parts = 64;
@@ -1861,6 +1869,14 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
     if (r && rc == TENT_OK) {
       uint32_t i = 0;
       rail_note_small(ex, r);
+      /* a batch is shared out over the connections it can leave on now (as workers share queued
+       * small chunks over the free slots): the target serves each connection on its own thread,
+       * so the requests of one batch are served in parallel rather than one after another */
+      int free_slots = (ex->conns_per_rail - r->busy) + !r->express_busy;
+      int can = r->nidle < free_slots ? r->nidle : free_slots;
+      if (can > INLINE_RUNS) can = INLINE_RUNS;
+      uint32_t per = can > 1 ? (n + (uint32_t)can - 1) / (uint32_t)can : n;
+      if (per > (uint32_t)ex->pipeline) per = (uint32_t)ex->pipeline;
       /* send now only when no small request waits before these on the rail (they would overtake
        * it); queued bulk chunks they may overtake: small requests are served first anyway */
       while (i < n && nruns < INLINE_RUNS && r->qs.len == 0 && r->nidle > 0 &&
@@ -1878,7 +1894,7 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
         pr->reported = 0;
         pr->token = slices[0].token;
         uint64_t bytes = 0;
-        while (i < n && pr->k < (uint32_t)ex->pipeline && (pr->k == 0 || bytes + slices[i].length <= ex->pipeline_bytes)) {
+        while (i < n && pr->k < per && (pr->k == 0 || bytes + slices[i].length <= ex->pipeline_bytes)) {
           bytes += slices[i].length;
           pr->status[pr->k] = TENT_OK;
           pr->c[pr->k++] = (tent_chunk_t){jobs[i], 0, slices[i].length};

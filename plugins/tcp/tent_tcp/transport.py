@@ -139,10 +139,12 @@ class TcpTransport(Transport):
         "qos_bulk_conns": 1,
         "qos_window_ms": 5,
         # A waiter reading the answer of a small request it sent, and a server connection after
-        # serving one, poll the socket (no sleep) this long before sleeping in the kernel: waking a
-        # sleeping thread costs tens of microseconds on small VMs, as much as the 64 KiB request
-        # itself over loopback (docs/benchmarks.md, small requests). 0 = always sleep.
-        "busy_poll_us": 50,
+        # serving one, poll the socket (no sleep) this long before sleeping in the kernel; 0 = always
+        # sleep. For hosts whose cores are not shared (initiator and target on their own machines or
+        # pinned cores), where it saves a thread wake-up per request. Off by default: measured on a
+        # shared 2-vCPU host (docs/benchmarks.md, small requests) a polling thread holds the core its
+        # peer needs, and a 16 B round trip over loopback went from 22 us to 134 us.
+        "busy_poll_us": 0,
         # small requests up to this long leave on the submitting thread when a connection is idle
         # (one sendmsg, no hand-off before the wire; the waiter reads the answer)
         "inline_bytes": 256 << 10,

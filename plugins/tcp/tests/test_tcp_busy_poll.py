@@ -30,6 +30,18 @@ def _client(poll_us: int) -> TcpExecutor:
                         "busy_poll_us": poll_us})  # fmt: skip
 
 
+def _stop(srv: Server) -> None:
+    """SIGSTOP the server and wait (bounded) until it is stopped: the signal is asynchronous."""
+    srv.signal(signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with open(f"/proc/{srv.proc.pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                return
+        time.sleep(0.005)
+    raise TimeoutError("the server process did not stop")
+
+
 def test_busy_poll_config_is_checked() -> None:
     from tent_core.errors import PluginABIError
 
@@ -94,7 +106,7 @@ def test_peer_stopped_while_the_waiter_polls_times_out(poll_us: int) -> None:
         rw = srv.addr("rw")
         buf = np.zeros(64 << 10, np.uint8)
         assert run(ex, [(READ, buf.ctypes.data, rw, 64 << 10, peer, 0)], inline=True, hints=HINT_SMALL).error == 0
-        srv.signal(signal.SIGSTOP)
+        _stop(srv)
         for op in (READ, WRITE):
             res = run(ex, [(op, buf.ctypes.data, rw, 64 << 10, peer, 0)], timeout=20, inline=True, hints=HINT_SMALL)
             assert res.done and res.retryable == [Status.E_TIMEOUT], res
@@ -119,7 +131,7 @@ def test_peer_killed_mid_request_gives_a_typed_error(poll_us: int) -> None:
         rw = srv.addr("rw")
         buf = np.zeros(1 << 20, np.uint8)
         assert run(ex, [(READ, buf.ctypes.data, rw, 4096, peer, 0)], inline=True, hints=HINT_SMALL).error == 0
-        srv.signal(signal.SIGSTOP)  # requests leave and wait for answers that never come ...
+        _stop(srv)  # requests leave and wait for answers that never come ...
         killer = threading.Timer(0.2, srv.proc.kill)  # ... until the peer dies
         killer.start()
         res = run(ex, [(READ if i % 2 else WRITE, buf.ctypes.data + i * 65536, rw + i * 65536, 65536, peer, 0)
