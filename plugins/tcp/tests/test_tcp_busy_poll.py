@@ -167,3 +167,97 @@ def test_a_polling_server_stops_promptly() -> None:
     finally:
         ex.close()
         srv_ex.close()
+
+
+class _RecordingServer:
+    """A minimal target speaking the executor's wire protocol on real sockets (WRITE only): each
+    connection on its own thread, every answer held `delay` s, and which connection served
+    which request recorded. Lets a test see how a batch was spread over connections."""
+
+    def __init__(self, delay: float) -> None:
+        import socket
+
+        self.delay = delay
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(16)
+        self.lsock.settimeout(0.2)
+        self.port = self.lsock.getsockname()[1]
+        self.seen: list[tuple[int, int]] = []  # (connection number, request length)
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def _accept(self) -> None:
+        n = 0
+        while not self.stop.is_set():
+            try:
+                c, _ = self.lsock.accept()
+            except OSError:
+                continue
+            t = threading.Thread(target=self._serve, args=(c, n), daemon=True)
+            n += 1
+            self.threads.append(t)
+            t.start()
+
+    @staticmethod
+    def _recv(c, n: int) -> bytes:  # type: ignore[no-untyped-def]
+        buf = b""
+        while len(buf) < n:
+            got = c.recv(n - len(buf))
+            if not got:
+                raise EOFError
+            buf += got
+        return buf
+
+    def _serve(self, c, conn: int) -> None:  # type: ignore[no-untyped-def]
+        import struct
+
+        c.settimeout(10)
+        try:
+            while not self.stop.is_set():
+                magic, ver, op, _addr, length, reqid = struct.unpack("<IHHQQQ", self._recv(c, 32))
+                assert magic == 0x43544E54 and ver == 1 and op == WRITE
+                self._recv(c, length)
+                with self.lock:
+                    self.seen.append((conn, length))
+                time.sleep(self.delay)
+                c.sendall(struct.pack("<IHHiIQ", magic, 1, 0, 0, 0, reqid))
+        except (EOFError, OSError):
+            pass
+        finally:
+            c.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.lsock.close()
+        for t in self.threads:
+            t.join(5)
+
+
+def test_an_inline_batch_is_shared_out_over_the_idle_connections() -> None:
+    """A batch of small requests sent on the submitting thread leaves on every idle connection of
+    the rail (the target serves each on its own thread), not as one run on one connection."""
+    srv = _RecordingServer(delay=0.3)
+    ex = TcpExecutor({"threads": 4, "conns_per_rail": 2, "slice_timeout_ms": 5000, "connect_timeout_ms": 2000})
+    try:
+        peer = ex.add_peer([""], ["127.0.0.1"], [srv.port])
+        src = pattern(3 * 65536, fresh_seed())
+        # queued (not inline): the workers share three requests out over the three slots, and as
+        # every answer is held 0.3 s, three connections open; afterwards all three are idle
+        res = run(ex, [(WRITE, src.ctypes.data + i * 65536, 0, 65536, peer, 0) for i in range(3)], hints=HINT_SMALL)
+        assert res.done and res.error == 0, res
+        warm = {conn for conn, _ in srv.seen}
+        assert len(warm) == 3, srv.seen
+        with srv.lock:
+            srv.seen.clear()
+        res = run(ex, [(WRITE, src.ctypes.data + i * 4096, 0, 4096, peer, 0) for i in range(6)], inline=True,
+                  hints=HINT_SMALL)  # fmt: skip
+        assert res.done and res.error == 0, res
+        assert len(srv.seen) == 6
+        assert {conn for conn, _ in srv.seen} == warm, srv.seen  # two requests on each connection
+        assert ex.rail_counters(peer, 0)["connects"] == 3
+    finally:
+        ex.close()
+        srv.close()
