@@ -1,8 +1,8 @@
 """A/B of the tcp executor's bounded busy poll (not a test): small requests one at a time (and
-batches of 16 x 64 KiB) over loopback with `busy_poll_us` 0 (always sleep in the kernel: the
-executor before the poll existed) and the default, interleaved round by round.
+batches of 16 x 64 KiB) over loopback with `busy_poll_us` 0 (the default: always sleep in the
+kernel) and `--poll-us` (default 50), interleaved round by round.
 
-    python plugins/tcp/tools/busy_poll_ab.py [--rounds 4] [--budget 32M] [--sizes 64K,256K]
+    python plugins/tcp/tools/busy_poll_ab.py [--rounds 4] [--budget 32M] [--sizes 64K,256K] [--poll-us 50]
 
 Each round runs tent_bench.small's one_at_a_time scenario (engine and its bare C loop, both
 polling as long as the engine's `busy_poll_us`) once per variant, so every engine figure has a
@@ -19,10 +19,9 @@ from typing import Any
 
 from tent_bench import small
 
-VARIANTS: dict[str, dict[str, Any]] = {
-    "poll off": {"transports": {"tcp": {"busy_poll_us": 0}}},
-    "poll on (default)": {},
-}
+
+def _variants(poll_us: int) -> dict[str, dict[str, Any]]:
+    return {"poll off (default)": {}, f"poll {poll_us} us": {"transports": {"tcp": {"busy_poll_us": poll_us}}}}
 
 
 def _size(s: str) -> int:
@@ -38,14 +37,16 @@ def main() -> None:
     ap.add_argument("--sizes", default="64K,256K")
     ap.add_argument("--ops", default="READ,WRITE")
     ap.add_argument("--no-batches", action="store_true")
+    ap.add_argument("--poll-us", type=int, default=50)
     a = ap.parse_args()
+    variants = _variants(a.poll_us)
     logging.basicConfig(level=logging.ERROR)
     sizes, ops, budget = [_size(x) for x in a.sizes.split(",")], a.ops.split(","), _size(a.budget)
     keys = ("tent_gbps", "bare_gbps", "ratio", "tent_p50_us", "bare_p50_us")
     res: dict[tuple[str, str, str], list[dict[str, float]]] = {}
     for r in range(a.rounds):
-        for name in list(VARIANTS) if r % 2 == 0 else list(VARIANTS)[::-1]:
-            cfg = VARIANTS[name]
+        for name in list(variants) if r % 2 == 0 else list(variants)[::-1]:
+            cfg = variants[name]
             rows = small.one_at_a_time("tcp", sizes, ops, 1, budget, cfg)
             if not a.no_batches:
                 rows += small.batches("tcp", 16, 64 << 10, ops, 1, budget, cfg)
