@@ -9,7 +9,8 @@ both the initiator and the target processes. Each round runs `python -m tent_ben
 with this checkout's plugin and once with DIR's (the order flipping every round), so both see the
 same load; every row carries the engine's GB/s and its bare C loop taken beside it in the same
 process. Prints per round and the medians (with the lowest and highest round) of engine GB/s,
-bare GB/s and engine / bare, per build.
+bare GB/s and engine / bare, per build, and the engine's GB/s this build / the other, paired by
+round.
 """
 
 from __future__ import annotations
@@ -55,6 +56,12 @@ def main() -> None:
                 got = {k: float(row[k]) for k in ("tent_gbps", "bare_gbps", "ratio", "tent_p50_us") if k in row}
                 res.setdefault((_key(row), name), []).append(got)
                 print(f"round {r} {name:5} {_key(row)}: " + ", ".join(f"{k} {v:.2f}" for k, v in got.items()), flush=True)
+    for key in sorted({k for k, _ in res}):  # this / other, round by round (both in the same window)
+        this, other = res.get((key, "this"), []), res.get((key, "other"), [])
+        paired = sorted(x["tent_gbps"] / y["tent_gbps"] for x, y in zip(this, other, strict=False) if y["tent_gbps"] > 0)
+        if paired:
+            print(f"this/other {key}: GB/s ratio median {statistics.median(paired):.2f} ({paired[0]:.2f}-{paired[-1]:.2f}), "
+                  f"{sum(p > 1 for p in paired)} of {len(paired)} rounds above 1")  # fmt: skip
     for (key, name), rows in sorted(res.items()):
         parts = []
         for k in rows[0]:
