@@ -268,7 +268,8 @@ def _bare_one(eng: Engine, t: Target, transport: str, op: str, block: int, count
         if batch > 1:
             raise ValueError("no bare tcp batch loop")
         port = int(t.info["bare_tcp_port"])  # both ends on the engine's buffers: the same memory, the same copies
-        return lambda: np.frombuffer(_bare.tcp("127.0.0.1", port, o, block, count, local_addr), np.float64)
+        spin_us = int(getattr(eng.transports["tcp"], "busy_poll_us", 0))  # and the engine's polling before a sleep
+        return lambda: np.frombuffer(_bare.tcp("127.0.0.1", port, o, block, count, local_addr, spin_us), np.float64)
     raise ValueError(f"no bare limit for {transport}")
 
 
