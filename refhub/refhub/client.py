@@ -35,6 +35,7 @@ import bisect
 import itertools
 import logging
 import os
+import queue
 import threading
 import time
 import zlib
@@ -110,6 +111,7 @@ STAGE_MAX_MSG = 64 << 10  # stage/release requests and replies are tiny
 STAGE_HWM = 1000
 MODES = ("direct", "copy")
 OUTBOX_MAX = 100_000  # requests queued per connection (in the inproc queue, or while authenticating)
+REOPEN_ATTEMPTS = 50  # a handle re-registering after a failover tries this often (each bounded by its request timeout)
 MAX_REPLY_BYTES = 64 << 20  # a server reply (a list, a replicate with the source's layout)
 VERSION_SHIFT = 40
 BYTES_MASK = (1 << VERSION_SHIFT) - 1
@@ -146,6 +148,39 @@ def checksum(arr: np.ndarray | memoryview) -> int:
 
 
 # --------------------------------------------------------------------------- connection
+
+
+class _Worker:
+    """One daemon thread running a connection's callbacks (server events, re-opens) in order.
+
+    Not a ThreadPoolExecutor: the interpreter joins those at exit, and a re-open retrying against a
+    server that is gone (the process is done with refhub but never closed a handle) would hold the
+    exit for as long as its retries run."""
+
+    def __init__(self, name: str) -> None:
+        self._q: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]] | None] = queue.SimpleQueue()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        if not self._stopped:
+            self._q.put((fn, args))
+
+    def shutdown(self) -> None:
+        self._stopped = True
+        self._q.put(None)
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None or self._stopped:
+                return
+            fn, args = item
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("refhub: %s failed", getattr(fn, "__name__", fn))
 
 
 class _Slot:
@@ -196,7 +231,7 @@ class Connection:
         self._push.connect(self._inproc)
         self._push_lock = threading.Lock()
         self._stop = threading.Event()
-        self.events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="refhub-events")
+        self.events = _Worker("refhub-events")
         self._dealer = self._connect(self.addresses[0])
         self._thread = threading.Thread(target=self._io, name="refhub-io", daemon=True)
         self._thread.start()
@@ -395,7 +430,7 @@ class Connection:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        self.events.shutdown(wait=False, cancel_futures=True)
+        self.events.shutdown()
         self._pull.close(0)
         self._push.close(0)
         self.ctx.term()
@@ -854,18 +889,21 @@ class ShardHandle:
 
     def _reopen(self) -> None:
         """After a server failover/restart: unpublished, same tensors, re-registered with the new server."""
-        with self._lock:
-            if self._closed:
-                return
-            self.state = "idle"
-            for attempt in range(50):
+        for attempt in range(REOPEN_ATTEMPTS):
+            # the lock is let go between attempts: a close() (or an operation that will fail and
+            # tell its caller) must not wait for every retry against a server that is gone
+            with self._lock:
+                if self._closed or self.conn._stop.is_set():
+                    return
+                self.state = "idle"
                 try:
                     self._open()
                     log.info("handle %s/%s/%d re-registered with %s", self.model, self.replica, self.shard, self.conn.server)
                     return
                 except (TimeoutError, RefhubError) as exc:
                     log.warning("re-open attempt %d failed: %s", attempt, exc)
-                    time.sleep(0.2)
+            if self.conn._stop.wait(0.2):
+                return
 
     def register(self, name: str, tensor: Any, mode: str | None = None) -> None:
         """Register a tensor (numpy array or CPU torch tensor).
