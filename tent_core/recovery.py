@@ -473,11 +473,22 @@ class Recovery:
         if _SHARED_LOAD is None:
             try:
                 _SHARED_LOAD = SharedRailLoad(config=self.config.qos)
-                atexit.register(_SHARED_LOAD.close)  # the last process out removes the table
+                atexit.register(close_shared_load)  # the last process out removes the table
             except (OSError, ValueError) as exc:
                 log.warning("shared rail load table unavailable (%s); each process sees only its own load", exc)
                 _SHARED_LOAD = False
         return _SHARED_LOAD or None
+
+
+def close_shared_load() -> None:
+    """Close the process's host-wide rail load table (at exit): ordered after the health ticks, so
+    that none uses it once closed (engines never closed still tick until the process ends). A tick
+    that started before finishes first; later ones find no table."""
+    global _SHARED_LOAD
+    table, _SHARED_LOAD = _SHARED_LOAD, False
+    if table:
+        PROGRESS.wait_idle(5.0)
+        table.close()
 
 
 def _attempt(retry: int, hints: int, rounds: int) -> int:
@@ -604,6 +615,17 @@ class Progress:
             if threading.current_thread() is not self._thread:
                 while self._busy is owner:
                     self._cv.wait()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait (at most `timeout`) until the thread is not calling into any owner; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while self._busy is not None and threading.current_thread() is not self._thread:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
 
     @property
     def inflight(self) -> dict[int, BatchHandle]:
