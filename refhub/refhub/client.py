@@ -31,6 +31,7 @@ on the receiving device, or on the landing buffer as each chunk passes.
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import itertools
 import logging
@@ -38,6 +39,7 @@ import os
 import queue
 import threading
 import time
+import weakref
 import zlib
 from collections import deque
 from collections.abc import Callable
@@ -162,6 +164,9 @@ class _Worker:
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         if not self._stopped:
@@ -501,6 +506,34 @@ def default_engine() -> Any:
         return _engine
 
 
+_live_stagers: weakref.WeakSet[_Stager] = weakref.WeakSet()
+
+
+def _stop_threads_at_exit() -> None:
+    """Stop every ZeroMQ-polling daemon thread of this module (connections, stagers, embedded servers)
+    before the interpreter finalizes: a daemon thread returning from a poll during finalization is
+    ended with pthread_exit, and the unwinding through the binding's C++ frames aborts the process
+    ("terminate called without an active exception") after all its work was done. Handles left
+    open stay open on the server until their heartbeats stop."""
+    from .server import stop_embedded
+
+    conns, stagers = list(_conns.values()), list(_live_stagers)
+    for c in conns:
+        c._stop.set()
+        c.events.shutdown()
+    for st in stagers:
+        st._stop.set()
+    stop_embedded()
+    for c in conns:
+        c._thread.join(timeout=2)
+        c.events.join(timeout=2)
+    for st in stagers:
+        st._thread.join(timeout=2)
+
+
+atexit.register(_stop_threads_at_exit)
+
+
 def _connection(server: str, backup: str | None, hb_interval: float, failover_after: float) -> Connection:
     key = (server, backup)
     with _engine_lock:
@@ -625,6 +658,7 @@ class _Stager:
         self.address = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"refhub-stager-{handle.segment}", daemon=True)
+        _live_stagers.add(self)
         self._thread.start()
 
     def _loop(self) -> None:
