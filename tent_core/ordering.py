@@ -183,6 +183,8 @@ class Orderer:
                 self._held.remove(h)
             moved = True
             if status:
+                if status == Status.E_TIMEOUT:
+                    h.handle._expire()  # the deadline, not a path, ended it: wait() raises DeadlineExceededError
                 log.debug("ordering: batch held for its event %s", "was cancelled" if status == Status.E_CANCELLED
                           else "missed its deadline")
                 for _ in range(h.units):

@@ -65,7 +65,7 @@ PROBE_SEGMENT = "_tent_probe"
 PROBE_BYTES = 4096
 _CONGESTED = int(Status.E_CONGESTED)
 _REROUTED = int(Status.E_REROUTED)
-_SHARED_LOAD: Any = None  # the process's SharedRailLoad (False: unavailable)
+_SHARED_LOADS: dict[str, Any] = {}  # table name -> the process's SharedRailLoad of it (False: unavailable)
 
 
 class Recovery:
@@ -454,7 +454,6 @@ class Recovery:
     # ---- host-wide load sharing -------------------------------------------------------------------
 
     def _share_load(self, shared: SharedRailLoad, rail: Rail) -> None:
-        global _SHARED_LOAD
         # the physical path (transport, local address -> remote address), not the remote port:
         # engines of different processes talking through the same NICs share it
         key = f"{rail.transport}:{rail.info.name.rsplit(':', 1)[0]}"
@@ -463,32 +462,41 @@ class Recovery:
             rail.telemetry.set_external(shared.others(key))
         except (RuntimeError, OSError, ValueError) as exc:
             log.warning("shared rail load table unusable (%s); each process now sees only its own load", exc)
-            _SHARED_LOAD = False
+            _SHARED_LOADS[self.config.qos.shared_load_name] = False
 
     def _shared_load(self) -> SharedRailLoad | None:
-        """The host-wide rail load table (one per process), or None when off or unavailable."""
-        global _SHARED_LOAD
-        if not self.config.qos.shared_load:
+        """The host-wide rail load table of this engine's `qos.shared_load_name` (one per name and
+        process), or None when off or unavailable."""
+        qos = self.config.qos
+        if not qos.shared_load:
             return None
-        if _SHARED_LOAD is None:
+        table = _SHARED_LOADS.get(qos.shared_load_name)
+        if table is None:
             try:
-                _SHARED_LOAD = SharedRailLoad(config=self.config.qos)
-                atexit.register(close_shared_load)  # the last process out removes the table
+                table = SharedRailLoad(config=qos)
+                # the last process out removes the table; closed after the health ticks (see there)
+                atexit.register(close_shared_load, qos.shared_load_name)
             except (OSError, ValueError) as exc:
                 log.warning("shared rail load table unavailable (%s); each process sees only its own load", exc)
-                _SHARED_LOAD = False
-        return _SHARED_LOAD or None
+                table = False
+            _SHARED_LOADS[qos.shared_load_name] = table
+        return table or None
 
 
-def close_shared_load() -> None:
-    """Close the process's host-wide rail load table (at exit): ordered after the health ticks, so
-    that none uses it once closed (engines never closed still tick until the process ends). A tick
-    that started before finishes first; later ones find no table."""
-    global _SHARED_LOAD
-    table, _SHARED_LOAD = _SHARED_LOAD, False
-    if table:
+def close_shared_load(name: str | None = None) -> None:
+    """Close the process's host-wide rail load table `name` (every one when None; at exit): ordered
+    after the health ticks, so that none uses it once closed (engines never closed still tick until
+    the process ends). A tick that started before finishes first; later ones find no table."""
+    tables = []
+    for n in [name] if name is not None else list(_SHARED_LOADS):
+        table = _SHARED_LOADS.get(n)
+        _SHARED_LOADS[n] = False
+        if table:
+            tables.append(table)
+    if tables:
         PROGRESS.wait_idle(5.0)
-        table.close()
+        for table in tables:
+            table.close()
 
 
 def _attempt(retry: int, hints: int, rounds: int) -> int:

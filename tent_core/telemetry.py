@@ -342,15 +342,21 @@ class RailTelemetry:
 
 def stalled(rails: Sequence[RailTelemetry], now_ns: int, stall_s: float) -> list[int]:
     """Positions of the rails (siblings: one peer, one transport) that serve work but moved no byte
-    for `stall_s` while some sibling moved bytes within that time. When every rail is silent the
-    peer (or our own CPU) is the suspect, not a rail: nothing is returned, the executors' progress
-    timeouts and the peer's liveness checks take over."""
+    for `stall_s` while some sibling kept moving bytes: within that time, and more than `stall_s`
+    after the silent rail's last byte. When every rail went silent (the peer, or our own CPU, is
+    the suspect, not a rail) nothing is returned, the executors' progress timeouts and the peer's
+    liveness checks take over; rails rarely fall silent at the same instant (a whole peer stops,
+    and one rail's sender runs a scheduling delay later than its sibling's), and only a sibling
+    still moving `stall_s` after the silence began tells a broken rail from a stopped peer."""
     limit_ns = stall_s * 1e9
-    out = [i for i, r in enumerate(rails) if r.serving > 0 and r.progress_ns and now_ns - r.progress_ns > limit_ns]
-    if not out:
-        return out
-    alive = any(now_ns - r.progress_ns <= limit_ns for i, r in enumerate(rails) if i not in out and r.progress_ns)
-    return out if alive else []
+    silent = [i for i, r in enumerate(rails) if r.serving > 0 and r.progress_ns and now_ns - r.progress_ns > limit_ns]
+    if not silent:
+        return silent
+    moving = [r.progress_ns for i, r in enumerate(rails) if i not in silent and r.progress_ns and now_ns - r.progress_ns <= limit_ns]
+    if not moving:
+        return []
+    latest = max(moving)
+    return [i for i in silent if latest - rails[i].progress_ns > limit_ns]
 
 
 def slowness(rails: Sequence[RailTelemetry], now_ns: int, window_s: float) -> dict[int, float]:

@@ -131,6 +131,28 @@ def test_a_wait_that_never_ends_fails_at_the_deadline(engine):
     s.synchronize(30)
 
 
+def test_a_held_batch_finalized_at_its_deadline_reports_the_deadline():
+    """The ordering thread finalizes a held batch at its deadline before anyone waits on it: the
+    wait that comes later reports the deadline, not a path failure."""
+    p = SimPeer(size=N, config=NO_IPC, transports=["tcp", "simdev"])
+    try:
+        with Engine(transports=["tcp", "simdev"], plugins=[SimDevicePlugin()]) as eng:
+            buf = eng.allocate(N)
+            s = SimStream()
+            s.sleep(3.0)
+            h = eng.submit([Request(READ, buf, 0, p.seg("host"), 0, N, wait_stream=s)], deadline=0.2)
+            assert h.ordering == "host"
+            end = time.monotonic() + 10
+            while h._batch.remaining and time.monotonic() < end:  # finalized by the ordering thread
+                time.sleep(0.01)
+            assert h._batch.remaining == 0
+            with pytest.raises(DeadlineExceededError):
+                h.wait(5)
+            s.synchronize(30)
+    finally:
+        p.close()
+
+
 def test_host_held_batches_fail_at_deadline_or_cancel():
     """Requests to host memory in another process go over TCP: held on the host."""
     p = SimPeer(size=N, config=NO_IPC, transports=["tcp", "simdev"])

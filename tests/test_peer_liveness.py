@@ -240,8 +240,12 @@ def test_congestion_reported_by_the_executor_reaches_the_rail_monitor():
     small = {"sockbuf": 64 << 10, "conns_per_rail": 1}
     tcp = {"rails": ["127.0.0.1"], "slice_timeout_ms": 20_000, "congestion_ms": 100, **small}
     peer = Peer(size=64 << 20, config={"transports": {"tcp": {**RAILS2, **small}}})
+    # The stopped peer silences both rails; stall detection (its own tests: test_policies, the
+    # resilience suites) must not pause them first, or the congestion they report goes unheard
+    # (a paused rail's congestion is not counted), so it is set far away here.
+    health = {"stall_s": 5.0, "stall_cut_s": 10.0}
     try:
-        with Engine({"transports": {"tcp": tcp}}, transports=["tcp"]) as eng:
+        with Engine({"transports": {"tcp": tcp}, "health": health}, transports=["tcp"]) as eng:
             heard: list[object] = []
             on_error = eng.monitor.on_error
 

@@ -196,6 +196,22 @@ def test_stalled_needs_a_sibling_that_moves():
     assert stalled(rails, t, 0.1) == []
 
 
+def test_stalled_ignores_a_sibling_that_stopped_a_little_later():
+    """A whole peer stops: its rails fall silent a scheduling delay apart (60 ms here). The later
+    one's last bytes are recent, but it stopped too: no rail is stalled, whatever the cut window."""
+    rails = rails_at(1, 1)
+    t = 10_000 * MS
+    for r in rails:
+        _serving(r, t - 500 * MS, t - 500 * MS)
+    _serving(rails[0], t, t - 320 * MS)  # silent past the cut window
+    _serving(rails[1], t, t - 260 * MS)  # stopped 60 ms later
+    assert stalled(rails, t, 0.1) == []
+    assert stalled(rails, t, 0.3) == []
+    # a sibling still moving long after the silence began: that rail is broken, not the peer
+    _serving(rails[1], t, t - 5 * MS)
+    assert stalled(rails, t, 0.1) == [0] and stalled(rails, t, 0.3) == [0]
+
+
 def test_slowness_from_fresh_service_rates_only():
     cfg = SchedulerConfig(bandwidth_window_s=0.05, ewma_alpha=1.0)
     rails = rails_at(1, 1, 2, 1, cfg=cfg)

@@ -211,15 +211,16 @@ def transfer():
     a.close()
 
 transfer()  # as root: imports and plugin libraries loaded
-if recovery._SHARED_LOAD:
-    recovery._SHARED_LOAD.close()
-recovery._SHARED_LOAD = None
+if recovery._SHARED_LOADS.get(name):
+    recovery._SHARED_LOADS[name].close()
+recovery._SHARED_LOADS.pop(name, None)
 os.setgroups([])
 os.setgid(gid)
 os.setuid(uid)
 transfer()
 mine = f"/dev/shm/tent-load-u{uid}-{name}"
-assert recovery._SHARED_LOAD and recovery._SHARED_LOAD.path == mine, recovery._SHARED_LOAD
+table = recovery._SHARED_LOADS.get(name)
+assert table and table.path == mine, table
 assert os.stat(mine).st_uid == uid and os.stat(mine).st_mode & 0o777 == 0o600
 print("table in use as uid", uid)
 """

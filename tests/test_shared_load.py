@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 
 from peers import Peer
 
@@ -17,8 +18,8 @@ PUMP = textwrap.dedent(
     """
     import sys, time
     from tent_core import Engine, Request, READ
-    seg, seconds = sys.argv[1], float(sys.argv[2])
-    cfg = {"transports": {"tcp": {"rails": ["127.0.0.1", "127.0.0.2"]}},
+    seg, seconds, table = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    cfg = {"transports": {"tcp": {"rails": ["127.0.0.1", "127.0.0.2"]}}, "qos": {"shared_load_name": table},
            "rules": [{"name": "rail0", "match": {}, "rails": [0]}]}
     with Engine(cfg, transports=["tcp"]) as eng:
         buf = eng.allocate(32 << 20)
@@ -31,13 +32,17 @@ PUMP = textwrap.dedent(
 
 
 def test_other_process_load_steers_spraying():
+    # a table of this test's own: other engines of this host (another suite, a service) load the same
+    # loopback rails in the default table
+    table = f"t{uuid.uuid4().hex[:8]}"
     peer = Peer(size=64 << 20, config={"transports": {"tcp": RAILS2}}, transports=["tcp"])
     pump = None
     try:
-        with Engine({"transports": {"tcp": RAILS2}, "scheduler": {"probe_every": 0}}, transports=["tcp"]) as eng:
+        cfg = {"transports": {"tcp": RAILS2}, "scheduler": {"probe_every": 0}, "qos": {"shared_load_name": table}}
+        with Engine(cfg, transports=["tcp"]) as eng:
             local = eng.allocate(64 << 20)
             eng.read(local, peer.seg("rw"), 8 << 20)  # connect both rails
-            pump = subprocess.Popen([sys.executable, "-c", PUMP, peer.seg("rw"), "6"], stdout=subprocess.PIPE, text=True)
+            pump = subprocess.Popen([sys.executable, "-c", PUMP, peer.seg("rw"), "6", table], stdout=subprocess.PIPE, text=True)
             assert pump.stdout is not None and pump.stdout.readline().strip() == "pumping"
             rails = {r.info.index: r for p in eng.peers.peers() for rt in p.routes.values() for r in rt.rails}
             deadline = time.monotonic() + 4
