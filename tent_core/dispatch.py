@@ -116,8 +116,8 @@ class Submitter:
         notes: list[tuple[Route, Decision, int, int]] = []
         local = request.local.addr + request.local_offset
         hint = self._hint(request.length)
-        for _, raddr, length in pieces:
-            self._plan_direct(peer, decision, request.op, local, raddr, length, request.priority, plan, notes, hint)
+        for rbuf, raddr, length in pieces:
+            self._plan_direct(peer, decision, request.op, local, raddr, length, request.priority, plan, notes, hint, rbuf)
             local += length
         return self._launch(plan, notes, [], deadline, 1)
 
@@ -228,7 +228,12 @@ class Submitter:
             p = peer.plans.get((buf.kind, rbuf.kind, op, rule) if not hidden else (buf.kind, rbuf.kind, op, rule, hidden))
             if p is None:
                 traits = RequestTraits(prio, req.length, buf.kind, rbuf.kind, peer.same_host, req.tag)
-                p = self.peers.plan(peer, traits, op, rule, hidden)
+                try:
+                    p = self.peers.plan(peer, traits, op, rule, hidden, rbuf.unreachable)
+                except errors.NoPathError as exc:
+                    if not rbuf.unreachable:
+                        raise
+                    raise errors.NoPathError(f"no transport can reach {rbuf.where(peer.engine_id)}: {exc}") from exc
             if p.__class__ is not Decision:  # a StagedPath or TargetStagedPath
                 if len(pieces) > 1:
                     raise errors.NoPathError(
@@ -239,7 +244,7 @@ class Submitter:
                     self._check_local_stage(buf, req, op)
                 staged.append((req, p))  # type: ignore[arg-type]
                 return
-            rails = self._plan_direct(peer, p, op, local, raddr, length, prio, plan, notes, self._hint(req.length))  # type: ignore[arg-type]
+            rails = self._plan_direct(peer, p, op, local, raddr, length, prio, plan, notes, self._hint(req.length), rbuf)  # type: ignore[arg-type]
             # a class of requests is cached per segment, so not where some buffer of it is kept from
             # a transport (RemoteBuffer.hidden): those are planned one by one
             if gen is not None and len(pieces) == 1 and len(rails) == 1 and not any(b.hidden for b in peer.segments[seg]):
@@ -258,9 +263,10 @@ class Submitter:
         plan: list[Slice],
         notes: list[tuple[Route, Decision, int, int]],
         hint: int = 0,
+        rbuf: Any = None,
     ) -> list[Rail]:
-        """Slices of one piece appended to `plan`; returns the rails it could use."""
-        route = self.peers.route(peer, decision)
+        """Slices of one piece (of remote buffer `rbuf`) appended to `plan`; returns the rails it could use."""
+        route = self.peers.route(peer, decision, rbuf)
         rails = route.rails
         if decision.rule is not None and decision.rule.rails is not None:
             rails = [rails[i] for i in self.router.allowed_rails(decision, route.indices)]

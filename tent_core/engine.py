@@ -147,6 +147,7 @@ class Engine:
             # submit() is the native fast path itself (the planner is its fallback): no Python frame
             # between the application and the executor for requests whose plan is cached
             self.submit = self._fast  # type: ignore[method-assign]
+            self.run = self._fast.run  # type: ignore[method-assign]
         # stages copies between its own host staging and device memory for peers that cannot reach it
         self._stager = TargetStager(self._submitter, self._segments, self.peers, self.router, self._profiles, cfg)
         # every engine exposes a tiny read-only buffer that peers' heartbeat slices read
@@ -326,6 +327,14 @@ class Engine:
         # calls _submit_planned for what it cannot take
         return self._submit_planned(requests, deadline)
 
+    def run(self, requests: Sequence[Request] | Request, deadline: float | None = None) -> None:
+        """Submit and wait: `submit(requests, deadline).wait()`, raising the same typed errors.
+
+        The synchronous form lets the engine skip the handle: a batch the fast path finishes inside
+        the call (small same-host copies run on the calling thread) returns without one."""
+        # with the fast path on, the instance's run is the native FastPath.run (see __init__)
+        self.submit(requests, deadline).wait()
+
     def _submit_planned(self, requests: Sequence[Request] | Request, deadline: float | None = None) -> BatchHandle:
         if self._closed:
             raise errors.TentError("engine is closed")
@@ -344,8 +353,7 @@ class Engine:
         timeout: float | None = None,
     ) -> None:
         """Submit one request and wait for it (the simple case)."""
-        h = self.submit([Request(op, local, local_offset, remote, remote_offset, length, priority)], deadline=timeout)
-        h.wait()
+        self.run(Request(op, local, local_offset, remote, remote_offset, length, priority), timeout)
 
     def read(self, local: LocalBuffer, remote: str, length: int | None = None, *, local_offset: int = 0, remote_offset: int = 0, timeout: float | None = None) -> None:
         n = local.length - local_offset if length is None else length

@@ -88,9 +88,10 @@ def explain_request(engine: Any, request: Request | None = None, *, op: OpCode |
     traits = RequestTraits(Priority(priority), n, lk, rbuf.kind, peer.same_host, tag)
     rule = router.match(traits)
     local_reachable = peers.get(engine.engine_id).reachable if lk != MemoryKind.HOST else ()
-    chosen = peers.plan(peer, traits, op, rule, rbuf.hidden)
+    chosen = peers.plan(peer, traits, op, rule, rbuf.hidden, rbuf.unreachable)
     reachable = tuple(t for t in peer.reachable if t not in rbuf.hidden)
-    cands = router.candidates(traits, reachable, local_reachable, op, rule, peer.info.staging, nbytes=n)
+    cands = router.candidates(traits, reachable, local_reachable, op, rule, peer.info.staging, nbytes=n,
+                              excluded=rbuf.unreachable)
     return PathExplanation(
         op=op.name, local_kind=lk.value, remote=remote, remote_kind=rbuf.kind.value, same_host=peer.same_host,
         length=n, chosen=path_kind(chosen), route=describe_path(chosen), rule=rule.name if rule else None,

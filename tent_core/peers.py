@@ -61,9 +61,21 @@ class RemoteBuffer:
     perm: int  # Permission bits as a plain int: checked on every request
     kind: MemoryKind
     desc: dict[str, Any]
-    # transports whose descriptor marks the buffer as local to its process ({"local": true}: e.g. a
-    # READ-only CUDA buffer nvlink does not share over IPC); another process routes around them
+    # transports that cannot serve this buffer, so plans for it leave them out: those whose descriptor
+    # marks the buffer as local to its process ({"local": true}: e.g. a READ-only CUDA buffer nvlink
+    # does not share over IPC; another process routes around them) and those in `unreachable`
     hidden: frozenset[str] = frozenset()
+    # transport -> why it can never reach this buffer (Transport.buffer_unreachable): the error text
+    # when no transport is left
+    unreachable: Mapping[str, str] = field(default_factory=dict)
+
+    def view(self) -> dict[str, Any]:
+        """The buffer as Transport.buffer_unreachable() sees it (an entry of the peer's description)."""
+        return {"offset": self.offset, "addr": self.addr, "length": self.length, "perm": self.perm,
+                "kind": self.kind.value, "desc": self.desc}
+
+    def where(self, engine_id: str) -> str:
+        return f"{engine_id} buffer {self.addr:#x} ({self.length} bytes at segment offset {self.offset})"
 
 
 @dataclass(eq=False)
@@ -103,6 +115,8 @@ class Peer:
     # out of order, or the older view (an incremental part, a table without the newest buffers)
     # replaces the newer one and buffers both read vanish from the map
     refresh_lock: threading.RLock = field(default_factory=threading.RLock)
+    # transport -> why it cannot serve a given remote buffer (PeerDirectory._judge); None: all can
+    judge: Callable[[RemoteBuffer], dict[str, str]] | None = None
 
     def __post_init__(self) -> None:
         if self.liveness is None:
@@ -114,7 +128,7 @@ class Peer:
         raw: list[dict[str, Any]] = []
         other_process = self.info.pid != os.getpid()
         for name, bufs in segments.items():
-            rb = _remote_buffers(bufs, other_process)
+            rb = _remote_buffers(bufs, other_process, self.judge)
             seg_map[name] = rb
             starts[name] = [r.offset for r in rb]
             raw.extend(dict(b, segment=name) for b in bufs)
@@ -131,7 +145,7 @@ class Peer:
             self.epochs.pop(name, None)
             self.raw_buffers = [b for b in self.raw_buffers if b.get("segment") != name]
             return
-        new = _remote_buffers(part["buffers"], self.info.pid != os.getpid())
+        new = _remote_buffers(part["buffers"], self.info.pid != os.getpid(), self.judge)
         raw_new = [dict(b, segment=name) for b in part["buffers"]]
         old = self.segments.get(name)
         if part.get("incremental") and old is not None and (not new or not old or new[0].offset > old[-1].offset):
@@ -144,8 +158,9 @@ class Peer:
         self.epochs[name] = int(part["epoch"])
 
 
-def _remote_buffers(bufs: list[dict[str, Any]], other_process: bool) -> list[RemoteBuffer]:
-    return sorted(
+def _remote_buffers(bufs: list[dict[str, Any]], other_process: bool,
+                    judge: Callable[[RemoteBuffer], dict[str, str]] | None = None) -> list[RemoteBuffer]:
+    out = sorted(
         (
             RemoteBuffer(int(b["offset"]), int(b["addr"]), int(b["length"]), int(b["perm"]), MemoryKind(b["kind"]), b["desc"],
                          _hidden(b["desc"]) if other_process else frozenset())
@@ -153,6 +168,13 @@ def _remote_buffers(bufs: list[dict[str, Any]], other_process: bool) -> list[Rem
         ),
         key=lambda r: r.offset,
     )
+    if judge is not None:
+        for rb in out:
+            why = judge(rb)
+            if why:
+                rb.unreachable = why
+                rb.hidden = rb.hidden | frozenset(why)
+    return out
 
 
 def _hidden(desc: Any) -> frozenset[str]:
@@ -277,6 +299,8 @@ class PeerDirectory:
         reachable = tuple(n for n, t in self._transports.items() if t.can_reach(info) is None)
         peer = Peer(engine_id, info, client, desc["host_id"] == self.host_id, reachable,
                     liveness=PeerLiveness(engine_id, self._peer_config))  # fmt: skip
+        if any(self._judges(n) for n in reachable):
+            peer.judge = lambda rb, p=peer: self._judge(p, rb)
         peer.load_segments(desc["segments"], desc.get("epochs"))
         return peer
 
@@ -463,6 +487,48 @@ class PeerDirectory:
         for peer in peers:
             self._retire(peer)
 
+    # ---- per-buffer reachability -------------------------------------------------------------------
+
+    def _judges(self, name: str) -> bool:
+        """Does transport `name` tell buffers apart (overrides Transport.buffer_unreachable)?"""
+        t = self._transports.get(name)
+        return t is not None and type(t).buffer_unreachable is not Transport.buffer_unreachable
+
+    def _ask(self, peer: Peer, name: str, rb: RemoteBuffer) -> str | None:
+        route = peer.routes.get(name)
+        try:
+            why = self._transports[name].buffer_unreachable(peer.info, rb.view(), route.link if route else None)
+        except Exception:  # a plugin's bug must not break planning: it is asked again after connect
+            log.exception("%s.buffer_unreachable failed for %s", name, rb.where(peer.engine_id))
+            return None
+        return str(why) if why else None
+
+    def _judge(self, peer: Peer, rb: RemoteBuffer) -> dict[str, str]:
+        """transport -> why it can never reach `rb` (the peer's transports that tell buffers apart)."""
+        out: dict[str, str] = {}
+        for name in peer.reachable:
+            if self._judges(name):
+                why = self._ask(peer, name, rb)
+                if why:
+                    out[name] = why
+        return out
+
+    def _rejudge(self, peer: Peer, name: str) -> None:
+        """Transport `name` just connected (its answers may depend on the link): ask it again about
+        every buffer of the peer (caller holds peer.lock, then calls on_change)."""
+        if not self._judges(name):
+            return
+        other_process = peer.info.pid != os.getpid()
+        for bufs in peer.segments.values():
+            for rb in bufs:
+                why = {k: v for k, v in rb.unreachable.items() if k != name}
+                mine = self._ask(peer, name, rb)
+                if mine:
+                    why[name] = mine
+                if why != rb.unreachable:
+                    rb.unreachable = why  # before hidden: a reader that sees the new hidden finds its reason
+                    rb.hidden = (_hidden(rb.desc) if other_process else frozenset()) | frozenset(why)
+
     # ---- remote memory --------------------------------------------------------------------------
 
     def map_remote(
@@ -506,39 +572,44 @@ class PeerDirectory:
     # ---- routing state --------------------------------------------------------------------------
 
     def plan(self, peer: Peer, traits: RequestTraits, op: OpCode, rule: Rule | None,
-             hidden: frozenset[str] = frozenset()) -> Path:
+             hidden: frozenset[str] = frozenset(), excluded: Mapping[str, str] | None = None) -> Path:
         """The Router's plan for (kinds, rule, op) to `peer`, cached on the peer. `hidden`: transports
-        the remote buffer is not shared with (RemoteBuffer.hidden); its plans are cached apart."""
+        the remote buffer is not shared with (RemoteBuffer.hidden); its plans are cached apart.
+        `excluded`: the reasons of those that can never reach it (RemoteBuffer.unreachable), for the
+        error when nothing is left."""
         key = (traits.local_kind, traits.remote_kind, op, rule) if not hidden else (
             traits.local_kind, traits.remote_kind, op, rule, hidden)
         plan = peer.plans.get(key)
         if plan is None:
             local_reachable = self.get(self.engine_id).reachable if traits.local_kind != MemoryKind.HOST else ()
             reachable = tuple(t for t in peer.reachable if t not in hidden) if hidden else peer.reachable
-            plan = self._router.plan(traits, reachable, local_reachable, op, rule, peer.info.staging)
+            plan = self._router.plan(traits, reachable, local_reachable, op, rule, peer.info.staging, excluded)
             if not isinstance(plan, Decision):
                 log.info("synthesized path to %s: %s", peer.engine_id, plan.describe())
             peer.plans[key] = plan
         return plan
 
-    def route(self, peer: Peer, decision: Decision) -> Route:
-        """The first transport of `decision` that is connected or connects to `peer`."""
+    def route(self, peer: Peer, decision: Decision, rbuf: RemoteBuffer | None = None) -> Route:
+        """The first transport of `decision` that is connected or connects to `peer` and can reach
+        the remote buffer `rbuf` (connecting may tell it cannot: RemoteBuffer.hidden)."""
         routes = peer.routes
         for name in decision.transports:
-            if name in peer.dead_transports:
+            if name in peer.dead_transports or (rbuf is not None and name in rbuf.hidden):
                 continue
             route = routes.get(name)
-            if route is not None:
+            if route is None:
+                route = self.connect(peer, name)
+            if route is not None and (rbuf is None or name not in rbuf.hidden):
                 return route
-            route = self.connect(peer, name)
-            if route is not None:
-                return route
+        what = rbuf.where(peer.engine_id) if rbuf is not None else peer.engine_id
+        cannot = dict(rbuf.unreachable) if rbuf is not None else {}
         raise errors.NoPathError(
-            f"no usable transport to {peer.engine_id} for {decision.local_kind.value}<->{decision.remote_kind.value}"
+            f"no transport can reach {what} for {decision.local_kind.value}<->{decision.remote_kind.value}"
             f" (tried {', '.join(decision.transports)}"
             + (f"; down for this peer: {', '.join(sorted(peer.dead_transports))}" if peer.dead_transports else "")
             + ")"
-            + "".join(f"; {n}: {e}" for n, e in sorted(peer.connect_errors.items()))
+            + "".join(f"; {n}: {e}" for n, e in sorted(cannot.items()))
+            + "".join(f"; {n}: {e}" for n, e in sorted(peer.connect_errors.items()) if n not in cannot)
         )
 
     def connect(self, peer: Peer, name: str) -> Route | None:
@@ -559,6 +630,7 @@ class PeerDirectory:
                 return None
             rails = [RAILS.acquire(name, peer.engine_id, ri, self._scheduler) for ri in link.rails]
             route = peer.routes[name] = Route(transport, link, rails)
+            self._rejudge(peer, name)
             self.on_change()
             return route
 

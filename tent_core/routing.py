@@ -73,13 +73,18 @@ def explain_no_path(
     remote_kind: MemoryKind,
     same_host: bool,
     reachable: Iterable[str],
+    excluded: Mapping[str, str] | None = None,
 ) -> str:
-    """A human-readable reason why rank_transports() came back empty."""
+    """A human-readable reason why rank_transports() came back empty. `excluded`: transports left out
+    of `reachable` for this buffer alone, with their own reason (Transport.buffer_unreachable)."""
     reach = set(reachable)
+    excluded = excluded or {}
     where = "same host" if same_host else "across hosts"
     parts = []
     for name, prof in sorted(profiles.items()):
-        if name not in reach:
+        if name in excluded:
+            parts.append(f"{name}: {excluded[name]}")
+        elif name not in reach:
             parts.append(f"{name}: the peer does not offer it or it cannot reach the peer")
         elif not prof.serves(local_kind, remote_kind, same_host):
             parts.append(f"{name}: cannot move {local_kind.value}<->{remote_kind.value} {where}")
@@ -302,15 +307,19 @@ class Router:
             out = self._ranked[key] = tuple(rank_transports(self.profiles, local_kind, remote_kind, same_host, key[3]))
         return out
 
-    def decide(self, traits: RequestTraits, reachable: Collection[str], rule: Rule | None | bool = True) -> Decision:
+    def decide(self, traits: RequestTraits, reachable: Collection[str], rule: Rule | None | bool = True,
+               excluded: Mapping[str, str] | None = None) -> Decision:
         """The Decision for a direct path. `rule` True matches the rules against `traits`; pass a
-        Rule (or None) when the caller already matched. Raises NoPathError / PolicyRejectedError."""
+        Rule (or None) when the caller already matched. `excluded`: transports kept out of
+        `reachable` for the remote buffer alone, with the reason (only for the error text). Raises
+        NoPathError / PolicyRejectedError."""
         if rule is True:
             rule = self.match(traits)
         order = self.ranked(traits.local_kind, traits.remote_kind, traits.same_host, reachable)
         if not order:
             raise NoPathError(
-                explain_no_path(self.profiles, traits.local_kind, traits.remote_kind, traits.same_host, reachable)
+                explain_no_path(self.profiles, traits.local_kind, traits.remote_kind, traits.same_host, reachable,
+                                excluded)
             )
         return Decision(traits.local_kind, traits.remote_kind, self._apply_rule(order, rule), rule or None)
 
@@ -333,14 +342,16 @@ class Router:
         op: OpCode,
         rule: Rule | None | bool = True,
         remote_staging: Mapping[str, Any] | None = None,
+        excluded: Mapping[str, str] | None = None,
     ) -> Path:
         """The cheapest path that serves the request (see `candidates`): a direct Decision, a
         StagedPath through host staging here, a TargetStagedPath through the peer's staging (and
         maybe ours). NoPathError with every candidate's reason when none can serve;
-        PolicyRejectedError when the rule removed every transport of every candidate."""
+        PolicyRejectedError when the rule removed every transport of every candidate. `excluded`:
+        transports the caller kept out of `reachable` for this remote buffer, with their reasons."""
         if rule is True:
             rule = self.match(traits)
-        cands = self.candidates(traits, reachable, local_reachable, op, rule, remote_staging)
+        cands = self.candidates(traits, reachable, local_reachable, op, rule, remote_staging, excluded=excluded)
         viable = [c for c in cands if c.viable]
         if not viable:
             policy = [c for c in cands if c.reason.startswith("policy: ")]
@@ -348,7 +359,7 @@ class Router:
                 raise PolicyRejectedError(policy[0].reason[len("policy: "):])
             lk, rk, same = traits.local_kind, traits.remote_kind, traits.same_host
             raise NoPathError(
-                explain_no_path(self.profiles, lk, rk, same, reachable)
+                explain_no_path(self.profiles, lk, rk, same, reachable, excluded)
                 + "; no staged path either ("
                 + "; ".join(f"{c.kind}: {c.reason}" for c in cands if c.kind != "direct")
                 + ")"
@@ -371,6 +382,7 @@ class Router:
         rule: Rule | None | bool = True,
         remote_staging: Mapping[str, Any] | None = None,
         nbytes: int | None = None,
+        excluded: Mapping[str, str] | None = None,
     ) -> list[Candidate]:
         """Every way to serve the request, priced for `nbytes` (default: the cost model's reference
         size), in the order direct, initiator-staged, target-staged, both-staged. Pure: the peer's
@@ -397,7 +409,7 @@ class Router:
             out.append(priced("direct", lambda: self.decide(traits, reachable, rule),
                               [(order[0], self._rate(order[0], same), ov)], size))
         else:
-            out.append(Candidate("direct", None, reason=explain_no_path(self.profiles, lk, rk, same, reachable)))
+            out.append(Candidate("direct", None, reason=explain_no_path(self.profiles, lk, rk, same, reachable, excluded)))
 
         # initiator-staged (the existing synthesized path)
         if lk == MemoryKind.HOST:

@@ -163,6 +163,21 @@ class Transport(abc.ABC):
         """None if this transport can talk to `peer`, else the reason it cannot."""
         return None if self.name in peer.transports else f"peer does not offer {self.name}"
 
+    def buffer_unreachable(self, peer: PeerInfo, buffer: Mapping[str, Any], link: PeerLink | None) -> str | None:
+        """Why this transport can never move bytes to or from the peer's registered `buffer`, or None
+        when it can (or cannot tell yet). `buffer` is one entry of the peer's description: ``addr``,
+        ``length``, ``perm``, ``kind`` and ``desc`` (every transport's per-buffer descriptor, as its
+        export_buffer() returned it on the peer). `link` is this transport's link to the peer once
+        connected (the answer may depend on what connect negotiated), None before: answer from the
+        descriptors alone and return None when only connecting would tell.
+
+        The core asks on the control path, never per request: when it reads the peer's buffers and
+        after connect. A transport named here is left out of every plan for that buffer: another
+        transport serves it, or the request fails at submit with this reason (instead of its slices
+        failing retryably until the deadline). Optional; the default serves everything its
+        capabilities() admit."""
+        return None
+
     @abc.abstractmethod
     def connect(self, peer: PeerInfo, remote_buffers: list[dict[str, Any]]) -> PeerLink:
         """Prepare to move data with `peer`. `remote_buffers` are the peer's buffers

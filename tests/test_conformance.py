@@ -88,10 +88,28 @@ class ForgetsToRevoke(TcpTransport):
         pass
 
 
+class ClaimsToReachAll(ShmTransport):
+    """memfd mode (the default) cannot map plain memory, but this one never says so."""
+    name = "liar_reach_all"
+
+    def buffer_unreachable(self, peer, buffer, link):
+        return None
+
+
+class ClaimsToReachNone(TcpTransport):
+    """Rules out every buffer, yet its executor reaches them."""
+    name = "liar_reach_none"
+
+    def buffer_unreachable(self, peer, buffer, link):
+        return "cannot reach anything (a lie)"
+
+
 @hookimpl
 def tent_register_transports(registry):
     registry.add("liar_cma", ClaimsToRefuse, abi_version=EXECUTOR_ABI_VERSION)
     registry.add("liar_revoke", ForgetsToRevoke, abi_version=EXECUTOR_ABI_VERSION)
+    registry.add("liar_reach_all", ClaimsToReachAll, abi_version=EXECUTOR_ABI_VERSION)
+    registry.add("liar_reach_none", ClaimsToReachNone, abi_version=EXECUTOR_ABI_VERSION)
 '''
 
 
@@ -119,3 +137,15 @@ def test_kit_catches_a_release_that_revokes_nothing(liars: dict[str, str]) -> No
     status = {c["name"]: c for c in report["checks"]}
     assert rc == 1 and status["release_buffer"]["status"] == "failed", report
     assert "succeeded" in status["release_buffer"]["detail"] and status["read_write_exact"]["status"] == "passed"
+
+
+def test_kit_catches_false_reachability_claims(liars: dict[str, str]) -> None:
+    """buffer_unreachable() is what the core plans by: a transport that claims to reach memory its
+    executor cannot (the plain buffer, over memfd mappings), or rules out memory it does reach,
+    fails the buffer_reach check; the honest shm and tcp pass it (test_installed_transport_conforms)."""
+    rc, report = kit("liar_reach_all", "--check", "buffer_reach", env=liars)
+    (check,) = report["checks"]
+    assert rc == 1 and check["status"] == "failed" and "plain" in check["detail"], report
+    rc, report = kit("liar_reach_none", "--check", "buffer_reach", env=liars)
+    (check,) = report["checks"]
+    assert rc == 1 and check["status"] == "failed" and "reached it" in check["detail"], report

@@ -14,16 +14,19 @@
  *   batch_cma(pid, op, local, remote, block, n, count, threads=1) -> bytes
  *       `count` batches of `n` requests of `block` bytes at consecutive addresses, the `n`
  *       requests shared by `threads` threads: each batch's seconds.
- *   tcp_serve(host, addr=0, size=0) -> port
+ *   tcp_serve(host, addr=0, size=0, spin_us=0) -> port
  *       a tiny request/response TCP server on background threads (one per connection):
  *       header {u32 op, u32 pad, u64 length}; WRITE: `length` bytes follow, answered by one byte;
  *       READ: answered by `length` bytes. TCP_NODELAY, as the engine's connections. With `addr`,
  *       requests of up to `size` bytes read from / write into [addr, addr + size) (the buffer the
- *       engine serves: the same memory, so the same copy costs; see small.py).
- *   tcp(host, port, op, block, count, local=0) -> bytes
+ *       engine serves: the same memory, so the same copy costs; see small.py). With `spin_us`, a
+ *       connection polls this long for the next request (no sleep) before it blocks in recv.
+ *   tcp(host, port, op, block, count, local=0, spin_us=0) -> bytes
  *       `count` requests one at a time on one connection to a tcp_serve server (a WRITE's
  *       header and payload in one writev, like the engine): each request's seconds. With
- *       `local`, the client's bytes are [local, local + block) (the engine's local buffer).
+ *       `local`, the client's bytes are [local, local + block) (the engine's local buffer). With
+ *       `spin_us`, the client polls this long for the answer before it blocks in recv (as the
+ *       engine's waiter does: the tcp executor's `busy_poll_us`).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -31,7 +34,9 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -211,6 +216,20 @@ static PyObject *py_batch_cma(PyObject *m, PyObject *args, PyObject *kw) {
 }
 
 /* ---- tcp ---- */
+/* Poll fd for readability without sleeping for up to `us` microseconds (yielding every few
+ * polls), as the engine's tcp executor does before it sleeps: 1 readable, 0 time ran out. */
+static int spin_readable(int fd, int us) {
+  if (us <= 0) return 0;
+  uint64_t end = now_ns() + (uint64_t)us * 1000ull;
+  for (unsigned i = 1;; i++) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 0) > 0) return 1;
+    if (now_ns() >= end) return 0;
+    if (i % 8 == 0) sched_yield();
+    else relax();
+  }
+}
+
 static int send_all(int fd, const void *p, size_t n) {
   const char *c = p;
   while (n) {
@@ -245,6 +264,7 @@ static void nodelay(int fd) {
 
 typedef struct serve_mem {
   int fd;
+  int spin_us; /* poll this long for the next request before sleeping in recv */
   char *addr; /* NULL: a buffer of the connection's own */
   uint64_t size;
 } serve_mem_t;
@@ -256,7 +276,9 @@ static void *serve_conn(void *arg) {
   size_t cap = 0;
   char *buf = NULL;
   uint8_t h[16];
-  while (recv_all(fd, h, sizeof h) == 0) {
+  for (;;) {
+    spin_readable(fd, mem.spin_us);
+    if (recv_all(fd, h, sizeof h)) break;
     uint32_t op;
     uint64_t len;
     memcpy(&op, h, 4);
@@ -301,7 +323,7 @@ static void *accept_loop(void *arg) {
     nodelay(fd);
     pthread_t t;
     serve_mem_t *mem = malloc(sizeof *mem);
-    if (mem) *mem = (serve_mem_t){fd, lmem.addr, lmem.size};
+    if (mem) *mem = (serve_mem_t){fd, lmem.spin_us, lmem.addr, lmem.size};
     if (!mem || pthread_create(&t, NULL, serve_conn, mem) != 0) {
       free(mem);
       close(fd);
@@ -315,7 +337,8 @@ static void *accept_loop(void *arg) {
 static PyObject *py_tcp_serve(PyObject *m, PyObject *args) {
   const char *host;
   unsigned long long addr = 0, size = 0;
-  if (!PyArg_ParseTuple(args, "s|KK", &host, &addr, &size)) return NULL;
+  int spin_us = 0;
+  if (!PyArg_ParseTuple(args, "s|KKi", &host, &addr, &size, &spin_us)) return NULL;
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
   if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
     PyErr_SetString(PyExc_ValueError, "host must be an IPv4 address");
@@ -334,7 +357,7 @@ static PyObject *py_tcp_serve(PyObject *m, PyObject *args) {
   }
   pthread_t t;
   serve_mem_t *mem = malloc(sizeof *mem);
-  if (mem) *mem = (serve_mem_t){fd, (char *)(uintptr_t)addr, addr ? size : 0};
+  if (mem) *mem = (serve_mem_t){fd, spin_us, (char *)(uintptr_t)addr, addr ? size : 0};
   if (!mem || pthread_create(&t, NULL, accept_loop, mem) != 0) {
     free(mem);
     close(fd);
@@ -351,7 +374,8 @@ static PyObject *py_tcp(PyObject *m, PyObject *args) {
   unsigned long long block;
   Py_ssize_t count;
   unsigned long long local = 0;
-  if (!PyArg_ParseTuple(args, "siiKn|K", &host, &port, &op, &block, &count, &local)) return NULL;
+  int spin_us = 0;
+  if (!PyArg_ParseTuple(args, "siiKn|Ki", &host, &port, &op, &block, &count, &local, &spin_us)) return NULL;
   if (count <= 0 || block == 0 || block > (1ull << 31)) {
     PyErr_SetString(PyExc_ValueError, "need count > 0 and 0 < block <= 2 GiB");
     return NULL;
@@ -403,9 +427,10 @@ static PyObject *py_tcp(PyObject *m, PyObject *args) {
           }
         }
         char ack;
+        if (!err) spin_readable(fd, spin_us);
         if (!err && recv_all(fd, &ack, 1)) err = errno ? errno : EPIPE;
       } else {
-        if (send_all(fd, h, sizeof h) || recv_all(fd, data, block)) err = errno ? errno : EPIPE;
+        if (send_all(fd, h, sizeof h) || (spin_readable(fd, spin_us), recv_all(fd, data, block))) err = errno ? errno : EPIPE;
       }
       out[i] = (double)(now_ns() - t0) / 1e9;
     }
@@ -428,8 +453,10 @@ static PyMethodDef methods[] = {
      "memcpy(dst, src, block, count, threads=1, piece=0) -> per-request seconds (float64 bytes)"},
     {"batch_cma", (PyCFunction)(void (*)(void))py_batch_cma, METH_VARARGS | METH_KEYWORDS,
      "batch_cma(pid, op, local, remote, block, n, count, threads=1) -> per-batch seconds (float64 bytes)"},
-    {"tcp_serve", py_tcp_serve, METH_VARARGS, "tcp_serve(host, addr=0, size=0) -> port of a bare request/response server"},
-    {"tcp", py_tcp, METH_VARARGS, "tcp(host, port, op, block, count, local=0) -> per-request seconds (float64 bytes)"},
+    {"tcp_serve", py_tcp_serve, METH_VARARGS,
+     "tcp_serve(host, addr=0, size=0, spin_us=0) -> port of a bare request/response server"},
+    {"tcp", py_tcp, METH_VARARGS,
+     "tcp(host, port, op, block, count, local=0, spin_us=0) -> per-request seconds (float64 bytes)"},
     {NULL}};
 
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_bare", "bare limits for the small-request benchmarks", -1,

@@ -305,15 +305,20 @@ def _bench_quick(as_json: bool, transports: list[str], ops: list[str], config: d
         click.echo(json.dumps(rows, indent=1))
         return
     table = Table(title="tent bench --quick: one request at a time vs the bare limit (median of 3 interleaved rounds)")
-    for c in ("transport", "op", "size", "tent GB/s", "bare GB/s", "x bare", "tent p50 us", "p99 us", "p99.9 us", "bare p50 us"):
+    for c in ("transport", "op", "size", "tent GB/s", "run() GB/s", "bare GB/s", "x bare", "run() x bare", "python GB/s",
+              "run() x python", "tent p50 us", "p99 us", "p99.9 us", "bare p50 us"):  # fmt: skip
         table.add_column(c, justify="left" if c in ("transport", "op") else "right")
+    opt = lambda r, k: f"{r[k]:.2f}" if k in r else "-"  # noqa: E731
     for r in rows:
-        table.add_row(r["transport"], r["op"], human(r["block"]), f"{r['tent_gbps']:.2f}", f"{r['bare_gbps']:.2f}",
-                      f"{r['ratio']:.2f}", f"{r['tent_p50_us']:.1f}", f"{r['tent_p99_us']:.1f}", f"{r['tent_p999_us']:.1f}",
-                      f"{r['bare_p50_us']:.1f}")  # fmt: skip
+        table.add_row(r["transport"], r["op"], human(r["block"]), f"{r['tent_gbps']:.2f}", opt(r, "run_gbps"),
+                      f"{r['bare_gbps']:.2f}", f"{r['ratio']:.2f}", opt(r, "run_ratio"), opt(r, "python_gbps"),
+                      opt(r, "run_python_ratio"), f"{r['tent_p50_us']:.1f}", f"{r['tent_p99_us']:.1f}",
+                      f"{r['tent_p999_us']:.1f}", f"{r['bare_p50_us']:.1f}")  # fmt: skip
     _out().print(table)
-    _out().print("bare: shm = one process_vm_readv/writev per request in C (or memcpy between the same mappings in memfd mode); "
-                 "tcp = a C request/response loop on one TCP_NODELAY connection. Full set: scripts/bench-small.sh")
+    _out().print("tent = submit().wait(); run() = engine.run (submit and wait in one call). bare: shm = one "
+                 "process_vm_readv/writev per request in C (or memcpy between the same mappings in memfd mode); tcp = a C "
+                 "request/response loop on one TCP_NODELAY connection. python: the same shm copy called from a Python loop "
+                 "(issue 17's baseline). Full set: scripts/bench-small.sh")
 
 
 def _bench_fabric(

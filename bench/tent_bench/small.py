@@ -5,7 +5,11 @@ one then the other (the order flips every round), so a noisy neighbour hurts bot
 figure is the median over the rounds with the lowest and highest round beside it. Byte checks
 before timing use a pattern that never repeats (`small_target.fill`).
 
-The bare limits are C loops (`tent_bench._bare`), never Python around a system call:
+Two bare copies stand next to the engine for small shm requests, one at a time: the *physical
+limit*, a C loop (`tent_bench._bare`) with no interpreter between two copies, and *issue 17's
+baseline*, the same copy called from a Python loop timed exactly like the engine's (what an
+application would write without us: `PYTHON_FORMS`). The engine runs both ways an application
+calls it: `submit(reqs).wait()` and `Engine.run(reqs)` (submit and wait in one call). The C limits:
 
 * shm: one ``process_vm_readv``/``process_vm_writev`` per request, on one thread: what the engine
   does for a request of up to one chunk, which it copies on the submitting thread. For a batch, or
@@ -24,6 +28,7 @@ docs/benchmarks.md. ``python -m tent_bench.small --help`` (or scripts/bench-smal
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import logging
 import os
@@ -38,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from tent_core import Engine, OpCode, PeerUnreachableError, Priority, Request
+from tent_core import Engine, NoPathError, OpCode, PeerUnreachableError, Priority, Request
 
 from . import _bare
 from .small_target import PAGE, fill
@@ -141,6 +146,70 @@ def engine_loop(eng: Engine, reqs: list[Request], count: int) -> list[float]:
     return lat
 
 
+def run_loop(eng: Engine, reqs: list[Request], count: int) -> list[float]:
+    """`count` `Engine.run(reqs)` (submit and wait in one call), timed like `engine_loop`."""
+    lat = []
+    run = eng.run
+    clock = time.perf_counter
+    for _ in range(count):
+        t0 = clock()
+        run(reqs)
+        lat.append(clock() - t0)
+    return lat
+
+
+def _py_memcpy_loop(dst: memoryview, src: memoryview, count: int) -> list[float]:
+    """memfd mode from Python: one memoryview slice assignment (a single memcpy) per request."""
+    lat = []
+    clock = time.perf_counter
+    for _ in range(count):
+        t0 = clock()
+        dst[:] = src
+        lat.append(clock() - t0)
+    return lat
+
+
+def _py_cma_loop(fn: Any, pid: int, liov: Any, riov: Any, block: int, count: int) -> list[float]:
+    """cma mode from Python: one ctypes `process_vm_readv`/`writev` per request, iovecs built once,
+    the result checked as an application must."""
+    lat = []
+    clock = time.perf_counter
+    for _ in range(count):
+        t0 = clock()
+        if fn(pid, liov, 1, riov, 1, 0) != block:
+            raise OSError(ctypes.get_errno(), "process_vm_readv/writev from Python moved a short count")
+        lat.append(clock() - t0)
+    return lat
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+# The issue-17 baseline, "bare process_vm_readv from Python": the fastest form an application
+# would write without us, per shm mode (see `_python_one`); named in the table's notes.
+PYTHON_FORMS = {
+    "cma": "ctypes `process_vm_readv`/`process_vm_writev`, iovecs built once, return value checked",
+    "memfd": "memoryview slice assignment between the two mappings (one `memcpy`)",
+}
+
+
+def _python_one(eng: Engine, t: Target, op: str, block: int, count: int, local_addr: int) -> tuple[str, Callable[[], list[float]]]:
+    """The same copy as the bare C loop, called from a Python loop timed like the engine's."""
+    mode, mapped = _shm_view(eng, t)
+    if mode == "cma":
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.process_vm_readv if op == "READ" else libc.process_vm_writev
+        fn.restype = ctypes.c_ssize_t
+        liov, riov = _Iovec(local_addr, block), _Iovec(int(t.info["addr"]), block)
+        lp, rp, pid = ctypes.byref(liov), ctypes.byref(riov), int(t.info["pid"])
+        return mode, lambda: _py_cma_loop(fn, pid, lp, rp, block, count)
+    local = memoryview((ctypes.c_char * block).from_address(local_addr)).cast("B")
+    theirs = memoryview((ctypes.c_char * block).from_address(mapped)).cast("B")
+    dst, src = (local, theirs) if op == "READ" else (theirs, local)
+    return mode, lambda: _py_memcpy_loop(dst, src, count)
+
+
 def _summary(name: str, samples: list[dict[str, Any]]) -> dict[str, Any]:
     lat = [x for s in samples for x in s["lat"]]
     g = spread([s["gbps"] for s in samples])
@@ -148,9 +217,9 @@ def _summary(name: str, samples: list[dict[str, Any]]) -> dict[str, Any]:
             f"{name}_p50_us": pct(lat, 50), f"{name}_p99_us": pct(lat, 99), f"{name}_p999_us": pct(lat, 99.9)}  # fmt: skip
 
 
-def _ratio(a: list[dict[str, Any]], b: list[dict[str, Any]], key: str = "gbps") -> dict[str, float]:
+def _ratio(a: list[dict[str, Any]], b: list[dict[str, Any]], key: str = "gbps", prefix: str = "") -> dict[str, float]:
     r = spread([x[key] / y[key] for x, y in zip(a, b, strict=True) if y[key] > 0])
-    return {"ratio": r["med"], "ratio_lo": r["lo"], "ratio_hi": r["hi"]}
+    return {f"{prefix}ratio": r["med"], f"{prefix}ratio_lo": r["lo"], f"{prefix}ratio_hi": r["hi"]}
 
 
 def _verify(eng: Engine, local: Any, remote: str, n: int) -> None:
@@ -199,7 +268,8 @@ def _bare_one(eng: Engine, t: Target, transport: str, op: str, block: int, count
         if batch > 1:
             raise ValueError("no bare tcp batch loop")
         port = int(t.info["bare_tcp_port"])  # both ends on the engine's buffers: the same memory, the same copies
-        return lambda: np.frombuffer(_bare.tcp("127.0.0.1", port, o, block, count, local_addr), np.float64)
+        spin_us = int(getattr(eng.transports["tcp"], "busy_poll_us", 0))  # and the engine's polling before a sleep
+        return lambda: np.frombuffer(_bare.tcp("127.0.0.1", port, o, block, count, local_addr, spin_us), np.float64)
     raise ValueError(f"no bare limit for {transport}")
 
 
@@ -223,14 +293,27 @@ def one_at_a_time(transport: str, sizes: list[int], ops: list[str], rounds: int,
                 count = _counts(block, budget)
                 reqs = [Request(OPS[op], local, 0, t.segment, 0, block)]
                 engine_loop(eng, reqs, 20)  # warm: the plan is cached, connections are up
+                run_loop(eng, reqs, 20)
                 bare = _bare_one(eng, t, transport, op, block, count, local.addr)
-                res = interleave(rounds, {
+                fns: dict[str, Callable[[], dict[str, Any]]] = {
                     "tent": lambda reqs=reqs, count=count, block=block: _timed(lambda: engine_loop(eng, reqs, count), block, count),
+                    "run": lambda reqs=reqs, count=count, block=block: _timed(lambda: run_loop(eng, reqs, count), block, count),
                     "bare": lambda bare=bare, count=count, block=block: _timed(bare, block, count),
-                })  # fmt: skip
-                rows.append({"scenario": "one_at_a_time", "transport": transport, "op": op, "block": block, "batch": 1,
-                             "count": count, "rounds": rounds, **_summary("tent", res["tent"]), **_summary("bare", res["bare"]),
-                             **_ratio(res["tent"], res["bare"])})  # fmt: skip
+                }  # fmt: skip
+                extra: dict[str, Any] = {}
+                if transport == "shm":
+                    mode, py = _python_one(eng, t, op, block, count, local.addr)
+                    fns["python"] = lambda py=py, count=count, block=block: _timed(py, block, count)
+                    extra = {"shm_mode": mode, "python_form": PYTHON_FORMS[mode]}
+                res = interleave(rounds, fns)
+                row = {"scenario": "one_at_a_time", "transport": transport, "op": op, "block": block, "batch": 1,
+                       "count": count, "rounds": rounds, **extra, **_summary("tent", res["tent"]), **_summary("run", res["run"]),
+                       **_summary("bare", res["bare"]), **_ratio(res["tent"], res["bare"]),
+                       **_ratio(res["run"], res["bare"], prefix="run_")}  # fmt: skip
+                if "python" in res:
+                    row.update(_summary("python", res["python"]), **_ratio(res["tent"], res["python"], prefix="python_"),
+                               **_ratio(res["run"], res["python"], prefix="run_python_"))  # fmt: skip
+                rows.append(row)
     return rows
 
 
@@ -459,16 +542,13 @@ def run(names: list[str], transports: list[str], rounds: int = 5, budget: int = 
             rows += two_engines(rounds, budget, config=config)
         elif name == "many_buffers":
             for tr in transports:
-                shm_mode = ((config or {}).get("transports", {}).get("shm") or {}).get("mode", "memfd")
-                if tr == "shm" and shm_mode != "cma":
-                    # the target registers plain memory; memfd mode (the default) maps only engine-allocated
-                    # buffers, and the engine retries such a request until its deadline (see the closing note)
-                    log.warning("many_buffers over shm skipped: plain registered memory needs shm mode cma")
-                    continue
                 try:
                     rows += many_buffers(tr, rounds, config=config)
-                except PeerUnreachableError as exc:  # shm without CMA maps only engine-allocated buffers
-                    log.warning("many_buffers over %s skipped: %s", tr, exc)
+                except (NoPathError, PeerUnreachableError) as exc:
+                    # the target registers plain memory: shm in memfd mode (the default) maps only
+                    # engine-allocated buffers, and the engine refuses the first request saying so
+                    log.warning("many_buffers over %s not measured: %s", tr, exc)
+                    rows.append({"scenario": "many_buffers", "transport": tr, "not_measured": str(exc)})
         elif name == "qos_tail":
             for tr in transports:
                 rows += qos_tail(tr, rounds, config=config)
@@ -489,6 +569,11 @@ def _range(r: dict[str, Any], key: str, fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(r[key])} ({fmt.format(r[key + '_lo'])}-{fmt.format(r[key + '_hi'])})"
 
 
+def _first_sentence(reason: str) -> str:
+    """The engine's refusal, for a table cell: its own words up to the staged-path alternatives."""
+    return reason.split("; no staged path either")[0].replace("|", "/")
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     """docs/benchmarks.md tables: median (lowest-highest round) for every interleaved figure."""
     out: list[str] = []
@@ -501,11 +586,21 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         out.append("")
 
     sel = lambda name: [r for r in rows if r["scenario"] == name]  # noqa: E731
-    table("One request at a time vs the bare limit", [
-        "transport", "op", "size", "tent GB/s", "bare GB/s", "x bare", "tent P50 / P99 / P99.9 us", "bare P50 / P99 us"], [
-        [r["transport"], r["op"], _size(r["block"]), _range(r, "tent_gbps"), _range(r, "bare_gbps"), _range(r, "ratio"),
-         f"{r['tent_p50_us']:.1f} / {r['tent_p99_us']:.1f} / {r['tent_p999_us']:.1f}", f"{r['bare_p50_us']:.1f} / {r['bare_p99_us']:.1f}"]
-        for r in sel("one_at_a_time")])  # fmt: skip
+    where = lambda r: f"{r['transport']} ({r['shm_mode']})" if "shm_mode" in r else r["transport"]  # noqa: E731
+    ones = sel("one_at_a_time")
+    opt = lambda r, key: _range(r, key) if key in r else "-"  # noqa: E731
+    lat = lambda r, q: " / ".join(f"{r[f'{n}_{q}_us']:.1f}" if f"{n}_{q}_us" in r else "-"  # noqa: E731
+                                  for n in ("tent", "run", "bare", "python"))  # fmt: skip
+    table("One request at a time: the engine vs the bare copy in C (physical limit) and from Python (issue 17's baseline)", [
+        "transport", "op", "size", "submit+wait GB/s", "run() GB/s", "bare C GB/s", "bare Python GB/s",
+        "submit+wait x C", "run() x C", "submit+wait x Python", "run() x Python",
+        "P50 us (submit+wait / run / C / Python)", "P99 us (same)"], [
+        [where(r), r["op"], _size(r["block"]), _range(r, "tent_gbps"), opt(r, "run_gbps"), _range(r, "bare_gbps"),
+         opt(r, "python_gbps"), _range(r, "ratio"), opt(r, "run_ratio"), opt(r, "python_ratio"), opt(r, "run_python_ratio"),
+         lat(r, "p50"), lat(r, "p99")] for r in ones])  # fmt: skip
+    forms = sorted({(r["shm_mode"], r["python_form"]) for r in ones if "python_form" in r})
+    if forms:
+        out[-1:-1] = [""] + [f"- bare Python, shm mode {m}: {f}" for m, f in forms]
     table("Batches, one in flight", ["transport", "op", "batch", "tent GB/s", "bare GB/s (2 threads)", "x bare", "tent P50 / P99 us"], [
         [r["transport"], r["op"], f"{r['batch']} x {_size(r['block'])}", _range(r, "tent_gbps"),
          _range(r, "bare_gbps") if "bare_gbps" in r else "", _range(r, "ratio") if "ratio" in r else "",
@@ -520,7 +615,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                                                         "first READ after a registration, ms (few / many)"], [
         [r["transport"], f"{r['few']} / {r['many']}", f"{r['few_us']:.1f} / {r['many_us']:.1f}", _range(r, "ratio"),
          f"{r['scattered_us']:.1f}",
-         f"{r['first_read_few_ms']:.2f} / {r['first_read_many_ms']:.2f}"] for r in sel("many_buffers")])  # fmt: skip
+         f"{r['first_read_few_ms']:.2f} / {r['first_read_many_ms']:.2f}"] if "not_measured" not in r else
+        [r["transport"], "", f"not measured: {_first_sentence(r['not_measured'])}", "", "", ""]
+        for r in sel("many_buffers")])  # fmt: skip
     table("64 KiB HIGH READs under a concurrent 64 MiB LOW stream to the same peer (QoS on)", [
         "transport", "idle P50 / P99 us", "loaded P50 / P99 us", "P99 loaded / idle", "stream GB/s"], [
         [r["transport"], f"{r['idle_p50_us']:.0f} / {r['idle_p99_us']:.0f}", f"{r['loaded_p50_us']:.0f} / {r['loaded_p99_us']:.0f}",

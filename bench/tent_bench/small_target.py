@@ -66,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(n):
                 eng.register(arr[i * PAGE : (i + 1) * PAGE], segment=name)
             used[name] = n
-        port = _bare.tcp_serve(args.host, buf.addr, args.size)  # the bare server serves the same memory
+        # the bare server serves the same memory, polling for the next request as long as the engine's
+        spin_us = int(getattr(eng.transports.get("tcp"), "busy_poll_us", 0))
+        port = _bare.tcp_serve(args.host, buf.addr, args.size, spin_us)
         print(json.dumps({"engine": eng.engine_id, "segment": eng.segment_name("bench"), "pid": os.getpid(),
                           "addr": buf.addr, "size": args.size, "bare_tcp_port": port, "transports": sorted(eng.transports)}),
               flush=True)  # fmt: skip

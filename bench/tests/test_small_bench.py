@@ -58,8 +58,37 @@ def test_one_at_a_time_rows_next_to_the_bare_limit() -> None:
     ]  # fmt: skip
     for r in rows:
         assert r["tent_gbps"] > 0 and r["bare_gbps"] > 0 and r["ratio"] > 0
+        assert r["run_gbps"] > 0 and r["run_ratio"] > 0  # Engine.run, the synchronous form
         assert r["tent_p50_us"] <= r["tent_p99_us"] <= r["tent_p999_us"]
-    assert "| shm | READ | 4 KiB |" in small.markdown(rows)
+    for r in rows[:4]:  # shm: the issue's baseline, the same copy called from Python, in the same run
+        assert r["python_gbps"] > 0 and r["python_ratio"] > 0 and r["run_python_ratio"] > 0
+        assert r["python_form"] == small.PYTHON_FORMS[r["shm_mode"]]
+    assert "python_gbps" not in rows[4]  # no Python baseline for tcp
+    md = small.markdown(rows)
+    assert f"| shm ({rows[0]['shm_mode']}) | READ | 4 KiB |" in md and "| tcp | READ | 64 KiB |" in md
+    assert f"- bare Python, shm mode {rows[0]['shm_mode']}: " in md
+
+
+def test_python_baselines_copy_the_bytes() -> None:
+    """The Python-level baselines move exactly the bytes they claim, both shm modes, both ops."""
+    from tent_core import Engine
+
+    n = 64 * KiB
+    for mode in ("memfd", "cma"):
+        cfg = {"transports": {"shm": {"mode": mode}}}
+        with small.target(n, cfg) as t, Engine(cfg, transports=["shm"]) as eng:
+            local = eng.allocate(n, segment="small-local")
+            small._verify(eng, local, t.segment, n)  # connects, and leaves the target's pattern in place
+            local.array[:] = 0
+            got_mode, loop = small._python_one(eng, t, "READ", n, 2, local.addr)
+            assert got_mode == mode and len(loop()) == 2
+            assert np.array_equal(local.array, small.fill(n))
+            local.array[:] = small.fill(n, seed=9)
+            _, loop = small._python_one(eng, t, "WRITE", n, 2, local.addr)
+            loop()
+            local.array[:] = 0
+            eng.read(local, t.segment, n)
+            assert np.array_equal(local.array, small.fill(n, seed=9))
 
 
 def test_scenarios_through_the_command_line() -> None:
@@ -114,3 +143,20 @@ def test_tent_bench_quick_sweeps_small_sizes_next_to_the_bare_limit() -> None:
         assert r["rounds"] == 3 and r["bare_gbps"] > 0 and r["tent_p50_us"] <= r["tent_p99_us"]
     bad = subprocess.run([tent, "bench", "--quick", "--ops", "COPY"], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "READ and/or WRITE" in bad.stderr
+
+
+def test_many_buffers_over_shm_memfd_reports_why_it_is_not_measured() -> None:
+    """The target registers plain memory, which shm in memfd mode (the default) cannot map: the
+    engine refuses the first request with the reason (no retrying until a deadline) and the
+    scenario reports that reason as its row instead of a figure."""
+    rows = small.run(["many_buffers"], ["shm"], 1, 1 << 20, config={"transports": {"shm": {"mode": "memfd"}}})
+    assert len(rows) == 1 and rows[0]["transport"] == "shm"
+    reason = rows[0]["not_measured"]
+    assert "memfd mode" in reason and "engine.allocate()" in reason, reason
+    assert "| shm |  | not measured: no transport can reach" in small.markdown(rows)
+
+
+def test_many_buffers_over_shm_with_cma_is_measured() -> None:
+    mb = small.many_buffers("shm", 1, count=40, few=4, many=64, config={"transports": {"shm": {"mode": "auto"}}})
+    assert len(mb) == 1 and "not_measured" not in mb[0]
+    assert mb[0]["few_us"] > 0 and mb[0]["many_us"] > 0 and mb[0]["first_read_many_ms"] > 0

@@ -277,9 +277,23 @@ class Connection:
             raise rep
         if not rep.get("ok", False) and not rep.get("keep"):
             code = rep.get("err", "error")
+            if code == "unknown_handle":
+                self._dropped([msg.get("h")])
             cls = VersionUnavailable if code == "unavailable" else RefhubError
             raise cls(code, rep.get("msg", ""))
         return rep
+
+    def _dropped(self, hids: list[Any]) -> None:
+        """The server no longer knows these handles of ours while it kept its epoch: it dropped our
+        replica (heartbeats missed: a pause, a network blip). Each re-registers and publishes again
+        what it still holds (ShardHandle._reopen)."""
+        for hid in hids:
+            h = self.handles.get(hid)
+            if h is not None and not self._stop.is_set():
+                try:
+                    self.events.submit(h._reopen, hid, True)
+                except RuntimeError:  # closing: the event pool is shut down
+                    return
 
     def _send(self, data: bytes) -> None:
         if self._auth.ready:
@@ -318,6 +332,11 @@ class Connection:
         last_rx = time.monotonic()
         last_hb = 0.0
         hb_out = False
+        # the server is silent when a heartbeat stays unanswered for failover_after: measured from
+        # when we sent it, and from our own resumption when this thread itself stood still that long
+        # (SIGSTOP, a starved machine), so our pause is not taken for the server's
+        waiting_since = last_rx
+        prev = last_rx
         while not self._stop.is_set():
             if not self._auth.ready:
                 dealer = self._dealer
@@ -329,6 +348,9 @@ class Connection:
                     poller.register(self._dealer, zmq.POLLIN)
             ready = dict(poller.poll(int(self.hb_interval * 500)))
             now = time.monotonic()
+            if now - prev > self.failover_after:
+                waiting_since = now
+            prev = now
             if self._pull in ready:
                 while True:
                     try:
@@ -371,11 +393,13 @@ class Connection:
                 last_hb = now
                 hs = list(self.handles)
                 if hs and self._auth.ready:
+                    if not hb_out:
+                        waiting_since = now
                     hb_out = True
                     self._send(msgpack.packb({"op": "hb", "rid": 0, "hs": hs, "cid": self.cid}))
                 elif not hb_out:
                     last_rx = now
-            if hb_out and now - last_rx > self.failover_after:
+            if hb_out and now - max(last_rx, waiting_since) > self.failover_after:
                 poller.unregister(self._dealer)
                 self._failover()
                 poller.register(self._dealer, zmq.POLLIN)
@@ -397,10 +421,7 @@ class Connection:
                 self.epoch = epoch
                 self._reset_handles()
             elif rep.get("unknown"):
-                for hid in rep["unknown"]:
-                    h = self.handles.get(hid)
-                    if h is not None:
-                        self.events.submit(h._reopen)
+                self._dropped(list(rep["unknown"]))
             self.epoch = epoch or self.epoch
             return
         with self._plock:
@@ -429,8 +450,8 @@ class Connection:
     def _reset_handles(self) -> None:
         self.generation += 1
         self._fail_pending(ServerFailover("failover", f"reference server changed to {self.server}"))
-        for h in list(self.handles.values()):
-            self.events.submit(h._reopen)
+        for hid, h in list(self.handles.items()):
+            self.events.submit(h._reopen, hid)
 
     def close(self) -> None:
         self._stop.set()
@@ -894,6 +915,9 @@ class ShardHandle:
         self.state = "idle"
         self.version: int | None = None
         self.hid: int | None = None
+        # what this handle publishes (version, reference, checksums): sent again if the server drops
+        # the replica while we still hold it (_reopen)
+        self._held: tuple[int, dict, list | None] | None = None
         self.segment = f"rh{os.getpid()}-{next(_seg_counter)}"
         self._lock = threading.RLock()
         self._pack = None  # LocalBuffer of the tiny-tensor pack
@@ -921,23 +945,62 @@ class ShardHandle:
             self.conn.handles.pop(old, None)
         self.conn.handles[self.hid] = self
 
-    def _reopen(self) -> None:
-        """After a server failover/restart: unpublished, same tensors, re-registered with the new server."""
+    def _reopen(self, stale: int | None = None, republish: bool = False) -> None:
+        """Re-register with the server. After a server failover/restart: unpublished, same tensors.
+        After the same server dropped our replica (`republish`: heartbeats missed), what this handle
+        still publishes is published again, same version, reference and checksums (the tensors are
+        immutable until unpublish). `stale`: the handle id the server did not know; nothing to do
+        when the handle re-registered since."""
+        with self._lock:
+            if self._closed or (stale is not None and self.hid != stale):
+                return
+            held = self._held if republish and self.state == "published" else None
+            if held is None:
+                self._end_publication()
         for attempt in range(REOPEN_ATTEMPTS):
             # the lock is let go between attempts: a close() (or an operation that will fail and
             # tell its caller) must not wait for every retry against a server that is gone
             with self._lock:
                 if self._closed or self.conn._stop.is_set():
                     return
-                self.state = "idle"
                 try:
                     self._open()
-                    log.info("handle %s/%s/%d re-registered with %s", self.model, self.replica, self.shard, self.conn.server)
-                    return
                 except (TimeoutError, RefhubError) as exc:
                     log.warning("re-open attempt %d failed: %s", attempt, exc)
+                else:
+                    log.info("handle %s/%s/%d re-registered with %s", self.model, self.replica, self.shard, self.conn.server)
+                    if held is not None:
+                        # after the other handles of this connection re-opened: the replica's barrier needs every shard
+                        self.conn.events.submit(self._republish, held, self.hid)
+                    return
             if self.conn._stop.wait(0.2):
                 return
+        with self._lock:
+            self._end_publication()
+
+    def _republish(self, held: tuple[int, dict, list | None], hid: int) -> None:
+        with self._lock:
+            if self._closed or self.hid != hid or self._held is not held or self.state != "published":
+                return  # re-registered again, unpublished or closed meanwhile
+            v, ref, cks = held
+            try:
+                self.conn.request({"op": "publish", "h": hid, "version": v, "ref": ref, "checksum": cks},
+                                  self.request_timeout)
+            except (TimeoutError, RefhubError) as exc:
+                log.warning("handle %s/%s/%d: publishing v%d again after the server dropped it failed: %s",
+                            self.model, self.replica, self.shard, v, exc)
+                self._end_publication()
+                return
+            log.info("handle %s/%s/%d: v%d published again after the server dropped the replica",
+                     self.model, self.replica, self.shard, v)
+
+    def _end_publication(self) -> None:
+        """Unpublished as far as this side knows: the progress word stops vouching for the bytes."""
+        if self.state != "idle":
+            self._set_progress(0, 0)
+        self.state = "idle"
+        self.version = None
+        self._held = None
 
     def register(self, name: str, tensor: Any, mode: str | None = None) -> None:
         """Register a tensor (numpy array or CPU torch tensor).
@@ -1094,6 +1157,7 @@ class ShardHandle:
                               self.request_timeout)
             self.state = "published"
             self.version = int(version)
+            self._held = (int(version), ref, cks)
 
     def unpublish(self, timeout: float | None = None) -> None:
         """Revoke; returns once in-flight reads drained. The last copy of a retained version is offloaded first."""
@@ -1111,6 +1175,7 @@ class ShardHandle:
                 break
             self.state = "idle"
             self.version = None
+            self._held = None
             # the immutability commitment ends here: the owner may overwrite these bytes, so the progress
             # word must stop vouching for them before the server routes a pipeline reader to this replica
             self._set_progress(0, 0)
@@ -1179,6 +1244,8 @@ class ShardHandle:
                 raise
             self.conn.request({"op": "replicate_done", "h": self.hid, "ok": True}, self.request_timeout)
             self.state = "published"
+            cks = rep.get("checksum")
+            self._held = (int(v), msg["ref"], list(cks) if cks is not None else self._checksums())
             return v
 
     def _submit(self, reqs: list, deadline: float) -> Any:

@@ -118,7 +118,8 @@ def main() -> None:
             elif cmd == "list":
                 res = {"list": h.list()}
             elif cmd == "state":
-                res = {"state": h.state, "version": h.version, "h": h.hid, "server": h.conn.server}
+                res = {"state": h.state, "version": h.version, "h": h.hid, "server": h.conn.server,
+                       "failovers": h.conn.generation}
             elif cmd == "exit":
                 h.close()
                 print(json.dumps({"ok": True}), flush=True)

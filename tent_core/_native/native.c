@@ -238,14 +238,17 @@ static PyTypeObject BatchType;
 static batch_t *batch_create(long total) {
   batch_t *b;
   if (tl_nbatches > 0) {
+    /* Relaxed: the batch is this thread's alone until its slices are handed over, which
+     * publishes it (the executor's queue lock, or this very thread running them inline); a
+     * seq_cst store is a locked instruction on x86, nine of them per submit otherwise. */
     b = tl_batches[--tl_nbatches];
-    atomic_store(&b->cancelled, 0);
-    atomic_store(&b->first_error, 0);
-    atomic_store(&b->bytes_done, 0);
-    atomic_store(&b->retries, 0);
-    atomic_store(&b->poll_ops, 0);
-    atomic_store(&b->poll_exec, 0);
-    atomic_store(&b->sleepers, 0);
+    atomic_store_explicit(&b->cancelled, 0, memory_order_relaxed);
+    atomic_store_explicit(&b->first_error, 0, memory_order_relaxed);
+    atomic_store_explicit(&b->bytes_done, 0, memory_order_relaxed);
+    atomic_store_explicit(&b->retries, 0, memory_order_relaxed);
+    atomic_store_explicit(&b->poll_ops, 0, memory_order_relaxed);
+    atomic_store_explicit(&b->poll_exec, 0, memory_order_relaxed);
+    atomic_store_explicit(&b->sleepers, 0, memory_order_relaxed);
   } else {
     b = calloc(1, sizeof(batch_t));
     if (!b) return NULL;
@@ -256,8 +259,8 @@ static batch_t *batch_create(long total) {
     pthread_cond_init(&b->cv, &ca);
     pthread_condattr_destroy(&ca);
   }
-  atomic_store(&b->remaining, total);
-  atomic_store(&b->refs, total > 0 ? 2 : 1);
+  atomic_store_explicit(&b->remaining, total, memory_order_relaxed);
+  atomic_store_explicit(&b->refs, total > 0 ? 2 : 1, memory_order_relaxed);
   return b;
 }
 
@@ -1259,17 +1262,15 @@ static void slices_free(slice_buf_t *sb) {
 
 /* submit(requests, deadline) -> handle, or None when the planner must run (a miss, a stale entry,
  * or anything it would report as an error). Never raises for a bad request: the planner does. */
-static PyObject *FastPath_submit(FastPathObject *fp, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 2) {
-    PyErr_SetString(PyExc_TypeError, "submit(requests, deadline)");
-    return NULL;
-  }
+/* The fast path proper. `sync` (run(): the caller waits right away): a batch that finished inside
+ * this call without an error is not given a handle at all; *finished is then 1 and None returned. */
+static PyObject *fast_submit(FastPathObject *fp, PyObject *requests, PyObject *deadline, int sync, int *finished) {
+  *finished = 0;
   if (!fp->enabled || !fp->cache) Py_RETURN_NONE;
-  PyObject *requests = args[0], *deadline = args[1];
   PyObject *const *items;
   Py_ssize_t nreq;
   if (Py_TYPE(requests) == fp->request_type) {
-    items = &args[0];
+    items = &requests;
     nreq = 1;
   } else if (PyList_CheckExact(requests)) {
     items = ((PyListObject *)requests)->ob_item;
@@ -1376,37 +1377,15 @@ static PyObject *FastPath_submit(FastPathObject *fp, PyObject *const *args, Py_s
   }
   fp->hits++;
 
-  /* the handle */
-  BatchObject *h = batch_obj_alloc(fp->handle_type);
-  batch_t *b = h ? batch_create((long)sb.n) : NULL;
+  batch_t *b = batch_create((long)sb.n);
   if (!b) {
-    Py_XDECREF(h);
     slices_free(&sb);
-    return h ? PyErr_NoMemory() : NULL;
+    return PyErr_NoMemory();
   }
-  h->b = b;
-  h->total = (long)sb.n;
   uint64_t t_submit = now_ns(); /* one clock read: the handle's submitted_at and the slices' submit_ns */
-  batch_fields_init(h, t_submit);
-  Py_INCREF(fp->owner);
-  Py_SETREF(h->engine, fp->owner);
-  h->deadline = h->submitted_at + timeout;
-  h->num_requests = (long)nreq;
-  if (nused == 1) {
-    Py_INCREF(used[0]);
-    Py_SETREF(h->fast, (PyObject *)used[0]);
-  } else {
-    PyObject *t = PyTuple_New(nused);
-    if (!t) goto oom;
-    for (int k = 0; k < nused; k++) {
-      Py_INCREF(used[k]);
-      PyTuple_SET_ITEM(t, k, (PyObject *)used[k]);
-    }
-    Py_SETREF(h->fast, t);
-  }
-  PyObject *token = PyLong_FromVoidPtr(b);
-  if (!token) goto oom;
-  /* hand the slices over, one executor call per run of slices for the same executor */
+  /* hand the slices over, one executor call per run of slices for the same executor. The handle
+   * is made afterwards, still under the GIL: the progress thread, which needs it to look a
+   * failure's token up, cannot run before the handle is tracked below. */
   for (uint32_t i = 0; i < sb.n;) {
     uint32_t j = i + 1;
     int inl = sb.inl[i];
@@ -1429,23 +1408,61 @@ static PyObject *FastPath_submit(FastPathObject *fp, PyObject *const *args, Py_s
       }
     i = j;
   }
+  slices_free(&sb);
+  if (sync && atomic_load(&b->remaining) == 0 && atomic_load(&b->first_error) == 0 && hook_off()) {
+    /* done inline, nothing to report: no handle (its only holder would be the caller, at once gone) */
+    batch_unref(b);
+    *finished = 1;
+    Py_RETURN_NONE;
+  }
+  BatchObject *h = batch_obj_alloc(fp->handle_type);
+  if (!h) goto lost;
+  h->b = b; /* the handle's reference */
+  h->total = (long)sb.n;
+  batch_fields_init(h, t_submit);
+  Py_INCREF(fp->owner);
+  Py_SETREF(h->engine, fp->owner);
+  h->deadline = h->submitted_at + timeout;
+  h->num_requests = (long)nreq;
+  if (nused == 1) {
+    Py_INCREF(used[0]);
+    Py_SETREF(h->fast, (PyObject *)used[0]);
+  } else {
+    PyObject *t = PyTuple_New(nused);
+    if (!t) goto lost_h;
+    for (int k = 0; k < nused; k++) {
+      Py_INCREF(used[k]);
+      PyTuple_SET_ITEM(t, k, (PyObject *)used[k]);
+    }
+    Py_SETREF(h->fast, t);
+  }
   /* Only a batch with work left is tracked (recovery finds retryable failures through it). This
    * thread held the GIL since the slices went out, so the progress thread, which needs it to look a
    * failure's token up, cannot have missed the entry; a batch finished inline is never tracked. */
-  int rc = atomic_load(&b->remaining) == 0 ? 0 : PyDict_SetItem(fp->inflight, token, (PyObject *)h);
-  Py_DECREF(token);
-  slices_free(&sb);
-  if (rc < 0) { /* out of memory: what is in flight ends cancelled, nothing is retried */
-    atomic_store(&b->cancelled, 1);
-    Py_DECREF(h);
-    return NULL;
+  if (atomic_load(&b->remaining) != 0) {
+    PyObject *token = PyLong_FromVoidPtr(b);
+    int rc = token ? PyDict_SetItem(fp->inflight, token, (PyObject *)h) : -1;
+    Py_XDECREF(token);
+    if (rc < 0) goto lost_h;
   }
   return (PyObject *)h;
-oom:
-  /* nothing was submitted: the batch never had work in flight */
-  slices_free(&sb);
+lost_h: /* out of memory with slices in flight: they end cancelled, nothing is retried */
+  atomic_store(&b->cancelled, 1);
   Py_DECREF(h);
   return NULL;
+lost:
+  atomic_store(&b->cancelled, 1);
+  batch_unref(b);
+  return NULL;
+}
+
+static PyObject *FastPath_submit(FastPathObject *fp, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "submit(requests, deadline)");
+    return NULL;
+  }
+  int finished;
+  return fast_submit(fp, args[0], args[1], 0, &finished);
 }
 
 static PyObject *FastPath_key(FastPathObject *fp, PyObject *req) {
@@ -1514,6 +1531,48 @@ usage:
   return NULL;
 }
 
+/* run(requests, deadline=None) -> None: submit and wait (the engine's run()). A batch the fast path
+ * finishes inside the call without an error never gets a handle; anything else waits on its handle
+ * (wait() raises the typed errors), the planner's included. */
+static PyObject *FastPath_run(FastPathObject *fp, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+  Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  PyObject *requests, *deadline = Py_None;
+  if (nargs < 1 || nargs + nkw > 2) goto usage;
+  requests = args[0];
+  if (nargs == 2) deadline = args[1];
+  for (Py_ssize_t i = 0; i < nkw; i++) {
+    PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+    if (nargs == 2 || !PyUnicode_Check(k) || PyUnicode_CompareWithASCIIString(k, "deadline") != 0) goto usage;
+    deadline = args[nargs + i];
+  }
+  int finished;
+  PyObject *h = fast_submit(fp, requests, deadline, 1, &finished);
+  if (!h) return NULL;
+  if (h == Py_None) {
+    if (finished) return h;
+    Py_DECREF(h);
+    if (!fp->fallback || fp->fallback == Py_None) {
+      PyErr_SetString(PyExc_RuntimeError, "fast path has no planner to fall back to");
+      return NULL;
+    }
+    h = PyObject_CallFunctionObjArgs(fp->fallback, requests, deadline, NULL);
+    if (!h) return NULL;
+  }
+  static PyObject *s_wait = NULL;
+  if (!s_wait && !(s_wait = PyUnicode_InternFromString("wait"))) {
+    Py_DECREF(h);
+    return NULL;
+  }
+  PyObject *r = PyObject_CallMethodNoArgs(h, s_wait);
+  Py_DECREF(h);
+  if (!r) return NULL;
+  Py_DECREF(r);
+  Py_RETURN_NONE;
+usage:
+  PyErr_SetString(PyExc_TypeError, "run(requests, deadline=None)");
+  return NULL;
+}
+
 static PyObject *FastPath_get_gen(FastPathObject *fp, void *c) { return PyLong_FromUnsignedLongLong(fp->gen); }
 static PyObject *FastPath_get_size(FastPathObject *fp, void *c) { return PyLong_FromSsize_t(fp->cache ? PyDict_GET_SIZE(fp->cache) : 0); }
 static PyObject *FastPath_get_hits(FastPathObject *fp, void *c) { return PyLong_FromUnsignedLongLong(fp->hits); }
@@ -1522,6 +1581,8 @@ static PyObject *FastPath_get_misses(FastPathObject *fp, void *c) { return PyLon
 static PyMethodDef FastPath_methods[] = {
     {"submit", (PyCFunction)(void (*)(void))FastPath_submit, METH_FASTCALL,
      "submit(requests, deadline) -> handle, or None: the planner must run"},
+    {"run", (PyCFunction)(void (*)(void))FastPath_run, METH_FASTCALL | METH_KEYWORDS,
+     "run(requests, deadline=None) -> None: submit and wait; no handle for a batch done inside the call"},
     {"key", (PyCFunction)FastPath_key, METH_O, "key(request) -> the cache key of its class, or None"},
     {"put", (PyCFunction)FastPath_put, METH_VARARGS, "put(key, entry) -> bool: cached (False: stale or closed)"},
     {"invalidate", (PyCFunction)FastPath_invalidate, METH_NOARGS, "forget every entry (routes, peers or buffers changed)"},

@@ -604,6 +604,49 @@ def check_abort_rail(s: Session) -> str:
     return f"{n} queued, {handed_back} handed back, {retried} retryable{note}"
 
 
+def check_buffer_reach(s: Session) -> str:
+    """What buffer_unreachable() claims holds (the core plans by it): it answers for every buffer,
+    before and after connect, without raising, and a buffer ruled out before connecting stays ruled
+    out; every buffer it does not rule out moves exact bytes; one it rules out is never reached (a
+    slice to it fails and moves nothing)."""
+    t = s.target
+    peer = t.peer_info(s.name)
+    served, refused = [], {}
+    for name, b in sorted(t.buffers.items()):
+        if name == "rel":
+            continue  # released by another check
+        view = {k: b[k] for k in ("offset", "addr", "length", "perm", "kind", "desc")}
+        try:
+            before = s.transport.buffer_unreachable(peer, view, None)
+            after = s.transport.buffer_unreachable(peer, view, s.link)
+        except Exception as exc:
+            raise CheckFailed(f"buffer_unreachable() raised for buffer {name!r}: {type(exc).__name__}: {exc}") from exc
+        if before and not after:
+            raise CheckFailed(f"buffer {name!r}: ruled out before connect ({before}) but not after: the core "
+                              "would have routed around a buffer the link serves")  # fmt: skip
+        if after:
+            refused[name] = str(after)
+        else:
+            served.append(name)
+    n = 4096
+    for name in served:
+        s.arr[:n] = 0
+        s.run_ok([Slice(READ, s.addr, t.addr(name), n)], f"READ of buffer {name!r} (not ruled out)")
+        _expect_bytes(s.arr[:n], t.expected(name, 0, n), f"READ of buffer {name!r}")
+    for name, why in refused.items():
+        s.arr[:n] = 0x3C
+        (status,) = s.run([Slice(READ, s.addr, t.addr(name), n)])
+        if status == Status.OK or not (s.arr[:n] == 0x3C).all():
+            raise CheckFailed(f"buffer {name!r} is ruled out ({why}) but a READ of it reached it")
+        if t.buffers[name]["perm"] & int(Permission.WRITE):
+            s.arr[:n] = 0x3C
+            (status,) = s.run([Slice(WRITE, s.addr, t.addr(name), n)])
+            _expect_bytes(t.read(name, 0, n), t.expected(name, 0, n), f"buffer {name!r} (ruled out) after a WRITE")
+            if status == Status.OK:
+                raise CheckFailed(f"buffer {name!r} is ruled out ({why}) but a WRITE to it reported OK")
+    return f"served {served}" + (f"; ruled out {sorted(refused)}: {next(iter(refused.values()))}" if refused else "")
+
+
 def check_release_buffer(s: Session) -> str:
     """After the target's release_buffer() returned, slices into that buffer fail (never succeed, never hang)."""
     ac = s.transport.access_control(s.link)
@@ -665,6 +708,7 @@ CHECKS: dict[str, Callable[..., str]] = {
     "concurrent": check_concurrent,
     "all_or_nothing_submit": check_all_or_nothing_submit,
     "abort_rail": check_abort_rail,
+    "buffer_reach": check_buffer_reach,
     "release_buffer": check_release_buffer,
     "exactly_once_on_close": check_exactly_once_on_close,
 }

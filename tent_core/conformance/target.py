@@ -35,13 +35,17 @@ log = logging.getLogger(__name__)
 
 KiB, MiB = 1024, 1024 * 1024
 # name -> (size, permission). "rw": reads and writes; "ro": registered READ-only; "rel": released
-# by the release_buffer check; "back": a large source for backlogs (close, abort_rail).
+# by the release_buffer check; "back": a large source for backlogs (close, abort_rail); "plain":
+# host memory the process allocated itself (as engine.register() of a numpy array), not memfd-backed
+# like the others (as engine.allocate()): some transports cannot reach it (buffer_reach check).
 BUFFERS: dict[str, tuple[int, Permission]] = {
     "rw": (4 * MiB, Permission.READ_WRITE),
     "ro": (256 * KiB, Permission.READ),
     "rel": (256 * KiB, Permission.READ_WRITE),
     "back": (16 * MiB, Permission.READ_WRITE),
+    "plain": (256 * KiB, Permission.READ_WRITE),
 }
+PLAIN = frozenset({"plain"})
 SEGMENT = "conformance"
 FILE_BASE = 1 << 56  # synthetic, non-overlapping addresses for files, far above user space
 FILE_STRIDE = 1 << 40
@@ -120,8 +124,12 @@ class _Buffer:
         self.kind = kind
         self.size = size
         self.mem: MemfdBuffer | None = None
+        self.plain: np.ndarray | None = None
         self.path: str | None = None
-        if kind is MemoryKind.HOST:
+        if kind is MemoryKind.HOST and name in PLAIN:
+            self.plain = np.empty(size, np.uint8)
+            addr, memfd = self.plain.ctypes.data, -1
+        elif kind is MemoryKind.HOST:
             self.mem = MemfdBuffer(size, name=f"tent-conformance-{name}")
             addr, memfd = self.mem.addr, self.mem.fd
         else:
@@ -134,7 +142,9 @@ class _Buffer:
 
     def fill(self, seed: int) -> None:
         data = pattern(self.size, seed)
-        if self.mem is not None:
+        if self.plain is not None:
+            self.plain[:] = data
+        elif self.mem is not None:
             self.mem.array[:] = data
         else:
             assert self.path is not None
@@ -144,6 +154,8 @@ class _Buffer:
     def read(self, off: int, n: int) -> bytes:
         if off < 0 or n < 0 or off + n > self.size:
             raise ValueError(f"{self.name}: [{off}, {off + n}) is outside [0, {self.size})")
+        if self.plain is not None:
+            return self.plain[off : off + n].tobytes()
         if self.mem is not None:
             return self.mem.array[off : off + n].tobytes()
         assert self.path is not None

@@ -44,6 +44,7 @@ import socket
 import struct
 import sys
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -454,6 +455,7 @@ class _Link:
     maps: dict[int, _Mapping] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     dead: bool = False
+    why_cma: str = ""  # memfd mode: why CMA was not used (for buffer_unreachable's explanation)
 
 
 class _ClientConn:
@@ -753,6 +755,26 @@ class ShmTransport(Transport):
             return f"peer {peer.engine_id} is on another host ({peer.host_id} != {self._host_id})"
         return None
 
+    def buffer_unreachable(self, peer: PeerInfo, buffer: Mapping[str, Any], link: PeerLink | None) -> str | None:
+        """A peer's buffer that is not shared through a memfd (plain process memory registered with
+        engine.register(), or a memfd that could not be sealed) is out of reach of memfd mappings;
+        only CMA reaches it. Known before connecting when we never use CMA (mode memfd), else once
+        the link says which data path it took."""
+        desc = buffer.get("desc")
+        mine = desc.get(self.name) if isinstance(desc, Mapping) else None
+        if not isinstance(mine, Mapping) or mine.get("memfd", True):
+            return None  # memfd-backed, or not exported by our peer's shm (device memory: capabilities decide)
+        mode = link.extra.get("mode") if link is not None else ("memfd" if self._mode == "memfd" else None)
+        if mode != "memfd":
+            return None  # CMA reaches any of the peer's memory (or connecting has not told yet)
+        if self._mode == "memfd":
+            cma = 'CMA, which reaches any memory, is off (transports.shm.mode = "memfd"; "auto" on both engines, same user, allows it)'
+        else:
+            cma = f"CMA to this peer is not possible: {link.extra.get('why_cma') or 'see the shm log'}" if link else ""
+        return ("shm (memfd mode) maps only engine-allocated memory, and this buffer is plain process memory "
+                f"(registered with engine.register(), not engine.allocate()); {cma}"
+                "; allocate the buffer with engine.allocate(), or load a transport that reaches any memory (tcp)")
+
     def _probe_cma(self, desc: dict[str, Any], pid: int) -> str | None:
         """None if process_vm_readv reaches the peer (and reads its advertised magic), else why not."""
         assert self._lib is not None
@@ -789,9 +811,10 @@ class ShmTransport(Transport):
                 with self._lock:
                     self._teardown(link)
                 raise
-        return PeerLink(
-            handle=link.handle, rails=[RailInfo(0, _MODE_NAMES[link.mode])], extra={"mode": _MODE_NAMES[link.mode]}
-        )
+        extra = {"mode": _MODE_NAMES[link.mode]}
+        if link.mode == MODE_MEMFD:
+            extra["why_cma"] = link.why_cma
+        return PeerLink(handle=link.handle, rails=[RailInfo(0, _MODE_NAMES[link.mode])], extra=extra)
 
     def access_control(self, link: PeerLink) -> AccessControl:
         if link.extra.get("mode") == "memfd":
@@ -855,6 +878,7 @@ class ShmTransport(Transport):
                 link.conn.close()
                 raise PeerUnreachableError(f"shm: CMA to {peer.engine_id} not possible: {why_cma}")
         log.info("shm: %s uses memfd mappings (CMA: %s)", peer.engine_id, why_cma)
+        link.why_cma = why_cma
         return self._register_link(link)
 
     def _register_link(self, link: _Link) -> _Link:

@@ -40,7 +40,15 @@
  * answer then cost no thread hand-off at all, like a bare blocking exchange). When the waiter
  * stops polling (or nobody waits), progress(token, -1) hands the connection to a worker. Anything
  * that cannot leave at once is queued as by submit(). Such chunks are in service (and on the
- * progress clock) from their send on.
+ * progress clock) from their send on. A batch is shared out over the idle connections it may use
+ * (at most INLINE_RUNS runs), as workers share queued small chunks over the free slots: the
+ * target serves each connection on its own thread, so a batch's requests are served in parallel.
+ *
+ * Busy poll (`busy_poll_us`, default 0 = off): the waiter polls the socket of its inline run that
+ * long before it sleeps in ppoll, and a server connection that just served a request of up to
+ * SPIN_AFTER_BYTES polls for the next one before it sleeps in poll (bulk connections always
+ * sleep). It saves a thread wake-up per small request where cores are not shared; on a shared
+ * host the polling thread holds the core its peer needs (docs/benchmarks.md), hence off.
  *
  * Server side: one accept thread per listener, one thread per accepted connection, at most
  * `max_conns` connections at once (more are closed at accept; those still authenticating hold at
@@ -74,6 +82,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -90,6 +99,7 @@
 #include "tent/auth.h"
 #include "tent/chunk_queue.h"
 #include "tent/config_kv.h"
+#include "tent/cpu_relax.h"
 #include "tent/executor_abi.h"
 #include "tent/handle_table.h"
 
@@ -105,6 +115,7 @@
 #define MAX_RAILS 64
 #define SLOT_FREE (-2)
 #define PIPE_MAX 64 /* requests in one pipelined run at most */
+#define SPIN_AFTER_BYTES (256u << 10) /* a server connection polls for the next request after ones up to this long */
 
 /* ------------------------------------------------------------------ utils */
 
@@ -315,6 +326,31 @@ static int recv_all(int fd, void *buf, size_t len, io_watch_t *w, int payload) {
   return IO_OK;
 }
 
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Poll fd for readability, without sleeping, for up to `us` microseconds: 1 once readable (or
+ * hung up), 0 when the time ran out. Waking a thread that sleeps in poll/recv costs tens of
+ * microseconds on small VMs (the idle vCPU halts; the wake-up is an IPI through the hypervisor),
+ * as long as a 64 KiB request itself over loopback; an answer or a next request that comes within
+ * the bound is caught without it. Every few polls the thread yields, so on a busy host a runnable
+ * thread (perhaps the peer we wait for) gets the core. */
+#define SPIN_YIELD_EVERY 8
+static int spin_readable(int fd, int us) {
+  if (us <= 0) return 0;
+  uint64_t end = mono_ns() + (uint64_t)us * 1000ull;
+  for (unsigned i = 1;; i++) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 0) > 0) return 1;
+    if (mono_ns() >= end) return 0;
+    if (i % SPIN_YIELD_EVERY == 0) sched_yield();
+    else tent_cpu_relax();
+  }
+}
+
 static void set_timeouts(int fd, int ms) {
   struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -402,6 +438,7 @@ typedef struct tcp_exec {
   int tick_ms;            /* client sockets wake this often to check their progress clock */
   int qos_bulk_conns;     /* bulk connections a rail runs at most while small requests are active (0: no cap) */
   int qos_window_ms;      /* small requests count as active this long after their submit */
+  int busy_poll_us;       /* a small request's answer / the next request is polled for this long before sleeping */
   uint64_t throttle_until_ms; /* some rail holds bulk back until then: workers look again at that time */
 
   uint64_t chunk;     /* cut slices into chunks of at most this many bytes (0: whole slices) */
@@ -455,6 +492,7 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->connect_backoff_ms = 50;
   ex->qos_bulk_conns = 1;
   ex->qos_window_ms = 5;
+  ex->busy_poll_us = 0;
   ex->sockbuf = 4 << 20;
   ex->chunk = 0;
   ex->max_parts = 64;
@@ -510,6 +548,7 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
     else if (!strcmp(key, "connect_backoff_ms")) dst = &ex->connect_backoff_ms, lo = 0;
     else if (!strcmp(key, "qos_bulk_conns")) dst = &ex->qos_bulk_conns, lo = 0, hi = 64;
     else if (!strcmp(key, "qos_window_ms")) dst = &ex->qos_window_ms, lo = 0, hi = 60000;
+    else if (!strcmp(key, "busy_poll_us")) dst = &ex->busy_poll_us, lo = 0, hi = 10000;
     else if (!strcmp(key, "sockbuf")) dst = &ex->sockbuf, lo = 0;
     else if (!strcmp(key, "pipeline")) dst = &ex->pipeline, lo = 1, hi = PIPE_MAX;
     else if (!strcmp(key, "auth_timeout_ms")) dst = &ex->auth_timeout_ms, lo = 1;
@@ -727,8 +766,9 @@ static void *sconn_main(void *arg) {
       return NULL;
     }
   }
+  int spin = 0; /* the last request was small: its client may send the next one at once */
   for (;;) {
-    int w = wait_readable(ex, fd, ex->idle_timeout_ms);
+    int w = spin && spin_readable(fd, ex->busy_poll_us) ? 1 : wait_readable(ex, fd, ex->idle_timeout_ms);
     if (w < 0) atomic_fetch_add(&ex->idle_closed, 1); /* idle too long: the client reconnects when it needs to */
     if (w <= 0) break;
     int rc = recv_all(fd, h, REQ_SIZE, NULL, 0);
@@ -744,6 +784,7 @@ static void *sconn_main(void *arg) {
       break;
     }
     int status = TENT_OK;
+    spin = len <= SPIN_AFTER_BYTES; /* bulk connections sleep between requests: no core burnt beside a stream */
     region_t *r = region_acquire(ex, c, addr, len, op == TENT_OP_READ ? PERM_REMOTE_READ : PERM_REMOTE_WRITE, &status);
     if (op == TENT_OP_WRITE) {
       if (r) {
@@ -1828,6 +1869,14 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
     if (r && rc == TENT_OK) {
       uint32_t i = 0;
       rail_note_small(ex, r);
+      /* a batch is shared out over the connections it can leave on now (as workers share queued
+       * small chunks over the free slots): the target serves each connection on its own thread,
+       * so the requests of one batch are served in parallel rather than one after another */
+      int free_slots = (ex->conns_per_rail - r->busy) + !r->express_busy;
+      int can = r->nidle < free_slots ? r->nidle : free_slots;
+      if (can > INLINE_RUNS) can = INLINE_RUNS;
+      uint32_t per = can > 1 ? (n + (uint32_t)can - 1) / (uint32_t)can : n;
+      if (per > (uint32_t)ex->pipeline) per = (uint32_t)ex->pipeline;
       /* send now only when no small request waits before these on the rail (they would overtake
        * it); queued bulk chunks they may overtake: small requests are served first anyway */
       while (i < n && nruns < INLINE_RUNS && r->qs.len == 0 && r->nidle > 0 &&
@@ -1845,7 +1894,7 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
         pr->reported = 0;
         pr->token = slices[0].token;
         uint64_t bytes = 0;
-        while (i < n && pr->k < (uint32_t)ex->pipeline && (pr->k == 0 || bytes + slices[i].length <= ex->pipeline_bytes)) {
+        while (i < n && pr->k < per && (pr->k == 0 || bytes + slices[i].length <= ex->pipeline_bytes)) {
           bytes += slices[i].length;
           pr->status[pr->k] = TENT_OK;
           pr->c[pr->k++] = (tent_chunk_t){jobs[i], 0, slices[i].length};
@@ -1914,9 +1963,13 @@ static int ex_progress(void *self, uint64_t token, int64_t budget_ns) {
   else ex->rx_head = pr->next;
   if (ex->rx_tail == pr) ex->rx_tail = prev;
   pthread_mutex_unlock(&ex->mu);
-  struct pollfd p = {.fd = pr->fd, .events = POLLIN};
-  struct timespec ts = {.tv_sec = budget_ns / 1000000000, .tv_nsec = budget_ns % 1000000000};
-  int n = ppoll(&p, 1, &ts, NULL);
+  int64_t spin_ns = (int64_t)ex->busy_poll_us * 1000;
+  int n = 1;
+  if (!spin_readable(pr->fd, (int)((spin_ns < budget_ns ? spin_ns : budget_ns) / 1000))) {
+    struct pollfd p = {.fd = pr->fd, .events = POLLIN};
+    struct timespec ts = {.tv_sec = budget_ns / 1000000000, .tv_nsec = budget_ns % 1000000000};
+    n = ppoll(&p, 1, &ts, NULL);
+  }
   if (n == 0 || (n < 0 && errno == EINTR)) { /* not yet: give it back */
     pthread_mutex_lock(&ex->mu);
     pr->next = ex->rx_head;

@@ -1,0 +1,35 @@
+"""What one request at a time costs over loopback TCP with nothing above the socket (not a test):
+the bare C loop of tent_bench._bare (one connection, TCP_NODELAY, a WRITE's header and payload in
+one writev, the answer read before the next request), sleeping in the kernel between requests vs
+polling the socket first (`--spin-us`, the tcp transport's `busy_poll_us`), alternated.
+
+    python plugins/tcp/tools/bare_round_trip.py [--count 5000] [--rounds 2] [--spin-us 50]
+
+A 16-byte READ is the round trip alone (two thread wake-ups); 64 KiB adds the copies.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+from tent_bench import _bare
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--count", type=int, default=5000)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--spin-us", type=int, default=50)
+    a = ap.parse_args()
+    for _ in range(a.rounds):
+        for spin in (0, a.spin_us):
+            port = _bare.tcp_serve("127.0.0.1", 0, 0, spin)
+            for op, n in ((0, 16), (0, 65536), (1, 65536), (0, 262144), (1, 262144)):
+                lat = np.frombuffer(_bare.tcp("127.0.0.1", port, op, n, a.count, 0, spin), np.float64)
+                print(f"poll {spin:3d} us {'READ ' if op == 0 else 'WRITE'} {n:6d} B: P50 {np.median(lat) * 1e6:6.1f} us, "
+                      f"P99 {np.percentile(lat, 99) * 1e6:7.1f} us, {n * len(lat) / lat.sum() / 1e9:5.2f} GB/s", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
