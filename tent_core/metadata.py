@@ -18,10 +18,12 @@ the server keeps serving and sends the future's result when it completes (at mos
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -56,6 +58,24 @@ def host_identity() -> str:
     except OSError:
         pidns = 0
     return f"{boot}/{pidns}"
+
+
+_LIVE_SERVERS: weakref.WeakSet[ControlServer] = weakref.WeakSet()
+
+
+def _stop_servers_at_exit() -> None:
+    """Stop the serving threads of engines never closed before the interpreter finalizes: a daemon
+    thread that returns from a ZeroMQ poll during finalization is ended with pthread_exit, and the
+    unwinding through the C++ frames of the binding aborts the process ("terminate called without an
+    active exception", exit status 134) after all its work was done."""
+    servers = list(_LIVE_SERVERS)
+    for srv in servers:
+        srv._stop.set()
+    for srv in servers:
+        srv._thread.join(timeout=2)
+
+
+atexit.register(_stop_servers_at_exit)
 
 
 class ControlServer:
@@ -101,6 +121,7 @@ class ControlServer:
         self.requests = 0
         self._thread = threading.Thread(target=self._run, name=f"tent-control-{port}", daemon=True)
         self._thread.start()
+        _LIVE_SERVERS.add(self)
 
     @property
     def denied(self) -> int:

@@ -110,6 +110,11 @@ class Peer:
     retired: bool = False
     restarted: bool = False  # retired because a new process answers under this engine id
     lock: threading.RLock = field(default_factory=threading.RLock)
+    # held from a describe's request to the application of its reply: two threads re-reading the
+    # peer at once (staged workers meeting the same new staging slots) must not apply their replies
+    # out of order, or the older view (an incremental part, a table without the newest buffers)
+    # replaces the newer one and buffers both read vanish from the map
+    refresh_lock: threading.RLock = field(default_factory=threading.RLock)
     # transport -> why it cannot serve a given remote buffer (PeerDirectory._judge); None: all can
     judge: Callable[[RemoteBuffer], dict[str, str]] | None = None
 
@@ -303,12 +308,13 @@ class PeerDirectory:
         """Re-read a peer's segments (it registered new memory) and hand them to its routes."""
         timeout = self._control_timeout_s if timeout is None else timeout
         peer = self.get(engine_id, timeout)
-        desc = self._describe(engine_id, peer.client, timeout)
-        with peer.lock:
-            peer.load_segments(desc["segments"], desc.get("epochs"))
-            self.on_change()
-            for r in peer.routes.values():
-                r.transport.connect(peer.info, peer.raw_buffers)
+        with peer.refresh_lock:
+            desc = self._describe(engine_id, peer.client, timeout)
+            with peer.lock:
+                peer.load_segments(desc["segments"], desc.get("epochs"))
+                self.on_change()
+                for r in peer.routes.values():
+                    r.transport.connect(peer.info, peer.raw_buffers)
         return peer
 
     def refresh_segment(self, peer: Peer, seg: str, timeout: float | None = None) -> Peer:
@@ -318,22 +324,21 @@ class PeerDirectory:
         peer = self.get(peer.engine_id, timeout)
         if peer.client is None:
             return self.refresh(peer.engine_id, timeout)
-        known = peer.segments.get(seg)
-        msg = {"op": "describe", "segment": seg, "epoch": peer.epochs.get(seg, 0) if known else 0,
-               "from_offset": known[-1].offset + 1 if known else 0}
-        part = peer.client.call(msg, timeout)
-        if not part.get("ok"):
-            raise errors.PeerUnreachableError(f"engine {peer.engine_id} refused describe: {part.get('error')}")
-        if "found" not in part:  # a peer that only knows the whole-table describe answered with it
+        with peer.refresh_lock:  # what we know and the reply to it are applied together
+            known = peer.segments.get(seg)
+            msg = {"op": "describe", "segment": seg, "epoch": peer.epochs.get(seg, 0) if known else 0,
+                   "from_offset": known[-1].offset + 1 if known else 0}
+            part = peer.client.call(msg, timeout)
+            if not part.get("ok"):
+                raise errors.PeerUnreachableError(f"engine {peer.engine_id} refused describe: {part.get('error')}")
             with peer.lock:
-                peer.load_segments(part["segments"], part.get("epochs"))
-        else:
-            with peer.lock:
-                peer.update_segment(seg, part)
-        with peer.lock:
-            self.on_change()
-            for r in peer.routes.values():
-                r.transport.connect(peer.info, peer.raw_buffers)
+                if "found" not in part:  # a peer that only knows the whole-table describe answered with it
+                    peer.load_segments(part["segments"], part.get("epochs"))
+                else:
+                    peer.update_segment(seg, part)
+                self.on_change()
+                for r in peer.routes.values():
+                    r.transport.connect(peer.info, peer.raw_buffers)
         return peer
 
     def buffers(self, engine_id: str, refresh: bool = False) -> list[dict[str, Any]]:
@@ -375,6 +380,10 @@ class PeerDirectory:
         a restarted one replaces it (see the module docstring)."""
         if peer.engine_id == self.engine_id:
             return CheckResult.ANSWERED, "this engine"
+        with peer.refresh_lock:  # the description read here must not overtake a newer one (see Peer)
+            return self._check(peer, timeout)
+
+    def _check(self, peer: Peer, timeout: float) -> tuple[CheckResult, str]:
         t0 = time.monotonic()
         endpoint = peer.engine_id
         listed: dict[str, Any] | None = None

@@ -474,12 +474,29 @@ class Recovery:
         if table is None:
             try:
                 table = SharedRailLoad(config=qos)
-                atexit.register(table.close)  # the last process out removes the table
+                # the last process out removes the table; closed after the health ticks (see there)
+                atexit.register(close_shared_load, qos.shared_load_name)
             except (OSError, ValueError) as exc:
                 log.warning("shared rail load table unavailable (%s); each process sees only its own load", exc)
                 table = False
             _SHARED_LOADS[qos.shared_load_name] = table
         return table or None
+
+
+def close_shared_load(name: str | None = None) -> None:
+    """Close the process's host-wide rail load table `name` (every one when None; at exit): ordered
+    after the health ticks, so that none uses it once closed (engines never closed still tick until
+    the process ends). A tick that started before finishes first; later ones find no table."""
+    tables = []
+    for n in [name] if name is not None else list(_SHARED_LOADS):
+        table = _SHARED_LOADS.get(n)
+        _SHARED_LOADS[n] = False
+        if table:
+            tables.append(table)
+    if tables:
+        PROGRESS.wait_idle(5.0)
+        for table in tables:
+            table.close()
 
 
 def _attempt(retry: int, hints: int, rounds: int) -> int:
@@ -606,6 +623,17 @@ class Progress:
             if threading.current_thread() is not self._thread:
                 while self._busy is owner:
                     self._cv.wait()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait (at most `timeout`) until the thread is not calling into any owner; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while self._busy is not None and threading.current_thread() is not self._thread:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
 
     @property
     def inflight(self) -> dict[int, BatchHandle]:

@@ -224,3 +224,54 @@ assert table and table.path == mine, table
 assert os.stat(mine).st_uid == uid and os.stat(mine).st_mode & 0o777 == 0o600
 print("table in use as uid", uid)
 """
+
+
+_TICK_VS_EXIT = r"""
+import logging, sys, threading
+import numpy as np
+from tent_core import Engine, recovery
+
+errors = []
+
+class Failed(logging.Handler):
+    def emit(self, record):
+        errors.append(record.getMessage() + (str(record.exc_info[1]) if record.exc_info else ""))
+
+logging.getLogger("tent_core").addHandler(Failed(logging.ERROR))  # "health tick failed"
+a, b = Engine(transports=["tcp"]), Engine(transports=["tcp"])
+b.register(np.ones(1 << 16, np.uint8), segment="s")
+loc = a.allocate(1 << 16)
+a.read(loc, b.segment_name("s"), 1 << 16)  # a route: every tick of `a` writes its rails' load to the table
+entered, release, later = threading.Event(), threading.Event(), threading.Semaphore(0)
+tick = a._health_tick
+
+def parked_tick(now):
+    if not entered.is_set():
+        entered.set()
+        release.wait(30)  # the table closes (at exit) while this tick is about to use it
+    tick(now)
+    later.release()
+
+a._health_tick = parked_tick
+assert entered.wait(60)
+closer = threading.Thread(target=recovery.close_shared_load)  # what atexit runs
+closer.start()
+closer.join(0.5)
+release.set()
+closer.join(60)
+assert not closer.is_alive()
+for _ in range(20):  # later ticks run without the table
+    assert later.acquire(timeout=60)
+print("errors:", errors, flush=True)
+sys.exit(1 if errors else 0)
+"""
+
+
+def test_no_health_tick_uses_the_load_table_after_it_closed():
+    """The table closes at exit while engines that were never closed still tick: a tick that started
+    before finishes first, later ticks find no table (no AttributeError on a closed table)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _TICK_VS_EXIT], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]

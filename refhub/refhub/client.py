@@ -31,12 +31,15 @@ on the receiving device, or on the landing buffer as each chunk passes.
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import itertools
 import logging
 import os
+import queue
 import threading
 import time
+import weakref
 import zlib
 from collections import deque
 from collections.abc import Callable
@@ -110,6 +113,7 @@ STAGE_MAX_MSG = 64 << 10  # stage/release requests and replies are tiny
 STAGE_HWM = 1000
 MODES = ("direct", "copy")
 OUTBOX_MAX = 100_000  # requests queued per connection (in the inproc queue, or while authenticating)
+REOPEN_ATTEMPTS = 50  # a handle re-registering after a failover tries this often (each bounded by its request timeout)
 MAX_REPLY_BYTES = 64 << 20  # a server reply (a list, a replicate with the source's layout)
 VERSION_SHIFT = 40
 BYTES_MASK = (1 << VERSION_SHIFT) - 1
@@ -146,6 +150,42 @@ def checksum(arr: np.ndarray | memoryview) -> int:
 
 
 # --------------------------------------------------------------------------- connection
+
+
+class _Worker:
+    """One daemon thread running a connection's callbacks (server events, re-opens) in order.
+
+    Not a ThreadPoolExecutor: the interpreter joins those at exit, and a re-open retrying against a
+    server that is gone (the process is done with refhub but never closed a handle) would hold the
+    exit for as long as its retries run."""
+
+    def __init__(self, name: str) -> None:
+        self._q: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]] | None] = queue.SimpleQueue()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        if not self._stopped:
+            self._q.put((fn, args))
+
+    def shutdown(self) -> None:
+        self._stopped = True
+        self._q.put(None)
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None or self._stopped:
+                return
+            fn, args = item
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("refhub: %s failed", getattr(fn, "__name__", fn))
 
 
 class _Slot:
@@ -196,7 +236,7 @@ class Connection:
         self._push.connect(self._inproc)
         self._push_lock = threading.Lock()
         self._stop = threading.Event()
-        self.events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="refhub-events")
+        self.events = _Worker("refhub-events")
         self._dealer = self._connect(self.addresses[0])
         self._thread = threading.Thread(target=self._io, name="refhub-io", daemon=True)
         self._thread.start()
@@ -416,7 +456,7 @@ class Connection:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        self.events.shutdown(wait=False, cancel_futures=True)
+        self.events.shutdown()
         self._pull.close(0)
         self._push.close(0)
         self.ctx.term()
@@ -485,6 +525,34 @@ def default_engine() -> Any:
 
             _engine = Engine()
         return _engine
+
+
+_live_stagers: weakref.WeakSet[_Stager] = weakref.WeakSet()
+
+
+def _stop_threads_at_exit() -> None:
+    """Stop every ZeroMQ-polling daemon thread of this module (connections, stagers, embedded servers)
+    before the interpreter finalizes: a daemon thread returning from a poll during finalization is
+    ended with pthread_exit, and the unwinding through the binding's C++ frames aborts the process
+    ("terminate called without an active exception") after all its work was done. Handles left
+    open stay open on the server until their heartbeats stop."""
+    from .server import stop_embedded
+
+    conns, stagers = list(_conns.values()), list(_live_stagers)
+    for c in conns:
+        c._stop.set()
+        c.events.shutdown()
+    for st in stagers:
+        st._stop.set()
+    stop_embedded()
+    for c in conns:
+        c._thread.join(timeout=2)
+        c.events.join(timeout=2)
+    for st in stagers:
+        st._thread.join(timeout=2)
+
+
+atexit.register(_stop_threads_at_exit)
 
 
 def _connection(server: str, backup: str | None, hb_interval: float, failover_after: float) -> Connection:
@@ -611,6 +679,7 @@ class _Stager:
         self.address = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"refhub-stager-{handle.segment}", daemon=True)
+        _live_stagers.add(self)
         self._thread.start()
 
     def _loop(self) -> None:
@@ -888,20 +957,26 @@ class ShardHandle:
             held = self._held if republish and self.state == "published" else None
             if held is None:
                 self._end_publication()
-            for attempt in range(50):
+        for attempt in range(REOPEN_ATTEMPTS):
+            # the lock is let go between attempts: a close() (or an operation that will fail and
+            # tell its caller) must not wait for every retry against a server that is gone
+            with self._lock:
+                if self._closed or self.conn._stop.is_set():
+                    return
                 try:
                     self._open()
-                    log.info("handle %s/%s/%d re-registered with %s", self.model, self.replica, self.shard, self.conn.server)
-                    break
                 except (TimeoutError, RefhubError) as exc:
                     log.warning("re-open attempt %d failed: %s", attempt, exc)
-                    time.sleep(0.2)
-            else:
-                self._end_publication()
+                else:
+                    log.info("handle %s/%s/%d re-registered with %s", self.model, self.replica, self.shard, self.conn.server)
+                    if held is not None:
+                        # after the other handles of this connection re-opened: the replica's barrier needs every shard
+                        self.conn.events.submit(self._republish, held, self.hid)
+                    return
+            if self.conn._stop.wait(0.2):
                 return
-            if held is not None:
-                # after the other handles of this connection re-opened: the replica's barrier needs every shard
-                self.conn.events.submit(self._republish, held, self.hid)
+        with self._lock:
+            self._end_publication()
 
     def _republish(self, held: tuple[int, dict, list | None], hid: int) -> None:
         with self._lock:
