@@ -66,24 +66,10 @@ full_suite = pytest.mark.skipif(
 # own walk the filesystem, slow over 9p), each test named as it runs with its duration at the end (a
 # run cut short by the limit still says where it was; a test running past 5 minutes dumps every
 # thread's stack to the console), each test bounded by the run's own limit
-_GUEST_PYTEST = [
-    PY,
-    "-m",
-    "pytest",
-    "-p",
-    "no:cacheprovider",
-    "-p",
-    "no:hypothesispytest",
-    "-v",
-    "--durations=0",
-    "-o",
-    "addopts=",
-    "--tb=native",
-    "-o",
-    f"timeout={VM_TIMEOUT_S}",
-    "-o",
-    "faulthandler_timeout=300",
-]
+def _guest_pytest(timeout_s: int, faulthandler_s: int = 300) -> list[str]:
+    return [PY, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-v", "--durations=0",
+            "-o", "addopts=", "--tb=native", "-o", f"timeout={timeout_s}", "-o",
+            f"faulthandler_timeout={faulthandler_s}"]  # fmt: skip
 
 
 def _testbed_or_skip() -> None:
@@ -136,7 +122,7 @@ def _check(out: Path, xml: str, r: subprocess.CompletedProcess[str]) -> None:
 def test_single_guest_suite(tmp_path: Path) -> None:
     _testbed_or_skip()
     out = tmp_path / "single"
-    cmd = [*_GUEST_PYTEST, f"--junitxml={out}/single.xml", "plugins/rdma/tests/test_rdma_device.py"]
+    cmd = [*_guest_pytest(VM_TIMEOUT_S), f"--junitxml={out}/single.xml", "plugins/rdma/tests/test_rdma_device.py"]
     _check(out, "single.xml", _run(out, [], cmd))
 
 
@@ -145,7 +131,7 @@ def test_single_guest_suite(tmp_path: Path) -> None:
 def test_two_guest_suite(tmp_path: Path) -> None:
     _testbed_or_skip()
     out = tmp_path / "two"
-    inner = [*_GUEST_PYTEST, f"--junitxml={out}/two.xml", "plugins/rdma/tests/test_rdma_two_vm.py"]
+    inner = [*_guest_pytest(VM_TIMEOUT_S), f"--junitxml={out}/two.xml", "plugins/rdma/tests/test_rdma_two_vm.py"]
     cmd = [PY, "-m", "tent_rdma.testbed", "--limit", str(VM_TIMEOUT_S), "--", *inner]
     _check(out, "two.xml", _run(out, ["--vms", "2", "--nics", "2", "--rates", "40mbit,40mbit"], cmd))
 
@@ -223,22 +209,7 @@ def test_make_test_subset(tmp_path: Path) -> None:
     out = tmp_path / "ci"
     # per test: the run's own limit (a guest too slow for the budget is cut by rdma-vm.sh and skips)
     guest = [
-        PY,
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        "-p",
-        "no:hypothesispytest",
-        "-v",
-        "--durations=0",
-        "-o",
-        "addopts=",
-        "--tb=native",
-        "-o",
-        f"timeout={run_s}",
-        "-o",
-        "faulthandler_timeout=240",
+        *_guest_pytest(run_s, 240),
         f"--junitxml={out}/single.xml",
         *[f"plugins/rdma/tests/test_rdma_device.py::{t}" for t in CI_TESTS],
     ]
