@@ -74,7 +74,18 @@ class Server:
         return self.regions[region][0]
 
     def signal(self, sig: int) -> None:
+        """Send `sig`; for SIGSTOP, return once the process is stopped (bounded): the signal is
+        asynchronous, and a server still running for a moment answers what a test means to hang."""
         self.proc.send_signal(sig)
+        if sig != signal.SIGSTOP:
+            return
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                    return
+            time.sleep(0.005)
+        raise TimeoutError("the server process did not stop")
 
     def close(self) -> None:
         if self.proc.poll() is None:
