@@ -319,7 +319,9 @@ run_vm() {  # role, extra qemu options...
   PIDS+=($!)
 }
 
-rm -f "$OUT"/rc.* "$OUT"/testbed*.json
+# a reused --out folder: stale rendezvous files of an earlier run (tent_rdma.testbed) would let
+# guest "a" start before "b" serves, and make job numbers skip
+rm -f "$OUT"/rc.* "$OUT"/testbed*.json "$OUT"/b.ready "$OUT"/a.done "$OUT"/job-*
 echo "rdma-vm: booting $VMS guest(s) ($ACCEL, $CPUS vCPU, $MEMORY, kernel $KVER), output in $OUT" >&2
 if [ "$VMS" = 1 ]; then
   run_vm single
