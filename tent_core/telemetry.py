@@ -229,8 +229,10 @@ class RailTelemetry:
         self.serving = cur[SERVING]
         self.progress_ns = cur[PROGRESS_NS]
         self.bytes_moved = cur[BYTES_MOVED]
-        if cur[PROGRESS_NS]:
-            self._reports_service = True
+        if cur[PROGRESS_NS] and not self._reports_service:
+            self._reports_service = True  # from now on busy time is service time: drop the spans
+            self._anchor = self._span_end = None
+            self._busy_bytes = self._busy_ns = self._busy_slices = 0
         if prev is None:
             self._prev = cur
             self._prev_ns = now_ns
