@@ -18,6 +18,7 @@ NIC at half its rate. Rows carry every round, the median and the spread (max - m
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -55,7 +56,10 @@ def summarize(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "spread": max(values) - min(values)} if values else {}
 
 
+@functools.cache
 def _gid_index(dev: str) -> int:
+    # once per device: reading the GID tables from sysfs took 2.5-6 minutes per call in a guest under
+    # TCG on a loaded host, longer than the perftest run it set up
     chosen, _ = topology.choose_devices(topology.list_devices(), [dev])
     if not chosen:
         raise RuntimeError(f"no usable GID on {dev}")
