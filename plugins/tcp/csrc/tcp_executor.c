@@ -72,11 +72,12 @@
  *   response (24 B): u32 magic, u16 version, u16 pad, i32 status, u32 pad, u64 request id.
  *                    READ with status 0: followed by `length` bytes.
  * A rejected WRITE has its payload drained by the server before the error reply.
- * Version 2 (READs only): the opcode field is u8 opcode, u8 gap; the response (version 2, its
- * first pad field = gap) puts `gap` zero bytes (at most GAP_MAX) between its header and the
- * payload. The client picks the gap so that the payload lands in the kernel's socket buffer pages
- * at an offset that is not 1-63 bytes ahead of the server's source (mod 4 KiB), nor the client's
- * destination 1-63 bytes ahead of it: a copy whose destination is just ahead of its source
+ * Version 2: the opcode field is u8 opcode, u8 gap (at most GAP_MAX); `gap` zero bytes go
+ * between a header and its payload: a READ's response (version 2, its first pad field = gap)
+ * has them before the payload, a WRITE request before its payload (the server skips them; its
+ * response echoes the gap). The client picks the gap so that the payload lands in the kernel's
+ * socket buffer pages at an offset that is not 1-63 bytes ahead of its source (mod 4 KiB), nor
+ * the destination 1-63 bytes ahead of it: a copy whose destination is just ahead of its source
  * modulo 4 KiB runs 2-3x slower on x86 (4K aliasing: every load waits on a store to the same
  * page offset). Without the gap, a 24-byte header put every READ payload from a page-aligned
  * buffer 24 bytes ahead of its source (docs/benchmarks.md, "Why tcp READ was slower than WRITE").
@@ -750,10 +751,32 @@ static int drain(int fd, uint64_t len) {
   return rc;
 }
 
-static int send_response(int fd, int32_t status, uint64_t reqid, int more, uint32_t version) {
+/* A WRITE's payload after its gap: one recvmsg (MSG_WAITALL) for both while it fills them. */
+static int recv_after_gap(int fd, uint32_t gap, void *dst, size_t len) {
+  if (!gap) return recv_all(fd, dst, len, NULL, 0);
+  uint8_t skip[GAP_MAX];
+  struct iovec iov[2] = {{skip, gap}, {dst, len}};
+  struct iovec *v = iov;
+  size_t n = len ? 2 : 1;
+  while (n) {
+    struct msghdr m = {.msg_iov = v, .msg_iovlen = n};
+    ssize_t k = recvmsg(fd, &m, MSG_WAITALL);
+    if (k == 0) return IO_EOF;
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      return IO_ERR; /* a timeout (SO_RCVTIMEO) included: the server side has no progress clock */
+    }
+    while (n && (size_t)k >= v->iov_len) k -= (ssize_t)v->iov_len, v++, n--;
+    if (n) v->iov_base = (char *)v->iov_base + k, v->iov_len -= (size_t)k;
+  }
+  return IO_OK;
+}
+
+static int send_response(int fd, int32_t status, uint64_t reqid, int more, uint32_t version, uint32_t gap) {
   uint8_t h[RSP_SIZE] = {0};
   put32(h, WIRE_MAGIC);
   put16(h + 4, (uint16_t)version);
+  put16(h + 6, (uint16_t)gap);
   put32(h + 8, (uint32_t)status);
   put64(h + 16, reqid);
   return send_all(fd, h, RSP_SIZE, more, NULL, 0);
@@ -793,7 +816,7 @@ static void *sconn_main(void *arg) {
     uint32_t op = get16(h + 6), gap = 0;
     if (version == WIRE_VERSION_GAP) gap = op >> 8, op &= 0xff;
     uint64_t addr = get64(h + 8), len = get64(h + 16), reqid = get64(h + 24);
-    if ((op != TENT_OP_READ && op != TENT_OP_WRITE) || (op == TENT_OP_WRITE && gap) || gap > GAP_MAX) {
+    if ((op != TENT_OP_READ && op != TENT_OP_WRITE) || gap > GAP_MAX) {
       slog("closing connection from %s: bad opcode %u (gap %u)", c->who, op, gap);
       break;
     }
@@ -802,16 +825,16 @@ static void *sconn_main(void *arg) {
     region_t *r = region_acquire(ex, c, addr, len, op == TENT_OP_READ ? PERM_REMOTE_READ : PERM_REMOTE_WRITE, &status);
     if (op == TENT_OP_WRITE) {
       if (r) {
-        rc = recv_all(fd, (void *)(uintptr_t)addr, (size_t)len, NULL, 0);
+        rc = recv_after_gap(fd, gap, (void *)(uintptr_t)addr, (size_t)len);
         region_release(ex, c, r);
       } else {
-        rc = drain(fd, len);
+        rc = drain(fd, gap + len);
       }
       if (rc != IO_OK) break;
-      if (send_response(fd, status, reqid, 0, version) != IO_OK) break;
+      if (send_response(fd, status, reqid, 0, version, gap) != IO_OK) break;
     } else {
       if (!r) {
-        if (send_response(fd, status, reqid, 0, version) != IO_OK) break;
+        if (send_response(fd, status, reqid, 0, version, 0) != IO_OK) break;
         continue;
       }
       static const uint8_t zeros[GAP_MAX];
@@ -1087,14 +1110,15 @@ static void run_put(tcp_exec_t *ex, pipe_run_t *pr) {
   free(pr);
 }
 
-/* The gap for a READ payload that would start at byte `pos` of the server's response stream:
- * the smallest one that puts it neither 1..ALIAS_BYTES-1 bytes ahead of its source `src` nor
- * behind the destination `dst` by as little (modulo 4 KiB), so neither the server's copy into the
- * socket buffer nor the client's copy out of it (on loopback, the same pages) hits 4K aliasing.
- * The kernel fills a socket's buffer pages from offset 0 once its earlier data is acknowledged,
- * so the stream position of a request's answer, counted from the start of its run, is where it
- * lands modulo 4 KiB. Two windows of ALIAS_BYTES - 1 leave a gap <= GAP_MAX free. */
-static uint8_t read_gap(uint64_t pos, uint64_t src, uint64_t dst) {
+/* The gap for a payload that would start at byte `pos` of its sender's stream: the smallest one
+ * that puts it neither 1..ALIAS_BYTES-1 bytes ahead of its source `src` nor behind the
+ * destination `dst` by as little (modulo 4 KiB), so neither the sender's copy into the socket
+ * buffer nor the receiver's copy out of it (on loopback, the same pages) hits 4K aliasing. The
+ * kernel fills a socket's buffer pages from offset 0 once its earlier data is acknowledged, so
+ * a payload's position in its stream, counted from the start of its run (the requests of a run
+ * leave together, their answers come back together), is where it lands modulo 4 KiB. Two
+ * windows of ALIAS_BYTES - 1 leave a gap <= GAP_MAX free. */
+static uint8_t payload_gap(uint64_t pos, uint64_t src, uint64_t dst) {
   for (uint32_t g = 0; g <= GAP_MAX; g++) {
     uint32_t ahead_of_src = (uint32_t)((pos + g - src) & 4095u), behind_dst = (uint32_t)((dst - pos - g) & 4095u);
     if ((ahead_of_src == 0 || ahead_of_src >= ALIAS_BYTES) && (behind_dst == 0 || behind_dst >= ALIAS_BYTES)) return (uint8_t)g;
@@ -1104,18 +1128,23 @@ static uint8_t read_gap(uint64_t pos, uint64_t src, uint64_t dst) {
 
 /* Send every request of the run, on its progress clock. */
 static int run_send(tcp_exec_t *ex, pipe_run_t *pr) {
-  struct iovec iov[2 * PIPE_MAX];
-  iov_owner_t own[2 * PIPE_MAX];
+  static const uint8_t zeros[GAP_MAX];
+  struct iovec iov[3 * PIPE_MAX];
+  iov_owner_t own[3 * PIPE_MAX];
   int n = 0;
-  uint64_t answers = 0; /* bytes the server sends back before this request's answer */
+  uint64_t sent = 0, answers = 0; /* bytes of the run before this request, and before its answer */
   for (uint32_t i = 0; i < pr->k; i++) {
     const tent_chunk_t *c = &pr->c[i];
     const tent_slice_t *s = &c->job->s;
     uint8_t *h = pr->hdr[i];
-    int gapped = s->opcode == TENT_OP_READ && c->len;
+    int gapped = c->len > 0, write = s->opcode == TENT_OP_WRITE;
+    uint64_t local = s->local_addr + c->off, remote = s->remote_addr + c->off;
     pr->reqid[i] = atomic_fetch_add(&ex->next_reqid, 1);
-    pr->gap[i] = gapped ? read_gap(answers + RSP_SIZE, s->remote_addr + c->off, s->local_addr + c->off) : 0;
-    answers += RSP_SIZE + (gapped ? pr->gap[i] + c->len : 0);
+    if (!gapped) pr->gap[i] = 0;
+    else if (write) pr->gap[i] = payload_gap(sent + REQ_SIZE, local, remote);
+    else pr->gap[i] = payload_gap(answers + RSP_SIZE, remote, local);
+    sent += REQ_SIZE + (write && gapped ? pr->gap[i] + c->len : 0);
+    answers += RSP_SIZE + (!write && gapped ? pr->gap[i] + c->len : 0);
     put32(h, WIRE_MAGIC);
     put16(h + 4, gapped ? WIRE_VERSION_GAP : WIRE_VERSION);
     put16(h + 6, (uint16_t)(s->opcode | (gapped ? (uint32_t)pr->gap[i] << 8 : 0)));
@@ -1124,6 +1153,10 @@ static int run_send(tcp_exec_t *ex, pipe_run_t *pr) {
     put64(h + 24, pr->reqid[i]);
     own[n] = (iov_owner_t){s, 0};
     iov[n++] = (struct iovec){h, REQ_SIZE};
+    if (write && pr->gap[i]) {
+      own[n] = (iov_owner_t){s, 0};
+      iov[n++] = (struct iovec){(void *)zeros, pr->gap[i]};
+    }
     if (s->opcode == TENT_OP_WRITE && c->len) {
       own[n] = (iov_owner_t){s, 1};
       iov[n++] = (struct iovec){(void *)(uintptr_t)(s->local_addr + c->off), c->len};
@@ -1151,8 +1184,7 @@ static int io_status(int rc) {
 
 /* Is `h` the header of the answer to request i of the run? */
 static int rsp_matches(const pipe_run_t *pr, uint32_t i, const uint8_t *h) {
-  const tent_slice_t *s = &pr->c[i].job->s;
-  uint32_t version = s->opcode == TENT_OP_READ && pr->c[i].len ? WIRE_VERSION_GAP : WIRE_VERSION;
+  uint32_t version = pr->c[i].len ? WIRE_VERSION_GAP : WIRE_VERSION;
   uint32_t gap = get16(h + 6);
   return get32(h) == WIRE_MAGIC && get16(h + 4) == version && get64(h + 16) == pr->reqid[i] &&
          (gap == pr->gap[i] || ((int32_t)get32(h + 8) != TENT_OK && gap == 0));

@@ -89,18 +89,20 @@ class PacedServer:
                     return
                 magic, version, op, addr, length, rid = REQ.unpack(hdr)
                 assert magic == MAGIC and version in (1, 2)
-                gap = op >> 8 if version == 2 else 0  # version 2 READs: zero bytes before the payload
+                gap = op >> 8 if version == 2 else 0  # version 2: zero bytes before the payload
                 op &= 0xFF if version == 2 else 0xFFFF
                 self.requests += 1
                 stopped = [False]
                 if op == WRITE:
+                    if gap and self._recv(conn, gap) is None:
+                        return
                     got = 0
                     while got < length:
                         if self._recv(conn, min(self.step, length - got)) is None:
                             return
                         got += min(self.step, length - got)
                         self._pace(got, stopped)
-                    conn.sendall(RSP.pack(MAGIC, VERSION, 0, 0, 0, rid))
+                    conn.sendall(RSP.pack(MAGIC, version, gap, 0, 0, rid))
                     continue
                 conn.sendall(RSP.pack(MAGIC, version, gap, 0, 0, rid) + bytes(gap))
                 sent = 0

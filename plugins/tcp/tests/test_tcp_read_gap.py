@@ -1,18 +1,19 @@
-"""The READ gap (wire version 2, tcp_executor.c): a READ's payload is preceded by a gap of zero
-bytes the client chose, so that in the kernel's socket buffer pages it sits neither just ahead of
-the server's source nor just behind the client's destination modulo 4 KiB (4K aliasing made those
-copies 2-3x slower; docs/benchmarks.md, "Why tcp READ was slower than WRITE").
+"""The payload gap (wire version 2, tcp_executor.c): a payload is preceded by a gap of zero bytes
+the client chose, so that in the kernel's socket buffer pages it sits neither just ahead of its
+source nor just behind its destination modulo 4 KiB (4K aliasing made those copies 2-3x slower;
+docs/benchmarks.md, "Why tcp READ was slower than WRITE").
 
 - the server: a version-2 READ gets a version-2 answer naming the gap, the gap's zero bytes, then
-  exactly the payload; a gap on a WRITE or above the limit closes the connection; version 1 is
-  served as before;
-- the client: the gaps it asks for keep both copies clear of aliasing, for lone READs and for the
-  READs of a pipelined run (their answers follow each other in the server's stream), and every
-  byte lands where it belongs whatever the alignment.
+  exactly the payload; a version-2 WRITE has its gap skipped and only its payload stored; a gap
+  above the limit closes the connection; version 1 is served as before;
+- the client: the gaps it asks for keep both copies clear of aliasing, for lone requests and for
+  the READs of a pipelined run (their answers follow each other in the server's stream), and
+  every byte lands where it belongs whatever the alignment.
 """
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import struct
 import threading
@@ -62,7 +63,25 @@ def test_server_puts_the_requested_gap_before_a_read_payload(server: Server) -> 
         assert _recv_exact(c, 32) == ro[16:48].tobytes()
 
 
-@pytest.mark.parametrize("op,gap", [(WRITE, 5), (READ, GAP_MAX + 1), (READ, 255)])
+def test_server_skips_the_gap_before_a_write_payload(server: Server) -> None:
+    rw = server.addr("rw")
+    data = pattern(41, 9000)
+    with socket.create_connection(("127.0.0.1", server.ports[0]), timeout=10) as c:
+        for reqid, (gap, off, n) in enumerate([(0, 0, 4096), (33, 5000, 4000), (GAP_MAX, 20000, 9000)], 1):
+            c.sendall(REQ.pack(MAGIC, 2, WRITE | gap << 8, rw + off, n, reqid) + b"\xee" * gap + data[:n].tobytes())
+            magic, version, echoed, status, _, rid = RSP.unpack(_recv_exact(c, RSP.size))
+            assert (magic, version, echoed, status, rid) == (MAGIC, 2, gap, 0, reqid)
+            assert server.sha("rw", off, n) == hashlib.sha256(data[:n].tobytes()).hexdigest()
+        # refused (out of bounds): the gap and the payload are drained, the connection serves on
+        c.sendall(REQ.pack(MAGIC, 2, WRITE | 9 << 8, rw + (16 << 20) - 4, 8, 90) + bytes(9 + 8))
+        _, version, echoed, status, _, rid = RSP.unpack(_recv_exact(c, RSP.size))
+        assert (version, echoed, rid) == (2, 9, 90) and status < 0
+        c.sendall(REQ.pack(MAGIC, 1, WRITE, rw + 100, 16, 91) + data[:16].tobytes())
+        assert RSP.unpack(_recv_exact(c, RSP.size))[1:6] == (1, 0, 0, 0, 91)
+        assert server.sha("rw", 100, 16) == hashlib.sha256(data[:16].tobytes()).hexdigest()
+
+
+@pytest.mark.parametrize("op,gap", [(WRITE, GAP_MAX + 1), (READ, GAP_MAX + 1), (READ, 255)])
 def test_a_gap_the_protocol_does_not_allow_closes_the_connection(server: Server, op: int, gap: int) -> None:
     with socket.create_connection(("127.0.0.1", server.ports[0]), timeout=10) as c:
         c.sendall(REQ.pack(MAGIC, 2, op | gap << 8, server.addr("rw"), 16, 1))
@@ -121,8 +140,8 @@ class RecordingServer:
                 op &= 0xFF if version == 2 else 0xFFFF
                 self.seen.append((version, op, gap, addr, length, number))
                 if op == WRITE:
-                    _recv_exact(conn, length)
-                    conn.sendall(RSP.pack(MAGIC, version, 0, 0, 0, rid))
+                    _recv_exact(conn, gap + length)
+                    conn.sendall(RSP.pack(MAGIC, version, gap, 0, 0, rid))
                 else:
                     conn.sendall(RSP.pack(MAGIC, version, gap, 0, 0, rid) + bytes(gap) + bytes([addr & 0xFF]) * length)
 
@@ -171,6 +190,13 @@ def test_client_gaps_keep_both_copies_clear_of_4k_aliasing(recording: RecordingS
             assert _clear(pos - addr) and _clear(dst - pos), (rs, ls, n, gap)
             assert np.all(local[base + ls : base + ls + n] == (remote + rs) & 0xFF)
             assert np.all(local[: base + ls] == fill) and np.all(local[base + ls + n :] == fill)
+            recording.seen.clear()  # the same alignments written: the payload follows the 32-byte request header
+            res = run(ex, [(WRITE, dst, remote + rs, n, peer, 0)])
+            assert res.error == 0, res
+            ((version, op, gap, addr, length, _),) = recording.seen
+            assert (version, op, addr, length) == (2, WRITE, remote + rs, n) and 0 <= gap <= GAP_MAX
+            pos = REQ.size + gap
+            assert _clear(pos - dst) and _clear(addr - pos), (rs, ls, n, gap)
         if pipelined:  # one run per connection: each answer follows the previous one in the server's stream
             recording.seen.clear()
             local[:] = fill
