@@ -117,7 +117,7 @@
 
 #define WIRE_MAGIC 0x43544e54u /* "TNTC" little endian */
 #define WIRE_VERSION 1u
-#define WIRE_VERSION_GAP 2u /* a READ request names the gap before its payload (see above) */
+#define WIRE_VERSION_GAP 2u /* a request names the gap before its payload (see above) */
 #define GAP_MAX 127u
 #define ALIAS_BYTES 64u /* a copy's destination this close ahead of its source (mod 4 KiB) is slow */
 #define REQ_SIZE 32
@@ -1062,7 +1062,7 @@ typedef struct pipe_run {
   tent_chunk_t c[PIPE_MAX];
   uint64_t reqid[PIPE_MAX];
   int status[PIPE_MAX];
-  uint8_t gap[PIPE_MAX];     /* READ: bytes between the response header and the payload (version 2) */
+  uint8_t gap[PIPE_MAX];     /* zero bytes between a header and its payload (version 2) */
   uint8_t hdr[PIPE_MAX][REQ_SIZE];
 } pipe_run_t;
 
