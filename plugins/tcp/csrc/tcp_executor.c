@@ -1126,13 +1126,15 @@ static uint8_t payload_gap(uint64_t pos, uint64_t src, uint64_t dst) {
   return 0;
 }
 
-/* Send every request of the run, on its progress clock. */
-static int run_send(tcp_exec_t *ex, pipe_run_t *pr) {
+/* Send every request of the run, on its progress clock. `*stream`: bytes this thread sent just
+ * before (into socket buffer pages not yet released: runs sent back to back by one thread share
+ * its pages), advanced past this run. */
+static int run_send(tcp_exec_t *ex, pipe_run_t *pr, uint64_t *stream) {
   static const uint8_t zeros[GAP_MAX];
   struct iovec iov[3 * PIPE_MAX];
   iov_owner_t own[3 * PIPE_MAX];
   int n = 0;
-  uint64_t sent = 0, answers = 0; /* bytes of the run before this request, and before its answer */
+  uint64_t sent = *stream, answers = 0; /* bytes sent before this request, and before its answer */
   for (uint32_t i = 0; i < pr->k; i++) {
     const tent_chunk_t *c = &pr->c[i];
     const tent_slice_t *s = &c->job->s;
@@ -1162,6 +1164,7 @@ static int run_send(tcp_exec_t *ex, pipe_run_t *pr) {
       iov[n++] = (struct iovec){(void *)(uintptr_t)(s->local_addr + c->off), c->len};
     }
   }
+  *stream = sent;
   return sendv_all(pr->fd, iov, n, &pr->watch, own);
 }
 
@@ -1516,7 +1519,8 @@ static void run_exchange(tcp_exec_t *ex, pipe_run_t *pr) {
     }
     pr->watch.last_ms = mono_ms(); /* connected: that was progress */
   }
-  int rc = run_send(ex, pr);
+  uint64_t stream = 0; /* a worker's earlier runs were answered: their pages are released */
+  int rc = run_send(ex, pr, &stream);
   int broken = 1;
   if (rc != IO_OK)
     for (uint32_t i = 0; i < pr->k; i++) pr->status[i] = io_status(rc);
@@ -2006,10 +2010,11 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
   if (n != 1) free(jobs);
   /* send on this thread; the waiter reads the answers through progress() (or a worker, after
    * the hand-off): nobody is woken here */
+  uint64_t stream = 0; /* the runs leave back to back from this thread */
   for (int k = 0; k < nruns; k++) {
     pipe_run_t *pr = runs[k];
     run_start(ex, pr);
-    pr->send_rc = run_send(ex, pr);
+    pr->send_rc = run_send(ex, pr, &stream);
     if (pr->send_rc != IO_OK) {
       for (uint32_t i = 0; i < pr->k; i++) pr->status[i] = io_status(pr->send_rc);
       run_finish(ex, pr, 1);
