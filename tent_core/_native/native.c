@@ -31,6 +31,7 @@
 
 #include "tent/cpu_relax.h"
 #include "tent/executor_abi.h"
+#include "tent/reader_lock.h"
 
 /* ---- telemetry slots: rows of TENT_STAT_FIELDS int64 counters (layout in executor_abi.h),
  * shared with Python as a numpy view ---- */
@@ -681,9 +682,17 @@ typedef struct live_exec {
   uint64_t ops, handle;
 } live_exec_t;
 
-static pthread_rwlock_t g_live_mu = PTHREAD_RWLOCK_INITIALIZER;
 static live_exec_t *g_live = NULL;
 static size_t g_live_len = 0, g_live_cap = 0;
+
+/* The table's lock (tent/reader_lock.h): a submit pays two locked instructions; writers
+ * (register, retire: engine start and close) hold new submits back and wait for those inside to
+ * leave. Readers never nest (an executor call does not enter another). */
+static tent_reader_lock_t g_live_lock = TENT_READER_LOCK_INIT;
+static inline void live_read_lock(void) { tent_rl_read_lock(&g_live_lock); }
+static inline void live_read_unlock(void) { tent_rl_read_unlock(&g_live_lock); }
+static void live_write_lock(void) { tent_rl_write_lock(&g_live_lock); } /* GIL released */
+static void live_write_unlock(void) { tent_rl_write_unlock(&g_live_lock); }
 
 static int live_find(uint64_t ops, uint64_t handle) { /* read lock held */
   for (size_t i = 0; i < g_live_len; i++)
@@ -694,13 +703,13 @@ static int live_find(uint64_t ops, uint64_t handle) { /* read lock held */
 /* Lock the executor for one submit; 0 when it is not live (nothing locked then). */
 static int exec_enter(uint64_t ops, uint64_t handle) {
   if (!ops || !handle) return 0;
-  pthread_rwlock_rdlock(&g_live_mu);
+  live_read_lock();
   if (live_find(ops, handle)) return 1;
-  pthread_rwlock_unlock(&g_live_mu);
+  live_read_unlock();
   return 0;
 }
 
-static void exec_leave(void) { pthread_rwlock_unlock(&g_live_mu); }
+static void exec_leave(void) { live_read_unlock(); }
 
 static PyObject *py_executor_register(PyObject *m, PyObject *args) {
   unsigned long long ops_p, exec_p;
@@ -716,7 +725,7 @@ static PyObject *py_executor_register(PyObject *m, PyObject *args) {
   }
   int rc = 0;
   Py_BEGIN_ALLOW_THREADS;
-  pthread_rwlock_wrlock(&g_live_mu);
+  live_write_lock();
   if (!live_find(ops_p, exec_p)) {
     if (g_live_len == g_live_cap) {
       size_t cap = g_live_cap ? g_live_cap * 2 : 16;
@@ -729,7 +738,7 @@ static PyObject *py_executor_register(PyObject *m, PyObject *args) {
     }
     if (rc == 0) g_live[g_live_len++] = (live_exec_t){ops_p, exec_p};
   }
-  pthread_rwlock_unlock(&g_live_mu);
+  live_write_unlock();
   Py_END_ALLOW_THREADS;
   if (rc) return PyErr_NoMemory();
   Py_RETURN_NONE;
@@ -742,14 +751,14 @@ static PyObject *py_executor_retire(PyObject *m, PyObject *args) {
   if (!PyArg_ParseTuple(args, "KK", &ops_p, &exec_p)) return NULL;
   int found = 0;
   Py_BEGIN_ALLOW_THREADS;
-  pthread_rwlock_wrlock(&g_live_mu);
+  live_write_lock();
   for (size_t i = 0; i < g_live_len; i++)
     if (g_live[i].handle == exec_p && g_live[i].ops == ops_p) {
       g_live[i] = g_live[--g_live_len];
       found = 1;
       break;
     }
-  pthread_rwlock_unlock(&g_live_mu);
+  live_write_unlock();
   Py_END_ALLOW_THREADS;
   return PyBool_FromLong(found);
 }
@@ -1231,22 +1240,28 @@ static void req_fields_clear(req_fields_t *f) {
   Py_XDECREF(f->tag);
 }
 
-static int req_fields_read(const FastPathObject *fp, PyObject *req, req_fields_t *f) {
-  memset(f, 0, sizeof *f);
+static inline int req_fields_read(const FastPathObject *fp, PyObject *req, req_fields_t *f) {
+  f->owned = 0;
   if (fp->off[0] && Py_TYPE(req) == fp->request_type) { /* slots: no attribute lookups */
     for (int i = 0; i < 3; i++) {
       if (!fp->off_ordering[i]) continue;
       PyObject *v = *(PyObject **)((char *)req + fp->off_ordering[i]);
       if (v && v != Py_None) return -1; /* stream-ordered: the planner's */
     }
-    PyObject **out[8] = {&f->op, &f->local, &f->loff, &f->remote, &f->roff, &f->length, &f->prio, &f->tag};
-    for (int i = 0; i < 8; i++) {
-      PyObject *v = *(PyObject **)((char *)req + fp->off[i]);
-      if (!v) return -1; /* unset slot */
-      *out[i] = v;        /* borrowed */
-    }
-    return 0;
+#define SLOT_(i) (*(PyObject **)((char *)req + fp->off[i]))
+    f->op = SLOT_(0); /* borrowed */
+    f->local = SLOT_(1);
+    f->loff = SLOT_(2);
+    f->remote = SLOT_(3);
+    f->roff = SLOT_(4);
+    f->length = SLOT_(5);
+    f->prio = SLOT_(6);
+    f->tag = SLOT_(7);
+#undef SLOT_
+    /* an unset slot */
+    return f->op && f->local && f->loff && f->remote && f->roff && f->length && f->prio && f->tag ? 0 : -1;
   }
+  memset(f, 0, sizeof *f);
   f->owned = 1;
   if (!(f->op = PyObject_GetAttr(req, s_op)) || !(f->local = PyObject_GetAttr(req, s_local)) ||
       !(f->loff = PyObject_GetAttr(req, s_local_offset)) || !(f->remote = PyObject_GetAttr(req, s_remote)) ||
@@ -1573,8 +1588,15 @@ static PyObject *FastPath_key(FastPathObject *fp, PyObject *req) {
     Py_RETURN_NONE;
   }
   long long op = nonneg(f.op), prio = nonneg(f.prio), len = nonneg(f.length);
-  PyObject *key = op >= 0 && prio >= 0 && len >= 0 ? fast_key(fp, f.remote, f.local, (long)op, (long)prio, f.tag, len) : NULL;
+  PyObject *remote = f.remote, *local = f.local, *tag = f.tag; /* held: fast_key allocates */
+  Py_INCREF(remote);
+  Py_INCREF(local);
+  Py_INCREF(tag);
   req_fields_clear(&f);
+  PyObject *key = op >= 0 && prio >= 0 && len >= 0 ? fast_key(fp, remote, local, (long)op, (long)prio, tag, len) : NULL;
+  Py_DECREF(remote);
+  Py_DECREF(local);
+  Py_DECREF(tag);
   if (!key) {
     if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
