@@ -52,26 +52,34 @@ def _sha(a: Any) -> str:
 
 
 def test_a_waited_batch_leaves_the_inflight_table(eng, peer):
-    local = eng.allocate(1 << 20)
+    local = eng.allocate(4 << 20)
     rw = peer.seg("rw")
     _warm(eng, local, rw)
-    hits = eng._fast.hits
+    want = pattern(SIZE, seed=0)
     handles, tracked = [], 0
-    for i in range(16):
-        h = eng.submit(Request(READ, local, i * 64 * KiB, rw, i * 64 * KiB, 64 * KiB))
+    # 1 MiB requests outlast the rest of their submit, but a worker may still finish one first on
+    # a loaded machine (then nothing is tracked, rightly): submit until a few were seen in flight
+    for i in range(64):
+        h = eng.submit(Request(READ, local, (i % 4) << 20, rw, (i % 4) << 20, 1 << 20))  # the same bytes in any order
         # seen at once (the progress thread's sweep, every 0.2 s, takes finished batches out too)
         tracked += PROGRESS.inflight.get(h.token) is h
         handles.append(h)
-    assert eng._fast.hits == hits + 16
+        if tracked >= 4:
+            break
     assert tracked, "no fast-path batch was left in flight after submit (the test needs one)"
     for h in handles:
         assert h.wait(30)
         assert PROGRESS.inflight.get(h.token) is not h
-    assert np.array_equal(local.array[: 1 << 20], pattern(SIZE, seed=0)[: 1 << 20])
+    n = min(len(handles), 4) << 20
+    assert np.array_equal(local.array[:n], want[:n])
     # a wait with a timeout goes through the handle's Python side (_wait): the same
-    h = eng.submit(Request(READ, local, 0, rw, 0, 64 * KiB))
-    assert h.wait(timeout=30)
-    assert PROGRESS.inflight.get(h.token) is not h
+    for _ in range(64):
+        h = eng.submit(Request(READ, local, 0, rw, 0, 1 << 20))
+        seen = PROGRESS.inflight.get(h.token) is h
+        assert h.wait(timeout=30)
+        assert PROGRESS.inflight.get(h.token) is not h
+        if seen:
+            break
 
 
 def test_an_unwaited_handle_stays_tracked_and_its_bytes_arrive(eng, peer):
@@ -123,15 +131,17 @@ import gc, sys
 from tent_core import READ, Engine, Request
 rw = sys.argv[1]
 with Engine(transports=["shm"]) as eng:
-    local, other = eng.allocate(1 << 16), eng.allocate(1 << 16)
+    local = eng.allocate(1 << 16)
     fired = []
     for i in range(20):
         class Invalidator:
             def __del__(self):
                 eng._fast.invalidate()  # what a route change does, e.g. from another thread
                 fired.append(i)
-        reqs = [Request(READ, local, 0, rw, 0, 4096), Request(READ, other, 0, rw, 4096, 4096)]
-        for _ in range(3):  # both classes cached (again: the previous round dropped them)
+        # one class, the previous request's: the submit builds no key (no allocation) before the
+        # handle's; the cache and its last-hit slot are the entry's only holders
+        reqs = [Request(READ, local, 0, rw, 0, 4096), Request(READ, local, 4096, rw, 8192, 4096)]
+        for _ in range(3):  # cached again (the previous round dropped it)
             eng.submit(reqs).wait(30)
         hits = eng._fast.hits
         gc.disable()
@@ -147,7 +157,7 @@ with Engine(transports=["shm"]) as eng:
         assert fired and fired[-1] == i, "no collection inside the submit"
         assert eng._fast.hits == hits + 1, "not the fast path"
         assert h.wait(30)
-        assert sorted(id(e.local) for e in h._fast) == sorted((id(local), id(other))), "the batch's entries changed"
+        assert h._fast.local is local and h._fast.llen == 1 << 16, "the batch's entry changed"
         del h
 print("ok", len(fired))
 """
