@@ -258,7 +258,8 @@ else
         ip addr add "198.18.$((10 + i)).$host/24" dev "$n"; ip link set "$n" up
         rate=$(echo "${TENT_VM_RATES:-}" | cut -d, -f$((i + 1)))
         if [ -n "$rate" ]; then
-          tc qdisc add dev "$n" root tbf rate "$rate" burst 64kb latency 100ms || fail "tc on $n"
+          # lossless: the queue holds what every QP can have in flight (tent_rdma.testbed.tbf_args)
+          tc qdisc add dev "$n" root tbf rate "$rate" burst 64kb limit 4mb || fail "tc on $n"
         fi
         rdma link add "rxe$i" type rxe netdev "$n" || fail "rdma link add rxe$i on $n"
         devs[$i]="rxe$i"; nics[$i]="$n" ;;
@@ -318,7 +319,9 @@ run_vm() {  # role, extra qemu options...
   PIDS+=($!)
 }
 
-rm -f "$OUT"/rc.* "$OUT"/testbed*.json
+# a reused --out folder: stale rendezvous files of an earlier run (tent_rdma.testbed) would let
+# guest "a" start before "b" serves, and make job numbers skip
+rm -f "$OUT"/rc.* "$OUT"/testbed*.json "$OUT"/b.ready "$OUT"/a.done "$OUT"/job-*
 echo "rdma-vm: booting $VMS guest(s) ($ACCEL, $CPUS vCPU, $MEMORY, kernel $KVER), output in $OUT" >&2
 if [ "$VMS" = 1 ]; then
   run_vm single

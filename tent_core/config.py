@@ -81,8 +81,19 @@ class SchedulerConfig:
     # the hardware rate; the floor keeps a stalled rail's cost finite so it can recover).
     bandwidth_floor_fraction: float = 0.001
     bandwidth_cap_fraction: float = 1.0
-    # Used when a rail's nominal rate is unknown (0): 10 Gbit/s in bytes/s.
+    # Used when a rail's nominal rate is unknown (0): 10 Gbit/s in bytes/s. It is only a prior: the
+    # first measured window replaces it outright instead of being averaged with it.
     default_bandwidth_Bps: float = 1.25e9
+    # The floor when the nominal rate is unknown (bytes/s). Not a fraction of the made-up prior:
+    # shaped and emulated rails run at a few Mbit/s, and a floor above two rails' real rates makes
+    # them look equal however different they are.
+    unknown_bandwidth_floor_Bps: float = 1e4
+    # Executors that report only completions (no service telemetry): a rail's rate while busy is
+    # measured from one completion to a later one, over at least this many completions and at least
+    # one bandwidth window (shorter spans carry over). Counting bytes per fixed window instead
+    # reads "one slice per window" on a rail whose slices take longer than a window, whatever its
+    # rate: two rails at 1 and 0.5 MB/s with 128 KiB slices both looked like 2.6 MB/s.
+    rate_span_completions: int = 4
     # Every probe_every-th large request is sprayed evenly over all admitted rails so idle rails
     # get fresh bandwidth samples (C++: every 100th multi-slice call).
     probe_every: int = 100
@@ -104,6 +115,8 @@ class SchedulerConfig:
             raise ValueError("min_slice_bytes must be a positive multiple of slice_align_bytes")
         if not 0.0 < self.ewma_alpha <= 1.0:
             raise ValueError("ewma_alpha must be in (0, 1]")
+        if self.unknown_bandwidth_floor_Bps <= 0 or self.rate_span_completions < 1:
+            raise ValueError("unknown_bandwidth_floor_Bps must be > 0 and rate_span_completions >= 1")
         if self.gamma < 0 or self.probe_every < 0:
             raise ValueError("gamma and probe_every must be >= 0")
 

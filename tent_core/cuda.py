@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import abc
 import ctypes
+import itertools
 import logging
 import os
 import threading
@@ -328,6 +329,13 @@ class CtypesApi(CudaApi):
 # ------------------------------------------------------------------------------- cuda.bindings backend
 
 
+def result_values(res: tuple[Any, ...]) -> Any:
+    """The values of a cuda-python call's (error, value...) result: None, the one value, or a tuple
+    of them (cuMemGetAddressRange returns (error, base, size))."""
+    return res[1] if len(res) == 2 else tuple(res[1:]) if len(res) > 2 else None
+
+
+
 class BindingsApi(CudaApi):
     """cuda-python's `cuda.bindings` (runtime statically linked into the binding; driver via libcuda)."""
 
@@ -340,6 +348,7 @@ class BindingsApi(CudaApi):
         self.path = ""  # the executor loads a libcudart of its own (nvlink config `cudart`)
         self._host_fns: dict[int, Any] = {}
         self._hf_lock = threading.Lock()
+        self._hf_keys = itertools.count()
 
     def _ok(self, res: Any, what: str) -> Any:
         err = res[0]
@@ -349,13 +358,13 @@ class BindingsApi(CudaApi):
             except Exception:
                 msg = str(err)
             raise CudaError(f"{what}: {msg} ({err!r})")
-        return res[1] if len(res) == 2 else res[1:] if len(res) > 2 else None
+        return result_values(res)
 
     def _dok(self, res: Any, what: str) -> Any:
         err = res[0]
         if int(err) != 0:
             raise CudaError(f"{what} failed ({err!r})")
-        return res[1] if len(res) == 2 else None
+        return result_values(res)
 
     def device_count(self) -> int:
         return int(self._ok(self.rt.cudaGetDeviceCount(), "cudaGetDeviceCount"))
@@ -443,7 +452,7 @@ class BindingsApi(CudaApi):
         return True
 
     def address_range(self, ptr: int) -> tuple[int, int]:
-        base, size = self._dok(self.drv.cuMemGetAddressRange(ptr), "cuMemGetAddressRange") or (0, 0)
+        base, size = self._dok(self.drv.cuMemGetAddressRange(ptr), "cuMemGetAddressRange")
         return int(base), int(size)
 
     def stream_wait_value32(self, s: int, dev_addr: int, value: int) -> None:
@@ -451,7 +460,8 @@ class BindingsApi(CudaApi):
         self._dok(self.drv.cuStreamWaitValue32(s, dev_addr, value, flags), "cuStreamWaitValue32")
 
     def launch_host_func(self, s: int, fn: Any) -> None:
-        key = id(fn)
+        # the bindings take the callback as a C function pointer (an int), not a Python callable
+        key = next(self._hf_keys)
 
         def call(_: Any) -> None:
             try:
@@ -460,9 +470,15 @@ class BindingsApi(CudaApi):
                 with self._hf_lock:
                     self._host_fns.pop(key, None)
 
+        cb = _HOST_FN(call)
         with self._hf_lock:
-            self._host_fns[key] = call
-        self._ok(self.rt.cudaLaunchHostFunc(s, call, None), "cudaLaunchHostFunc")
+            self._host_fns[key] = cb  # alive until CUDA has called it
+        try:
+            self._ok(self.rt.cudaLaunchHostFunc(s, ctypes.cast(cb, ctypes.c_void_p).value, None), "cudaLaunchHostFunc")
+        except BaseException:
+            with self._hf_lock:
+                self._host_fns.pop(key, None)
+            raise
 
 
 # ------------------------------------------------------------------------------- selection

@@ -28,13 +28,22 @@ rail can carry (each is conservative for a different reason, so the largest is t
 * per slice, L / tau (mean slice bytes over mean slice latency): exact for one slice at a time,
   too low when slices queue behind each other;
 * Little's law, min(inflight before, inflight after) / tau: right when slices queue (latency includes
-  the queue), kept conservative by using the smaller of the two inflight snapshots;
-* goodput while busy: bytes moved during intervals the rail was serving the whole time (counted as
-  they move when the executor reports progress, else at completion), over those intervals.
+  the queue), kept conservative by using the smaller of the two inflight snapshots. Only while the
+  queue holds or grows: a burst draining away (slices all submitted at once, as one large batch is)
+  completes early slices after short waits with the whole burst still queued behind them, and
+  inflight / tau would then claim up to burst-size times the real rate;
+* goodput while busy: with service telemetry, bytes moved during intervals the rail was serving the
+  whole time, over those intervals. Without it (completions only), bytes completed from one
+  completion to a later one while the rail held work the whole time, over the time between the
+  two, summed over spans of at least `rate_span_completions` completions and one window (shorter
+  ones carry over to the next window), so that a slow rail whose slices take longer than a window
+  is measured at its rate, not at "one slice per window". While such a span is open the per-slice
+  sample is left out (its latency includes the queue).
 
 Within a measurement window the largest sample is kept (the "cleanest path condition": application
 load and idle gaps only ever make samples smaller), clamped to the nominal rate when it is known, and
-the window peaks are EWMA-smoothed. A rail that stops completing anything produces no samples, so
+the window peaks are EWMA-smoothed (when the nominal rate is unknown, the first measured window
+replaces the made-up prior instead). A rail that stops completing anything produces no samples, so
 its estimate does not move; its queue A grows instead and with it its cost, and `is_stalled` says so
 explicitly (a downed veth gives no socket error: traffic just stops). `service_rate_Bps` is the rate
 of the last window in which the rail was busy serving, for comparing a rail with its siblings.
@@ -116,9 +125,15 @@ class RailTelemetry:
         "_prev_ns",
         "_window_start_ns",
         "_peak",
+        "_peak_little",
         "_busy_bytes",
         "_busy_ns",
         "_nominal_Bps",
+        "_measured",
+        "_span_need",
+        "_busy_slices",
+        "_anchor",
+        "_span_end",
     )
 
     def __init__(
@@ -144,7 +159,7 @@ class RailTelemetry:
             self._lo = self._nominal_Bps * cfg.bandwidth_floor_fraction
             self._hi = self._nominal_Bps * cfg.bandwidth_cap_fraction
         else:
-            self._lo = cfg.default_bandwidth_Bps * cfg.bandwidth_floor_fraction
+            self._lo = cfg.unknown_bandwidth_floor_Bps
             self._hi = float("inf")
         self.bandwidth_Bps = self._nominal_Bps or cfg.default_bandwidth_Bps
         self.latency_s = 0.0
@@ -168,8 +183,16 @@ class RailTelemetry:
         self._prev_ns = 0
         self._window_start_ns = 0
         self._peak = 0.0
+        self._peak_little = 0.0  # the Little's-law part of _peak
         self._busy_bytes = 0
         self._busy_ns = 0
+        self._measured = False  # a window produced a sample (the prior is gone)
+        # completion spans (executors without service telemetry): (ns, bytes_done, slices_done) of
+        # the completion that opened the current busy span, and of the latest one in it
+        self._span_need = cfg.rate_span_completions
+        self._busy_slices = 0  # completions in the spans folded into this window
+        self._anchor: tuple[int, int, int] | None = None
+        self._span_end: tuple[int, int, int] | None = None
 
     @classmethod
     def from_rail_info(
@@ -206,8 +229,10 @@ class RailTelemetry:
         self.serving = cur[SERVING]
         self.progress_ns = cur[PROGRESS_NS]
         self.bytes_moved = cur[BYTES_MOVED]
-        if cur[PROGRESS_NS]:
-            self._reports_service = True
+        if cur[PROGRESS_NS] and not self._reports_service:
+            self._reports_service = True  # from now on busy time is service time: drop the spans
+            self._anchor = self._span_end = None
+            self._busy_bytes = self._busy_ns = self._busy_slices = 0
         if prev is None:
             self._prev = cur
             self._prev_ns = now_ns
@@ -234,9 +259,12 @@ class RailTelemetry:
             a = self._alpha
             self.latency_s = mean_lat_s if self.latency_s <= 0 else (1 - a) * self.latency_s + a * mean_lat_s
             sample = (d_bytes / d_slices) / mean_lat_s  # one slice at a time
-            little = min(prev_infl, infl_b) / mean_lat_s  # queued slices (Little's law)
-            if little > sample:
-                sample = little
+            if infl_b >= prev_infl:  # queued slices (Little's law), not a draining burst
+                little = min(prev_infl, infl_b) / mean_lat_s
+                if little > self._peak_little:
+                    self._peak_little = little
+                if little > sample:
+                    sample = little
             if sample > self._peak:
                 self._peak = sample
         # While the rail stays busy the whole interval, what it delivered is its capacity: this is
@@ -248,9 +276,8 @@ class RailTelemetry:
             if prev[SERVING] > 0 and cur[SERVING] > 0 and dt > 0:
                 self._busy_bytes += cur[BYTES_MOVED] - prev[BYTES_MOVED]
                 self._busy_ns += dt
-        elif prev_infl > 0 and infl_b > 0 and dt > 0:
-            self._busy_bytes += d_bytes
-            self._busy_ns += dt
+        else:
+            self._follow_completions(prev, cur, prev_infl, infl_b)
 
         if now_ns - self._window_start_ns >= self._window_ns:
             self._roll_window(now_ns)
@@ -258,23 +285,68 @@ class RailTelemetry:
         self._prev_ns = now_ns
         return Delta(d_bytes, d_slices, d_errors, d_congestion)
 
+    def _follow_completions(self, prev: tuple[int, ...], cur: tuple[int, ...], prev_infl: int, infl_b: int) -> None:
+        """Completion spans: open one at a completion after which the rail still holds work, extend
+        it at each later completion while it keeps holding work, close it when the rail drains."""
+        event = (cur[LAST_COMPLETE_NS], cur[BYTES_DONE], cur[SLICES_DONE])
+        completed = cur[SLICES_DONE] > prev[SLICES_DONE] and event[0] > 0
+        if prev_infl <= 0:
+            self._close_span()  # idle in between: the time since the anchor was not all service
+        elif completed and self._anchor is not None and event[0] > self._anchor[0]:
+            self._span_end = event
+        if infl_b <= 0:
+            self._close_span()
+        elif completed and self._anchor is None:
+            self._anchor = event
+
+    def _close_span(self) -> None:
+        """Fold the span measured so far into this window's busy totals; the next starts afresh."""
+        a, e = self._anchor, self._span_end
+        if a is not None and e is not None:
+            self._busy_bytes += e[1] - a[1]
+            self._busy_ns += e[0] - a[0]
+            self._busy_slices += e[2] - a[2]
+        self._anchor = self._span_end = None
+
     def _roll_window(self, now_ns: int) -> None:
         peak = self._peak
         window = now_ns - self._window_start_ns
-        if self._busy_ns * 2 >= window > 0:
-            busy_rate = self._busy_bytes / (self._busy_ns * _NS)
+        busy_rate = 0.0
+        if not self._reports_service:
+            # completions only: the busy spans so far, the open one up to its latest completion
+            # (which anchors the rest of it); spans too short to tell a rate carry over
+            a, e = self._anchor, self._span_end
+            if a is not None and e is not None:
+                self._busy_bytes += e[1] - a[1]
+                self._busy_ns += e[0] - a[0]
+                self._busy_slices += e[2] - a[2]
+                self._anchor, self._span_end = e, None
+            if self._busy_slices >= self._span_need and self._busy_ns >= self._window_ns:
+                busy_rate = self._busy_bytes / (self._busy_ns * _NS)
+                self._busy_bytes = self._busy_ns = self._busy_slices = 0
+            elif self._busy_slices or self._anchor is not None:
+                # slices queued behind each other, so one slice's latency understates the rate:
+                # only Little's law counts until the spans hold enough completions
+                peak = self._peak_little
+        else:
+            if self._busy_ns * 2 >= window > 0:
+                busy_rate = self._busy_bytes / (self._busy_ns * _NS)
+            self._busy_bytes = self._busy_ns = 0
+        if busy_rate > 0:
             self._prev_service = (self.service_rate_Bps, self.service_rate_ns)
             self.service_rate_Bps = busy_rate
             self.service_rate_ns = now_ns
             if busy_rate > peak:
                 peak = busy_rate
-        self._busy_bytes = 0
-        self._busy_ns = 0
         if peak > 0:
             peak = min(max(peak, self._lo), self._hi)
-            a = self._alpha
-            self.bandwidth_Bps = (1 - a) * self.bandwidth_Bps + a * peak
-        self._peak = 0.0
+            if not self._measured and not self._nominal_Bps:
+                self.bandwidth_Bps = peak  # the prior was made up: nothing to average with
+            else:
+                a = self._alpha
+                self.bandwidth_Bps = (1 - a) * self.bandwidth_Bps + a * peak
+            self._measured = True
+        self._peak = self._peak_little = 0.0
         self._window_start_ns = now_ns
 
     def add_pending(self, nbytes: int, now_ns: int = 0) -> None:

@@ -16,7 +16,10 @@
  *       requests shared by `threads` threads: each batch's seconds.
  *   tcp_serve(host, addr=0, size=0, spin_us=0) -> port
  *       a tiny request/response TCP server on background threads (one per connection):
- *       header {u32 op, u32 pad, u64 length}; WRITE: `length` bytes follow, answered by one byte;
+ *       header {u32 op, u32 pad, u64 length, 48 bytes pad}; WRITE: `length` bytes follow,
+ *       answered by one byte (the header is 64 bytes so that a WRITE's payload does not sit 16
+ *       bytes ahead of its source in the socket buffer pages, where the kernel's copy runs 2-3x
+ *       slower: 4K aliasing, plugins/tcp/tools/copy_alias.py);
  *       READ: answered by `length` bytes. TCP_NODELAY, as the engine's connections. With `addr`,
  *       requests of up to `size` bytes read from / write into [addr, addr + size) (the buffer the
  *       engine serves: the same memory, so the same copy costs; see small.py). With `spin_us`, a
@@ -275,7 +278,7 @@ static void *serve_conn(void *arg) {
   int fd = mem.fd;
   size_t cap = 0;
   char *buf = NULL;
-  uint8_t h[16];
+  uint8_t h[64];
   for (;;) {
     spin_readable(fd, mem.spin_us);
     if (recv_all(fd, h, sizeof h)) break;
@@ -401,7 +404,7 @@ static PyObject *py_tcp(PyObject *m, PyObject *args) {
   if (fd < 0 || (nodelay(fd), connect(fd, (struct sockaddr *)&sa, sizeof sa)) != 0) {
     err = errno;
   } else {
-    uint8_t h[16] = {0};
+    uint8_t h[64] = {0};
     uint32_t o = (uint32_t)op;
     uint64_t len = block;
     memcpy(h, &o, 4);

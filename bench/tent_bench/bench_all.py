@@ -572,9 +572,9 @@ def default_steps() -> list[Step]:
                       PY, "-m", "tent_rdma.bench", "single", "--sizes", "64K,1M", "--bytes", "32M", "--rounds", "3",
                       "--mooncake", "--markdown"],
              needs=("scripts/rdma-vm.sh",), needs_root=True, opt_in=True, timeout_s=2700),  # fmt: skip
-        Step("rdma-two-vm", ["scripts/rdma-vm.sh", "--vms", "2", "--nics", "2", "--rates", "8mbit,8mbit", "--timeout", "2400",
+        Step("rdma-two-vm", ["scripts/rdma-vm.sh", "--vms", "2", "--nics", "2", "--rates", "3mbit,3mbit", "--timeout", "2400",
                              "--out", "/tmp/tent-rdma-bench2", "--", PY, "-m", "tent_rdma.testbed", "--limit", "2300", "--",
-                             PY, "-m", "tent_rdma.bench", "two-vm", "--rates", "8mbit,8mbit", "--bytes", "16M",
+                             PY, "-m", "tent_rdma.bench", "two-vm", "--rates", "3mbit,3mbit", "--bytes", "8M",
                              "--rounds", "3", "--markdown"],
              needs=("scripts/rdma-vm.sh",), needs_root=True, opt_in=True, timeout_s=2700),  # fmt: skip
     ]

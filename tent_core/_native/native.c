@@ -31,6 +31,7 @@
 
 #include "tent/cpu_relax.h"
 #include "tent/executor_abi.h"
+#include "tent/reader_lock.h"
 
 /* ---- telemetry slots: rows of TENT_STAT_FIELDS int64 counters (layout in executor_abi.h),
  * shared with Python as a numpy view ---- */
@@ -66,13 +67,19 @@ typedef struct batch {
   atomic_int sleepers;
   pthread_mutex_t mu;
   pthread_cond_t cv;
+  struct batch *next_free; /* in its thread's cache of finished batches */
 } batch_t;
 
-/* Finished batches are kept for reuse by the thread that let go of the last reference (a few per
- * thread): a submit on the same thread then needs no allocation and no mutex/condvar setup. */
-#define BATCH_CACHE 8
-static __thread batch_t *tl_batches[BATCH_CACHE];
-static __thread int tl_nbatches, tl_registered;
+/* Finished batches are kept for reuse by the thread that let go of the last reference: a submit
+ * on the same thread then needs no allocation and no mutex/condvar setup. Enough for a few hundred
+ * requests queued back to back (submit many, wait later), whose handles the application drops
+ * together; a thread that never submits (an executor's worker letting go of a dropped handle's
+ * batch) keeps at most this many. The list runs through the batches themselves, so the thread's
+ * own storage is three words, in the initial-exec TLS model: no __tls_get_addr call per submit. */
+#define BATCH_CACHE 256
+#define TLS_IE __attribute__((tls_model("initial-exec")))
+static __thread batch_t *tl_free TLS_IE;
+static __thread int tl_nfree TLS_IE, tl_registered TLS_IE;
 static pthread_key_t g_batch_cache_key;
 
 static void batch_free(batch_t *b) {
@@ -82,14 +89,21 @@ static void batch_free(batch_t *b) {
 }
 
 static void batch_cache_drop(void *unused) { /* thread exit: nothing stays behind */
-  while (tl_nbatches > 0) batch_free(tl_batches[--tl_nbatches]);
+  while (tl_free) {
+    batch_t *b = tl_free;
+    tl_free = b->next_free;
+    batch_free(b);
+  }
+  tl_nfree = 0;
 }
 
 static void batch_unref(batch_t *b) {
   if (atomic_fetch_sub(&b->refs, 1) == 1) {
-    if (tl_nbatches < BATCH_CACHE && (tl_registered || pthread_setspecific(g_batch_cache_key, (void *)1) == 0)) {
+    if (tl_nfree < BATCH_CACHE && (tl_registered || pthread_setspecific(g_batch_cache_key, (void *)1) == 0)) {
       tl_registered = 1; /* nobody holds it: its mutex and condvar are idle */
-      tl_batches[tl_nbatches++] = b;
+      b->next_free = tl_free;
+      tl_free = b;
+      tl_nfree++;
       return;
     }
     batch_free(b);
@@ -229,6 +243,8 @@ typedef struct {
   PyObject *routes;       /* route -> Decision record of the planner (or None) */
   PyObject *pieces;       /* (route, lo, hi, decision) list of the planner (or None) */
   PyObject *fast;         /* FastEntry, or a tuple of them, the fast path used (or None) */
+  PyObject *tracked_in;   /* the in-flight dict the fast path put this handle in, under */
+  PyObject *tracked_key;  /* this key (NULL when it did not) */
 } BatchObject;
 
 static PyTypeObject BatchType;
@@ -237,11 +253,13 @@ static PyTypeObject BatchType;
 /* A fresh batch_t for `total` slices; NULL when out of memory. */
 static batch_t *batch_create(long total) {
   batch_t *b;
-  if (tl_nbatches > 0) {
+  if (tl_free) {
     /* Relaxed: the batch is this thread's alone until its slices are handed over, which
      * publishes it (the executor's queue lock, or this very thread running them inline); a
      * seq_cst store is a locked instruction on x86, nine of them per submit otherwise. */
-    b = tl_batches[--tl_nbatches];
+    b = tl_free;
+    tl_free = b->next_free;
+    tl_nfree--;
     atomic_store_explicit(&b->cancelled, 0, memory_order_relaxed);
     atomic_store_explicit(&b->first_error, 0, memory_order_relaxed);
     atomic_store_explicit(&b->bytes_done, 0, memory_order_relaxed);
@@ -327,6 +345,8 @@ static PyObject *Batch_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
 }
 
 static void Batch_dealloc(BatchObject *self) {
+  Py_XDECREF(self->tracked_in);
+  Py_XDECREF(self->tracked_key);
   if (self->b) batch_unref(self->b);
   Py_XDECREF(self->engine);
   Py_XDECREF(self->routes);
@@ -336,6 +356,26 @@ static void Batch_dealloc(BatchObject *self) {
 }
 
 static int batch_progress(batch_t *b, int64_t budget_ns);
+
+/* A finished batch the fast path tracked leaves the in-flight dict (if it is still there, under
+ * this handle): nothing of it can fail any more, so recovery has no use for it. GIL held. */
+static void handle_untrack(BatchObject *self) {
+  PyObject *d = self->tracked_in, *key = self->tracked_key;
+  if (!d) return;
+  self->tracked_in = self->tracked_key = NULL;
+  PyObject *et, *ev, *tb;
+  PyErr_Fetch(&et, &ev, &tb);
+  PyObject *v = PyDict_GetItemWithError(d, key); /* borrowed */
+  if (v == (PyObject *)self) {
+    /* the dict's reference goes; the caller holds another (self is its argument) */
+    if (PyDict_DelItem(d, key) < 0) PyErr_Clear();
+  } else if (!v) {
+    PyErr_Clear(); /* the progress thread's sweep took it already */
+  }
+  PyErr_Restore(et, ev, tb);
+  Py_DECREF(key);
+  Py_DECREF(d);
+}
 
 /* A waiter offers its thread to an executor (progress()) in steps of at most this long: an
  * answer later than that goes to a worker while the waiter sleeps on the batch. */
@@ -350,7 +390,10 @@ static PyObject *Batch_wait(BatchObject *self, PyObject *args) {
   double timeout = -1.0;
   if (!PyArg_ParseTuple(args, "|d", &timeout)) return NULL;
   batch_t *b = self->b;
-  if (atomic_load(&b->remaining) == 0) Py_RETURN_TRUE;
+  if (atomic_load(&b->remaining) == 0) {
+    handle_untrack(self);
+    Py_RETURN_TRUE;
+  }
   int done;
   Py_BEGIN_ALLOW_THREADS;
   long long spin = atomic_load_explicit(&g_wait_spin_ns, memory_order_relaxed);
@@ -396,6 +439,7 @@ static PyObject *Batch_wait(BatchObject *self, PyObject *args) {
   done = atomic_load(&b->remaining) == 0;
   pthread_mutex_unlock(&b->mu);
   Py_END_ALLOW_THREADS;
+  if (done) handle_untrack(self);
   return PyBool_FromLong(done);
 }
 
@@ -437,8 +481,21 @@ static PyObject *Batch_complete_slice(BatchObject *self, PyObject *args) {
  * runs `_wait`, which reports the end of the batch to the hook. */
 static PyObject *g_hook_ns = NULL;
 
+/* The answer of the last lookup and the version of the namespace it was read from: every change
+ * of a dict bumps its version tag (PEP 509; deprecated from 3.12, where the lookup runs every time),
+ * so a namespace nobody touched since answers without a lookup. */
+#if PY_VERSION_HEX < 0x030C0000
+#define HOOK_VERSIONED 1
+static uint64_t g_hook_ver;
+static int g_hook_off_cached = -1;
+#endif
+
 static int hook_off(void) {
   if (!g_hook_ns) return 1;
+#ifdef HOOK_VERSIONED
+  uint64_t ver = ((PyDictObject *)g_hook_ns)->ma_version_tag;
+  if (g_hook_off_cached >= 0 && ver == g_hook_ver) return g_hook_off_cached;
+#endif
   static PyObject *key = NULL; /* interned once: no string made per wait */
   if (!key && !(key = PyUnicode_InternFromString("COMPLETION_HOOK"))) {
     PyErr_Clear();
@@ -449,7 +506,12 @@ static int hook_off(void) {
     PyErr_Clear();
     return 0;
   }
-  return !h || h == Py_None;
+  int off = !h || h == Py_None;
+#ifdef HOOK_VERSIONED
+  g_hook_ver = ver;
+  g_hook_off_cached = off;
+#endif
+  return off;
 }
 
 static PyObject *py_set_hook_namespace(PyObject *m, PyObject *ns) {
@@ -459,13 +521,18 @@ static PyObject *py_set_hook_namespace(PyObject *m, PyObject *ns) {
   }
   Py_INCREF(ns);
   Py_XSETREF(g_hook_ns, ns);
+#ifdef HOOK_VERSIONED
+  g_hook_off_cached = -1;
+#endif
   Py_RETURN_NONE;
 }
 
 static PyObject *Batch_wait_handle(BatchObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
   if (!kwnames && nargs <= 1 && atomic_load(&self->b->remaining) == 0 && atomic_load(&self->b->first_error) == 0 &&
-      hook_off())
+      hook_off()) {
+    handle_untrack(self);
     Py_RETURN_TRUE;
+  }
   static PyObject *name = NULL;
   if (!name && !(name = PyUnicode_InternFromString("_wait"))) return NULL;
   PyObject *meth = PyObject_GetAttr((PyObject *)self, name);
@@ -615,9 +682,17 @@ typedef struct live_exec {
   uint64_t ops, handle;
 } live_exec_t;
 
-static pthread_rwlock_t g_live_mu = PTHREAD_RWLOCK_INITIALIZER;
 static live_exec_t *g_live = NULL;
 static size_t g_live_len = 0, g_live_cap = 0;
+
+/* The table's lock (tent/reader_lock.h): a submit pays two locked instructions; writers
+ * (register, retire: engine start and close) hold new submits back and wait for those inside to
+ * leave. Readers never nest (an executor call does not enter another). */
+static tent_reader_lock_t g_live_lock = TENT_READER_LOCK_INIT;
+static inline void live_read_lock(void) { tent_rl_read_lock(&g_live_lock); }
+static inline void live_read_unlock(void) { tent_rl_read_unlock(&g_live_lock); }
+static void live_write_lock(void) { tent_rl_write_lock(&g_live_lock); } /* GIL released */
+static void live_write_unlock(void) { tent_rl_write_unlock(&g_live_lock); }
 
 static int live_find(uint64_t ops, uint64_t handle) { /* read lock held */
   for (size_t i = 0; i < g_live_len; i++)
@@ -628,13 +703,13 @@ static int live_find(uint64_t ops, uint64_t handle) { /* read lock held */
 /* Lock the executor for one submit; 0 when it is not live (nothing locked then). */
 static int exec_enter(uint64_t ops, uint64_t handle) {
   if (!ops || !handle) return 0;
-  pthread_rwlock_rdlock(&g_live_mu);
+  live_read_lock();
   if (live_find(ops, handle)) return 1;
-  pthread_rwlock_unlock(&g_live_mu);
+  live_read_unlock();
   return 0;
 }
 
-static void exec_leave(void) { pthread_rwlock_unlock(&g_live_mu); }
+static void exec_leave(void) { live_read_unlock(); }
 
 static PyObject *py_executor_register(PyObject *m, PyObject *args) {
   unsigned long long ops_p, exec_p;
@@ -650,7 +725,7 @@ static PyObject *py_executor_register(PyObject *m, PyObject *args) {
   }
   int rc = 0;
   Py_BEGIN_ALLOW_THREADS;
-  pthread_rwlock_wrlock(&g_live_mu);
+  live_write_lock();
   if (!live_find(ops_p, exec_p)) {
     if (g_live_len == g_live_cap) {
       size_t cap = g_live_cap ? g_live_cap * 2 : 16;
@@ -663,7 +738,7 @@ static PyObject *py_executor_register(PyObject *m, PyObject *args) {
     }
     if (rc == 0) g_live[g_live_len++] = (live_exec_t){ops_p, exec_p};
   }
-  pthread_rwlock_unlock(&g_live_mu);
+  live_write_unlock();
   Py_END_ALLOW_THREADS;
   if (rc) return PyErr_NoMemory();
   Py_RETURN_NONE;
@@ -676,14 +751,14 @@ static PyObject *py_executor_retire(PyObject *m, PyObject *args) {
   if (!PyArg_ParseTuple(args, "KK", &ops_p, &exec_p)) return NULL;
   int found = 0;
   Py_BEGIN_ALLOW_THREADS;
-  pthread_rwlock_wrlock(&g_live_mu);
+  live_write_lock();
   for (size_t i = 0; i < g_live_len; i++)
     if (g_live[i].handle == exec_p && g_live[i].ops == ops_p) {
       g_live[i] = g_live[--g_live_len];
       found = 1;
       break;
     }
-  pthread_rwlock_unlock(&g_live_mu);
+  live_write_unlock();
   Py_END_ALLOW_THREADS;
   return PyBool_FromLong(found);
 }
@@ -1145,12 +1220,16 @@ static PyObject *fast_key(FastPathObject *fp, PyObject *remote, PyObject *local,
   return key;
 }
 
-/* One request's fields, as the fast path reads them. */
+/* One request's fields, as the fast path reads them: borrowed from a slotted request's slots (the
+ * caller holds the request, and nothing between the read and the last use runs Python code, except
+ * where fast_submit holds its own references), new references when read by getattr (owned). */
 typedef struct {
   PyObject *op, *local, *loff, *remote, *roff, *length, *prio, *tag;
+  int owned;
 } req_fields_t;
 
 static void req_fields_clear(req_fields_t *f) {
+  if (!f->owned) return;
   Py_XDECREF(f->op);
   Py_XDECREF(f->local);
   Py_XDECREF(f->loff);
@@ -1161,23 +1240,29 @@ static void req_fields_clear(req_fields_t *f) {
   Py_XDECREF(f->tag);
 }
 
-static int req_fields_read(const FastPathObject *fp, PyObject *req, req_fields_t *f) {
-  memset(f, 0, sizeof *f);
+static inline int req_fields_read(const FastPathObject *fp, PyObject *req, req_fields_t *f) {
+  f->owned = 0;
   if (fp->off[0] && Py_TYPE(req) == fp->request_type) { /* slots: no attribute lookups */
     for (int i = 0; i < 3; i++) {
       if (!fp->off_ordering[i]) continue;
       PyObject *v = *(PyObject **)((char *)req + fp->off_ordering[i]);
       if (v && v != Py_None) return -1; /* stream-ordered: the planner's */
     }
-    PyObject **out[8] = {&f->op, &f->local, &f->loff, &f->remote, &f->roff, &f->length, &f->prio, &f->tag};
-    for (int i = 0; i < 8; i++) {
-      PyObject *v = *(PyObject **)((char *)req + fp->off[i]);
-      if (!v) return -1; /* unset slot */
-      Py_INCREF(v);
-      *out[i] = v;
-    }
-    return 0;
+#define SLOT_(i) (*(PyObject **)((char *)req + fp->off[i]))
+    f->op = SLOT_(0); /* borrowed */
+    f->local = SLOT_(1);
+    f->loff = SLOT_(2);
+    f->remote = SLOT_(3);
+    f->roff = SLOT_(4);
+    f->length = SLOT_(5);
+    f->prio = SLOT_(6);
+    f->tag = SLOT_(7);
+#undef SLOT_
+    /* an unset slot */
+    return f->op && f->local && f->loff && f->remote && f->roff && f->length && f->prio && f->tag ? 0 : -1;
   }
+  memset(f, 0, sizeof *f);
+  f->owned = 1;
   if (!(f->op = PyObject_GetAttr(req, s_op)) || !(f->local = PyObject_GetAttr(req, s_local)) ||
       !(f->loff = PyObject_GetAttr(req, s_local_offset)) || !(f->remote = PyObject_GetAttr(req, s_remote)) ||
       !(f->roff = PyObject_GetAttr(req, s_remote_offset)) || !(f->length = PyObject_GetAttr(req, s_length)) ||
@@ -1197,7 +1282,7 @@ static int req_fields_read(const FastPathObject *fp, PyObject *req, req_fields_t
 }
 
 /* A non-negative int field, or -1 (no exception left) when it is not one. */
-static long long nonneg(PyObject *o) {
+static inline long long nonneg(PyObject *o) {
   if (!PyLong_Check(o)) return -1;
 #if PY_VERSION_HEX < 0x030C0000
   { /* small non-negative ints (one or two 30-bit digits): read them, no conversion call */
@@ -1301,6 +1386,12 @@ static PyObject *fast_submit(FastPathObject *fp, PyObject *requests, PyObject *d
   int nused = 0;
   int ok = 1;
   for (Py_ssize_t i = 0; ok && i < nreq; i++) {
+    /* a list changed by code run inside a collection (see below): the planner takes it */
+    if (items != &requests && PyList_CheckExact(requests) &&
+        (PyList_GET_SIZE(requests) != nreq || ((PyListObject *)requests)->ob_item != items)) {
+      ok = 0;
+      break;
+    }
     PyObject *req = items[i];
     ok = 0;
     if (Py_TYPE(req) != fp->request_type) break;
@@ -1318,24 +1409,37 @@ static PyObject *fast_submit(FastPathObject *fp, PyObject *requests, PyObject *d
           op == fp->last_op && prio == fp->last_prio && (!fp->size_keyed || len == fp->last_len)) {
         e = last; /* the class of the previous request: no key to build */
       } else {
-        PyObject *key = fast_key(fp, f.remote, f.local, (long)op, (long)prio, f.tag, len);
+        /* the key's allocations may run a collection, and with it finalizers that could rebind the
+         * request's fields: hold what the borrowed reads point at until they are last used */
+        PyObject *remote = f.remote, *local = f.local, *tag = f.tag;
+        Py_INCREF(remote);
+        Py_INCREF(local);
+        Py_INCREF(tag);
+        PyObject *key = fast_key(fp, remote, local, (long)op, (long)prio, tag, len);
         if (key) {
           e = (FastEntryObject *)PyDict_GetItemWithError(fp->cache, key); /* borrowed */
           Py_DECREF(key);
         }
         if (!e) PyErr_Clear();
         else if (e->gen == fp->gen) {
-          fast_forget_last(fp);
+          fast_forget_last(fp); /* decrefs the old entry and strings: nothing of this request */
           Py_INCREF(e);
           fp->last = e;
-          Py_INCREF(f.remote);
-          fp->last_remote = f.remote;
-          Py_INCREF(f.tag);
-          fp->last_tag = f.tag;
+          Py_INCREF(remote);
+          fp->last_remote = remote;
+          Py_INCREF(tag);
+          fp->last_tag = tag;
           fp->last_op = (long)op;
           fp->last_prio = (long)prio;
           fp->last_len = len;
         }
+        /* e (borrowed from the cache) stays alive: the cache holds it, and nothing below the
+         * releases runs Python code that could clear the cache */
+        int same_local = e && e->local == local;
+        Py_DECREF(remote);
+        Py_DECREF(local);
+        Py_DECREF(tag);
+        if (e && !same_local) e = NULL;
       }
     }
     const rbuf_t *rb = NULL;
@@ -1348,6 +1452,7 @@ static PyObject *fast_submit(FastPathObject *fp, PyObject *requests, PyObject *d
     while (k < nused && used[k] != e) k++;
     if (k == nused) {
       if (nused == FAST_MAX_ENTRIES_PER_BATCH) break;
+      Py_INCREF(e); /* held: a later request's key, or the handle's allocation, may run a collection */
       used[nused++] = e;
     }
     tent_slice_t s;
@@ -1372,6 +1477,7 @@ static PyObject *fast_submit(FastPathObject *fp, PyObject *requests, PyObject *d
   }
   if (!ok) {
     slices_free(&sb);
+    for (int k = 0; k < nused; k++) Py_DECREF(used[k]);
     fp->misses++;
     Py_RETURN_NONE;
   }
@@ -1380,6 +1486,7 @@ static PyObject *fast_submit(FastPathObject *fp, PyObject *requests, PyObject *d
   batch_t *b = batch_create((long)sb.n);
   if (!b) {
     slices_free(&sb);
+    for (int k = 0; k < nused; k++) Py_DECREF(used[k]);
     return PyErr_NoMemory();
   }
   uint64_t t_submit = now_ns(); /* one clock read: the handle's submitted_at and the slices' submit_ns */
@@ -1412,6 +1519,7 @@ static PyObject *fast_submit(FastPathObject *fp, PyObject *requests, PyObject *d
   if (sync && atomic_load(&b->remaining) == 0 && atomic_load(&b->first_error) == 0 && hook_off()) {
     /* done inline, nothing to report: no handle (its only holder would be the caller, at once gone) */
     batch_unref(b);
+    for (int k = 0; k < nused; k++) Py_DECREF(used[k]);
     *finished = 1;
     Py_RETURN_NONE;
   }
@@ -1425,34 +1533,42 @@ static PyObject *fast_submit(FastPathObject *fp, PyObject *requests, PyObject *d
   h->deadline = h->submitted_at + timeout;
   h->num_requests = (long)nreq;
   if (nused == 1) {
-    Py_INCREF(used[0]);
-    Py_SETREF(h->fast, (PyObject *)used[0]);
+    Py_SETREF(h->fast, (PyObject *)used[0]); /* the reference held since the request loop */
+    nused = 0;
   } else {
     PyObject *t = PyTuple_New(nused);
     if (!t) goto lost_h;
-    for (int k = 0; k < nused; k++) {
-      Py_INCREF(used[k]);
-      PyTuple_SET_ITEM(t, k, (PyObject *)used[k]);
-    }
+    for (int k = 0; k < nused; k++) PyTuple_SET_ITEM(t, k, (PyObject *)used[k]);
+    nused = 0;
     Py_SETREF(h->fast, t);
   }
   /* Only a batch with work left is tracked (recovery finds retryable failures through it). This
    * thread held the GIL since the slices went out, so the progress thread, which needs it to look a
-   * failure's token up, cannot have missed the entry; a batch finished inline is never tracked. */
+   * failure's token up, cannot have missed the entry; a batch finished inline is never tracked.
+   * The handle keeps the key and the dict, so that a wait which sees the batch finished takes it
+   * out again at once (handle_untrack): the dict stays as small as what is in flight, and a
+   * handle the application drops after its wait frees its batch for the next submit. */
   if (atomic_load(&b->remaining) != 0) {
     PyObject *token = PyLong_FromVoidPtr(b);
     int rc = token ? PyDict_SetItem(fp->inflight, token, (PyObject *)h) : -1;
-    Py_XDECREF(token);
-    if (rc < 0) goto lost_h;
+    if (rc < 0) {
+      Py_XDECREF(token);
+      goto lost_h;
+    }
+    h->tracked_key = token;
+    Py_INCREF(fp->inflight);
+    h->tracked_in = fp->inflight;
   }
   return (PyObject *)h;
 lost_h: /* out of memory with slices in flight: they end cancelled, nothing is retried */
   atomic_store(&b->cancelled, 1);
+  for (int k = 0; k < nused; k++) Py_DECREF(used[k]);
   Py_DECREF(h);
   return NULL;
 lost:
   atomic_store(&b->cancelled, 1);
   batch_unref(b);
+  for (int k = 0; k < nused; k++) Py_DECREF(used[k]);
   return NULL;
 }
 
@@ -1472,8 +1588,15 @@ static PyObject *FastPath_key(FastPathObject *fp, PyObject *req) {
     Py_RETURN_NONE;
   }
   long long op = nonneg(f.op), prio = nonneg(f.prio), len = nonneg(f.length);
-  PyObject *key = op >= 0 && prio >= 0 && len >= 0 ? fast_key(fp, f.remote, f.local, (long)op, (long)prio, f.tag, len) : NULL;
+  PyObject *remote = f.remote, *local = f.local, *tag = f.tag; /* held: fast_key allocates */
+  Py_INCREF(remote);
+  Py_INCREF(local);
+  Py_INCREF(tag);
   req_fields_clear(&f);
+  PyObject *key = op >= 0 && prio >= 0 && len >= 0 ? fast_key(fp, remote, local, (long)op, (long)prio, tag, len) : NULL;
+  Py_DECREF(remote);
+  Py_DECREF(local);
+  Py_DECREF(tag);
   if (!key) {
     if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;

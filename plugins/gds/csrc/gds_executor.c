@@ -28,7 +28,10 @@
  * worker thread, with that buffer's CUDA context made current first. Every file gets its
  * cuFile handle on its first GPU I/O (through the O_DIRECT fd when it has one) and loses it
  * with its last reference. Without cuFile, CUDA buffers are never registered here: the core
- * stages GPU <-> file through host memory instead.
+ * stages GPU <-> file through host memory instead. A file cuFile refuses (cuFileHandleRegister
+ * fails: tmpfs, overlayfs, no nvidia-fs without compat mode) is still served: its GPU I/O runs as
+ * pread/pwrite through a host bounce buffer and cuMemcpyHtoD/DtoH on the worker (stats
+ * bounce_bytes / bounce_ios); retrying cuFile on that file could never succeed.
  *
  * Stream ordering: where libcuda is loaded (cufile on/auto with a device), a batch registered with
  * tent_gds_order_add (token -> the CUevent its request waits for) has each chunk's I/O start only
@@ -50,7 +53,7 @@
  *   int32_t  tent_gds_uring_supported(char *why, uint64_t whylen);
  *   int64_t  tent_gds_fs_magic(const char *path);  statfs f_type or -errno
  *   void     tent_gds_config(void *ex, uint64_t out[4]);  threads, queue_depth, chunk, direct
- *   void     tent_gds_stats(void *ex, uint64_t out[8]);
+ *   void     tent_gds_stats(void *ex, uint64_t out[10]);
  *   int32_t  tent_gds_order_add(void *ex, uint64_t token, uint64_t event, uint64_t seq, uint64_t deadline_ns);
  *            -ENOTSUP where libcuda is not loaded
  *   int32_t  tent_gds_order_remove(void *ex, uint64_t token);
@@ -128,6 +131,8 @@ typedef struct cufile_api {
   int (*cuCtxSetCurrent)(void *ctx);
   int (*cuCtxGetCurrent)(void **ctx);
   int (*cuEventQuery)(void *event); /* optional: stream ordering */
+  int (*cuMemcpyHtoD)(uint64_t dst, const void *src, size_t n); /* optional: bounce path */
+  int (*cuMemcpyDtoH)(void *dst, uint64_t src, size_t n);
 } cufile_api_t;
 
 /* One per process: cuFile's driver state is process-wide, and libraries stay loaded. */
@@ -185,6 +190,8 @@ static int cufile_load(const char *cufile_lib, const char *cuda_lib) {
   CF_SYM(cu, "libcuda", cuCtxSetCurrent, "cuCtxSetCurrent");
   CF_SYM(cu, "libcuda", cuCtxGetCurrent, "cuCtxGetCurrent");
   *(void **)(&g_cf.cuEventQuery) = dlsym(cu, "cuEventQuery");
+  *(void **)(&g_cf.cuMemcpyHtoD) = dlsym(cu, "cuMemcpyHtoD_v2");
+  *(void **)(&g_cf.cuMemcpyDtoH) = dlsym(cu, "cuMemcpyDtoH_v2");
 #undef CF_SYM
   int n = 0, rc = g_cf.cuInit(0);
   if (rc == 0) rc = g_cf.cuDeviceGetCount(&n);
@@ -313,7 +320,7 @@ struct executor {
   atomic_ullong st_ordered;
 
   atomic_ullong st_direct_bytes, st_buffered_bytes, st_uring_ios, st_sync_ios, st_ok, st_failed;
-  atomic_ullong st_gpu_bytes, st_gpu_ios;
+  atomic_ullong st_gpu_bytes, st_gpu_ios, st_bounce_bytes, st_bounce_ios;
 };
 
 /* ---------------------------------------------------------------- io_uring (raw syscalls) */
@@ -664,7 +671,8 @@ static void *file_cufile_handle(gfile_t *f, int *st) {
       f->cfh = fh;
     else {
       f->cf_err = e.err ? e.err : CF_BASE_ERR + 30;
-      fprintf(stderr, "tent_gds: cuFileHandleRegister(fd %d): error %d (cuda %d)\n", d.handle.fd, e.err, e.cu_err);
+      fprintf(stderr, "tent_gds: cuFileHandleRegister(fd %d): error %d (cuda %d)%s\n", d.handle.fd, e.err, e.cu_err,
+              g_cf.cuMemcpyHtoD && g_cf.cuMemcpyDtoH ? "; GPU I/O on this file goes through a host bounce buffer" : "");
     }
   }
   void *fh = f->cfh;
@@ -674,13 +682,73 @@ static void *file_cufile_handle(gfile_t *f, int *st) {
   return fh;
 }
 
+#define BOUNCE_MAX (8u << 20)
+
+/* A GPU <-> file io for a file cuFile refused: pread/pwrite on the buffered fd through a host
+ * bounce buffer, cuMemcpy to/from the device (the buffer's context is current). */
+static int run_gpu_bounce(executor_t *ex, io_t *io) {
+  const tent_slice_t *s = &io->job->s;
+  uint64_t buf_off0 = s->local_addr - io->gpu->base, file_off0 = s->remote_addr - io->file->base;
+  uint64_t cap = io->end - io->pos < BOUNCE_MAX ? io->end - io->pos : BOUNCE_MAX;
+  char *bounce = malloc(cap ? cap : 1);
+  if (!bounce) return TENT_E_IO;
+  int fd = io->file->fd >= 0 ? io->file->fd : io->file->dfd, st = TENT_OK;
+  while (st == TENT_OK && io->pos < io->end) {
+    uint64_t len = io->end - io->pos < cap ? io->end - io->pos : cap;
+    uint64_t dev = io->gpu->base + buf_off0 + io->pos;
+    off_t foff = (off_t)(file_off0 + io->pos);
+    if (s->opcode == TENT_OP_READ) {
+      uint64_t got = 0;
+      while (got < len) {
+        ssize_t n = pread(fd, bounce + got, len - got, foff + (off_t)got);
+        if (n == -1 && errno == EINTR) continue;
+        if (n < 0) {
+          st = errno_status(errno);
+          break;
+        }
+        if (n == 0) {
+          st = TENT_E_BOUNDS; /* EOF before the registered length */
+          break;
+        }
+        got += (uint64_t)n;
+      }
+      if (st == TENT_OK && g_cf.cuMemcpyHtoD(dev, bounce, len) != 0) st = TENT_E_INTERNAL;
+    } else {
+      if (g_cf.cuMemcpyDtoH(bounce, dev, len) != 0) {
+        st = TENT_E_INTERNAL;
+        break;
+      }
+      uint64_t put = 0;
+      while (put < len) {
+        ssize_t n = pwrite(fd, bounce + put, len - put, foff + (off_t)put);
+        if (n == -1 && errno == EINTR) continue;
+        if (n <= 0) {
+          st = n < 0 ? errno_status(errno) : TENT_E_IO;
+          break;
+        }
+        put += (uint64_t)n;
+      }
+    }
+    atomic_fetch_add(&ex->st_bounce_ios, 1);
+    if (st == TENT_OK) {
+      atomic_fetch_add(&ex->st_bounce_bytes, len);
+      io->pos += len;
+    }
+  }
+  free(bounce);
+  return st;
+}
+
 /* Run a GPU <-> file io to the end with cuFileRead/cuFileWrite on this thread. */
 static int run_gpu(executor_t *ex, io_t *io) {
   const tent_slice_t *s = &io->job->s;
   int st = TENT_OK;
   if (io->gpu->ctx && g_cf.cuCtxSetCurrent(io->gpu->ctx) != 0) return TENT_E_INTERNAL;
   void *fh = file_cufile_handle(io->file, &st);
-  if (!fh) return st;
+  if (!fh) {
+    if (g_cf.cuMemcpyHtoD && g_cf.cuMemcpyDtoH) return run_gpu_bounce(ex, io);
+    return TENT_E_INTERNAL; /* final: cuFile keeps refusing this file, retrying cannot help */
+  }
   void *base = (void *)(uintptr_t)io->gpu->base;
   uint64_t buf_off0 = s->local_addr - io->gpu->base;
   uint64_t file_off0 = s->remote_addr - io->file->base;
@@ -1243,7 +1311,7 @@ EXPORT int32_t tent_gds_gpu_remove(void *self, uint64_t base) {
   return 0;
 }
 
-EXPORT void tent_gds_stats(void *self, uint64_t out[8]) {
+EXPORT void tent_gds_stats(void *self, uint64_t out[10]) {
   executor_t *ex = self;
   out[0] = atomic_load(&ex->st_direct_bytes);
   out[1] = atomic_load(&ex->st_buffered_bytes);
@@ -1253,6 +1321,8 @@ EXPORT void tent_gds_stats(void *self, uint64_t out[8]) {
   out[5] = atomic_load(&ex->st_failed);
   out[6] = atomic_load(&ex->st_gpu_bytes);
   out[7] = atomic_load(&ex->st_gpu_ios);
+  out[8] = atomic_load(&ex->st_bounce_bytes);
+  out[9] = atomic_load(&ex->st_bounce_ios);
 }
 
 /* I/O of batch `token` submitted from now on waits for CUevent `event` (see "Stream ordering"). */

@@ -303,7 +303,7 @@ class GdsTransport(Transport):
     def stats(self) -> dict[str, int]:
         """Executor counters: bytes moved direct / buffered, I/O requests, slices ok / failed."""
         assert self._lib is not None
-        out = (ctypes.c_uint64 * 8)()
+        out = (ctypes.c_uint64 * 10)()
         self._lib.stats(self.executor.handle, out)
         keys = (
             "direct_bytes",
@@ -314,6 +314,8 @@ class GdsTransport(Transport):
             "slices_failed",
             "gpu_bytes",
             "gpu_ios",
+            "bounce_bytes",
+            "bounce_ios",
         )
         st = {k: int(out[i]) for i, k in enumerate(keys)}
         st["ordered_chunks"] = int(self._lib.ordered(self.executor.handle))

@@ -68,6 +68,24 @@ EXPORT int cuCtxGetCurrent(void **ctx) {
   *ctx = current_ctx;
   return 0;
 }
+/* device <-> host copies (the gds executor's bounce path for files cuFile refuses) */
+static atomic_llong n_htod, n_dtoh;
+EXPORT int cuMemcpyHtoD_v2(uint64_t dst, const void *src, size_t n) {
+  if (current_ctx != FAKE_CTX) return 201; /* CUDA_ERROR_INVALID_CONTEXT */
+  memcpy((void *)(uintptr_t)dst, src, n);
+  atomic_fetch_add(&n_htod, 1);
+  return 0;
+}
+EXPORT int cuMemcpyDtoH_v2(void *dst, uint64_t src, size_t n) {
+  if (current_ctx != FAKE_CTX) return 201;
+  memcpy(dst, (const void *)(uintptr_t)src, n);
+  atomic_fetch_add(&n_dtoh, 1);
+  return 0;
+}
+EXPORT void cufile_double_copies(int64_t out[2]) {
+  out[0] = n_htod;
+  out[1] = n_dtoh;
+}
 /* the calling thread's current context, for tests */
 EXPORT void *cufile_double_current_ctx(void) { return current_ctx; }
 
@@ -82,6 +100,8 @@ EXPORT cf_error_t cuFileDriverClose_v2(void) {
 }
 EXPORT cf_error_t cuFileHandleRegister(void **fh, cf_descr_t *d) {
   if (d->type != 1) return (cf_error_t){BASE_ERR + 18, 0}; /* CU_FILE_INVALID_FILE_TYPE */
+  /* what a real H200 machine answered for a file on its tmpfs/overlay /tmp */
+  if (getenv("CUFILE_DOUBLE_REFUSE_HANDLES")) return (cf_error_t){BASE_ERR + 27, 0}; /* CU_FILE_HANDLE_NOT_REGISTERED */
   int flags = fcntl(d->handle.fd, F_GETFL);
   if (flags < 0) return (cf_error_t){BASE_ERR + 22, 0};
   /* cuFile moves unaligned pieces of O_DIRECT files through its bounce buffers; here a

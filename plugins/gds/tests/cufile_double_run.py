@@ -150,6 +150,37 @@ def ordered(lib_path: str, work: Path, double: ctypes.CDLL) -> dict[str, Any]:
     return res
 
 
+def refused(lib_path: str, work: Path, double: ctypes.CDLL) -> dict[str, Any]:
+    """cuFile refuses every file handle (as a real GPU machine did for files on its /tmp): GPU I/O on
+    those files runs through the executor's host bounce buffer, byte-exact, without a failed slice."""
+    os.environ["CUFILE_DOUBLE_REFUSE_HANDLES"] = "1"
+    res: dict[str, Any] = {}
+    n = (9 << 20) + 4101  # more than one bounce buffer, an odd tail
+    data = np.random.default_rng(21).integers(0, 256, n, dtype=np.uint8)
+    path = work / "w.bin"
+    data.tofile(path)
+    cfg = {"transports": {"gds": {"cufile": "on", "cufile_lib": lib_path, "cuda_lib": lib_path, "threads": 2, "chunk": 4 << 20}}}
+    with Engine(cfg, transports=["gds"]) as eng:
+        gds = eng.transports["gds"]
+        res["active"] = gds.cufile_active
+        eng.register_file(str(path), segment="files")
+        dev_mem = np.zeros(n, np.uint8)
+        dev = eng.register(DeviceArrayStandIn(dev_mem))
+        seg = eng.segment_name("files")
+        eng.read(dev, seg, n, timeout=60)
+        res["read_ok"] = bool(np.array_equal(dev_mem, data))
+        dev_mem[:] = np.random.default_rng(22).integers(0, 256, n, dtype=np.uint8)
+        eng.write(dev, seg, n - 7, local_offset=7, remote_offset=3, timeout=60)
+        on_disk = np.fromfile(path, np.uint8)
+        res["write_ok"] = bool(np.array_equal(on_disk[3 : 3 + n - 7], dev_mem[7:]) and on_disk[0] == data[0])
+        res["stats"] = gds.stats()
+    copies = (ctypes.c_int64 * 2)()
+    double.cufile_double_copies(copies)
+    res["htod"], res["dtoh"] = int(copies[0]), int(copies[1])
+    res["after_close"] = counters(double)
+    return res
+
+
 def no_device(lib_path: str, work: Path, double: ctypes.CDLL) -> dict[str, Any]:
     os.environ["CUFILE_DOUBLE_NO_DEVICE"] = "1"
     res: dict[str, Any] = {}
@@ -178,7 +209,7 @@ def no_device(lib_path: str, work: Path, double: ctypes.CDLL) -> dict[str, Any]:
 def main() -> None:
     lib_path, work, scenario = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     double = ctypes.CDLL(lib_path)
-    fn = {"active": active, "no_device": no_device, "ordered": ordered}[scenario]
+    fn = {"active": active, "no_device": no_device, "ordered": ordered, "refused": refused}[scenario]
     print(json.dumps(fn(lib_path, work, double)))
 
 

@@ -80,9 +80,10 @@ def run(size: int, iters: int) -> dict[str, Any]:
             "size": size,
             "iters": iters,
             "d2d_tent_gbps": _gbps(size, iters, lambda: ours(0, local)),
-            "d2d_cudamemcpy_gbps": _gbps(size, iters, lambda: rt.memcpy(local, peer_ptr, size)),
+            # cudaMemcpy device->device returns before the copy is done: time it to completion
+            "d2d_cudamemcpy_gbps": _gbps(size, iters, lambda: (rt.memcpy(local, peer_ptr, size), rt.synchronize())),
             "h2d_tent_gbps": _gbps(size, iters, lambda: ours(1, pinned)),
-            "h2d_cudamemcpy_gbps": _gbps(size, iters, lambda: rt.memcpy(peer_ptr, pinned, size)),
+            "h2d_cudamemcpy_gbps": _gbps(size, iters, lambda: (rt.memcpy(peer_ptr, pinned, size), rt.synchronize())),
         }
         res["d2d_ratio"] = res["d2d_tent_gbps"] / res["d2d_cudamemcpy_gbps"]
         res["h2d_ratio"] = res["h2d_tent_gbps"] / res["h2d_cudamemcpy_gbps"]

@@ -211,8 +211,12 @@ class NvlinkTransport(Transport):
             rt.set_device(device)
             base, size = driver().address_range(buf.addr)
             if base == buf.addr and size == buf.length or self._share_partial:
-                return pack_ipc_desc(rt.ipc_get(base), device, buf.addr - base, size, os.getpid())
-            why = f"it covers [{buf.addr - base}, +{buf.length}) of a {size}-byte allocation (share_partial_allocations = false)"
+                try:
+                    return pack_ipc_desc(rt.ipc_get(base), device, buf.addr - base, size, os.getpid())
+                except CudaError as exc:  # e.g. a VM whose driver offers no CUDA IPC: staging serves it
+                    why = f"CUDA IPC refused it ({exc})"
+            else:
+                why = f"it covers [{buf.addr - base}, +{buf.length}) of a {size}-byte allocation (share_partial_allocations = false)"
         log.info("nvlink: %s/%d is not shared with other processes: %s", buf.segment, buf.offset, why)
         return {"local": True, "device": int(device), "pid": os.getpid()}
 

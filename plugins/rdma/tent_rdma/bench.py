@@ -3,7 +3,7 @@
 Run inside the Soft-RoCE testbed (see docs/benchmarks.md for the exact commands):
 
     scripts/rdma-vm.sh -- .venv/bin/python -m tent_rdma.bench single --json OUT
-    scripts/rdma-vm.sh --vms 2 --nics 2 --rates 16mbit,16mbit -- \\
+    scripts/rdma-vm.sh --vms 2 --nics 2 --rates 3mbit,3mbit -- \\
         .venv/bin/python -m tent_rdma.testbed -- .venv/bin/python -m tent_rdma.bench two-vm --json OUT
 
 single: one device, two processes (loopback RC QPs). For each size and op, rounds interleave the
@@ -18,6 +18,7 @@ NIC at half its rate. Rows carry every round, the median and the spread (max - m
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -55,7 +56,10 @@ def summarize(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "spread": max(values) - min(values)} if values else {}
 
 
+@functools.cache
 def _gid_index(dev: str) -> int:
+    # once per device: reading the GID tables from sysfs took 2.5-6 minutes per call in a guest under
+    # TCG on a loaded host, longer than the perftest run it set up
     chosen, _ = topology.choose_devices(topology.list_devices(), [dev])
     if not chosen:
         raise RuntimeError(f"no usable GID on {dev}")
@@ -234,8 +238,16 @@ def run_single(args: argparse.Namespace) -> dict[str, Any]:
     return {"test": "single", "device": dev, "rows": out_rows, "mooncake_error": mooncake_error}
 
 
+# QP ACK timeout exponent on shaped NICs (4.096 us * 2^19 = 2.1 s), the engine's and perftest's.
+# rxe's responder ACKs every 64 packets of a QP (64 KiB at MTU 1024), and its requester retransmits
+# when no ACK came for one timeout: with two QPs sharing a NIC at 4 Mbit/s, 64 KiB of one QP take
+# 260 ms, the testbed's 268 ms (16) and far more than perftest's 67 ms (14): both retransmitted
+# (perftest read 0 Mbit/s on the half-rate NIC), and at 1.5 Mbit/s 700 ms.
+SHAPED_QP_TIMEOUT = 19
+
+
 def _set_rate(nic: str, rate: str, remote: bool) -> None:
-    argv = ["tc", "qdisc", "replace", "dev", nic, "root", "tbf", "rate", rate, "burst", "64kb", "latency", "100ms"]
+    argv = ["tc", "qdisc", "replace", "dev", nic, "root", *testbed.tbf_args(rate)]
     if remote:
         res = testbed.remote_job(argv, timeout=30)
         if not res or res["rc"] != 0:
@@ -244,11 +256,11 @@ def _set_rate(nic: str, rate: str, remote: bool) -> None:
         subprocess.run(argv, check=True, timeout=30)
 
 
-def perftest_pair(dev: str, peer_ip: str, seconds: int, qps: int, size: int = MiB) -> float:
+def perftest_pair(dev: str, peer_ip: str, seconds: int, qps: int, size: int = 128 * 1024) -> float:
     """WRITE from here over one NIC to guest b (server there): Gbit/s."""
     gid = str(_gid_index(dev))
     args = ["ib_write_bw", "-d", dev, "-x", gid, "-s", str(size), "-D", str(seconds), "-q", str(qps), "-F", "-p",
-            str(PERFTEST_PORT)]  # MB/sec: shaped NICs are far below --report_gbits' 0.01 resolution
+            str(PERFTEST_PORT), "-u", str(SHAPED_QP_TIMEOUT)]  # MB/sec: shaped NICs are far below --report_gbits' 0.01 resolution
     testbed.remote_job(args, timeout=seconds + 120, background=True, wait_result=False)
     time.sleep(2.0)  # the server listens once started
     last = ""
@@ -263,7 +275,9 @@ def perftest_pair(dev: str, peer_ip: str, seconds: int, qps: int, size: int = Mi
 
 
 def run_two_vm(args: argparse.Namespace) -> dict[str, Any]:
+    from tent_core.config import SchedulerConfig
     from tent_core.engine import Engine
+    from tent_core.slice_scheduler import SliceScheduler
 
     target = os.environ["TENT_TWO_VM_TARGET"]
     peer_ip = os.environ["TENT_VM_PEER_IP"]
@@ -283,7 +297,18 @@ def run_two_vm(args: argparse.Namespace) -> dict[str, Any]:
         c = json.loads(json.dumps(testbed.VM_ENGINE_CONFIG))
         c["scheduler"] = {"policy": policy}
         c["transports"]["rdma"]["qps_per_rail"] = args.qps
+        c["transports"]["rdma"]["qp_timeout"] = SHAPED_QP_TIMEOUT
         return c
+
+    size = min(8 * MiB, total)
+    # perftest writes messages of the size of the engine's slices (one work request each)
+    slice_size = SliceScheduler(SchedulerConfig()).slice_sizes(size)[1]
+
+    def spray_round() -> float:
+        return engine_round(spray, bufs[id(spray)], remote, total, "WRITE", size, total)
+
+    def rail_bytes() -> dict[str, int]:
+        return {r["rail"]: r["bytes"] for r in spray.rail_stats() if r["transport"] == "rdma"}
 
     results: list[dict[str, Any]] = []
     host = os.environ.get("TENT_VM_IP", "127.0.0.1")
@@ -292,26 +317,36 @@ def run_two_vm(args: argparse.Namespace) -> dict[str, Any]:
         bufs = {id(e): e.allocate(total) for e in (spray, rr)}
         remote = f"{target}/sink"
         for e in (spray, rr):  # connect, let the estimator see every rail
-            engine_round(e, bufs[id(e)], remote, total, "WRITE", 8 * MiB, total)
+            engine_round(e, bufs[id(e)], remote, total, "WRITE", size, total)
         for name, phase_rates in phases:
             for nic, rate in zip(nics, phase_rates, strict=True):
                 _set_rate(nic, rate, remote=False)
                 _set_rate(nic, rate, remote=True)
             cell: dict[str, list[float]] = {"spray": [], "round_robin": [], **{f"perftest_{d}": [] for d in devs}}
-            engine_round(spray, bufs[id(spray)], remote, total, "WRITE", 8 * MiB, total)  # adapt to the new rates
+            spray_round()  # adapt to the new rates
+            shares = {k: 0 for k in rail_bytes()}
             for r in range(args.rounds):
                 order = ["spray", "round_robin", *[f"perftest_{d}" for d in devs]]
                 if r % 2:
                     order.reverse()
                 for who in order:
                     if who == "spray":
-                        cell[who].append(engine_round(spray, bufs[id(spray)], remote, total, "WRITE", 8 * MiB, total))
+                        before = rail_bytes()
+                        cell[who].append(spray_round())
+                        for k, v in rail_bytes().items():
+                            shares[k] = shares.get(k, 0) + v - before.get(k, 0)
                     elif who == "round_robin":
-                        cell[who].append(engine_round(rr, bufs[id(rr)], remote, total, "WRITE", 8 * MiB, total))
+                        cell[who].append(engine_round(rr, bufs[id(rr)], remote, total, "WRITE", size, total))
                     else:
-                        cell[who].append(perftest_pair(who.removeprefix("perftest_"), peer_ip, args.seconds, args.qps))
+                        cell[who].append(perftest_pair(who.removeprefix("perftest_"), peer_ip, args.seconds, args.qps,
+                                                       slice_size))
                     log.info("%s round %d %s: %.4f Gbit/s", name, r, who, cell[who][-1])
             row: dict[str, Any] = {"phase": name, "rates": phase_rates, "bytes_per_round": total, "qps": args.qps}
+            # how spray split its rounds over the rails, and the rate it estimated for each
+            moved = sum(shares.values()) or 1
+            row["spray_share"] = {k: v / moved for k, v in shares.items()}
+            row["spray_estimate_gbps"] = {r["rail"]: r["bandwidth_GBps"] * 8 for r in spray.rail_stats()
+                                          if r["transport"] == "rdma"}
             for who, vals in cell.items():
                 row[who] = {"rounds": vals, **summarize(vals)}
             limit = sum(row[f"perftest_{d}"]["median"] for d in devs)
@@ -360,14 +395,15 @@ def markdown(res: dict[str, Any]) -> str:
     else:
         lines += [f"NICs {', '.join(res['nics'])} (guest a -> guest b, WRITE). Gbit/s, median (min-max) of the rounds; "
                   "the NICs' sum is perftest's ib_write_bw on each NIC alone, ratios taken within each round.", "",
-                  "| phase | rates | spray | round robin | sum of NICs | spray x sum | spray x round robin | rounds |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| phase | rates | spray | round robin | sum of NICs | spray x sum | spray x round robin | spray's split | rounds |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in res["rows"]:
             sp, rr = r["spray"]["rounds"], r["round_robin"]["rounds"]
             nics = [v["rounds"] for k, v in r.items() if k.startswith("perftest_")]
             total = [sum(x) for x in zip(*nics, strict=True)]
+            split = " / ".join(f"{100 * v:.0f}%" for v in r.get("spray_share", {}).values())
             lines.append(f"| {r['phase']} | {','.join(r['rates'])} | {_mmm(sp)} | {_mmm(rr)} | {_mmm(total)} | "
-                         f"{_mmm(_per_round(sp, total))} | {_mmm(_per_round(sp, rr))} | {len(sp)} |")
+                         f"{_mmm(_per_round(sp, total))} | {_mmm(_per_round(sp, rr))} | {split} | {len(sp)} |")
     return "\n".join(lines)
 
 
@@ -385,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--rates", required=True, help="tc rate per NIC, e.g. 16mbit,16mbit (the last is halved later)")
     t.add_argument("--bytes", default="32M")
     t.add_argument("--rounds", type=int, default=3)
-    t.add_argument("--seconds", type=int, default=8, help="perftest duration per NIC")
+    t.add_argument("--seconds", type=int, default=15, help="perftest duration per NIC")
     t.add_argument("--qps", type=int, default=2)
     for p in (s, t):
         p.add_argument("--json", default=None, help="write the result here")

@@ -38,6 +38,15 @@ VM_ENGINE_CONFIG: dict[str, Any] = {
 }
 
 
+def tbf_args(rate: str) -> list[str]:
+    """A tc tbf qdisc shaping a rail NIC to `rate` without dropping (scripts/rdma-vm.sh shapes the
+    same way at boot). RoCE expects a lossless fabric (PFC): rxe recovers a lost packet only after
+    an ACK timeout, go-back-N, so a drop costs a whole timeout of silence. tbf's queue must hold what
+    the NIC's QPs can have in flight; rxe caps that at 64 packets per QP (64 KiB at MTU 1024), and
+    `latency 100ms` at 4 Mbit/s queued 114 KiB: two QPs overflowed it."""
+    return ["tbf", "rate", rate, "burst", "64kb", "limit", "4mb"]
+
+
 def pattern64(n: int, seed: int) -> np.ndarray:
     """n bytes of a pattern that never repeats: byte i is byte i % 8 of splitmix64(i // 8 ^ seed).
     splitmix64 is a bijection on 64-bit words, so no two 8-byte words of a buffer are equal and a

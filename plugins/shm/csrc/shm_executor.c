@@ -57,6 +57,7 @@
 #include "tent/config_kv.h"
 #include "tent/executor_abi.h"
 #include "tent/handle_table.h"
+#include "tent/reader_lock.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -79,9 +80,8 @@ typedef struct peer {
   int pidfd;
   atomic_ullong alive_until_ns; /* the pidfd said "running" recently enough to skip polling it */
   atomic_int dead;
-  int removed; /* under rw (write) */
-  pthread_rwlock_t rw; /* readers: copies in flight; writers: mapping/peer changes */
-  mapping_t *maps;     /* sorted by rbase, non-overlapping */
+  int removed;     /* under the executor's copy_lock (write) */
+  mapping_t *maps; /* sorted by rbase, non-overlapping; changed under copy_lock (write) */
   size_t nmaps, cap;
 } peer_t;
 
@@ -102,14 +102,17 @@ typedef struct executor {
   tent_chunk_queue_t q;
   int stop;
 
-  pthread_mutex_t peers_mu;
+  /* Copies hold copy_lock's read side from the peer lookup to the end of the copy: the peer table
+   * and every peer's mappings change only under its write side (peer and mapping changes are
+   * rare, copies are not), so a copy costs two locked instructions of locking in all */
+  tent_reader_lock_t copy_lock;
+  pthread_mutex_t peers_mu; /* the table for the control calls (with copy_lock's write side to change it) */
   tent_handle_table_t peers;
 } executor_t;
 
 static void peer_unref(peer_t *p) {
   if (atomic_fetch_sub(&p->refs, 1) == 1) {
     if (p->pidfd >= 0) close(p->pidfd);
-    pthread_rwlock_destroy(&p->rw);
     free(p->maps);
     free(p);
   }
@@ -206,15 +209,16 @@ static int run_work(executor_t *ex, const work_t *w, uint64_t now) {
   if (s->opcode != TENT_OP_READ && s->opcode != TENT_OP_WRITE) return TENT_E_PROTOCOL;
   if (s->length == 0) return TENT_OK;
   if (s->remote_addr + s->length < s->remote_addr) return TENT_E_BOUNDS;
-  peer_t *p = peer_get(ex, s->peer);
-  if (!p) return TENT_E_CONNECT;
+  tent_rl_read_lock(&ex->copy_lock);
+  peer_t *p = tent_ht_get(&ex->peers, s->peer);
   int st;
-  if (peer_gone(p, now)) {
+  if (!p) {
+    st = TENT_E_CONNECT;
+  } else if (peer_gone(p, now)) {
     st = TENT_E_IO;
   } else if (p->mode == SHM_MODE_CMA) {
     st = cma_copy(p->pid, s->opcode, s->local_addr + w->off, s->remote_addr + w->off, w->len);
   } else {
-    pthread_rwlock_rdlock(&p->rw);
     const mapping_t *m = p->removed ? NULL : map_find(p, s->remote_addr, s->length);
     if (p->removed) {
       st = TENT_E_IO;
@@ -233,9 +237,8 @@ static int run_work(executor_t *ex, const work_t *w, uint64_t now) {
         memcpy(mapped, local, w->len);
       st = TENT_OK;
     }
-    pthread_rwlock_unlock(&p->rw);
   }
-  peer_unref(p);
+  tent_rl_read_unlock(&ex->copy_lock);
   return st;
 }
 
@@ -325,6 +328,7 @@ static void *ex_create(const tent_host_api_t *host, const char *config, char *er
   pthread_mutex_init(&ex->mu, NULL);
   pthread_cond_init(&ex->cv, NULL);
   pthread_mutex_init(&ex->peers_mu, NULL);
+  tent_rl_init(&ex->copy_lock);
   for (uint32_t i = 0; i < ex->nthreads; i++) {
     int rc = pthread_create(&ex->threads[i], NULL, worker_main, ex);
     if (rc) {
@@ -355,6 +359,7 @@ static void ex_destroy(void *self) {
   pthread_mutex_destroy(&ex->mu);
   pthread_cond_destroy(&ex->cv);
   pthread_mutex_destroy(&ex->peers_mu);
+  tent_rl_destroy(&ex->copy_lock);
   free(ex);
 }
 
@@ -465,16 +470,13 @@ EXPORT uint64_t tent_shm_peer_add(void *self, int32_t pid, int32_t mode) {
   if (pid > 0) p->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
   if (p->pidfd < 0) p->pidfd = -1;
 #endif
-  pthread_rwlockattr_t a;
-  pthread_rwlockattr_init(&a);
-  pthread_rwlockattr_setkind_np(&a, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-  pthread_rwlock_init(&p->rw, &a);
-  pthread_rwlockattr_destroy(&a);
 
+  tent_rl_write_lock(&ex->copy_lock);
   pthread_mutex_lock(&ex->peers_mu);
   uint64_t h = tent_ht_insert(&ex->peers, p);
   p->handle = h;
   pthread_mutex_unlock(&ex->peers_mu);
+  tent_rl_write_unlock(&ex->copy_lock);
   if (!h) peer_unref(p);
   return h;
 }
@@ -484,13 +486,13 @@ EXPORT int32_t tent_shm_peer_remove(void *self, uint64_t h) {
   executor_t *ex = self;
   peer_t *p = peer_get(ex, h);
   if (!p) return -ENOENT;
+  tent_rl_write_lock(&ex->copy_lock);
   pthread_mutex_lock(&ex->peers_mu);
   int owned = tent_ht_take(&ex->peers, h) == p;
   pthread_mutex_unlock(&ex->peers_mu);
-  pthread_rwlock_wrlock(&p->rw);
   p->removed = 1;
   p->nmaps = 0;
-  pthread_rwlock_unlock(&p->rw);
+  tent_rl_write_unlock(&ex->copy_lock);
   if (owned) peer_unref(p); /* the table's reference */
   peer_unref(p);
   return owned ? 0 : -ENOENT;
@@ -507,10 +509,11 @@ EXPORT int32_t tent_shm_peer_set_dead(void *self, uint64_t h) {
 EXPORT int32_t tent_shm_map_add(void *self, uint64_t h, uint64_t rbase, uint64_t len, uint64_t laddr,
                                 int32_t writable) {
   if (len == 0 || rbase + len < rbase) return -EINVAL;
-  peer_t *p = peer_get(self, h);
+  executor_t *ex = self;
+  peer_t *p = peer_get(ex, h);
   if (!p) return -ENOENT;
   int rc = 0;
-  pthread_rwlock_wrlock(&p->rw);
+  tent_rl_write_lock(&ex->copy_lock);
   size_t pos = 0;
   while (pos < p->nmaps && p->maps[pos].rbase < rbase) pos++;
   if (pos < p->nmaps && p->maps[pos].rbase == rbase) {
@@ -534,17 +537,18 @@ EXPORT int32_t tent_shm_map_add(void *self, uint64_t h, uint64_t rbase, uint64_t
       p->nmaps++;
     }
   }
-  pthread_rwlock_unlock(&p->rw);
+  tent_rl_write_unlock(&ex->copy_lock);
   peer_unref(p);
   return rc;
 }
 
 /* Remove the mapping at remote_base. Returns once no copy uses it (the caller may munmap). */
 EXPORT int32_t tent_shm_map_remove(void *self, uint64_t h, uint64_t rbase) {
-  peer_t *p = peer_get(self, h);
+  executor_t *ex = self;
+  peer_t *p = peer_get(ex, h);
   if (!p) return -ENOENT;
   int rc = -ENOENT;
-  pthread_rwlock_wrlock(&p->rw);
+  tent_rl_write_lock(&ex->copy_lock);
   for (size_t i = 0; i < p->nmaps; i++)
     if (p->maps[i].rbase == rbase) {
       memmove(&p->maps[i], &p->maps[i + 1], (p->nmaps - i - 1) * sizeof(mapping_t));
@@ -552,7 +556,7 @@ EXPORT int32_t tent_shm_map_remove(void *self, uint64_t h, uint64_t rbase) {
       rc = 0;
       break;
     }
-  pthread_rwlock_unlock(&p->rw);
+  tent_rl_write_unlock(&ex->copy_lock);
   peer_unref(p);
   return rc;
 }

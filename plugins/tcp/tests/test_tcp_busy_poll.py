@@ -210,12 +210,13 @@ class _RecordingServer:
         try:
             while not self.stop.is_set():
                 magic, ver, op, _addr, length, reqid = struct.unpack("<IHHQQQ", self._recv(c, 32))
-                assert magic == 0x43544E54 and ver == 1 and op == WRITE
-                self._recv(c, length)
+                gap = op >> 8 if ver == 2 else 0  # version 2: zero bytes before the payload
+                assert magic == 0x43544E54 and ver in (1, 2) and op & 0xFF == WRITE
+                self._recv(c, gap + length)
                 with self.lock:
                     self.seen.append((conn, length))
                 time.sleep(self.delay)
-                c.sendall(struct.pack("<IHHiIQ", magic, 1, 0, 0, 0, reqid))
+                c.sendall(struct.pack("<IHHiIQ", magic, ver, gap, 0, 0, reqid))
         except (EOFError, OSError):
             pass
         finally:

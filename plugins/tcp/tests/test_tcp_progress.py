@@ -87,20 +87,24 @@ class PacedServer:
                 hdr = self._recv(conn, REQ.size)
                 if hdr is None:
                     return
-                magic, _, op, addr, length, rid = REQ.unpack(hdr)
-                assert magic == MAGIC
+                magic, version, op, addr, length, rid = REQ.unpack(hdr)
+                assert magic == MAGIC and version in (1, 2)
+                gap = op >> 8 if version == 2 else 0  # version 2: zero bytes before the payload
+                op &= 0xFF if version == 2 else 0xFFFF
                 self.requests += 1
                 stopped = [False]
                 if op == WRITE:
+                    if gap and self._recv(conn, gap) is None:
+                        return
                     got = 0
                     while got < length:
                         if self._recv(conn, min(self.step, length - got)) is None:
                             return
                         got += min(self.step, length - got)
                         self._pace(got, stopped)
-                    conn.sendall(RSP.pack(MAGIC, VERSION, 0, 0, 0, rid))
+                    conn.sendall(RSP.pack(MAGIC, version, gap, 0, 0, rid))
                     continue
-                conn.sendall(RSP.pack(MAGIC, VERSION, 0, 0, 0, rid))
+                conn.sendall(RSP.pack(MAGIC, version, gap, 0, 0, rid) + bytes(gap))
                 sent = 0
                 while sent < length and not self._stop.is_set():
                     n = min(self.step, length - sent)
