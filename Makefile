@@ -11,7 +11,7 @@ SOURCES := pyproject.toml setup.py $(wildcard tent_core/_native/*.c tent_core/in
            $(wildcard plugins/*/pyproject.toml plugins/*/setup.py plugins/*/csrc/*.c plugins/*/csrc/*.h refhub/pyproject.toml \
            bench/pyproject.toml bench/setup.py bench/csrc/*.c)
 
-.PHONY: install demo test test-rdma lint bench-deps bench-all accel-deps clean
+.PHONY: install demo test asan test-rdma lint bench-deps bench-all accel-deps clean
 
 install: $(STAMP)
 
@@ -49,6 +49,13 @@ test: install
 TENT_RDMA_VM_TIMEOUT ?= 2400
 test-rdma: install
 	TENT_RDMA_VM=1 TENT_RDMA_VM_TIMEOUT=$(TENT_RDMA_VM_TIMEOUT) $(PY) -m pytest -q -rA -s plugins/rdma/tests/test_vm_suite.py
+
+# pytest against an AddressSanitizer build of all our C (a copy under build/asan; the tree's own build
+# stays): memory errors abort with the stacks of the access, the allocation and the free.
+# ARGS: pytest arguments, e.g. make asan ARGS="tests/test_simdev_lifetime.py tests/test_ordering.py"
+ASAN_ARGS ?= tests/test_simdev_lifetime.py tests/test_ordering.py plugins/tcp/tests plugins/shm/tests
+asan: install
+	./scripts/asan-test.sh -q $(or $(ARGS),$(ASAN_ARGS))
 
 lint: install
 	$(VENV)/bin/ruff check .

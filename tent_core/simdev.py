@@ -80,6 +80,7 @@ class _Lib(PluginLibrary):
         "sim_launch_gate": (i32, [u64, u64, u64]),
         "sim_wsum_host": (u64, [u64, u64, u64]),
         "sim_now_ns": (u64, []),
+        "sim_live_events": (ctypes.c_int64, []),
         "simx_peer_add": (u64, [vp]),
         "simx_peer_remove": (i32, [vp, u64]),
         "simx_map_add": (i32, [vp, u64, u64, u64, u64, i32]),
@@ -93,6 +94,12 @@ class _Lib(PluginLibrary):
 @functools.cache
 def lib() -> Any:
     return _Lib(Path(__file__).parent, "_simdev")
+
+
+def live_events() -> int:
+    """Simulated events not freed yet: handles not destroyed, or still named by queued stream work
+    or an executor's order table (an event outlives its handle until that work ran)."""
+    return int(lib().sim_live_events())
 
 
 def _check(rc: int, what: str) -> None:
@@ -376,7 +383,8 @@ class SimRuntime(devices.DeviceRuntime):
     def mark_event(self, event: Any) -> devices.EventMark:
         if not isinstance(event, SimEvent):
             raise InvalidRequestError(f"not a simulated event: {event!r}")
-        return _SimMark(self, event.handle, int(lib().sim_event_target(event.handle)), None)
+        # the mark holds the application's event: its handle stays valid while the engine polls it
+        return _SimMark(self, event.handle, int(lib().sim_event_target(event.handle)), event)
 
     def join(self, marks: list[devices.EventMark]) -> devices.EventMark:
         s = SimStream()

@@ -138,6 +138,9 @@ def test_a_held_batch_finalized_at_its_deadline_reports_the_deadline():
     try:
         with Engine(transports=["tcp", "simdev"], plugins=[SimDevicePlugin()]) as eng:
             buf = eng.allocate(N)
+            # the peer described and connected first: under load, a first contact takes longer than the
+            # 0.2 s deadline (the submit then fails resolving the peer, which is not what this tests)
+            eng.read(buf, p.seg("host"), 4096, timeout=30)
             s = SimStream()
             s.sleep(3.0)
             h = eng.submit([Request(READ, buf, 0, p.seg("host"), 0, N, wait_stream=s)], deadline=0.2)
@@ -159,6 +162,7 @@ def test_host_held_batches_fail_at_deadline_or_cancel():
     try:
         with Engine(transports=["tcp", "simdev"], plugins=[SimDevicePlugin()]) as eng:
             buf = eng.allocate(N)
+            eng.read(buf, p.seg("host"), 4096, timeout=30)  # first contact outside the 0.4 s deadline
             s = SimStream()
             s.sleep(2.0)
             h = eng.submit([Request(READ, buf, 0, p.seg("host"), 0, N, wait_stream=s)], deadline=0.4)

@@ -116,12 +116,31 @@ static uint8_t *resolve(uint64_t addr, uint64_t n) {
 }
 
 /* ------------------------------------------------------------------ events and gates */
+/* An event is reference counted: the host's handle holds one reference and so does every queued
+ * stream operation (RECORD, WAIT, an ordered SLICE) and every order-table entry naming it. Like
+ * cudaEventDestroy, destroying the handle while a record is still queued is legal: the memory
+ * goes once the last of those has run. (Freed at once, a record that ran later locked the mutex of
+ * and wrote into freed memory: glibc's heap metadata, found far away as "corrupted double-linked
+ * list" aborts in other code.) */
 typedef struct sim_event {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   uint64_t recorded; /* sequence number of the latest record */
   uint64_t reached;  /* highest record its stream has passed */
+  atomic_uint refs;
 } sim_event_t;
+
+static atomic_long g_live_events; /* events not yet freed (tests check that none outlives its users) */
+
+static void event_ref(sim_event_t *e) { atomic_fetch_add(&e->refs, 1); }
+
+static void event_unref(sim_event_t *e) {
+  if (atomic_fetch_sub(&e->refs, 1) != 1) return;
+  pthread_mutex_destroy(&e->mu);
+  pthread_cond_destroy(&e->cv);
+  free(e);
+  atomic_fetch_sub(&g_live_events, 1);
+}
 
 typedef struct sim_gate {
   pthread_mutex_t mu;
@@ -146,16 +165,19 @@ EXPORT uint64_t tent_sim_event_create(void) {
   if (!e) return 0;
   pthread_mutex_init(&e->mu, NULL);
   mono_cond_init(&e->cv);
+  atomic_init(&e->refs, 1); /* the host's handle */
+  atomic_fetch_add(&g_live_events, 1);
   return (uint64_t)(uintptr_t)e;
 }
 
+/* Let go of the handle (call once); the event is freed when no queued operation names it any more. */
 EXPORT void tent_sim_event_destroy(uint64_t h) {
   sim_event_t *e = (sim_event_t *)(uintptr_t)h;
-  if (!e) return;
-  pthread_mutex_destroy(&e->mu);
-  pthread_cond_destroy(&e->cv);
-  free(e);
+  if (e) event_unref(e);
 }
+
+/* How many events are not freed yet (handles not destroyed, or still named by queued work). */
+EXPORT int64_t tent_sim_live_events(void) { return atomic_load(&g_live_events); }
 
 /* The sequence number a waiter issued now must see (0: never recorded, nothing to wait for). */
 EXPORT uint64_t tent_sim_event_target(uint64_t h) {
@@ -420,6 +442,7 @@ static void run_op(sim_stream_t *st, sim_op_t *op) {
       run_slice(st, op);
       break;
   }
+  if (op->ev) event_unref(op->ev); /* the reference the operation took when it was queued */
 }
 
 static void *stream_main(void *arg) {
@@ -533,6 +556,7 @@ EXPORT uint64_t tent_sim_event_record(uint64_t ev_h, uint64_t stream_h) {
   pthread_mutex_lock(&e->mu);
   uint64_t seq = ++e->recorded;
   pthread_mutex_unlock(&e->mu);
+  event_ref(e); /* dropped once the record ran */
   sim_op_t op = {.type = OP_RECORD, .ev = e, .seq = seq};
   push_locked(st, &op);
   pthread_mutex_unlock(&st->mu);
@@ -541,8 +565,12 @@ EXPORT uint64_t tent_sim_event_record(uint64_t ev_h, uint64_t stream_h) {
 
 /* Later work on `stream` waits for the event's latest record (as of this call). */
 EXPORT int32_t tent_sim_stream_wait_event(uint64_t stream_h, uint64_t ev_h) {
-  sim_op_t op = {.type = OP_WAIT, .ev = (sim_event_t *)(uintptr_t)ev_h, .seq = tent_sim_event_target(ev_h)};
-  return enqueue((sim_stream_t *)(uintptr_t)stream_h, &op);
+  sim_event_t *e = (sim_event_t *)(uintptr_t)ev_h;
+  sim_op_t op = {.type = OP_WAIT, .ev = e, .seq = tent_sim_event_target(ev_h)};
+  event_ref(e); /* dropped once the wait ran */
+  int rc = enqueue((sim_stream_t *)(uintptr_t)stream_h, &op);
+  if (rc != 0) event_unref(e);
+  return rc;
 }
 
 EXPORT int32_t tent_sim_memcpy_async(uint64_t stream_h, uint64_t dst, uint64_t src, uint64_t n, int32_t *status) {
@@ -613,6 +641,7 @@ typedef struct executor {
   pthread_rwlock_t tab;
   tent_handle_table_t peers;
   tent_order_table_t order;
+  pthread_mutex_t order_mu; /* an entry's event reference is taken and dropped under it */
   atomic_ullong st_slices, st_bytes, st_waits;
   pthread_mutex_t submit_mu;
   int closing;
@@ -690,6 +719,7 @@ static void *ex_create(const tent_host_api_t *host, const char *config, char *er
   pthread_rwlock_init(&ex->tab, NULL);
   pthread_mutex_init(&ex->submit_mu, NULL);
   tent_ot_init(&ex->order);
+  pthread_mutex_init(&ex->order_mu, NULL);
   for (uint32_t i = 0; i < ex->nstreams; i++) {
     ex->streams[i] = stream_new(delay);
     if (!ex->streams[i]) {
@@ -713,10 +743,24 @@ static void ex_destroy(void *self) {
     }
   }
   tent_ht_free(&ex->peers);
+  for (int i = 0; i < TENT_ORDER_SLOTS; i++) /* entries never removed: their event references */
+    if (ex->order.e[i].token) event_unref((sim_event_t *)(uintptr_t)ex->order.e[i].event);
   tent_ot_destroy(&ex->order);
+  pthread_mutex_destroy(&ex->order_mu);
   pthread_rwlock_destroy(&ex->tab);
   pthread_mutex_destroy(&ex->submit_mu);
   free(ex);
+}
+
+/* The order entry of `token`, if any, with a reference on its event for the operation that waits
+ * for it (taken under order_mu: the entry's own reference may be dropped right after). */
+static int order_lookup(executor_t *ex, uint64_t token, tent_order_t *out) {
+  if (__atomic_load_n(&ex->order.used, __ATOMIC_ACQUIRE) == 0) return 0;
+  pthread_mutex_lock(&ex->order_mu);
+  int found = tent_ot_get(&ex->order, token, out);
+  if (found) event_ref((sim_event_t *)(uintptr_t)out->event);
+  pthread_mutex_unlock(&ex->order_mu);
+  return found;
 }
 
 static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
@@ -749,7 +793,7 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
       op.slice_status = translate(ex, s, &rptr);
     op.src = rptr;
     tent_order_t ord;
-    if (op.slice_status == TENT_OK && tent_ot_get(&ex->order, s->token, &ord)) {
+    if (op.slice_status == TENT_OK && order_lookup(ex, s->token, &ord)) { /* op holds an event reference */
       op.ev = (sim_event_t *)(uintptr_t)ord.event;
       op.seq = ord.seq;
       op.deadline_ns = ord.deadline_ns;
@@ -860,12 +904,28 @@ EXPORT int32_t tent_simx_map_remove(void *self, uint64_t h, uint64_t rbase) {
   return rc;
 }
 
-/* Slices of batch `token` submitted from now on wait for record `seq` of `event` on their stream. */
+/* Slices of batch `token` submitted from now on wait for record `seq` of `event` on their stream.
+ * The entry holds a reference on the event (the application may destroy its handle meanwhile). */
 EXPORT int32_t tent_simx_order_add(void *self, uint64_t token, uint64_t event, uint64_t seq, uint64_t deadline_ns) {
-  return tent_ot_add(&((executor_t *)self)->order, token, event, seq, deadline_ns);
+  executor_t *ex = self;
+  if (!event) return -EINVAL;
+  pthread_mutex_lock(&ex->order_mu);
+  event_ref((sim_event_t *)(uintptr_t)event);
+  int rc = tent_ot_add(&ex->order, token, event, seq, deadline_ns);
+  if (rc != 0) event_unref((sim_event_t *)(uintptr_t)event);
+  pthread_mutex_unlock(&ex->order_mu);
+  return rc;
 }
 
-EXPORT int32_t tent_simx_order_remove(void *self, uint64_t token) { return tent_ot_remove(&((executor_t *)self)->order, token); }
+EXPORT int32_t tent_simx_order_remove(void *self, uint64_t token) {
+  executor_t *ex = self;
+  tent_order_t ord;
+  pthread_mutex_lock(&ex->order_mu);
+  int rc = tent_ot_get(&ex->order, token, &ord) ? tent_ot_remove(&ex->order, token) : -ENOENT;
+  if (rc == 0) event_unref((sim_event_t *)(uintptr_t)ord.event);
+  pthread_mutex_unlock(&ex->order_mu);
+  return rc;
+}
 
 EXPORT void tent_simx_stats(void *self, uint64_t out[3]) {
   executor_t *ex = self;
