@@ -102,6 +102,11 @@ MAX_INFLIGHT = 1 << 30  # bytes in flight at most
 # the receive-side checksums run in a worker thread (xxhash releases the GIL) while this thread keeps the
 # window of READs full; 0: inline, between batches
 VERIFY_THREAD = os.environ.get("REFHUB_VERIFY_THREAD", "1") != "0"
+# large host tensors are hashed batch by batch as their bytes land (streamed xxh3_64, the same digest as
+# the whole tensor's), not once a whole tensor is in: the bytes are still in the CPU's cache; 0: whole
+STREAM_VERIFY = os.environ.get("REFHUB_STREAM_VERIFY", "1") != "0"
+HASH_PIECE = 256 << 10  # bytes per hash update
+VERIFY_THREADS = int(os.environ.get("REFHUB_VERIFY_THREADS", "0"))  # hashing lanes; 0: one per core (at most 4)
 # Reading a partial copy, every batch also reads the source's progress word (into its own slot): each
 # completion brings a fresh view of what the source holds, without a blocking round trip that would
 # queue behind the batches on the wire and stall this reader's own progress (and its readers' after it).
@@ -779,8 +784,11 @@ def _merge_avail(avail: int, seen: int, issued: int) -> int:
 
 
 class _Verifier:
-    """Hashes each tensor once the contiguous received prefix covers it (the pack: all tiny tensors,
-    unpacked first) and compares with the publisher's checksums."""
+    """Checks the received bytes against the publisher's checksums as the contiguous received prefix
+    grows: the pack (all tiny tensors, checked in the pack and unpacked) once the prefix covers it;
+    each large host tensor piece by piece, the bytes of every completed batch hashed as soon as it
+    lands (streamed: the same xxh3_64 of the whole tensor the publisher announced), while they are
+    still in the CPU's cache; device tensors once covered (on the device, or fed as they pass)."""
 
     def __init__(self, handle: ShardHandle, mine: list, cks: list | None, v: int) -> None:
         self.h = handle
@@ -794,15 +802,34 @@ class _Verifier:
             pos += nb
             self.checks.append((pos, name))
         self.i = 0
-        self.seconds = 0.0
         self.streams: dict[str, StreamHash] = {}  # copy-mode device tensors, hashed on the landing buffer
         self.device_checks = 0
         self.wait_s = 0.0
-        # host tensors are checked in one worker thread, overlapped with this thread's READ window (device
-        # tensors, whose streams this thread feeds, are checked inline)
-        threaded = VERIFY_THREAD and self.exp is not None and all(it.dev is None for it in handle.items.values())
-        self.pool: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="refhub-verify") if threaded else None
+        # host tensors are checked in worker threads ("lanes", one thread each), overlapped with this
+        # thread's READ window; device tensors, whose streams this thread feeds, are checked inline. Every
+        # core gets a lane: when the last batch lands, the hashing still queued (the copy, on every core,
+        # leaves the hash its share only) finishes on all cores, not on one while the others idle.
+        host = self.exp is not None and all(it.dev is None for it in handle.items.values())
+        n_lanes = (VERIFY_THREADS or max(1, min(4, os.cpu_count() or 1))) if VERIFY_THREAD and host else 0
+        self.lanes = [ThreadPoolExecutor(1, thread_name_prefix="refhub-verify") for _ in range(n_lanes)]
         self.pending: deque = deque()
+        # streamed: per lane, [(start, end, name, flat uint8 view)] of the large host tensors with a host
+        # checksum in stream order (tensor j on lane j % lanes: its pieces are hashed in order), and the
+        # index of the lane's first tensor not yet compared; the hashed prefix (`hashed`) only grows
+        self.spans: list[list[tuple[int, int, str, np.ndarray]]] = [[] for _ in range(max(1, n_lanes))]
+        self.cursor = [0] * len(self.spans)
+        self.hashed = 0
+        self.streamed: set[str] = set()
+        if host and _xxhash is not None and STREAM_VERIFY:
+            pos = 0
+            for name, _, _, nb in mine:
+                it = handle.items.get(name)
+                if it is not None and it.arr is not None and not isinstance(self.exp[name], list):
+                    self.spans[len(self.streamed) % len(self.spans)].append((pos, pos + nb, name, it.arr.reshape(-1).view(np.uint8)))
+                    self.streamed.add(name)
+                pos += nb
+        self.lane_s = [0.0] * len(self.spans)
+        self.next_lane = 0
 
     def feed(self, name: str, off: int, data: np.ndarray) -> None:
         """Landed bytes [off, off + data.size) of device tensor `name` (in order): hash them now."""
@@ -820,13 +847,25 @@ class _Verifier:
         """Check every tensor the received prefix [0, done) now covers: in the worker thread when there
         is one (the hash releases the GIL, so this thread keeps the window of READs full meanwhile; a
         mismatch surfaces at a later advance or at finish), else here."""
+        if self.streamed and done > self.hashed:
+            a, self.hashed = self.hashed, done
+            for w, spans in enumerate(self.spans):
+                c = self.cursor[w]
+                if c < len(spans) and spans[c][0] < done and spans[-1][1] > a:
+                    if self.lanes:
+                        self.pending.append(self.lanes[w].submit(self._hash_range, w, a, done))
+                    else:
+                        self._hash_range(w, a, done)
         while self.i < len(self.checks) and self.checks[self.i][0] <= done:
             name = self.checks[self.i][1]
             self.i += 1
-            if self.pool is not None:
-                self.pending.append(self.pool.submit(self._check, name))
+            if name in self.streamed:
+                continue
+            if self.lanes:
+                self.next_lane = (self.next_lane + 1) % len(self.lanes)
+                self.pending.append(self.lanes[self.next_lane].submit(self._check, name, self.next_lane))
             else:
-                self._check(name)
+                self._check(name, 0)
         while self.pending and self.pending[0].done():
             self.pending.popleft().result()
 
@@ -844,16 +883,48 @@ class _Verifier:
         for f in self.pending:
             f.cancel()
         self.pending.clear()
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
-            self.pool = None
+        for lane in self.lanes:
+            lane.shutdown(wait=True)
+        self.lanes = []
 
-    def _check(self, name: str) -> None:
+    @property
+    def seconds(self) -> float:
+        """Seconds spent hashing (summed over the lanes)."""
+        return sum(self.lane_s)
+
+    def _hash_range(self, w: int, a: int, b: int) -> None:
+        """Hash the landed stream bytes [a, b) of lane w's tensors into their running checksums (a
+        lane's ranges arrive in order, each right after its batch landed); compare each tensor whose
+        last byte is in."""
+        t0 = time.perf_counter()
+        spans = self.spans[w]
+        try:
+            while self.cursor[w] < len(spans):
+                start, end, name, flat = spans[self.cursor[w]]
+                if start >= b:
+                    return
+                lo, hi = max(a, start), min(b, end)
+                if hi > lo:
+                    sh = self.streams.get(name)
+                    if sh is None:
+                        sh = self.streams[name] = StreamHash(self.exp[name], _xxhash)  # type: ignore[index]
+                    for x in range(lo - start, hi - start, HASH_PIECE):  # pieces that stay in L2
+                        sh.update(flat[x:min(x + HASH_PIECE, hi - start)])
+                if end > b:
+                    return
+                self.cursor[w] += 1
+                sh = self.streams.pop(name, None)
+                if sh is None or sh.n != end - start or sh.digest() != self.exp[name]:  # type: ignore[index]
+                    raise ChecksumError("checksum", f"v{self.v} shard {self.h.shard}: end-to-end checksum mismatch in {name!r}")
+        finally:
+            self.lane_s[w] += time.perf_counter() - t0
+
+    def _check(self, name: str, w: int) -> None:
         t0 = time.perf_counter()
         try:
             self._check_one(name)
         finally:
-            self.seconds += time.perf_counter() - t0
+            self.lane_s[w] += time.perf_counter() - t0
 
     def _check_one(self, name: str) -> None:
         h = self.h

@@ -152,3 +152,85 @@ def test_checksum_is_xxh3_when_available() -> None:
     if C._xxhash is not None:
         assert C.checksum(a) == C._xxhash.xxh3_64_intdigest(a.view(np.uint8))
     assert C.checksum(a) == C.checksum(a.copy())
+
+
+def _streamed_verifier(server, monkeypatch, threaded):
+    """A receiving handle whose tensors already hold the publisher's bytes, and a verifier for them."""
+    monkeypatch.setattr(C, "VERIFY_THREAD", threaded)
+    sizes = [3 * MB + 5, 2 * MB, 7000, 123, 5 * MB - 3]
+    src = _tensors(sizes, 7)
+    r = C.open("m", replica="rd", server=server)
+    dst = [t.copy() for t in src]
+    for i, t in enumerate(dst):
+        r.register(f"t{i}", t)
+    r._build_layout()
+    mine = r._stream()
+    cks = [C.checksum(t) for _, t in sorted((f"t{i}", t) for i, t in enumerate(src))]  # the publisher's
+    for it in r.items.values():  # the pack holds the tiny tensors, as a pull would have left it
+        if it.pack_off >= 0:
+            r._pack.array[it.pack_off:it.pack_off + it.nbytes] = it.arr
+    return r, mine, cks, dst, sum(m[3] for m in mine)
+
+
+def _advance_in_steps(ver, total, seed):
+    rng = np.random.default_rng(seed)
+    done = 0
+    while done < total:  # odd step sizes: ranges straddle tensor and hash-piece boundaries
+        done = min(total, done + int(rng.integers(1, 3 * MB)))
+        ver.advance(done)
+    ver.finish()
+
+
+@pytest.mark.parametrize("threaded", [True, False])
+def test_streamed_verify_accepts_the_published_bytes(server, monkeypatch, threaded) -> None:
+    if C._xxhash is None:
+        pytest.skip("streamed verification needs xxhash")
+    r, mine, cks, _, total = _streamed_verifier(server, monkeypatch, threaded)
+    for seed in range(3):
+        ver = C._Verifier(r, mine, cks, 1)
+        assert ver.streamed == {"t0", "t1", "t4"}  # the large tensors stream
+        _advance_in_steps(ver, total, seed)
+        assert not ver.streams  # every streamed tensor was compared
+    r.close()
+
+
+@pytest.mark.parametrize("threaded", [True, False])
+@pytest.mark.parametrize("where", ["first", "piece_edge", "last"])
+def test_streamed_verify_rejects_one_wrong_landed_byte(server, monkeypatch, threaded, where) -> None:
+    """The receiver hashes the bytes in its own destination buffer: one byte that did not land right
+    (first byte, across a hash-piece edge, last byte of a tensor) fails the replicate, naming it."""
+    if C._xxhash is None:
+        pytest.skip("streamed verification needs xxhash")
+    r, mine, cks, dst, total = _streamed_verifier(server, monkeypatch, threaded)
+    t = dst[4]
+    pos = {"first": 0, "piece_edge": C.HASH_PIECE, "last": t.size - 1}[where]
+    t[pos] ^= 0x01
+    ver = C._Verifier(r, mine, cks, 1)
+    with pytest.raises(C.ChecksumError, match="t4"):
+        _advance_in_steps(ver, total, 11)
+    ver.close()
+    r.close()
+
+
+def test_streamed_verify_in_a_real_pull_rejects_a_mutated_source(server, small_batches, monkeypatch) -> None:
+    """End to end: a source whose bytes changed after publish (a byte deep inside a tensor that
+    spans many batches) fails the streamed check of the receiver, and the bytes that passed it are
+    the ones in the receiver's tensors."""
+    sizes = [6 * MB + 7, 3 * MB, 1000]
+    src = _tensors(sizes, 5)
+    p = C.open("m", replica="pub", server=server)
+    for i, t in enumerate(src):
+        p.register(f"t{i}", t)
+    p.publish(1)
+    r = C.open("m", replica="rd", server=server)
+    dst = [np.zeros(n, np.uint8) for n in sizes]
+    for i, t in enumerate(dst):
+        r.register(f"t{i}", t)
+    assert r.replicate(1, timeout=30) == 1 and r.stats["verified"]
+    assert all((a == b).all() for a, b in zip(src, dst, strict=True))
+    r.unpublish()
+    src[0][5 * MB + 3] ^= 0x80
+    with pytest.raises(C.ChecksumError, match="t0"):
+        r.replicate(1, timeout=30)
+    r.close()
+    p.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import resource
 import signal
 import statistics
 import time
@@ -102,6 +103,12 @@ def _dp_engine(transport: str | None) -> Any:
     return Engine(transports=[transport]) if transport else Engine()
 
 
+def _cpu_s() -> float:
+    """CPU seconds (user + system) this process has used, all threads."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 def _stream_views(h: Any) -> list[np.ndarray]:
     """The bytes a handle serves (its tiny-tensor pack, then each large tensor), as arrays."""
     return [lb.array[off:off + nb] if name == "__pack__" else h.items[name].arr.reshape(-1).view(np.uint8)
@@ -176,8 +183,10 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
                 if t.nbytes < C.TINY and not np.array_equal(t, views[0][h.items[f"w{i:04d}"].pack_off:][:t.nbytes]):
                     raise RuntimeError(f"{what}: tiny tensor w{i:04d} was not unpacked")
 
+        run_cpu = [0.0]
+
         def raw_windowed() -> float:
-            t0 = time.perf_counter()
+            c0, t0 = _cpu_s(), time.perf_counter()
             inflight: deque = deque()
             batch: list = []
             nbytes = 0
@@ -193,18 +202,23 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
                 inflight.append(eng.submit(batch, deadline=30))
             while inflight:
                 inflight.popleft().wait()
-            return total / (time.perf_counter() - t0) / 1e9
+            dt = time.perf_counter() - t0
+            run_cpu[0] = _cpu_s() - c0
+            return total / dt / 1e9
 
         def raw_one() -> float:
-            t0 = time.perf_counter()
+            c0, t0 = _cpu_s(), time.perf_counter()
             eng.submit(reqs, deadline=30).wait()
-            return total / (time.perf_counter() - t0) / 1e9
+            dt = time.perf_counter() - t0
+            run_cpu[0] = _cpu_s() - c0
+            return total / dt / 1e9
 
         def replicate(verify: bool) -> tuple[float, dict]:
             h._verify = verify  # False: diagnostic, the same path without the receive-side hash
-            t0 = time.perf_counter()
+            c0, t0 = _cpu_s(), time.perf_counter()
             h.replicate(1, timeout=120)
             dt = time.perf_counter() - t0
+            run_cpu[0] = _cpu_s() - c0
             st = dict(h.stats)
             check_tensors("refhub replicate" + ("" if verify else " (unverified)"))
             h.unpublish()
@@ -212,6 +226,9 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
 
         out: dict[str, list] = {"raw_windowed": [], "raw_one_batch": [], "refhub": [], "refhub_s": [], "verify_s": [],
                                 "verify_wait_s": [], "unverified": [], "raw": []}
+        # CPU seconds of this process per timed run (pulling thread, executor workers, verify thread):
+        # steadier than wall time on a shared machine, and what each path costs per byte
+        cpu: dict[str, list] = {k: [] for k in ("raw_windowed", "raw_one_batch", "unverified", "refhub")}
         for i in range(repeat + 1):
             # the order inside a round rotates, so no series always runs first (or right after another)
             order = ["raw_windowed", "raw_one_batch", "unverified", "refhub"]
@@ -234,6 +251,8 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
                         raise RuntimeError("refhub replicate did not verify checksums")
                     res[what] = total / dt / 1e9
                     res["refhub_s"], res["verify_s"], res["verify_wait_s"] = dt, st["verify_s"], st.get("verify_wait_s", 0.0)
+                if i:
+                    cpu[what].append(run_cpu[0])
             if i == 0:
                 continue  # warm-up round
             res["raw"] = max(res["raw_windowed"], res["raw_one_batch"])
@@ -251,7 +270,7 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
         failed = sum(e for _, e in rails1.values()) - sum(e for _, e in rails0.values())
         h.close()
         q.put({"ok": True, "total": total, "tensors": len(sizes), "stream_items": len(mine), "junk_rounds": seed[0],
-               "bytes_per_transport": moved, "failed_slices": failed, **out})
+               "bytes_per_transport": moved, "failed_slices": failed, "cpu_s": cpu, **out})
     except Exception as exc:  # reported to the parent
         import traceback
 
@@ -320,6 +339,8 @@ def dataplane(size_mb: float = 1024, repeat: int = 5, tensors: int = 500, transp
         "cpu_bound_ratio_limit": round((res["total"] / raw / 1e9) / ((res["total"] / raw / 1e9)
                                        + med(res["hash_only_s"]) / (os.cpu_count() or 1)), 3),
         "publish_checksum_s": round(info["publish_checksum_s"] or 0.0, 4),
+        # CPU seconds per GiB moved, the reader process (all its threads), median over rounds
+        "cpu_s_per_GiB": {k: round(med(v) / (res["total"] / (1 << 30)), 4) for k, v in res["cpu_s"].items()},
         "repeat": repeat,
         "samples": {k: [round(x, 3) for x in res[k]] for k in ("refhub", "raw_windowed", "raw_one_batch", "unverified")},
         "note": "one host, two processes; raw = per round the better of windowed / one-batch tent_core READs of the "
