@@ -53,10 +53,13 @@ def test_dataplane_checks_every_run_against_junk() -> None:
     # 3 rounds (one warm-up) x 4 timed runs, each after a fresh junk fill and followed by a byte check
     assert res["junk_filled_before_every_run"] == 12, res
     assert res["ratio_rounds"]["rounds"] == 2 and len(res["samples"]["refhub"]) == 2, res
-    assert 0 < res["cpu_bound_ratio_limit"] <= 1, res
+    assert 0 < res["cpu_bound_ratio_limit"] <= 1 and 0 < res["cpu_bound_ratio_limit_hash_from_memory"] <= 1, res
+    assert all(v > 0 for v in res["cpu_s_per_GiB"].values()) and len(res["cpu_s_per_GiB"]) == 4, res
     # the engine's choice between two local processes is the same-host transport, and the result says so
     try:
         import tent_shm  # noqa: F401
     except ImportError:
         return
     assert res["transport_used"] == "shm 100%" and res["failed_slices"] == 0, res
+    # the same-host path copies a piece on the submitting thread: every verified run hashed inside the copy
+    assert res["fused_copy_hash"] is True, res

@@ -107,6 +107,13 @@ VERIFY_THREAD = os.environ.get("REFHUB_VERIFY_THREAD", "1") != "0"
 STREAM_VERIFY = os.environ.get("REFHUB_STREAM_VERIFY", "1") != "0"
 HASH_PIECE = 256 << 10  # bytes per hash update
 VERIFY_THREADS = int(os.environ.get("REFHUB_VERIFY_THREADS", "0"))  # hashing lanes; 0: one per core (at most 4)
+# Fused copy + hash: when the path copies a READ of one piece on the submitting thread (the same-host
+# transport runs a slice no longer than its chunk inline), each lane READs its tensors piece by piece and
+# hashes every piece right after it landed, while it is in that core's cache: hashing from cache costs
+# about a third of hashing from memory, and the copy then carries its own check. A path that does not
+# complete a piece inside submit (tcp: the answer comes later) keeps the windowed pull. 0: off.
+FUSED_VERIFY = os.environ.get("REFHUB_FUSED_VERIFY", "1") != "0"
+FUSED_PIECE = int(float(os.environ.get("REFHUB_FUSED_PIECE_KB", "1024")) * 1024)  # <= the shm executor's chunk
 # Reading a partial copy, every batch also reads the source's progress word (into its own slot): each
 # completion brings a fresh view of what the source holds, without a blocking round trip that would
 # queue behind the batches on the wire and stall this reader's own progress (and its readers' after it).
@@ -831,6 +838,19 @@ class _Verifier:
         self.lane_s = [0.0] * len(self.spans)
         self.next_lane = 0
 
+    def skip_to(self, done: int) -> None:
+        """The stream prefix [0, done) (ending at a tensor boundary) was verified elsewhere (a fused
+        pull): stream from `done` on. Waits for the checks already queued (a mismatch raises)."""
+        while self.pending:
+            self.pending.popleft().result()
+        for w, spans in enumerate(self.spans):
+            self.cursor[w] = bisect.bisect_left([sp[0] for sp in spans], done)
+            for sp in spans[:self.cursor[w]]:
+                self.streams.pop(sp[2], None)
+        self.hashed = max(self.hashed, done)
+        while self.i < len(self.checks) and self.checks[self.i][0] <= done and self.checks[self.i][1] in self.streamed:
+            self.i += 1
+
     def feed(self, name: str, off: int, data: np.ndarray) -> None:
         """Landed bytes [off, off + data.size) of device tensor `name` (in order): hash them now."""
         if self.exp is None:
@@ -1378,7 +1398,8 @@ class ShardHandle:
                       "starved_s": round(st.get("starved_s", 0.0), 4),  # waiting for a partial source's next bytes
                       # from the start of the pull to its first landed batch (how far a pipeline hop starts late)
                       "first_s": round(st["first_t"] - t0, 4) if "first_t" in st else None,
-                      "verified": cks is not None, "device_checksums": ver.device_checks}
+                      "verified": cks is not None, "device_checksums": ver.device_checks,
+                      "fused": bool(st.get("fused"))}  # hashed inside the copy's lanes (see FUSED_VERIFY)
 
     def _pull_from(self, v: int, src: dict, mine: list, total: int, ver: _Verifier, st: dict, deadline: float) -> None:
         """Windowed READs of [st["done"], total) from one source: up to WINDOW batches in flight; each
@@ -1426,6 +1447,11 @@ class ShardHandle:
             window = max(WINDOW * batch_bytes, min(MAX_INFLIGHT, int(rate * INFLIGHT_S)))
         last_report = time.monotonic()
         sleep = 0.0005
+        if (FUSED_VERIFY and not partial and not thr and ver.streamed and not any(copyish)
+                and {m[0] for m in mine if m[0] != "__pack__"} == ver.streamed and st["done"] in starts):
+            if self._pull_fused(v, ref, mine, starts, ver, st, deadline):
+                return
+            issued = st["done"]
         try:
             while st["done"] < total:
                 if time.monotonic() > deadline:
@@ -1496,6 +1522,102 @@ class ShardHandle:
                     hdl.wait(2.0)
                 except Exception:
                     pass
+
+    def _pull_fused(self, v: int, ref: dict, mine: list, starts: list, ver: _Verifier, st: dict, deadline: float) -> bool:
+        """Fused copy + hash of [st["done"], total) (a tensor boundary): the pack (tiny tensors) in one
+        batch, checked as in the windowed pull, then each large tensor on one lane, READ piece by piece,
+        each piece hashed right after it landed (this thread's cache). Returns False, having moved
+        at most the pack, when the path does not copy a piece inside submit (st["done"] says how far it
+        got: the windowed pull goes on from there). Progress advances tensor by tensor, contiguously."""
+        seg, ritems = ref["seg"], ref["items"]
+        k0 = starts.index(st["done"])
+        if mine[k0][0] == "__pack__":
+            name, lb, loff, nb = mine[k0]
+            reqs = [(lb, loff + c, seg, ritems[k0][1] + c, min(CHUNK, nb - c)) for c in range(0, nb, CHUNK)]
+            self._read(reqs, deadline)
+            st["done"] = starts[k0] + nb
+            st["batches"] += 1
+            self._set_progress(v, st["done"])
+            ver.advance(st["done"])
+            k0 += 1
+        if k0 >= len(mine):
+            return True
+        # probe: the first piece of the next tensor lands before submit returns (the path copies inline)
+        name, lb, loff, nb = mine[k0]
+        hdl = self._submit([(lb, loff, seg, ritems[k0][1], min(FUSED_PIECE, nb))], deadline)
+        inline = hdl.poll() == "done"
+        hdl.wait()
+        if not inline:
+            return False
+        todo = list(range(k0, len(mine)))
+        n_lanes = max(1, len(ver.lanes) or 1)
+        landed = [False] * len(mine)
+        cv = threading.Condition()
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def lane(ks: list[int]) -> None:
+            t_lane = time.perf_counter()
+            try:
+                for k in ks:
+                    name, lb, loff, nb = mine[k]
+                    sh = StreamHash(ver.exp[name], _xxhash)  # type: ignore[index]
+                    flat = self.items[name].arr.reshape(-1).view(np.uint8)  # type: ignore[union-attr]
+                    first = FUSED_PIECE if k == k0 else 0  # landed by the probe
+                    if first:
+                        sh.update(flat[:min(first, nb)])
+                    for c in range(first, nb, FUSED_PIECE):
+                        if stop.is_set():
+                            return
+                        m = min(FUSED_PIECE, nb - c)
+                        self._submit([(lb, loff + c, seg, ritems[k][1] + c, m)], deadline).wait()
+                        sh.update(flat[c:c + m])
+                    if sh.n != nb or sh.digest() != ver.exp[name]:  # type: ignore[index]
+                        raise ChecksumError("checksum", f"v{v} shard {self.shard}: end-to-end checksum mismatch in {name!r}")
+                    with cv:
+                        landed[k] = True
+                        cv.notify()
+            except BaseException as exc:  # the pulling thread raises it
+                with cv:
+                    errors.append(exc)
+                    stop.set()
+                    cv.notify()
+            finally:
+                ver.lane_s[ks[0] % len(ver.lane_s)] += time.perf_counter() - t_lane
+
+        threads = [threading.Thread(target=lane, args=(todo[i::n_lanes],), name="refhub-fused", daemon=True)
+                   for i in range(min(n_lanes, len(todo)))]
+        for t in threads:
+            t.start()
+        k = k0
+        verified = False
+        try:
+            with cv:
+                while k < len(mine) and not errors:
+                    while k < len(mine) and landed[k]:
+                        k += 1
+                    end = starts[k] if k < len(mine) else starts[-1] + mine[-1][3]
+                    if end > st["done"]:
+                        if "first_t" not in st:
+                            st["first_t"] = time.monotonic()
+                        st["done"] = end
+                        self._set_progress(v, end)
+                    if k < len(mine) and not errors:
+                        if time.monotonic() > deadline:
+                            raise TimeoutError(f"replicate v{v}: deadline passed at {st['done']}/{end} bytes")
+                        cv.wait(0.05)
+            verified = True
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(max(1.0, deadline - time.monotonic() + 2.0))
+            if verified or not errors or not isinstance(errors[0], ChecksumError):
+                ver.skip_to(st["done"])  # what a re-routed pull resumes after was verified here
+        if errors:
+            raise errors[0]
+        st["batches"] += len(todo)
+        st["fused"] = True
+        return True
 
     def _complete_oldest(self, v: int, inflight: Any, st: dict, ver: _Verifier) -> int:
         """Wait for the oldest batch in flight, publish our progress, verify what it completed; returns

@@ -234,3 +234,96 @@ def test_streamed_verify_in_a_real_pull_rejects_a_mutated_source(server, small_b
         r.replicate(1, timeout=30)
     r.close()
     p.close()
+
+
+def _engine_memory_pair(server, sizes, seed):
+    """A publisher and a reader whose tensors are engine memory (the same-host transport reaches it
+    and copies a piece on the submitting thread: the fused pull's path)."""
+    rng = np.random.default_rng(seed)
+    p = C.open("m", replica="pub", server=server)
+    src = []
+    for i, n in enumerate(sizes):
+        src.append(p.allocate(f"t{i}", n))
+        src[-1][:] = rng.integers(0, 255, n, dtype=np.uint8)
+    p.publish(1)
+    r = C.open("m", replica="rd", server=server)
+    dst = [r.allocate(f"t{i}", n) for i, n in enumerate(sizes)]
+    for t in dst:
+        t[:] = 0xEE
+    return p, r, src, dst
+
+
+FUSED_SIZES = [6 * MB + 7, 3 * MB, 1000, 5000, 2 * MB, 9 * MB - 1]
+
+
+@pytest.mark.parametrize("fused,threaded", [(True, True), (True, False), (False, True)])
+def test_fused_pull_moves_and_verifies_every_byte(server, monkeypatch, fused, threaded) -> None:
+    if C._xxhash is None:
+        pytest.skip("the fused pull streams xxh3_64")
+    monkeypatch.setattr(C, "FUSED_VERIFY", fused)
+    monkeypatch.setattr(C, "VERIFY_THREAD", threaded)
+    p, r, src, dst = _engine_memory_pair(server, FUSED_SIZES, 3)
+    assert r.replicate(1, timeout=30) == 1
+    assert r.stats["verified"] and r.stats["fused"] == fused
+    assert all((a == b).all() for a, b in zip(src, dst, strict=True))
+    assert r.progress[1] == r.progress[2]  # the progress word covers the whole stream
+    r.close()
+    p.close()
+
+
+def test_fused_pull_rejects_a_mutated_source(server, monkeypatch) -> None:
+    if C._xxhash is None:
+        pytest.skip("the fused pull streams xxh3_64")
+    monkeypatch.setattr(C, "FUSED_VERIFY", True)
+    p, r, src, dst = _engine_memory_pair(server, FUSED_SIZES, 4)
+    src[5][7 * MB + 11] ^= 0x40  # after publish: the bytes no longer match the announced checksum
+    with pytest.raises(C.ChecksumError, match="t5"):
+        r.replicate(1, timeout=30)
+    assert r.state == "idle" and r.progress[:2] == (0, 0)
+    r.close()
+    p.close()
+
+
+@pytest.mark.parametrize("where", ["probe_piece", "middle_piece", "last_byte"])
+def test_fused_pull_hashes_what_landed_in_the_destination(server, monkeypatch, where) -> None:
+    """The fused lanes hash the receiver's own buffer after each piece landed: a byte that landed
+    wrong (changed in the destination right after the READ completed) fails the replicate."""
+    if C._xxhash is None:
+        pytest.skip("the fused pull streams xxh3_64")
+    monkeypatch.setattr(C, "FUSED_VERIFY", True)
+    p, r, src, dst = _engine_memory_pair(server, FUSED_SIZES, 5)
+    victim = r.items["t0"]
+    pos = {"probe_piece": 17, "middle_piece": 3 * MB + 5, "last_byte": FUSED_SIZES[0] - 1}[where]
+    real_submit = r._submit
+    hit = []
+
+    class Corrupting:
+        def __init__(self, hdl, lo, n):
+            self.hdl, self.lo, self.n = hdl, lo, n
+
+        def poll(self):
+            return self.hdl.poll()
+
+        def cancel(self):
+            return self.hdl.cancel()
+
+        def wait(self, *a):
+            out = self.hdl.wait(*a)
+            if self.lo <= pos < self.lo + self.n and not hit:
+                hit.append(pos)
+                victim.arr[pos] ^= 0x01
+            return out
+
+    def submit(reqs, deadline):
+        hdl = real_submit(reqs, deadline)
+        for lb, loff, _seg, _roff, n in reqs:
+            if lb is victim.buf:
+                return Corrupting(hdl, loff, n)  # the fused pull READs one piece per submit
+        return hdl
+
+    monkeypatch.setattr(r, "_submit", submit)
+    with pytest.raises(C.ChecksumError, match="t0"):
+        r.replicate(1, timeout=30)
+    assert hit == [pos]
+    r.close()
+    p.close()

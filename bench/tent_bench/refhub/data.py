@@ -103,6 +103,11 @@ def _dp_engine(transport: str | None) -> Any:
     return Engine(transports=[transport]) if transport else Engine()
 
 
+def _cpu_bound_limit(t_raw: float, t_hash: float) -> float:
+    """refhub / raw at best when the raw copy keeps every core busy: the hash adds t_hash / cores."""
+    return round(t_raw / (t_raw + t_hash / (os.cpu_count() or 1)), 3)
+
+
 def _cpu_s() -> float:
     """CPU seconds (user + system) this process has used, all threads."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
@@ -229,6 +234,7 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
         # CPU seconds of this process per timed run (pulling thread, executor workers, verify thread):
         # steadier than wall time on a shared machine, and what each path costs per byte
         cpu: dict[str, list] = {k: [] for k in ("raw_windowed", "raw_one_batch", "unverified", "refhub")}
+        fused: list[bool] = []
         for i in range(repeat + 1):
             # the order inside a round rotates, so no series always runs first (or right after another)
             order = ["raw_windowed", "raw_one_batch", "unverified", "refhub"]
@@ -251,6 +257,7 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
                         raise RuntimeError("refhub replicate did not verify checksums")
                     res[what] = total / dt / 1e9
                     res["refhub_s"], res["verify_s"], res["verify_wait_s"] = dt, st["verify_s"], st.get("verify_wait_s", 0.0)
+                    fused.append(bool(st.get("fused")))
                 if i:
                     cpu[what].append(run_cpu[0])
             if i == 0:
@@ -265,12 +272,28 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
                 C.checksum(t)
             hash_only.append(time.perf_counter() - t0)
         out["hash_only_s"] = hash_only
+        # the same hash over cache-hot data: every piece of FUSED_PIECE hashed right after it was read
+        # once (what a fused pull's lane does: it hashes each piece its copy just wrote), second pass timed
+        hash_hot = []
+        for _ in range(3):
+            spent = 0.0
+            for t in ts:
+                flat = t.reshape(-1).view(np.uint8)
+                for x in range(0, flat.nbytes, C.FUSED_PIECE):
+                    piece = flat[x:x + C.FUSED_PIECE]
+                    C.checksum(piece)
+                    t0 = time.perf_counter()
+                    C.checksum(piece)
+                    spent += time.perf_counter() - t0
+            hash_hot.append(spent)
+        out["hash_hot_s"] = hash_hot
         rails1 = _bytes_per_transport(eng)
         moved = {t: b - rails0.get(t, (0, 0))[0] for t, (b, _) in rails1.items() if b > rails0.get(t, (0, 0))[0]}
         failed = sum(e for _, e in rails1.values()) - sum(e for _, e in rails0.values())
         h.close()
         q.put({"ok": True, "total": total, "tensors": len(sizes), "stream_items": len(mine), "junk_rounds": seed[0],
-               "bytes_per_transport": moved, "failed_slices": failed, "cpu_s": cpu, **out})
+               "bytes_per_transport": moved, "failed_slices": failed, "cpu_s": cpu,
+               "fused": fused, **out})
     except Exception as exc:  # reported to the parent
         import traceback
 
@@ -325,6 +348,9 @@ def dataplane(size_mb: float = 1024, repeat: int = 5, tensors: int = 500, transp
         "verify_in_loop_s_median": round(med(res["verify_s"]), 4),
         "verify_wait_s_median": round(med(res["verify_wait_s"]), 4),
         "hash_only_s_median": round(med(res["hash_only_s"]), 4),
+        "hash_hot_s_median": round(med(res["hash_hot_s"]), 4),
+        # the verified runs hashed inside the copy (refhub's fused pull: each piece right after it landed)
+        "fused_copy_hash": all(res["fused"]),
         "raw_GBps_median": round(raw, 3),
         "raw_windowed_GBps_median": round(raw_w, 3),
         "raw_one_batch_GBps_median": round(raw_o, 3),
@@ -335,9 +361,12 @@ def dataplane(size_mb: float = 1024, repeat: int = 5, tensors: int = 500, transp
         "diagnostic_unverified_GBps_median": round(med(res["unverified"]), 3),
         "diagnostic_unverified_ratio": ratio_summary(res["unverified"], res["raw"])["median"],
         # when the raw copy keeps every core busy (the same-host copy runs on all of them), the receive-side
-        # hash can only take its share of the cores: refhub / raw cannot exceed this on this machine
-        "cpu_bound_ratio_limit": round((res["total"] / raw / 1e9) / ((res["total"] / raw / 1e9)
-                                       + med(res["hash_only_s"]) / (os.cpu_count() or 1)), 3),
+        # hash can only take its share of the cores: refhub / raw cannot exceed this on this machine. The
+        # hash costs what the verified runs paid for it: from cache when they hashed inside the copy
+        # (fused), else from memory (one pass over the landed bytes, after the copy)
+        "cpu_bound_ratio_limit": _cpu_bound_limit(res["total"] / raw / 1e9, med(res["hash_hot_s"] if all(res["fused"])
+                                                                               else res["hash_only_s"])),
+        "cpu_bound_ratio_limit_hash_from_memory": _cpu_bound_limit(res["total"] / raw / 1e9, med(res["hash_only_s"])),
         "publish_checksum_s": round(info["publish_checksum_s"] or 0.0, 4),
         # CPU seconds per GiB moved, the reader process (all its threads), median over rounds
         "cpu_s_per_GiB": {k: round(med(v) / (res["total"] / (1 << 30)), 4) for k, v in res["cpu_s"].items()},
