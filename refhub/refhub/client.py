@@ -17,9 +17,13 @@ ROUTER next to the engine) to copy a slice into a free staging slot, READs the s
 it. A receiving copy-mode tensor lands in a registered landing buffer and is copied into place.
 
 Verification: the publisher hashes every tensor once at publish (xxh3_64 when ``xxhash`` is
-installed, adler32 otherwise); a reader keeps a window of READ batches in flight and hashes each
-tensor as soon as the contiguous prefix covering it has arrived (while later batches are still on
-the wire), so end-to-end verification of every byte overlaps with the transfer.
+installed, adler32 otherwise); the reader hashes the bytes that landed in its own buffers and
+compares. Where the path copies a one-piece READ on the submitting thread (the same-host transport),
+one lane per core READs its tensors piece by piece and hashes each piece right after it landed,
+while it is still in that core's cache (fused copy + hash). Elsewhere (tcp) a reader keeps a window
+of READ batches in flight and hashes each large tensor batch by batch as its bytes arrive (streamed
+xxh3_64, worker lanes), the pack of tiny tensors once the prefix covers it, so end-to-end
+verification of every byte overlaps with the transfer.
 
 Device tensors (CUDA, NPU, the tests' simulated device; `refhub.device`): registered in place in
 direct mode (a reader's engine reaches them with a GPU-capable transport, or through the holder's
