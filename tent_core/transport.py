@@ -125,6 +125,10 @@ class Transport(abc.ABC):
     # thread, through the executor's optional submit_inline (executor_abi.h): no hand-off to a
     # worker, no wake-up on the critical path. 0 = never. Ignored when the executor lacks it.
     inline_bytes: int = 0
+    # One request of at most this many bytes run inline is complete when submit returns (the
+    # submitting thread copied it: a same-host copy), not merely sent; 0 = no such guarantee.
+    # Callers may then do work on the landed bytes right after submit, on the same core.
+    inline_completes_bytes: int = 0
 
     @abc.abstractmethod
     def probe(self) -> Availability:

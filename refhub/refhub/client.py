@@ -1546,12 +1546,16 @@ class ShardHandle:
             k0 += 1
         if k0 >= len(mine):
             return True
-        # probe: the first piece of the next tensor lands before submit returns (the path copies inline)
+        # probe: the first piece of the next tensor lands before submit returns: every route it took
+        # is a transport that copies such a piece on the submitting thread (a race of a fast network
+        # answer with this poll must not count)
         name, lb, loff, nb = mine[k0]
-        hdl = self._submit([(lb, loff, seg, ritems[k0][1], min(FUSED_PIECE, nb))], deadline)
+        piece = min(FUSED_PIECE, nb)
+        hdl = self._submit([(lb, loff, seg, ritems[k0][1], piece)], deadline)
         inline = hdl.poll() == "done"
         hdl.wait()
-        if not inline:
+        routes = hdl.routes() if inline and hasattr(hdl, "routes") else []
+        if not routes or not all(getattr(r.transport, "inline_completes_bytes", 0) >= piece for r in routes):
             return False
         todo = list(range(k0, len(mine)))
         n_lanes = max(1, len(ver.lanes) or 1)

@@ -307,6 +307,9 @@ def test_fused_pull_hashes_what_landed_in_the_destination(server, monkeypatch, w
         def cancel(self):
             return self.hdl.cancel()
 
+        def routes(self):
+            return self.hdl.routes()
+
         def wait(self, *a):
             out = self.hdl.wait(*a)
             if self.lo <= pos < self.lo + self.n and not hit:

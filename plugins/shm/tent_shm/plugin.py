@@ -666,6 +666,10 @@ class ShmTransport(Transport):
         self._lib = get_lib()
         ex_cfg = {"threads": int(cfg["threads"]), "chunk": int(cfg["chunk"]), "inline_budget": int(cfg["inline_budget"])}
         self.inline_bytes = max(0, int(cfg["inline_bytes"]))
+        # submit_inline copies one slice of at most one chunk on the caller's thread, reported before
+        # it returns (shm_executor.c); a longer one is shared with the workers
+        chunk = int(cfg["chunk"])
+        self.inline_completes_bytes = min(self.inline_bytes, chunk) if chunk > 0 else self.inline_bytes
         self._executor = self._lib.library.create(ex_cfg)
         # the server runs in every mode: peers verify who we are through it before any same-host path
         self._server = _ShmServer(
