@@ -613,6 +613,21 @@ class Result:
     stderr: str = ""
 
 
+KEPT_NOTE = "its table keeps the figures of an earlier series"
+
+
+def block_for(res: Result, existing: list[str], quick: bool) -> str | None:
+    """The new body of a step's block, or None to leave the document's block as it is.
+
+    A skipped step (opt-in, no root, a tool missing) never erases the figures an earlier series
+    wrote: its block stays, and its row in the machine block says so (the reason is amended here)."""
+    if res.status != "skipped":
+        return render_result(res, quick)
+    if res.step.name in existing:
+        res.reason = f"{res.reason}; {KEPT_NOTE}"
+    return None
+
+
 def skip_reason(step: Step, root: Path, is_root: bool, quick: bool, only: set[str] | None) -> str | None:
     if step.opt_in and not (only and step.name in only):
         return f"opt-in: run with --only {step.name}"
@@ -826,9 +841,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{i}/{len(selected)}] {step.name}: {' '.join(step.command(args.quick))}", file=sys.stderr, flush=True)
             res = run_step(step, root, args.quick, out_dir)
         print(f"[{i}/{len(selected)}] {step.name}: {res.status} {res.reason} ({res.seconds:.0f} s)", file=sys.stderr, flush=True)
+        block = block_for(res, blocks_in(doc_path.read_text()), args.quick)
+        if block is not None:
+            blocks[step.name] = block
         results.append(res)
-        if res.status != "skipped" or step.name in blocks_in(doc_path.read_text()):
-            blocks[step.name] = render_result(res, args.quick)  # a skipped step's reason is in the machine block
         # written after every step: an interrupted series keeps what it measured
         facts["load_end"] = os.getloadavg()
         blocks["machine"] = render_machine(facts, results, args.quick, time.monotonic() - t_start)

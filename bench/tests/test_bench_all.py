@@ -141,3 +141,17 @@ def test_burst_rendering_shows_every_n_and_judges_the_target():
     assert "**not met** (N=4 1.05x, N=6 1.20x)" in out
     data["rows"][2] = row(6, 1.08)
     assert "**met** (N=4 1.05x, N=6 1.08x)" in render_burst(json.dumps(data))
+
+
+def test_a_skipped_step_keeps_the_figures_of_an_earlier_series():
+    step = ba.Step("rdma", ["scripts/rdma-vm.sh"], opt_in=True)
+    reason = ba.skip_reason(step, ROOT, True, False, None)
+    assert reason and reason.startswith("opt-in")
+    res = ba.Result(step, "skipped", reason=reason)
+    assert ba.block_for(res, ["machine", "rdma"], False) is None  # the rdma table is not replaced
+    assert ba.KEPT_NOTE in res.reason  # and the machine block says whose figures those are
+    other = ba.Result(ba.Step("new-step", ["x"]), "skipped", reason="needs root")
+    assert ba.block_for(other, ["machine"], False) is None and other.reason == "needs root"
+    ran = ba.Result(ba.Step("tcp", ["x"]), "failed", reason="exit code 3", stderr="boom")
+    body = ba.block_for(ran, ["tcp"], False)
+    assert body is not None and "failed** (exit code 3" in body and "boom" in body
