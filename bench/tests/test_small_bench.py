@@ -10,7 +10,10 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from tent_bench import _bare, small
+
+from tent_core.errors import NoPathError
 
 KiB = 1024
 
@@ -145,15 +148,19 @@ def test_tent_bench_quick_sweeps_small_sizes_next_to_the_bare_limit() -> None:
     assert bad.returncode != 0 and "READ and/or WRITE" in bad.stderr
 
 
-def test_many_buffers_over_shm_memfd_reports_why_it_is_not_measured() -> None:
+def test_many_buffers_over_shm_runs_in_cma_mode_since_memfd_mode_refuses_plain_memory() -> None:
     """The target registers plain memory, which shm in memfd mode (the default) cannot map: the
-    engine refuses the first request with the reason (no retrying until a deadline) and the
-    scenario reports that reason as its row instead of a figure."""
-    rows = small.run(["many_buffers"], ["shm"], 1, 1 << 20, config={"transports": {"shm": {"mode": "memfd"}}})
-    assert len(rows) == 1 and rows[0]["transport"] == "shm"
-    reason = rows[0]["not_measured"]
-    assert "memfd mode" in reason and "engine.allocate()" in reason, reason
-    assert "| shm |  | not measured: no transport can reach" in small.markdown(rows)
+    engine refuses the first request with the reason (no retrying until a deadline); the scenario
+    therefore measures shm in CMA mode, which reaches any memory, and says so in its row."""
+    memfd = {"transports": {"shm": {"mode": "memfd"}}}
+    with pytest.raises(NoPathError) as refused:
+        small.many_buffers("shm", 1, count=4, few=2, many=8, config=memfd)
+    assert "memfd mode" in str(refused.value) and "engine.allocate()" in str(refused.value)
+    rows = small.run(["many_buffers"], ["shm"], 1, 1 << 20, config=memfd)
+    assert len(rows) == 1 and rows[0]["transport"] == "shm" and rows[0]["shm_mode"] == "cma"
+    assert "not_measured" not in rows[0] and rows[0]["few_us"] > 0 and rows[0]["many_us"] > 0
+    assert "| shm (cma) | 10 / 10000 |" in small.markdown(rows)
+    assert small.with_shm_mode(memfd, "cma") == {"transports": {"shm": {"mode": "cma"}}} and memfd["transports"]["shm"]["mode"] == "memfd"
 
 
 def test_many_buffers_over_shm_with_cma_is_measured() -> None:
