@@ -635,7 +635,67 @@ def markdown(rows: list[dict[str, Any]]) -> str:
          _range(r, "ratio"), f"{r['stream_gbps']:.2f}"] for r in sel("qos_tail")])  # fmt: skip
     table("submit() CPU time per call, 64 KiB, back to back (calling thread)", ["transport", "path", "CPU us per submit", "wall us"], [
         [r["transport"], r["variant"], _range(r, "cpu_us"), f"{r['wall_us']:.2f}"] for r in sel("submit_cost")])  # fmt: skip
+    verdicts = targets(rows)
+    if verdicts:
+        out += ["**Targets (issues 17 and 14), judged from the medians above**", ""] + [f"- {v}" for v in verdicts] + [""]
     return "\n".join(out)
+
+
+def _verdict(ok: bool) -> str:
+    return "**met**" if ok else "**not met**"
+
+
+def targets(rows: list[dict[str, Any]]) -> list[str]:
+    """Issue 17's and issue 14's small-request targets judged from the rows (medians of the rounds).
+
+    One line per target and row; the engine's two call forms (`submit().wait()` and `run()`) are
+    judged separately where both were timed, since applications use both."""
+    out: list[str] = []
+    for r in rows:
+        sc, where = r["scenario"], f"{r['transport']}" + (f" ({r['shm_mode']})" if "shm_mode" in r else "")
+        if "not_measured" in r:
+            out.append(f"{sc} {where}: not measured ({_first_sentence(r['not_measured'])})")
+            continue
+        if sc == "one_at_a_time" and r["transport"] == "shm" and r["block"] in (64 * KiB, 256 * KiB):
+            floor = 0.8 if r["block"] == 64 * KiB else 0.9
+            forms = [("submit().wait()", r.get("python_ratio")), ("run()", r.get("run_python_ratio"))]
+            forms = [(n, v) for n, v in forms if v is not None]
+            if not forms:  # no Python copy timed: judge against the C loop
+                forms = [("submit().wait()", r["ratio"]), ("run()", r.get("run_ratio", r["ratio"]))]
+            figs = ", ".join(f"{n} {v:.2f}x" for n, v in forms)
+            met = [v >= floor for _, v in forms]
+            word = "**met**" if all(met) else ("**met with run() only**" if len(met) > 1 and met[-1] else "**not met**")
+            out.append(f"shm {r['op']} {_size(r['block'])} one at a time >= {floor}x the bare copy: {word} ({figs})")
+        elif sc == "one_at_a_time" and r["transport"] == "tcp" and r["block"] in (64 * KiB, 256 * KiB):
+            floor = 2.5 if r["block"] == 64 * KiB else 6.0
+            best = max(r["tent_gbps"], r.get("run_gbps", 0.0))
+            out.append(f"tcp {r['op']} {_size(r['block'])} one at a time >= {floor} GB/s: {_verdict(best >= floor)} "
+                       f"({best:.2f} GB/s; the bare C loop moved {r['bare_gbps']:.2f} GB/s)")  # fmt: skip
+        elif sc == "batches":
+            floor = 12.0 if r["transport"] == "shm" else 4.0
+            out.append(f"{r['transport']} {r['op']} batches of {r['batch']} x {_size(r['block'])} >= {floor} GB/s: "
+                       f"{_verdict(r['tent_gbps'] >= floor)} ({r['tent_gbps']:.2f} GB/s)")  # fmt: skip
+        elif sc == "large":
+            out.append(f"shm {r['op']} {_size(r['block'])} one at a time >= 0.9x two polling threads copying 1 MiB "
+                       f"pieces: {_verdict(r['ratio'] >= 0.9)} ({r['ratio']:.2f}x)")  # fmt: skip
+        elif sc == "two_engines":
+            out.append(f"two engines in one process >= 0.8x two processes ({r['op']}): {_verdict(r['ratio'] >= 0.8)} "
+                       f"({r['ratio']:.2f}x)")  # fmt: skip
+        elif sc == "many_buffers":
+            out.append(f"{where}: a segment of {r['many']} buffers within 1.1x of {r['few']} for a 4 KiB READ: "
+                       f"{_verdict(r['ratio'] <= 1.1)} ({r['ratio']:.2f}x)")  # fmt: skip
+        elif sc == "qos_tail":
+            out.append(f"{where}: 64 KiB P99 under a 64 MiB stream within 3x of idle: {_verdict(r['ratio'] <= 3.0)} "
+                       f"({r['ratio']:.2f}x)")  # fmt: skip
+    return out
+
+
+def submit_target(runs: list[dict[str, Any]]) -> str:
+    """Issue 14's submit() target from `tent bench --submit-cost` runs: the median of their queued medians."""
+    q = sorted(float(r["queued_median_us"]) for r in runs)
+    med = float(np.median(q))
+    return (f"submit() queued median <= 2 us: {_verdict(med <= 2.0)} ({med:.2f} us, median of {len(q)} runs: "
+            + ", ".join(f"{x:.2f}" for x in q) + ")")
 
 
 def main(argv: list[str] | None = None) -> int:
