@@ -42,6 +42,7 @@ END = "<!-- bench-all:end {} -->"
 _BLOCK = re.compile(r"<!-- bench-all:begin (?P<name>[A-Za-z0-9_.-]+) -->\n(?P<body>.*?)<!-- bench-all:end (?P=name) -->",
                     re.S)  # fmt: skip
 EXTRA = "extra"  # the block at the end that holds the tables of steps the document has no block for
+TARGETS = "targets"  # the summary of every verdict in the document's other blocks
 
 Row = dict[str, Any]
 
@@ -52,6 +53,24 @@ Row = dict[str, Any]
 def blocks_in(doc: str) -> list[str]:
     """Names of the generated blocks of `doc`, in order."""
     return [m.group("name") for m in _BLOCK.finditer(doc)]
+
+
+def targets_summary(doc: str) -> str:
+    """One table of every target verdict (a line saying **met** or **not met**) found in the
+    document's generated blocks, in document order: what a reader checks first, always in step
+    with the tables since it is read from them (whichever series wrote each)."""
+    rows: list[list[str]] = []
+    for m in _BLOCK.finditer(doc):
+        name = m.group("name")
+        if name in ("machine", TARGETS, EXTRA):
+            continue
+        for ln in m.group("body").splitlines():
+            if "**met" in ln or "**not met" in ln:
+                rows.append([f"`{name}`", ln.strip().removeprefix("- ").strip()])
+    if not rows:
+        return "_No target verdicts in the generated blocks yet._"
+    met = sum("**not met" not in r[1] for r in rows)
+    return f"{met} of {len(rows)} verdicts met.\n\n" + table(["block", "verdict"], rows)
 
 
 def replace_blocks(doc: str, blocks: dict[str, str]) -> str:
@@ -419,6 +438,19 @@ def _ratio_target(text: str, baseline: str, floor: float, blocks: set[int] | Non
             + ("**met**" if not bad else "**not met** at " + ", ".join(bad)) + f" ({lo:.2f}-{hi:.2f}x)")  # fmt: skip
 
 
+def target_dataplane(text: str) -> str:
+    """refhub's verified replicate against the raw engine READs of the same bytes (issue 14: >= 0.9x)."""
+    d = parse_json_output(text)
+    if isinstance(d, list):
+        d = d[-1] if d else {}
+    ratio = d.get("ratio") if isinstance(d, dict) else None
+    if ratio is None:
+        return "Target >= 0.9x the raw engine: no ratio in the output"
+    limit = d.get("cpu_bound_ratio_limit")
+    why = f"; the CPU-bound limit computed for this run: {limit:.2f}x" if isinstance(limit, (int, float)) else ""
+    return f"Target >= 0.9x the raw engine (median of the per-round ratios): **{'met' if ratio >= 0.9 else 'not met'}** ({ratio:.2f}x{why})"
+
+
 def target_tail(text: str) -> str:
     d = parse_json_output(text)
     if not isinstance(d, dict) or "p99_over_p50" not in d:
@@ -558,9 +590,10 @@ def default_steps() -> list[Step]:
              render_path, target_path, needs_root=True),  # fmt: skip
         # refhub's benchmarks, as scripts/bench-refhub.sh runs them, one block per table
         Step("refhub-dataplane-shm", [REFHUB, "bench", "dataplane", "--json"],
-             [REFHUB, "bench", "dataplane", "--json", "--quick"], covers=REFHUB_SCRIPTS),  # fmt: skip
+             [REFHUB, "bench", "dataplane", "--json", "--quick"], target=target_dataplane, covers=REFHUB_SCRIPTS),  # fmt: skip
         Step("refhub-dataplane-tcp", [REFHUB, "bench", "dataplane", "--json", "--transport", "tcp"],
-             [REFHUB, "bench", "dataplane", "--json", "--transport", "tcp", "--quick"], covers=REFHUB_SCRIPTS),  # fmt: skip
+             [REFHUB, "bench", "dataplane", "--json", "--transport", "tcp", "--quick"], target=target_dataplane,
+             covers=REFHUB_SCRIPTS),  # fmt: skip
         Step("refhub-server", [REFHUB, "bench", "server-sweep", "--json"],
              [REFHUB, "bench", "server-sweep", "--json", "--quick"], covers=REFHUB_SCRIPTS, timeout_s=900),  # fmt: skip
         Step("refhub-burst", [REFHUB, "bench", "burst", "--json"], [REFHUB, "bench", "burst", "--json", "--quick"],
@@ -848,7 +881,10 @@ def main(argv: list[str] | None = None) -> int:
         # written after every step: an interrupted series keeps what it measured
         facts["load_end"] = os.getloadavg()
         blocks["machine"] = render_machine(facts, results, args.quick, time.monotonic() - t_start)
-        doc_path.write_text(replace_blocks(doc_path.read_text(), blocks))
+        text = replace_blocks(doc_path.read_text(), blocks)
+        if TARGETS in blocks_in(text):
+            text = replace_blocks(text, {TARGETS: targets_summary(text)})
+        doc_path.write_text(text)
     print(f"{doc_path} updated; raw outputs in {out_dir}", file=sys.stderr)
     return 0 if all(r.status in ("ok", "skipped") for r in results) else 1
 
