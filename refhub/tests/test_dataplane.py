@@ -330,3 +330,29 @@ def test_fused_pull_hashes_what_landed_in_the_destination(server, monkeypatch, w
     assert hit == [pos]
     r.close()
     p.close()
+
+
+def test_fused_pull_only_where_the_transport_copies_inline(server, monkeypatch) -> None:
+    """register()'d arrays are out of the same-host transport's reach (memfd mode): tcp carries them,
+    whose inline requests are sent, not complete, when submit returns: the windowed pull runs."""
+    monkeypatch.setattr(C, "FUSED_VERIFY", True)
+    sizes = [3 * MB + 5, 2 * MB, 7000]
+    src = _tensors(sizes, 8)
+    p = C.open("m", replica="pub", server=server)
+    for i, t in enumerate(src):
+        p.register(f"t{i}", t)
+    p.publish(1)
+    r = C.open("m", replica="rd", server=server)
+    dst = [np.zeros(n, np.uint8) for n in sizes]
+    for i, t in enumerate(dst):
+        r.register(f"t{i}", t)
+    for _ in range(3):  # not a race: decided from the transport, every time
+        assert r.replicate(1, timeout=30) == 1
+        assert r.stats["verified"] and not r.stats["fused"]
+        assert all((a == b).all() for a, b in zip(src, dst, strict=True))
+        r.unpublish()
+        for t in dst:
+            t[:] = 0
+    assert {x["transport"] for x in r.engine.rail_stats() if x["bytes"]} >= {"tcp"}
+    r.close()
+    p.close()
