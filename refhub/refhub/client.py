@@ -118,6 +118,7 @@ VERIFY_THREADS = int(os.environ.get("REFHUB_VERIFY_THREADS", "0"))  # hashing la
 # complete a piece inside submit (tcp: the answer comes later) keeps the windowed pull. 0: off.
 FUSED_VERIFY = os.environ.get("REFHUB_FUSED_VERIFY", "1") != "0"
 FUSED_PIECE = int(float(os.environ.get("REFHUB_FUSED_PIECE_KB", "1024")) * 1024)  # <= the shm executor's chunk
+FUSED_MAX_SHARE = 4  # fused only if no large tensor exceeds 1/(this x lanes) of the large bytes
 # Reading a partial copy, every batch also reads the source's progress word (into its own slot): each
 # completion brings a fresh view of what the source holds, without a blocking round trip that would
 # queue behind the batches on the wire and stall this reader's own progress (and its readers' after it).
@@ -1535,6 +1536,12 @@ class ShardHandle:
         got: the windowed pull goes on from there). Progress advances tensor by tensor, contiguously."""
         seg, ritems = ref["seg"], ref["items"]
         k0 = starts.index(st["done"])
+        n_lanes = max(1, len(ver.lanes) or 1)
+        large = [m[3] for m in mine[k0:] if m[0] != "__pack__"]
+        # a tensor is copied and hashed by one lane, in order: one much larger than a lane's share
+        # would leave the other cores idle while it finishes (the windowed pull spreads it over all)
+        if large and max(large) * FUSED_MAX_SHARE * n_lanes > sum(large):
+            return False
         if mine[k0][0] == "__pack__":
             name, lb, loff, nb = mine[k0]
             reqs = [(lb, loff + c, seg, ritems[k0][1] + c, min(CHUNK, nb - c)) for c in range(0, nb, CHUNK)]
@@ -1558,16 +1565,20 @@ class ShardHandle:
         if not routes or not all(getattr(r.transport, "inline_completes_bytes", 0) >= piece for r in routes):
             return False
         todo = list(range(k0, len(mine)))
-        n_lanes = max(1, len(ver.lanes) or 1)
+        claim = iter(todo)  # lanes take the next tensor in stream order (the prefix advances evenly)
         landed = [False] * len(mine)
         cv = threading.Condition()
         stop = threading.Event()
         errors: list[BaseException] = []
 
-        def lane(ks: list[int]) -> None:
+        def lane(w: int) -> None:
             t_lane = time.perf_counter()
             try:
-                for k in ks:
+                while True:
+                    with cv:
+                        k = next(claim, -1)
+                    if k < 0:
+                        return
                     name, lb, loff, nb = mine[k]
                     sh = StreamHash(ver.exp[name], _xxhash)  # type: ignore[index]
                     flat = self.items[name].arr.reshape(-1).view(np.uint8)  # type: ignore[union-attr]
@@ -1591,9 +1602,9 @@ class ShardHandle:
                     stop.set()
                     cv.notify()
             finally:
-                ver.lane_s[ks[0] % len(ver.lane_s)] += time.perf_counter() - t_lane
+                ver.lane_s[w % len(ver.lane_s)] += time.perf_counter() - t_lane
 
-        threads = [threading.Thread(target=lane, args=(todo[i::n_lanes],), name="refhub-fused", daemon=True)
+        threads = [threading.Thread(target=lane, args=(i,), name="refhub-fused", daemon=True)
                    for i in range(min(n_lanes, len(todo)))]
         for t in threads:
             t.start()

@@ -236,6 +236,14 @@ def test_streamed_verify_in_a_real_pull_rejects_a_mutated_source(server, small_b
     p.close()
 
 
+@pytest.fixture
+def fused_lanes(monkeypatch):
+    """Two lanes on any machine, and small shards may take the fused pull (the production guard keeps
+    a tensor larger than 1/(4 x lanes) of the shard on the windowed pull; tested on its own below)."""
+    monkeypatch.setattr(C, "VERIFY_THREADS", 2)
+    monkeypatch.setattr(C, "FUSED_MAX_SHARE", 1)
+
+
 def _engine_memory_pair(server, sizes, seed):
     """A publisher and a reader whose tensors are engine memory (the same-host transport reaches it
     and copies a piece on the submitting thread: the fused pull's path)."""
@@ -257,7 +265,7 @@ FUSED_SIZES = [6 * MB + 7, 3 * MB, 1000, 5000, 2 * MB, 9 * MB - 1]
 
 
 @pytest.mark.parametrize("fused,threaded", [(True, True), (True, False), (False, True)])
-def test_fused_pull_moves_and_verifies_every_byte(server, monkeypatch, fused, threaded) -> None:
+def test_fused_pull_moves_and_verifies_every_byte(server, monkeypatch, fused_lanes, fused, threaded) -> None:
     if C._xxhash is None:
         pytest.skip("the fused pull streams xxh3_64")
     monkeypatch.setattr(C, "FUSED_VERIFY", fused)
@@ -271,7 +279,7 @@ def test_fused_pull_moves_and_verifies_every_byte(server, monkeypatch, fused, th
     p.close()
 
 
-def test_fused_pull_rejects_a_mutated_source(server, monkeypatch) -> None:
+def test_fused_pull_rejects_a_mutated_source(server, monkeypatch, fused_lanes) -> None:
     if C._xxhash is None:
         pytest.skip("the fused pull streams xxh3_64")
     monkeypatch.setattr(C, "FUSED_VERIFY", True)
@@ -285,7 +293,7 @@ def test_fused_pull_rejects_a_mutated_source(server, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("where", ["probe_piece", "middle_piece", "last_byte"])
-def test_fused_pull_hashes_what_landed_in_the_destination(server, monkeypatch, where) -> None:
+def test_fused_pull_hashes_what_landed_in_the_destination(server, monkeypatch, fused_lanes, where) -> None:
     """The fused lanes hash the receiver's own buffer after each piece landed: a byte that landed
     wrong (changed in the destination right after the READ completed) fails the replicate."""
     if C._xxhash is None:
@@ -354,5 +362,18 @@ def test_fused_pull_only_where_the_transport_copies_inline(server, monkeypatch) 
         for t in dst:
             t[:] = 0
     assert {x["transport"] for x in r.engine.rail_stats() if x["bytes"]} >= {"tcp"}
+    r.close()
+    p.close()
+
+
+def test_one_dominant_tensor_keeps_the_windowed_pull(server, monkeypatch) -> None:
+    """A tensor is copied and hashed by one lane: one holding most of the shard would leave the other
+    cores idle, so such a shard takes the windowed pull (its batches use every core); still verified."""
+    monkeypatch.setattr(C, "FUSED_VERIFY", True)
+    monkeypatch.setattr(C, "VERIFY_THREADS", 2)
+    p, r, src, dst = _engine_memory_pair(server, [12 * MB, 2 * MB + 1, 3000], 9)
+    assert r.replicate(1, timeout=30) == 1
+    assert r.stats["verified"] and not r.stats["fused"]
+    assert all((a == b).all() for a, b in zip(src, dst, strict=True))
     r.close()
     p.close()
