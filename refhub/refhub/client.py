@@ -65,6 +65,7 @@ from tent_core.ratelog import RateLimitedLog
 
 from .device import DeviceView, StreamHash, checksum_entry, device_view, wsum64_bytes
 from .server import client_auth
+from .window import RequestDelay
 
 log = logging.getLogger("refhub.client")
 _rlog = RateLimitedLog(log)
@@ -97,7 +98,7 @@ INFLIGHT_S = float(os.environ.get("REFHUB_INFLIGHT_S", "0.05"))
 # round trips of a tiny read (a long link's bandwidth-delay product) and PARTIAL_MIN_WINDOW.
 PARTIAL_INFLIGHT_S = float(os.environ.get("REFHUB_PARTIAL_INFLIGHT_S", str(INFLIGHT_S)))
 RTT_WINDOWS = 3
-PARTIAL_MIN_WINDOW = 2 * MB
+PARTIAL_MIN_WINDOW = int(float(os.environ.get("REFHUB_PARTIAL_MIN_WINDOW_MB", "2")) * MB)
 MAX_INFLIGHT = 1 << 30  # bytes in flight at most
 # the receive-side checksums run in a worker thread (xxhash releases the GIL) while this thread keeps the
 # window of READs full; 0: inline, between batches
@@ -1307,7 +1308,10 @@ class ShardHandle:
                       "starved_s": round(st.get("starved_s", 0.0), 4),  # waiting for a partial source's next bytes
                       # from the start of the pull to its first landed batch (how far a pipeline hop starts late)
                       "first_s": round(st["first_t"] - t0, 4) if "first_t" in st else None,
-                      "verified": cks is not None, "device_checksums": ver.device_checks}
+                      "verified": cks is not None, "device_checksums": ver.device_checks,
+                      # what the link waited for this reader's requests, per batch: mean, largest (refhub.window)
+                      "request_delay_s": [round(st["delay"].mean_s, 4), round(st["delay"].max_s, 4)] if "delay" in st
+                      else None}
 
     def _pull_from(self, v: int, src: dict, mine: list, total: int, ver: _Verifier, st: dict, deadline: float) -> None:
         """Windowed READs of [st["done"], total) from one source: up to WINDOW batches in flight; each
@@ -1336,6 +1340,7 @@ class ShardHandle:
         batch_bytes = min(MIN_BATCH, CHUNK, BATCH) if not partial else PARTIAL_MIN_BATCH
         window = WINDOW * batch_bytes
         rtt = 0.0  # the fastest tiny read of the source's progress word (reading a partial copy)
+        st["delay"] = RequestDelay()  # what the link waited for our requests (stats; refhub.window)
 
         def adapt() -> None:
             # keep about INFLIGHT_S seconds of the measured rate on the wire (every batch must finish
@@ -1343,7 +1348,7 @@ class ShardHandle:
             # only PARTIAL_INFLIGHT_S, or a few round trips (what is in flight is bounded by what the
             # source holds anyway)
             nonlocal batch_bytes, window
-            rate = (st["done"] - done0) / max(1e-6, time.monotonic() - t_start)
+            rate = st["rate"] = (st["done"] - done0) / max(1e-6, time.monotonic() - t_start)
             if partial:
                 if not thr:
                     batch_bytes = max(PARTIAL_MIN_BATCH, min(BATCH, int(rate * PARTIAL_BATCH_S)))
@@ -1400,7 +1405,8 @@ class ShardHandle:
                             reqs.append((self._scratch, 8 * slot, seg, ref["progress"], 8))
                         if thr:
                             time.sleep(max(0.0, t_thr + (end - base) / thr - time.monotonic()))
-                        inflight.append((end, self._submit(reqs, deadline), slot))
+                        # its round trip less what was queued ahead of it: the request delay (refhub.window)
+                        inflight.append((end, self._submit(reqs, deadline), slot, time.monotonic(), end - st["done"]))
                         st["batches"] += 1
                         issued = end
                         sleep = 0.0005
@@ -1419,7 +1425,7 @@ class ShardHandle:
                 st["starved_s"] = st.get("starved_s", 0.0) + sleep
                 sleep = min(sleep * 2, 0.005)  # how late this hop of a chain may notice the first bytes
         finally:
-            for _, hdl, _ in inflight:  # an error or a re-route: stop what is still on the wire
+            for _, hdl, *_ in inflight:  # an error or a re-route: stop what is still on the wire
                 hdl.cancel()
                 try:
                     hdl.wait(2.0)
@@ -1429,11 +1435,14 @@ class ShardHandle:
     def _complete_oldest(self, v: int, inflight: Any, st: dict, ver: _Verifier) -> int:
         """Wait for the oldest batch in flight, publish our progress, verify what it completed; returns
         the source's progress the batch read along (0: none, or not of version v)."""
-        end, hdl, slot = inflight[0]
+        end, hdl, slot, t_sub, queued = inflight[0]
         hdl.wait()
         inflight.popleft()
+        now = time.monotonic()
         if "first_t" not in st:
-            st["first_t"] = time.monotonic()
+            st["first_t"] = now
+        if st.get("rate"):
+            st["delay"].observe(now - t_sub, queued, st["rate"])
         st["done"] = end
         self._set_progress(v, end)
         ver.advance(end)
