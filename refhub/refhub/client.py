@@ -81,22 +81,25 @@ BATCH_S = float(os.environ.get("REFHUB_BATCH_S", "0.02"))  # ... and about this 
 # batches, four times as many, made a 6-hop chain slower on a loaded 2-core host: docs/benchmarks.md)
 MIN_BATCH = MB
 # Reading a partial copy: batches of about PARTIAL_BATCH_S of the measured rate (>= PARTIAL_MIN_BATCH)
-PARTIAL_BATCH_S = 0.005
+PARTIAL_BATCH_S = float(os.environ.get("REFHUB_PARTIAL_BATCH_S", "0.005"))
 PARTIAL_MIN_BATCH = 256 << 10
 WINDOW = int(os.environ.get("REFHUB_WINDOW", "2"))  # batches in flight at least (the oldest is verified meanwhile)
-# ... and up to this many seconds of measured rate. What a reader keeps in flight waits in the queues of the
-# source's uplink, and its progress word (what readers of its partial copy see) trails its bytes by that
-# much: with 0.5 s, each hop of a pipeline chain on a 500 Mbit/s link trailed the one before by ~0.4 s.
-INFLIGHT_S = float(os.environ.get("REFHUB_INFLIGHT_S", "0.05"))
+# ... and up to this many seconds of measured rate, reading a complete copy. Its round trips are short (the
+# request delay measured on the burst testbed: 2-7 ms mean per batch, refhub.window), but its own process is
+# descheduled now and then (largest request delays 30-60 ms on a loaded 2-core host) and the source's link
+# idles once the window has drained: at 50 ms the publisher's reader of a 6-hop chain took 1.26 s where
+# one alone took 1.15 s, at 120 ms 1.17 s (interleaved; docs/benchmarks.md, "Burst"). What is in flight
+# queues on the source's uplink only, so it delays no other hop of a chain (with 0.5 s for every reader,
+# partial ones included, each hop trailed the one before by ~0.4 s: see PARTIAL_INFLIGHT_S).
+INFLIGHT_S = float(os.environ.get("REFHUB_INFLIGHT_S", "0.12"))
 # Reading a partial copy, a reader learns what its source holds from the progress word its batches read
 # along, a word as old as what it has in flight (the batch queued behind it on the source's uplink); and it
 # issues only what the source held: so each hop of a chain trails the one before by about twice its
-# in-flight time plus the source's batch. But its read requests queue on the source's downlink behind
-# what the source itself has in flight (INFLIGHT_S when it reads a complete copy), so a partial reader
-# needs at least that much in flight to keep its own link busy: with 10 ms against its source's 50 ms,
-# the second hop of a chain trailed by 0.25-0.5 s. PARTIAL_INFLIGHT_S of its rate, at least RTT_WINDOWS
-# round trips of a tiny read (a long link's bandwidth-delay product) and PARTIAL_MIN_WINDOW.
-PARTIAL_INFLIGHT_S = float(os.environ.get("REFHUB_PARTIAL_INFLIGHT_S", str(INFLIGHT_S)))
+# in-flight time plus the source's batch (100 ms instead of 50: each later hop trailed by 0.09-0.13 s
+# instead of 0.05). But a partial reader needs enough in flight to keep its own link busy: with 10 ms, the
+# second hop of a chain trailed by 0.25-0.5 s. PARTIAL_INFLIGHT_S of its rate, at least RTT_WINDOWS round
+# trips of a tiny read (a long link's bandwidth-delay product) and PARTIAL_MIN_WINDOW.
+PARTIAL_INFLIGHT_S = float(os.environ.get("REFHUB_PARTIAL_INFLIGHT_S", "0.05"))
 RTT_WINDOWS = 3
 PARTIAL_MIN_WINDOW = int(float(os.environ.get("REFHUB_PARTIAL_MIN_WINDOW_MB", "2")) * MB)
 MAX_INFLIGHT = 1 << 30  # bytes in flight at most

@@ -8,9 +8,9 @@ the mean per-receiver time, its ratio to N=1, the first hop's time (the receiver
 publisher) and each later hop's lag behind its source (the difference of their end times: the
 nodes share one kernel, so their monotonic clocks agree); and per position along the chain
 (``chain``: depth 1 reads the publisher, depth 2 reads depth 1, ...) the medians of its time, its
-lag, the time it waited for its source's next bytes (``starved_s``), and the mean request delay its
-batches saw (``request_delay_s``: what the link waited for its requests; refhub.window). Every copy
-is verified.
+lag, the time it waited for its source's next bytes (``starved_s``), and the mean and largest request
+delay its batches saw (``request_delay_s``, ``request_delay_max_s``: what the link waited for its
+requests; refhub.window). Every copy is verified.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def chain(out: list[dict]) -> list[dict]:
                 rd = x.get("request_delay_s")
                 hops.append({"depth": depth, "name": name, "source": src, "secs": x["secs"],
                              "lag_s": x["t_end"] - ends[src] if src in ends else None,
-                             "starved_s": x.get("starved_s"), "request_delay_s": rd[0] if rd else None})
+                             "starved_s": x.get("starved_s"), "request_delay_s": rd[0] if rd else None,
+                             "request_delay_max_s": rd[1] if rd else None})
                 nxt.append(name)
         level, depth = nxt, depth + 1
     return hops
@@ -70,7 +71,7 @@ def _by_depth(rounds: list[list[dict]]) -> list[dict]:
     for d in sorted({h["depth"] for r in rounds for h in r}):
         hs = [h for r in rounds for h in r if h["depth"] == d]
         row: dict[str, Any] = {"depth": d, "hops": len(hs)}
-        for k in ("secs", "lag_s", "starved_s", "request_delay_s"):
+        for k in ("secs", "lag_s", "starved_s", "request_delay_s", "request_delay_max_s"):
             vals = [h[k] for h in hs if h[k] is not None]
             row[k] = round(statistics.median(vals), 3) if vals else None
         out.append(row)
