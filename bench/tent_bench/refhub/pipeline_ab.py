@@ -29,6 +29,7 @@ from . import net
 
 DEFAULT_CONFS = {
     "default": {},
+    "inflight_50ms": {"REFHUB_INFLIGHT_S": "0.05"},  # the complete copy's reader as before issue 14's burst track
     "small_windows": {"REFHUB_BATCH_S": "0.005", "REFHUB_INFLIGHT_S": "0.025", "REFHUB_PARTIAL_INFLIGHT_S": "0.03"},
 }
 
