@@ -218,6 +218,20 @@ class BatchHandle(_native.Batch):
                     with peer.lock:
                         peer.liveness.on_deadline(now)
 
+    def silent_for(self, now: float | None = None) -> float:
+        """Seconds this unfinished batch has been waiting on a peer every path to which has failed
+        (an ongoing outage: the peer stopped, or its links are cut); 0.0 while its paths work.
+
+        The batch itself keeps waiting until its deadline, since a peer that comes back in time
+        loses nothing; an application that has another source for the same bytes can ask this
+        while it waits, cancel the batch and go elsewhere much sooner (refhub does)."""
+        if self.remaining == 0:
+            return 0.0
+        outage = self._current_outage()
+        if outage is None:
+            return 0.0
+        return max(0.0, (time.monotonic() if now is None else now) - outage.since)
+
     def _current_outage(self) -> Any:
         """The ongoing outage of a peer this batch waited on (its own record first), or None."""
         own = self.outage

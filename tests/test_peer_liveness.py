@@ -18,7 +18,16 @@ import numpy as np
 import pytest
 from peers import Peer, sha
 
-from tent_core import READ, WRITE, DeadlineExceededError, Engine, PeerSilentError, PeerUnreachableError, Request
+from tent_core import (
+    READ,
+    WRITE,
+    CancelledError,
+    DeadlineExceededError,
+    Engine,
+    PeerSilentError,
+    PeerUnreachableError,
+    Request,
+)
 from tent_core.abi import Status
 from tent_core.config import PeerConfig
 from tent_core.liveness import CheckResult, PeerLiveness, PeerState
@@ -295,4 +304,29 @@ def test_a_short_deadline_does_not_fail_a_long_one_on_a_silent_peer():
             assert np.array_equal(long_.array, pattern(16 << 20, seed=1)[8 << 20 :])
     finally:
         peer.cont()
+        peer.close()
+
+
+def test_a_waiting_batch_says_how_long_its_peer_has_been_silent():
+    """`BatchHandle.silent_for()`: 0 while the paths work; once a stopped peer's paths have all
+    failed, how long the outage has lasted (an application with another source cancels there)."""
+    peer = Peer(size=16 << 20, config={"transports": {"tcp": RAILS2}})
+    try:
+        with Engine({"transports": {"tcp": RAILS2}}, transports=["tcp"]) as eng:
+            local = eng.allocate(16 << 20)
+            ok = eng.submit([Request(READ, local, 0, peer.seg("ro"), 0, 1 << 20)], deadline=10.0)
+            assert ok.wait(10.0) and ok.silent_for() == 0.0
+            peer.stop()
+            h = eng.submit([Request(READ, local, 0, peer.seg("ro"), 0, 16 << 20)], deadline=30.0)
+            t0, seen = time.monotonic(), 0.0
+            while seen < 0.5:  # the stall is cut, the paths fail, the outage begins and grows
+                assert time.monotonic() - t0 < 20.0, "the outage of a stopped peer was never reported"
+                assert not h.wait(0.05)
+                seen = h.silent_for()
+            assert time.monotonic() - t0 >= seen  # not longer than the batch has waited
+            h.cancel()
+            with pytest.raises(CancelledError):
+                h.wait(10.0)
+    finally:
+        peer.proc.send_signal(signal.SIGCONT)
         peer.close()

@@ -57,6 +57,8 @@ def test_failover_masks_a_failed_pipeline_source_loud_or_silent() -> None:
         assert row["B_data_ok"], (how, row)
         # B was reading A's partial copy and finished from the publisher
         assert row["B_started_on_A"] and ["publisher", False] in row["B_sources"][1:], (how, row)
-        # no hang: recovery is bounded by the failure-detection timeouts, not by a time budget
-        # (how long it takes is a benchmark figure, docs/benchmarks.md, not a test)
-        assert res["extra_s"][how] < 30.0, res
+        # no hang: recovery is bounded by the failure detection, not by a time budget (how long it
+        # takes is a benchmark figure, docs/benchmarks.md, not a test). A silent A in particular is
+        # given up on its silence (REFHUB_SOURCE_SILENCE_S, after the engine cut the stalled slices:
+        # ~1-2 s), never by waiting out a pull batch's 10 s engine deadline, which once happened
+        assert res["extra_s"][how] < 8.0, res

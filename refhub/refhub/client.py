@@ -107,6 +107,13 @@ PARTIAL_INFLIGHT_S = float(os.environ.get("REFHUB_PARTIAL_INFLIGHT_S", "0.05"))
 RTT_WINDOWS = 3
 PARTIAL_MIN_WINDOW = int(float(os.environ.get("REFHUB_PARTIAL_MIN_WINDOW_MB", "2")) * MB)
 MAX_INFLIGHT = 1 << 30  # bytes in flight at most
+# A source whose every path has failed (stopped, or its links cut) is given up after this much silence
+# and the bytes are read from another copy. The engine itself keeps such a request waiting until its
+# deadline (a peer that comes back in time loses nothing), which for a pull is up to 10 s; refhub has
+# other copies, so it asks each batch how long its peer has been silent while it waits
+# (BatchHandle.silent_for). Silence starts once the engine has cut the stalled slices (~0.3-0.5 s).
+SOURCE_SILENCE_S = float(os.environ.get("REFHUB_SOURCE_SILENCE_S", "0.5"))
+SILENCE_POLL_S = 0.05  # how often a waiting pull asks
 # the receive-side checksums run in a worker thread (xxhash releases the GIL) while this thread keeps the
 # window of READs full; 0: inline, between batches
 VERIFY_THREAD = os.environ.get("REFHUB_VERIFY_THREAD", "1") != "0"
@@ -660,6 +667,16 @@ def _matches_bytes(data: np.ndarray, expected: Any) -> bool:
 
 class _SourceFailed(RuntimeError):
     """A source stopped answering stage requests (or refused them): re-route like an I/O error."""
+
+
+def _wait_source(hdl: Any) -> None:
+    """Wait for a batch reading from a source; a source silent for SOURCE_SILENCE_S fails it (the
+    batch is cancelled and the pull goes on from another copy) instead of waiting out its deadline."""
+    while not hdl.wait(SILENCE_POLL_S):
+        silent = hdl.silent_for() if hasattr(hdl, "silent_for") else 0.0
+        if silent >= SOURCE_SILENCE_S:
+            hdl.cancel()
+            raise _SourceFailed(f"source silent for {silent:.2f}s (every path to it failed)")
 
 
 class _Reroute(Exception):
@@ -1362,7 +1379,7 @@ class ShardHandle:
                 self.engine.refresh_peer(reqs[0][2].partition("/")[0])
 
     def _read(self, reqs: list, deadline: float) -> None:
-        self._submit(reqs, deadline).wait()
+        _wait_source(self._submit(reqs, deadline))
 
     def _pull(self, v: int, src: dict, cks: list | None, deadline: float) -> None:
         t0 = time.monotonic()
@@ -1569,7 +1586,7 @@ class ShardHandle:
         piece = min(FUSED_PIECE, nb)
         hdl = self._submit([(lb, loff, seg, ritems[k0][1], piece)], deadline)
         inline = hdl.poll() == "done"
-        hdl.wait()
+        _wait_source(hdl)
         routes = hdl.routes() if inline and hasattr(hdl, "routes") else []
         if not routes or not all(getattr(r.transport, "inline_completes_bytes", 0) >= piece for r in routes):
             return False
@@ -1598,7 +1615,7 @@ class ShardHandle:
                         if stop.is_set():
                             return
                         m = min(FUSED_PIECE, nb - c)
-                        self._submit([(lb, loff + c, seg, ritems[k][1] + c, m)], deadline).wait()
+                        _wait_source(self._submit([(lb, loff + c, seg, ritems[k][1] + c, m)], deadline))
                         sh.update(flat[c:c + m])
                     if sh.n != nb or sh.digest() != ver.exp[name]:  # type: ignore[index]
                         raise ChecksumError("checksum", f"v{v} shard {self.shard}: end-to-end checksum mismatch in {name!r}")
@@ -1651,7 +1668,7 @@ class ShardHandle:
         """Wait for the oldest batch in flight, publish our progress, verify what it completed; returns
         the source's progress the batch read along (0: none, or not of version v)."""
         end, hdl, slot, t_sub, queued = inflight[0]
-        hdl.wait()
+        _wait_source(hdl)
         inflight.popleft()
         now = time.monotonic()
         if "first_t" not in st:
