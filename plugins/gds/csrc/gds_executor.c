@@ -14,6 +14,12 @@
  * Slices are split into `chunk`-sized work items (default 1 MiB) taken by `threads` workers
  * from one FIFO; the last finished chunk reports the slice exactly once (first error wins).
  *
+ * Buffered WRITEs where the filesystem cannot write without blocking (pwritev2 with RWF_NOWAIT
+ * fails with EOPNOTSUPP: ext4, among others) are written by the io_uring worker itself with
+ * pwrite: io_uring would hand each of them to its io-wq kernel thread, one more thread hop per
+ * piece, and serialize them per file there anyway (measured: 1 MiB WRITEs 1.4x faster). The
+ * first buffered WRITE to a file tries RWF_NOWAIT and remembers the answer for the file.
+ *
  * O_DIRECT: with config direct=1 the plugin opens a second O_DIRECT fd per file. A chunk
  * whose memory address and file offset are 4096-aligned goes through it for its
  * 4096-multiple prefix; the rest (unaligned chunks, tails, short-read continuations)
@@ -62,6 +68,9 @@
  *   int32_t  tent_gds_gpu_add(void *ex, uint64_t base, uint64_t length, char *err, uint64_t errlen);
  *   int32_t  tent_gds_gpu_remove(void *ex, uint64_t base);
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* pwritev2, RWF_NOWAIT */
+#endif
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -75,6 +84,7 @@
 #include <sys/mman.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -94,6 +104,9 @@
 #define CUFILE_OFF 0
 #define CUFILE_AUTO 1
 #define CUFILE_ON 2
+#ifndef RWF_NOWAIT
+#define RWF_NOWAIT 0x00000008
+#endif
 
 /* ---------------------------------------------------------------- cuFile (runtime-loaded) */
 /* The few declarations of cufile.h / cuda.h used here (layouts as in cuFile 1.x, CUDA 11-13). */
@@ -238,6 +251,9 @@ typedef struct gfile {
   uint64_t base, len;
   int fd, dfd; /* dfd: O_DIRECT fd or -1 */
   int writable;
+  /* buffered writes without blocking (RWF_NOWAIT): -1 not known yet, 0 refused by the filesystem
+   * (the worker writes itself), 1 supported (through the ring, which completes them inline) */
+  atomic_int nowait_write;
   pthread_mutex_t cf_mu;
   void *cfh; /* cuFile handle, made on the first GPU I/O */
   int cf_err; /* cuFileHandleRegister's error, once it failed (not retried) */
@@ -802,6 +818,46 @@ static void *worker_sync(void *arg) {
 }
 
 /* ---------------------------------------------------------------- io_uring engine */
+/* A buffered WRITE the filesystem cannot do without blocking is written here, on the worker, with
+ * pwrite (see the header: io_uring would run it on its io-wq thread). The file's first buffered
+ * WRITE tries RWF_NOWAIT to learn which kind it is. Returns 1 when the io is done (*st set), 0
+ * when it goes through the ring (the filesystem writes without blocking; part of it may be done). */
+static int write_on_worker(executor_t *ex, io_t *io, int *st) {
+  gfile_t *f = io->file;
+  int kind = atomic_load_explicit(&f->nowait_write, memory_order_relaxed);
+  if (io->job->s.opcode != TENT_OP_WRITE || io->direct_ok || kind == 1) return 0;
+  for (;;) {
+    int fd;
+    char *mem;
+    uint64_t off, len;
+    io_next(ex, io, &fd, &mem, &off, &len);
+    ssize_t n;
+    if (kind < 0) {
+      struct iovec v = {mem, len};
+      n = pwritev2(fd, &v, 1, (off_t)off, RWF_NOWAIT);
+      if (n < 0 && (errno == EOPNOTSUPP || errno == ENOSYS)) { /* ext4's buffered writes, or an old kernel */
+        atomic_store(&f->nowait_write, 0);
+        kind = 0;
+        continue;
+      }
+      if (n < 0 && errno == EAGAIN) { /* supported; this one would block: the ring takes it */
+        atomic_store(&f->nowait_write, 1);
+        return 0;
+      }
+      if (n >= 0) {
+        atomic_store(&f->nowait_write, 1);
+        kind = 1;
+      }
+    } else {
+      n = pwrite(fd, mem, len, (off_t)off);
+    }
+    atomic_fetch_add(&ex->st_sync_ios, 1);
+    int64_t res = n < 0 ? -(int64_t)errno : (int64_t)n;
+    if (!io_advance(ex, io, res, st)) return 1;
+    if (kind == 1) return 0; /* the rest through the ring */
+  }
+}
+
 static int uring_queue(worker_t *wk, io_t *io) {
   int fd;
   char *mem;
@@ -837,6 +893,11 @@ static void *worker_uring(void *arg) {
       }
       if (io->gpu) { /* cuFile calls block: run them here, between ring submissions */
         io_done(ex, io, run_gpu(ex, io));
+        continue;
+      }
+      int wst = TENT_OK;
+      if (write_on_worker(ex, io, &wst)) {
+        io_done(ex, io, wst);
         continue;
       }
       wk->nfree--;
@@ -1138,6 +1199,7 @@ EXPORT int32_t tent_gds_file_add(void *self, uint64_t h, uint64_t base, uint64_t
     return f ? -EINVAL : -ENOMEM;
   }
   atomic_init(&f->refs, 1);
+  atomic_init(&f->nowait_write, -1);
   pthread_mutex_init(&f->cf_mu, NULL);
   f->base = base;
   f->len = len;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import select
@@ -282,6 +283,70 @@ def test_cancelled(tr: GdsTransport, tmp_path: Path) -> None:
     assert _native.submit_one(ex.ops, ex.handle, b, READ, dst.ctypes.data, BASE, 1 << 20, h, 0, 1, 0) == 0
     assert b.wait(10) and b.error == E_CANCELLED
     assert not dst.any()
+
+
+# ------------------------------------------------------------------ buffered writes
+def _nowait_writes(directory: Path) -> bool:
+    """The kernel's own answer: can a buffered write to a file in `directory` go without blocking
+    (pwritev2 with RWF_NOWAIT)? ext4 says no (EOPNOTSUPP), tmpfs and XFS say yes."""
+    probe = directory / "nowait-probe.bin"
+    fd = os.open(probe, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, b"\0" * 4096)
+        try:
+            os.pwritev(fd, [b"\1" * 4096], 0, os.RWF_NOWAIT)
+        except OSError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS):
+                return False
+            if exc.errno != errno.EAGAIN:
+                raise
+        return True
+    finally:
+        os.close(fd)
+        probe.unlink()
+
+
+@pytest.mark.skipif(not URING_OK, reason="io_uring unusable here")
+@pytest.mark.parametrize("where", ["tmp_path", "/dev/shm"])
+def test_uring_buffered_writes_the_filesystem_would_block_run_on_the_worker(where: str, tmp_path: Path) -> None:
+    """io_uring hands buffered writes the filesystem cannot do without blocking (ext4) to its io-wq
+    thread: the worker writes those itself with pwrite, and the rest (tmpfs, XFS) through its ring.
+    Either way every byte lands, reads go through the ring, and the choice follows the kernel's
+    own RWF_NOWAIT answer for that filesystem."""
+    directory = tmp_path if where == "tmp_path" else Path(where)
+    if not directory.is_dir():
+        pytest.skip(f"no {where}")
+    nowait = _nowait_writes(directory)
+    size, piece = 8 << 20, 1 << 20
+    tr = make_transport(engine="io_uring", threads=2, queue_depth=8, chunk=piece)
+    f = directory / f"gds-writes-{os.getpid()}.bin"
+    try:
+        make_file(f, size)
+        h = tr.connect(peer(), [rbuf(BASE, f)]).handle
+        src = aligned(size)
+        src[:] = pattern(size, 21)
+        s0 = tr.stats()
+        assert one(tr, WRITE, src.ctypes.data, BASE, size, h) == 0  # 8 pieces
+        # a second request at an unaligned offset and length (a short first and last page)
+        assert one(tr, WRITE, src.ctypes.data + 5, BASE + 4096 + 5, 3 * piece + 7, h) == 0
+        s1 = tr.stats()
+        want = src.copy()
+        want[4096 + 5 : 4096 + 5 + 3 * piece + 7] = src[5 : 5 + 3 * piece + 7]
+        assert np.array_equal(np.fromfile(f, np.uint8), want)
+        assert s1["buffered_bytes"] - s0["buffered_bytes"] == size + 3 * piece + 7
+        pieces = size // piece + 4
+        if nowait:  # the first piece learns it (one pwritev2), the rest through the ring
+            assert s1["sync_ios"] - s0["sync_ios"] <= 1 and s1["uring_ios"] - s0["uring_ios"] >= pieces - 1
+        else:
+            assert s1["sync_ios"] - s0["sync_ios"] >= pieces and s1["uring_ios"] == s0["uring_ios"]
+        dst = aligned(size)
+        assert one(tr, READ, dst.ctypes.data, BASE, size, h) == 0
+        s2 = tr.stats()
+        assert np.array_equal(dst, want)
+        assert s2["uring_ios"] - s1["uring_ios"] >= size // piece and s2["sync_ios"] == s1["sync_ios"]
+    finally:
+        tr.close()
+        f.unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------ O_DIRECT
