@@ -208,7 +208,8 @@ def test_fio_moves_the_engines_bytes():
             assert jobs * size == block  # the range [0, block), split between the jobs
             assert int(opt["offset_increment"]) == size
             assert jobs * io_size == block * requests  # the same bytes as `requests` requests of `block`
-            assert int(opt["bs"]) == min(block, 1 << 20)  # the executor's pieces
+            # fio's buffers (one I/O size per I/O in flight) add up to the block, like the engine's memory
+            assert int(opt["bs"]) * jobs * int(opt["iodepth"]) == block and int(opt["bs"]) >= min(block, 1 << 20)
             assert "time_based" not in " ".join(cmd) and opt["direct"] == "0"
             assert opt["iomem_align"] == "4096"  # page-aligned buffers, like the engine's
             assert opt["ioengine"] == setting["ioengine"] and int(opt["iodepth"]) == setting["iodepth"]
@@ -222,6 +223,7 @@ def test_fio_settings_stay_within_the_executors_parallelism():
     assert sorted(s["ioengine"] for s in one) == sorted(FIO_ENGINES)
     assert all(s["numjobs"] == 1 and s["iodepth"] == 1 for s in one)
     # 64 pieces over 2 workers with up to 16 in flight each: jobs <= 2, depth <= 16, psync depth 1
+    # (psync: one job reads the whole 64 MiB in one I/O, two jobs 32 MiB each)
     many = fio_settings(64 << 20, threads=2, depth=16)
     assert {(s["numjobs"], s["iodepth"]) for s in many if s["ioengine"] == "io_uring"} == {
         (j, d) for j in (1, 2) for d in (1, 4, 16)}  # fmt: skip
@@ -252,7 +254,7 @@ def test_fio_tune_keeps_the_best_setting_per_point(monkeypatch, tmp_path):
     speed = {"psync": 3.0, "io_uring": 2.0, "libaio": 1.0}
     calls = []
 
-    def fake(fio, path, op, block, requests, setting, piece):
+    def fake(fio, path, op, block, requests, setting):
         calls.append((op, block, requests, setting["ioengine"]))
         g = speed[setting["ioengine"]] * (4.0 if op == "WRITE" and setting["ioengine"] == "libaio" else 1.0)
         return {"engine": "fio", "op": op, "block_size": block, "gbps": g, "fio_setting": dict(setting)}
