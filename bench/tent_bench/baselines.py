@@ -1082,6 +1082,9 @@ def _fio_run(fio: str, path: str, op: str, block: int, requests: int, setting: d
         "avg_us": round(side.get("clat_ns", {}).get("mean", 0.0) / 1e3, 2),
         "p99_us": round(float(clat.get("99.000000", 0.0)) / 1e3, 2),
         "bytes": int(side["io_bytes"]), "ios": int(side["total_ios"]), "runtime_ms": int(side.get("runtime", 0)),
+        # the job threads' own CPU (fio's usr/sys are percentages of the jobs' summed run time)
+        "cpu_s_per_gb": round((job.get("usr_cpu", 0.0) + job.get("sys_cpu", 0.0)) / 100 * job.get("job_runtime", 0) / 1e3
+                              / max(side["io_bytes"] / 1e9, 1e-9), 4),
         "fio_bs": int(opt["bs"]), "fio_setting": {**setting, "numjobs": int(opt["numjobs"])},
     }  # fmt: skip
 

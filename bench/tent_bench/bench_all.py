@@ -252,8 +252,13 @@ def render_local(text: str) -> str:
             for s, v in settings.items()))  # fmt: skip
     cpu = [r for r in ours if r.get("cpu_s_per_gb") is not None]
     if cpu:
-        notes.append("tent CPU seconds per GB moved (its process, every thread, median of the rounds): " + ", ".join(
-            f"{r['op']} {human(r['block_size'])} {fmt(r['cpu_s_per_gb'])}" for r in cpu))  # fmt: skip
+        def _cpu(b: str, r: Row) -> str:
+            other = base.get((b, r["op"], r["block_size"], r["batch_size"]), {}).get("cpu_s_per_gb")
+            return f" / {b} {fmt(other)}" if other is not None else ""
+
+        notes.append("CPU seconds per GB moved, median of the rounds (tent: its process, every thread; fio: its job threads): "
+                     + ", ".join(f"{r['op']} {human(r['block_size'])} tent {fmt(r['cpu_s_per_gb'])}"
+                                 + "".join(_cpu(b, r) for b in baselines) for r in cpu))  # fmt: skip
     fio = next((r for r in data if isinstance(r, dict) and r.get("kind") == "fio_tuning"), None)
     if fio:
         sweep: dict[tuple[str, int], list[str]] = {}
