@@ -12,7 +12,7 @@ $T --transport shm --block-sizes 4M,64M --iters 40 --baseline cma               
 $T --transport shm --block-sizes 4M,64M --iters 40 --baseline memcpy \
    --config '{"transports": {"shm": {"mode": "memfd"}}}'                               > "$OUT/shm-memfd.json"
 $T --transport tcp --block-sizes 64K --iters 200 --ops WRITE --submit-cost             > "$OUT/submit.json"
-$T --transport gds --block-sizes 1M,64M --iters 40 --baseline fio                      > "$OUT/gds-fio.json"
+$T --transport gds --block-sizes 1M,64M --iters 40 --min-bytes 4G --rounds 5 --baseline fio > "$OUT/gds-fio.json"
 $T --path file:tcp --block-sizes 64M --iters 20                                        > "$OUT/path-buffered.json"
 $T --path file:tcp --block-sizes 64M --iters 20 \
    --config '{"transports": {"gds": {"direct": 1}}}'                                   > "$OUT/path-direct.json"

@@ -291,6 +291,24 @@ def render_local(text: str) -> str:
         notes.append("Sweep (GB/s at each point, in sweep order): " + "; ".join(
             f"{' '.join(f'{k}={v}' for k, v in json.loads(s).items()) or 'defaults'}: {' '.join(fmt(g) for g in v)}"
             for s, v in settings.items()))  # fmt: skip
+    cpu = [r for r in ours if r.get("cpu_s_per_gb") is not None]
+    if cpu:
+        def _cpu(b: str, r: Row) -> str:
+            other = base.get((b, r["op"], r["block_size"], r["batch_size"]), {}).get("cpu_s_per_gb")
+            return f" / {b} {fmt(other)}" if other is not None else ""
+
+        notes.append("CPU seconds per GB moved, median of the rounds (tent: its process, every thread; fio: its job threads): "
+                     + ", ".join(f"{r['op']} {human(r['block_size'])} tent {fmt(r['cpu_s_per_gb'])}"
+                                 + "".join(_cpu(b, r) for b in baselines) for r in cpu))  # fmt: skip
+    fio = next((r for r in data if isinstance(r, dict) and r.get("kind") == "fio_tuning"), None)
+    if fio:
+        sweep: dict[tuple[str, int], list[str]] = {}
+        for t in fio.get("rows", []):
+            s = t.get("fio_setting", {})
+            sweep.setdefault((t["op"], t["block_size"]), []).append(
+                f"{s.get('ioengine')} j{s.get('numjobs')} d{s.get('iodepth')} {fmt(t['gbps'])}")
+        notes.append("fio's settings (I/O engine, jobs, depth) swept before the rounds, GB/s, the fastest per point kept: "
+                     + "; ".join(f"{op} {human(bs)}: {', '.join(v)}" for (op, bs), v in sweep.items()))  # fmt: skip
     sub = next((r for r in data if isinstance(r, dict) and r.get("kind") == "submit_cost"), None)
     if sub:
         notes.append(f"submit() of one 64 KiB request: median {fmt(sub.get('median_us'))} us, P99 {fmt(sub.get('p99_us'))} us; "
@@ -553,8 +571,8 @@ def default_steps() -> list[Step]:
                              "--rounds", "1", "--submit-cost"],
              [*b, "--transport", "tcp", "--block-sizes", "64K", *_Q, "--ops", "WRITE", "--submit-cost"],
              render_local, covers=LOCAL_SCRIPTS),  # fmt: skip
-        Step("gds-fio", [*b, "--transport", "gds", "--block-sizes", "1M,64M", "--iters", "40", "--rounds", "3",
-                         "--baseline", "fio"],
+        Step("gds-fio", [*b, "--transport", "gds", "--block-sizes", "1M,64M", "--iters", "40", "--min-bytes", "4G",
+                         "--rounds", "5", "--baseline", "fio"],
              [*b, "--transport", "gds", "--block-sizes", "1M", *_Q, "--baseline", "fio"],
              render_local, lambda t: _ratio_target(t, "fio", 0.9), covers=LOCAL_SCRIPTS),  # fmt: skip
         Step("path-direct", [*b, "--path", "file:tcp", "--block-sizes", "64M", "--iters", "20", "--rounds", "3",

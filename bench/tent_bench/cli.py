@@ -13,6 +13,9 @@ from rich.console import Console
 from rich.table import Table
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
+# File benchmarks: bytes every measurement moves at least (--min-bytes), so each runs for hundreds of
+# milliseconds (1 MiB requests from the page cache go at 10-17 GB/s here); --quick moves less.
+DEFAULT_FILE_BYTES, QUICK_FILE_BYTES = 4 * GiB, 64 * MiB
 
 
 def parse_size(text: str) -> int:
@@ -98,6 +101,9 @@ def human(n: int) -> str:
 @click.option("--config", "config_src", default=None, metavar="JSON|PATH",
               help="Engine config for both sides: inline JSON or a TOML file (see tent_core/config.py).")
 @click.option("--file-dir", default="/var/tmp", show_default=True, help="Where file benchmarks keep their file.")
+@click.option("--min-bytes", default=None, metavar="SIZE",
+              help="File benchmarks: every measurement (ours and fio's) moves at least SIZE bytes, i.e. "
+                   "max(--iters, SIZE / block) requests [default: 4G; 64M with --quick].")
 @click.option("--offered-load", "offered", default=None, metavar="GBIT[,GBIT..]",
               help="--fabric sweep: open loop at these offered loads (Gbit/s) instead of closed-loop submitters.")
 @click.option("--rounds", default=None, type=click.IntRange(1, 100),
@@ -128,6 +134,7 @@ def bench(
     wire_rate: str | None,
     config_src: str | None,
     file_dir: str,
+    min_bytes: str | None,
     offered: str | None,
     rounds: int | None,
     seeds: int | None,
@@ -159,7 +166,7 @@ def bench(
     if wire_rate and not path_spec:
         raise click.UsageError("--wire only applies with --path (for the multi-rail fabric use --fabric)")
     spec = runner.BenchSpec(threads=threads, verify=not no_verify, file_dir=file_dir, config=_load_config_arg(config_src),
-                            wire=wire_rate)
+                            wire=wire_rate, min_bytes=_min_bytes(min_bytes, quick))
     if quick:
         spec.block_sizes = [64 * KiB, 4 * MiB, 64 * MiB]
         spec.iters, spec.time_budget_s = 20, 0.3
@@ -201,6 +208,20 @@ def bench(
     if extra:
         _out().print(f"submit() cost, one 64 KiB request: median {extra['median_us']:.2f} us, p99 {extra['p99_us']:.2f} us, "
                      f"back to back {extra['queued_median_us']:.2f} us")
+
+
+def _min_bytes(text: str | None, quick: bool) -> int:
+    if text is None:
+        return QUICK_FILE_BYTES if quick else DEFAULT_FILE_BYTES
+    return 0 if text.strip() == "0" else parse_size(text)  # 0: exactly --iters requests
+
+
+def _file_parallelism(config: dict[str, Any] | None) -> dict[str, int]:
+    """The gds executor's shape under `config` (worker threads, I/Os in flight per worker, piece
+    size): fio's settings are swept within it."""
+    g = ((config or {}).get("transports") or {}).get("gds") or {}
+    return {"threads": int(g.get("threads", 2)), "depth": int(g.get("queue_depth", 16)),
+            "piece_bytes": int(g.get("chunk", 1 << 20)) or (1 << 20)}  # fmt: skip
 
 
 def _parallelism(config: dict[str, Any] | None) -> tuple[int, int]:
@@ -250,12 +271,23 @@ def _local_rounds(spec: Any, baselines: list[str], nrounds: int, path_spec: str 
 
         contenders: list[tuple[str, rd.Contender]] = [("tent", tent)]
         tuning: list[dict[str, Any]] = []
+        fio_tuning: dict[str, Any] | None = None
         for name in baselines:
             if name == "mooncake":
                 try:
                     err.print("[dim]mooncake: sweeping its TCP knobs[/]")
                     env, tuning = bl.mooncake_tune(dataclasses.replace(sweep, seed=fresh_seed()))
                     sweep_for = dataclasses.replace(sweep, mooncake_env=env)
+                except bl.BaselineUnavailable as exc:
+                    err.print(f"[yellow]baseline {name} unavailable: {exc}[/]")
+                    continue
+            elif name == "fio":
+                try:
+                    err.print("[dim]fio: sweeping its I/O engine, jobs and depth[/]")
+                    fio_sweep = dataclasses.replace(sweep, **_file_parallelism(spec.config), min_bytes=spec.min_bytes)
+                    best, fio_rows = bl.fio_tune(fio_sweep)
+                    sweep_for = dataclasses.replace(fio_sweep, fio_settings=best)
+                    fio_tuning = {"kind": "fio_tuning", "rows": fio_rows, "chosen": best}
                 except bl.BaselineUnavailable as exc:
                     err.print(f"[yellow]baseline {name} unavailable: {exc}[/]")
                     continue
@@ -271,11 +303,13 @@ def _local_rounds(spec: Any, baselines: list[str], nrounds: int, path_spec: str 
             contenders.append((name, run))
         per_round = rd.run_rounds(contenders, nrounds,
                                   skipped=lambda n, why: err.print(f"[yellow]baseline {n} unavailable: {why}[/]"))  # fmt: skip
-    metrics = (*rd.METRICS, "x_slower_stage") if path_spec else rd.METRICS
+    metrics = (*rd.METRICS, "x_slower_stage") if path_spec else (*rd.METRICS, "cpu_s_per_gb")
     rows = rd.summarize(per_round, metrics=metrics)
     if tuning:
         rows.append({"kind": "mooncake_tuning", "rows": tuning, "chosen": next(
             (r["mooncake_env"] for r in rows if r.get("engine") == "mooncake"), None)})
+    if fio_tuning:
+        rows.append(fio_tuning)
     return rows
 
 

@@ -23,6 +23,8 @@ from tent_core.engine import Engine, Request
 from tent_core.testing import fresh_seed, pattern
 from tent_core.types import MemoryKind, OpCode, Permission
 
+from .baselines import file_point_requests
+
 log = logging.getLogger(__name__)
 
 KiB, MiB = 1024, 1024 * 1024
@@ -44,6 +46,7 @@ class BenchSpec:
     config: dict[str, Any] | None = None
     verify: bool = True
     file_dir: str = "/var/tmp"  # where file benchmarks keep their file (disk, not tmpfs)
+    min_bytes: int = 0  # file points: each measurement moves at least this much (baselines.file_point_requests)
     wire: str | None = None  # --path over a shaped veth between two network namespaces at this rate
 
 
@@ -337,11 +340,15 @@ def run_tent_files(spec: BenchSpec, transports: list[str], path: str) -> list[di
                     for block in spec.block_sizes:
                         if block * batch * spec.threads > size:
                             continue
-                        # exactly spec.iters requests (no time budget): fio is given the same I/O count
-                        gbps, lat = run_point(eng, local, remote, op, block, batch, spec.threads, spec.iters,
+                        # a fixed request count (no time budget): fio is given the same count
+                        count = file_point_requests(spec.iters, spec.min_bytes, block, batch, spec.threads)
+                        cpu0 = time.process_time()
+                        gbps, lat = run_point(eng, local, remote, op, block, batch, spec.threads, count,
                                               spec.warmup, float("inf"))  # fmt: skip
+                        cpu = time.process_time() - cpu0  # this process, every thread (warm-up included)
+                        moved = (count + spec.warmup) * block * batch * spec.threads
                         rows.append(_row(tname, op_name, block, batch, spec.threads, gbps, lat, kind="file",
-                                         verified_bytes=n))  # fmt: skip
+                                         verified_bytes=n, cpu_s_per_gb=round(cpu / (moved / 1e9), 4)))  # fmt: skip
             eng.unregister(f)
     return rows
 

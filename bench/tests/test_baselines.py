@@ -3,6 +3,7 @@ rows whose numbers are consistent with each other, and fio moving the engine's b
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import multiprocessing as mp
 
@@ -192,17 +193,83 @@ def test_team_runs_shares_on_distinct_threads_and_reports_errors():
         team.close()
 
 
-def test_fio_moves_the_engines_bytes():
-    from tent_bench.baselines import fio_command
+def _fio_opts(cmd: list[str]) -> dict[str, str]:
+    return dict(a[2:].split("=", 1) for a in cmd[1:] if a.startswith("--") and "=" in a)
 
-    for block, iters in ((1 << 20, 40), (64 << 20, 40), (4096, 7)):
-        cmd = fio_command("fio", "/f", "READ", block, iters)
-        opt = dict(a[2:].split("=", 1) for a in cmd[1:] if a.startswith("--") and "=" in a)
-        jobs, size, io_size = int(opt["numjobs"]), int(opt["size"]), int(opt["io_size"])
-        assert jobs * size == block  # the range [0, block), split between the jobs
-        assert int(opt["offset_increment"]) == size
-        assert jobs * io_size == block * iters  # the same bytes as `iters` requests of `block`
-        assert "time_based" not in " ".join(cmd) and opt["direct"] == "0"
+
+def test_fio_moves_the_engines_bytes():
+    from tent_bench.baselines import fio_command, fio_settings
+
+    for block, requests in ((1 << 20, 40), (64 << 20, 40), (4096, 7), (64 << 20, 1)):
+        for setting in fio_settings(block):
+            cmd = fio_command("fio", "/f", "READ", block, requests, setting)
+            opt = _fio_opts(cmd)
+            jobs, size, io_size = int(opt["numjobs"]), int(opt["size"]), int(opt["io_size"])
+            assert jobs * size == block  # the range [0, block), split between the jobs
+            assert int(opt["offset_increment"]) == size
+            assert jobs * io_size == block * requests  # the same bytes as `requests` requests of `block`
+            # fio's buffers (one I/O size per I/O in flight) add up to the block, like the engine's memory
+            assert int(opt["bs"]) * jobs * int(opt["iodepth"]) == block and int(opt["bs"]) >= min(block, 1 << 20)
+            assert "time_based" not in " ".join(cmd) and opt["direct"] == "0"
+            assert opt["iomem_align"] == "4096"  # page-aligned buffers, like the engine's
+            assert opt["ioengine"] == setting["ioengine"] and int(opt["iodepth"]) == setting["iodepth"]
+
+
+def test_fio_settings_stay_within_the_executors_parallelism():
+    from tent_bench.baselines import FIO_ENGINES, fio_settings
+
+    # one 1 MiB request is one piece: one job, one I/O in flight, every engine tried
+    one = fio_settings(1 << 20)
+    assert sorted(s["ioengine"] for s in one) == sorted(FIO_ENGINES)
+    assert all(s["numjobs"] == 1 and s["iodepth"] == 1 for s in one)
+    # 64 pieces over 2 workers with up to 16 in flight each: jobs <= 2, depth <= 16, psync depth 1
+    # (psync: one job reads the whole 64 MiB in one I/O, two jobs 32 MiB each)
+    many = fio_settings(64 << 20, threads=2, depth=16)
+    assert {(s["numjobs"], s["iodepth"]) for s in many if s["ioengine"] == "io_uring"} == {
+        (j, d) for j in (1, 2) for d in (1, 4, 16)}  # fmt: skip
+    assert {s["iodepth"] for s in many if s["ioengine"] == "psync"} == {1}
+    # never more in flight than the request has pieces, never more jobs than workers
+    for block, threads, depth in ((4 << 20, 2, 16), (2 << 20, 4, 16), (64 << 20, 1, 4)):
+        for s in fio_settings(block, threads=threads, depth=depth):
+            assert s["numjobs"] <= threads and s["iodepth"] <= depth
+            assert s["numjobs"] * s["iodepth"] <= block >> 20
+
+
+def test_file_point_requests():
+    from tent_bench.baselines import file_point_requests
+
+    assert file_point_requests(40, 0, 1 << 20) == 40  # no floor: exactly --iters
+    assert file_point_requests(40, 4 << 30, 1 << 20) == 4096  # 4 GiB in 1 MiB requests
+    assert file_point_requests(40, 4 << 30, 64 << 20) == 64
+    assert file_point_requests(40, 1 << 30, 64 << 20) == 40  # --iters already moves more
+    assert file_point_requests(1, 3 << 20, 2 << 20) == 2  # rounded up, never short of the floor
+    assert file_point_requests(1, 8 << 20, 1 << 20, batch=2, threads=2) == 2  # per thread, per batch
+
+
+def test_fio_tune_keeps_the_best_setting_per_point(monkeypatch, tmp_path):
+    from tent_bench import baselines
+
+    f = tmp_path / "data"
+    f.write_bytes(b"\0" * (4 << 20))
+    speed = {"psync": 3.0, "io_uring": 2.0, "libaio": 1.0}
+    calls = []
+
+    def fake(fio, path, op, block, requests, setting):
+        calls.append((op, block, requests, setting["ioengine"]))
+        g = speed[setting["ioengine"]] * (4.0 if op == "WRITE" and setting["ioengine"] == "libaio" else 1.0)
+        return {"engine": "fio", "op": op, "block_size": block, "gbps": g, "fio_setting": dict(setting)}
+
+    monkeypatch.setattr(baselines, "_fio_run", fake)
+    monkeypatch.setattr(baselines.shutil, "which", lambda name: "/usr/bin/fio")
+    sweep = baselines.BaselineSweep(block_sizes=[1 << 20], batch_sizes=[1], ops=["READ", "WRITE"], iters=3, warmup=0,
+                                    file_path=str(f), min_bytes=8 << 20)  # fmt: skip
+    best, rows = baselines.fio_tune(sweep)
+    assert best == {f"READ {1 << 20}": {"ioengine": "psync", "numjobs": 1, "iodepth": 1},
+                    f"WRITE {1 << 20}": {"ioengine": "libaio", "numjobs": 1, "iodepth": 1}}  # fmt: skip
+    assert len(rows) == 6 and {c[2] for c in calls} == {8}  # every setting moves the floor's bytes
+    calls.clear()
+    baselines.fio_baseline(dataclasses.replace(sweep, fio_settings=best))
+    assert [(c[0], c[3]) for c in calls] == [("READ", "psync"), ("WRITE", "libaio")]
 
 
 def test_mooncake_tune_keeps_the_best_setting(monkeypatch):

@@ -83,19 +83,29 @@ def test_file_transport_bench_against_fio(tmp_path):
 
     if shutil.which("fio") is None:
         pytest.skip("fio not installed")
+    # --min-bytes 6M: at least 6 requests of 1 MiB, --iters (3) of 4 MiB
     out = tent("bench", "--transport", "gds", "--baseline", "fio", "--block-sizes", "1M,4M", "--iters", "3",
-               "--file-dir", str(tmp_path), "--json", "--rounds", "1")  # fmt: skip
+               "--min-bytes", "6M", "--file-dir", str(tmp_path), "--json", "--rounds", "1")  # fmt: skip
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
-    ours = [r for r in rows if r["engine"] == "tent"]
-    fio = {(r["op"], r["block_size"]): r for r in rows if r["engine"] == "fio"}
+    ours = [r for r in rows if r.get("engine") == "tent"]
+    fio = {(r["op"], r["block_size"]): r for r in rows if r.get("engine") == "fio"}
+    tuning = next(r for r in rows if r.get("kind") == "fio_tuning")
     assert {r["op"] for r in ours} == {"READ", "WRITE"} and all(r["transport"] == "gds" for r in ours)
     for r in ours:
         f = fio[(r["op"], r["block_size"])]
-        # the same bytes: fio moved exactly `iters` x block over the engine's range, in 1 MiB I/Os
-        assert r["iters"] == 3 and f["bytes"] == 3 * r["block_size"] and f["ios"] == f["bytes"] // f["fio_bs"]
-        assert r["verified_bytes"] > 0
+        want = 6 if r["block_size"] == 1 << 20 else 3
+        # the same bytes: fio moved exactly as many requests of block over the engine's range
+        assert r["iters"] == want and f["bytes"] == want * r["block_size"] and f["ios"] == f["bytes"] // f["fio_bs"]
+        setting = f["fio_setting"]  # fio's buffers add up to the block, like the engine's memory
+        assert f["fio_bs"] * setting["numjobs"] * setting["iodepth"] == r["block_size"]
+        assert r["verified_bytes"] > 0 and r["cpu_s_per_gb"] > 0
         assert r["x_fio"] == pytest.approx(r["gbps"] / f["gbps"], rel=2e-3)
+        # the rounds ran the setting the sweep found fastest at this point, among every setting it tried
+        point = [t for t in tuning["rows"] if (t["op"], t["block_size"]) == (r["op"], r["block_size"])]
+        best = max(point, key=lambda t: t["gbps"])["fio_setting"]
+        assert f["fio_setting"] == best == tuning["chosen"][f"{r['op']} {r['block_size']}"]
+        assert {t["fio_setting"]["ioengine"] for t in point} == {"psync", "io_uring", "libaio"}
 
 
 def test_synthesized_path_bench(tmp_path):

@@ -14,6 +14,20 @@
  * Slices are split into `chunk`-sized work items (default 1 MiB) taken by `threads` workers
  * from one FIFO; the last finished chunk reports the slice exactly once (first error wins).
  *
+ * Buffered WRITEs where the filesystem cannot write without blocking (pwritev2 with RWF_NOWAIT
+ * fails with EOPNOTSUPP: ext4, among others) are written by the io_uring worker itself with
+ * pwrite: io_uring would hand each of them to its io-wq kernel thread, one more thread hop per
+ * piece, and serialize them per file there anyway (measured: 1 MiB WRITEs 1.4x faster). The
+ * first buffered WRITE to a file tries RWF_NOWAIT and remembers the answer for the file.
+ *
+ * Waiters run pieces (submit_inline + progress, executor ABI): slices no longer than the
+ * transport's inline size are queued and a worker woken as usual, and the thread that then waits
+ * for the batch (without the GIL) takes its batch's pieces still at the head of the queue and runs
+ * them itself with pread/pwrite: a request waited for at once costs no worker wake-up and no
+ * wake-up of its waiter (tens of microseconds each on small VMs, against ~70 us for a 1 MiB page
+ * cache copy). Whatever a worker took first stays the worker's. Only host memory, only batches
+ * without a CUDA event to wait for, only when the waiter offers at least WAITER_MIN_BUDGET_NS.
+ *
  * O_DIRECT: with config direct=1 the plugin opens a second O_DIRECT fd per file. A chunk
  * whose memory address and file offset are 4096-aligned goes through it for its
  * 4096-multiple prefix; the rest (unaligned chunks, tails, short-read continuations)
@@ -53,7 +67,7 @@
  *   int32_t  tent_gds_uring_supported(char *why, uint64_t whylen);
  *   int64_t  tent_gds_fs_magic(const char *path);  statfs f_type or -errno
  *   void     tent_gds_config(void *ex, uint64_t out[4]);  threads, queue_depth, chunk, direct
- *   void     tent_gds_stats(void *ex, uint64_t out[10]);
+ *   void     tent_gds_stats(void *ex, uint64_t out[11]);
  *   int32_t  tent_gds_order_add(void *ex, uint64_t token, uint64_t event, uint64_t seq, uint64_t deadline_ns);
  *            -ENOTSUP where libcuda is not loaded
  *   int32_t  tent_gds_order_remove(void *ex, uint64_t token);
@@ -62,6 +76,9 @@
  *   int32_t  tent_gds_gpu_add(void *ex, uint64_t base, uint64_t length, char *err, uint64_t errlen);
  *   int32_t  tent_gds_gpu_remove(void *ex, uint64_t base);
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* pwritev2, RWF_NOWAIT */
+#endif
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -75,6 +92,7 @@
 #include <sys/mman.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -94,6 +112,9 @@
 #define CUFILE_OFF 0
 #define CUFILE_AUTO 1
 #define CUFILE_ON 2
+#ifndef RWF_NOWAIT
+#define RWF_NOWAIT 0x00000008
+#endif
 
 /* ---------------------------------------------------------------- cuFile (runtime-loaded) */
 /* The few declarations of cufile.h / cuda.h used here (layouts as in cuFile 1.x, CUDA 11-13). */
@@ -238,6 +259,9 @@ typedef struct gfile {
   uint64_t base, len;
   int fd, dfd; /* dfd: O_DIRECT fd or -1 */
   int writable;
+  /* buffered writes without blocking (RWF_NOWAIT): -1 not known yet, 0 refused by the filesystem
+   * (the worker writes itself), 1 supported (through the ring, which completes them inline) */
+  atomic_int nowait_write;
   pthread_mutex_t cf_mu;
   void *cfh; /* cuFile handle, made on the first GPU I/O */
   int cf_err; /* cuFileHandleRegister's error, once it failed (not retried) */
@@ -321,6 +345,7 @@ struct executor {
 
   atomic_ullong st_direct_bytes, st_buffered_bytes, st_uring_ios, st_sync_ios, st_ok, st_failed;
   atomic_ullong st_gpu_bytes, st_gpu_ios, st_bounce_bytes, st_bounce_ios;
+  atomic_ullong st_waiter_pieces; /* pieces run by a waiting thread (progress) */
 };
 
 /* ---------------------------------------------------------------- io_uring (raw syscalls) */
@@ -802,6 +827,46 @@ static void *worker_sync(void *arg) {
 }
 
 /* ---------------------------------------------------------------- io_uring engine */
+/* A buffered WRITE the filesystem cannot do without blocking is written here, on the worker, with
+ * pwrite (see the header: io_uring would run it on its io-wq thread). The file's first buffered
+ * WRITE tries RWF_NOWAIT to learn which kind it is. Returns 1 when the io is done (*st set), 0
+ * when it goes through the ring (the filesystem writes without blocking; part of it may be done). */
+static int write_on_worker(executor_t *ex, io_t *io, int *st) {
+  gfile_t *f = io->file;
+  int kind = atomic_load_explicit(&f->nowait_write, memory_order_relaxed);
+  if (io->job->s.opcode != TENT_OP_WRITE || io->direct_ok || kind == 1) return 0;
+  for (;;) {
+    int fd;
+    char *mem;
+    uint64_t off, len;
+    io_next(ex, io, &fd, &mem, &off, &len);
+    ssize_t n;
+    if (kind < 0) {
+      struct iovec v = {mem, len};
+      n = pwritev2(fd, &v, 1, (off_t)off, RWF_NOWAIT);
+      if (n < 0 && (errno == EOPNOTSUPP || errno == ENOSYS)) { /* ext4's buffered writes, or an old kernel */
+        atomic_store(&f->nowait_write, 0);
+        kind = 0;
+        continue;
+      }
+      if (n < 0 && errno == EAGAIN) { /* supported; this one would block: the ring takes it */
+        atomic_store(&f->nowait_write, 1);
+        return 0;
+      }
+      if (n >= 0) {
+        atomic_store(&f->nowait_write, 1);
+        kind = 1;
+      }
+    } else {
+      n = pwrite(fd, mem, len, (off_t)off);
+    }
+    atomic_fetch_add(&ex->st_sync_ios, 1);
+    int64_t res = n < 0 ? -(int64_t)errno : (int64_t)n;
+    if (!io_advance(ex, io, res, st)) return 1;
+    if (kind == 1) return 0; /* the rest through the ring */
+  }
+}
+
 static int uring_queue(worker_t *wk, io_t *io) {
   int fd;
   char *mem;
@@ -837,6 +902,11 @@ static void *worker_uring(void *arg) {
       }
       if (io->gpu) { /* cuFile calls block: run them here, between ring submissions */
         io_done(ex, io, run_gpu(ex, io));
+        continue;
+      }
+      int wst = TENT_OK;
+      if (write_on_worker(ex, io, &wst)) {
+        io_done(ex, io, wst);
         continue;
       }
       wk->nfree--;
@@ -1092,8 +1162,38 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
   return tent_cq_submit(&ex->q, &ex->mu, &ex->cv, &ex->stop, slices, n, ex->chunk, UINT32_MAX);
 }
 
+/* Queued and a worker woken exactly as submit does (a caller that never waits loses nothing);
+ * the batch's waiter may run the pieces still queued when it comes (ex_progress). Never blocks. */
+static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) { return ex_submit(self, slices, n); }
+
+/* A waiter offering less than this (a poll with a short timeout) takes no piece: one piece of
+ * I/O must not make its wait overrun by much. */
+#define WAITER_MIN_BUDGET_NS 1000000ll /* 1 ms */
+
+/* The waiter of batch `token` runs the batch's pieces that no worker has taken yet, one at a time,
+ * from the head of the queue (a piece behind another batch's is left to the workers). 1 when it
+ * ran one (the core calls again while the batch is unfinished), 0 when none is left to it. A
+ * hand-off (budget_ns < 0) has nothing to hand: every piece is queued for the workers already. */
+static int ex_progress(void *self, uint64_t token, int64_t budget_ns) {
+  executor_t *ex = self;
+  if (budget_ns < WAITER_MIN_BUDGET_NS) return 0;
+  /* GPU pieces run cuFile with their buffer's CUDA context made current, and ordered batches wait
+   * for a CUDA event: neither belongs on the caller's thread */
+  tent_order_t ord;
+  if (__atomic_load_n(&ex->ngbufs, __ATOMIC_RELAXED) || tent_ot_get(&ex->order, token, &ord)) return 0;
+  work_t w;
+  pthread_mutex_lock(&ex->mu);
+  int mine = !ex->stop && ex->q.len > 0 && ex->q.items[ex->q.head].job->s.token == token && tent_cq_pop(&ex->q, &w) == 0;
+  pthread_mutex_unlock(&ex->mu);
+  if (!mine) return 0;
+  atomic_fetch_add(&ex->st_waiter_pieces, 1);
+  run_sync(ex, &w);
+  return 1;
+}
+
 static const tent_executor_ops_t g_ops = {
-    TENT_EXECUTOR_ABI_VERSION, sizeof(tent_executor_ops_t), "gds", ex_create, ex_destroy, ex_submit,
+    TENT_EXECUTOR_ABI_VERSION, sizeof(tent_executor_ops_t), "gds", ex_create, ex_destroy, ex_submit, ex_submit_inline,
+    ex_progress,
 };
 
 EXPORT const tent_executor_ops_t *tent_executor_ops(void) { return &g_ops; }
@@ -1138,6 +1238,7 @@ EXPORT int32_t tent_gds_file_add(void *self, uint64_t h, uint64_t base, uint64_t
     return f ? -EINVAL : -ENOMEM;
   }
   atomic_init(&f->refs, 1);
+  atomic_init(&f->nowait_write, -1);
   pthread_mutex_init(&f->cf_mu, NULL);
   f->base = base;
   f->len = len;
@@ -1311,7 +1412,7 @@ EXPORT int32_t tent_gds_gpu_remove(void *self, uint64_t base) {
   return 0;
 }
 
-EXPORT void tent_gds_stats(void *self, uint64_t out[10]) {
+EXPORT void tent_gds_stats(void *self, uint64_t out[11]) {
   executor_t *ex = self;
   out[0] = atomic_load(&ex->st_direct_bytes);
   out[1] = atomic_load(&ex->st_buffered_bytes);
@@ -1323,6 +1424,7 @@ EXPORT void tent_gds_stats(void *self, uint64_t out[10]) {
   out[7] = atomic_load(&ex->st_gpu_ios);
   out[8] = atomic_load(&ex->st_bounce_bytes);
   out[9] = atomic_load(&ex->st_bounce_ios);
+  out[10] = atomic_load(&ex->st_waiter_pieces);
 }
 
 /* I/O of batch `token` submitted from now on waits for CUevent `event` (see "Stream ordering"). */

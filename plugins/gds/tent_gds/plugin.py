@@ -194,6 +194,8 @@ class GdsTransport(Transport):
         "threads": 2,  # executor worker threads
         "queue_depth": 16,  # I/Os in flight per io_uring worker
         "chunk": 1 << 20,  # slices are split into pieces of this many bytes (multiple of 4096)
+        # requests up to this long may be run by the thread that waits for them (0: workers only)
+        "inline_bytes": 1 << 20,
         "direct": False,  # an O_DIRECT fd per file, used for 4096-aligned pieces
         "cufile": "auto",  # "auto" (cuFile when it works), "on" (start fails without it), "off"
         "cufile_lib": None,  # path of libcufile (default: TENT_CUFILE, the nvidia-cufile wheel, the loader path)
@@ -252,6 +254,7 @@ class GdsTransport(Transport):
         if cufile not in CUFILE_MODES:
             raise InvalidRequestError(f"gds: config cufile must be one of {CUFILE_MODES}, got {cufile!r}")
         self._direct = bool(cfg["direct"])
+        self.inline_bytes = max(0, int(cfg["inline_bytes"]))
         self._host_id = ctx.host_id
         self._lib = get_lib()
         ex_cfg = {
@@ -303,7 +306,7 @@ class GdsTransport(Transport):
     def stats(self) -> dict[str, int]:
         """Executor counters: bytes moved direct / buffered, I/O requests, slices ok / failed."""
         assert self._lib is not None
-        out = (ctypes.c_uint64 * 10)()
+        out = (ctypes.c_uint64 * 11)()
         self._lib.stats(self.executor.handle, out)
         keys = (
             "direct_bytes",
@@ -316,6 +319,7 @@ class GdsTransport(Transport):
             "gpu_ios",
             "bounce_bytes",
             "bounce_ios",
+            "waiter_pieces",
         )
         st = {k: int(out[i]) for i, k in enumerate(keys)}
         st["ordered_chunks"] = int(self._lib.ordered(self.executor.handle))

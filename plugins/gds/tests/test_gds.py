@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import select
@@ -284,6 +285,70 @@ def test_cancelled(tr: GdsTransport, tmp_path: Path) -> None:
     assert not dst.any()
 
 
+# ------------------------------------------------------------------ buffered writes
+def _nowait_writes(directory: Path) -> bool:
+    """The kernel's own answer: can a buffered write to a file in `directory` go without blocking
+    (pwritev2 with RWF_NOWAIT)? ext4 says no (EOPNOTSUPP), tmpfs and XFS say yes."""
+    probe = directory / "nowait-probe.bin"
+    fd = os.open(probe, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, b"\0" * 4096)
+        try:
+            os.pwritev(fd, [b"\1" * 4096], 0, os.RWF_NOWAIT)
+        except OSError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS):
+                return False
+            if exc.errno != errno.EAGAIN:
+                raise
+        return True
+    finally:
+        os.close(fd)
+        probe.unlink()
+
+
+@pytest.mark.skipif(not URING_OK, reason="io_uring unusable here")
+@pytest.mark.parametrize("where", ["tmp_path", "/dev/shm"])
+def test_uring_buffered_writes_the_filesystem_would_block_run_on_the_worker(where: str, tmp_path: Path) -> None:
+    """io_uring hands buffered writes the filesystem cannot do without blocking (ext4) to its io-wq
+    thread: the worker writes those itself with pwrite, and the rest (tmpfs, XFS) through its ring.
+    Either way every byte lands, reads go through the ring, and the choice follows the kernel's
+    own RWF_NOWAIT answer for that filesystem."""
+    directory = tmp_path if where == "tmp_path" else Path(where)
+    if not directory.is_dir():
+        pytest.skip(f"no {where}")
+    nowait = _nowait_writes(directory)
+    size, piece = 8 << 20, 1 << 20
+    tr = make_transport(engine="io_uring", threads=2, queue_depth=8, chunk=piece)
+    f = directory / f"gds-writes-{os.getpid()}.bin"
+    try:
+        make_file(f, size)
+        h = tr.connect(peer(), [rbuf(BASE, f)]).handle
+        src = aligned(size)
+        src[:] = pattern(size, 21)
+        s0 = tr.stats()
+        assert one(tr, WRITE, src.ctypes.data, BASE, size, h) == 0  # 8 pieces
+        # a second request at an unaligned offset and length (a short first and last page)
+        assert one(tr, WRITE, src.ctypes.data + 5, BASE + 4096 + 5, 3 * piece + 7, h) == 0
+        s1 = tr.stats()
+        want = src.copy()
+        want[4096 + 5 : 4096 + 5 + 3 * piece + 7] = src[5 : 5 + 3 * piece + 7]
+        assert np.array_equal(np.fromfile(f, np.uint8), want)
+        assert s1["buffered_bytes"] - s0["buffered_bytes"] == size + 3 * piece + 7
+        pieces = size // piece + 4
+        if nowait:  # the first piece learns it (one pwritev2), the rest through the ring
+            assert s1["sync_ios"] - s0["sync_ios"] <= 1 and s1["uring_ios"] - s0["uring_ios"] >= pieces - 1
+        else:
+            assert s1["sync_ios"] - s0["sync_ios"] >= pieces and s1["uring_ios"] == s0["uring_ios"]
+        dst = aligned(size)
+        assert one(tr, READ, dst.ctypes.data, BASE, size, h) == 0
+        s2 = tr.stats()
+        assert np.array_equal(dst, want)
+        assert s2["uring_ios"] - s1["uring_ios"] >= size // piece and s2["sync_ios"] == s1["sync_ios"]
+    finally:
+        tr.close()
+        f.unlink(missing_ok=True)
+
+
 # ------------------------------------------------------------------ O_DIRECT
 @pytest.mark.parametrize("engine", ENGINES)
 def test_direct_aligned_and_unaligned(engine: str, tmp_path: Path) -> None:
@@ -407,3 +472,100 @@ def test_engine_register_file(tmp_path: Path) -> None:
             eng.write(lb, eng.segment_name("ro"), 4096)
         with pytest.raises(errors.TentError):
             eng.read(lb, eng.segment_name("files"), 4096, remote_offset=(2 << 20) - 100)
+
+
+# ------------------------------------------------------------------ waiters run pieces
+def _one_inline(tr: GdsTransport, op: int, local: int, remote: int, n: int, handle: int, timeout: float) -> Any:
+    b = _native.Batch(1)
+    ex = tr.executor
+    assert _native.submit_one(ex.ops, ex.handle, b, op, local, remote, n, handle, 0, 1, 0, True) == 0
+    return b
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_waiters_run_their_pieces(engine: str, tmp_path: Path) -> None:
+    """A request submitted inline and waited for at once is usually run by its waiter (no worker
+    hand-off); whoever runs each piece, every byte is right, and every piece ran exactly once."""
+    size, piece, n = 8 << 20, 1 << 20, 200
+    tr = make_transport(engine=engine, threads=2, queue_depth=8, chunk=piece)
+    try:
+        data = pattern(size, 31)
+        f = make_file(tmp_path / "w.bin", data)
+        h = tr.connect(peer(), [rbuf(BASE, f)]).handle
+        dst, src = aligned(piece), aligned(piece)
+        s0 = tr.stats()
+        for i in range(n):  # READs of a different MiB each time into a cleared buffer: nothing stale passes
+            k = (i * 3) % (size // piece)
+            dst[:] = 0
+            b = _one_inline(tr, READ, dst.ctypes.data, BASE + k * piece, piece, h, 30)
+            assert b.wait(30) and b.error == 0
+            assert np.array_equal(dst, data[k * piece : (k + 1) * piece]), f"request {i}"
+        want = data.copy()
+        for i in range(n):  # WRITEs of fresh bytes, each checked in the file
+            k = (i * 5) % (size // piece)
+            src[:] = pattern(piece, 1000 + i)
+            b = _one_inline(tr, WRITE, src.ctypes.data, BASE + k * piece, piece, h, 30)
+            assert b.wait(30) and b.error == 0
+            want[k * piece : (k + 1) * piece] = src
+        assert np.array_equal(np.fromfile(f, np.uint8), want)
+        s1 = tr.stats()
+        ran = {k: s1[k] - s0[k] for k in ("waiter_pieces", "uring_ios", "sync_ios", "slices_ok", "buffered_bytes")}
+        assert ran["slices_ok"] == 2 * n and ran["buffered_bytes"] == 2 * n * piece
+        # one I/O per piece, whoever ran it (the workers' ring or pread/pwrite, or the waiter's pread/pwrite)
+        assert ran["uring_ios"] + ran["sync_ios"] == 2 * n
+        assert ran["waiter_pieces"] <= ran["sync_ios"]
+        # the waiter comes microseconds after its submit, a woken worker usually later: within a
+        # bounded number of requests, waiters have run pieces
+        for _ in range(2000):
+            if tr.stats()["waiter_pieces"] > s0["waiter_pieces"]:
+                break
+            b = _one_inline(tr, READ, dst.ctypes.data, BASE, piece, h, 30)
+            assert b.wait(30) and b.error == 0
+        assert tr.stats()["waiter_pieces"] > s0["waiter_pieces"]
+    finally:
+        tr.close()
+
+
+def test_a_short_poll_runs_no_piece(tmp_path: Path) -> None:
+    """A waiter offering less than 1 ms (a poll) takes no I/O onto its thread: its wait must not
+    overrun by a piece's I/O time; the workers finish the request."""
+    piece = 1 << 20
+    tr = make_transport(threads=1, chunk=piece)
+    try:
+        data = pattern(4 * piece, 32)
+        h = tr.connect(peer(), [rbuf(BASE, make_file(tmp_path / "p.bin", data))]).handle
+        dst = aligned(4 * piece)
+        s0 = tr.stats()
+        for _ in range(20):
+            b = _one_inline(tr, READ, dst.ctypes.data, BASE, 4 * piece, h, 30)
+            deadline = time.monotonic() + 30
+            while not b.wait(0.0002):
+                assert time.monotonic() < deadline
+            assert b.error == 0 and np.array_equal(dst, data)
+            dst[:] = 0
+        s1 = tr.stats()
+        assert s1["waiter_pieces"] == s0["waiter_pieces"] and s1["slices_ok"] - s0["slices_ok"] == 20
+    finally:
+        tr.close()
+
+
+def test_engine_inline_bytes_config(tmp_path: Path) -> None:
+    """Through the engine: requests up to `inline_bytes` may be run by their waiter; 0 turns it off."""
+    from tent_core.engine import Engine, Request
+    from tent_core.types import OpCode
+
+    data = pattern(4 << 20, 33)
+    fpath = make_file(tmp_path / "i.bin", data)
+    for inline, expect_waiter in ((0, False), (1 << 20, True)):
+        with Engine({"transports": {"gds": {"inline_bytes": inline}}}, transports=["gds"]) as eng:
+            assert eng.transports["gds"].inline_bytes == inline
+            eng.register_file(str(fpath), segment="f")
+            local = eng.allocate(1 << 20, segment="l")
+            for i in range(100 if not expect_waiter else 2000):  # bounded: waiters run pieces well before
+                local.array[:] = 0
+                k = i % 4
+                eng.submit([Request(OpCode.READ, local, 0, eng.segment_name("f"), k << 20, 1 << 20)]).wait()
+                assert np.array_equal(local.array, data[k << 20 : (k + 1) << 20])
+                if expect_waiter and eng.transports["gds"].stats()["waiter_pieces"] > 0:
+                    break
+            assert (eng.transports["gds"].stats()["waiter_pieces"] > 0) == expect_waiter
