@@ -44,11 +44,15 @@
  * (at most INLINE_RUNS runs), as workers share queued small chunks over the free slots: the
  * target serves each connection on its own thread, so a batch's requests are served in parallel.
  *
- * Busy poll (`busy_poll_us`, default 0 = off): the waiter polls the socket of its inline run that
- * long before it sleeps in ppoll, and a server connection that just served a request of up to
+ * Busy poll (`busy_poll_us`, the cap; 0 = off): the waiter polls the socket of its inline run
+ * before it sleeps in ppoll, and a server connection that just served a request of up to
  * SPIN_AFTER_BYTES polls for the next one before it sleeps in poll (bulk connections always
- * sleep). It saves a thread wake-up per small request where cores are not shared; on a shared
- * host the polling thread holds the core its peer needs (docs/benchmarks.md), hence off.
+ * sleep). It saves a thread wake-up per small request where cores are free; where they are not,
+ * the polling thread holds a core its peer needs (docs/benchmarks.md). So by default
+ * (`busy_poll_adaptive` 1) each connection, on each side, learns whether and how long to poll
+ * from its own outcomes (tent/busy_poll.h: polls that found their bytes in time on a core nobody
+ * else wanted keep it polling; misses and lost cores send it to sleep at once, with sparse probes
+ * to re-learn); `busy_poll_adaptive` 0 polls the whole cap every time.
  *
  * Server side: one accept thread per listener, one thread per accepted connection, at most
  * `max_conns` connections at once (more are closed at accept; those still authenticating hold at
@@ -107,6 +111,7 @@
 #include <unistd.h>
 
 #include "tent/auth.h"
+#include "tent/busy_poll.h"
 #include "tent/chunk_queue.h"
 #include "tent/config_kv.h"
 #include "tent/cpu_relax.h"
@@ -345,24 +350,33 @@ static uint64_t mono_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Poll fd for readability, without sleeping, for up to `us` microseconds: 1 once readable (or
+/* Poll fd for readability, without sleeping, for up to `ns` nanoseconds: 1 once readable (or
  * hung up), 0 when the time ran out. Waking a thread that sleeps in poll/recv costs tens of
  * microseconds on small VMs (the idle vCPU halts; the wake-up is an IPI through the hypervisor),
- * as long as a 64 KiB request itself over loopback; an answer or a next request that comes within
- * the bound is caught without it. Every few polls the thread yields, so on a busy host a runnable
- * thread (perhaps the peer we wait for) gets the core. */
+ * as long as a 64 KiB request itself; an answer or a next request that comes within the bound is
+ * caught without it. Every few polls the thread yields, so on a busy host a runnable thread
+ * (perhaps the peer we wait for) gets the core. *lost is set when two looks at the socket were
+ * TENT_BUSY_POLL_LOST_NS or more apart: the thread lost its core meanwhile (to a thread its
+ * yield let in, or a preemption), i.e. someone else wanted it: the adaptive policy's signal. */
 #define SPIN_YIELD_EVERY 8
-static int spin_readable(int fd, int us) {
-  if (us <= 0) return 0;
-  uint64_t end = mono_ns() + (uint64_t)us * 1000ull;
+static int spin_readable(int fd, uint64_t ns, int *lost) {
+  if (!ns) return 0;
+  uint64_t last = mono_ns(), end = last + ns;
   for (unsigned i = 1;; i++) {
     struct pollfd p = {.fd = fd, .events = POLLIN};
     if (poll(&p, 1, 0) > 0) return 1;
-    if (mono_ns() >= end) return 0;
+    uint64_t now = mono_ns();
+    if (now - last >= TENT_BUSY_POLL_LOST_NS) *lost = 1;
+    if (now >= end) return 0;
     if (i % SPIN_YIELD_EVERY == 0) sched_yield();
     else tent_cpu_relax();
+    last = mono_ns();
   }
 }
+
+/* Busy-poll outcomes, per side (0 client waiters, 1 server connections): waits, polls, polls
+ * that hit, polls that lost their core. */
+enum { BP_WAITS, BP_POLLS, BP_HITS, BP_LOST, BP_N };
 
 static void set_timeouts(int fd, int ms) {
   struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
@@ -400,6 +414,7 @@ typedef struct rail {
   uint64_t *idle_since;  /* when each went idle (ms) */
   int nidle;
   int *slot_fd;          /* per slot: SLOT_FREE, -1 (connecting) or the fd in use; the last is the express slot */
+  tent_busy_poll_t *slot_poll; /* per slot: the busy-poll policy of its waiters (used by the slot's holder only) */
   int busy;              /* bulk slots in use */
   int express_busy;      /* the express slot is in use */
   int bulk_busy;         /* slots running bulk chunks (the others run small ones) */
@@ -451,7 +466,9 @@ typedef struct tcp_exec {
   int tick_ms;            /* client sockets wake this often to check their progress clock */
   int qos_bulk_conns;     /* bulk connections a rail runs at most while small requests are active (0: no cap) */
   int qos_window_ms;      /* small requests count as active this long after their submit */
-  int busy_poll_us;       /* a small request's answer / the next request is polled for this long before sleeping */
+  int busy_poll_us;       /* a small request's answer / the next request is polled for up to this long before sleeping */
+  int busy_poll_adaptive; /* each connection learns whether and how long to poll (tent/busy_poll.h); 0: always the cap */
+  atomic_ullong busy_poll[2][BP_N]; /* outcomes: [client, server][BP_*] */
   uint64_t throttle_until_ms; /* some rail holds bulk back until then: workers look again at that time */
 
   uint64_t chunk;     /* cut slices into chunks of at most this many bytes (0: whole slices) */
@@ -505,7 +522,8 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->connect_backoff_ms = 50;
   ex->qos_bulk_conns = 1;
   ex->qos_window_ms = 5;
-  ex->busy_poll_us = 0;
+  ex->busy_poll_us = 50; /* the tcp transport passes its own (its config is where the defaults are documented) */
+  ex->busy_poll_adaptive = 1;
   ex->sockbuf = 4 << 20;
   ex->chunk = 0;
   ex->max_parts = 64;
@@ -562,6 +580,7 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
     else if (!strcmp(key, "qos_bulk_conns")) dst = &ex->qos_bulk_conns, lo = 0, hi = 64;
     else if (!strcmp(key, "qos_window_ms")) dst = &ex->qos_window_ms, lo = 0, hi = 60000;
     else if (!strcmp(key, "busy_poll_us")) dst = &ex->busy_poll_us, lo = 0, hi = 10000;
+    else if (!strcmp(key, "busy_poll_adaptive")) dst = &ex->busy_poll_adaptive, lo = 0, hi = 1;
     else if (!strcmp(key, "sockbuf")) dst = &ex->sockbuf, lo = 0;
     else if (!strcmp(key, "pipeline")) dst = &ex->pipeline, lo = 1, hi = PIPE_MAX;
     else if (!strcmp(key, "auth_timeout_ms")) dst = &ex->auth_timeout_ms, lo = 1;
@@ -722,6 +741,18 @@ static void sconn_close(sconn_t *c) {
   pthread_mutex_unlock(&c->ex->srv_mu);
 }
 
+/* A wait that began with a poll of `budget` ns (0: none) ended `waited_ns` after it began: the
+ * policy learns from it, the counters count it. */
+static void busy_poll_done(tcp_exec_t *ex, int side, tent_busy_poll_t *bp, uint32_t budget, uint64_t waited_ns, int lost) {
+  tent_busy_poll_end(bp, budget, waited_ns, lost);
+  atomic_ullong *c = ex->busy_poll[side];
+  atomic_fetch_add_explicit(&c[BP_WAITS], 1, memory_order_relaxed);
+  if (!budget) return;
+  atomic_fetch_add_explicit(&c[BP_POLLS], 1, memory_order_relaxed);
+  if (waited_ns <= budget && !lost) atomic_fetch_add_explicit(&c[BP_HITS], 1, memory_order_relaxed);
+  if (lost) atomic_fetch_add_explicit(&c[BP_LOST], 1, memory_order_relaxed);
+}
+
 /* Wait until fd is readable, the executor stops, or `timeout_ms` (< 0: forever) passes.
  * Returns 1 readable, 0 stop, -1 timed out. */
 static int wait_readable(tcp_exec_t *ex, int fd, int timeout_ms) {
@@ -802,8 +833,19 @@ static void *sconn_main(void *arg) {
     }
   }
   int spin = 0; /* the last request was small: its client may send the next one at once */
+  tent_busy_poll_t bp;
+  tent_busy_poll_init(&bp, (uint32_t)ex->busy_poll_us * 1000u, ex->busy_poll_adaptive);
   for (;;) {
-    int w = spin && spin_readable(fd, ex->busy_poll_us) ? 1 : wait_readable(ex, fd, ex->idle_timeout_ms);
+    int w;
+    if (spin) {
+      uint64_t t0 = mono_ns();
+      uint32_t budget = tent_busy_poll_begin(&bp);
+      int lost = 0;
+      w = spin_readable(fd, budget, &lost) ? 1 : wait_readable(ex, fd, ex->idle_timeout_ms);
+      if (w > 0) busy_poll_done(ex, 1, &bp, budget, mono_ns() - t0, lost);
+    } else {
+      w = wait_readable(ex, fd, ex->idle_timeout_ms);
+    }
     if (w < 0) atomic_fetch_add(&ex->idle_closed, 1); /* idle too long: the client reconnects when it needs to */
     if (w <= 0) break;
     int rc = recv_all(fd, h, REQ_SIZE, NULL, 0);
@@ -1394,6 +1436,7 @@ static void rail_free(rail_t *r) {
   free(r->idle);
   free(r->idle_since);
   free(r->slot_fd);
+  free(r->slot_poll);
 }
 
 static void peer_free(peer_t *pe) {
@@ -1659,12 +1702,16 @@ EXPORT int64_t tcp_add_peer(void *self, int nrails, const char **local_ips, cons
     r->idle = calloc((size_t)nslots(ex), sizeof(int));
     r->idle_since = calloc((size_t)nslots(ex), sizeof(uint64_t));
     r->slot_fd = calloc((size_t)nslots(ex), sizeof(int));
-    if (bad || !r->idle || !r->idle_since || !r->slot_fd) {
+    r->slot_poll = calloc((size_t)nslots(ex), sizeof(tent_busy_poll_t));
+    if (bad || !r->idle || !r->idle_since || !r->slot_fd || !r->slot_poll) {
       pe->nrails = i + 1;
       peer_free(pe);
       return bad ? -EINVAL : -ENOMEM;
     }
-    for (int k = 0; k < nslots(ex); k++) r->slot_fd[k] = SLOT_FREE;
+    for (int k = 0; k < nslots(ex); k++) {
+      r->slot_fd[k] = SLOT_FREE;
+      tent_busy_poll_init(&r->slot_poll[k], (uint32_t)ex->busy_poll_us * 1000u, ex->busy_poll_adaptive);
+    }
     snprintf(r->name, sizeof r->name, "%s->%s:%d", (lip && *lip) ? lip : "*", remote_ips[i], remote_ports[i]);
   }
   pthread_mutex_lock(&ex->mu);
@@ -1772,6 +1819,32 @@ EXPORT void tcp_peer_stats(void *self, uint64_t *out) {
 
 /* out[0..4] = server connections open, refused at the cap, refused by authentication, closed
  * idle, cut by an unregister deadline. */
+/* out[0..7] = busy-poll outcomes: client waiters' waits, polls, hits, polls that lost their core,
+ * then the same for server connections (waits after a small request). */
+EXPORT void tcp_busy_poll_stats(void *self, uint64_t *out) {
+  tcp_exec_t *ex = self;
+  for (int side = 0; side < 2; side++)
+    for (int k = 0; k < BP_N; k++) out[side * BP_N + k] = atomic_load(&ex->busy_poll[side][k]);
+}
+
+/* The policy of tent/busy_poll.h over a trace, for tests: wait i's bytes arrive arrive_ns[i] after
+ * it begins, and a poll during it loses its core iff lost[i]; budget_out[i] = what wait i polled.
+ * out_state[0..3] = the final budget_ns, score, probe_gap, until_probe. */
+EXPORT void tcp_busy_poll_replay(uint32_t cap_ns, int adaptive, uint64_t n, const uint64_t *arrive_ns,
+                                 const uint8_t *lost, uint32_t *budget_out, uint32_t *out_state) {
+  tent_busy_poll_t st;
+  tent_busy_poll_init(&st, cap_ns, adaptive);
+  for (uint64_t i = 0; i < n; i++) {
+    uint32_t b = tent_busy_poll_begin(&st);
+    tent_busy_poll_end(&st, b, arrive_ns[i], b && lost[i]);
+    budget_out[i] = b;
+  }
+  out_state[0] = st.budget_ns;
+  out_state[1] = st.score;
+  out_state[2] = st.probe_gap;
+  out_state[3] = st.until_probe;
+}
+
 EXPORT void tcp_server_stats(void *self, uint64_t *out) {
   tcp_exec_t *ex = self;
   pthread_mutex_lock(&ex->srv_mu);
@@ -2053,14 +2126,20 @@ static int ex_progress(void *self, uint64_t token, int64_t budget_ns) {
   else ex->rx_head = pr->next;
   if (ex->rx_tail == pr) ex->rx_tail = prev;
   pthread_mutex_unlock(&ex->mu);
-  int64_t spin_ns = (int64_t)ex->busy_poll_us * 1000;
-  int n = 1;
-  if (!spin_readable(pr->fd, (int)((spin_ns < budget_ns ? spin_ns : budget_ns) / 1000))) {
+  /* the run holds its slot: that slot's policy is this thread's alone until the run is done */
+  tent_busy_poll_t *bp = &pr->r->slot_poll[pr->slot];
+  uint64_t t0 = mono_ns();
+  uint32_t spin = tent_busy_poll_begin(bp);
+  if ((int64_t)spin > budget_ns) spin = (uint32_t)budget_ns;
+  int n = 1, lost = 0, err = 0;
+  if (!spin_readable(pr->fd, spin, &lost)) {
     struct pollfd p = {.fd = pr->fd, .events = POLLIN};
     struct timespec ts = {.tv_sec = budget_ns / 1000000000, .tv_nsec = budget_ns % 1000000000};
     n = ppoll(&p, 1, &ts, NULL);
+    err = errno;
   }
-  if (n == 0 || (n < 0 && errno == EINTR)) { /* not yet: give it back */
+  busy_poll_done(ex, 0, bp, spin, mono_ns() - t0, lost); /* nothing within the step counts as a miss */
+  if (n == 0 || (n < 0 && err == EINTR)) { /* not yet: give it back */
     pthread_mutex_lock(&ex->mu);
     pr->next = ex->rx_head;
     ex->rx_head = pr;

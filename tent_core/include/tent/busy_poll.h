@@ -1,0 +1,113 @@
+/*
+ * tent/busy_poll.h: adaptive busy polling, the policy (pure, header-only, no system calls).
+ *
+ * A thread about to wait for bytes it expects soon (the answer of a small request, the next
+ * small request on a server connection) may poll the socket first instead of sleeping in the
+ * kernel: waking a sleeping thread costs tens of microseconds on small VMs, as long as a 64 KiB
+ * request itself. Polling wins when the bytes come within the poll and the core it holds is not
+ * wanted by anyone else; it loses when they come later (the budget is burnt, then the thread
+ * sleeps anyway) and, worse, on a busy host, where the polling thread holds a core that other
+ * threads (perhaps the very peer it waits for) need. Neither a fixed poll nor none is right
+ * everywhere, so each waiter (a connection) learns from its own outcomes, like adaptive spin
+ * mutexes and the kernel's halt-poll governors:
+ *
+ *  - a poll *hits* when the bytes came within its budget and the thread kept its core the whole
+ *    time; it *misses* when they came later, or when the poll lost its core (a gap of at least
+ *    TENT_BUSY_POLL_LOST_NS between two looks at the socket: another thread was waiting for
+ *    this core, so polling here competes with real work; such a miss weighs twice);
+ *  - `score` is the hit rate of the recent polls (an exponential average over about 8); the
+ *    waiter polls while it is at least one half, otherwise it sleeps at once;
+ *  - sleeping, it probes: every `probe_gap`-th wait polls again, and a hit brings polling back;
+ *    each probe that misses doubles the gap (up to TENT_BUSY_POLL_PROBE_MAX waits, so a busy
+ *    host pays at most one budget every 256 waits), a hit resets it;
+ *  - the budget follows the waits that hit: an answer in the last half of the budget doubles it,
+ *    one in the first eighth shrinks it by 1/16 (it settles between 2x and 8x the typical wait,
+ *    so a miss burns little), never below TENT_BUSY_POLL_MIN_NS nor above the cap; a miss
+ *    whose bytes came after the budget but within the cap, on a core nobody else wanted,
+ *    doubles it (a longer poll would have caught them).
+ *
+ * Use: b = tent_busy_poll_begin(&st) before a wait (ns to poll, 0: sleep at once); poll up to b
+ * noting whether the core was lost; then tent_busy_poll_end(&st, b, waited_ns, lost) with the
+ * time from the start of the wait until the bytes were there (poll and sleep together).
+ * `adaptive` 0 is a fixed poll of the cap every time; cap 0 never polls.
+ * Not thread-safe: one state per waiter (the executors keep one per connection).
+ */
+#ifndef TENT_BUSY_POLL_H
+#define TENT_BUSY_POLL_H
+
+#include <stdint.h>
+
+#define TENT_BUSY_POLL_SCORE_ONE 1024u  /* score of a waiter whose every poll hit */
+#define TENT_BUSY_POLL_SCORE_POLL 512u  /* poll while the score is at least this (half the polls hit) */
+#define TENT_BUSY_POLL_PROBE_MIN 8u     /* sleeping: the first probe after this many waits */
+#define TENT_BUSY_POLL_PROBE_MAX 256u   /* ... the gap doubling after each missed probe up to this */
+#define TENT_BUSY_POLL_MIN_NS 4000u     /* the budget never shrinks below this */
+#define TENT_BUSY_POLL_LOST_NS 10000u   /* a gap this long while polling: the core was taken from us */
+
+typedef struct tent_busy_poll {
+  uint32_t cap_ns;      /* the configured poll (busy_poll_us): the budget's ceiling; 0: never poll */
+  uint32_t budget_ns;   /* what the next poll gets */
+  uint32_t score;       /* recent hit rate, 0..TENT_BUSY_POLL_SCORE_ONE */
+  uint32_t probe_gap;   /* sleeping: one wait in this many probes */
+  uint32_t until_probe; /* sleeping: waits left before the next probe */
+  uint32_t adaptive;    /* 0: poll the cap every time */
+  /* outcomes, for counters and tests */
+  uint64_t waits, polls, hits, lost;
+} tent_busy_poll_t;
+
+static inline void tent_busy_poll_init(tent_busy_poll_t *st, uint32_t cap_ns, int adaptive) {
+  *st = (tent_busy_poll_t){0};
+  st->cap_ns = cap_ns;
+  st->budget_ns = cap_ns;
+  st->score = TENT_BUSY_POLL_SCORE_ONE; /* start polling: the first outcomes decide */
+  st->probe_gap = TENT_BUSY_POLL_PROBE_MIN;
+  st->until_probe = TENT_BUSY_POLL_PROBE_MIN;
+  st->adaptive = adaptive != 0;
+}
+
+/* Nanoseconds to poll before this wait sleeps (0: sleep at once). */
+static inline uint32_t tent_busy_poll_begin(tent_busy_poll_t *st) {
+  st->waits++;
+  if (!st->cap_ns) return 0;
+  if (!st->adaptive || st->score >= TENT_BUSY_POLL_SCORE_POLL) return st->budget_ns;
+  if (--st->until_probe > 0) return 0;
+  st->until_probe = st->probe_gap; /* a probe; its outcome sets the next gap */
+  return st->budget_ns;
+}
+
+/* The outcome of a wait that polled `polled_ns` (what begin returned): the bytes were there
+ * `waited_ns` after the wait began; `lost`: the poll lost its core at least once. */
+static inline void tent_busy_poll_end(tent_busy_poll_t *st, uint32_t polled_ns, uint64_t waited_ns, int lost) {
+  if (!polled_ns) return;
+  st->polls++;
+  int hit = waited_ns <= polled_ns && !lost;
+  st->hits += (uint64_t)hit;
+  st->lost += (uint64_t)(lost != 0);
+  if (!st->adaptive) return;
+  int probing = st->score < TENT_BUSY_POLL_SCORE_POLL;
+  st->score -= st->score / (lost ? 4 : 8); /* a lost core weighs twice: polling took a core others needed */
+  if (hit) st->score += TENT_BUSY_POLL_SCORE_ONE / 8;
+  if (probing) {
+    if (hit) {
+      /* one hit is evidence enough to poll again; a miss or two sends it back to sleep */
+      if (st->score < TENT_BUSY_POLL_SCORE_POLL + TENT_BUSY_POLL_SCORE_ONE / 8)
+        st->score = TENT_BUSY_POLL_SCORE_POLL + TENT_BUSY_POLL_SCORE_ONE / 8;
+      st->probe_gap = TENT_BUSY_POLL_PROBE_MIN;
+    } else if (st->probe_gap < TENT_BUSY_POLL_PROBE_MAX) {
+      st->probe_gap *= 2;
+    }
+    st->until_probe = st->probe_gap;
+  } else if (st->score < TENT_BUSY_POLL_SCORE_POLL) { /* polling stops: the first probe soon */
+    st->probe_gap = TENT_BUSY_POLL_PROBE_MIN;
+    st->until_probe = TENT_BUSY_POLL_PROBE_MIN;
+  }
+  uint64_t b = st->budget_ns;
+  if (hit && waited_ns > b / 2) b *= 2;
+  else if (hit && waited_ns < b / 8) b -= b / 16;
+  else if (!hit && !lost && waited_ns <= st->cap_ns) b *= 2;
+  if (b < TENT_BUSY_POLL_MIN_NS) b = TENT_BUSY_POLL_MIN_NS;
+  if (b > st->cap_ns) b = st->cap_ns;
+  st->budget_ns = (uint32_t)b;
+}
+
+#endif /* TENT_BUSY_POLL_H */
