@@ -1827,22 +1827,24 @@ EXPORT void tcp_busy_poll_stats(void *self, uint64_t *out) {
     for (int k = 0; k < BP_N; k++) out[side * BP_N + k] = atomic_load(&ex->busy_poll[side][k]);
 }
 
-/* The policy of tent/busy_poll.h over a trace, for tests: wait i's bytes arrive arrive_ns[i] after
- * it begins, and a poll during it loses its core iff lost[i]; budget_out[i] = what wait i polled.
- * out_state[0..3] = the final budget_ns, score, probe_gap, until_probe. */
-EXPORT void tcp_busy_poll_replay(uint32_t cap_ns, int adaptive, uint64_t n, const uint64_t *arrive_ns,
-                                 const uint8_t *lost, uint32_t *budget_out, uint32_t *out_state) {
+/* The policy of tent/busy_poll.h over a trace, for tests: wait i's bytes are there poll_ns[i] after
+ * it begins if it polls (a poll during it loses its core iff lost[i]), sleep_ns[i] after it
+ * begins if it sleeps (at once, or after a poll that ran out first); budget_out[i] = what wait i
+ * polled. out_state = the final budget_ns, score, probe_gap, until_probe, poll_ns, sleep_ns. */
+EXPORT void tcp_busy_poll_replay(uint32_t cap_ns, int adaptive, uint64_t n, const uint64_t *poll_ns,
+                                 const uint64_t *sleep_ns, const uint8_t *lost, uint32_t *budget_out,
+                                 uint32_t *out_state) {
   tent_busy_poll_t st;
   tent_busy_poll_init(&st, cap_ns, adaptive);
   for (uint64_t i = 0; i < n; i++) {
     uint32_t b = tent_busy_poll_begin(&st);
-    tent_busy_poll_end(&st, b, arrive_ns[i], b && lost[i]);
+    int caught = b && poll_ns[i] <= b;
+    uint64_t waited = caught ? poll_ns[i] : (b && poll_ns[i] > sleep_ns[i] ? poll_ns[i] : sleep_ns[i]);
+    tent_busy_poll_end(&st, b, waited, b && lost[i]);
     budget_out[i] = b;
   }
-  out_state[0] = st.budget_ns;
-  out_state[1] = st.score;
-  out_state[2] = st.probe_gap;
-  out_state[3] = st.until_probe;
+  uint32_t state[6] = {st.budget_ns, st.score, st.probe_gap, st.until_probe, st.poll_ns, st.sleep_ns};
+  memcpy(out_state, state, sizeof state);
 }
 
 EXPORT void tcp_server_stats(void *self, uint64_t *out) {

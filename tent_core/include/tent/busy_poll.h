@@ -5,30 +5,38 @@
  * small request on a server connection) may poll the socket first instead of sleeping in the
  * kernel: waking a sleeping thread costs tens of microseconds on small VMs, as long as a 64 KiB
  * request itself. Polling wins when the bytes come within the poll and the core it holds is not
- * wanted by anyone else; it loses when they come later (the budget is burnt, then the thread
- * sleeps anyway) and, worse, on a busy host, where the polling thread holds a core that other
- * threads (perhaps the very peer it waits for) need. Neither a fixed poll nor none is right
- * everywhere, so each waiter (a connection) learns from its own outcomes, like adaptive spin
- * mutexes and the kernel's halt-poll governors:
+ * needed elsewhere; it loses when they come later (the budget is burnt, then the thread sleeps
+ * anyway) and, worse, on a busy host, where the polling thread holds a core that other threads
+ * (perhaps the very peer it waits for) need: then everything, its own answers included, comes
+ * later than if it had slept. Neither a fixed poll nor none is right everywhere, so each waiter
+ * (a connection) learns from its own outcomes, like adaptive spin mutexes and the kernel's
+ * halt-poll governors, and compares the two ways of waiting directly:
  *
  *  - a poll *hits* when the bytes came within its budget and the thread kept its core the whole
  *    time; it *misses* when they came later, or when the poll lost its core (a gap of at least
  *    TENT_BUSY_POLL_LOST_NS between two looks at the socket: another thread was waiting for
- *    this core, so polling here competes with real work; such a miss weighs twice);
- *  - `score` is the hit rate of the recent polls (an exponential average over about 8); the
- *    waiter polls while it is at least one half, otherwise it sleeps at once;
- *  - sleeping, it probes: every `probe_gap`-th wait polls again, and a hit brings polling back;
- *    each probe that misses doubles the gap (up to TENT_BUSY_POLL_PROBE_MAX waits, so a busy
- *    host pays at most one budget every 256 waits), a hit resets it;
+ *    this core, so polling here competes with real work; such a miss weighs twice). `score` is
+ *    the hit rate of the recent polls (an exponential average over about 8);
+ *  - `poll_ns` and `sleep_ns` average how long waits that polled and waits that slept took until
+ *    the thread had its bytes (each sample capped at 4x the cap, so one preemption of
+ *    milliseconds does not decide alone). A sleeping wait pays the wake-up; a polling one pays
+ *    whatever its polling costs the peer. Polling goes on while the score is at least one half
+ *    and polled waits are at least a fifth shorter than slept ones (a core is held only for a
+ *    clear gain; noise favours sleeping); while polling, one wait in TENT_BUSY_POLL_SLEEP_EVERY
+ *    sleeps to keep `sleep_ns` current;
+ *  - sleeping, it probes: every `probe_gap`-th wait polls; a probe that hits and beats `sleep_ns`
+ *    by that fifth brings polling back, one that does not doubles the gap (up to TENT_BUSY_POLL_PROBE_MAX
+ *    waits, so a busy host pays at most one budget every 256 waits);
  *  - the budget follows the waits that hit: an answer in the last half of the budget doubles it,
  *    one in the first eighth shrinks it by 1/16 (it settles between 2x and 8x the typical wait,
- *    so a miss burns little), never below TENT_BUSY_POLL_MIN_NS nor above the cap; a miss
- *    whose bytes came after the budget but within the cap, on a core nobody else wanted,
- *    doubles it (a longer poll would have caught them).
+ *    so a miss burns little), never below TENT_BUSY_POLL_MIN_NS nor above the cap; a miss on a
+ *    core nobody else wanted that ended within twice the cap (the bytes came after the budget
+ *    but about within the cap; the wake-up came on top) doubles it: a longer poll would have
+ *    caught them.
  *
  * Use: b = tent_busy_poll_begin(&st) before a wait (ns to poll, 0: sleep at once); poll up to b
  * noting whether the core was lost; then tent_busy_poll_end(&st, b, waited_ns, lost) with the
- * time from the start of the wait until the bytes were there (poll and sleep together).
+ * time from the start of the wait until the thread had its bytes (poll and sleep together).
  * `adaptive` 0 is a fixed poll of the cap every time; cap 0 never polls.
  * Not thread-safe: one state per waiter (the executors keep one per connection).
  */
@@ -40,7 +48,8 @@
 #define TENT_BUSY_POLL_SCORE_ONE 1024u  /* score of a waiter whose every poll hit */
 #define TENT_BUSY_POLL_SCORE_POLL 512u  /* poll while the score is at least this (half the polls hit) */
 #define TENT_BUSY_POLL_PROBE_MIN 8u     /* sleeping: the first probe after this many waits */
-#define TENT_BUSY_POLL_PROBE_MAX 256u   /* ... the gap doubling after each missed probe up to this */
+#define TENT_BUSY_POLL_PROBE_MAX 256u   /* ... the gap doubling after each failed probe up to this */
+#define TENT_BUSY_POLL_SLEEP_EVERY 16u  /* polling: one wait in this many sleeps (measures sleep_ns) */
 #define TENT_BUSY_POLL_MIN_NS 4000u     /* the budget never shrinks below this */
 #define TENT_BUSY_POLL_LOST_NS 10000u   /* a gap this long while polling: the core was taken from us */
 
@@ -50,6 +59,9 @@ typedef struct tent_busy_poll {
   uint32_t score;       /* recent hit rate, 0..TENT_BUSY_POLL_SCORE_ONE */
   uint32_t probe_gap;   /* sleeping: one wait in this many probes */
   uint32_t until_probe; /* sleeping: waits left before the next probe */
+  uint32_t until_sleep; /* polling: waits left before the next one that sleeps */
+  uint32_t poll_ns;     /* average wait that polled (0: none yet) */
+  uint32_t sleep_ns;    /* average wait that slept (0: none yet) */
   uint32_t adaptive;    /* 0: poll the cap every time */
   /* outcomes, for counters and tests */
   uint64_t waits, polls, hits, lost;
@@ -62,49 +74,76 @@ static inline void tent_busy_poll_init(tent_busy_poll_t *st, uint32_t cap_ns, in
   st->score = TENT_BUSY_POLL_SCORE_ONE; /* start polling: the first outcomes decide */
   st->probe_gap = TENT_BUSY_POLL_PROBE_MIN;
   st->until_probe = TENT_BUSY_POLL_PROBE_MIN;
+  st->until_sleep = TENT_BUSY_POLL_SLEEP_EVERY;
   st->adaptive = adaptive != 0;
+}
+
+/* Polling is the better way to wait, as far as the recent outcomes tell. */
+static inline int tent_busy_poll_polling(const tent_busy_poll_t *st) {
+  return st->score >= TENT_BUSY_POLL_SCORE_POLL &&
+         (!st->sleep_ns || !st->poll_ns || (uint64_t)st->poll_ns * 5 <= (uint64_t)st->sleep_ns * 4);
 }
 
 /* Nanoseconds to poll before this wait sleeps (0: sleep at once). */
 static inline uint32_t tent_busy_poll_begin(tent_busy_poll_t *st) {
   st->waits++;
   if (!st->cap_ns) return 0;
-  if (!st->adaptive || st->score >= TENT_BUSY_POLL_SCORE_POLL) return st->budget_ns;
+  if (!st->adaptive) return st->budget_ns;
+  if (tent_busy_poll_polling(st)) {
+    if (--st->until_sleep > 0) return st->budget_ns;
+    st->until_sleep = TENT_BUSY_POLL_SLEEP_EVERY;
+    return 0; /* sleep once: how long a sleeping wait takes now */
+  }
   if (--st->until_probe > 0) return 0;
   st->until_probe = st->probe_gap; /* a probe; its outcome sets the next gap */
   return st->budget_ns;
 }
 
-/* The outcome of a wait that polled `polled_ns` (what begin returned): the bytes were there
- * `waited_ns` after the wait began; `lost`: the poll lost its core at least once. */
+static inline uint32_t tent_busy_poll_avg_(uint32_t avg, uint64_t sample, unsigned shift) {
+  if (!avg) return (uint32_t)sample;
+  return (uint32_t)((int64_t)avg + (((int64_t)sample - (int64_t)avg) >> shift));
+}
+
+/* The outcome of a wait that polled `polled_ns` (what begin returned; 0: it slept at once): the
+ * thread had its bytes `waited_ns` after the wait began; `lost`: the poll lost its core. */
 static inline void tent_busy_poll_end(tent_busy_poll_t *st, uint32_t polled_ns, uint64_t waited_ns, int lost) {
-  if (!polled_ns) return;
+  if (!st->cap_ns) return;
+  uint64_t sample = waited_ns < 4ull * st->cap_ns ? waited_ns : 4ull * st->cap_ns;
+  if (!polled_ns) {
+    if (st->adaptive) st->sleep_ns = tent_busy_poll_avg_(st->sleep_ns, sample ? sample : 1, 2);
+    return;
+  }
   st->polls++;
   int hit = waited_ns <= polled_ns && !lost;
   st->hits += (uint64_t)hit;
   st->lost += (uint64_t)(lost != 0);
   if (!st->adaptive) return;
-  int probing = st->score < TENT_BUSY_POLL_SCORE_POLL;
+  int probing = !tent_busy_poll_polling(st);
   st->score -= st->score / (lost ? 4 : 8); /* a lost core weighs twice: polling took a core others needed */
   if (hit) st->score += TENT_BUSY_POLL_SCORE_ONE / 8;
   if (probing) {
-    if (hit) {
-      /* one hit is evidence enough to poll again; a miss or two sends it back to sleep */
+    if (hit && (!st->sleep_ns || sample * 5 <= (uint64_t)st->sleep_ns * 4)) {
+      /* one good probe is evidence enough to poll again; its followers confirm or undo it */
       if (st->score < TENT_BUSY_POLL_SCORE_POLL + TENT_BUSY_POLL_SCORE_ONE / 8)
         st->score = TENT_BUSY_POLL_SCORE_POLL + TENT_BUSY_POLL_SCORE_ONE / 8;
+      st->poll_ns = (uint32_t)(sample ? sample : 1);
       st->probe_gap = TENT_BUSY_POLL_PROBE_MIN;
+      st->until_sleep = TENT_BUSY_POLL_SLEEP_EVERY;
     } else if (st->probe_gap < TENT_BUSY_POLL_PROBE_MAX) {
       st->probe_gap *= 2;
     }
     st->until_probe = st->probe_gap;
-  } else if (st->score < TENT_BUSY_POLL_SCORE_POLL) { /* polling stops: the first probe soon */
-    st->probe_gap = TENT_BUSY_POLL_PROBE_MIN;
-    st->until_probe = TENT_BUSY_POLL_PROBE_MIN;
+  } else {
+    st->poll_ns = tent_busy_poll_avg_(st->poll_ns, sample ? sample : 1, 3);
+    if (!tent_busy_poll_polling(st)) { /* polling stops: the first probe soon */
+      st->probe_gap = TENT_BUSY_POLL_PROBE_MIN;
+      st->until_probe = TENT_BUSY_POLL_PROBE_MIN;
+    }
   }
   uint64_t b = st->budget_ns;
   if (hit && waited_ns > b / 2) b *= 2;
   else if (hit && waited_ns < b / 8) b -= b / 16;
-  else if (!hit && !lost && waited_ns <= st->cap_ns) b *= 2;
+  else if (!hit && !lost && waited_ns <= 2ull * st->cap_ns) b *= 2; /* the wake-up came on top */
   if (b < TENT_BUSY_POLL_MIN_NS) b = TENT_BUSY_POLL_MIN_NS;
   if (b > st->cap_ns) b = st->cap_ns;
   st->budget_ns = (uint32_t)b;
