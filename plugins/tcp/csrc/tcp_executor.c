@@ -469,6 +469,8 @@ typedef struct tcp_exec {
   int busy_poll_us;       /* a small request's answer / the next request is polled for up to this long before sleeping */
   int busy_poll_adaptive; /* each connection learns whether and how long to poll (tent/busy_poll.h); 0: always the cap */
   atomic_ullong busy_poll[2][BP_N]; /* outcomes: [client, server][BP_*] */
+  atomic_int polling_now;  /* threads of this executor polling a socket now ... */
+  int max_pollers;         /* ... at most this many: half the online CPUs, at least one */
   uint64_t throttle_until_ms; /* some rail holds bulk back until then: workers look again at that time */
 
   uint64_t chunk;     /* cut slices into chunks of at most this many bytes (0: whole slices) */
@@ -741,10 +743,23 @@ static void sconn_close(sconn_t *c) {
   pthread_mutex_unlock(&c->ex->srv_mu);
 }
 
+/* The budget a wait may poll for now: what its policy says, if fewer than max_pollers threads of
+ * this executor poll already (a batch spread over several connections has as many server threads
+ * waiting for the next one: left alone they would all poll, holding every core the initiator
+ * needs). A non-zero result holds a poller slot until busy_poll_done. */
+static uint32_t busy_poll_claim(tcp_exec_t *ex, tent_busy_poll_t *bp) {
+  uint32_t budget = tent_busy_poll_begin(bp);
+  if (!budget) return 0;
+  if (atomic_fetch_add(&ex->polling_now, 1) < ex->max_pollers) return budget;
+  atomic_fetch_sub(&ex->polling_now, 1);
+  return 0; /* sleeps: measured as any sleeping wait */
+}
+
 /* A wait that began with a poll of `budget` ns (0: none) ended `waited_ns` after it began: the
  * policy learns from it, the counters count it. */
 static void busy_poll_done(tcp_exec_t *ex, int side, tent_busy_poll_t *bp, uint32_t budget, uint64_t waited_ns, int lost) {
   tent_busy_poll_end(bp, budget, waited_ns, lost);
+  if (budget) atomic_fetch_sub(&ex->polling_now, 1);
   atomic_ullong *c = ex->busy_poll[side];
   atomic_fetch_add_explicit(&c[BP_WAITS], 1, memory_order_relaxed);
   if (!budget) return;
@@ -839,10 +854,11 @@ static void *sconn_main(void *arg) {
     int w;
     if (spin) {
       uint64_t t0 = mono_ns();
-      uint32_t budget = tent_busy_poll_begin(&bp);
+      uint32_t budget = busy_poll_claim(ex, &bp);
       int lost = 0;
       w = spin_readable(fd, budget, &lost) ? 1 : wait_readable(ex, fd, ex->idle_timeout_ms);
       if (w > 0) busy_poll_done(ex, 1, &bp, budget, mono_ns() - t0, lost);
+      else if (budget) atomic_fetch_sub(&ex->polling_now, 1); /* the slot only: no outcome */
     } else {
       w = wait_readable(ex, fd, ex->idle_timeout_ms);
     }
@@ -1891,6 +1907,8 @@ static void *ex_create(const tent_host_api_t *host, const char *config, char *er
   pthread_condattr_destroy(&ca);
   pthread_mutex_init(&ex->srv_mu, NULL);
   atomic_store(&ex->next_reqid, 1);
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  ex->max_pollers = cpus >= 4 ? (int)(cpus / 2) : 1;
   ex->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   ex->workers = calloc((size_t)ex->nthreads, sizeof(pthread_t));
   if (ex->wake_fd < 0 || !ex->workers) {
@@ -2131,8 +2149,8 @@ static int ex_progress(void *self, uint64_t token, int64_t budget_ns) {
   /* the run holds its slot: that slot's policy is this thread's alone until the run is done */
   tent_busy_poll_t *bp = &pr->r->slot_poll[pr->slot];
   uint64_t t0 = mono_ns();
-  uint32_t spin = tent_busy_poll_begin(bp);
-  if ((int64_t)spin > budget_ns) spin = (uint32_t)budget_ns;
+  uint32_t spin = busy_poll_claim(ex, bp);
+  if (spin && (int64_t)spin > budget_ns) spin = budget_ns > 0 ? (uint32_t)budget_ns : 1;
   int n = 1, lost = 0, err = 0;
   if (!spin_readable(pr->fd, spin, &lost)) {
     struct pollfd p = {.fd = pr->fd, .events = POLLIN};
