@@ -26,6 +26,7 @@
  *       connection polls up to this long for the next request (no sleep) before it blocks in
  *       recv: every time, or with `adaptive` under the tcp executor's rule (tent/busy_poll.h,
  *       the same code), as the engine's server connections do.
+ *   tcp_poll_stats() -> dict: the last tcp() loop's busy-poll outcomes on the client side.
  *   tcp(host, port, op, block, count, local=0, spin_us=0, adaptive=0) -> bytes
  *       `count` requests one at a time on one connection to a tcp_serve server (a WRITE's
  *       header and payload in one writev, like the engine): each request's seconds. With
@@ -246,8 +247,9 @@ static int spin_readable(int fd, uint64_t ns, int *lost) {
 #define POLL_AFTER_BYTES (256u << 10)
 
 /* Wait for fd to become readable the engine's way: poll first as the policy says, then block
- * (the caller's recv blocks); the policy learns when the bytes came. */
-static void wait_readable(int fd, tent_busy_poll_t *bp) {
+ * (the caller's recv blocks); the policy learns when the bytes came, and the exchange's whole
+ * cycle since `cycle_start` (a client's send, a server's receipt of the previous request). */
+static void wait_readable(int fd, tent_busy_poll_t *bp, uint64_t cycle_start) {
   if (!bp->cap_ns) return;
   uint64_t t0 = now_ns();
   uint32_t budget = tent_busy_poll_begin(bp);
@@ -257,7 +259,8 @@ static void wait_readable(int fd, tent_busy_poll_t *bp) {
     while (poll(&p, 1, -1) < 0 && errno == EINTR) {
     }
   }
-  tent_busy_poll_end(bp, budget, now_ns() - t0, lost);
+  uint64_t now = now_ns();
+  tent_busy_poll_end(bp, budget, now - t0, cycle_start && cycle_start <= t0 ? now - cycle_start : now - t0, lost);
 }
 
 static int send_all(int fd, const void *p, size_t n) {
@@ -309,10 +312,11 @@ static void *serve_conn(void *arg) {
   uint8_t h[64];
   tent_busy_poll_t bp;
   tent_busy_poll_init(&bp, (uint32_t)mem.spin_us * 1000u, mem.adaptive);
-  uint64_t last_len = 0;
+  uint64_t last_len = 0, served = 0;
   for (;;) {
-    if (last_len <= POLL_AFTER_BYTES) wait_readable(fd, &bp);
+    if (last_len <= POLL_AFTER_BYTES) wait_readable(fd, &bp, served);
     if (recv_all(fd, h, sizeof h)) break;
+    served = now_ns();
     uint32_t op;
     uint64_t len;
     memcpy(&op, h, 4);
@@ -407,6 +411,8 @@ static PyObject *py_tcp_serve(PyObject *m, PyObject *args) {
   return PyLong_FromLong(ntohs(sa.sin_port));
 }
 
+static tent_busy_poll_t g_last_client; /* the last tcp() loop's polling state (under the GIL) */
+
 static PyObject *py_tcp(PyObject *m, PyObject *args) {
   const char *host;
   int port, op;
@@ -472,16 +478,17 @@ static PyObject *py_tcp(PyObject *m, PyObject *args) {
           }
         }
         char ack;
-        if (!err) wait_readable(fd, &bp);
+        if (!err) wait_readable(fd, &bp, t0);
         if (!err && recv_all(fd, &ack, 1)) err = errno ? errno : EPIPE;
       } else {
-        if (send_all(fd, h, sizeof h) || (wait_readable(fd, &bp), recv_all(fd, data, block))) err = errno ? errno : EPIPE;
+        if (send_all(fd, h, sizeof h) || (wait_readable(fd, &bp, t0), recv_all(fd, data, block))) err = errno ? errno : EPIPE;
       }
       out[i] = (double)(now_ns() - t0) / 1e9;
     }
   }
   if (fd >= 0) close(fd);
   Py_END_ALLOW_THREADS;
+  g_last_client = bp;
   free(own);
   if (err) {
     Py_DECREF(res);
@@ -489,6 +496,14 @@ static PyObject *py_tcp(PyObject *m, PyObject *args) {
     return PyErr_SetFromErrno(PyExc_OSError);
   }
   return res;
+}
+
+static PyObject *py_tcp_poll_stats(PyObject *m, PyObject *unused) {
+  const tent_busy_poll_t *b = &g_last_client;
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:I,s:I,s:I}", "waits", (unsigned long long)b->waits, "polls",
+                       (unsigned long long)b->polls, "hits", (unsigned long long)b->hits, "lost",
+                       (unsigned long long)b->lost, "budget_ns", b->budget_ns, "poll_ns", b->poll_ns, "sleep_ns",
+                       b->sleep_ns);
 }
 
 static PyMethodDef methods[] = {
@@ -502,6 +517,8 @@ static PyMethodDef methods[] = {
      "tcp_serve(host, addr=0, size=0, spin_us=0, adaptive=0) -> port of a bare request/response server"},
     {"tcp", py_tcp, METH_VARARGS,
      "tcp(host, port, op, block, count, local=0, spin_us=0, adaptive=0) -> per-request seconds (float64 bytes)"},
+    {"tcp_poll_stats", py_tcp_poll_stats, METH_NOARGS,
+     "tcp_poll_stats() -> the last tcp() loop's client waits, polls, hits, lost cores, budget, poll/sleep cycle ns"},
     {NULL}};
 
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_bare", "bare limits for the small-request benchmarks", -1,

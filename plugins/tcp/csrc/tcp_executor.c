@@ -755,10 +755,11 @@ static uint32_t busy_poll_claim(tcp_exec_t *ex, tent_busy_poll_t *bp) {
   return 0; /* sleeps: measured as any sleeping wait */
 }
 
-/* A wait that began with a poll of `budget` ns (0: none) ended `waited_ns` after it began: the
- * policy learns from it, the counters count it. */
-static void busy_poll_done(tcp_exec_t *ex, int side, tent_busy_poll_t *bp, uint32_t budget, uint64_t waited_ns, int lost) {
-  tent_busy_poll_end(bp, budget, waited_ns, lost);
+/* A wait that began with a poll of `budget` ns (0: none) ended `waited_ns` after it began and
+ * `cycle_ns` after its exchange began: the policy learns from it, the counters count it. */
+static void busy_poll_done(tcp_exec_t *ex, int side, tent_busy_poll_t *bp, uint32_t budget, uint64_t waited_ns,
+                           uint64_t cycle_ns, int lost) {
+  tent_busy_poll_end(bp, budget, waited_ns, cycle_ns, lost);
   if (budget) atomic_fetch_sub(&ex->polling_now, 1);
   atomic_ullong *c = ex->busy_poll[side];
   atomic_fetch_add_explicit(&c[BP_WAITS], 1, memory_order_relaxed);
@@ -848,6 +849,7 @@ static void *sconn_main(void *arg) {
     }
   }
   int spin = 0; /* the last request was small: its client may send the next one at once */
+  uint64_t served_ns = 0; /* when the last request's header was in: the server's exchange cycle starts */
   tent_busy_poll_t bp;
   tent_busy_poll_init(&bp, (uint32_t)ex->busy_poll_us * 1000u, ex->busy_poll_adaptive);
   for (;;) {
@@ -857,7 +859,10 @@ static void *sconn_main(void *arg) {
       uint32_t budget = busy_poll_claim(ex, &bp);
       int lost = 0;
       w = spin_readable(fd, budget, &lost) ? 1 : wait_readable(ex, fd, ex->idle_timeout_ms);
-      if (w > 0) busy_poll_done(ex, 1, &bp, budget, mono_ns() - t0, lost);
+      if (w > 0) {
+        uint64_t now = mono_ns();
+        busy_poll_done(ex, 1, &bp, budget, now - t0, now - served_ns, lost);
+      }
       else if (budget) atomic_fetch_sub(&ex->polling_now, 1); /* the slot only: no outcome */
     } else {
       w = wait_readable(ex, fd, ex->idle_timeout_ms);
@@ -866,6 +871,7 @@ static void *sconn_main(void *arg) {
     if (w <= 0) break;
     int rc = recv_all(fd, h, REQ_SIZE, NULL, 0);
     if (rc != IO_OK) break; /* peer closed / stalled mid-header */
+    served_ns = ex->busy_poll_us ? mono_ns() : 0;
     uint32_t version = get16(h + 4);
     if (get32(h) != WIRE_MAGIC || (version != WIRE_VERSION && version != WIRE_VERSION_GAP)) {
       slog("closing connection from %s: bad request header (magic %08x version %u)", c->who, get32(h), version);
@@ -1115,6 +1121,7 @@ typedef struct pipe_run {
   uint32_t reported;         /* chunks [0, reported) were reported as their answers came in */
   uint64_t token;            /* the batch of a run sent inline (its waiter may read the answers) */
   int send_rc;               /* IO_* of the send phase */
+  uint64_t sent_ns;          /* inline runs: when the send began (busy-poll cycles; 0: unknown) */
   struct pipe_run *next;     /* in ex->rx while a worker is to read its responses */
   io_watch_t watch;          /* the run's progress clock: every chunk of it is in service */
   tent_chunk_t c[PIPE_MAX];
@@ -1856,7 +1863,7 @@ EXPORT void tcp_busy_poll_replay(uint32_t cap_ns, int adaptive, uint64_t n, cons
     uint32_t b = tent_busy_poll_begin(&st);
     int caught = b && poll_ns[i] <= b;
     uint64_t waited = caught ? poll_ns[i] : (b && poll_ns[i] > sleep_ns[i] ? poll_ns[i] : sleep_ns[i]);
-    tent_busy_poll_end(&st, b, waited, b && lost[i]);
+    tent_busy_poll_end(&st, b, waited, waited, b && lost[i]);
     budget_out[i] = b;
   }
   uint32_t state[6] = {st.budget_ns, st.score, st.probe_gap, st.until_probe, st.poll_ns, st.sleep_ns};
@@ -2107,6 +2114,7 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
   for (int k = 0; k < nruns; k++) {
     pipe_run_t *pr = runs[k];
     run_start(ex, pr);
+    pr->sent_ns = ex->busy_poll_us ? mono_ns() : 0;
     pr->send_rc = run_send(ex, pr, &stream);
     if (pr->send_rc != IO_OK) {
       for (uint32_t i = 0; i < pr->k; i++) pr->status[i] = io_status(pr->send_rc);
@@ -2158,7 +2166,9 @@ static int ex_progress(void *self, uint64_t token, int64_t budget_ns) {
     n = ppoll(&p, 1, &ts, NULL);
     err = errno;
   }
-  busy_poll_done(ex, 0, bp, spin, mono_ns() - t0, lost); /* nothing within the step counts as a miss */
+  uint64_t now = mono_ns(); /* nothing within the step counts as a miss */
+  busy_poll_done(ex, 0, bp, spin, now - t0, pr->sent_ns && pr->sent_ns <= t0 ? now - pr->sent_ns : now - t0, lost);
+  pr->sent_ns = 0; /* a later step of the same wait compares its own part */
   if (n == 0 || (n < 0 && err == EINTR)) { /* not yet: give it back */
     pthread_mutex_lock(&ex->mu);
     pr->next = ex->rx_head;

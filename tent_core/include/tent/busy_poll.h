@@ -17,16 +17,22 @@
  *    TENT_BUSY_POLL_LOST_NS between two looks at the socket: another thread was waiting for
  *    this core, so polling here competes with real work; such a miss weighs twice). `score` is
  *    the hit rate of the recent polls (an exponential average over about 8);
- *  - `poll_ns` and `sleep_ns` average how long waits that polled and waits that slept took until
- *    the thread had its bytes (each sample capped at 4x the cap, so one preemption of
- *    milliseconds does not decide alone). A sleeping wait pays the wake-up; a polling one pays
- *    whatever its polling costs the peer. Polling goes on while the score is at least one half
+ *  - `poll_ns` and `sleep_ns` average the whole cycle of waits that polled and of waits that
+ *    slept: from the start of the exchange the wait belongs to (a client's send of its request,
+ *    a server's receipt of the previous request) until the thread had its bytes (each sample
+ *    capped at 4x the cap, so one preemption of milliseconds does not decide alone). A sleeping
+ *    wait pays the wake-up; a polling one pays whatever its polling costs the peer, which the
+ *    poller's own hit rate cannot see (measured from the send on, a cycle also catches a peer
+ *    that ran on the sender's core inside its send). Polling goes on while the score is at least one half
  *    and polled waits are at least a fifth shorter than slept ones (a core is held only for a
  *    clear gain; noise favours sleeping); while polling, one wait in TENT_BUSY_POLL_SLEEP_EVERY
  *    sleeps to keep `sleep_ns` current;
- *  - sleeping, it probes: every `probe_gap`-th wait polls; a probe that hits and beats `sleep_ns`
- *    by that fifth brings polling back, one that does not doubles the gap (up to TENT_BUSY_POLL_PROBE_MAX
- *    waits, so a busy host pays at most one budget every 256 waits);
+ *  - sleeping, it probes: every `probe_gap`-th wait polls and counts half in `poll_ns`; when
+ *    that brings polled cycles a fifth under slept ones (and the probe hit), polling comes back,
+ *    else the gap doubles (up to TENT_BUSY_POLL_PROBE_MAX waits, so a busy host pays at most one
+ *    budget every 256 waits). Polling that stops again within TENT_BUSY_POLL_STREAK polls
+ *    doubles the gap too (no flapping between a lucky probe and its unlucky followers); after a
+ *    longer stretch the gap starts again at TENT_BUSY_POLL_PROBE_MIN;
  *  - the budget follows the waits that hit: an answer in the last half of the budget doubles it,
  *    one in the first eighth shrinks it by 1/16 (it settles between 2x and 8x the typical wait,
  *    so a miss burns little), never below TENT_BUSY_POLL_MIN_NS nor above the cap; a miss on a
@@ -35,8 +41,9 @@
  *    caught them.
  *
  * Use: b = tent_busy_poll_begin(&st) before a wait (ns to poll, 0: sleep at once); poll up to b
- * noting whether the core was lost; then tent_busy_poll_end(&st, b, waited_ns, lost) with the
- * time from the start of the wait until the thread had its bytes (poll and sleep together).
+ * noting whether the core was lost; then tent_busy_poll_end(&st, b, waited_ns, cycle_ns, lost)
+ * with the time from the start of the wait until the thread had its bytes (poll and sleep
+ * together) and the whole cycle (see above; at least waited_ns).
  * `adaptive` 0 is a fixed poll of the cap every time; cap 0 never polls.
  * Not thread-safe: one state per waiter (the executors keep one per connection).
  */
@@ -50,6 +57,7 @@
 #define TENT_BUSY_POLL_PROBE_MIN 8u     /* sleeping: the first probe after this many waits */
 #define TENT_BUSY_POLL_PROBE_MAX 256u   /* ... the gap doubling after each failed probe up to this */
 #define TENT_BUSY_POLL_SLEEP_EVERY 16u  /* polling: one wait in this many sleeps (measures sleep_ns) */
+#define TENT_BUSY_POLL_STREAK 64u       /* polling that lasted this many polls was no fluke */
 #define TENT_BUSY_POLL_MIN_NS 4000u     /* the budget never shrinks below this */
 #define TENT_BUSY_POLL_LOST_NS 10000u   /* a gap this long while polling: the core was taken from us */
 
@@ -62,6 +70,7 @@ typedef struct tent_busy_poll {
   uint32_t until_sleep; /* polling: waits left before the next one that sleeps */
   uint32_t poll_ns;     /* average wait that polled (0: none yet) */
   uint32_t sleep_ns;    /* average wait that slept (0: none yet) */
+  uint32_t streak;      /* polls since polling (re)started */
   uint32_t adaptive;    /* 0: poll the cap every time */
   /* outcomes, for counters and tests */
   uint64_t waits, polls, hits, lost;
@@ -105,10 +114,13 @@ static inline uint32_t tent_busy_poll_avg_(uint32_t avg, uint64_t sample, unsign
 }
 
 /* The outcome of a wait that polled `polled_ns` (what begin returned; 0: it slept at once): the
- * thread had its bytes `waited_ns` after the wait began; `lost`: the poll lost its core. */
-static inline void tent_busy_poll_end(tent_busy_poll_t *st, uint32_t polled_ns, uint64_t waited_ns, int lost) {
+ * thread had its bytes `waited_ns` after the wait began, `cycle_ns` after its exchange began;
+ * `lost`: the poll lost its core. */
+static inline void tent_busy_poll_end(tent_busy_poll_t *st, uint32_t polled_ns, uint64_t waited_ns, uint64_t cycle_ns,
+                                      int lost) {
   if (!st->cap_ns) return;
-  uint64_t sample = waited_ns < 4ull * st->cap_ns ? waited_ns : 4ull * st->cap_ns;
+  if (cycle_ns < waited_ns) cycle_ns = waited_ns;
+  uint64_t sample = cycle_ns < 4ull * st->cap_ns ? cycle_ns : 4ull * st->cap_ns;
   if (!polled_ns) {
     if (st->adaptive) st->sleep_ns = tent_busy_poll_avg_(st->sleep_ns, sample ? sample : 1, 2);
     return;
@@ -121,23 +133,26 @@ static inline void tent_busy_poll_end(tent_busy_poll_t *st, uint32_t polled_ns, 
   int probing = !tent_busy_poll_polling(st);
   st->score -= st->score / (lost ? 4 : 8); /* a lost core weighs twice: polling took a core others needed */
   if (hit) st->score += TENT_BUSY_POLL_SCORE_ONE / 8;
+  uint32_t cyc = (uint32_t)(sample ? sample : 1);
   if (probing) {
-    if (hit && (!st->sleep_ns || sample * 5 <= (uint64_t)st->sleep_ns * 4)) {
-      /* one good probe is evidence enough to poll again; its followers confirm or undo it */
-      if (st->score < TENT_BUSY_POLL_SCORE_POLL + TENT_BUSY_POLL_SCORE_ONE / 8)
-        st->score = TENT_BUSY_POLL_SCORE_POLL + TENT_BUSY_POLL_SCORE_ONE / 8;
-      st->poll_ns = (uint32_t)(sample ? sample : 1);
-      st->probe_gap = TENT_BUSY_POLL_PROBE_MIN;
+    st->poll_ns = tent_busy_poll_avg_(st->poll_ns, cyc, 1);
+    if (hit && st->score < TENT_BUSY_POLL_SCORE_POLL + TENT_BUSY_POLL_SCORE_ONE / 8)
+      st->score = TENT_BUSY_POLL_SCORE_POLL + TENT_BUSY_POLL_SCORE_ONE / 8; /* a hit earns another look */
+    if (hit && tent_busy_poll_polling(st)) {
+      st->streak = 0;
       st->until_sleep = TENT_BUSY_POLL_SLEEP_EVERY;
-    } else if (st->probe_gap < TENT_BUSY_POLL_PROBE_MAX) {
-      st->probe_gap *= 2;
+    } else {
+      if (st->probe_gap < TENT_BUSY_POLL_PROBE_MAX) st->probe_gap *= 2;
+      st->until_probe = st->probe_gap;
+      if (!hit) st->score = st->score < TENT_BUSY_POLL_SCORE_POLL ? st->score : TENT_BUSY_POLL_SCORE_POLL - 1;
     }
-    st->until_probe = st->probe_gap;
   } else {
-    st->poll_ns = tent_busy_poll_avg_(st->poll_ns, sample ? sample : 1, 3);
-    if (!tent_busy_poll_polling(st)) { /* polling stops: the first probe soon */
-      st->probe_gap = TENT_BUSY_POLL_PROBE_MIN;
-      st->until_probe = TENT_BUSY_POLL_PROBE_MIN;
+    st->streak++;
+    st->poll_ns = tent_busy_poll_avg_(st->poll_ns, cyc, 3);
+    if (!tent_busy_poll_polling(st)) { /* polling stops */
+      if (st->streak >= TENT_BUSY_POLL_STREAK) st->probe_gap = TENT_BUSY_POLL_PROBE_MIN;
+      else if (st->probe_gap < TENT_BUSY_POLL_PROBE_MAX) st->probe_gap *= 2;
+      st->until_probe = st->probe_gap;
     }
   }
   uint64_t b = st->budget_ns;
