@@ -52,7 +52,11 @@
  * (`busy_poll_adaptive` 1) each connection, on each side, learns whether and how long to poll
  * from its own outcomes (tent/busy_poll.h: polls that found their bytes in time on a core nobody
  * else wanted keep it polling; misses and lost cores send it to sleep at once, with sparse probes
- * to re-learn); `busy_poll_adaptive` 0 polls the whole cap every time.
+ * to re-learn); `busy_poll_adaptive` 0 polls the whole cap every time. Either way, at most half
+ * the online CPUs (at least one) of an executor's threads poll at once, and none while the
+ * executor moves a bulk request (or within BULK_QUIET_MS of one): the copying threads of a stream
+ * need those cores, and a small request's tail beside a stream grew 3x when they polled
+ * (docs/benchmarks.md). A wait that may not poll sleeps.
  *
  * Server side: one accept thread per listener, one thread per accepted connection, at most
  * `max_conns` connections at once (more are closed at accept; those still authenticating hold at
@@ -134,6 +138,7 @@
 #define SLOT_FREE (-2)
 #define PIPE_MAX 64 /* requests in one pipelined run at most */
 #define SPIN_AFTER_BYTES (256u << 10) /* a server connection polls for the next request after ones up to this long */
+#define BULK_QUIET_MS 5 /* nobody polls while bulk moves, nor this long after it stopped */
 
 /* ------------------------------------------------------------------ utils */
 
@@ -471,6 +476,8 @@ typedef struct tcp_exec {
   atomic_ullong busy_poll[2][BP_N]; /* outcomes: [client, server][BP_*] */
   atomic_int polling_now;  /* threads of this executor polling a socket now ... */
   int max_pollers;         /* ... at most this many: half the online CPUs, at least one */
+  atomic_int bulk_active;  /* bulk requests being moved now (client runs, server requests): no polling */
+  atomic_ullong bulk_last_ms; /* ... nor within BULK_QUIET_MS of the last one's end */
   uint64_t throttle_until_ms; /* some rail holds bulk back until then: workers look again at that time */
 
   uint64_t chunk;     /* cut slices into chunks of at most this many bytes (0: whole slices) */
@@ -750,6 +757,9 @@ static void sconn_close(sconn_t *c) {
 static uint32_t busy_poll_claim(tcp_exec_t *ex, tent_busy_poll_t *bp) {
   uint32_t budget = tent_busy_poll_begin(bp);
   if (!budget) return 0;
+  if (atomic_load_explicit(&ex->bulk_active, memory_order_relaxed) > 0 ||
+      mono_ms() - atomic_load_explicit(&ex->bulk_last_ms, memory_order_relaxed) < BULK_QUIET_MS)
+    return 0; /* bulk moves: its threads need the cores */
   if (atomic_fetch_add(&ex->polling_now, 1) < ex->max_pollers) return budget;
   atomic_fetch_sub(&ex->polling_now, 1);
   return 0; /* sleeps: measured as any sleeping wait */
@@ -852,7 +862,13 @@ static void *sconn_main(void *arg) {
   uint64_t served_ns = 0; /* when the last request's header was in: the server's exchange cycle starts */
   tent_busy_poll_t bp;
   tent_busy_poll_init(&bp, (uint32_t)ex->busy_poll_us * 1000u, ex->busy_poll_adaptive);
+  int bulk_held = 0; /* this connection counts in ex->bulk_active (a bulk request in service) */
   for (;;) {
+    if (bulk_held) { /* the bulk request was served (every path of the last iteration ends here) */
+      atomic_store(&ex->bulk_last_ms, mono_ms());
+      atomic_fetch_sub(&ex->bulk_active, 1);
+      bulk_held = 0;
+    }
     int w;
     if (spin) {
       uint64_t t0 = mono_ns();
@@ -886,6 +902,10 @@ static void *sconn_main(void *arg) {
     }
     int status = TENT_OK;
     spin = len <= SPIN_AFTER_BYTES; /* bulk connections sleep between requests: no core burnt beside a stream */
+    if (!spin) { /* and nobody polls while one is served */
+      atomic_fetch_add(&ex->bulk_active, 1);
+      bulk_held = 1;
+    }
     region_t *r = region_acquire(ex, c, addr, len, op == TENT_OP_READ ? PERM_REMOTE_READ : PERM_REMOTE_WRITE, &status);
     if (op == TENT_OP_WRITE) {
       if (r) {
@@ -913,6 +933,10 @@ static void *sconn_main(void *arg) {
       region_release(ex, c, r);
       if (rc != IO_OK) break;
     }
+  }
+  if (bulk_held) {
+    atomic_store(&ex->bulk_last_ms, mono_ms());
+    atomic_fetch_sub(&ex->bulk_active, 1);
   }
   sconn_close(c);
   return NULL;
@@ -1488,7 +1512,10 @@ static int slot_claim(tcp_exec_t *ex, rail_t *r, int small) {
     while (r->slot_fd[slot] != SLOT_FREE) slot++; /* busy < conns_per_rail: a free bulk slot exists */
     r->busy++;
   }
-  if (slot >= 0 && !small) r->bulk_busy++;
+  if (slot >= 0 && !small) {
+    r->bulk_busy++;
+    atomic_fetch_add(&ex->bulk_active, 1);
+  }
   if (slot >= 0) {
     int fd = -1;
     uint64_t now = mono_ms();
@@ -1529,7 +1556,11 @@ static void run_finish(tcp_exec_t *ex, pipe_run_t *pr, int broken) {
   r->slot_fd[pr->slot] = SLOT_FREE;
   if (pr->slot == ex->conns_per_rail) r->express_busy = 0;
   else r->busy--;
-  if (!pr->small) r->bulk_busy--;
+  if (!pr->small) {
+    r->bulk_busy--;
+    atomic_store(&ex->bulk_last_ms, mono_ms());
+    atomic_fetch_sub(&ex->bulk_active, 1);
+  }
   for (uint32_t i = pr->reported; i < pr->k; i++) {
     if (pr->status[i] == TENT_OK) {
       atomic_fetch_add(&r->bytes, pr->c[i].len);
