@@ -145,11 +145,13 @@ class TcpTransport(Transport):
         # GB/s); where they are not, a polling thread holds a core its peer needs and everything
         # gets slower (docs/benchmarks.md, small requests). Hence adaptive by default:
         "busy_poll_us": 50,
-        # 1: each connection (client waiter and server side alike) learns from its own recent polls
+        # 1: each connection (client waiter and server side alike) learns from its own recent waits
         # whether to poll and for how long (tent/busy_poll.h in tent-core's headers): it polls
-        # while at least half of its polls found their bytes in time on a core no other thread
-        # wanted, else it sleeps at once and probes now and then (at most one poll in 256 waits
-        # on a busy host). 0: poll the whole busy_poll_us before every such wait.
+        # while most of its polls find their bytes in time on a core no other thread wanted and
+        # its polled exchanges are at least a fifth shorter than its slept ones, else it sleeps at
+        # once and probes now and then (at most one poll in 256 waits on a busy host). 0: poll the
+        # whole busy_poll_us before every such wait. Either way at most half the CPUs (at least
+        # one) of the executor's threads poll at once, and none while it moves a bulk request.
         "busy_poll_adaptive": 1,
         # small requests up to this long leave on the submitting thread when a connection is idle
         # (one sendmsg, no hand-off before the wire; the waiter reads the answer)
