@@ -10,7 +10,7 @@ T=".venv/bin/tent bench --fabric 4x1gbit --json"
 $T --policy spray,round_robin --block-sizes 1M,64M                          > "$OUT/equal.json"
 $T --degrade 3:0.5 --policy spray,round_robin --block-sizes 1M,64M \
    --timeline docs/timeline-degraded.png                                   > "$OUT/degraded.json"
-$T --degrade 3:0.5 --policy spray,round_robin --block-sizes 64M --offered-load 1.2 --seeds 3 > "$OUT/degraded-open.json"
+$T --degrade 3:0.5 --policy spray,round_robin --block-sizes 64M --offered-load 0.8,1.2,1.6 --seeds 3 > "$OUT/degraded-open.json"
 $T --mixed --policy spray                                                  > "$OUT/mixed.json"
 $T --fault "down 0 at 1s; up 0 at 3s" --duration 5 --timeline docs/timeline-down-up.png > "$OUT/down-up.json"
 $T --fault "degrade 2:0.5 at 1s; restore 2 at 3s" --duration 5 --timeline docs/timeline-degrade.png > "$OUT/degrade.json"

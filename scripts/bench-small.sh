@@ -21,4 +21,6 @@ for i in 1 2 3; do
         $PY -c "import json, sys; print(json.dumps([r for r in json.load(sys.stdin) if r.get('kind') == 'submit_cost'][0]))"
 done > "$OUT/submit.json"
 cat "$OUT/small.md" "$OUT/submit.json"
+$PY -c "import json, sys; from tent_bench import small; print(); print('- ' + small.submit_target([json.loads(x) for x in open(sys.argv[1]) if x.strip()]))" \
+    "$OUT/submit.json"
 echo "results in $OUT"

@@ -141,3 +141,34 @@ def test_burst_rendering_shows_every_n_and_judges_the_target():
     assert "**not met** (N=4 1.05x, N=6 1.20x)" in out
     data["rows"][2] = row(6, 1.08)
     assert "**met** (N=4 1.05x, N=6 1.08x)" in render_burst(json.dumps(data))
+
+
+def test_a_skipped_step_keeps_the_figures_of_an_earlier_series():
+    step = ba.Step("rdma", ["scripts/rdma-vm.sh"], opt_in=True)
+    reason = ba.skip_reason(step, ROOT, True, False, None)
+    assert reason and reason.startswith("opt-in")
+    res = ba.Result(step, "skipped", reason=reason)
+    assert ba.block_for(res, ["machine", "rdma"], False) is None  # the rdma table is not replaced
+    assert ba.KEPT_NOTE in res.reason  # and the machine block says whose figures those are
+    other = ba.Result(ba.Step("new-step", ["x"]), "skipped", reason="needs root")
+    assert ba.block_for(other, ["machine"], False) is None and other.reason == "needs root"
+    ran = ba.Result(ba.Step("tcp", ["x"]), "failed", reason="exit code 3", stderr="boom")
+    body = ba.block_for(ran, ["tcp"], False)
+    assert body is not None and "failed** (exit code 3" in body and "boom" in body
+
+
+def test_dataplane_target_is_computed_from_the_numbers():
+    v = ba.target_dataplane(json.dumps({"ratio": 0.461, "cpu_bound_ratio_limit": 0.694}))
+    assert v == ("Target >= 0.9x the raw engine (median of the per-round ratios): **not met** (0.46x; "
+                 "the CPU-bound limit computed for this run: 0.69x)")  # fmt: skip
+    assert "**met** (0.92x)" in ba.target_dataplane(json.dumps({"ratio": 0.92}))
+    assert "no ratio" in ba.target_dataplane("not json")
+
+
+def test_the_targets_block_collects_every_verdict_of_the_other_blocks():
+    doc = DOC.replace("Intro, kept as is.", "<!-- bench-all:begin targets -->\nold\n<!-- bench-all:end targets -->")
+    doc = ba.replace_blocks(doc, {"tcp": "| t |\n\nTarget >= 0.8x socket: **met** (1.1x)  \n- shm x: **not met** (0.5x)"})
+    summary = ba.targets_summary(doc)
+    assert summary.startswith("1 of 2 verdicts met.")
+    assert "| `tcp` | Target >= 0.8x socket: **met** (1.1x) |" in summary and "| `tcp` | shm x: **not met** (0.5x) |" in summary
+    assert "old machine" not in summary and ba.targets_summary(DOC).startswith("_No target verdicts")

@@ -10,7 +10,10 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from tent_bench import _bare, small
+
+from tent_core.errors import NoPathError
 
 KiB = 1024
 
@@ -148,18 +151,49 @@ def test_tent_bench_quick_sweeps_small_sizes_next_to_the_bare_limit() -> None:
     assert bad.returncode != 0 and "READ and/or WRITE" in bad.stderr
 
 
-def test_many_buffers_over_shm_memfd_reports_why_it_is_not_measured() -> None:
+def test_many_buffers_over_shm_runs_in_cma_mode_since_memfd_mode_refuses_plain_memory() -> None:
     """The target registers plain memory, which shm in memfd mode (the default) cannot map: the
-    engine refuses the first request with the reason (no retrying until a deadline) and the
-    scenario reports that reason as its row instead of a figure."""
-    rows = small.run(["many_buffers"], ["shm"], 1, 1 << 20, config={"transports": {"shm": {"mode": "memfd"}}})
-    assert len(rows) == 1 and rows[0]["transport"] == "shm"
-    reason = rows[0]["not_measured"]
-    assert "memfd mode" in reason and "engine.allocate()" in reason, reason
-    assert "| shm |  | not measured: no transport can reach" in small.markdown(rows)
+    engine refuses the first request with the reason (no retrying until a deadline); the scenario
+    therefore measures shm in CMA mode, which reaches any memory, and says so in its row."""
+    memfd = {"transports": {"shm": {"mode": "memfd"}}}
+    with pytest.raises(NoPathError) as refused:
+        small.many_buffers("shm", 1, count=4, few=2, many=8, config=memfd)
+    assert "memfd mode" in str(refused.value) and "engine.allocate()" in str(refused.value)
+    rows = small.run(["many_buffers"], ["shm"], 1, 1 << 20, config=memfd)
+    assert len(rows) == 1 and rows[0]["transport"] == "shm" and rows[0]["shm_mode"] == "cma"
+    assert "not_measured" not in rows[0] and rows[0]["few_us"] > 0 and rows[0]["many_us"] > 0
+    md = small.markdown(rows)
+    assert "| shm (cma) | 10 / 10000 |" in md and "- shm (cma): a segment of 10000 buffers within 1.1x of 10" in md
+    assert small.with_shm_mode(memfd, "cma") == {"transports": {"shm": {"mode": "cma"}}} and memfd["transports"]["shm"]["mode"] == "memfd"
 
 
 def test_many_buffers_over_shm_with_cma_is_measured() -> None:
     mb = small.many_buffers("shm", 1, count=40, few=4, many=64, config={"transports": {"shm": {"mode": "auto"}}})
     assert len(mb) == 1 and "not_measured" not in mb[0]
     assert mb[0]["few_us"] > 0 and mb[0]["many_us"] > 0 and mb[0]["first_read_many_ms"] > 0
+
+
+def test_targets_are_judged_from_the_rows() -> None:
+    def one(tr: str, block: int, **kw: float) -> dict:
+        return {"scenario": "one_at_a_time", "transport": tr, "op": "READ", "block": block, **kw}
+
+    rows = [
+        one("shm", 64 * KiB, ratio=0.7, python_ratio=0.84, run_python_ratio=0.89),
+        one("shm", 256 * KiB, ratio=0.8, python_ratio=0.87, run_python_ratio=0.94),
+        one("shm", 256 * KiB, ratio=0.8, python_ratio=0.85, run_python_ratio=0.88),
+        one("tcp", 64 * KiB, tent_gbps=1.3, run_gbps=1.2, bare_gbps=1.57, ratio=0.8),
+        {"scenario": "batches", "transport": "shm", "op": "READ", "batch": 16, "block": 64 * KiB, "tent_gbps": 22.4},
+        {"scenario": "many_buffers", "transport": "shm", "shm_mode": "cma", "few": 10, "many": 10000, "ratio": 1.12},
+        {"scenario": "qos_tail", "transport": "tcp", "ratio": 2.9},
+        {"scenario": "many_buffers", "transport": "rdma", "not_measured": "no transport can reach it"},
+    ]
+    v = small.targets(rows)
+    assert v[0] == "shm READ 64 KiB one at a time >= 0.8x the bare copy: **met** (submit().wait() 0.84x, run() 0.89x)"
+    assert "**met with run() only** (submit().wait() 0.87x, run() 0.94x)" in v[1]
+    assert "**not met** (submit().wait() 0.85x, run() 0.88x)" in v[2]
+    assert v[3] == "tcp READ 64 KiB one at a time >= 2.5 GB/s: **not met** (1.30 GB/s; the bare C loop moved 1.57 GB/s)"
+    assert "batches of 16 x 64 KiB >= 12.0 GB/s: **met** (22.40 GB/s)" in v[4]
+    assert v[5].startswith("shm (cma): a segment of 10000 buffers") and "**not met** (1.12x)" in v[5]
+    assert "**met** (2.90x)" in v[6] and v[7].startswith("many_buffers rdma: not measured")
+    runs = [{"queued_median_us": x} for x in (1.0, 1.6, 2.4)]
+    assert small.submit_target(runs) == "submit() queued median <= 2 us: **met** (1.60 us, median of 3 runs: 1.00, 1.60, 2.40)"
