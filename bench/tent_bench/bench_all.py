@@ -225,6 +225,28 @@ def render_burst(text: str) -> str:
     return "\n".join(out)
 
 
+FAILOVER_CASES = {"none": "no failure", "kill": "SIGKILL", "stop": "SIGSTOP (silent)", "cut": "link cut (silent)"}
+
+
+def render_failover(text: str) -> str:
+    """`refhub bench failover --json`: the run's facts, then B's time per way A failed, with the extra
+    time over the no-failure case, where B's bytes came from and whether they verified."""
+    data = parse_json_output(text)
+    if not isinstance(data, dict) or not isinstance(data.get("no_failure"), dict):
+        return render_generic(text)
+    head = render_generic(json.dumps({k: v for k, v in data.items() if not isinstance(v, (list, dict))}))
+    cases = {"none": data["no_failure"], **(data.get("failures") or {})}
+    rows = []
+    for case, r in cases.items():
+        rr = r.get("B_seconds_rounds") or {}
+        secs = f"{fmt(r.get('B_seconds'))} s" + (f" ({fmt(rr['min'])}-{fmt(rr['max'])})" if "min" in rr else "")
+        extra = (data.get("extra_s") or {}).get(case)
+        sources = ", then ".join(str(s[0] if isinstance(s, (list, tuple)) else s) for s in r.get("B_sources") or [])
+        rows.append([FAILOVER_CASES.get(case, case), secs, f"+{extra:.2f} s" if isinstance(extra, (int, float)) else "",
+                     sources, "correct" if r.get("B_data_ok") else "**WRONG**"])  # fmt: skip
+    return "\n".join([head, "", table(["A", "B's time (median, min-max)", "extra", "B's sources", "checksums"], rows)])
+
+
 def _engine_rows(data: Any) -> tuple[list[Row], list[str]]:
     rows = [r for r in data if isinstance(r, dict) and r.get("engine") == "tent"] if isinstance(data, list) else []
     baselines = []
@@ -600,7 +622,7 @@ def default_steps() -> list[Step]:
         Step("refhub-burst", [REFHUB, "bench", "burst", "--json"], [REFHUB, "bench", "burst", "--json", "--quick"],
              render=render_burst, needs_root=True, covers=REFHUB_SCRIPTS, timeout_s=1800),  # fmt: skip
         Step("refhub-failover", [REFHUB, "bench", "failover", "--json"], [REFHUB, "bench", "failover", "--json", "--quick"],
-             needs_root=True, covers=REFHUB_SCRIPTS),  # fmt: skip
+             render=render_failover, needs_root=True, covers=REFHUB_SCRIPTS),  # fmt: skip
         # Soft-RoCE guests (scripts/rdma-vm.sh; tent_rdma.bench prints its own tables with --markdown)
         Step("rdma", ["scripts/rdma-vm.sh", "--memory", "8G", "--timeout", "2400", "--out", "/tmp/tent-rdma-bench", "--",
                       PY, "-m", "tent_rdma.bench", "single", "--sizes", "64K,1M", "--bytes", "32M", "--rounds", "3",

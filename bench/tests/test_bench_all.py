@@ -172,3 +172,15 @@ def test_the_targets_block_collects_every_verdict_of_the_other_blocks():
     assert summary.startswith("1 of 2 verdicts met.")
     assert "| `tcp` | Target >= 0.8x socket: **met** (1.1x) |" in summary and "| `tcp` | shm x: **not met** (0.5x) |" in summary
     assert "old machine" not in summary and ba.targets_summary(DOC).startswith("_No target verdicts")
+
+
+def test_failover_rendering_shows_every_way_a_failed():
+    def case(secs: float, ok: bool = True) -> dict:
+        return {"B_seconds": secs, "B_seconds_rounds": {"median": secs, "min": secs - 0.1, "max": secs + 0.1},
+                "B_sources": [["A", True], ["publisher", False]], "B_data_ok": ok}  # fmt: skip
+
+    data = {"bench": "failover", "rounds": 3, "no_failure": case(1.16), "failures": {"stop": case(2.79, ok=False)},
+            "extra_s": {"stop": 1.63}}  # fmt: skip
+    out = ba.render_failover(json.dumps(data))
+    assert "| no failure | 1.16 s (1.06-1.26) |  | A, then publisher | correct |" in out, out
+    assert "| SIGSTOP (silent) | 2.79 s (2.69-2.89) | +1.63 s | A, then publisher | **WRONG** |" in out

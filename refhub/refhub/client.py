@@ -65,6 +65,7 @@ from tent_core.ratelog import RateLimitedLog
 
 from .device import DeviceView, StreamHash, checksum_entry, device_view, wsum64_bytes
 from .server import client_auth
+from .window import RequestDelay
 
 log = logging.getLogger("refhub.client")
 _rlog = RateLimitedLog(log)
@@ -80,24 +81,27 @@ BATCH_S = float(os.environ.get("REFHUB_BATCH_S", "0.02"))  # ... and about this 
 # batches, four times as many, made a 6-hop chain slower on a loaded 2-core host: docs/benchmarks.md)
 MIN_BATCH = MB
 # Reading a partial copy: batches of about PARTIAL_BATCH_S of the measured rate (>= PARTIAL_MIN_BATCH)
-PARTIAL_BATCH_S = 0.005
+PARTIAL_BATCH_S = float(os.environ.get("REFHUB_PARTIAL_BATCH_S", "0.005"))
 PARTIAL_MIN_BATCH = 256 << 10
 WINDOW = int(os.environ.get("REFHUB_WINDOW", "2"))  # batches in flight at least (the oldest is verified meanwhile)
-# ... and up to this many seconds of measured rate. What a reader keeps in flight waits in the queues of the
-# source's uplink, and its progress word (what readers of its partial copy see) trails its bytes by that
-# much: with 0.5 s, each hop of a pipeline chain on a 500 Mbit/s link trailed the one before by ~0.4 s.
-INFLIGHT_S = float(os.environ.get("REFHUB_INFLIGHT_S", "0.05"))
+# ... and up to this many seconds of measured rate, reading a complete copy. Its round trips are short (the
+# request delay measured on the burst testbed: 2-7 ms mean per batch, refhub.window), but its own process is
+# descheduled now and then (largest request delays 30-60 ms on a loaded 2-core host) and the source's link
+# idles once the window has drained: at 50 ms the publisher's reader of a 6-hop chain took 1.26 s where
+# one alone took 1.15 s, at 120 ms 1.17 s (interleaved; docs/benchmarks.md, "Burst"). What is in flight
+# queues on the source's uplink only, so it delays no other hop of a chain (with 0.5 s for every reader,
+# partial ones included, each hop trailed the one before by ~0.4 s: see PARTIAL_INFLIGHT_S).
+INFLIGHT_S = float(os.environ.get("REFHUB_INFLIGHT_S", "0.12"))
 # Reading a partial copy, a reader learns what its source holds from the progress word its batches read
 # along, a word as old as what it has in flight (the batch queued behind it on the source's uplink); and it
 # issues only what the source held: so each hop of a chain trails the one before by about twice its
-# in-flight time plus the source's batch. But its read requests queue on the source's downlink behind
-# what the source itself has in flight (INFLIGHT_S when it reads a complete copy), so a partial reader
-# needs at least that much in flight to keep its own link busy: with 10 ms against its source's 50 ms,
-# the second hop of a chain trailed by 0.25-0.5 s. PARTIAL_INFLIGHT_S of its rate, at least RTT_WINDOWS
-# round trips of a tiny read (a long link's bandwidth-delay product) and PARTIAL_MIN_WINDOW.
-PARTIAL_INFLIGHT_S = float(os.environ.get("REFHUB_PARTIAL_INFLIGHT_S", str(INFLIGHT_S)))
+# in-flight time plus the source's batch (100 ms instead of 50: each later hop trailed by 0.09-0.13 s
+# instead of 0.05). But a partial reader needs enough in flight to keep its own link busy: with 10 ms, the
+# second hop of a chain trailed by 0.25-0.5 s. PARTIAL_INFLIGHT_S of its rate, at least RTT_WINDOWS round
+# trips of a tiny read (a long link's bandwidth-delay product) and PARTIAL_MIN_WINDOW.
+PARTIAL_INFLIGHT_S = float(os.environ.get("REFHUB_PARTIAL_INFLIGHT_S", "0.05"))
 RTT_WINDOWS = 3
-PARTIAL_MIN_WINDOW = 2 * MB
+PARTIAL_MIN_WINDOW = int(float(os.environ.get("REFHUB_PARTIAL_MIN_WINDOW_MB", "2")) * MB)
 MAX_INFLIGHT = 1 << 30  # bytes in flight at most
 # the receive-side checksums run in a worker thread (xxhash releases the GIL) while this thread keeps the
 # window of READs full; 0: inline, between batches
@@ -1307,7 +1311,10 @@ class ShardHandle:
                       "starved_s": round(st.get("starved_s", 0.0), 4),  # waiting for a partial source's next bytes
                       # from the start of the pull to its first landed batch (how far a pipeline hop starts late)
                       "first_s": round(st["first_t"] - t0, 4) if "first_t" in st else None,
-                      "verified": cks is not None, "device_checksums": ver.device_checks}
+                      "verified": cks is not None, "device_checksums": ver.device_checks,
+                      # what the link waited for this reader's requests, per batch: mean, largest (refhub.window)
+                      "request_delay_s": [round(st["delay"].mean_s, 4), round(st["delay"].max_s, 4)] if "delay" in st
+                      else None}
 
     def _pull_from(self, v: int, src: dict, mine: list, total: int, ver: _Verifier, st: dict, deadline: float) -> None:
         """Windowed READs of [st["done"], total) from one source: up to WINDOW batches in flight; each
@@ -1336,6 +1343,7 @@ class ShardHandle:
         batch_bytes = min(MIN_BATCH, CHUNK, BATCH) if not partial else PARTIAL_MIN_BATCH
         window = WINDOW * batch_bytes
         rtt = 0.0  # the fastest tiny read of the source's progress word (reading a partial copy)
+        st["delay"] = RequestDelay()  # what the link waited for our requests (stats; refhub.window)
 
         def adapt() -> None:
             # keep about INFLIGHT_S seconds of the measured rate on the wire (every batch must finish
@@ -1343,7 +1351,7 @@ class ShardHandle:
             # only PARTIAL_INFLIGHT_S, or a few round trips (what is in flight is bounded by what the
             # source holds anyway)
             nonlocal batch_bytes, window
-            rate = (st["done"] - done0) / max(1e-6, time.monotonic() - t_start)
+            rate = st["rate"] = (st["done"] - done0) / max(1e-6, time.monotonic() - t_start)
             if partial:
                 if not thr:
                     batch_bytes = max(PARTIAL_MIN_BATCH, min(BATCH, int(rate * PARTIAL_BATCH_S)))
@@ -1400,7 +1408,8 @@ class ShardHandle:
                             reqs.append((self._scratch, 8 * slot, seg, ref["progress"], 8))
                         if thr:
                             time.sleep(max(0.0, t_thr + (end - base) / thr - time.monotonic()))
-                        inflight.append((end, self._submit(reqs, deadline), slot))
+                        # its round trip less what was queued ahead of it: the request delay (refhub.window)
+                        inflight.append((end, self._submit(reqs, deadline), slot, time.monotonic(), end - st["done"]))
                         st["batches"] += 1
                         issued = end
                         sleep = 0.0005
@@ -1419,7 +1428,7 @@ class ShardHandle:
                 st["starved_s"] = st.get("starved_s", 0.0) + sleep
                 sleep = min(sleep * 2, 0.005)  # how late this hop of a chain may notice the first bytes
         finally:
-            for _, hdl, _ in inflight:  # an error or a re-route: stop what is still on the wire
+            for _, hdl, *_ in inflight:  # an error or a re-route: stop what is still on the wire
                 hdl.cancel()
                 try:
                     hdl.wait(2.0)
@@ -1429,11 +1438,14 @@ class ShardHandle:
     def _complete_oldest(self, v: int, inflight: Any, st: dict, ver: _Verifier) -> int:
         """Wait for the oldest batch in flight, publish our progress, verify what it completed; returns
         the source's progress the batch read along (0: none, or not of version v)."""
-        end, hdl, slot = inflight[0]
+        end, hdl, slot, t_sub, queued = inflight[0]
         hdl.wait()
         inflight.popleft()
+        now = time.monotonic()
         if "first_t" not in st:
-            st["first_t"] = time.monotonic()
+            st["first_t"] = now
+        if st.get("rate"):
+            st["delay"].observe(now - t_sub, queued, st["rate"])
         st["done"] = end
         self._set_progress(v, end)
         ver.advance(end)

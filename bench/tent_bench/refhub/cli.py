@@ -95,7 +95,7 @@ def bench_dataplane(size_mb: float, tensors: int, repeat: int, transport: str | 
 @click.option("--gloo-forms", default="chain,async", show_default=True,
               help="gloo forms: chain (pipelined send/recv chain), async (async broadcasts); the row reports the best.")
 @click.option("--rounds", default=3, show_default=True, help="Rounds; systems interleaved in each; median and spread.")
-@click.option("--quick", is_flag=True, help="N = 1,4,6, 32 MB, gloo only, one round.")
+@click.option("--quick", is_flag=True, help="N = 1,4,6, 32 MB in 16 tensors, gloo only, one round.")
 @click.option("--loopback", is_flag=True, help="Loopback processes even when namespaces are available.")
 @click.option("--json", "as_json", is_flag=True)
 def bench_burst(ns: str, size_mb: float, tensors: int, rate: str, peers: str, gloo_forms: str, rounds: int, quick: bool,
@@ -104,7 +104,8 @@ def bench_burst(ns: str, size_mb: float, tensors: int, rate: str, peers: str, gl
     from .net import burst
 
     if quick:
-        ns, size_mb, peers, rounds = "1,4,6", 32.0, "gloo", 1
+        # 16 tensors: half of 32 would not fit 32 MB at >= 2 MB each (data.shard_sizes)
+        ns, size_mb, tensors, peers, rounds = "1,4,6", 32.0, 16, "gloo", 1
     res = burst([int(x) for x in ns.split(",")], size_mb, tensors, rate,
                 tuple(p for p in peers.split(",") if p), loopback, rounds=rounds,
                 gloo_forms=tuple(f for f in gloo_forms.split(",") if f))
@@ -126,7 +127,7 @@ def bench_burst(ns: str, size_mb: float, tensors: int, rate: str, peers: str, gl
 @click.option("--failures", default="kill,stop,cut", show_default=True,
               help="How A fails: kill (SIGKILL), stop (SIGSTOP: silent), cut (its link drops every packet: silent).")
 @click.option("--rounds", default=3, show_default=True, help="Rounds (cases interleaved); median and spread.")
-@click.option("--quick", is_flag=True, help="32 MB, one round.")
+@click.option("--quick", is_flag=True, help="32 MB in 16 tensors, one round.")
 @click.option("--loopback", is_flag=True, help="Loopback with an emulated NIC cap on A (the old benchmark; SIGKILL only).")
 @click.option("--cap-mbps", default=100.0, show_default=True, help="Loopback only: A's emulated cap (MB/s).")
 @click.option("--json", "as_json", is_flag=True)
@@ -136,7 +137,7 @@ def bench_failover(size_mb: float, tensors: int, rate: str, kill_at: float, fail
     from ..testbed import Fabric
 
     if quick:
-        size_mb, rounds = 32.0, 1
+        size_mb, tensors, rounds = 32.0, 16, 1
     ok, why = Fabric.available()
     if loopback or not ok:
         from .data import failover

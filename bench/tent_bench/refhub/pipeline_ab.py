@@ -6,7 +6,11 @@ one reference server and set of receivers per configuration (each configuration 
 interleaved, the order alternating per round. Per configuration and N: the median over rounds of
 the mean per-receiver time, its ratio to N=1, the first hop's time (the receiver that reads the
 publisher) and each later hop's lag behind its source (the difference of their end times: the
-nodes share one kernel, so their monotonic clocks agree). Every copy is verified.
+nodes share one kernel, so their monotonic clocks agree); and per position along the chain
+(``chain``: depth 1 reads the publisher, depth 2 reads depth 1, ...) the medians of its time, its
+lag, the time it waited for its source's next bytes (``starved_s``), and the mean and largest request
+delay its batches saw (``request_delay_s``, ``request_delay_max_s``: what the link waited for its
+requests; refhub.window). Every copy is verified.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from . import net
 
 DEFAULT_CONFS = {
     "default": {},
+    "inflight_50ms": {"REFHUB_INFLIGHT_S": "0.05"},  # the complete copy's reader as before issue 14's burst track
     "small_windows": {"REFHUB_BATCH_S": "0.005", "REFHUB_INFLIGHT_S": "0.025", "REFHUB_PARTIAL_INFLIGHT_S": "0.03"},
 }
 
@@ -34,6 +39,44 @@ def _hop_lags(out: list[dict]) -> tuple[list[float], list[float]]:
     lags = [x["t_end"] - ends[x["sources"][0][0]] for x in out if x["sources"][0][0] in ends]
     first = [x["secs"] for x in out if x["sources"][0][0] == "publisher"]
     return lags, first
+
+
+def chain(out: list[dict]) -> list[dict]:
+    """One round's receivers (``out[i]`` is rollout i's reply) by depth along the pipeline: each with
+    the replica it first read from, its time, its lag behind that source (None for the publisher's
+    readers), its starved time and its mean request delay. Readers whose source is not reached from the
+    publisher (none in a healthy run) are left out."""
+    ends = {f"rollout{i}": x["t_end"] for i, x in enumerate(out)}
+    readers: dict[str, list[tuple[str, dict]]] = {}
+    for i, x in enumerate(out):
+        readers.setdefault(x["sources"][0][0], []).append((f"rollout{i}", x))
+    hops: list[dict] = []
+    level, depth = ["publisher"], 1
+    while level and depth <= len(out):
+        nxt = []
+        for src in level:
+            for name, x in readers.get(src, []):
+                rd = x.get("request_delay_s")
+                hops.append({"depth": depth, "name": name, "source": src, "secs": x["secs"],
+                             "lag_s": x["t_end"] - ends[src] if src in ends else None,
+                             "starved_s": x.get("starved_s"), "request_delay_s": rd[0] if rd else None,
+                             "request_delay_max_s": rd[1] if rd else None})
+                nxt.append(name)
+        level, depth = nxt, depth + 1
+    return hops
+
+
+def _by_depth(rounds: list[list[dict]]) -> list[dict]:
+    """Medians per chain depth over rounds."""
+    out = []
+    for d in sorted({h["depth"] for r in rounds for h in r}):
+        hs = [h for r in rounds for h in r if h["depth"] == d]
+        row: dict[str, Any] = {"depth": d, "hops": len(hs)}
+        for k in ("secs", "lag_s", "starved_s", "request_delay_s", "request_delay_max_s"):
+            vals = [h[k] for h in hs if h[k] is not None]
+            row[k] = round(statistics.median(vals), 3) if vals else None
+        out.append(row)
+    return out
 
 
 def run(ns: list[int], rounds: int, confs: dict[str, dict[str, str]], size_mb: float = 64, rate: str = "500mbit") -> dict:
@@ -80,7 +123,7 @@ def run(ns: list[int], rounds: int, confs: dict[str, dict[str, str]], size_mb: f
                             net._read(p, 60, f"{c} rollout{i} drop")
                         lags, first = _hop_lags(out)
                         samples[c][n].append({"mean_s": statistics.mean(x["secs"] for x in out), "hop_lags_s": lags,
-                                              "first_hop_s": first})
+                                              "first_hop_s": first, "chain": chain(out)})
                     k += 1
         finally:
             net._server = orig
@@ -96,11 +139,14 @@ def run(ns: list[int], rounds: int, confs: dict[str, dict[str, str]], size_mb: f
             got = samples[c][n]
             med = statistics.median(g["mean_s"] for g in got)
             lags = [x for g in got for x in g["hop_lags_s"]]
+            spread = (max(g["mean_s"] for g in got) - min(g["mean_s"] for g in got)) / med
             rows.append({"config": c, "n": n, "per_receiver_s": round(med, 3), f"x_n{ns[0]}": round(med / base, 3),
+                         "spread": round(spread, 3),
                          "first_hop_s": round(statistics.median(x for g in got for x in g["first_hop_s"]), 3),
                          "hop_lag_median_s": round(statistics.median(lags), 3) if lags else None,
                          "hop_lag_max_s": round(max(lags), 3) if lags else None,
-                         "rounds_s": [round(g["mean_s"], 3) for g in got]})
+                         "rounds_s": [round(g["mean_s"], 3) for g in got],
+                         "chain": _by_depth([g["chain"] for g in got])})
     return {"bench": "pipeline_ab", "size_MB": size_mb, "rate": rate, "shaped": shaped, "rounds": rounds,
             "configs": confs, "rows": rows, "wall_s": round(time.monotonic() - t0, 1)}
 
