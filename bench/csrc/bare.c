@@ -14,7 +14,7 @@
  *   batch_cma(pid, op, local, remote, block, n, count, threads=1) -> bytes
  *       `count` batches of `n` requests of `block` bytes at consecutive addresses, the `n`
  *       requests shared by `threads` threads: each batch's seconds.
- *   tcp_serve(host, addr=0, size=0, spin_us=0) -> port
+ *   tcp_serve(host, addr=0, size=0, spin_us=0, adaptive=0) -> port
  *       a tiny request/response TCP server on background threads (one per connection):
  *       header {u32 op, u32 pad, u64 length, 48 bytes pad}; WRITE: `length` bytes follow,
  *       answered by one byte (the header is 64 bytes so that a WRITE's payload does not sit 16
@@ -23,13 +23,16 @@
  *       READ: answered by `length` bytes. TCP_NODELAY, as the engine's connections. With `addr`,
  *       requests of up to `size` bytes read from / write into [addr, addr + size) (the buffer the
  *       engine serves: the same memory, so the same copy costs; see small.py). With `spin_us`, a
- *       connection polls this long for the next request (no sleep) before it blocks in recv.
- *   tcp(host, port, op, block, count, local=0, spin_us=0) -> bytes
+ *       connection polls up to this long for the next request (no sleep) before it blocks in
+ *       recv: every time, or with `adaptive` under the tcp executor's rule (tent/busy_poll.h,
+ *       the same code), as the engine's server connections do.
+ *   tcp_poll_stats() -> dict: the last tcp() loop's busy-poll outcomes on the client side.
+ *   tcp(host, port, op, block, count, local=0, spin_us=0, adaptive=0) -> bytes
  *       `count` requests one at a time on one connection to a tcp_serve server (a WRITE's
  *       header and payload in one writev, like the engine): each request's seconds. With
  *       `local`, the client's bytes are [local, local + block) (the engine's local buffer). With
- *       `spin_us`, the client polls this long for the answer before it blocks in recv (as the
- *       engine's waiter does: the tcp executor's `busy_poll_us`).
+ *       `spin_us`, the client polls up to this long for the answer before it blocks in recv (as the
+ *       engine's waiter does: the tcp executor's `busy_poll_us`, `busy_poll_adaptive`).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -48,6 +51,8 @@
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "tent/busy_poll.h"
 
 static inline uint64_t now_ns(void) {
   struct timespec ts;
@@ -219,18 +224,43 @@ static PyObject *py_batch_cma(PyObject *m, PyObject *args, PyObject *kw) {
 }
 
 /* ---- tcp ---- */
-/* Poll fd for readability without sleeping for up to `us` microseconds (yielding every few
- * polls), as the engine's tcp executor does before it sleeps: 1 readable, 0 time ran out. */
-static int spin_readable(int fd, int us) {
-  if (us <= 0) return 0;
-  uint64_t end = now_ns() + (uint64_t)us * 1000ull;
+/* Poll fd for readability without sleeping for up to `ns` (yielding every few polls), as the
+ * engine's tcp executor does before it sleeps: 1 readable, 0 time ran out; *lost: the thread lost
+ * its core meanwhile (two looks TENT_BUSY_POLL_LOST_NS apart). */
+static int spin_readable(int fd, uint64_t ns, int *lost) {
+  if (!ns) return 0;
+  uint64_t last = now_ns(), end = last + ns;
   for (unsigned i = 1;; i++) {
     struct pollfd p = {.fd = fd, .events = POLLIN};
     if (poll(&p, 1, 0) > 0) return 1;
-    if (now_ns() >= end) return 0;
+    uint64_t now = now_ns();
+    if (now - last >= TENT_BUSY_POLL_LOST_NS) *lost = 1;
+    if (now >= end) return 0;
     if (i % 8 == 0) sched_yield();
     else relax();
+    last = now_ns();
   }
+}
+
+/* The engine polls only around small requests: its waiter for answers of requests sent inline
+ * (tcp `inline_bytes`), a server connection after serving one (SPIN_AFTER_BYTES); both 256 KiB. */
+#define POLL_AFTER_BYTES (256u << 10)
+
+/* Wait for fd to become readable the engine's way: poll first as the policy says, then block
+ * (the caller's recv blocks); the policy learns when the bytes came, and the exchange's whole
+ * cycle since `cycle_start` (a client's send, a server's receipt of the previous request). */
+static void wait_readable(int fd, tent_busy_poll_t *bp, uint64_t cycle_start) {
+  if (!bp->cap_ns) return;
+  uint64_t t0 = now_ns();
+  uint32_t budget = tent_busy_poll_begin(bp);
+  int lost = 0;
+  if (!spin_readable(fd, budget, &lost)) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    while (poll(&p, 1, -1) < 0 && errno == EINTR) {
+    }
+  }
+  uint64_t now = now_ns();
+  tent_busy_poll_end(bp, budget, now - t0, cycle_start && cycle_start <= t0 ? now - cycle_start : now - t0, lost);
 }
 
 static int send_all(int fd, const void *p, size_t n) {
@@ -267,7 +297,8 @@ static void nodelay(int fd) {
 
 typedef struct serve_mem {
   int fd;
-  int spin_us; /* poll this long for the next request before sleeping in recv */
+  int spin_us; /* poll up to this long for the next request before sleeping in recv */
+  int adaptive; /* ... as tent/busy_poll.h says (else every time) */
   char *addr; /* NULL: a buffer of the connection's own */
   uint64_t size;
 } serve_mem_t;
@@ -279,14 +310,19 @@ static void *serve_conn(void *arg) {
   size_t cap = 0;
   char *buf = NULL;
   uint8_t h[64];
+  tent_busy_poll_t bp;
+  tent_busy_poll_init(&bp, (uint32_t)mem.spin_us * 1000u, mem.adaptive);
+  uint64_t last_len = 0, served = 0;
   for (;;) {
-    spin_readable(fd, mem.spin_us);
+    if (last_len <= POLL_AFTER_BYTES) wait_readable(fd, &bp, served);
     if (recv_all(fd, h, sizeof h)) break;
+    served = now_ns();
     uint32_t op;
     uint64_t len;
     memcpy(&op, h, 4);
     memcpy(&len, h + 8, 8);
     if (len > (1ull << 31)) break;
+    last_len = len;
     if (mem.addr && len <= mem.size) {
       char ack = 1;
       if (op == 1 ? recv_all(fd, mem.addr, len) || send_all(fd, &ack, 1) : send_all(fd, mem.addr, len)) break;
@@ -326,7 +362,7 @@ static void *accept_loop(void *arg) {
     nodelay(fd);
     pthread_t t;
     serve_mem_t *mem = malloc(sizeof *mem);
-    if (mem) *mem = (serve_mem_t){fd, lmem.spin_us, lmem.addr, lmem.size};
+    if (mem) *mem = (serve_mem_t){fd, lmem.spin_us, lmem.adaptive, lmem.addr, lmem.size};
     if (!mem || pthread_create(&t, NULL, serve_conn, mem) != 0) {
       free(mem);
       close(fd);
@@ -340,8 +376,12 @@ static void *accept_loop(void *arg) {
 static PyObject *py_tcp_serve(PyObject *m, PyObject *args) {
   const char *host;
   unsigned long long addr = 0, size = 0;
-  int spin_us = 0;
-  if (!PyArg_ParseTuple(args, "s|KKi", &host, &addr, &size, &spin_us)) return NULL;
+  int spin_us = 0, adaptive = 0;
+  if (!PyArg_ParseTuple(args, "s|KKii", &host, &addr, &size, &spin_us, &adaptive)) return NULL;
+  if (spin_us < 0 || spin_us > 10000) {
+    PyErr_SetString(PyExc_ValueError, "spin_us must be 0..10000");
+    return NULL;
+  }
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
   if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
     PyErr_SetString(PyExc_ValueError, "host must be an IPv4 address");
@@ -360,7 +400,7 @@ static PyObject *py_tcp_serve(PyObject *m, PyObject *args) {
   }
   pthread_t t;
   serve_mem_t *mem = malloc(sizeof *mem);
-  if (mem) *mem = (serve_mem_t){fd, spin_us, (char *)(uintptr_t)addr, addr ? size : 0};
+  if (mem) *mem = (serve_mem_t){fd, spin_us, adaptive, (char *)(uintptr_t)addr, addr ? size : 0};
   if (!mem || pthread_create(&t, NULL, accept_loop, mem) != 0) {
     free(mem);
     close(fd);
@@ -371,14 +411,22 @@ static PyObject *py_tcp_serve(PyObject *m, PyObject *args) {
   return PyLong_FromLong(ntohs(sa.sin_port));
 }
 
+static tent_busy_poll_t g_last_client; /* the last tcp() loop's polling state (under the GIL) */
+
 static PyObject *py_tcp(PyObject *m, PyObject *args) {
   const char *host;
   int port, op;
   unsigned long long block;
   Py_ssize_t count;
   unsigned long long local = 0;
-  int spin_us = 0;
-  if (!PyArg_ParseTuple(args, "siiKn|Ki", &host, &port, &op, &block, &count, &local, &spin_us)) return NULL;
+  int spin_us = 0, adaptive = 0;
+  if (!PyArg_ParseTuple(args, "siiKn|Kii", &host, &port, &op, &block, &count, &local, &spin_us, &adaptive)) return NULL;
+  if (spin_us < 0 || spin_us > 10000) {
+    PyErr_SetString(PyExc_ValueError, "spin_us must be 0..10000");
+    return NULL;
+  }
+  tent_busy_poll_t bp;
+  tent_busy_poll_init(&bp, block <= POLL_AFTER_BYTES ? (uint32_t)spin_us * 1000u : 0, adaptive);
   if (count <= 0 || block == 0 || block > (1ull << 31)) {
     PyErr_SetString(PyExc_ValueError, "need count > 0 and 0 < block <= 2 GiB");
     return NULL;
@@ -430,16 +478,17 @@ static PyObject *py_tcp(PyObject *m, PyObject *args) {
           }
         }
         char ack;
-        if (!err) spin_readable(fd, spin_us);
+        if (!err) wait_readable(fd, &bp, t0);
         if (!err && recv_all(fd, &ack, 1)) err = errno ? errno : EPIPE;
       } else {
-        if (send_all(fd, h, sizeof h) || (spin_readable(fd, spin_us), recv_all(fd, data, block))) err = errno ? errno : EPIPE;
+        if (send_all(fd, h, sizeof h) || (wait_readable(fd, &bp, t0), recv_all(fd, data, block))) err = errno ? errno : EPIPE;
       }
       out[i] = (double)(now_ns() - t0) / 1e9;
     }
   }
   if (fd >= 0) close(fd);
   Py_END_ALLOW_THREADS;
+  g_last_client = bp;
   free(own);
   if (err) {
     Py_DECREF(res);
@@ -447,6 +496,14 @@ static PyObject *py_tcp(PyObject *m, PyObject *args) {
     return PyErr_SetFromErrno(PyExc_OSError);
   }
   return res;
+}
+
+static PyObject *py_tcp_poll_stats(PyObject *m, PyObject *unused) {
+  const tent_busy_poll_t *b = &g_last_client;
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:I,s:I,s:I}", "waits", (unsigned long long)b->waits, "polls",
+                       (unsigned long long)b->polls, "hits", (unsigned long long)b->hits, "lost",
+                       (unsigned long long)b->lost, "budget_ns", b->budget_ns, "poll_ns", b->poll_ns, "sleep_ns",
+                       b->sleep_ns);
 }
 
 static PyMethodDef methods[] = {
@@ -457,9 +514,11 @@ static PyMethodDef methods[] = {
     {"batch_cma", (PyCFunction)(void (*)(void))py_batch_cma, METH_VARARGS | METH_KEYWORDS,
      "batch_cma(pid, op, local, remote, block, n, count, threads=1) -> per-batch seconds (float64 bytes)"},
     {"tcp_serve", py_tcp_serve, METH_VARARGS,
-     "tcp_serve(host, addr=0, size=0, spin_us=0) -> port of a bare request/response server"},
+     "tcp_serve(host, addr=0, size=0, spin_us=0, adaptive=0) -> port of a bare request/response server"},
     {"tcp", py_tcp, METH_VARARGS,
-     "tcp(host, port, op, block, count, local=0, spin_us=0) -> per-request seconds (float64 bytes)"},
+     "tcp(host, port, op, block, count, local=0, spin_us=0, adaptive=0) -> per-request seconds (float64 bytes)"},
+    {"tcp_poll_stats", py_tcp_poll_stats, METH_NOARGS,
+     "tcp_poll_stats() -> the last tcp() loop's client waits, polls, hits, lost cores, budget, poll/sleep cycle ns"},
     {NULL}};
 
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_bare", "bare limits for the small-request benchmarks", -1,

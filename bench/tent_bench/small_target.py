@@ -3,7 +3,7 @@ servers in one process, driven over stdin/stdout (JSON lines).
 
     python -m tent_bench.small_target --size BYTES [--config JSON] [--few N] [--many N]
 
-Prints {"engine", "segment", "pid", "addr", "size", "bare_tcp_port", "transports"} once ready:
+Prints {"engine", "segment", "pid", "addr", "size", "bare_tcp_port", "bare_tcp_sleep_port", "transports"} once ready:
 segment "bench" holds one engine-allocated buffer of `size` bytes at `addr`; with --few/--many,
 segments "few" and "many" hold that many registered 4 KiB buffers. Commands:
     {"cmd": "register", "segment": name} -> {"ok": true, "offset": o}   one more 4 KiB buffer
@@ -66,12 +66,15 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(n):
                 eng.register(arr[i * PAGE : (i + 1) * PAGE], segment=name)
             used[name] = n
-        # the bare server serves the same memory, polling for the next request as long as the engine's
-        spin_us = int(getattr(eng.transports.get("tcp"), "busy_poll_us", 0))
-        port = _bare.tcp_serve(args.host, buf.addr, args.size, spin_us)
+        # the bare server serves the same memory, polling for the next request under the engine's
+        # rule (tcp busy_poll_us, busy_poll_adaptive: the same code); a second one always sleeps
+        tcp = eng.transports.get("tcp")
+        spin_us, adaptive = int(getattr(tcp, "busy_poll_us", 0)), int(getattr(tcp, "busy_poll_adaptive", 0))
+        port = _bare.tcp_serve(args.host, buf.addr, args.size, spin_us, adaptive)
+        sleep_port = _bare.tcp_serve(args.host, buf.addr, args.size, 0, 0)
         print(json.dumps({"engine": eng.engine_id, "segment": eng.segment_name("bench"), "pid": os.getpid(),
-                          "addr": buf.addr, "size": args.size, "bare_tcp_port": port, "transports": sorted(eng.transports)}),
-              flush=True)  # fmt: skip
+                          "addr": buf.addr, "size": args.size, "bare_tcp_port": port, "bare_tcp_sleep_port": sleep_port,
+                          "transports": sorted(eng.transports)}), flush=True)  # fmt: skip
         for line in sys.stdin:
             msg = json.loads(line)
             if msg.get("cmd") == "quit":

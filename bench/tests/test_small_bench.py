@@ -67,6 +67,9 @@ def test_one_at_a_time_rows_next_to_the_bare_limit() -> None:
         assert r["python_gbps"] > 0 and r["python_ratio"] > 0 and r["run_python_ratio"] > 0
         assert r["python_form"] == small.PYTHON_FORMS[r["shm_mode"]]
     assert "python_gbps" not in rows[4]  # no Python baseline for tcp
+    # tcp polls by default (adaptive busy poll): the bare limit both ways, polling like the engine and sleeping
+    assert rows[4]["bare_sleep_gbps"] > 0 and rows[4]["sleep_ratio"] > 0
+    assert all("bare_sleep_gbps" not in r for r in rows[:4])
     md = small.markdown(rows)
     assert f"| shm ({rows[0]['shm_mode']}) | READ | 4 KiB |" in md and "| tcp | READ | 64 KiB |" in md
     assert f"- bare Python, shm mode {rows[0]['shm_mode']}: " in md

@@ -44,11 +44,19 @@
  * (at most INLINE_RUNS runs), as workers share queued small chunks over the free slots: the
  * target serves each connection on its own thread, so a batch's requests are served in parallel.
  *
- * Busy poll (`busy_poll_us`, default 0 = off): the waiter polls the socket of its inline run that
- * long before it sleeps in ppoll, and a server connection that just served a request of up to
+ * Busy poll (`busy_poll_us`, the cap; 0 = off): the waiter polls the socket of its inline run
+ * before it sleeps in ppoll, and a server connection that just served a request of up to
  * SPIN_AFTER_BYTES polls for the next one before it sleeps in poll (bulk connections always
- * sleep). It saves a thread wake-up per small request where cores are not shared; on a shared
- * host the polling thread holds the core its peer needs (docs/benchmarks.md), hence off.
+ * sleep). It saves a thread wake-up per small request where cores are free; where they are not,
+ * the polling thread holds a core its peer needs (docs/benchmarks.md). So by default
+ * (`busy_poll_adaptive` 1) each connection, on each side, learns whether and how long to poll
+ * from its own outcomes (tent/busy_poll.h: polls that found their bytes in time on a core nobody
+ * else wanted keep it polling; misses and lost cores send it to sleep at once, with sparse probes
+ * to re-learn); `busy_poll_adaptive` 0 polls the whole cap every time. Either way, at most half
+ * the online CPUs (at least one) of an executor's threads poll at once, and none while the
+ * executor moves a bulk request (or within BULK_QUIET_MS of one): the copying threads of a stream
+ * need those cores, and a small request's tail beside a stream grew 3x when they polled
+ * (docs/benchmarks.md). A wait that may not poll sleeps.
  *
  * Server side: one accept thread per listener, one thread per accepted connection, at most
  * `max_conns` connections at once (more are closed at accept; those still authenticating hold at
@@ -107,6 +115,7 @@
 #include <unistd.h>
 
 #include "tent/auth.h"
+#include "tent/busy_poll.h"
 #include "tent/chunk_queue.h"
 #include "tent/config_kv.h"
 #include "tent/cpu_relax.h"
@@ -129,6 +138,7 @@
 #define SLOT_FREE (-2)
 #define PIPE_MAX 64 /* requests in one pipelined run at most */
 #define SPIN_AFTER_BYTES (256u << 10) /* a server connection polls for the next request after ones up to this long */
+#define BULK_QUIET_MS 5 /* nobody polls while bulk moves, nor this long after it stopped */
 
 /* ------------------------------------------------------------------ utils */
 
@@ -345,24 +355,33 @@ static uint64_t mono_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Poll fd for readability, without sleeping, for up to `us` microseconds: 1 once readable (or
+/* Poll fd for readability, without sleeping, for up to `ns` nanoseconds: 1 once readable (or
  * hung up), 0 when the time ran out. Waking a thread that sleeps in poll/recv costs tens of
  * microseconds on small VMs (the idle vCPU halts; the wake-up is an IPI through the hypervisor),
- * as long as a 64 KiB request itself over loopback; an answer or a next request that comes within
- * the bound is caught without it. Every few polls the thread yields, so on a busy host a runnable
- * thread (perhaps the peer we wait for) gets the core. */
+ * as long as a 64 KiB request itself; an answer or a next request that comes within the bound is
+ * caught without it. Every few polls the thread yields, so on a busy host a runnable thread
+ * (perhaps the peer we wait for) gets the core. *lost is set when two looks at the socket were
+ * TENT_BUSY_POLL_LOST_NS or more apart: the thread lost its core meanwhile (to a thread its
+ * yield let in, or a preemption), i.e. someone else wanted it: the adaptive policy's signal. */
 #define SPIN_YIELD_EVERY 8
-static int spin_readable(int fd, int us) {
-  if (us <= 0) return 0;
-  uint64_t end = mono_ns() + (uint64_t)us * 1000ull;
+static int spin_readable(int fd, uint64_t ns, int *lost) {
+  if (!ns) return 0;
+  uint64_t last = mono_ns(), end = last + ns;
   for (unsigned i = 1;; i++) {
     struct pollfd p = {.fd = fd, .events = POLLIN};
     if (poll(&p, 1, 0) > 0) return 1;
-    if (mono_ns() >= end) return 0;
+    uint64_t now = mono_ns();
+    if (now - last >= TENT_BUSY_POLL_LOST_NS) *lost = 1;
+    if (now >= end) return 0;
     if (i % SPIN_YIELD_EVERY == 0) sched_yield();
     else tent_cpu_relax();
+    last = mono_ns();
   }
 }
+
+/* Busy-poll outcomes, per side (0 client waiters, 1 server connections): waits, polls, polls
+ * that hit, polls that lost their core. */
+enum { BP_WAITS, BP_POLLS, BP_HITS, BP_LOST, BP_N };
 
 static void set_timeouts(int fd, int ms) {
   struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
@@ -400,6 +419,7 @@ typedef struct rail {
   uint64_t *idle_since;  /* when each went idle (ms) */
   int nidle;
   int *slot_fd;          /* per slot: SLOT_FREE, -1 (connecting) or the fd in use; the last is the express slot */
+  tent_busy_poll_t *slot_poll; /* per slot: the busy-poll policy of its waiters (used by the slot's holder only) */
   int busy;              /* bulk slots in use */
   int express_busy;      /* the express slot is in use */
   int bulk_busy;         /* slots running bulk chunks (the others run small ones) */
@@ -451,7 +471,13 @@ typedef struct tcp_exec {
   int tick_ms;            /* client sockets wake this often to check their progress clock */
   int qos_bulk_conns;     /* bulk connections a rail runs at most while small requests are active (0: no cap) */
   int qos_window_ms;      /* small requests count as active this long after their submit */
-  int busy_poll_us;       /* a small request's answer / the next request is polled for this long before sleeping */
+  int busy_poll_us;       /* a small request's answer / the next request is polled for up to this long before sleeping */
+  int busy_poll_adaptive; /* each connection learns whether and how long to poll (tent/busy_poll.h); 0: always the cap */
+  atomic_ullong busy_poll[2][BP_N]; /* outcomes: [client, server][BP_*] */
+  atomic_int polling_now;  /* threads of this executor polling a socket now ... */
+  int max_pollers;         /* ... at most this many: half the online CPUs, at least one */
+  atomic_int bulk_active;  /* bulk requests being moved now (client runs, server requests): no polling */
+  atomic_ullong bulk_last_ms; /* ... nor within BULK_QUIET_MS of the last one's end */
   uint64_t throttle_until_ms; /* some rail holds bulk back until then: workers look again at that time */
 
   uint64_t chunk;     /* cut slices into chunks of at most this many bytes (0: whole slices) */
@@ -505,7 +531,8 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->connect_backoff_ms = 50;
   ex->qos_bulk_conns = 1;
   ex->qos_window_ms = 5;
-  ex->busy_poll_us = 0;
+  ex->busy_poll_us = 50; /* the tcp transport passes its own (its config is where the defaults are documented) */
+  ex->busy_poll_adaptive = 1;
   ex->sockbuf = 4 << 20;
   ex->chunk = 0;
   ex->max_parts = 64;
@@ -562,6 +589,7 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
     else if (!strcmp(key, "qos_bulk_conns")) dst = &ex->qos_bulk_conns, lo = 0, hi = 64;
     else if (!strcmp(key, "qos_window_ms")) dst = &ex->qos_window_ms, lo = 0, hi = 60000;
     else if (!strcmp(key, "busy_poll_us")) dst = &ex->busy_poll_us, lo = 0, hi = 10000;
+    else if (!strcmp(key, "busy_poll_adaptive")) dst = &ex->busy_poll_adaptive, lo = 0, hi = 1;
     else if (!strcmp(key, "sockbuf")) dst = &ex->sockbuf, lo = 0;
     else if (!strcmp(key, "pipeline")) dst = &ex->pipeline, lo = 1, hi = PIPE_MAX;
     else if (!strcmp(key, "auth_timeout_ms")) dst = &ex->auth_timeout_ms, lo = 1;
@@ -722,6 +750,35 @@ static void sconn_close(sconn_t *c) {
   pthread_mutex_unlock(&c->ex->srv_mu);
 }
 
+/* The budget a wait may poll for now: what its policy says, if fewer than max_pollers threads of
+ * this executor poll already (a batch spread over several connections has as many server threads
+ * waiting for the next one: left alone they would all poll, holding every core the initiator
+ * needs). A non-zero result holds a poller slot until busy_poll_done. */
+static uint32_t busy_poll_claim(tcp_exec_t *ex, tent_busy_poll_t *bp) {
+  uint32_t budget = tent_busy_poll_begin(bp);
+  if (!budget) return 0;
+  if (atomic_load_explicit(&ex->bulk_active, memory_order_relaxed) > 0 ||
+      mono_ms() - atomic_load_explicit(&ex->bulk_last_ms, memory_order_relaxed) < BULK_QUIET_MS)
+    return 0; /* bulk moves: its threads need the cores */
+  if (atomic_fetch_add(&ex->polling_now, 1) < ex->max_pollers) return budget;
+  atomic_fetch_sub(&ex->polling_now, 1);
+  return 0; /* sleeps: measured as any sleeping wait */
+}
+
+/* A wait that began with a poll of `budget` ns (0: none) ended `waited_ns` after it began and
+ * `cycle_ns` after its exchange began: the policy learns from it, the counters count it. */
+static void busy_poll_done(tcp_exec_t *ex, int side, tent_busy_poll_t *bp, uint32_t budget, uint64_t waited_ns,
+                           uint64_t cycle_ns, int lost) {
+  tent_busy_poll_end(bp, budget, waited_ns, cycle_ns, lost);
+  if (budget) atomic_fetch_sub(&ex->polling_now, 1);
+  atomic_ullong *c = ex->busy_poll[side];
+  atomic_fetch_add_explicit(&c[BP_WAITS], 1, memory_order_relaxed);
+  if (!budget) return;
+  atomic_fetch_add_explicit(&c[BP_POLLS], 1, memory_order_relaxed);
+  if (waited_ns <= budget && !lost) atomic_fetch_add_explicit(&c[BP_HITS], 1, memory_order_relaxed);
+  if (lost) atomic_fetch_add_explicit(&c[BP_LOST], 1, memory_order_relaxed);
+}
+
 /* Wait until fd is readable, the executor stops, or `timeout_ms` (< 0: forever) passes.
  * Returns 1 readable, 0 stop, -1 timed out. */
 static int wait_readable(tcp_exec_t *ex, int fd, int timeout_ms) {
@@ -802,12 +859,35 @@ static void *sconn_main(void *arg) {
     }
   }
   int spin = 0; /* the last request was small: its client may send the next one at once */
+  uint64_t served_ns = 0; /* when the last request's header was in: the server's exchange cycle starts */
+  tent_busy_poll_t bp;
+  tent_busy_poll_init(&bp, (uint32_t)ex->busy_poll_us * 1000u, ex->busy_poll_adaptive);
+  int bulk_held = 0; /* this connection counts in ex->bulk_active (a bulk request in service) */
   for (;;) {
-    int w = spin && spin_readable(fd, ex->busy_poll_us) ? 1 : wait_readable(ex, fd, ex->idle_timeout_ms);
+    if (bulk_held) { /* the bulk request was served (every path of the last iteration ends here) */
+      atomic_store(&ex->bulk_last_ms, mono_ms());
+      atomic_fetch_sub(&ex->bulk_active, 1);
+      bulk_held = 0;
+    }
+    int w;
+    if (spin) {
+      uint64_t t0 = mono_ns();
+      uint32_t budget = busy_poll_claim(ex, &bp);
+      int lost = 0;
+      w = spin_readable(fd, budget, &lost) ? 1 : wait_readable(ex, fd, ex->idle_timeout_ms);
+      if (w > 0) {
+        uint64_t now = mono_ns();
+        busy_poll_done(ex, 1, &bp, budget, now - t0, now - served_ns, lost);
+      }
+      else if (budget) atomic_fetch_sub(&ex->polling_now, 1); /* the slot only: no outcome */
+    } else {
+      w = wait_readable(ex, fd, ex->idle_timeout_ms);
+    }
     if (w < 0) atomic_fetch_add(&ex->idle_closed, 1); /* idle too long: the client reconnects when it needs to */
     if (w <= 0) break;
     int rc = recv_all(fd, h, REQ_SIZE, NULL, 0);
     if (rc != IO_OK) break; /* peer closed / stalled mid-header */
+    served_ns = ex->busy_poll_us ? mono_ns() : 0;
     uint32_t version = get16(h + 4);
     if (get32(h) != WIRE_MAGIC || (version != WIRE_VERSION && version != WIRE_VERSION_GAP)) {
       slog("closing connection from %s: bad request header (magic %08x version %u)", c->who, get32(h), version);
@@ -822,6 +902,10 @@ static void *sconn_main(void *arg) {
     }
     int status = TENT_OK;
     spin = len <= SPIN_AFTER_BYTES; /* bulk connections sleep between requests: no core burnt beside a stream */
+    if (!spin) { /* and nobody polls while one is served */
+      atomic_fetch_add(&ex->bulk_active, 1);
+      bulk_held = 1;
+    }
     region_t *r = region_acquire(ex, c, addr, len, op == TENT_OP_READ ? PERM_REMOTE_READ : PERM_REMOTE_WRITE, &status);
     if (op == TENT_OP_WRITE) {
       if (r) {
@@ -849,6 +933,10 @@ static void *sconn_main(void *arg) {
       region_release(ex, c, r);
       if (rc != IO_OK) break;
     }
+  }
+  if (bulk_held) {
+    atomic_store(&ex->bulk_last_ms, mono_ms());
+    atomic_fetch_sub(&ex->bulk_active, 1);
   }
   sconn_close(c);
   return NULL;
@@ -1057,6 +1145,7 @@ typedef struct pipe_run {
   uint32_t reported;         /* chunks [0, reported) were reported as their answers came in */
   uint64_t token;            /* the batch of a run sent inline (its waiter may read the answers) */
   int send_rc;               /* IO_* of the send phase */
+  uint64_t sent_ns;          /* inline runs: when the send began (busy-poll cycles; 0: unknown) */
   struct pipe_run *next;     /* in ex->rx while a worker is to read its responses */
   io_watch_t watch;          /* the run's progress clock: every chunk of it is in service */
   tent_chunk_t c[PIPE_MAX];
@@ -1394,6 +1483,7 @@ static void rail_free(rail_t *r) {
   free(r->idle);
   free(r->idle_since);
   free(r->slot_fd);
+  free(r->slot_poll);
 }
 
 static void peer_free(peer_t *pe) {
@@ -1422,7 +1512,10 @@ static int slot_claim(tcp_exec_t *ex, rail_t *r, int small) {
     while (r->slot_fd[slot] != SLOT_FREE) slot++; /* busy < conns_per_rail: a free bulk slot exists */
     r->busy++;
   }
-  if (slot >= 0 && !small) r->bulk_busy++;
+  if (slot >= 0 && !small) {
+    r->bulk_busy++;
+    atomic_fetch_add(&ex->bulk_active, 1);
+  }
   if (slot >= 0) {
     int fd = -1;
     uint64_t now = mono_ms();
@@ -1463,7 +1556,11 @@ static void run_finish(tcp_exec_t *ex, pipe_run_t *pr, int broken) {
   r->slot_fd[pr->slot] = SLOT_FREE;
   if (pr->slot == ex->conns_per_rail) r->express_busy = 0;
   else r->busy--;
-  if (!pr->small) r->bulk_busy--;
+  if (!pr->small) {
+    r->bulk_busy--;
+    atomic_store(&ex->bulk_last_ms, mono_ms());
+    atomic_fetch_sub(&ex->bulk_active, 1);
+  }
   for (uint32_t i = pr->reported; i < pr->k; i++) {
     if (pr->status[i] == TENT_OK) {
       atomic_fetch_add(&r->bytes, pr->c[i].len);
@@ -1659,12 +1756,16 @@ EXPORT int64_t tcp_add_peer(void *self, int nrails, const char **local_ips, cons
     r->idle = calloc((size_t)nslots(ex), sizeof(int));
     r->idle_since = calloc((size_t)nslots(ex), sizeof(uint64_t));
     r->slot_fd = calloc((size_t)nslots(ex), sizeof(int));
-    if (bad || !r->idle || !r->idle_since || !r->slot_fd) {
+    r->slot_poll = calloc((size_t)nslots(ex), sizeof(tent_busy_poll_t));
+    if (bad || !r->idle || !r->idle_since || !r->slot_fd || !r->slot_poll) {
       pe->nrails = i + 1;
       peer_free(pe);
       return bad ? -EINVAL : -ENOMEM;
     }
-    for (int k = 0; k < nslots(ex); k++) r->slot_fd[k] = SLOT_FREE;
+    for (int k = 0; k < nslots(ex); k++) {
+      r->slot_fd[k] = SLOT_FREE;
+      tent_busy_poll_init(&r->slot_poll[k], (uint32_t)ex->busy_poll_us * 1000u, ex->busy_poll_adaptive);
+    }
     snprintf(r->name, sizeof r->name, "%s->%s:%d", (lip && *lip) ? lip : "*", remote_ips[i], remote_ports[i]);
   }
   pthread_mutex_lock(&ex->mu);
@@ -1772,6 +1873,34 @@ EXPORT void tcp_peer_stats(void *self, uint64_t *out) {
 
 /* out[0..4] = server connections open, refused at the cap, refused by authentication, closed
  * idle, cut by an unregister deadline. */
+/* out[0..7] = busy-poll outcomes: client waiters' waits, polls, hits, polls that lost their core,
+ * then the same for server connections (waits after a small request). */
+EXPORT void tcp_busy_poll_stats(void *self, uint64_t *out) {
+  tcp_exec_t *ex = self;
+  for (int side = 0; side < 2; side++)
+    for (int k = 0; k < BP_N; k++) out[side * BP_N + k] = atomic_load(&ex->busy_poll[side][k]);
+}
+
+/* The policy of tent/busy_poll.h over a trace, for tests: wait i's bytes are there poll_ns[i] after
+ * it begins if it polls (a poll during it loses its core iff lost[i]), sleep_ns[i] after it
+ * begins if it sleeps (at once, or after a poll that ran out first); budget_out[i] = what wait i
+ * polled. out_state = the final budget_ns, score, probe_gap, until_probe, poll_ns, sleep_ns. */
+EXPORT void tcp_busy_poll_replay(uint32_t cap_ns, int adaptive, uint64_t n, const uint64_t *poll_ns,
+                                 const uint64_t *sleep_ns, const uint8_t *lost, uint32_t *budget_out,
+                                 uint32_t *out_state) {
+  tent_busy_poll_t st;
+  tent_busy_poll_init(&st, cap_ns, adaptive);
+  for (uint64_t i = 0; i < n; i++) {
+    uint32_t b = tent_busy_poll_begin(&st);
+    int caught = b && poll_ns[i] <= b;
+    uint64_t waited = caught ? poll_ns[i] : (b && poll_ns[i] > sleep_ns[i] ? poll_ns[i] : sleep_ns[i]);
+    tent_busy_poll_end(&st, b, waited, waited, b && lost[i]);
+    budget_out[i] = b;
+  }
+  uint32_t state[6] = {st.budget_ns, st.score, st.probe_gap, st.until_probe, st.poll_ns, st.sleep_ns};
+  memcpy(out_state, state, sizeof state);
+}
+
 EXPORT void tcp_server_stats(void *self, uint64_t *out) {
   tcp_exec_t *ex = self;
   pthread_mutex_lock(&ex->srv_mu);
@@ -1816,6 +1945,8 @@ static void *ex_create(const tent_host_api_t *host, const char *config, char *er
   pthread_condattr_destroy(&ca);
   pthread_mutex_init(&ex->srv_mu, NULL);
   atomic_store(&ex->next_reqid, 1);
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  ex->max_pollers = cpus >= 4 ? (int)(cpus / 2) : 1;
   ex->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   ex->workers = calloc((size_t)ex->nthreads, sizeof(pthread_t));
   if (ex->wake_fd < 0 || !ex->workers) {
@@ -2014,6 +2145,7 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
   for (int k = 0; k < nruns; k++) {
     pipe_run_t *pr = runs[k];
     run_start(ex, pr);
+    pr->sent_ns = ex->busy_poll_us ? mono_ns() : 0;
     pr->send_rc = run_send(ex, pr, &stream);
     if (pr->send_rc != IO_OK) {
       for (uint32_t i = 0; i < pr->k; i++) pr->status[i] = io_status(pr->send_rc);
@@ -2053,14 +2185,22 @@ static int ex_progress(void *self, uint64_t token, int64_t budget_ns) {
   else ex->rx_head = pr->next;
   if (ex->rx_tail == pr) ex->rx_tail = prev;
   pthread_mutex_unlock(&ex->mu);
-  int64_t spin_ns = (int64_t)ex->busy_poll_us * 1000;
-  int n = 1;
-  if (!spin_readable(pr->fd, (int)((spin_ns < budget_ns ? spin_ns : budget_ns) / 1000))) {
+  /* the run holds its slot: that slot's policy is this thread's alone until the run is done */
+  tent_busy_poll_t *bp = &pr->r->slot_poll[pr->slot];
+  uint64_t t0 = mono_ns();
+  uint32_t spin = busy_poll_claim(ex, bp);
+  if (spin && (int64_t)spin > budget_ns) spin = budget_ns > 0 ? (uint32_t)budget_ns : 1;
+  int n = 1, lost = 0, err = 0;
+  if (!spin_readable(pr->fd, spin, &lost)) {
     struct pollfd p = {.fd = pr->fd, .events = POLLIN};
     struct timespec ts = {.tv_sec = budget_ns / 1000000000, .tv_nsec = budget_ns % 1000000000};
     n = ppoll(&p, 1, &ts, NULL);
+    err = errno;
   }
-  if (n == 0 || (n < 0 && errno == EINTR)) { /* not yet: give it back */
+  uint64_t now = mono_ns(); /* nothing within the step counts as a miss */
+  busy_poll_done(ex, 0, bp, spin, now - t0, pr->sent_ns && pr->sent_ns <= t0 ? now - pr->sent_ns : now - t0, lost);
+  pr->sent_ns = 0; /* a later step of the same wait compares its own part */
+  if (n == 0 || (n < 0 && err == EINTR)) { /* not yet: give it back */
     pthread_mutex_lock(&ex->mu);
     pr->next = ex->rx_head;
     ex->rx_head = pr;

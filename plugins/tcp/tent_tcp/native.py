@@ -19,6 +19,12 @@ The executor library (``_executor*.so``) exports the standard ``tent_executor_op
             out = [bytes_ok, chunks_ok, errors, connects]
     void    tcp_peer_stats(void *self, uint64_t out[3]);
             out = [peers in the table, peers not yet freed, handle-table capacity]
+    void    tcp_busy_poll_stats(void *self, uint64_t out[8]);
+            out = [waits, polls, hits, lost] of client waiters, then of server connections
+    void    tcp_busy_poll_replay(uint32_t cap_ns, int adaptive, uint64_t n, const uint64_t *poll_ns,
+                                 const uint64_t *sleep_ns, const uint8_t *lost, uint32_t *budget_out,
+                                 uint32_t out_state[6]);
+            the adaptive busy-poll policy (tent/busy_poll.h) over a trace (tests)
 
 perm bits: 1 = remote READ allowed, 2 = remote WRITE allowed (same values as tent_core.Permission).
 """
@@ -82,6 +88,12 @@ def _bind(cdll: ctypes.CDLL) -> None:
     cdll.tcp_get_rail_counters.restype = ctypes.c_int
     cdll.tcp_peer_stats.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]
     cdll.tcp_peer_stats.restype = None
+    cdll.tcp_busy_poll_stats.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]
+    cdll.tcp_busy_poll_stats.restype = None
+    cdll.tcp_busy_poll_replay.argtypes = [ctypes.c_uint32, ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p,
+                                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                          ctypes.POINTER(ctypes.c_uint32)]  # fmt: skip
+    cdll.tcp_busy_poll_replay.restype = None
     cdll._tent_tcp_bound = True
 
 
@@ -184,6 +196,41 @@ class TcpExecutor:
         self._cdll.tcp_peer_stats(self._h(), out)
         return {"live": out[0], "allocated": out[1], "capacity": out[2]}
 
+    def busy_poll_stats(self) -> dict[str, dict[str, int]]:
+        """Busy-poll outcomes per side: waits (that could poll), polls, hits (bytes within the poll
+        on a core nobody else wanted), polls that lost their core."""
+        out = (ctypes.c_uint64 * 8)()
+        self._cdll.tcp_busy_poll_stats(self._h(), out)
+        keys = ("waits", "polls", "hits", "lost")
+        return {side: {k: int(out[i * 4 + j]) for j, k in enumerate(keys)} for i, side in enumerate(("client", "server"))}
+
     def close(self) -> None:
         with self._lock:
             self.executor.close()
+
+
+def busy_poll_replay(cap_us: int, poll_us: Sequence[float], lost: Sequence[bool] | None = None,
+                     sleep_us: Sequence[float] | None = None, wake_us: float = 20.0, adaptive: bool = True,
+                     path: str | None = None) -> tuple[list[float], dict[str, int]]:  # fmt: skip
+    """The executor's busy-poll policy over a trace (for tests and tuning; no sockets): wait i's
+    bytes are there `poll_us[i]` after it begins if it polls (and a poll during it loses its core
+    iff `lost[i]`), `sleep_us[i]` (default: `poll_us[i] + wake_us`, the wake-up) if it sleeps.
+    Returns what each wait polled (us; 0 = slept at once) and the final state."""
+    import numpy as np
+
+    cdll = load_executor_library(path or executor_path()).cdll
+    _bind(cdll)
+    n = len(poll_us)
+    polled = np.asarray(poll_us, np.float64)
+    slept = polled + wake_us if sleep_us is None else np.asarray(sleep_us, np.float64)
+    lost_a = np.ascontiguousarray(np.zeros(n, np.uint8) if lost is None else np.asarray(lost, np.uint8))
+    if len(lost_a) != n or len(slept) != n:
+        raise ValueError("poll_us, sleep_us and lost must have the same length")
+    p_ns = np.ascontiguousarray(polled * 1000, np.uint64)
+    s_ns = np.ascontiguousarray(slept * 1000, np.uint64)
+    budgets = np.zeros(n, np.uint32)
+    state = (ctypes.c_uint32 * 6)()
+    cdll.tcp_busy_poll_replay(int(cap_us) * 1000, int(adaptive), n, p_ns.ctypes.data, s_ns.ctypes.data,
+                              lost_a.ctypes.data, budgets.ctypes.data, state)  # fmt: skip
+    keys = ("budget_ns", "score", "probe_gap", "until_probe", "poll_ns", "sleep_ns")
+    return [float(b) / 1000 for b in budgets], dict(zip(keys, (int(x) for x in state), strict=True))

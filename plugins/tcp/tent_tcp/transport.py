@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 _EXECUTOR_KEYS = (
     "threads", "conns_per_rail", "slice_timeout_ms", "connect_timeout_ms", "sockbuf", "pipeline", "pipeline_bytes",
     "auth_timeout_ms", "max_conns", "idle_timeout_ms", "unregister_timeout_ms", "congestion_ms", "connect_backoff_ms",
-    "qos_bulk_conns", "qos_window_ms", "busy_poll_us",
+    "qos_bulk_conns", "qos_window_ms", "busy_poll_us", "busy_poll_adaptive",
 )
 _ANY = {"", "0.0.0.0", "*"}
 
@@ -139,12 +139,20 @@ class TcpTransport(Transport):
         "qos_bulk_conns": 1,
         "qos_window_ms": 5,
         # A waiter reading the answer of a small request it sent, and a server connection after
-        # serving one, poll the socket (no sleep) this long before sleeping in the kernel; 0 = always
-        # sleep. For hosts whose cores are not shared (initiator and target on their own machines or
-        # pinned cores), where it saves a thread wake-up per request. Off by default: measured on a
-        # shared 2-vCPU host (docs/benchmarks.md, small requests) a polling thread holds the core its
-        # peer needs, and a 16 B round trip over loopback went from 22 us to 134 us.
-        "busy_poll_us": 0,
+        # serving one, may poll the socket (no sleep) up to this long before sleeping in the kernel;
+        # 0 = always sleep (polling off). Where cores are free it saves a thread wake-up per request
+        # (a quiet 2-vCPU host: a 16 B round trip 30 -> 14 us, 64 KiB one at a time 1.4 -> 1.9
+        # GB/s); where they are not, a polling thread holds a core its peer needs and everything
+        # gets slower (docs/benchmarks.md, small requests). Hence adaptive by default:
+        "busy_poll_us": 50,
+        # 1: each connection (client waiter and server side alike) learns from its own recent waits
+        # whether to poll and for how long (tent/busy_poll.h in tent-core's headers): it polls
+        # while most of its polls find their bytes in time on a core no other thread wanted and
+        # its polled exchanges are at least a fifth shorter than its slept ones, else it sleeps at
+        # once and probes now and then (at most one poll in 256 waits on a busy host). 0: poll the
+        # whole busy_poll_us before every such wait. Either way at most half the CPUs (at least
+        # one) of the executor's threads poll at once, and none while it moves a bulk request.
+        "busy_poll_adaptive": 1,
         # small requests up to this long leave on the submitting thread when a connection is idle
         # (one sendmsg, no hand-off before the wire; the waiter reads the answer)
         "inline_bytes": 256 << 10,
@@ -194,7 +202,9 @@ class TcpTransport(Transport):
             cfg["threads"] = max(4, (int(cfg["conns_per_rail"]) + 1) * max(1, len(rails)))
         exec_cfg: dict[str, Any] = {k: int(cfg[k]) for k in _EXECUTOR_KEYS}
         self.inline_bytes = max(0, int(cfg["inline_bytes"]))
-        self.busy_poll_us = int(cfg["busy_poll_us"])  # the bare-limit benchmark polls as long (tent_bench.small)
+        # the bare-limit benchmark polls under the same rule (tent_bench.small)
+        self.busy_poll_us = int(cfg["busy_poll_us"])
+        self.busy_poll_adaptive = int(cfg["busy_poll_adaptive"])
         if ctx.auth is not None:
             # every data connection runs the handshake of tent_core.auth (tent/auth.h) with this key
             exec_cfg["auth_key"] = ctx.auth.key("tcp").hex()

@@ -1,5 +1,6 @@
 """The tcp executor's bounded busy poll (`busy_poll_us`): a waiter reading the answer of a small
-request it sent, and a server connection after serving one, poll the socket before sleeping.
+request it sent, and a server connection after serving one, poll the socket before sleeping
+(adaptive by default: tent/busy_poll.h, its policy tested in test_busy_poll_policy.py).
 
 Polling must change nothing but when a thread notices bytes: every byte lands where it belongs
 (small, unaligned, many in flight), a peer that dies or stops while a thread polls for it gives
@@ -20,14 +21,22 @@ from tent_core.abi import HINT_SMALL, Status
 from tent_core.testing import first_mismatch, fresh_seed, pattern
 
 RETRYABLE = {Status.E_CONNECT, Status.E_IO, Status.E_TIMEOUT, Status.E_REROUTED}
-# 0: always sleep (the executor before the poll); 50: the default; 5000: a poll longer than any
-# answer here takes, so every answer is caught by polling on both sides
+# 0: always sleep (the executor before the poll); 50: the default cap, adaptive; 5000: a poll
+# longer than any answer here takes, fixed, so every answer is caught by polling on both sides
 POLLS = [0, 50, 5000]
+
+
+def _adaptive(poll_us: int) -> int:
+    return 0 if poll_us >= 5000 else 1
 
 
 def _client(poll_us: int) -> TcpExecutor:
     return TcpExecutor({"threads": 4, "conns_per_rail": 2, "slice_timeout_ms": 1000, "connect_timeout_ms": 500,
-                        "busy_poll_us": poll_us})  # fmt: skip
+                        "busy_poll_us": poll_us, "busy_poll_adaptive": _adaptive(poll_us)})  # fmt: skip
+
+
+def _server_cfg(poll_us: int) -> str:
+    return f"slice_timeout_ms=1000;busy_poll_us={poll_us};busy_poll_adaptive={_adaptive(poll_us)}"
 
 
 def _stop(srv: Server) -> None:
@@ -40,6 +49,9 @@ def test_busy_poll_config_is_checked() -> None:
     for bad in (-1, 10_001, "soon"):
         with pytest.raises(PluginABIError, match="busy_poll_us"):
             TcpExecutor({"busy_poll_us": bad})
+    for bad in (-1, 2, "yes"):
+        with pytest.raises(PluginABIError, match="busy_poll_adaptive"):
+            TcpExecutor({"busy_poll_adaptive": bad})
     TcpExecutor({"busy_poll_us": 0}).close()
     TcpExecutor({"busy_poll_us": 10_000}).close()
 
@@ -49,7 +61,7 @@ def test_small_requests_one_at_a_time_byte_exact(poll_us: int) -> None:
     """One request at a time (the KV-cache loop: each sent inline, its answer read by the waiter),
     sizes from 1 byte to 256 KiB at unaligned offsets, then batches of many in flight; every
     byte checked against a pattern that never repeats, with a fresh seed per round."""
-    srv = Server(("127.0.0.1",), f"slice_timeout_ms=1000;busy_poll_us={poll_us}")
+    srv = Server(("127.0.0.1",), _server_cfg(poll_us))
     ex = _client(poll_us)
     try:
         peer = connect(ex, srv)
@@ -91,7 +103,7 @@ def test_peer_stopped_while_the_waiter_polls_times_out(poll_us: int) -> None:
     """A peer that stops answering (SIGSTOP: no socket error) while the waiter polls for a small
     request's answer: the request fails with E_TIMEOUT at the progress timeout, not earlier
     (polling is no timeout) and not never."""
-    srv = Server(("127.0.0.1",), f"slice_timeout_ms=1000;busy_poll_us={poll_us}")
+    srv = Server(("127.0.0.1",), _server_cfg(poll_us))
     ex = _client(poll_us)
     try:
         peer = connect(ex, srv)
@@ -116,7 +128,7 @@ def test_peer_stopped_while_the_waiter_polls_times_out(poll_us: int) -> None:
 def test_peer_killed_mid_request_gives_a_typed_error(poll_us: int) -> None:
     """The server process is killed while small requests are in flight and their waiter polls:
     every request ends with a retryable transport error well before any deadline, never a hang."""
-    srv = Server(("127.0.0.1",), f"slice_timeout_ms=1000;busy_poll_us={poll_us}")
+    srv = Server(("127.0.0.1",), _server_cfg(poll_us))
     ex = _client(poll_us)
     try:
         peer = connect(ex, srv)
@@ -254,3 +266,69 @@ def test_an_inline_batch_is_shared_out_over_the_idle_connections() -> None:
     finally:
         ex.close()
         srv.close()
+
+
+def _serve_pair(server_cfg: dict[str, int], client_cfg: dict[str, int]):  # type: ignore[no-untyped-def]
+    srv_ex = TcpExecutor(server_cfg)
+    ex = TcpExecutor({"threads": 4, "conns_per_rail": 2, "slice_timeout_ms": 5000, "connect_timeout_ms": 2000,
+                      **client_cfg})  # fmt: skip
+    port = srv_ex.listen("127.0.0.1", 0)
+    region = np.zeros(1 << 20, np.uint8)
+    srv_ex.register_region(region.ctypes.data, region.nbytes, 3)
+    peer = ex.add_peer([""], ["127.0.0.1"], [port])
+    return srv_ex, ex, peer, region
+
+
+@pytest.mark.parametrize("adaptive", [0, 1])
+def test_a_server_connection_stops_polling_for_a_client_that_pauses(adaptive: int) -> None:
+    """A client that pauses 3 ms between small requests (an application computing between them):
+    no poll of the server connection for the next request (cap 50 us) can catch it. Fixed
+    polling polls before every one of those waits; adaptive polling gives up after a few misses
+    and probes only now and then, while every byte still lands."""
+    srv_ex, ex, peer, region = _serve_pair({"busy_poll_us": 50, "busy_poll_adaptive": adaptive},
+                                           {"busy_poll_us": 0})  # fmt: skip
+    try:
+        seed = fresh_seed()
+        src = pattern(1 << 20, seed)
+        n = 150
+        for i in range(n):
+            off = (i * 4099) % ((1 << 20) - 4096)
+            res = run(ex, [(WRITE, src.ctypes.data + off, region.ctypes.data + off, 4096, peer, 0)], inline=True,
+                      hints=HINT_SMALL)  # fmt: skip
+            assert res.done and res.error == 0, res
+            assert first_mismatch(region[off : off + 4096], seed, off) is None
+            time.sleep(0.003)
+        srv = srv_ex.busy_poll_stats()["server"]
+        assert srv["waits"] >= n - 1, srv  # each wait after a small request, on one connection
+        if adaptive:
+            # six misses stop it; then probes 8, 16, 32, 64 ... waits apart (a late-scheduled
+            # server thread may see a request already there and count a hit: generous bound)
+            assert srv["polls"] <= 30, srv
+        else:
+            assert srv["polls"] == srv["waits"], srv
+        assert ex.busy_poll_stats()["client"]["polls"] == 0  # busy_poll_us 0: off
+    finally:
+        ex.close()
+        srv_ex.close()
+
+
+def test_waiters_poll_and_count_their_outcomes() -> None:
+    """Small requests one at a time with polling on (fixed, so every wait polls): the client's
+    waiter polls before each answer and the server connection before each next request, and the
+    counters add up (hits and lost cores are among the polls)."""
+    srv_ex, ex, peer, region = _serve_pair({"busy_poll_us": 200, "busy_poll_adaptive": 0},
+                                           {"busy_poll_us": 200, "busy_poll_adaptive": 0})  # fmt: skip
+    try:
+        buf = np.zeros(4096, np.uint8)
+        n = 100
+        for _ in range(n):
+            res = run(ex, [(READ, buf.ctypes.data, region.ctypes.data, 4096, peer, 0)], inline=True, hints=HINT_SMALL)
+            assert res.done and res.error == 0, res
+        cli, srv = ex.busy_poll_stats()["client"], srv_ex.busy_poll_stats()["server"]
+        assert cli["waits"] >= n - 2 and cli["polls"] == cli["waits"], cli
+        assert srv["waits"] >= n - 1 and srv["polls"] == srv["waits"], srv
+        for c in (cli, srv):
+            assert c["hits"] <= c["polls"] and c["lost"] <= c["polls"], c
+    finally:
+        ex.close()
+        srv_ex.close()

@@ -1,7 +1,9 @@
 """What one request at a time costs over loopback TCP with nothing above the socket (not a test):
 the bare C loop of tent_bench._bare (one connection, TCP_NODELAY, a WRITE's header and payload in
 one writev, the answer read before the next request), sleeping in the kernel between requests vs
-polling the socket first (`--spin-us`, the tcp transport's `busy_poll_us`), alternated.
+polling the socket first every time (`--spin-us`, the tcp transport's `busy_poll_us` with
+`busy_poll_adaptive` 0) vs polling under the adaptive rule (the transport's default), alternated;
+each round prints the 1-minute load average.
 
     python plugins/tcp/tools/bare_round_trip.py [--count 5000] [--rounds 2] [--spin-us 50]
 
@@ -11,6 +13,7 @@ A 16-byte READ is the round trip alone (two thread wake-ups); 64 KiB adds the co
 from __future__ import annotations
 
 import argparse
+import os
 
 import numpy as np
 from tent_bench import _bare
@@ -22,12 +25,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--spin-us", type=int, default=50)
     a = ap.parse_args()
-    for _ in range(a.rounds):
-        for spin in (0, a.spin_us):
-            port = _bare.tcp_serve("127.0.0.1", 0, 0, spin)
+    modes = {"sleep": (0, 0), f"poll {a.spin_us} us": (a.spin_us, 0), f"adaptive {a.spin_us} us": (a.spin_us, 1)}
+    for r in range(a.rounds):
+        print(f"round {r}: load average {os.getloadavg()[0]:.2f}", flush=True)
+        for mode, (spin, adaptive) in modes.items():
+            port = _bare.tcp_serve("127.0.0.1", 0, 0, spin, adaptive)
             for op, n in ((0, 16), (0, 65536), (1, 65536), (0, 262144), (1, 262144)):
-                lat = np.frombuffer(_bare.tcp("127.0.0.1", port, op, n, a.count, 0, spin), np.float64)
-                print(f"poll {spin:3d} us {'READ ' if op == 0 else 'WRITE'} {n:6d} B: P50 {np.median(lat) * 1e6:6.1f} us, "
+                lat = np.frombuffer(_bare.tcp("127.0.0.1", port, op, n, a.count, 0, spin, adaptive), np.float64)
+                print(f"{mode:>16} {'READ ' if op == 0 else 'WRITE'} {n:6d} B: P50 {np.median(lat) * 1e6:6.1f} us, "
                       f"P99 {np.percentile(lat, 99) * 1e6:7.1f} us, {n * len(lat) / lat.sum() / 1e9:5.2f} GB/s", flush=True)  # fmt: skip
 
 

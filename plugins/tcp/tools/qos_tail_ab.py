@@ -1,8 +1,9 @@
 """A/B of the tcp QoS bulk cap (not a test): the QoS-tail scenario of tent_bench.small
 (64 KiB HIGH READs one at a time, alone and beside a 64 MiB LOW WRITE stream to the same peer,
-QoS on) with the executor's `qos_bulk_conns` cap off (0) and on (the default), interleaved.
+QoS on) with the executor's `qos_bulk_conns` cap off (0) and on (the default), interleaved; with
+`--compare poll`, busy polling off (`busy_poll_us` 0) against the default (adaptive).
 
-    python plugins/tcp/tools/qos_tail_ab.py [--rounds 6] [--count 400]
+    python plugins/tcp/tools/qos_tail_ab.py [--rounds 6] [--count 400] [--compare cap|poll]
 
 Prints each round and the medians: idle and loaded P99 of the HIGH READs, their ratio, and the
 stream's GB/s.
@@ -12,14 +13,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
 from typing import Any
 
 from tent_bench import small
 
-VARIANTS: dict[str, dict[str, Any]] = {
-    "cap off": {"transports": {"tcp": {"qos_bulk_conns": 0}}},
-    "cap on (default)": {},
+COMPARE: dict[str, dict[str, dict[str, Any]]] = {
+    "cap": {"cap off": {"transports": {"tcp": {"qos_bulk_conns": 0}}}, "cap on (default)": {}},
+    "poll": {"poll off": {"transports": {"tcp": {"busy_poll_us": 0}}}, "adaptive poll (default)": {}},
 }
 
 
@@ -27,15 +29,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--count", type=int, default=400, help="HIGH READs per phase")
+    ap.add_argument("--compare", choices=sorted(COMPARE), default="cap")
     a = ap.parse_args()
+    variants = COMPARE[a.compare]
     logging.basicConfig(level=logging.ERROR)
     keys = ("idle_p99_us", "loaded_p50_us", "loaded_p99_us", "ratio", "stream_gbps")
-    res: dict[str, list[dict[str, float]]] = {k: [] for k in VARIANTS}
+    res: dict[str, list[dict[str, float]]] = {k: [] for k in variants}
     for r in range(a.rounds):
-        for name in list(VARIANTS) if r % 2 == 0 else list(VARIANTS)[::-1]:
-            row = small.qos_tail("tcp", 1, count=a.count, config=VARIANTS[name])[0]
+        for name in list(variants) if r % 2 == 0 else list(variants)[::-1]:
+            row = small.qos_tail("tcp", 1, count=a.count, config=variants[name])[0]
             res[name].append({k: float(row[k]) for k in keys})
-            print(f"round {r} {name}: " + ", ".join(f"{k} {row[k]:.2f}" for k in keys), flush=True)
+            print(f"round {r} {name} (load {os.getloadavg()[0]:.2f}): " + ", ".join(f"{k} {row[k]:.2f}" for k in keys),
+                  flush=True)  # fmt: skip
     for name, rows in res.items():
         print(f"median {name}: " + ", ".join(f"{k} {statistics.median(x[k] for x in rows):.2f}" for k in keys))
 
