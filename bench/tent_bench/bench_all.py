@@ -225,6 +225,27 @@ def render_burst(text: str) -> str:
     return "\n".join(out)
 
 
+def render_server(text: str) -> str:
+    """`refhub bench server-sweep --json`: one row per configuration (clients, sockets, shards, frame form)."""
+    data = parse_json_output(text)
+    if not isinstance(data, dict) or not data.get("rows"):
+        return render_generic(text)
+
+    def med(v: Any) -> str:
+        if isinstance(v, dict) and "median" in v:
+            return f"{fmt(v['median'])} ({fmt(v['min'])}-{fmt(v['max'])})"
+        return fmt(v) if v is not None else ""
+
+    rows = [[str(r.get("clients")), str(r.get("client_sockets")), str(r.get("shards_per_replica")),
+             "batched" if r.get("batched_frames") else "one request", med(r.get("ops_per_s")),
+             med(r.get("mean_latency_ms")), fmt(r.get("server_cpu_util")), str(r.get("server_failed_replicas", "")),
+             str(r.get("error_replies", ""))] for r in data["rows"]]  # fmt: skip
+    head = (f"{data.get('rounds')} rounds per configuration, {data.get('cpus')} CPUs (server and load generators "
+            "on the same cores); median (min-max) over the rounds:")  # fmt: skip
+    return "\n".join([head, "", table(["clients", "sockets", "shards", "frames", "ops/s", "mean latency ms",
+                                        "server CPU", "replicas failed (missed heartbeats)", "error replies"], rows)])
+
+
 FAILOVER_CASES = {"none": "no failure", "kill": "SIGKILL", "stop": "SIGSTOP (silent)", "cut": "link cut (silent)"}
 
 
@@ -636,7 +657,8 @@ def default_steps() -> list[Step]:
              [REFHUB, "bench", "dataplane", "--json", "--transport", "tcp", "--quick"], target=target_dataplane,
              covers=REFHUB_SCRIPTS),  # fmt: skip
         Step("refhub-server", [REFHUB, "bench", "server-sweep", "--json"],
-             [REFHUB, "bench", "server-sweep", "--json", "--quick"], covers=REFHUB_SCRIPTS, timeout_s=900),  # fmt: skip
+             [REFHUB, "bench", "server-sweep", "--json", "--quick"], render=render_server, covers=REFHUB_SCRIPTS,
+             timeout_s=900),  # fmt: skip
         Step("refhub-burst", [REFHUB, "bench", "burst", "--json"], [REFHUB, "bench", "burst", "--json", "--quick"],
              render=render_burst, needs_root=True, covers=REFHUB_SCRIPTS, timeout_s=1800),  # fmt: skip
         Step("refhub-failover", [REFHUB, "bench", "failover", "--json"], [REFHUB, "bench", "failover", "--json", "--quick"],

@@ -694,9 +694,9 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
             floor = 12.0 if r["transport"] == "shm" else 4.0
             out.append(f"{r['transport']} {r['op']} batches of {r['batch']} x {_size(r['block'])} >= {floor} GB/s: "
                        f"{_verdict(r['tent_gbps'] >= floor)} ({r['tent_gbps']:.2f} GB/s)")  # fmt: skip
-        elif sc == "large":
-            out.append(f"shm {r['op']} {_size(r['block'])} one at a time >= 0.9x two polling threads copying 1 MiB "
-                       f"pieces: {_verdict(r['ratio'] >= 0.9)} ({r['ratio']:.2f}x)")  # fmt: skip
+        elif sc == "large":  # issue 14's bar (two threads woken per transfer) is judged in the shm-cma/-memfd blocks
+            out.append(f"shm {r['op']} {_size(r['block'])} one at a time vs two threads polling for 1 MiB pieces "
+                       f"(a stricter bar than issue 14's, not a target): {r['ratio']:.2f}x")  # fmt: skip
         elif sc == "two_engines":
             out.append(f"two engines in one process >= 0.8x two processes ({r['op']}): {_verdict(r['ratio'] >= 0.8)} "
                        f"({r['ratio']:.2f}x)")  # fmt: skip

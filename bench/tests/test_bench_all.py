@@ -201,3 +201,16 @@ def test_failover_rendering_shows_every_way_a_failed():
     out = ba.render_failover(json.dumps(data))
     assert "| no failure | 1.16 s (1.06-1.26) |  | A, then publisher | correct |" in out, out
     assert "| SIGSTOP (silent) | 2.79 s (2.69-2.89) | +1.63 s | A, then publisher | **WRONG** |" in out
+
+
+def test_server_sweep_rendering_has_one_row_per_configuration():
+    def row(clients: int, shards: int, batched: bool) -> dict:
+        return {"clients": clients, "client_sockets": 8 if batched else clients, "shards_per_replica": shards,
+                "batched_frames": batched, "ops_per_s": {"median": 100.0, "min": 90.0, "max": 110.0},
+                "mean_latency_ms": {"median": 5.0, "min": 4.0, "max": 6.0}, "server_cpu_util": 0.5,
+                "server_failed_replicas": 0, "error_replies": 0}  # fmt: skip
+
+    out = ba.render_server(json.dumps({"bench": "server-sweep", "rounds": 3, "cpus": 2,
+                                       "rows": [row(8192, 8, False), row(4096, 1, True)]}))  # fmt: skip
+    assert "| 8192 | 8192 | 8 | one request | 100 (90-110) | 5 (4-6) | 0.5 | 0 | 0 |" in out, out
+    assert "| 4096 | 8 | 1 | batched |" in out and "3 rounds per configuration" in out
