@@ -30,6 +30,20 @@ def _tensors(sizes, seed):
     return [rng.integers(0, 255, n, dtype=np.uint8) for n in sizes]
 
 
+def _registered_pair(server, sizes, seed):
+    """A publisher of v1 and a reader with zeroed destinations, both over register()ed arrays."""
+    src = _tensors(sizes, seed)
+    p = C.open("m", replica="pub", server=server)
+    for i, t in enumerate(src):
+        p.register(f"t{i}", t)
+    p.publish(1)
+    r = C.open("m", replica="rd", server=server)
+    dst = [np.zeros(n, np.uint8) for n in sizes]
+    for i, t in enumerate(dst):
+        r.register(f"t{i}", t)
+    return p, r, src, dst
+
+
 @pytest.fixture
 def small_batches(monkeypatch):
     monkeypatch.setattr(C, "BATCH", 1 * MB)
@@ -217,15 +231,7 @@ def test_streamed_verify_in_a_real_pull_rejects_a_mutated_source(server, small_b
     spans many batches) fails the streamed check of the receiver, and the bytes that passed it are
     the ones in the receiver's tensors."""
     sizes = [6 * MB + 7, 3 * MB, 1000]
-    src = _tensors(sizes, 5)
-    p = C.open("m", replica="pub", server=server)
-    for i, t in enumerate(src):
-        p.register(f"t{i}", t)
-    p.publish(1)
-    r = C.open("m", replica="rd", server=server)
-    dst = [np.zeros(n, np.uint8) for n in sizes]
-    for i, t in enumerate(dst):
-        r.register(f"t{i}", t)
+    p, r, src, dst = _registered_pair(server, sizes, 5)
     assert r.replicate(1, timeout=30) == 1 and r.stats["verified"]
     assert all((a == b).all() for a, b in zip(src, dst, strict=True))
     r.unpublish()
@@ -345,15 +351,7 @@ def test_fused_pull_only_where_the_transport_copies_inline(server, monkeypatch) 
     whose inline requests are sent, not complete, when submit returns: the windowed pull runs."""
     monkeypatch.setattr(C, "FUSED_VERIFY", True)
     sizes = [3 * MB + 5, 2 * MB, 7000]
-    src = _tensors(sizes, 8)
-    p = C.open("m", replica="pub", server=server)
-    for i, t in enumerate(src):
-        p.register(f"t{i}", t)
-    p.publish(1)
-    r = C.open("m", replica="rd", server=server)
-    dst = [np.zeros(n, np.uint8) for n in sizes]
-    for i, t in enumerate(dst):
-        r.register(f"t{i}", t)
+    p, r, src, dst = _registered_pair(server, sizes, 8)
     for _ in range(3):  # not a race: decided from the transport, every time
         assert r.replicate(1, timeout=30) == 1
         assert r.stats["verified"] and not r.stats["fused"]
