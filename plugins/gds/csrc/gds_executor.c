@@ -1189,6 +1189,7 @@ static gfile_t *nowait_file(executor_t *ex, const tent_slice_t *s) {
   if (!ex->nowait || s->length == 0 || (ex->chunk && s->length > ex->chunk)) return NULL;
   if (s->opcode != TENT_OP_READ && s->opcode != TENT_OP_WRITE) return NULL;
   if (s->remote_addr + s->length < s->remote_addr) return NULL;
+  if (ex->host->is_cancelled(ex->host->ctx, s->token)) return NULL; /* the worker reports E_CANCELLED */
   tent_order_t ord;
   if (__atomic_load_n(&ex->ngbufs, __ATOMIC_RELAXED) || tent_ot_get(&ex->order, s->token, &ord)) return NULL;
   int st = TENT_OK;

@@ -655,7 +655,8 @@ def test_submitting_thread_leaves_what_would_block(engine: str, tmp_path: Path) 
 
 def test_submitting_thread_errors_typed(tmp_path: Path) -> None:
     """Whatever the submitting thread cannot finish is reported like any slice: past the end of the
-    file (E_BOUNDS, never garbage), outside every file (E_BOUNDS), a read-only file (E_PERMISSION)."""
+    file (E_BOUNDS, never garbage), outside every file (E_BOUNDS), a read-only file (E_PERMISSION),
+    a batch cancelled before its submit (E_CANCELLED, nothing read)."""
     data = tpattern(3 * 4096 + 100, 43)
     f = make_file(tmp_path / "s.bin", data)
     ro = make_file(tmp_path / "ro.bin", tpattern(8192, 44))
@@ -676,6 +677,12 @@ def test_submitting_thread_errors_typed(tmp_path: Path) -> None:
         src = tpattern(8192, 45)
         assert inline(WRITE, src.ctypes.data, BASE + (1 << 40), 8192) == E_PERMISSION
         assert ro.read_bytes() == tpattern(8192, 44).tobytes()
+        c = _native.Batch(1)  # cancelled before it was submitted: never read
+        c.cancel()
+        dst[:] = 0xAB
+        ex = tr.executor
+        assert _native.submit_one(ex.ops, ex.handle, c, READ, dst.ctypes.data, BASE, 4096, h, 0, 1, 0, True) == 0
+        assert c.wait(30) and c.error == E_CANCELLED and (dst == 0xAB).all()
         assert tr.stats()["nowait_slices"] == 1
     finally:
         tr.close()
