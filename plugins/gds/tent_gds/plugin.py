@@ -11,7 +11,12 @@ registers ``(base, length, fds, writable)`` with the compiled executor. op READ 
 file -> memory, WRITE memory -> file.
 
 The executor (``csrc/gds_executor.c``) runs io_uring through raw syscalls with several
-I/Os in flight per worker, or pread/pwrite loops where io_uring is not allowed.
+I/Os in flight per worker, or pread/pwrite loops where io_uring is not allowed. A request of one
+piece up to ``inline_bytes`` is first tried by the submitting thread without blocking
+(preadv2/pwritev2 with RWF_NOWAIT, config ``nowait``): a READ out of the page cache completes
+inside submit, with no hand-off to a worker and no wake-up; whatever would block goes to the
+workers (and the batch's waiter). That thread holds the GIL while it copies (like the shm
+transport's inline copies): Python threads submitting at once take turns for those copies.
 
 GPU memory <-> file goes through cuFile (GPUDirect Storage, the library KvikIO wraps) when
 libcufile, a CUDA driver and a device are present: the transport then also serves
