@@ -1220,7 +1220,8 @@ static uint64_t nowait_run(executor_t *ex, const tent_slice_t *s, gfile_t *f) {
     ssize_t n = rd ? preadv2(f->fd, &v, 1, (off_t)(off + pos), RWF_NOWAIT)
                    : pwritev2(f->fd, &v, 1, (off_t)(off + pos), RWF_NOWAIT);
     if (n > 0) {
-      atomic_store_explicit(kind, 1, memory_order_relaxed);
+      if (atomic_load_explicit(kind, memory_order_relaxed) != 1) /* no store per request: a shared line */
+        atomic_store_explicit(kind, 1, memory_order_relaxed);
       atomic_fetch_add(&ex->st_nowait_ios, 1);
       atomic_fetch_add(&ex->st_buffered_bytes, (unsigned long long)n);
       pos += (uint64_t)n;
