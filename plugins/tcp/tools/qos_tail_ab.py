@@ -22,6 +22,9 @@ from tent_bench import small
 COMPARE: dict[str, dict[str, dict[str, Any]]] = {
     "cap": {"cap off": {"transports": {"tcp": {"qos_bulk_conns": 0}}}, "cap on (default)": {}},
     "poll": {"poll off": {"transports": {"tcp": {"busy_poll_us": 0}}}, "adaptive poll (default)": {}},
+    "nice": {"bulk nice 0": {"transports": {"tcp": {"qos_bulk_nice": 0}}},
+             "bulk nice 19": {"transports": {"tcp": {"qos_bulk_nice": 19}}},
+             "bulk SCHED_IDLE": {"transports": {"tcp": {"qos_bulk_nice": 20}}}},
 }
 
 
