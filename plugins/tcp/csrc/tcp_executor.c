@@ -639,6 +639,7 @@ static int qos_bulk_level(int knob, int bulk, uint64_t now_ms, uint64_t small_un
 static __thread int tl_qos_level;  /* the level the calling thread runs at now */
 static __thread int tl_qos_nice;   /* its own nice value and policy, saved when it first leaves them */
 static __thread int tl_qos_policy;
+static __thread int tl_qos_stuck;  /* the last move was refused: an idle thread does not retry in a loop */
 
 /* Move the calling thread to `level` (see qos_bulk_level). A thread whose own policy is neither
  * SCHED_OTHER nor SCHED_BATCH (real time: someone chose it) is left alone, and none is ever
@@ -672,9 +673,14 @@ static int qos_thread_set(int level) {
 
 /* A thread of this executor's about to do work at `level`; a refusal is logged (rate limited). */
 static void qos_thread_level(int level) {
-  if (qos_thread_set(level) != 0)
+  tl_qos_stuck = qos_thread_set(level) != 0;
+  if (tl_qos_stuck)
     slog("qos_bulk_nice: could not move a thread to level %d (now %d): %s", level, tl_qos_level, strerror(errno));
 }
+
+/* A demoted thread about to sleep: back to its own weight first, so that it wakes up for its next
+ * work (a small request's, maybe) as itself. */
+static int qos_thread_demoted(void) { return tl_qos_level != 0 && !tl_qos_stuck; }
 
 /* A server connection is about to serve a request: a small one opens the server's QoS window, a
  * bulk one runs demoted while it is open. */
@@ -965,6 +971,7 @@ static void *sconn_main(void *arg) {
       atomic_fetch_sub(&ex->bulk_active, 1);
       bulk_held = 0;
     }
+    if (qos_thread_demoted() && mono_ms() >= atomic_load(&ex->srv_small_until_ms)) qos_thread_level(0); /* idle */
     int w;
     if (spin) {
       uint64_t t0 = mono_ns();
@@ -1756,6 +1763,12 @@ static void *worker_main(void *arg) {
     }
     if (ex->stopping) break;
     rail_t *r = ex->ready_head;
+    if (!r && qos_thread_demoted()) { /* going idle (see qos_thread_demoted) */
+      pthread_mutex_unlock(&ex->mu);
+      qos_thread_level(0);
+      pthread_mutex_lock(&ex->mu);
+      continue;
+    }
     if (!r && ex->throttle_until_ms) { /* bulk held back by the QoS window: look again when it ends */
       uint64_t now = mono_ms();
       if (now < ex->throttle_until_ms) {
