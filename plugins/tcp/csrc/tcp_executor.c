@@ -536,7 +536,7 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->connect_backoff_ms = 50;
   ex->qos_bulk_conns = 1;
   ex->qos_window_ms = 5;
-  ex->qos_bulk_nice = 0;
+  ex->qos_bulk_nice = 19;
   ex->busy_poll_us = 50; /* the tcp transport passes its own (its config is where the defaults are documented) */
   ex->busy_poll_adaptive = 1;
   ex->sockbuf = 4 << 20;
@@ -704,11 +704,18 @@ static void *qos_probe_main(void *arg) {
   return NULL;
 }
 
+static atomic_int g_qos_probed[QOS_LEVEL_IDLE + 1]; /* per level: 0 not yet, 1 may, -1 may not (logged once) */
+
 static int qos_may_demote(int level) {
+  int known = atomic_load(&g_qos_probed[level]);
+  if (known) return known > 0;
   pthread_t t;
   int ok = level;
-  if (pthread_create(&t, NULL, qos_probe_main, &ok) != 0) return 0;
+  if (pthread_create(&t, NULL, qos_probe_main, &ok) != 0) return 0; /* not known: tried again next time */
   pthread_join(t, NULL);
+  int was = 0;
+  if (atomic_compare_exchange_strong(&g_qos_probed[level], &was, ok ? 1 : -1) && !ok)
+    slog("qos_bulk_nice %d: off, this process may not undo a demotion (it takes CAP_SYS_NICE or RLIMIT_NICE)", level);
   return ok;
 }
 
@@ -2065,10 +2072,7 @@ static void *ex_create(const tent_host_api_t *host, const char *config, char *er
   pthread_condattr_destroy(&ca);
   pthread_mutex_init(&ex->srv_mu, NULL);
   atomic_store(&ex->next_reqid, 1);
-  if (ex->qos_bulk_nice && !qos_may_demote(ex->qos_bulk_nice)) {
-    slog("qos_bulk_nice %d: off, this process may not undo a demotion (CAP_SYS_NICE or RLIMIT_NICE)", ex->qos_bulk_nice);
-    ex->qos_bulk_nice = 0;
-  }
+  if (ex->qos_bulk_nice && !qos_may_demote(ex->qos_bulk_nice)) ex->qos_bulk_nice = 0;
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   ex->max_pollers = cpus >= 4 ? (int)(cpus / 2) : 1;
   ex->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

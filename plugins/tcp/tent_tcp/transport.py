@@ -140,9 +140,12 @@ class TcpTransport(Transport):
         "qos_window_ms": 5,
         # ... and the threads moving bulk there (the client's sender, the target's receiver; a
         # target counts requests up to 256 KiB as small) run at this nice value (1-19; 20 =
-        # SCHED_IDLE; 0 = off), so the small request's threads win the cores they wake up for.
-        # Needs CAP_SYS_NICE or RLIMIT_NICE to undo (else off, logged).
-        "qos_bulk_nice": 0,
+        # SCHED_IDLE; 0 = off), so the small request's threads win the cores they wake up for;
+        # back to their own weight when idle or once no small request came for qos_window_ms.
+        # Measured (docs/benchmarks.md, "The QoS tail over tcp"): loaded P99 551 -> 75 us, the
+        # stream's GB/s unchanged. Undoing it takes CAP_SYS_NICE or RLIMIT_NICE >= 20: where the
+        # process has neither it is off (logged once).
+        "qos_bulk_nice": 19,
         # A waiter reading the answer of a small request it sent, and a server connection after
         # serving one, may poll the socket (no sleep) up to this long before sleeping in the kernel;
         # 0 = always sleep (polling off). Where cores are free it saves a thread wake-up per request

@@ -4,15 +4,17 @@ thread) run at `qos_bulk_nice` while small requests are active, and at their own
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 
 import numpy as np
 import pytest
 from tcp_helpers import READ, WRITE, Server, TcpExecutor, connect, pattern, run, wait_result
+from tent_tcp.native import qos_bulk_level
+
 from tent_core import _native
 from tent_core.abi import HINT_SMALL, SLICE_DTYPE
-from tent_tcp.native import qos_bulk_level
 
 SCHED_OTHER, SCHED_IDLE = 0, 5
 
@@ -72,7 +74,13 @@ def _eventually(cond: object, timeout: float) -> bool:
 @pytest.mark.parametrize("knob", [19, 20])
 def test_bulk_threads_run_demoted_while_small_requests_are_active_and_as_themselves_after(knob: int) -> None:
     window_ms = 1500
-    cfg = {"threads": 3, "conns_per_rail": 1, "slice_timeout_ms": 30000, "qos_bulk_nice": knob, "qos_window_ms": window_ms}
+    cfg = {
+        "threads": 3,
+        "conns_per_rail": 1,
+        "slice_timeout_ms": 30000,
+        "qos_bulk_nice": knob,
+        "qos_window_ms": window_ms,
+    }
     server = Server(config=";".join(f"{k}={v}" for k, v in cfg.items()))
     ex = TcpExecutor(cfg)
     try:
@@ -90,7 +98,9 @@ def test_bulk_threads_run_demoted_while_small_requests_are_active_and_as_themsel
         while not all(seen.values()) and time.monotonic() < deadline:
             res = run(ex, [(READ, dst.ctypes.data, rw, 4096, peer, 0)], hints=HINT_SMALL)  # both windows open
             assert res.done and res.error == 0, res
-            b, t0 = _submit(ex, [(WRITE, src.ctypes.data + i * chunk, rw + i * chunk, chunk, peer, 0) for i in range(16)])
+            b, t0 = _submit(
+                ex, [(WRITE, src.ctypes.data + i * chunk, rw + i * chunk, chunk, peer, 0) for i in range(16)]
+            )
             while b.remaining and time.monotonic() < deadline:  # type: ignore[attr-defined]
                 seen["client"] = seen["client"] or _demoted(cpid, knob)
                 seen["server"] = seen["server"] or _demoted(spid, knob)
@@ -113,6 +123,4 @@ def test_bulk_threads_run_demoted_while_small_requests_are_active_and_as_themsel
 
 
 def _sha(a: np.ndarray) -> str:
-    import hashlib
-
     return hashlib.sha256(a.tobytes()).hexdigest()
