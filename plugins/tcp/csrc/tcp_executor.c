@@ -11,7 +11,8 @@
  * first. While small requests are active on a rail (one submitted within `qos_window_ms`, in a
  * submit without bulk slices), bulk there runs on `qos_bulk_conns` connections at most: on a
  * shared host every bulk connection is a copying thread on each side competing with the small
- * request's for the cores. A rail with queued chunks and a slot they may use sits in a ready list, so a worker
+ * request's for the cores; and those that still run do so at nice `qos_bulk_nice` (both sides,
+ * see "QoS: bulk threads' CPU weight"). A rail with queued chunks and a slot they may use sits in a ready list, so a worker
  * finds work in O(1) however many peers there are; it borrows a persistent connection
  * (connecting lazily), runs its chunks and, for a job's last chunk, reports the slice through
  * host->complete. Small chunks queued together are pipelined on one connection (up to
@@ -474,6 +475,7 @@ typedef struct tcp_exec {
   int tick_ms;            /* client sockets wake this often to check their progress clock */
   int qos_bulk_conns;     /* bulk connections a rail runs at most while small requests are active (0: no cap) */
   int qos_window_ms;      /* small requests count as active this long after their submit */
+  int qos_serve_nice;     /* the server side demotes too (it tells small requests by size) */
   int qos_bulk_nice;      /* bulk threads' nice value while small requests are active (QOS_LEVEL_IDLE: SCHED_IDLE; 0: off) */
   atomic_ullong srv_small_until_ms; /* server side: a small request was served recently (bulk ones demoted until then) */
   int busy_poll_us;       /* a small request's answer / the next request is polled for up to this long before sleeping */
@@ -537,6 +539,7 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->qos_bulk_conns = 1;
   ex->qos_window_ms = 5;
   ex->qos_bulk_nice = 19;
+  ex->qos_serve_nice = 1;
   ex->busy_poll_us = 50; /* the tcp transport passes its own (its config is where the defaults are documented) */
   ex->busy_poll_adaptive = 1;
   ex->sockbuf = 4 << 20;
@@ -594,6 +597,7 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
     else if (!strcmp(key, "connect_backoff_ms")) dst = &ex->connect_backoff_ms, lo = 0;
     else if (!strcmp(key, "qos_bulk_conns")) dst = &ex->qos_bulk_conns, lo = 0, hi = 64;
     else if (!strcmp(key, "qos_window_ms")) dst = &ex->qos_window_ms, lo = 0, hi = 60000;
+    else if (!strcmp(key, "qos_serve_nice")) dst = &ex->qos_serve_nice, lo = 0, hi = 1;
     else if (!strcmp(key, "qos_bulk_nice")) dst = &ex->qos_bulk_nice, lo = 0, hi = QOS_LEVEL_IDLE;
     else if (!strcmp(key, "busy_poll_us")) dst = &ex->busy_poll_us, lo = 0, hi = 10000;
     else if (!strcmp(key, "busy_poll_adaptive")) dst = &ex->busy_poll_adaptive, lo = 0, hi = 1;
@@ -627,7 +631,8 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
  * work it takes, so it costs a syscall only on a change, and bulk runs at full weight again from
  * its next request once the small requests stop. The client knows its small requests (the core's
  * hint); a server knows them by size, as it does for busy polling: a request of up to
- * SPIN_AFTER_BYTES opens the server's window for qos_window_ms. */
+ * SPIN_AFTER_BYTES opens the server's window for qos_window_ms (`qos_serve_nice` 0: the server
+ * side never demotes). */
 
 /* The level (0: the thread's own; 1-19: a nice value; QOS_LEVEL_IDLE: SCHED_IDLE) a thread should
  * run its next piece of work at: `knob` for bulk work while small requests are active (now_ms
@@ -1012,7 +1017,7 @@ static void *sconn_main(void *arg) {
     }
     int status = TENT_OK;
     spin = len <= SPIN_AFTER_BYTES; /* bulk connections sleep between requests: no core burnt beside a stream */
-    if (ex->qos_bulk_nice) qos_server_request(ex, spin);
+    if (ex->qos_bulk_nice && ex->qos_serve_nice) qos_server_request(ex, spin);
     if (!spin) { /* and nobody polls while one is served */
       atomic_fetch_add(&ex->bulk_active, 1);
       bulk_held = 1;

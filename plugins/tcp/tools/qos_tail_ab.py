@@ -27,6 +27,9 @@ COMPARE: dict[str, dict[str, dict[str, Any]]] = {
     "nice": {"bulk nice 0": {"transports": {"tcp": {"qos_bulk_nice": 0}}},
              "bulk nice 19 (default)": {},
              "bulk SCHED_IDLE": {"transports": {"tcp": {"qos_bulk_nice": 20}}}},
+    "side": {"bulk nice 0": {"transports": {"tcp": {"qos_bulk_nice": 0}}},
+             "initiator only": {"transports": {"tcp": {"qos_serve_nice": 0}}},
+             "both sides (default)": {}},
 }
 
 
