@@ -645,16 +645,22 @@ static __thread int tl_qos_level;  /* the level the calling thread runs at now *
 static __thread int tl_qos_nice;   /* its own nice value and policy, saved when it first leaves them */
 static __thread int tl_qos_policy;
 static __thread int tl_qos_stuck;  /* the last move was refused: an idle thread does not retry in a loop */
+static __thread int tl_qos_exempt; /* its own policy is real time: never moved */
 
 /* Move the calling thread to `level` (see qos_bulk_level). A thread whose own policy is neither
  * SCHED_OTHER nor SCHED_BATCH (real time: someone chose it) is left alone, and none is ever
  * raised above its own weight. Returns 0, or -1 when the kernel refused (the level is unchanged). */
 static int qos_thread_set(int level) {
-  if (level == tl_qos_level) return 0;
+  if (level == tl_qos_level || tl_qos_exempt) return 0;
   pid_t tid = (pid_t)syscall(SYS_gettid);
   if (tl_qos_level == 0) {
     int pol = sched_getscheduler(0);
-    if (pol != SCHED_OTHER && pol != SCHED_BATCH) return -1;
+    if (pol < 0) return -1;
+    pol &= ~SCHED_RESET_ON_FORK;
+    if (pol != SCHED_OTHER && pol != SCHED_BATCH) {
+      tl_qos_exempt = 1;
+      return 0;
+    }
     errno = 0;
     int nice = getpriority(PRIO_PROCESS, (id_t)tid);
     if (nice == -1 && errno) return -1;
@@ -662,7 +668,7 @@ static int qos_thread_set(int level) {
     tl_qos_policy = pol;
   }
   struct sched_param sp = {0};
-  if (level == QOS_LEVEL_IDLE) {
+  if (level == QOS_LEVEL_IDLE) { /* (SCHED_RESET_ON_FORK dropped: these threads fork nothing) */
     if (sched_setscheduler(0, SCHED_IDLE, &sp) != 0) return -1;
   } else {
     if (tl_qos_level == QOS_LEVEL_IDLE && sched_setscheduler(0, tl_qos_policy, &sp) != 0) return -1;
