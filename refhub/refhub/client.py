@@ -20,7 +20,11 @@ Verification: the publisher hashes every tensor once at publish (xxh3_64 when ``
 installed, adler32 otherwise); the reader hashes the bytes that landed in its own buffers and
 compares. Where the path copies a one-piece READ on the submitting thread (the same-host transport),
 one lane per core READs its tensors piece by piece and hashes each piece right after it landed,
-while it is still in that core's cache (fused copy + hash). Elsewhere (tcp) a reader keeps a window
+while it is still in that core's cache (fused copy + hash); where that path also hashes inside its
+own copy loop (``Transport.inline_digest``: the READ carries the tensor's running digest,
+``engine.submit(..., digest=)``, tent/digest.h), the lanes READ 4 MiB pieces and hash nothing in
+Python but what the copy did not fold. The digest stays the publisher's xxh3_64 of the whole
+tensor (streamed equals one-shot): nothing changes on the wire or at publish. Elsewhere (tcp) a reader keeps a window
 of READ batches in flight and hashes each large tensor batch by batch as its bytes arrive (streamed
 xxh3_64, worker lanes), the pack of tiny tensors once the prefix covers it, so end-to-end
 verification of every byte overlaps with the transfer.
