@@ -668,7 +668,8 @@ static PyObject *py_untrack_handles(PyObject *m, PyObject *arg) {
 
 /* ---- Digest: a running xxh3_64 of a stream of bytes in this process's memory ----
  * Executors fold what they copy on the submitting thread (tent/digest.h); the caller folds the
- * rest with update() (from its buffer, in order), then reads intdigest(). */
+ * rest with update() (from its buffer, in order), then reads intdigest(). One thread at a time per
+ * Digest: a submit with it armed and update() run without the GIL. */
 typedef struct {
   PyObject_HEAD
   tent_digest_t *d; /* 64-byte aligned */
@@ -740,7 +741,8 @@ static PyTypeObject DigestType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tent_core._native.Digest",
     .tp_basicsize = sizeof(DigestObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Digest(next=0): a running xxh3_64; executors fold READs copied on the armed thread into it",
+    .tp_doc = "Digest(next=0): a running xxh3_64 of a stream starting at local address next; a transport that "
+              "copies a READ inside engine.submit(..., digest=d) folds it in; one thread at a time",
     .tp_new = Digest_new,
     .tp_dealloc = (destructor)Digest_dealloc,
     .tp_methods = Digest_methods,

@@ -19,18 +19,27 @@ xxhash = pytest.importorskip("xxhash")
 MB = 1 << 20
 
 
-@pytest.fixture(params=["memfd", "cma"])
-def pair(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Engine, Engine, str]]:
+def _engines(monkeypatch: pytest.MonkeyPatch, mode: str, **extra: Any) -> Iterator[tuple[Engine, Engine, str]]:
     monkeypatch.setenv("TENT_PLUGINS", "shm")
-    cfg: dict[str, Any] = {"transports": {"shm": {"mode": request.param}}}
+    cfg: dict[str, Any] = {"transports": {"shm": {"mode": mode}}, **extra}
     a, b = Engine(cfg), Engine(cfg)
     try:
         if "shm" not in b.transports:
             pytest.skip("engine did not start the shm transport")
-        yield a, b, request.param
+        yield a, b, mode
     finally:
         b.close()
         a.close()
+
+
+@pytest.fixture(params=["memfd", "cma"])
+def pair(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Engine, Engine, str]]:
+    yield from _engines(monkeypatch, request.param)
+
+
+@pytest.fixture
+def memfd(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Engine, Engine, str]]:
+    yield from _engines(monkeypatch, "memfd")
 
 
 def test_inline_reads_fold_into_the_digest(pair: tuple[Engine, Engine, str]) -> None:
@@ -58,12 +67,10 @@ def test_inline_reads_fold_into_the_digest(pair: tuple[Engine, Engine, str]) -> 
     assert d.folded == n and d.intdigest() == xxhash.xxh3_64_intdigest(pattern(n, 21).tobytes())
 
 
-def test_only_the_streams_next_bytes_fold(pair: tuple[Engine, Engine, str]) -> None:
+def test_only_the_streams_next_bytes_fold(memfd: tuple[Engine, Engine, str]) -> None:
     """A piece that does not continue the stream (out of order) is copied but not folded; a submit
     without digest= folds nothing; the caller then folds what is missing and gets the same digest."""
-    a, b, mode = pair
-    if mode != "memfd":
-        pytest.skip("CMA copies fold nothing anyway")
+    a, b, _ = memfd
     n = 2 * MB + 999
     src = a.allocate(n)
     src.array[:] = pattern(n, 22)
@@ -83,10 +90,8 @@ def test_only_the_streams_next_bytes_fold(pair: tuple[Engine, Engine, str]) -> N
     assert d.next == dst.addr + half and d.folded == half
 
 
-def test_a_changed_source_byte_changes_the_folded_digest(pair: tuple[Engine, Engine, str]) -> None:
-    a, b, mode = pair
-    if mode != "memfd":
-        pytest.skip("CMA copies fold nothing")
+def test_a_changed_source_byte_changes_the_folded_digest(memfd: tuple[Engine, Engine, str]) -> None:
+    a, b, _ = memfd
     n = 3 * MB + 17
     src = a.allocate(n)
     src.array[:] = pattern(n, 23)
@@ -106,12 +111,7 @@ def test_a_changed_source_byte_changes_the_folded_digest(pair: tuple[Engine, Eng
 
 def test_digest_through_the_planner(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the native fast path off, Engine.submit arms the digest around the planner's submit."""
-    monkeypatch.setenv("TENT_PLUGINS", "shm")
-    cfg: dict[str, Any] = {"fast_path": False, "transports": {"shm": {"mode": "memfd"}}}
-    a, b = Engine(cfg), Engine(cfg)
-    try:
-        if "shm" not in b.transports:
-            pytest.skip("engine did not start the shm transport")
+    for a, b, _ in _engines(monkeypatch, "memfd", fast_path=False):
         n = MB + 3
         src = a.allocate(n)
         src.array[:] = pattern(n, 24)
@@ -119,6 +119,3 @@ def test_digest_through_the_planner(monkeypatch: pytest.MonkeyPatch) -> None:
         d = Digest(dst.addr)
         b.submit([Request(READ, dst, 0, f"{a.engine_id}/default", 0, n)], deadline=30, digest=d).wait(30)
         assert d.next == dst.addr + n and d.intdigest() == xxhash.xxh3_64_intdigest(pattern(n, 24).tobytes())
-    finally:
-        b.close()
-        a.close()
