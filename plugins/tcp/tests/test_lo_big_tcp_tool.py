@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.netns
-
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "lo_big_tcp.py"
 
 
