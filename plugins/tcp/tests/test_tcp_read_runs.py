@@ -50,7 +50,9 @@ def test_server_answers_a_burst_of_reads_in_order_byte_for_byte(server: Server) 
         reqid, gap, n = 1000 + i, int(rng.integers(0, 128)), int(rng.integers(1, 96 << 10))
         if i % 7 == 3:  # the region changes: the gather stops there
             off = int(rng.integers(0, (1 << 20) - n))
-            reqs.append((REQ.pack(MAGIC, 2, READ | gap << 8, ro + off, n, reqid), (reqid, 2, gap, ro_bytes[off : off + n])))
+            reqs.append(
+                (REQ.pack(MAGIC, 2, READ | gap << 8, ro + off, n, reqid), (reqid, 2, gap, ro_bytes[off : off + n]))
+            )
         elif i == 11:  # refused (runs past the region): a header alone
             reqs.append((REQ.pack(MAGIC, 2, READ | gap << 8, rw + rw_len - 10, 11, reqid), (reqid, 2, -1, b"")))
         elif i == 20:  # a WRITE in the middle of the READs (its payload overwrites nothing read here)
@@ -61,7 +63,9 @@ def test_server_answers_a_burst_of_reads_in_order_byte_for_byte(server: Server) 
             reqs.append((REQ.pack(MAGIC, 1, READ, rw + off, n, reqid), (reqid, 1, 0, rw_bytes[off : off + n])))
         else:
             off = int(rng.integers(0, (8 << 20) - n))
-            reqs.append((REQ.pack(MAGIC, 2, READ | gap << 8, rw + off, n, reqid), (reqid, 2, gap, rw_bytes[off : off + n])))
+            reqs.append(
+                (REQ.pack(MAGIC, 2, READ | gap << 8, rw + off, n, reqid), (reqid, 2, gap, rw_bytes[off : off + n]))
+            )
     burst = b"".join(r for r, _ in reqs)
     with socket.create_connection(("127.0.0.1", server.ports[0]), timeout=10) as c:
         c.sendall(burst)
