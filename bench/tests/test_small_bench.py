@@ -52,6 +52,23 @@ def test_bare_tcp_moves_the_bytes_of_the_given_buffers() -> None:
     assert np.array_equal(remote[64 * KiB :], small.fill(1 << 20, seed=7)[64 * KiB :])
 
 
+def test_bare_tcp_batch_moves_each_request_s_own_bytes() -> None:
+    """The batch loop: request i moves [local + i * block) <-> [remote + i * block), its requests
+    shared over the connections (also when they do not divide evenly)."""
+    remote = small.fill(1 << 20, seed=11)
+    local = np.zeros(1 << 20, np.uint8)
+    port = _bare.tcp_serve("127.0.0.1", remote.ctypes.data, remote.nbytes)
+    lat = np.frombuffer(_bare.tcp_batch("127.0.0.1", port, 0, 64 * KiB, 16, 3, 4, local.ctypes.data), np.float64)
+    assert len(lat) == 3 and (lat > 0).all()
+    assert np.array_equal(local, remote)  # READ
+    local[:] = small.fill(1 << 20, seed=12)
+    _bare.tcp_batch("127.0.0.1", port, 1, 4 * KiB, 7, 2, 3, local.ctypes.data)  # WRITE, 7 over 3 connections
+    assert np.array_equal(remote[: 28 * KiB], local[: 28 * KiB])
+    assert np.array_equal(remote[28 * KiB :], small.fill(1 << 20, seed=11)[28 * KiB :])
+    with pytest.raises(ValueError):
+        _bare.tcp_batch("127.0.0.1", port, 0, 64 * KiB, 16, 1, 4, 0)  # no local buffer
+
+
 def test_one_at_a_time_rows_next_to_the_bare_limit() -> None:
     rows = small.one_at_a_time("shm", [4 * KiB, 64 * KiB], ["READ", "WRITE"], 1, 1 << 20)
     rows += small.one_at_a_time("tcp", [64 * KiB], ["READ"], 1, 1 << 20)
@@ -107,6 +124,8 @@ def test_scenarios_through_the_command_line() -> None:
     rows = json.loads(out.stdout)["rows"]
     kinds = {r["scenario"] for r in rows}
     assert kinds == {"batches", "two_engines", "submit_cost"}
+    for b in (r for r in rows if r["scenario"] == "batches"):  # tcp batches next to the bare batch loop
+        assert b["bare_gbps"] > 0 and b["ratio"] > 0 and b["bare_conns"] == 4
     te = next(r for r in rows if r["scenario"] == "two_engines")
     assert te["one_process_gbps"] > 0 and te["two_processes_gbps"] > 0
     costs = {r["variant"]: r["cpu_us"] for r in rows if r["scenario"] == "submit_cost"}
