@@ -17,7 +17,9 @@
  * host->complete. Small chunks queued together are pipelined on one connection (up to
  * `pipeline` requests and `pipeline_bytes` bytes a run, spread over the free slots): all
  * requests leave in one sendmsg, header and payload together, then the responses are read in
- * order. Payload bytes go straight between the user's memory and the socket: no intermediate
+ * order: a READ's answer with one recvmsg (its gap, its payload and the next answer's header),
+ * and the target answers the READs already waiting behind one in one sendmsg (send_read_answers).
+ * Payload bytes go straight between the user's memory and the socket: no intermediate
  * copies, no Python. A removed peer leaves the table at once and is freed when its last
  * in-flight chunk returns; its queued chunks (both queues) are handed back untouched
  * (TENT_E_REROUTED), as are those of a rail the core aborts.
