@@ -205,6 +205,8 @@ def test_targets_are_judged_from_the_rows() -> None:
         {"scenario": "many_buffers", "transport": "shm", "shm_mode": "cma", "few": 10, "many": 10000, "ratio": 1.12},
         {"scenario": "qos_tail", "transport": "tcp", "ratio": 2.9},
         {"scenario": "many_buffers", "transport": "rdma", "not_measured": "no transport can reach it"},
+        {"scenario": "batches", "transport": "tcp", "op": "READ", "batch": 16, "block": 64 * KiB, "tent_gbps": 3.9,
+         "bare_gbps": 3.5, "bare_conns": 4},  # fmt: skip
     ]
     v = small.targets(rows)
     assert v[0] == "shm READ 64 KiB one at a time >= 0.8x the bare copy: **met** (submit().wait() 0.84x, run() 0.89x)"
@@ -214,5 +216,6 @@ def test_targets_are_judged_from_the_rows() -> None:
     assert "batches of 16 x 64 KiB >= 12.0 GB/s: **met** (22.40 GB/s)" in v[4]
     assert v[5].startswith("shm (cma): a segment of 10000 buffers") and "**not met** (1.12x)" in v[5]
     assert "**met** (2.90x)" in v[6] and v[7].startswith("many_buffers rdma: not measured")
+    assert v[8] == "tcp READ batches of 16 x 64 KiB >= 4.0 GB/s: **not met** (3.90 GB/s; the bare C batch loop moved 3.50 GB/s)"
     runs = [{"queued_median_us": x} for x in (1.0, 1.6, 2.4)]
     assert small.submit_target(runs) == "submit() queued median <= 2 us: **met** (1.60 us, median of 3 runs: 1.00, 1.60, 2.40)"
