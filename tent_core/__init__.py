@@ -24,6 +24,7 @@ __version__ = "0.1.0"
 # plugin's setup.py needs neither numpy nor pyzmq nor the compiled core.
 _LAZY = {
     "BatchHandle": ".batch",
+    "Digest": "._native",
     "Engine": ".engine",
     "LocalBuffer": ".request",
     "Request": ".request",
@@ -49,6 +50,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from ._native import Digest
     from .batch import BatchHandle
     from .engine import Engine
     from .errors import (
@@ -87,6 +89,7 @@ __all__ = [
     "BatchHandle",
     "CancelledError",
     "DeadlineExceededError",
+    "Digest",
     "Engine",
     "InvalidRequestError",
     "LocalBuffer",

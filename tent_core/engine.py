@@ -318,14 +318,27 @@ class Engine:
         if self._closed:
             raise errors.TentError("engine is closed")
 
-    def submit(self, requests: Sequence[Request] | Request, deadline: float | None = None) -> BatchHandle:
+    def submit(self, requests: Sequence[Request] | Request, deadline: float | None = None, *,
+               digest: Any = None) -> BatchHandle:
         """Queue requests and return at once. `deadline` is seconds from now (default from config).
 
         Small same-host copies may complete inside this call (the transport runs them on the calling
-        thread: no hand-off, no wake-up); the handle then reports done at once."""
+        thread: no hand-off, no wake-up); the handle then reports done at once.
+
+        `digest` (a :class:`tent_core.Digest`): a transport that copies a READ on this thread inside
+        the call (``Transport.inline_digest``) folds the landed bytes into it as it copies them, if
+        they continue its stream (``digest.next``). What was not folded (another transport, a
+        worker, a retry) the caller folds itself after the wait: ``digest.update`` of its buffer
+        from ``digest.next`` on. See tent/digest.h."""
         # with the fast path on, the instance's submit is the native FastPath (see __init__), which
-        # calls _submit_planned for what it cannot take
-        return self._submit_planned(requests, deadline)
+        # takes digest= itself and calls _submit_planned for what it cannot take
+        if digest is None:
+            return self._submit_planned(requests, deadline)
+        _native.digest_arm(digest)
+        try:
+            return self._submit_planned(requests, deadline)
+        finally:
+            _native.digest_arm(None)
 
     def run(self, requests: Sequence[Request] | Request, deadline: float | None = None) -> None:
         """Submit and wait: `submit(requests, deadline).wait()`, raising the same typed errors.

@@ -129,6 +129,10 @@ class Transport(abc.ABC):
     # submitting thread copied it: a same-host copy), not merely sent; 0 = no such guarantee.
     # Callers may then do work on the landed bytes right after submit, on the same core.
     inline_completes_bytes: int = 0
+    # Such an inline READ (up to inline_bytes) is copied by the executor itself, which folds the bytes
+    # into the digest armed for the submit (``engine.submit(..., digest=d)``, tent/digest.h) as it
+    # copies them, while they are in this core's cache. False: the caller folds them afterwards.
+    inline_digest: bool = False
 
     @abc.abstractmethod
     def probe(self) -> Availability:

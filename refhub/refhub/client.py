@@ -20,7 +20,11 @@ Verification: the publisher hashes every tensor once at publish (xxh3_64 when ``
 installed, adler32 otherwise); the reader hashes the bytes that landed in its own buffers and
 compares. Where the path copies a one-piece READ on the submitting thread (the same-host transport),
 one lane per core READs its tensors piece by piece and hashes each piece right after it landed,
-while it is still in that core's cache (fused copy + hash). Elsewhere (tcp) a reader keeps a window
+while it is still in that core's cache (fused copy + hash); where that path also hashes inside its
+own copy loop (``Transport.inline_digest``: the READ carries the tensor's running digest,
+``engine.submit(..., digest=)``, tent/digest.h), the lanes READ 4 MiB pieces and hash nothing in
+Python but what the copy did not fold. The digest stays the publisher's xxh3_64 of the whole
+tensor (streamed equals one-shot): nothing changes on the wire or at publish. Elsewhere (tcp) a reader keeps a window
 of READ batches in flight and hashes each large tensor batch by batch as its bytes arrive (streamed
 xxh3_64, worker lanes), the pack of tiny tensors once the prefix covers it, so end-to-end
 verification of every byte overlaps with the transfer.
@@ -130,6 +134,12 @@ VERIFY_THREADS = int(os.environ.get("REFHUB_VERIFY_THREADS", "0"))  # hashing la
 FUSED_VERIFY = os.environ.get("REFHUB_FUSED_VERIFY", "1") != "0"
 FUSED_PIECE = int(float(os.environ.get("REFHUB_FUSED_PIECE_KB", "1024")) * 1024)  # <= the shm executor's chunk
 FUSED_MAX_SHARE = 4  # fused only if no large tensor exceeds 1/(this x lanes) of the large bytes
+# ... and where every route of the probe folds what it copies into a digest armed for the submit
+# (Transport.inline_digest: the shm executor copies in 64 KiB runs and hashes each right after it
+# landed, in C; tent/digest.h), a lane READs pieces of up to this many KiB (at most the transport's
+# inline_bytes: it must copy them inside submit) and never touches the bytes in Python. 0: off (the
+# lanes hash each FUSED_PIECE in Python).
+DIGEST_PIECE = int(float(os.environ.get("REFHUB_DIGEST_PIECE_KB", "4096")) * 1024)
 # Reading a partial copy, every batch also reads the source's progress word (into its own slot): each
 # completion brings a fresh view of what the source holds, without a blocking round trip that would
 # queue behind the batches on the wire and stall this reader's own progress (and its readers' after it).
@@ -1365,13 +1375,15 @@ class ShardHandle:
             self._held = (int(v), msg["ref"], list(cks) if cks is not None else self._checksums())
             return v
 
-    def _submit(self, reqs: list, deadline: float) -> Any:
+    def _submit(self, reqs: list, deadline: float, digest: Any = None) -> Any:
         from tent_core import READ, Request
         from tent_core.errors import NotRegisteredError, UnknownSegmentError
 
         rq = [Request(READ, lb, loff, seg, roff, n) for lb, loff, seg, roff, n in reqs]
         for attempt in range(2):
             try:
+                if digest is not None:
+                    return self.engine.submit(rq, deadline=max(0.05, min(10.0, deadline - time.monotonic())), digest=digest)
                 return self.engine.submit(rq, deadline=max(0.05, min(10.0, deadline - time.monotonic())))
             except (UnknownSegmentError, NotRegisteredError):
                 if attempt:
@@ -1426,6 +1438,8 @@ class ShardHandle:
                       "first_s": round(st["first_t"] - t0, 4) if "first_t" in st else None,
                       "verified": cks is not None, "device_checksums": ver.device_checks,
                       "fused": bool(st.get("fused")),  # hashed inside the copy's lanes (see FUSED_VERIFY)
+                      # of those, bytes the executor hashed inside its copy loop (DIGEST_PIECE, tent/digest.h)
+                      "digest_in_copy_bytes": int(st.get("digest_in_copy", 0)),
                       # what the link waited for this reader's requests, per batch: mean, largest (refhub.window)
                       "request_delay_s": [round(st["delay"].mean_s, 4), round(st["delay"].max_s, 4)] if "delay" in st
                       else None}
@@ -1590,9 +1604,15 @@ class ShardHandle:
         routes = hdl.routes() if inline and hasattr(hdl, "routes") else []
         if not routes or not all(getattr(r.transport, "inline_completes_bytes", 0) >= piece for r in routes):
             return False
+        # the executor folds each piece into the tensor's digest as it copies it (C, cache-hot): pieces as
+        # long as every route copies inline; the lane folds in Python only what was not (a retry elsewhere)
+        dpiece = min([DIGEST_PIECE] + [int(getattr(r.transport, "inline_bytes", 0)) for r in routes])
+        if not all(getattr(r.transport, "inline_digest", False) for r in routes):
+            dpiece = 0
         todo = list(range(k0, len(mine)))
         claim = iter(todo)  # lanes take the next tensor in stream order (the prefix advances evenly)
         landed = [False] * len(mine)
+        in_copy = [0] * max(1, n_lanes)  # per lane: bytes the executor folded into the digest as it copied them
         cv = threading.Condition()
         stop = threading.Event()
         errors: list[BaseException] = []
@@ -1606,9 +1626,16 @@ class ShardHandle:
                     if k < 0:
                         return
                     name, lb, loff, nb = mine[k]
-                    sh = StreamHash(ver.exp[name], _xxhash)  # type: ignore[index]
                     flat = self.items[name].arr.reshape(-1).view(np.uint8)  # type: ignore[union-attr]
                     first = FUSED_PIECE if k == k0 else 0  # landed by the probe
+                    if dpiece > 0 and isinstance(ver.exp[name], int):  # type: ignore[index]
+                        in_copy[w] += self._fused_digest(v, ref, mine[k], ritems[k][1], flat, first, dpiece, ver.exp[name],  # type: ignore[index]
+                                                         stop, deadline)
+                        with cv:
+                            landed[k] = True
+                            cv.notify()
+                        continue
+                    sh = StreamHash(ver.exp[name], _xxhash)  # type: ignore[index]
                     if first:
                         sh.update(flat[:min(first, nb)])
                     for c in range(first, nb, FUSED_PIECE):
@@ -1662,7 +1689,38 @@ class ShardHandle:
             raise errors[0]
         st["batches"] += len(todo)
         st["fused"] = True
+        st["digest_in_copy"] = sum(in_copy)
         return True
+
+    def _fused_digest(self, v: int, ref: dict, item: tuple, roff: int, flat: np.ndarray, first: int, piece: int,
+                      expected: int, stop: threading.Event, deadline: float) -> int:
+        """One tensor of a fused pull, READ in pieces of `piece` bytes with a digest armed: the executor
+        copies each piece on this thread and folds it into the digest right after copying it (from this
+        core's cache, in C). What it did not fold (another route took the piece, a retry) is folded here
+        from the landed bytes, in stream order; the first `first` bytes landed already (the probe)."""
+        from tent_core import Digest
+
+        name, lb, loff, nb = item
+        base = int(flat.ctypes.data)
+        d = Digest(base)
+        here = 0  # bytes folded by this thread
+        if first:
+            d.update(flat[:min(first, nb)])
+            here += min(first, nb)
+        c = first
+        while c < nb:
+            if stop.is_set():
+                return 0
+            m = min(piece, nb - c)
+            _wait_source(self._submit([(lb, loff + c, ref["seg"], roff + c, m)], deadline, digest=d))
+            if d.next != base + c + m:  # not folded by the copy: fold the landed bytes here, in order
+                here += base + c + m - d.next
+                d.update(flat[d.next - base:c + m])
+                piece = min(piece, FUSED_PIECE)  # this route may not fold (CMA): pieces this lane hashes from cache
+            c += m
+        if d.folded != nb or d.intdigest() != expected:
+            raise ChecksumError("checksum", f"v{v} shard {self.shard}: end-to-end checksum mismatch in {name!r}")
+        return nb - here
 
     def _complete_oldest(self, v: int, inflight: Any, st: dict, ver: _Verifier) -> int:
         """Wait for the oldest batch in flight, publish our progress, verify what it completed; returns

@@ -285,15 +285,72 @@ def test_fused_pull_moves_and_verifies_every_byte(server, monkeypatch, fused_lan
     p.close()
 
 
-def test_fused_pull_rejects_a_mutated_source(server, monkeypatch, fused_lanes) -> None:
+@pytest.mark.parametrize("digest_piece", [0, 4 * MB, MB])  # 0: the lanes hash in Python
+@pytest.mark.parametrize("where", [0, 7 * MB + 11, 9 * MB - 2])  # first, middle, last byte of t5
+def test_fused_pull_rejects_a_mutated_source(server, monkeypatch, fused_lanes, digest_piece, where) -> None:
     if C._xxhash is None:
         pytest.skip("the fused pull streams xxh3_64")
     monkeypatch.setattr(C, "FUSED_VERIFY", True)
+    monkeypatch.setattr(C, "DIGEST_PIECE", digest_piece)
     p, r, src, dst = _engine_memory_pair(server, FUSED_SIZES, 4)
-    src[5][7 * MB + 11] ^= 0x40  # after publish: the bytes no longer match the announced checksum
+    src[5][where] ^= 0x40  # after publish: one byte no longer matches the announced checksum
     with pytest.raises(C.ChecksumError, match="t5"):
         r.replicate(1, timeout=30)
     assert r.state == "idle" and r.progress[:2] == (0, 0)
+    r.close()
+    p.close()
+
+
+LARGE = sum(n for n in FUSED_SIZES if n >= C.TINY)
+
+
+@pytest.mark.parametrize("digest_piece", [4 * MB, MB, 64 * 1024 + 3])
+def test_fused_pull_hashes_inside_the_executors_copy(server, monkeypatch, fused_lanes, digest_piece) -> None:
+    """Where the route folds what it copies into the armed digest (shm, memfd), every large tensor's
+    bytes but the probe piece are hashed inside the executor's copy loop, whatever the piece size."""
+    if C._xxhash is None:
+        pytest.skip("the fused pull streams xxh3_64")
+    monkeypatch.setattr(C, "FUSED_VERIFY", True)
+    monkeypatch.setattr(C, "DIGEST_PIECE", digest_piece)
+    p, r, src, dst = _engine_memory_pair(server, FUSED_SIZES, 6)
+    assert r.replicate(1, timeout=30) == 1
+    assert r.stats["verified"] and r.stats["fused"]
+    assert r.stats["digest_in_copy_bytes"] == LARGE - C.FUSED_PIECE  # the probe's piece is hashed by the lane
+    assert all((a == b).all() for a, b in zip(src, dst, strict=True))
+    r.close()
+    p.close()
+
+
+def test_fused_digest_pull_folds_what_the_copy_did_not(server, monkeypatch, fused_lanes) -> None:
+    """Pieces submitted without the digest (as if another route, or a retry, had carried them) are
+    folded by the lane from the landed bytes, in order: the pull still verifies; and one byte that
+    landed wrong in such a piece fails it."""
+    if C._xxhash is None:
+        pytest.skip("the fused pull streams xxh3_64")
+    monkeypatch.setattr(C, "FUSED_VERIFY", True)
+    monkeypatch.setattr(C, "DIGEST_PIECE", MB)
+    p, r, src, dst = _engine_memory_pair(server, FUSED_SIZES, 7)
+    real_submit = r._submit
+    corrupt: list[int] = []
+
+    def submit(reqs, deadline, digest=None):
+        lb, loff, _seg, _roff, n = reqs[0]
+        if digest is not None and (loff // MB) % 2:  # every other MiB of a tensor: not armed
+            hdl = real_submit(reqs, deadline)
+            if corrupt and lb is r.items["t5"].buf and loff <= corrupt[0] < loff + n:
+                hdl.wait(30)
+                r.items["t5"].arr[corrupt[0]] ^= 0x02  # landed wrong, before the lane folds it
+            return hdl
+        return real_submit(reqs, deadline, digest)
+
+    monkeypatch.setattr(r, "_submit", submit)
+    assert r.replicate(1, timeout=30) == 1
+    assert 0 < r.stats["digest_in_copy_bytes"] < LARGE - C.FUSED_PIECE
+    assert all((a == b).all() for a, b in zip(src, dst, strict=True))
+    r.unpublish()
+    corrupt.append(5 * MB + 9)  # in t5's sixth MiB: a piece the lane folds
+    with pytest.raises(C.ChecksumError, match="t5"):
+        r.replicate(1, timeout=30)
     r.close()
     p.close()
 
@@ -305,6 +362,7 @@ def test_fused_pull_hashes_what_landed_in_the_destination(server, monkeypatch, f
     if C._xxhash is None:
         pytest.skip("the fused pull streams xxh3_64")
     monkeypatch.setattr(C, "FUSED_VERIFY", True)
+    monkeypatch.setattr(C, "DIGEST_PIECE", 0)  # the lanes' Python hash (the executor's digest: test above)
     p, r, src, dst = _engine_memory_pair(server, FUSED_SIZES, 5)
     victim = r.items["t0"]
     pos = {"probe_piece": 17, "middle_piece": 3 * MB + 5, "last_byte": FUSED_SIZES[0] - 1}[where]

@@ -9,6 +9,8 @@
  *  - submit()/submit_one(): stamp slices and call the executor's submit.
  *  - Batch doubles as the application's batch handle (tent_core.batch.BatchHandle subclasses it):
  *    the handle's fields live here so the fast path can make one without running Python.
+ *  - Digest: a running xxh3_64 (tent/digest.h) a caller arms for its submits on one thread
+ *    (FastPath's digest=): an executor copying a READ on that thread folds the bytes into it.
  *  - FastPath: the submit path of requests whose plan is cached (FastEntry, keyed by remote
  *    segment, local buffer, op, priority, tag): validation, bounds/permission checks against the
  *    peer's buffer table (RemoteSegment, bisected), slicing and the executor call, with no Python
@@ -30,6 +32,7 @@
 #include <unistd.h>
 
 #include "tent/cpu_relax.h"
+#include "tent/digest.h"
 #include "tent/executor_abi.h"
 #include "tent/reader_lock.h"
 
@@ -226,8 +229,18 @@ static void host_note(void *ctx, const tent_slice_t *s, int32_t event, uint64_t 
   }
 }
 
+/* The digest armed on this thread for the submit in progress (FastPath's digest=, digest_arm);
+ * only the submitting thread sees it, so only copies made inside submit_inline fold into it. */
+static __thread tent_digest_t *tl_digest TLS_IE;
+
+static void *host_digest(void *ctx, const tent_slice_t *s) {
+  (void)ctx;
+  (void)s;
+  return tl_digest;
+}
+
 static tent_host_api_t g_host = {TENT_EXECUTOR_ABI_VERSION, sizeof(tent_host_api_t), NULL, host_complete,
-                                 host_is_cancelled, host_note};
+                                 host_is_cancelled, host_note, host_digest};
 
 /* ---- Python Batch type ---- */
 typedef struct {
@@ -653,6 +666,100 @@ static PyObject *py_untrack_handles(PyObject *m, PyObject *arg) {
 }
 
 
+/* ---- Digest: a running xxh3_64 of a stream of bytes in this process's memory ----
+ * Executors fold what they copy on the submitting thread (tent/digest.h); the caller folds the
+ * rest with update() (from its buffer, in order), then reads intdigest(). One thread at a time per
+ * Digest: a submit with it armed and update() run without the GIL. */
+typedef struct {
+  PyObject_HEAD
+  tent_digest_t *d; /* 64-byte aligned */
+} DigestObject;
+
+static PyTypeObject DigestType;
+
+static PyObject *Digest_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"next", NULL};
+  unsigned long long next = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|K", kwlist, &next)) return NULL;
+  DigestObject *self = (DigestObject *)type->tp_alloc(type, 0);
+  if (!self) return NULL;
+  self->d = aligned_alloc(64, (sizeof(tent_digest_t) + 63) / 64 * 64);
+  if (!self->d) {
+    Py_DECREF(self);
+    return PyErr_NoMemory();
+  }
+  tent_digest_reset(self->d, next);
+  return (PyObject *)self;
+}
+
+static void Digest_dealloc(DigestObject *self) {
+  free(self->d);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Digest_reset(DigestObject *self, PyObject *arg) {
+  unsigned long long next = PyLong_AsUnsignedLongLong(arg);
+  if (next == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  tent_digest_reset(self->d, next);
+  Py_RETURN_NONE;
+}
+
+/* update(buffer): fold the buffer's bytes (the stream's next ones); `next` advances by its length */
+static PyObject *Digest_update(DigestObject *self, PyObject *arg) {
+  Py_buffer v;
+  if (PyObject_GetBuffer(arg, &v, PyBUF_SIMPLE) < 0) return NULL;
+  if (v.len >= (1 << 16)) {
+    Py_BEGIN_ALLOW_THREADS;
+    tent_digest_update(self->d, v.buf, (size_t)v.len);
+    Py_END_ALLOW_THREADS;
+  } else {
+    tent_digest_update(self->d, v.buf, (size_t)v.len);
+  }
+  PyBuffer_Release(&v);
+  Py_RETURN_NONE;
+}
+
+static PyObject *Digest_intdigest(DigestObject *self, PyObject *unused) {
+  return PyLong_FromUnsignedLongLong(tent_digest_value(self->d));
+}
+
+static PyObject *Digest_get_next(DigestObject *self, void *c) { return PyLong_FromUnsignedLongLong(self->d->next); }
+static PyObject *Digest_get_folded(DigestObject *self, void *c) { return PyLong_FromUnsignedLongLong(self->d->folded); }
+
+static PyMethodDef Digest_methods[] = {
+    {"reset", (PyCFunction)Digest_reset, METH_O, "reset(next): empty digest; the stream starts at address next"},
+    {"update", (PyCFunction)Digest_update, METH_O, "update(buffer): fold the stream's next bytes"},
+    {"intdigest", (PyCFunction)Digest_intdigest, METH_NOARGS, "xxh3_64 of the bytes folded so far"},
+    {NULL}};
+
+static PyGetSetDef Digest_getset[] = {
+    {"next", (getter)Digest_get_next, NULL, "local address of the stream's next byte to fold", NULL},
+    {"folded", (getter)Digest_get_folded, NULL, "bytes folded so far", NULL},
+    {NULL}};
+
+static PyTypeObject DigestType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tent_core._native.Digest",
+    .tp_basicsize = sizeof(DigestObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Digest(next=0): a running xxh3_64 of a stream starting at local address next; a transport that "
+              "copies a READ inside engine.submit(..., digest=d) folds it in; one thread at a time",
+    .tp_new = Digest_new,
+    .tp_dealloc = (destructor)Digest_dealloc,
+    .tp_methods = Digest_methods,
+    .tp_getset = Digest_getset,
+};
+
+/* digest_arm(digest or None): what this thread's submits fold their READs into, until disarmed
+ * (None). The caller keeps the object alive while it is armed (the planner's submit path). */
+static PyObject *py_digest_arm(PyObject *m, PyObject *arg) {
+  if (arg != Py_None && !PyObject_TypeCheck(arg, &DigestType)) {
+    PyErr_SetString(PyExc_TypeError, "digest_arm(Digest or None)");
+    return NULL;
+  }
+  tl_digest = arg == Py_None ? NULL : ((DigestObject *)arg)->d;
+  Py_RETURN_NONE;
+}
+
 /* ---- submit ---- */
 static int stamp_and_account(tent_slice_t *s, uint64_t token, uint64_t t) {
   s->token = token;
@@ -804,8 +911,21 @@ static int exec_submit_at(uint64_t ops_p, uint64_t exec_p, batch_t *b, tent_slic
   return rc;
 }
 
+/* exec_submit_at called with the GIL held. With a digest armed, an inline READ is a copy + hash of
+ * up to the transport's inline size (MiBs) on this thread: run without the GIL, so the caller's
+ * other threads (one lane per core, each folding its own stream) copy at the same time. */
+static int exec_submit_gil(uint64_t ops_p, uint64_t exec_p, batch_t *b, tent_slice_t *s, uint32_t n, int want_inline,
+                           uint64_t t) {
+  if (!(want_inline && tl_digest)) return exec_submit_at(ops_p, exec_p, b, s, n, want_inline, t);
+  int rc;
+  Py_BEGIN_ALLOW_THREADS;
+  rc = exec_submit_at(ops_p, exec_p, b, s, n, want_inline, t);
+  Py_END_ALLOW_THREADS;
+  return rc;
+}
+
 static int exec_submit(uint64_t ops_p, uint64_t exec_p, batch_t *b, tent_slice_t *s, uint32_t n, int want_inline) {
-  return exec_submit_at(ops_p, exec_p, b, s, n, want_inline, now_ns());
+  return exec_submit_gil(ops_p, exec_p, b, s, n, want_inline, now_ns());
 }
 
 /* submit(ops, exec, batch, slices_buffer, inline=False) -> 0 or negative status. The buffer holds
@@ -1507,7 +1627,7 @@ static PyObject *fast_submit(FastPathObject *fp, PyObject *requests, PyObject *d
         e = used[k];
         break;
       }
-    int rc = exec_submit_at(e->ops, e->exec, b, &sb.s[i], j - i, inl, t_submit);
+    int rc = exec_submit_gil(e->ops, e->exec, b, &sb.s[i], j - i, inl, t_submit);
     if (rc != 0)
       for (uint32_t k = i; k < j; k++) {
         batch_set_error(b, atomic_load(&b->cancelled) ? TENT_E_CANCELLED : rc);
@@ -1635,22 +1755,37 @@ static PyObject *FastPath_close(FastPathObject *fp, PyObject *unused) {
 static PyObject *FastPath_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
   FastPathObject *fp = (FastPathObject *)self;
   Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-  PyObject *argv[2] = {NULL, Py_None};
-  if (nargs < 1 || nargs + nkw > 2) goto usage;
+  PyObject *argv[2] = {NULL, Py_None}, *digest = Py_None;
+  if (nargs < 1 || nargs > 2) goto usage;
   argv[0] = args[0];
   if (nargs == 2) argv[1] = args[1];
   for (Py_ssize_t i = 0; i < nkw; i++) {
     PyObject *k = PyTuple_GET_ITEM(kwnames, i);
-    if (nargs == 2 || !PyUnicode_Check(k) || PyUnicode_CompareWithASCIIString(k, "deadline") != 0) goto usage;
-    argv[1] = args[nargs + i];
+    if (!PyUnicode_Check(k)) goto usage;
+    if (nargs == 1 && PyUnicode_CompareWithASCIIString(k, "deadline") == 0)
+      argv[1] = args[nargs + i];
+    else if (PyUnicode_CompareWithASCIIString(k, "digest") == 0)
+      digest = args[nargs + i];
+    else
+      goto usage;
   }
+  if (digest != Py_None && !PyObject_TypeCheck(digest, &DigestType)) {
+    PyErr_SetString(PyExc_TypeError, "submit: digest must be a tent_core._native.Digest or None");
+    return NULL;
+  }
+  /* armed for this call only (the planner's fallback included): copies made on this thread fold */
+  tent_digest_t *armed = tl_digest;
+  tl_digest = digest == Py_None ? NULL : ((DigestObject *)digest)->d;
   PyObject *h = FastPath_submit(fp, argv, 2);
-  if (h != Py_None) return h;
-  Py_DECREF(h);
-  if (!fp->fallback || fp->fallback == Py_None) Py_RETURN_NONE;
-  return PyObject_CallFunctionObjArgs(fp->fallback, argv[0], argv[1], NULL);
+  if (h == Py_None) {
+    Py_DECREF(h);
+    h = (!fp->fallback || fp->fallback == Py_None) ? Py_NewRef(Py_None)
+                                                   : PyObject_CallFunctionObjArgs(fp->fallback, argv[0], argv[1], NULL);
+  }
+  tl_digest = armed;
+  return h;
 usage:
-  PyErr_SetString(PyExc_TypeError, "submit(requests, deadline=None)");
+  PyErr_SetString(PyExc_TypeError, "submit(requests, deadline=None, *, digest=None)");
   return NULL;
 }
 
@@ -1825,6 +1960,7 @@ static PyMethodDef methods[] = {
     {"host_api_address", py_host_api_address, METH_NOARGS, "address of the tent_host_api_t"},
     {"failure_fd", py_failure_fd, METH_NOARGS, "eventfd signalled when failures are queued"},
     {"now_ns", py_now_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns"},
+    {"digest_arm", py_digest_arm, METH_O, "digest_arm(Digest or None): this thread's submits fold their READs into it"},
     {"set_wait_spin_ns", py_set_wait_spin_ns, METH_O, "poll this long in Batch.wait before sleeping; returns the old value"},
     {NULL}};
 
@@ -1832,7 +1968,7 @@ static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_native", "tent_core
 
 PyMODINIT_FUNC PyInit__native(void) {
   if (PyType_Ready(&BatchType) < 0 || PyType_Ready(&RemoteSegmentType) < 0 || PyType_Ready(&FastEntryType) < 0 ||
-      PyType_Ready(&FastPathType) < 0)
+      PyType_Ready(&FastPathType) < 0 || PyType_Ready(&DigestType) < 0)
     return NULL;
   if (!s_op) {
     s_op = PyUnicode_InternFromString("op");
@@ -1865,6 +2001,8 @@ PyMODINIT_FUNC PyInit__native(void) {
   PyModule_AddObject(m, "FastEntry", (PyObject *)&FastEntryType);
   Py_INCREF(&FastPathType);
   PyModule_AddObject(m, "FastPath", (PyObject *)&FastPathType);
+  Py_INCREF(&DigestType);
+  PyModule_AddObject(m, "Digest", (PyObject *)&DigestType);
   PyModule_AddIntConstant(m, "EXECUTOR_ABI_VERSION", TENT_EXECUTOR_ABI_VERSION);
   PyModule_AddIntConstant(m, "SLICE_SIZE", sizeof(tent_slice_t));
   PyModule_AddIntConstant(m, "FAILURE_SIZE", sizeof(failure_t));

@@ -235,6 +235,7 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
         # steadier than wall time on a shared machine, and what each path costs per byte
         cpu: dict[str, list] = {k: [] for k in ("raw_windowed", "raw_one_batch", "unverified", "refhub")}
         fused: list[bool] = []
+        in_copy: list[int] = []  # per verified run: bytes hashed inside the executor's copy loop
         for i in range(repeat + 1):
             # the order inside a round rotates, so no series always runs first (or right after another)
             order = ["raw_windowed", "raw_one_batch", "unverified", "refhub"]
@@ -258,6 +259,7 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
                     res[what] = total / dt / 1e9
                     res["refhub_s"], res["verify_s"], res["verify_wait_s"] = dt, st["verify_s"], st.get("verify_wait_s", 0.0)
                     fused.append(bool(st.get("fused")))
+                    in_copy.append(int(st.get("digest_in_copy_bytes", 0)))
                 if i:
                     cpu[what].append(run_cpu[0])
             if i == 0:
@@ -293,7 +295,7 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
         h.close()
         q.put({"ok": True, "total": total, "tensors": len(sizes), "stream_items": len(mine), "junk_rounds": seed[0],
                "bytes_per_transport": moved, "failed_slices": failed, "cpu_s": cpu,
-               "fused": fused, **out})
+               "fused": fused, "in_copy": in_copy, **out})
     except Exception as exc:  # reported to the parent
         import traceback
 
@@ -351,6 +353,9 @@ def dataplane(size_mb: float = 1024, repeat: int = 5, tensors: int = 500, transp
         "hash_hot_s_median": round(med(res["hash_hot_s"]), 4),
         # the verified runs hashed inside the copy (refhub's fused pull: each piece right after it landed)
         "fused_copy_hash": all(res["fused"]),
+        # share of the verified bytes the executor hashed inside its own copy loop (an armed digest,
+        # tent/digest.h; the rest the reader hashed in its lanes), median over the verified runs
+        "hashed_in_executor_copy": f"{med(res['in_copy']) / res['total']:.0%}" if res.get("in_copy") else "0%",
         "raw_GBps_median": round(raw, 3),
         "raw_windowed_GBps_median": round(raw_w, 3),
         "raw_one_batch_GBps_median": round(raw_o, 3),

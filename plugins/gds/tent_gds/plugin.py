@@ -11,7 +11,12 @@ registers ``(base, length, fds, writable)`` with the compiled executor. op READ 
 file -> memory, WRITE memory -> file.
 
 The executor (``csrc/gds_executor.c``) runs io_uring through raw syscalls with several
-I/Os in flight per worker, or pread/pwrite loops where io_uring is not allowed.
+I/Os in flight per worker, or pread/pwrite loops where io_uring is not allowed. A request of one
+piece up to ``inline_bytes`` is first tried by the submitting thread without blocking
+(preadv2/pwritev2 with RWF_NOWAIT, config ``nowait``): a READ out of the page cache completes
+inside submit, with no hand-off to a worker and no wake-up; whatever would block goes to the
+workers (and the batch's waiter). That thread holds the GIL while it copies (like the shm
+transport's inline copies): Python threads submitting at once take turns for those copies.
 
 GPU memory <-> file goes through cuFile (GPUDirect Storage, the library KvikIO wraps) when
 libcufile, a CUDA driver and a device are present: the transport then also serves
@@ -196,6 +201,9 @@ class GdsTransport(Transport):
         "chunk": 1 << 20,  # slices are split into pieces of this many bytes (multiple of 4096)
         # requests up to this long may be run by the thread that waits for them (0: workers only)
         "inline_bytes": 1 << 20,
+        # the submitting thread first tries its (first) slice up to inline_bytes itself, without
+        # blocking (preadv2/pwritev2 RWF_NOWAIT: page-cache hits); what would block goes to the workers
+        "nowait": True,
         "direct": False,  # an O_DIRECT fd per file, used for 4096-aligned pieces
         "cufile": "auto",  # "auto" (cuFile when it works), "on" (start fails without it), "off"
         "cufile_lib": None,  # path of libcufile (default: TENT_CUFILE, the nvidia-cufile wheel, the loader path)
@@ -263,6 +271,7 @@ class GdsTransport(Transport):
             "queue_depth": int(cfg["queue_depth"]),
             "chunk": int(cfg["chunk"]),
             "direct": int(self._direct),
+            "nowait": int(bool(cfg["nowait"])),
             "cufile": cufile,
             "cufile_lib": find_cufile_library(cfg["cufile_lib"]) or "",
             "cuda_lib": str(cfg["cuda_lib"] or ""),
@@ -304,9 +313,10 @@ class GdsTransport(Transport):
         return {"threads": out[0], "queue_depth": out[1], "chunk": out[2], "direct": out[3]}
 
     def stats(self) -> dict[str, int]:
-        """Executor counters: bytes moved direct / buffered, I/O requests, slices ok / failed."""
+        """Executor counters: bytes moved direct / buffered, I/O requests, slices ok / failed; the
+        submitting thread's non-blocking I/Os and the slices it finished (``nowait_ios`` / ``nowait_slices``)."""
         assert self._lib is not None
-        out = (ctypes.c_uint64 * 11)()
+        out = (ctypes.c_uint64 * 13)()
         self._lib.stats(self.executor.handle, out)
         keys = (
             "direct_bytes",
@@ -320,6 +330,8 @@ class GdsTransport(Transport):
             "bounce_bytes",
             "bounce_ios",
             "waiter_pieces",
+            "nowait_ios",
+            "nowait_slices",
         )
         st = {k: int(out[i]) for i, k in enumerate(keys)}
         st["ordered_chunks"] = int(self._lib.ordered(self.executor.handle))

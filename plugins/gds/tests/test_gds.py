@@ -19,6 +19,7 @@ import tent_core.rails  # noqa: F401  (sets the native telemetry array)
 from tent_core import _native
 from tent_core.abi import Status
 from tent_core.errors import InvalidRequestError
+from tent_core.testing import pattern as tpattern
 from tent_core.transport import TransportContext
 from tent_core.types import BufferInfo, MemoryKind, PeerInfo, Permission
 
@@ -485,9 +486,10 @@ def _one_inline(tr: GdsTransport, op: int, local: int, remote: int, n: int, hand
 @pytest.mark.parametrize("engine", ENGINES)
 def test_waiters_run_their_pieces(engine: str, tmp_path: Path) -> None:
     """A request submitted inline and waited for at once is usually run by its waiter (no worker
-    hand-off); whoever runs each piece, every byte is right, and every piece ran exactly once."""
+    hand-off); whoever runs each piece, every byte is right, and every piece ran exactly once.
+    (nowait off: the submitting thread's own try would take every page-cache hit first.)"""
     size, piece, n = 8 << 20, 1 << 20, 200
-    tr = make_transport(engine=engine, threads=2, queue_depth=8, chunk=piece)
+    tr = make_transport(engine=engine, threads=2, queue_depth=8, chunk=piece, nowait=False)
     try:
         data = pattern(size, 31)
         f = make_file(tmp_path / "w.bin", data)
@@ -550,14 +552,15 @@ def test_a_short_poll_runs_no_piece(tmp_path: Path) -> None:
 
 
 def test_engine_inline_bytes_config(tmp_path: Path) -> None:
-    """Through the engine: requests up to `inline_bytes` may be run by their waiter; 0 turns it off."""
+    """Through the engine: requests up to `inline_bytes` may be run by their waiter (here with the
+    submitting thread's own try off); 0 turns it off."""
     from tent_core.engine import Engine, Request
     from tent_core.types import OpCode
 
     data = pattern(4 << 20, 33)
     fpath = make_file(tmp_path / "i.bin", data)
     for inline, expect_waiter in ((0, False), (1 << 20, True)):
-        with Engine({"transports": {"gds": {"inline_bytes": inline}}}, transports=["gds"]) as eng:
+        with Engine({"transports": {"gds": {"inline_bytes": inline, "nowait": False}}}, transports=["gds"]) as eng:
             assert eng.transports["gds"].inline_bytes == inline
             eng.register_file(str(fpath), segment="f")
             local = eng.allocate(1 << 20, segment="l")
@@ -569,3 +572,183 @@ def test_engine_inline_bytes_config(tmp_path: Path) -> None:
                 if expect_waiter and eng.transports["gds"].stats()["waiter_pieces"] > 0:
                     break
             assert (eng.transports["gds"].stats()["waiter_pieces"] > 0) == expect_waiter
+
+
+# ------------------------------------------------------------------ the submitting thread's own try (RWF_NOWAIT)
+def _cache_only(path: Path, offset: int, length: int) -> None:
+    """Leave only [offset, offset+length) of `path` in the page cache: drop the whole file (written
+    back first; a partial drop keeps the large folios that straddle its ends), then read the range
+    back through an fd without readahead."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        assert len(os.pread(fd, length, offset)) == length
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_submitting_thread_reads_cached_slices(engine: str, tmp_path: Path) -> None:
+    """A READ of one piece out of the page cache is done by the submitting thread (preadv2 with
+    RWF_NOWAIT) and reported before submit returns; odd offsets and lengths, never-repeating bytes,
+    into junk-filled memory at odd addresses; every byte right, the bytes around untouched."""
+    size, piece = 4 << 20, 1 << 20
+    data = tpattern(size, 41)
+    f = make_file(tmp_path / "n.bin", data)
+    tr = make_transport(engine=engine, threads=2, queue_depth=8, chunk=piece)
+    try:
+        h = tr.connect(peer(), [rbuf(BASE, f)]).handle
+        dst = aligned(piece + 64)
+        s0 = tr.stats()
+        cases = [(0, piece), (1, piece - 1), (4095, 12345), (size - 777, 777), (2 * piece + 3, piece - 4096 + 1), (7, 1)]
+        done_at_submit = 0
+        for i, (off, n) in enumerate(cases):
+            dst[:] = tpattern(len(dst), 900 + i)  # junk that differs from the file's bytes
+            before = dst.copy()
+            at = 1 + i % 7  # odd local addresses
+            b = _one_inline(tr, READ, dst.ctypes.data + at, BASE + off, n, h, 30)
+            done_at_submit += b.wait(0)
+            assert b.wait(30) and b.error == 0, (off, n)
+            assert np.array_equal(dst[at : at + n], data[off : off + n]), (off, n)
+            assert np.array_equal(dst[:at], before[:at]) and np.array_equal(dst[at + n :], before[at + n :])
+        s1 = tr.stats()
+        ran = {k: s1[k] - s0[k] for k in ("nowait_slices", "nowait_ios", "slices_ok", "buffered_bytes")}
+        assert ran["slices_ok"] == len(cases)
+        assert ran["buffered_bytes"] == sum(n for _, n in cases)  # every byte moved exactly once
+        # the file was just written: its pages are cached, every READ is the submitting thread's
+        assert ran["nowait_slices"] == len(cases) and done_at_submit == len(cases)
+    finally:
+        tr.close()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_submitting_thread_leaves_what_would_block(engine: str, tmp_path: Path) -> None:
+    """Pages not in the page cache: the non-blocking read stops at the first of them (a short read,
+    or EAGAIN) and the rest of the slice goes to the workers / the waiter, from where it stopped;
+    every byte right either way."""
+    size, piece = 4 << 20, 1 << 20
+    data = tpattern(size, 42)
+    f = make_file(tmp_path / "e.bin", data)
+    tr = make_transport(engine=engine, threads=2, queue_depth=8, chunk=piece)
+    try:
+        h = tr.connect(peer(), [rbuf(BASE, f)]).handle
+        dst = aligned(piece)
+        partial = 0
+        for i in range(20):  # bounded: the first try normally shows it
+            off = (i % 3) * piece + 4096 * (i + 1)
+            _cache_only(f, off, piece // 2)  # the first half of the range cached, the rest not
+            dst[:] = 0xA5
+            s0 = tr.stats()
+            b = _one_inline(tr, READ, dst.ctypes.data, BASE + off, piece - 3, h, 30)
+            assert b.wait(30) and b.error == 0
+            assert np.array_equal(dst[: piece - 3], data[off : off + piece - 3]) and (dst[piece - 3 :] == 0xA5).all()
+            s1 = tr.stats()
+            assert s1["buffered_bytes"] - s0["buffered_bytes"] == piece - 3  # no byte twice
+            if s1["nowait_slices"] == s0["nowait_slices"] and s1["nowait_ios"] > s0["nowait_ios"]:
+                partial += 1  # the cached half here, the rest by a worker or the waiter
+        assert partial > 0
+    finally:
+        tr.close()
+
+
+def test_submitting_thread_errors_typed(tmp_path: Path) -> None:
+    """Whatever the submitting thread cannot finish is reported like any slice: past the end of the
+    file (E_BOUNDS, never garbage), outside every file (E_BOUNDS), a read-only file (E_PERMISSION),
+    a batch cancelled before its submit (E_CANCELLED, nothing read)."""
+    data = tpattern(3 * 4096 + 100, 43)
+    f = make_file(tmp_path / "s.bin", data)
+    ro = make_file(tmp_path / "ro.bin", tpattern(8192, 44))
+    tr = make_transport(threads=1, chunk=1 << 20)
+    try:
+        h = tr.connect(peer(), [rbuf(BASE, f, length=1 << 20), rbuf(BASE + (1 << 40), ro, perm=Permission.READ)]).handle
+        dst = np.full(1 << 20, 0xAB, np.uint8)
+
+        def inline(op: int, local: int, remote: int, n: int) -> int:
+            b = _one_inline(tr, op, local, remote, n, h, 30)
+            assert b.wait(30)
+            return int(b.error)
+
+        assert inline(READ, dst.ctypes.data, BASE + 4096, 3 * 4096) == E_BOUNDS  # short read, then EOF
+        assert inline(READ, dst.ctypes.data, BASE + 4096 + 1, 2 * 4096 + 99) == 0  # up to EOF exactly
+        assert dst[: 2 * 4096 + 99].tobytes() == data[4096 + 1 :].tobytes()
+        assert inline(READ, dst.ctypes.data, BASE + (2 << 20), 10) == E_BOUNDS  # in no file
+        src = tpattern(8192, 45)
+        assert inline(WRITE, src.ctypes.data, BASE + (1 << 40), 8192) == E_PERMISSION
+        assert ro.read_bytes() == tpattern(8192, 44).tobytes()
+        c = _native.Batch(1)  # cancelled before it was submitted: never read
+        c.cancel()
+        dst[:] = 0xAB
+        ex = tr.executor
+        assert _native.submit_one(ex.ops, ex.handle, c, READ, dst.ctypes.data, BASE, 4096, h, 0, 1, 0, True) == 0
+        assert c.wait(30) and c.error == E_CANCELLED and (dst == 0xAB).all()
+        assert tr.stats()["nowait_slices"] == 1
+    finally:
+        tr.close()
+
+
+@pytest.mark.parametrize("where", ["tmp_path", "/dev/shm"])
+def test_submitting_thread_writes_where_the_filesystem_allows(where: str, tmp_path: Path) -> None:
+    """A WRITE of one piece is the submitting thread's where the filesystem takes buffered writes
+    without blocking (tmpfs, XFS); where it refuses RWF_NOWAIT (ext4) the file remembers that and
+    its writes go to the workers / the waiter. Several slices in one call: the first may be the
+    caller's, the others are queued. Every byte lands either way."""
+    directory = tmp_path if where == "tmp_path" else Path(where)
+    if not directory.is_dir():
+        pytest.skip(f"no {where}")
+    nowait = _nowait_writes(directory)
+    size, piece = 4 << 20, 1 << 20
+    f = directory / f"gds-nowait-{os.getpid()}.bin"
+    tr = make_transport(threads=2, chunk=piece)
+    try:
+        make_file(f, size)
+        h = tr.connect(peer(), [rbuf(BASE, f)]).handle
+        src = aligned(size + 8)
+        src[:] = tpattern(len(src), 46)
+        s0 = tr.stats()
+        for i, (off, n) in enumerate([(0, piece), (piece + 5, piece - 11), (3 * piece + 1, 4096)]):
+            b = _one_inline(tr, WRITE, src.ctypes.data + off + i, BASE + off, n, h, 30)
+            assert b.wait(30) and b.error == 0
+        arr = np.zeros(3, SLICE_DTYPE)
+        for i, (off, n) in enumerate([(2 * piece, 1000), (2 * piece + 1000, piece - 1000), (3 * piece + 4097, 3)]):
+            arr[i] = (src.ctypes.data + off, BASE + off, n, h, 0, 0, WRITE, 0, 1, 0)
+        b = _native.Batch(3)
+        assert _native.submit(tr.executor.ops, tr.executor.handle, b, arr, True) == 0
+        assert b.wait(30) and b.error == 0 and b.bytes_done == piece + 3
+        want = np.zeros(size, np.uint8)
+        for i, (off, n) in enumerate([(0, piece), (piece + 5, piece - 11), (3 * piece + 1, 4096)]):
+            want[off : off + n] = src[off + i : off + i + n]
+        for off, n in [(2 * piece, 1000), (2 * piece + 1000, piece - 1000), (3 * piece + 4097, 3)]:
+            want[off : off + n] = src[off : off + n]
+        assert np.array_equal(np.fromfile(f, np.uint8), want)
+        s1 = tr.stats()
+        assert s1["slices_ok"] - s0["slices_ok"] == 6
+        if nowait:
+            assert s1["nowait_slices"] - s0["nowait_slices"] >= 4  # each call's first slice
+        else:  # the first try learned EOPNOTSUPP; nothing after it tried again
+            assert s1["nowait_slices"] == s0["nowait_slices"] and s1["nowait_ios"] == s0["nowait_ios"]
+    finally:
+        tr.close()
+        f.unlink(missing_ok=True)
+
+
+def test_engine_reads_on_the_submitting_thread(tmp_path: Path) -> None:
+    """Through the engine with the defaults: a 1 MiB READ of a cached file is done inside submit
+    (the handle is finished when submit returns); `nowait` off leaves it to workers and waiter."""
+    from tent_core.engine import Engine, Request
+    from tent_core.types import OpCode
+
+    data = tpattern(4 << 20, 47)
+    fpath = make_file(tmp_path / "d.bin", data)
+    for nowait in (True, False):
+        with Engine({"transports": {"gds": {"nowait": nowait}}}, transports=["gds"]) as eng:
+            eng.register_file(str(fpath), segment="f")
+            local = eng.allocate(1 << 20, segment="l")
+            for i in range(8):
+                local.array[:] = 0
+                k = (i * 3) % 4
+                eng.submit([Request(OpCode.READ, local, 0, eng.segment_name("f"), k << 20, 1 << 20)]).wait()
+                assert np.array_equal(local.array, data[k << 20 : (k + 1) << 20])
+            st = eng.transports["gds"].stats()
+            assert (st["nowait_slices"] == 8) == nowait and (st["nowait_slices"] == 0) == (not nowait)

@@ -54,7 +54,7 @@ def child(path: str, op: str, block: int, count: int, config: dict) -> dict:
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         stats = eng.transports["gds"].stats()
     return {"gbps": count * block / wall / 1e9, "cpu_s_per_gb": cpu / (count * block / 1e9),
-            "waiter_pieces": stats.get("waiter_pieces")}  # fmt: skip
+            "waiter_pieces": stats.get("waiter_pieces"), "nowait_slices": stats.get("nowait_slices")}  # fmt: skip
 
 
 def run_fio(path: str, op: str, block: int, count: int, setting: dict) -> dict:

@@ -20,6 +20,12 @@
  * bytes (default 4 MiB) or nothing is left, then polls briefly for the workers' last pieces, so
  * a request of a few MiB is copied by two threads and usually reported before the call returns.
  *
+ * Digest (tent/digest.h): when the caller of submit_inline armed a digest (host->digest), the
+ * caller copies every slice of that call itself, whole and in order, and a memfd READ that
+ * continues the digest's stream is copied in 64 KiB runs, each folded into the digest right after
+ * it landed (still in this core's cache). CMA copies are not folded (process_vm_readv may stop
+ * half way): the caller folds those bytes itself.
+ *
  * A CMA peer's pidfd is polled before copies (a pid the peer no longer owns must never be
  * written), at most once per PID_CHECK_NS per peer: a pid cannot be reused faster than the
  * kernel cycles through the whole pid space, which takes far longer than that.
@@ -55,6 +61,7 @@
 #include "tent/chunk_queue.h"
 #include "tent/cpu_relax.h"
 #include "tent/config_kv.h"
+#include "tent/digest.h"
 #include "tent/executor_abi.h"
 #include "tent/handle_table.h"
 #include "tent/reader_lock.h"
@@ -203,8 +210,9 @@ static int cma_copy(pid_t pid, uint32_t op, uint64_t local, uint64_t remote, uin
   return TENT_OK;
 }
 
-/* `now`: a clock reading taken just before (the inline path: the slice's submit stamp), or 0 */
-static int run_work(executor_t *ex, const work_t *w, uint64_t now) {
+/* `now`: a clock reading taken just before (the inline path: the slice's submit stamp), or 0.
+ * `d`: the caller's armed digest (submit_inline on the caller's own slices only), or NULL. */
+static int run_work(executor_t *ex, const work_t *w, uint64_t now, tent_digest_t *d) {
   const tent_slice_t *s = &w->job->s;
   if (s->opcode != TENT_OP_READ && s->opcode != TENT_OP_WRITE) return TENT_E_PROTOCOL;
   if (s->length == 0) return TENT_OK;
@@ -232,7 +240,7 @@ static int run_work(executor_t *ex, const work_t *w, uint64_t now) {
       char *mapped = (char *)(uintptr_t)(m->laddr + (s->remote_addr - m->rbase) + w->off);
       char *local = (char *)(uintptr_t)(s->local_addr + w->off);
       if (s->opcode == TENT_OP_READ)
-        memcpy(local, mapped, w->len);
+        tent_digest_copy(d, local, mapped, w->len); /* d NULL, or not this stream's next bytes: memcpy */
       else
         memcpy(mapped, local, w->len);
       st = TENT_OK;
@@ -258,7 +266,7 @@ static void process(executor_t *ex, work_t *w) {
   } else if (ex->host->is_cancelled(ex->host->ctx, w->job->s.token)) {
     st = TENT_E_CANCELLED;
   } else {
-    st = run_work(ex, w, 0);
+    st = run_work(ex, w, 0, NULL);
   }
   finish_work(ex, w, st);
 }
@@ -385,14 +393,21 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
 static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) {
   executor_t *ex = self;
   if (n == 0) return TENT_OK;
-  if (n == 1 && (ex->chunk == 0 || slices[0].length <= ex->chunk)) {
-    tent_job_t j; /* reported below, never queued: it can live on this stack */
-    j.s = slices[0];
-    atomic_init(&j.remaining, 1);
-    atomic_init(&j.status, TENT_OK);
-    work_t w = {&j, 0, j.s.length};
-    int st = ex->host->is_cancelled(ex->host->ctx, j.s.token) ? TENT_E_CANCELLED : run_work(ex, &w, j.s.submit_ns);
-    ex->host->complete(ex->host->ctx, &j.s, st);
+  tent_digest_t *d = tent_host_digest(ex->host, &slices[0]);
+  if (d || (n == 1 && (ex->chunk == 0 || slices[0].length <= ex->chunk))) {
+    /* one piece, or the caller's digested stream: every slice copied here, whole, in order,
+     * each reported before return (a digest folds in stream order; the caller's own threads,
+     * one per stream, are the parallelism then) */
+    for (uint32_t i = 0; i < n; i++) {
+      tent_job_t j; /* reported below, never queued: it can live on this stack */
+      j.s = slices[i];
+      atomic_init(&j.remaining, 1);
+      atomic_init(&j.status, TENT_OK);
+      work_t w = {&j, 0, j.s.length};
+      tent_digest_t *di = i == 0 ? d : tent_host_digest(ex->host, &j.s);
+      int st = ex->host->is_cancelled(ex->host->ctx, j.s.token) ? TENT_E_CANCELLED : run_work(ex, &w, j.s.submit_ns, di);
+      ex->host->complete(ex->host->ctx, &j.s, st);
+    }
     return TENT_OK;
   }
   job_t *few[8], **jobs = n <= 8 ? few : malloc(n * sizeof *jobs);

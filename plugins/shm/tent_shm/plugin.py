@@ -670,6 +670,9 @@ class ShmTransport(Transport):
         # it returns (shm_executor.c); a longer one is shared with the workers
         chunk = int(cfg["chunk"])
         self.inline_completes_bytes = min(self.inline_bytes, chunk) if chunk > 0 else self.inline_bytes
+        # with a digest armed the caller copies its READs itself, whole, and a memfd copy folds them
+        # into the digest as it goes (CMA copies are left to the caller to fold)
+        self.inline_digest = mode != "cma" and self.inline_bytes > 0
         self._executor = self._lib.library.create(ex_cfg)
         # the server runs in every mode: peers verify who we are through it before any same-host path
         self._server = _ShmServer(

@@ -11,7 +11,8 @@
  * first. While small requests are active on a rail (one submitted within `qos_window_ms`, in a
  * submit without bulk slices), bulk there runs on `qos_bulk_conns` connections at most: on a
  * shared host every bulk connection is a copying thread on each side competing with the small
- * request's for the cores. A rail with queued chunks and a slot they may use sits in a ready list, so a worker
+ * request's for the cores; and those that still run do so at nice `qos_bulk_nice` (both sides,
+ * see "QoS: bulk threads' CPU weight"). A rail with queued chunks and a slot they may use sits in a ready list, so a worker
  * finds work in O(1) however many peers there are; it borrows a persistent connection
  * (connecting lazily), runs its chunks and, for a job's last chunk, reports the slice through
  * host->complete. Small chunks queued together are pipelined on one connection (up to
@@ -110,6 +111,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -142,6 +145,7 @@
 #define SPIN_AFTER_BYTES (256u << 10) /* a server connection polls for the next request after ones up to this long */
 #define PIPE_BYTES_MAX (1u << 20) /* payload of the READ answers one sendmsg gathers at most */
 #define BULK_QUIET_MS 5 /* nobody polls while bulk moves, nor this long after it stopped */
+#define QOS_LEVEL_IDLE 20 /* qos_bulk_nice 20: SCHED_IDLE rather than a nice value */
 
 /* ------------------------------------------------------------------ utils */
 
@@ -474,6 +478,9 @@ typedef struct tcp_exec {
   int tick_ms;            /* client sockets wake this often to check their progress clock */
   int qos_bulk_conns;     /* bulk connections a rail runs at most while small requests are active (0: no cap) */
   int qos_window_ms;      /* small requests count as active this long after their submit */
+  int qos_serve_nice;     /* the server side demotes too (it tells small requests by size) */
+  int qos_bulk_nice;      /* bulk threads' nice value while small requests are active (QOS_LEVEL_IDLE: SCHED_IDLE; 0: off) */
+  atomic_ullong srv_small_until_ms; /* server side: a small request was served recently (bulk ones demoted until then) */
   int busy_poll_us;       /* a small request's answer / the next request is polled for up to this long before sleeping */
   int busy_poll_adaptive; /* each connection learns whether and how long to poll (tent/busy_poll.h); 0: always the cap */
   atomic_ullong busy_poll[2][BP_N]; /* outcomes: [client, server][BP_*] */
@@ -534,6 +541,8 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->connect_backoff_ms = 50;
   ex->qos_bulk_conns = 1;
   ex->qos_window_ms = 5;
+  ex->qos_bulk_nice = 19;
+  ex->qos_serve_nice = 1;
   ex->busy_poll_us = 50; /* the tcp transport passes its own (its config is where the defaults are documented) */
   ex->busy_poll_adaptive = 1;
   ex->sockbuf = 4 << 20;
@@ -591,6 +600,8 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
     else if (!strcmp(key, "connect_backoff_ms")) dst = &ex->connect_backoff_ms, lo = 0;
     else if (!strcmp(key, "qos_bulk_conns")) dst = &ex->qos_bulk_conns, lo = 0, hi = 64;
     else if (!strcmp(key, "qos_window_ms")) dst = &ex->qos_window_ms, lo = 0, hi = 60000;
+    else if (!strcmp(key, "qos_serve_nice")) dst = &ex->qos_serve_nice, lo = 0, hi = 1;
+    else if (!strcmp(key, "qos_bulk_nice")) dst = &ex->qos_bulk_nice, lo = 0, hi = QOS_LEVEL_IDLE;
     else if (!strcmp(key, "busy_poll_us")) dst = &ex->busy_poll_us, lo = 0, hi = 10000;
     else if (!strcmp(key, "busy_poll_adaptive")) dst = &ex->busy_poll_adaptive, lo = 0, hi = 1;
     else if (!strcmp(key, "sockbuf")) dst = &ex->sockbuf, lo = 0;
@@ -611,6 +622,115 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->tick_ms = ex->congestion_ms / 2 > 5 ? ex->congestion_ms / 2 : 5;
   if (ex->tick_ms > ex->slice_timeout_ms) ex->tick_ms = ex->slice_timeout_ms;
   return 0;
+}
+
+/* ------------------------------------------------------------------ QoS: bulk threads' CPU weight */
+
+/* While small requests are active, the threads moving a bulk request (a client worker's bulk run;
+ * a server connection serving a request longer than SPIN_AFTER_BYTES) run at nice `qos_bulk_nice`
+ * (1-19), or under SCHED_IDLE (QOS_LEVEL_IDLE): on a host with fewer free cores than copying
+ * threads, the small request's threads then win every core they wake up for, and bulk takes the
+ * rest (docs/benchmarks.md, "The QoS tail over tcp"). A thread's level is set before each piece of
+ * work it takes, so it costs a syscall only on a change, and bulk runs at full weight again from
+ * its next request once the small requests stop. The client knows its small requests (the core's
+ * hint); a server knows them by size, as it does for busy polling: a request of up to
+ * SPIN_AFTER_BYTES opens the server's window for qos_window_ms (`qos_serve_nice` 0: the server
+ * side never demotes). */
+
+/* The level (0: the thread's own; 1-19: a nice value; QOS_LEVEL_IDLE: SCHED_IDLE) a thread should
+ * run its next piece of work at: `knob` for bulk work while small requests are active (now_ms
+ * before small_until_ms), else its own. Pure (unit-tested through tcp_qos_bulk_level). */
+static int qos_bulk_level(int knob, int bulk, uint64_t now_ms, uint64_t small_until_ms) {
+  return knob > 0 && knob <= QOS_LEVEL_IDLE && bulk && now_ms < small_until_ms ? knob : 0;
+}
+
+static __thread int tl_qos_level;  /* the level the calling thread runs at now */
+static __thread int tl_qos_nice;   /* its own nice value and policy, saved when it first leaves them */
+static __thread int tl_qos_policy;
+static __thread int tl_qos_stuck;  /* the last move was refused: an idle thread does not retry in a loop */
+static __thread int tl_qos_exempt; /* its own policy is real time: never moved */
+
+/* Move the calling thread to `level` (see qos_bulk_level). A thread whose own policy is neither
+ * SCHED_OTHER nor SCHED_BATCH (real time: someone chose it) is left alone, and none is ever
+ * raised above its own weight. Returns 0, or -1 when the kernel refused (the level is unchanged). */
+static int qos_thread_set(int level) {
+  if (level == tl_qos_level || tl_qos_exempt) return 0;
+  pid_t tid = (pid_t)syscall(SYS_gettid);
+  if (tl_qos_level == 0) {
+    int pol = sched_getscheduler(0);
+    if (pol < 0) return -1;
+    pol &= ~SCHED_RESET_ON_FORK;
+    if (pol != SCHED_OTHER && pol != SCHED_BATCH) {
+      tl_qos_exempt = 1;
+      return 0;
+    }
+    errno = 0;
+    int nice = getpriority(PRIO_PROCESS, (id_t)tid);
+    if (nice == -1 && errno) return -1;
+    tl_qos_nice = nice;
+    tl_qos_policy = pol;
+  }
+  struct sched_param sp = {0};
+  if (level == QOS_LEVEL_IDLE) { /* (SCHED_RESET_ON_FORK dropped: these threads fork nothing) */
+    if (sched_setscheduler(0, SCHED_IDLE, &sp) != 0) return -1;
+  } else {
+    if (tl_qos_level == QOS_LEVEL_IDLE && sched_setscheduler(0, tl_qos_policy, &sp) != 0) return -1;
+    int nice = level > tl_qos_nice ? level : tl_qos_nice; /* never below its own */
+    if (setpriority(PRIO_PROCESS, (id_t)tid, nice) != 0) {
+      if (tl_qos_level == QOS_LEVEL_IDLE) tl_qos_level = -1; /* out of SCHED_IDLE already, its nice unknown */
+      return -1;
+    }
+  }
+  tl_qos_level = level;
+  return 0;
+}
+
+/* A thread of this executor's about to do work at `level`; a refusal is logged (rate limited). */
+static void qos_thread_level(int level) {
+  tl_qos_stuck = qos_thread_set(level) != 0;
+  if (tl_qos_stuck)
+    slog("qos_bulk_nice: could not move a thread to level %d (now %d): %s", level, tl_qos_level, strerror(errno));
+}
+
+/* A demoted thread about to sleep: back to its own weight first, so that it wakes up for its next
+ * work (a small request's, maybe) as itself. */
+static int qos_thread_demoted(void) { return tl_qos_level != 0 && !tl_qos_stuck; }
+
+/* A server connection is about to serve a request: a small one opens the server's QoS window, a
+ * bulk one runs demoted while it is open. */
+static void qos_server_request(tcp_exec_t *ex, int small) {
+  uint64_t now = mono_ms();
+  if (small) {
+    atomic_store_explicit(&ex->srv_small_until_ms, now + (uint64_t)ex->qos_window_ms, memory_order_relaxed);
+    qos_thread_level(0);
+    return;
+  }
+  uint64_t until = atomic_load_explicit(&ex->srv_small_until_ms, memory_order_relaxed);
+  qos_thread_level(qos_bulk_level(ex->qos_bulk_nice, 1, now, until));
+}
+
+/* Whether this process may undo a demotion (lowering a nice value back, or leaving SCHED_IDLE,
+ * takes CAP_SYS_NICE or a matching RLIMIT_NICE): tried once on a throwaway thread, which is left
+ * demoted if not. */
+static void *qos_probe_main(void *arg) {
+  int *level = arg;
+  *level = qos_thread_set(*level) == 0 && qos_thread_set(0) == 0;
+  return NULL;
+}
+
+static atomic_int g_qos_probed[QOS_LEVEL_IDLE + 1]; /* per level: 0 not yet, 1 may, -1 may not (logged once) */
+
+static int qos_may_demote(int level) {
+  int known = atomic_load(&g_qos_probed[level]);
+  if (known) return known > 0;
+  pthread_t t;
+  int ok = level;
+  if (pthread_create(&t, NULL, qos_probe_main, &ok) != 0) return 0; /* not known: tried again next time */
+  pthread_join(t, NULL);
+  int was = 0;
+  if (atomic_compare_exchange_strong(&g_qos_probed[level], &was, ok ? 1 : -1) && !ok)
+    slog("qos_bulk_nice %d: off, this process may not undo a demotion (it takes CAP_SYS_NICE or RLIMIT_NICE)", level);
+  return ok;
 }
 
 /* ------------------------------------------------------------------ regions */
@@ -922,6 +1042,7 @@ static void *sconn_main(void *arg) {
       atomic_fetch_sub(&ex->bulk_active, 1);
       bulk_held = 0;
     }
+    if (qos_thread_demoted() && mono_ms() >= atomic_load(&ex->srv_small_until_ms)) qos_thread_level(0); /* idle */
     int w;
     if (spin) {
       uint64_t t0 = mono_ns();
@@ -955,6 +1076,7 @@ static void *sconn_main(void *arg) {
     }
     int status = TENT_OK;
     spin = len <= SPIN_AFTER_BYTES; /* bulk connections sleep between requests: no core burnt beside a stream */
+    if (ex->qos_bulk_nice && ex->qos_serve_nice) qos_server_request(ex, spin);
     if (!spin) { /* and nobody polls while one is served */
       atomic_fetch_add(&ex->bulk_active, 1);
       bulk_held = 1;
@@ -1505,7 +1627,7 @@ static int rail_is_ready(tcp_exec_t *ex, rail_t *r) {
 
 /* Small requests were just submitted on `r`: bulk is held back for the QoS window. ex->mu held. */
 static void rail_note_small(tcp_exec_t *ex, rail_t *r) {
-  if (ex->qos_bulk_conns > 0 && ex->qos_window_ms > 0) r->small_until_ms = mono_ms() + (uint64_t)ex->qos_window_ms;
+  if ((ex->qos_bulk_conns > 0 || ex->qos_bulk_nice > 0) && ex->qos_window_ms > 0) r->small_until_ms = mono_ms() + (uint64_t)ex->qos_window_ms;
 }
 
 static void ready_unlink(tcp_exec_t *ex, rail_t *r) {
@@ -1742,6 +1864,7 @@ static void *worker_main(void *arg) {
       ex->rx_head = rx->next;
       if (!ex->rx_head) ex->rx_tail = NULL;
       pthread_mutex_unlock(&ex->mu);
+      if (ex->qos_bulk_nice) qos_thread_level(0); /* small requests' answers */
       run_finish(ex, rx, run_recv(ex, rx));
       run_put(ex, rx);
       pthread_mutex_lock(&ex->mu);
@@ -1749,6 +1872,12 @@ static void *worker_main(void *arg) {
     }
     if (ex->stopping) break;
     rail_t *r = ex->ready_head;
+    if (!r && qos_thread_demoted()) { /* going idle (see qos_thread_demoted) */
+      pthread_mutex_unlock(&ex->mu);
+      qos_thread_level(0);
+      pthread_mutex_lock(&ex->mu);
+      continue;
+    }
     if (!r && ex->throttle_until_ms) { /* bulk held back by the QoS window: look again when it ends */
       uint64_t now = mono_ms();
       if (now < ex->throttle_until_ms) {
@@ -1808,9 +1937,11 @@ static void *worker_main(void *arg) {
       pr->slot = slot_claim(ex, r, small);
       pr->fd = r->slot_fd[pr->slot];
     }
+    int qos_level = ex->qos_bulk_nice && pr->k > 0 ? qos_bulk_level(ex->qos_bulk_nice, !small, mono_ms(), r->small_until_ms) : 0;
     rail_update_ready(ex, r);
     if (pr->k > 0 && (r->qs.len > 0 || r->q.len > 0)) pthread_cond_signal(&ex->cv); /* more for another worker */
     pthread_mutex_unlock(&ex->mu);
+    if (ex->qos_bulk_nice && pr->k > 0) qos_thread_level(qos_level);
     for (uint32_t i = 0; i < nskip; i++) finish_chunk(ex, &skipped[i], skip_status[i]);
     if (pr->k > 0) run_exchange(ex, pr);
     pthread_mutex_lock(&ex->mu);
@@ -1992,6 +2123,13 @@ EXPORT void tcp_busy_poll_replay(uint32_t cap_ns, int adaptive, uint64_t n, cons
   memcpy(out_state, state, sizeof state);
 }
 
+/* The QoS demotion policy (qos_bulk_level), for tests. */
+EXPORT int tcp_qos_bulk_level(int knob, int bulk, uint64_t now_ms, uint64_t small_until_ms) {
+  return qos_bulk_level(knob, bulk, now_ms, small_until_ms);
+}
+
+EXPORT int tcp_qos_bulk_nice(void *self) { return ((tcp_exec_t *)self)->qos_bulk_nice; }
+
 EXPORT void tcp_server_stats(void *self, uint64_t *out) {
   tcp_exec_t *ex = self;
   pthread_mutex_lock(&ex->srv_mu);
@@ -2036,6 +2174,7 @@ static void *ex_create(const tent_host_api_t *host, const char *config, char *er
   pthread_condattr_destroy(&ca);
   pthread_mutex_init(&ex->srv_mu, NULL);
   atomic_store(&ex->next_reqid, 1);
+  if (ex->qos_bulk_nice && !qos_may_demote(ex->qos_bulk_nice)) ex->qos_bulk_nice = 0;
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   ex->max_pollers = cpus >= 4 ? (int)(cpus / 2) : 1;
   ex->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

@@ -25,6 +25,10 @@ The executor library (``_executor*.so``) exports the standard ``tent_executor_op
                                  const uint64_t *sleep_ns, const uint8_t *lost, uint32_t *budget_out,
                                  uint32_t out_state[6]);
             the adaptive busy-poll policy (tent/busy_poll.h) over a trace (tests)
+    int     tcp_qos_bulk_level(int knob, int bulk, uint64_t now_ms, uint64_t small_until_ms);
+            the level a thread runs its next work at (0 own, 1-19 nice, 20 SCHED_IDLE; tests)
+    int     tcp_qos_bulk_nice(void *self);
+            the qos_bulk_nice in force (0 when this process may not undo a demotion)
 
 perm bits: 1 = remote READ allowed, 2 = remote WRITE allowed (same values as tent_core.Permission).
 """
@@ -94,6 +98,10 @@ def _bind(cdll: ctypes.CDLL) -> None:
                                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                           ctypes.POINTER(ctypes.c_uint32)]  # fmt: skip
     cdll.tcp_busy_poll_replay.restype = None
+    cdll.tcp_qos_bulk_level.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]
+    cdll.tcp_qos_bulk_level.restype = ctypes.c_int
+    cdll.tcp_qos_bulk_nice.argtypes = [ctypes.c_void_p]
+    cdll.tcp_qos_bulk_nice.restype = ctypes.c_int
     cdll._tent_tcp_bound = True
 
 
@@ -204,6 +212,11 @@ class TcpExecutor:
         keys = ("waits", "polls", "hits", "lost")
         return {side: {k: int(out[i * 4 + j]) for j, k in enumerate(keys)} for i, side in enumerate(("client", "server"))}
 
+    def qos_bulk_nice(self) -> int:
+        """The qos_bulk_nice in force: the configured one, or 0 where this process may not undo a
+        demotion (no CAP_SYS_NICE, RLIMIT_NICE too low)."""
+        return int(self._cdll.tcp_qos_bulk_nice(self._h()))
+
     def close(self) -> None:
         with self._lock:
             self.executor.close()
@@ -234,3 +247,11 @@ def busy_poll_replay(cap_us: int, poll_us: Sequence[float], lost: Sequence[bool]
                               lost_a.ctypes.data, budgets.ctypes.data, state)  # fmt: skip
     keys = ("budget_ns", "score", "probe_gap", "until_probe", "poll_ns", "sleep_ns")
     return [float(b) / 1000 for b in budgets], dict(zip(keys, (int(x) for x in state), strict=True))
+
+
+def qos_bulk_level(knob: int, bulk: bool, now_ms: int, small_until_ms: int, path: str | None = None) -> int:
+    """The executor's QoS demotion policy (no threads touched): the level a thread runs its next
+    work at, 0 (its own), 1-19 (a nice value) or 20 (SCHED_IDLE), for `qos_bulk_nice` = `knob`."""
+    cdll = load_executor_library(path or executor_path()).cdll
+    _bind(cdll)
+    return int(cdll.tcp_qos_bulk_level(int(knob), int(bulk), int(now_ms), int(small_until_ms)))

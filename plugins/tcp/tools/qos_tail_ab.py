@@ -1,12 +1,14 @@
 """A/B of the tcp QoS bulk cap (not a test): the QoS-tail scenario of tent_bench.small
 (64 KiB HIGH READs one at a time, alone and beside a 64 MiB LOW WRITE stream to the same peer,
 QoS on) with the executor's `qos_bulk_conns` cap off (0) and on (the default), interleaved; with
-`--compare poll`, busy polling off (`busy_poll_us` 0) against the default (adaptive).
+`--compare poll`, busy polling off (`busy_poll_us` 0) against the default (adaptive); with
+`--compare nice`, the bulk threads' demotion while small requests are active (`qos_bulk_nice`)
+off, at nice 19 (the default) and under SCHED_IDLE (20).
 
-    python plugins/tcp/tools/qos_tail_ab.py [--rounds 6] [--count 400] [--compare cap|poll]
+    python plugins/tcp/tools/qos_tail_ab.py [--rounds 6] [--count 400] [--compare cap|poll|nice]
 
-Prints each round and the medians: idle and loaded P99 of the HIGH READs, their ratio, and the
-stream's GB/s.
+Prints each round and the medians (the ratio loaded / idle P99 also its range over the rounds):
+idle and loaded P99 of the HIGH READs, their ratio, and the stream's GB/s.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ from tent_bench import small
 COMPARE: dict[str, dict[str, dict[str, Any]]] = {
     "cap": {"cap off": {"transports": {"tcp": {"qos_bulk_conns": 0}}}, "cap on (default)": {}},
     "poll": {"poll off": {"transports": {"tcp": {"busy_poll_us": 0}}}, "adaptive poll (default)": {}},
+    "nice": {"bulk nice 0": {"transports": {"tcp": {"qos_bulk_nice": 0}}},
+             "bulk nice 19 (default)": {},
+             "bulk SCHED_IDLE": {"transports": {"tcp": {"qos_bulk_nice": 20}}}},
+    "side": {"bulk nice 0": {"transports": {"tcp": {"qos_bulk_nice": 0}}},
+             "initiator only": {"transports": {"tcp": {"qos_serve_nice": 0}}},
+             "both sides (default)": {}},
 }
 
 
@@ -42,7 +50,9 @@ def main() -> None:
             print(f"round {r} {name} (load {os.getloadavg()[0]:.2f}): " + ", ".join(f"{k} {row[k]:.2f}" for k in keys),
                   flush=True)  # fmt: skip
     for name, rows in res.items():
-        print(f"median {name}: " + ", ".join(f"{k} {statistics.median(x[k] for x in rows):.2f}" for k in keys))
+        ratios = [x["ratio"] for x in rows]
+        print(f"median {name}: " + ", ".join(f"{k} {statistics.median(x[k] for x in rows):.2f}" for k in keys)
+              + f" (ratio {min(ratios):.2f}-{max(ratios):.2f})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -136,12 +136,26 @@ typedef struct tent_host_api {
    * host's struct_size covers it. Executors that never call it still work (no stall detection
    * on their rails beyond their own timeouts). */
   void (*note)(void *ctx, const tent_slice_t *slice, int32_t event, uint64_t value);
+  /* The running digest (a tent_digest_t, tent/digest.h) the caller armed for what it submits on
+   * this thread, or NULL. Appended after `note`: call it through tent_host_digest(). Only an
+   * executor copying a READ slice itself inside submit_inline, on the submitting thread, asks; it
+   * folds the bytes it copies into that digest when the slice continues the digest's stream
+   * (tent_digest_copy). Never from a worker thread, never for slices of other batches the caller
+   * helps with. An executor that never asks is correct: the caller folds what was not folded. */
+  void *(*digest)(void *ctx, const tent_slice_t *slice);
 } tent_host_api_t;
 
 static inline void tent_host_note(const tent_host_api_t *host, const tent_slice_t *slice, int32_t event,
                                   uint64_t value) {
   if (host->struct_size >= offsetof(tent_host_api_t, note) + sizeof host->note && host->note)
     host->note(host->ctx, slice, event, value);
+}
+
+static inline void *tent_host_digest(const tent_host_api_t *host, const tent_slice_t *slice) {
+  if (slice->opcode == TENT_OP_READ && host->struct_size >= offsetof(tent_host_api_t, digest) + sizeof host->digest &&
+      host->digest)
+    return host->digest(host->ctx, slice);
+  return NULL;
 }
 
 typedef struct tent_executor_ops {
