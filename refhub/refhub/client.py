@@ -114,9 +114,10 @@ MAX_INFLIGHT = 1 << 30  # bytes in flight at most
 # A partial reader that has issued all its source held ("caught up") learns more only when its oldest
 # batch lands, with a progress word as old as that batch's wait behind the rest of its window. With
 # PROGRESS_PROBE it also reads the word alone (one tiny READ outstanding at most, waited for up to
-# PROBE_WAIT_S before falling back to the oldest batch), whose answer queues behind the link's backlog only.
+# PROBE_WAIT_S before it waits for the oldest batch), whose answer queues behind the link's backlog only.
 PROGRESS_PROBE = os.environ.get("REFHUB_PROGRESS_PROBE", "1") != "0"
 PROBE_WAIT_S = 0.02
+PROBE_POLL_S = 0.001
 # A source whose every path has failed (stopped, or its links cut) is given up after this much silence
 # and the bytes are read from another copy. The engine itself keeps such a request waiting until its
 # deadline (a peer that comes back in time loses nothing), which for a pull is up to 10 s; refhub has
@@ -1517,11 +1518,16 @@ class ShardHandle:
                             if probe is None:
                                 probe = self._submit([(self._scratch, 0, seg, ref["progress"], 8)], deadline)
                             t_probe = time.monotonic()
-                            while not probe.wait(0.0005):
-                                if inflight[0][1].poll() != "pending" or time.monotonic() - t_probe > PROBE_WAIT_S:
+                            # whichever lands first, the probe or the oldest batch; blocking waits of
+                            # PROBE_POLL_S each (one wait of PROBE_WAIT_S for the probe alone left landed
+                            # batches waiting; 0.5 ms polls took the CPU the sources needed)
+                            answered = probe.wait(PROBE_POLL_S)
+                            while not answered and not inflight[0][1].wait(PROBE_POLL_S):
+                                if time.monotonic() - t_probe > PROBE_WAIT_S:
                                     break
+                                answered = probe.wait(PROBE_POLL_S)
                             st["caught_up_s"] = st.get("caught_up_s", 0.0) + time.monotonic() - t_probe
-                            if probe.poll() == "done":
+                            if answered:
                                 probe = None
                                 seen = avail
                                 avail = _merge_avail(avail, self._progress_word(v, 0), issued)
