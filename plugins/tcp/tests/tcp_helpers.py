@@ -125,6 +125,19 @@ def run(
     `inline`: through the executor's submit_inline (the core's path for small requests);
     `hints`: TENT_HINT_* flags for every slice (tent_core.abi.HINT_SMALL: parts of small requests).
     """
+    b, t0 = submit(ex, slices, cancel_first=cancel_first, stat_index=stat_index, inline=inline, hints=hints)
+    return wait_result(b, t0, timeout)
+
+
+def submit(
+    ex: TcpExecutor,
+    slices: Sequence[tuple[int, int, int, int, int, int]],
+    cancel_first: bool = False,
+    stat_index: int = 0,
+    inline: bool = False,
+    hints: int = 0,
+) -> tuple[Any, float]:
+    """`run` without the wait: the batch and its submit time, for tests that act while it runs."""
     arr = np.zeros(len(slices), SLICE_DTYPE)
     for i, (op, local, remote, length, peer, rail) in enumerate(slices):
         arr[i] = (local, remote, length, peer, 0, 0, op, rail, stat_index, hints)
@@ -134,7 +147,7 @@ def run(
     t0 = time.monotonic()
     rc = _native.submit(ex.ops, ex.handle, b, arr, inline)
     assert rc == 0, rc
-    return wait_result(b, t0, timeout)
+    return b, t0
 
 
 def wait_result(b: Any, t0: float, timeout: float = 20.0) -> Result:

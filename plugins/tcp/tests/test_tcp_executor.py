@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from tcp_helpers import FAILURE_DTYPE, READ, WRITE, Server, TcpExecutor, connect, pattern, run, wait_result
+from tcp_helpers import FAILURE_DTYPE, READ, WRITE, Server, TcpExecutor, connect, pattern, run, submit, wait_result
 
 from tent_core import _native
 from tent_core.abi import HINT_SMALL, SLICE_DTYPE, Status
@@ -557,12 +557,7 @@ def test_small_requests_overtake_a_queued_stream(server: Server) -> None:
         big = 64 << 10
         src = pattern(505, 16 << 20)
         stream = [(WRITE, src.ctypes.data + (i % 256) * big, rw + (i % 256) * big, big, peer, 0) for i in range(1024)]
-        arr = np.zeros(len(stream), SLICE_DTYPE)
-        for i, (op, local, remote, length, p, rail) in enumerate(stream):
-            arr[i] = (local, remote, length, p, 0, 0, op, rail, 0, 0)
-        bulk = _native.Batch(len(stream))
-        t0 = time.monotonic()
-        assert _native.submit(ex.ops, ex.handle, bulk, arr) == 0
+        bulk, t0 = submit(ex, stream)
         dst = np.zeros(4096, np.uint8)
         small = run(ex, [(READ, dst.ctypes.data, rw + (16 << 20) - 4096, 4096, peer, 0)], hints=HINT_SMALL)
         assert small.done and small.error == 0

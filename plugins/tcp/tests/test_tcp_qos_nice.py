@@ -10,11 +10,10 @@ import time
 
 import numpy as np
 import pytest
-from tcp_helpers import READ, WRITE, Server, TcpExecutor, connect, pattern, run, wait_result
+from tcp_helpers import READ, WRITE, Server, TcpExecutor, connect, pattern, run, submit, wait_result
 from tent_tcp.native import qos_bulk_level
 
-from tent_core import _native
-from tent_core.abi import HINT_SMALL, SLICE_DTYPE
+from tent_core.abi import HINT_SMALL
 
 SCHED_OTHER, SCHED_IDLE = 0, 5
 
@@ -49,16 +48,6 @@ def _demoted(pid: int, knob: int) -> bool:
 
 def _all_own(pid: int) -> bool:
     return all(lv == (0, SCHED_OTHER) for lv in _levels(pid).values())
-
-
-def _submit(ex: TcpExecutor, slices: list[tuple[int, int, int, int, int, int]]) -> tuple[object, float]:
-    arr = np.zeros(len(slices), SLICE_DTYPE)
-    for i, (op, local, remote, length, p, rail) in enumerate(slices):
-        arr[i] = (local, remote, length, p, 0, 0, op, rail, 0, 0)
-    b = _native.Batch(len(slices))
-    t0 = time.monotonic()
-    assert _native.submit(ex.ops, ex.handle, b, arr) == 0
-    return b, t0
 
 
 def _eventually(cond: object, timeout: float) -> bool:
@@ -103,7 +92,7 @@ def test_bulk_threads_run_demoted_while_small_requests_are_active_and_as_themsel
         while seen != want and time.monotonic() < deadline:
             res = run(ex, [(READ, dst.ctypes.data, rw, 4096, peer, 0)], hints=HINT_SMALL)  # both windows open
             assert res.done and res.error == 0, res
-            b, t0 = _submit(
+            b, t0 = submit(
                 ex, [(WRITE, src.ctypes.data + i * chunk, rw + i * chunk, chunk, peer, 0) for i in range(16)]
             )
             while b.remaining and time.monotonic() < deadline:  # type: ignore[attr-defined]
@@ -117,7 +106,7 @@ def test_bulk_threads_run_demoted_while_small_requests_are_active_and_as_themsel
 
         time.sleep(window_ms / 1000 + 0.2)  # no small request since: both windows closed
         src2 = pattern(611, 16 * chunk)
-        b, t0 = _submit(ex, [(WRITE, src2.ctypes.data + i * chunk, rw + i * chunk, chunk, peer, 0) for i in range(16)])
+        b, t0 = submit(ex, [(WRITE, src2.ctypes.data + i * chunk, rw + i * chunk, chunk, peer, 0) for i in range(16)])
         assert wait_result(b, t0, 60.0).error == 0
         assert server.sha("rw", 0, 16 * chunk) == _sha(src2)
         # bulk without small requests runs at full weight: its threads moved back at its first request
