@@ -140,6 +140,12 @@ FUSED_MAX_SHARE = 4  # fused only if no large tensor exceeds 1/(this x lanes) of
 # inline_bytes: it must copy them inside submit) and never touches the bytes in Python. 0: off (the
 # lanes hash each FUSED_PIECE in Python).
 DIGEST_PIECE = int(float(os.environ.get("REFHUB_DIGEST_PIECE_KB", "4096")) * 1024)
+# The windowed pull (tcp) arms each batch with the digests of the large tensors it touches (one
+# tent_core.Digest per tensor, bounded to its bytes): a transport that receives READ answers on its
+# own threads (Transport.receive_digest) folds every received run into its tensor's digest right
+# after it landed, in stream order; the verify lanes then fold only what was not (Digest.land) and
+# compare. The digest is the same xxh3_64 of the whole tensor. 0: off (the lanes hash every byte).
+RECV_DIGEST = os.environ.get("REFHUB_RECV_DIGEST", "1") != "0"
 # Reading a partial copy, every batch also reads the source's progress word (into its own slot): each
 # completion brings a fresh view of what the source holds, without a blocking round trip that would
 # queue behind the batches on the wire and stall this reader's own progress (and its readers' after it).
@@ -873,6 +879,30 @@ class _Verifier:
                 pos += nb
         self.lane_s = [0.0] * len(self.spans)
         self.next_lane = 0
+        # per streamed tensor, the running digest its READs are armed with (RECV_DIGEST): the transport
+        # folds what it receives, the lanes what it did not (lane_folded bytes); else StreamHash
+        self.digests: dict[str, Any] = {}
+        self.lane_folded = [0] * len(self.spans)
+        if self.streamed and RECV_DIGEST and _xxhash is not None:
+            from tent_core import Digest
+
+            for spans in self.spans:
+                for start, end, name, flat in spans:
+                    base = int(flat.ctypes.data)
+                    self.digests[name] = Digest(base, base + (end - start))
+
+    def digests_for(self, names: list[str]) -> list | None:
+        """The digests to arm a batch with that READs (parts of) these tensors (None: none)."""
+        if not self.digests:
+            return None
+        ds = [d for d in (self.digests.get(n) for n in names) if d is not None]
+        return ds or None
+
+    def received_in_transport(self) -> int:
+        """Bytes of the streamed tensors the transport folded where they landed (not the lanes)."""
+        if not self.digests:
+            return 0
+        return max(0, sum(int(d.folded) for d in self.digests.values()) - sum(self.lane_folded))
 
     def skip_to(self, done: int) -> None:
         """The stream prefix [0, done) (ending at a tensor boundary) was verified elsewhere (a fused
@@ -960,6 +990,16 @@ class _Verifier:
                 if start >= b:
                     return
                 lo, hi = max(a, start), min(b, end)
+                d = self.digests.get(name)
+                if d is not None:
+                    if hi > lo:  # [start, hi) landed: fold what the transport did not (in order)
+                        self.lane_folded[w] += d.land(flat[:hi - start])
+                    if end > b:
+                        return
+                    self.cursor[w] += 1
+                    if d.folded != end - start or d.intdigest() != self.exp[name]:  # type: ignore[index]
+                        raise ChecksumError("checksum", f"v{self.v} shard {self.h.shard}: end-to-end checksum mismatch in {name!r}")
+                    continue
                 if hi > lo:
                     sh = self.streams.get(name)
                     if sh is None:
@@ -1429,6 +1469,8 @@ class ShardHandle:
             reroutes += 1
         ver.advance(total)
         ver.finish()
+        if ver.digests:
+            st["digest_in_copy"] = st.get("digest_in_copy", 0) + ver.received_in_transport()
         dt = time.monotonic() - t0
         self.stats = {"bytes": total, "seconds": dt, "verify_s": ver.seconds, "verify_wait_s": round(ver.wait_s, 4),
                       "reroutes": reroutes, "sources": sources,
@@ -1438,7 +1480,8 @@ class ShardHandle:
                       "first_s": round(st["first_t"] - t0, 4) if "first_t" in st else None,
                       "verified": cks is not None, "device_checksums": ver.device_checks,
                       "fused": bool(st.get("fused")),  # hashed inside the copy's lanes (see FUSED_VERIFY)
-                      # of those, bytes the executor hashed inside its copy loop (DIGEST_PIECE, tent/digest.h)
+                      # bytes the executor hashed inside its copy loop (DIGEST_PIECE, tent/digest.h) or where
+                      # it received them (RECV_DIGEST, Transport.receive_digest)
                       "digest_in_copy_bytes": int(st.get("digest_in_copy", 0)),
                       # what the link waited for this reader's requests, per batch: mean, largest (refhub.window)
                       "request_delay_s": [round(st["delay"].mean_s, 4), round(st["delay"].max_s, 4)] if "delay" in st
@@ -1525,11 +1568,13 @@ class ShardHandle:
                             continue
                         end = min(avail, issued + batch_bytes)
                         reqs = []
+                        names = []
                         for j in range(k, len(mine)):
                             if starts[j] >= end or copyish[j]:
                                 end = min(end, starts[j])
                                 break
                             _, lb, loff, nb = mine[j]
+                            names.append(mine[j][0])
                             a, b = max(issued, starts[j]), min(end, starts[j] + nb)
                             step = min(CHUNK, batch_bytes)
                             for c in range(a, b, step):
@@ -1542,7 +1587,8 @@ class ShardHandle:
                         if thr:
                             time.sleep(max(0.0, t_thr + (end - base) / thr - time.monotonic()))
                         # its round trip less what was queued ahead of it: the request delay (refhub.window)
-                        inflight.append((end, self._submit(reqs, deadline), slot, time.monotonic(), end - st["done"]))
+                        hdl = self._submit(reqs, deadline, digest=ver.digests_for(names))
+                        inflight.append((end, hdl, slot, time.monotonic(), end - st["done"]))
                         st["batches"] += 1
                         issued = end
                         sleep = 0.0005

@@ -25,7 +25,8 @@
  * slice is reported: the caller's object may be gone by then after a timeout) and calls
  * tent_digest_land(d, p, n) for every run of bytes right after it landed (from that core's
  * cache). A run that continues the stream is hashed at once; one that lands ahead of it is noted
- * (at most TENT_DIGEST_PENDING such runs) and hashed by whichever thread closes the gap, so
+ * (at most TENT_DIGEST_PENDING such runs; one that extends a noted run joins it) and hashed by
+ * whichever thread closes the gap, so
  * out-of-order pieces are folded in order, never wrongly; a run it could not note stays unfolded
  * and the caller folds it (tent_digest_land of its whole landed range with wait=1). One thread
  * hashes at a time (the `folding` role); the mutex is held only to move `next` and the notes, never
@@ -227,8 +228,15 @@ static inline uint64_t tent_digest_land(tent_digest_t *d, const void *p, size_t 
   if (a > d->next || !tent_digest__claim(d, wait)) {
     /* ahead of the stream, or another thread hashes now: leave it a note (it drains them before it
      * gives the role up); with no room the caller folds it later */
-    if (d->npending < TENT_DIGEST_PENDING) {
-      d->pending[d->npending][0] = a > d->next ? a : d->next;
+    if (a < d->next) a = d->next;
+    uint32_t i = 0;
+    for (; i < d->npending; i++) /* the run that ends where this one starts (the same connection's last) */
+      if (d->pending[i][1] == a) {
+        d->pending[i][1] = b;
+        break;
+      }
+    if (i == d->npending && d->npending < TENT_DIGEST_PENDING) {
+      d->pending[d->npending][0] = a;
       d->pending[d->npending++][1] = b;
     }
     pthread_mutex_unlock(&d->mu);
