@@ -25,9 +25,13 @@ own copy loop (``Transport.inline_digest``: the READ carries the tensor's runnin
 ``engine.submit(..., digest=)``, tent/digest.h), the lanes READ 4 MiB pieces and hash nothing in
 Python but what the copy did not fold. The digest stays the publisher's xxh3_64 of the whole
 tensor (streamed equals one-shot): nothing changes on the wire or at publish. Elsewhere (tcp) a reader keeps a window
-of READ batches in flight and hashes each large tensor batch by batch as its bytes arrive (streamed
-xxh3_64, worker lanes), the pack of tiny tensors once the prefix covers it, so end-to-end
-verification of every byte overlaps with the transfer.
+of READ batches in flight, each armed with the running digests of the large tensors it touches (one
+``Digest(start, end)`` per tensor, ``RECV_DIGEST``): a transport that receives READ answers on its own
+threads (``Transport.receive_digest``: tcp) folds every received run into its tensor's digest right
+after it landed, in stream order across its connections; the worker lanes fold what it did not,
+batch by batch as the bytes arrive, and compare each tensor once the prefix covers it; the pack of
+tiny tensors once the prefix covers it. End-to-end verification of every byte overlaps with the
+transfer.
 
 Device tensors (CUDA, NPU, the tests' simulated device; `refhub.device`): registered in place in
 direct mode (a reader's engine reaches them with a GPU-capable transport, or through the holder's
