@@ -751,6 +751,7 @@ static PyObject *Digest_intdigest(DigestObject *self, PyObject *unused) {
 
 static PyObject *Digest_get_next(DigestObject *self, void *c) { return PyLong_FromUnsignedLongLong(self->d->next); }
 static PyObject *Digest_get_folded(DigestObject *self, void *c) { return PyLong_FromUnsignedLongLong(self->d->folded); }
+static PyObject *Digest_get_late(DigestObject *self, void *c) { return PyLong_FromUnsignedLongLong(self->d->late); }
 static PyObject *Digest_get_start(DigestObject *self, void *c) { return PyLong_FromUnsignedLongLong(self->d->start); }
 static PyObject *Digest_get_end(DigestObject *self, void *c) { return PyLong_FromUnsignedLongLong(self->d->end); }
 
@@ -766,6 +767,7 @@ static PyMethodDef Digest_methods[] = {
 static PyGetSetDef Digest_getset[] = {
     {"next", (getter)Digest_get_next, NULL, "local address of the stream's next byte to fold", NULL},
     {"folded", (getter)Digest_get_folded, NULL, "bytes folded so far", NULL},
+    {"late", (getter)Digest_get_late, NULL, "of folded, bytes hashed from notes: they landed ahead of the stream", NULL},
     {"start", (getter)Digest_get_start, NULL, "local address where the stream starts", NULL},
     {"end", (getter)Digest_get_end, NULL, "local address where the stream ends (0: unbounded)", NULL},
     {NULL}};

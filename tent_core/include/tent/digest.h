@@ -55,8 +55,10 @@
 #include <immintrin.h>
 #define XXH_X86DISPATCH
 #define XXH_DISPATCH_AVX2 1
+#define XXH_DISPATCH_AVX512 1
 #define XXH_TARGET_SSE2 __attribute__((__target__("sse2")))
 #define XXH_TARGET_AVX2 __attribute__((__target__("avx2")))
+#define XXH_TARGET_AVX512 __attribute__((__target__("avx512f")))
 #define TENT_DIGEST_AVX2 1
 #endif
 /* GCC generates XXH3's loops about 3x faster at -O3 than at the -O2 the extensions build with
@@ -72,6 +74,10 @@
 __attribute__((noinline)) XXH_TARGET_AVX2 static void tent_xxh3_update_avx2(XXH3_state_t *st, const void *p, size_t n) {
   XXH3_update(st, (const xxh_u8 *)p, n, XXH3_accumulate_avx2, XXH3_scrambleAcc_avx2);
 }
+/* the python wheel's loop where the CPU has AVX-512 (its xxh3 hashed ~1.4x faster than the AVX2 one here) */
+__attribute__((noinline)) XXH_TARGET_AVX512 static void tent_xxh3_update_avx512(XXH3_state_t *st, const void *p, size_t n) {
+  XXH3_update(st, (const xxh_u8 *)p, n, XXH3_accumulate_avx512, XXH3_scrambleAcc_avx512);
+}
 __attribute__((noinline)) XXH_TARGET_SSE2 static void tent_xxh3_update_sse2(XXH3_state_t *st, const void *p, size_t n) {
   XXH3_update(st, (const xxh_u8 *)p, n, XXH3_accumulate_sse2, XXH3_scrambleAcc_sse2);
 }
@@ -84,9 +90,11 @@ __attribute__((noinline)) XXH_TARGET_SSE2 static void tent_xxh3_update_sse2(XXH3
 /* XXH3_64bits_update on the fastest code path this CPU runs */
 static inline void tent_xxh3_update(XXH3_state_t *st, const void *p, size_t n) {
 #ifdef TENT_DIGEST_AVX2
-  static int avx2 = -1; /* racy first use is benign: every thread computes the same answer */
-  if (avx2 < 0) avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
-  if (avx2)
+  static int simd = -1; /* racy first use is benign: every thread computes the same answer */
+  if (simd < 0) simd = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
+  if (simd == 2)
+    tent_xxh3_update_avx512(st, p, n);
+  else if (simd == 1)
     tent_xxh3_update_avx2(st, p, n);
   else
     tent_xxh3_update_sse2(st, p, n);
@@ -114,6 +122,7 @@ typedef struct tent_digest {
   pthread_mutex_t mu;  /* guards next, folded, folding, the notes (never held while hashing) */
   int folding;         /* a thread is hashing [next, ...) now; the others leave it their runs */
   uint32_t npending;
+  uint64_t late;       /* of `folded`, bytes hashed from notes (after the gap before them closed) */
   uint64_t pending[TENT_DIGEST_PENDING][2]; /* landed runs [a, b) ahead of next */
   atomic_uint refs;    /* the owner's and every executor slice's that holds it */
 } tent_digest_t;
@@ -130,6 +139,7 @@ static inline tent_digest_t *tent_digest_new(uint64_t start, uint64_t end) {
   pthread_mutex_init(&d->mu, NULL);
   d->folding = 0;
   d->npending = 0;
+  d->late = 0;
   atomic_init(&d->refs, 1);
   return d;
 }
@@ -158,6 +168,7 @@ static inline void tent_digest_reset(tent_digest_t *d, uint64_t next) {
   d->next = d->start = next;
   d->folded = 0;
   d->npending = 0;
+  d->late = 0;
   pthread_mutex_unlock(&d->mu);
 }
 
@@ -203,6 +214,7 @@ static inline void tent_digest__drain(tent_digest_t *d) {
     pthread_mutex_lock(&d->mu);
     d->next = b;
     d->folded += b - a;
+    d->late += b - a;
   }
   d->folding = 0;
 }
