@@ -475,11 +475,31 @@ def test_tcp_pull_folds_every_large_byte_where_it_lands(tcp_pair, monkeypatch) -
     monkeypatch.setattr(C, "RECV_DIGEST", True)
     p, r, src, dst = tcp_pair(FUSED_SIZES, 8)
     assert r.engine.transports["tcp"].receive_digest
+    real_submit = r._submit
+    batches: list[list] = []
+
+    def submit(reqs, deadline, digest=None):
+        batches.append([(q[0], q[1], q[4]) for q in reqs])
+        return real_submit(reqs, deadline, digest)
+
+    monkeypatch.setattr(r, "_submit", submit)
     for _ in range(2):
         assert r.replicate(1, timeout=30) == 1
         assert r.stats["verified"] and not r.stats["fused"]
         # every large tensor's bytes folded by the receiving threads, none by the lanes
         assert r.stats["digest_in_copy_bytes"] == LARGE
+        assert 0 <= r.stats["digest_late_bytes"] <= LARGE
+        # a batch's READs: pieces of at most RECV_DIGEST_PIECE, each tensor's in stream order, the
+        # tensors taking turns (no two pieces of one tensor back to back while another has pieces left)
+        for reqs in batches:
+            assert all(n <= C.RECV_DIGEST_PIECE for _, _, n in reqs)
+            for buf in {id(q[0]) for q in reqs}:
+                offs = [q[1] for q in reqs if id(q[0]) == buf]
+                assert offs == sorted(offs)
+            for i in range(1, len(reqs)):
+                if reqs[i][0] is reqs[i - 1][0]:
+                    assert all(q[0] is reqs[i][0] for q in reqs[i:]), "a tensor's pieces back to back"
+        batches.clear()
         assert all((a == b).all() for a, b in zip(src, dst, strict=True))
         r.unpublish()
         for t in dst:
