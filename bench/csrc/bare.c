@@ -16,12 +16,13 @@
  *       requests shared by `threads` threads: each batch's seconds.
  *   tcp_serve(host, addr=0, size=0, spin_us=0, adaptive=0) -> port
  *       a tiny request/response TCP server on background threads (one per connection):
- *       header {u32 op, u32 pad, u64 length, 48 bytes pad}; WRITE: `length` bytes follow,
+ *       header {u32 op, u32 pad, u64 length, u64 offset, 40 bytes pad}; WRITE: `length` bytes follow,
  *       answered by one byte (the header is 64 bytes so that a WRITE's payload does not sit 16
  *       bytes ahead of its source in the socket buffer pages, where the kernel's copy runs 2-3x
  *       slower: 4K aliasing, plugins/tcp/tools/copy_alias.py);
  *       READ: answered by `length` bytes. TCP_NODELAY, as the engine's connections. With `addr`,
- *       requests of up to `size` bytes read from / write into [addr, addr + size) (the buffer the
+ *       requests read from / write into [addr + offset, addr + offset + length) within
+ *       [addr, addr + size) (the buffer the
  *       engine serves: the same memory, so the same copy costs; see small.py). With `spin_us`, a
  *       connection polls up to this long for the next request (no sleep) before it blocks in
  *       recv: every time, or with `adaptive` under the tcp executor's rule (tent/busy_poll.h,
@@ -33,6 +34,14 @@
  *       `local`, the client's bytes are [local, local + block) (the engine's local buffer). With
  *       `spin_us`, the client polls up to this long for the answer before it blocks in recv (as the
  *       engine's waiter does: the tcp executor's `busy_poll_us`, `busy_poll_adaptive`).
+ *   tcp_batch(host, port, op, block, n, count, conns, local, spin_us=0, adaptive=0) -> bytes
+ *       `count` batches of `n` requests of `block` bytes ([local + i * block) here, offset
+ *       i * block there), one batch in flight, shared out over `conns` connections as the engine
+ *       shares an inline batch (consecutive requests, one pipelined run per connection): this
+ *       thread sends each run in one writev, then reads the answers connection by connection
+ *       (a READ's payload with one recv each, a run's WRITE acks with one), polling before it
+ *       sleeps under the same rule as tcp() (one policy per connection, as the engine's slots).
+ *       Each batch's seconds.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -318,14 +327,15 @@ static void *serve_conn(void *arg) {
     if (recv_all(fd, h, sizeof h)) break;
     served = now_ns();
     uint32_t op;
-    uint64_t len;
+    uint64_t len, off;
     memcpy(&op, h, 4);
     memcpy(&len, h + 8, 8);
+    memcpy(&off, h + 16, 8);
     if (len > (1ull << 31)) break;
     last_len = len;
-    if (mem.addr && len <= mem.size) {
-      char ack = 1;
-      if (op == 1 ? recv_all(fd, mem.addr, len) || send_all(fd, &ack, 1) : send_all(fd, mem.addr, len)) break;
+    if (mem.addr && off <= mem.size && len <= mem.size - off) {
+      char ack = 1, *at = mem.addr + off;
+      if (op == 1 ? recv_all(fd, at, len) || send_all(fd, &ack, 1) : send_all(fd, at, len)) break;
       continue;
     }
     if (len > cap) {
@@ -498,6 +508,114 @@ static PyObject *py_tcp(PyObject *m, PyObject *args) {
   return res;
 }
 
+#define BATCH_CONNS_MAX 16
+
+static int connect_to(const struct sockaddr_in *sa) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  nodelay(fd);
+  if (connect(fd, (const struct sockaddr *)sa, sizeof *sa) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* Send every byte of iov[0..n) (consumed in place). */
+static int writev_all(int fd, struct iovec *iov, int n) {
+  while (n > 0) {
+    ssize_t w = writev(fd, iov, n > 1024 ? 1024 : n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return -1;
+    while (n > 0 && (size_t)w >= iov->iov_len) w -= (ssize_t)iov->iov_len, iov++, n--;
+    if (n > 0) iov->iov_base = (char *)iov->iov_base + w, iov->iov_len -= (size_t)w;
+  }
+  return 0;
+}
+
+static PyObject *py_tcp_batch(PyObject *m, PyObject *args) {
+  const char *host;
+  int port, op, conns;
+  unsigned long long block, local;
+  Py_ssize_t n, count;
+  int spin_us = 0, adaptive = 0;
+  if (!PyArg_ParseTuple(args, "siiKnniK|ii", &host, &port, &op, &block, &n, &count, &conns, &local, &spin_us, &adaptive))
+    return NULL;
+  if (spin_us < 0 || spin_us > 10000 || count <= 0 || n <= 0 || n > 1024 || block == 0 || block > (1ull << 31) ||
+      conns < 1 || conns > BATCH_CONNS_MAX || !local) {
+    PyErr_SetString(PyExc_ValueError, "need 0 <= spin_us <= 10000, count > 0, 0 < n <= 1024, 0 < block <= 2 GiB, "
+                                      "1 <= conns <= 16 and a local buffer");
+    return NULL;
+  }
+  if (conns > n) conns = (int)n;
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+    PyErr_SetString(PyExc_ValueError, "host must be an IPv4 address");
+    return NULL;
+  }
+  PyObject *res = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(double));
+  uint8_t *hdr = calloc((size_t)n, 64);
+  struct iovec *iov = malloc((size_t)n * 2 * sizeof *iov);
+  char *acks = malloc((size_t)n);
+  if (!res || !hdr || !iov || !acks) {
+    Py_XDECREF(res);
+    free(hdr), free(iov), free(acks);
+    return PyErr_NoMemory();
+  }
+  double *out = (double *)PyBytes_AS_STRING(res);
+  char *data = (char *)(uintptr_t)local;
+  int fds[BATCH_CONNS_MAX], err = 0, nfd = 0;
+  tent_busy_poll_t bp[BATCH_CONNS_MAX];
+  Py_ssize_t per = (n + conns - 1) / conns;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    uint32_t o = (uint32_t)op;
+    uint64_t len = block, off = (uint64_t)i * block;
+    memcpy(hdr + 64 * i, &o, 4);
+    memcpy(hdr + 64 * i + 8, &len, 8);
+    memcpy(hdr + 64 * i + 16, &off, 8);
+  }
+  Py_BEGIN_ALLOW_THREADS;
+  for (; nfd < conns; nfd++) {
+    tent_busy_poll_init(&bp[nfd], block <= POLL_AFTER_BYTES ? (uint32_t)spin_us * 1000u : 0, adaptive);
+    if ((fds[nfd] = connect_to(&sa)) < 0) {
+      err = errno ? errno : ECONNREFUSED;
+      break;
+    }
+  }
+  for (Py_ssize_t b = 0; b < count && !err; b++) {
+    uint64_t t0 = now_ns();
+    for (int c = 0; c < conns && !err; c++) { /* one pipelined run per connection, one writev */
+      int k = 0;
+      for (Py_ssize_t i = c * per; i < n && i < (c + 1) * per; i++) {
+        iov[k++] = (struct iovec){hdr + 64 * i, 64};
+        if (op == 1) iov[k++] = (struct iovec){data + (uint64_t)i * block, block};
+      }
+      if (k && writev_all(fds[c], iov, k)) err = errno ? errno : EPIPE;
+    }
+    for (int c = 0; c < conns && !err; c++) { /* the answers, connection by connection */
+      Py_ssize_t lo = c * per, hi = (c + 1) * per < n ? (c + 1) * per : n;
+      if (lo >= hi) continue;
+      wait_readable(fds[c], &bp[c], t0);
+      if (op == 1) {
+        if (recv_all(fds[c], acks, (size_t)(hi - lo))) err = errno ? errno : EPIPE;
+      } else {
+        for (Py_ssize_t i = lo; i < hi && !err; i++)
+          if (recv_all(fds[c], data + (uint64_t)i * block, block)) err = errno ? errno : EPIPE;
+      }
+    }
+    out[b] = (double)(now_ns() - t0) / 1e9;
+  }
+  for (int c = 0; c < nfd; c++) close(fds[c]);
+  Py_END_ALLOW_THREADS;
+  free(hdr), free(iov), free(acks);
+  if (err) {
+    Py_DECREF(res);
+    errno = err;
+    return PyErr_SetFromErrno(PyExc_OSError);
+  }
+  return res;
+}
+
 static PyObject *py_tcp_poll_stats(PyObject *m, PyObject *unused) {
   const tent_busy_poll_t *b = &g_last_client;
   return Py_BuildValue("{s:K,s:K,s:K,s:K,s:I,s:I,s:I}", "waits", (unsigned long long)b->waits, "polls",
@@ -517,6 +635,8 @@ static PyMethodDef methods[] = {
      "tcp_serve(host, addr=0, size=0, spin_us=0, adaptive=0) -> port of a bare request/response server"},
     {"tcp", py_tcp, METH_VARARGS,
      "tcp(host, port, op, block, count, local=0, spin_us=0, adaptive=0) -> per-request seconds (float64 bytes)"},
+    {"tcp_batch", py_tcp_batch, METH_VARARGS,
+     "tcp_batch(host, port, op, block, n, count, conns, local, spin_us=0, adaptive=0): batches shared over conns"},
     {"tcp_poll_stats", py_tcp_poll_stats, METH_NOARGS,
      "tcp_poll_stats() -> the last tcp() loop's client waits, polls, hits, lost cores, budget, poll/sleep cycle ns"},
     {NULL}};

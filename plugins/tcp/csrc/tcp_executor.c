@@ -18,7 +18,9 @@
  * host->complete. Small chunks queued together are pipelined on one connection (up to
  * `pipeline` requests and `pipeline_bytes` bytes a run, spread over the free slots): all
  * requests leave in one sendmsg, header and payload together, then the responses are read in
- * order. Payload bytes go straight between the user's memory and the socket: no intermediate
+ * order: a READ's answer with one recvmsg (its gap, its payload and the next answer's header),
+ * and the target answers the READs already waiting behind one in one sendmsg (send_read_answers).
+ * Payload bytes go straight between the user's memory and the socket: no intermediate
  * copies, no Python. A removed peer leaves the table at once and is freed when its last
  * in-flight chunk returns; its queued chunks (both queues) are handed back untouched
  * (TENT_E_REROUTED), as are those of a rail the core aborts.
@@ -142,6 +144,7 @@
 #define SLOT_FREE (-2)
 #define PIPE_MAX 64 /* requests in one pipelined run at most */
 #define SPIN_AFTER_BYTES (256u << 10) /* a server connection polls for the next request after ones up to this long */
+#define PIPE_BYTES_MAX (1u << 20) /* payload of the READ answers one sendmsg gathers at most */
 #define BULK_QUIET_MS 5 /* nobody polls while bulk moves, nor this long after it stopped */
 #define QOS_LEVEL_IDLE 20 /* qos_bulk_nice 20: SCHED_IDLE rather than a nice value */
 
@@ -972,6 +975,56 @@ static int send_response(int fd, int32_t status, uint64_t reqid, int more, uint3
   return send_all(fd, h, RSP_SIZE, more, NULL, 0);
 }
 
+/* READs answered in one sendmsg at most (the one read plus those already waiting behind it). */
+#define GATHER_READS 16
+
+/* Answer a READ of [addr, addr + len) in region `r` (referenced by the caller), together with the
+ * READs already complete in the socket buffer behind it that fall in the same region: the
+ * initiator sends a batch's requests to a connection as one pipelined run, and answering them one
+ * sendmsg each cost a poll, a recv and a sendmsg per request on this side, and an answer at a time
+ * on the other. The answers go out in one sendmsg (the kernel still pushes each full segment as it
+ * fills, so the first answer leaves as early as before); their bytes are the same as answered one
+ * by one, so the gaps the initiator chose still hold. Anything else behind it (a WRITE, a READ
+ * outside the region, a header still arriving, a malformed one) is left to the main loop. */
+static int send_read_answers(int fd, const region_t *r, uint32_t version, uint32_t gap, uint64_t addr, uint64_t len,
+                             uint64_t reqid) {
+  static const uint8_t zeros[GAP_MAX];
+  uint8_t more[(GATHER_READS - 1) * REQ_SIZE];
+  uint8_t rh[GATHER_READS][RSP_SIZE];
+  struct iovec iov[3 * GATHER_READS];
+  int n = 0;
+  uint32_t k = 0, extra = 0;
+  ssize_t got = len <= SPIN_AFTER_BYTES ? recv(fd, more, sizeof more, MSG_PEEK | MSG_DONTWAIT) : 0;
+  uint64_t bytes = len;
+  for (;;) {
+    memset(rh[k], 0, RSP_SIZE);
+    put32(rh[k], WIRE_MAGIC);
+    put16(rh[k] + 4, (uint16_t)version);
+    put16(rh[k] + 6, (uint16_t)gap);
+    put64(rh[k] + 16, reqid);
+    iov[n++] = (struct iovec){rh[k], RSP_SIZE};
+    if (gap) iov[n++] = (struct iovec){(void *)zeros, gap};
+    if (len) iov[n++] = (struct iovec){(void *)(uintptr_t)addr, (size_t)len};
+    if (++k == GATHER_READS || got < (ssize_t)((extra + 1) * REQ_SIZE)) break;
+    const uint8_t *h = more + extra * REQ_SIZE; /* the next request, whole in the buffer */
+    uint32_t op = get16(h + 6);
+    version = get16(h + 4);
+    if (get32(h) != WIRE_MAGIC || version != WIRE_VERSION_GAP || (op & 0xff) != TENT_OP_READ) break;
+    gap = op >> 8;
+    addr = get64(h + 8);
+    len = get64(h + 16);
+    reqid = get64(h + 24);
+    if (gap > GAP_MAX || !len || len > SPIN_AFTER_BYTES || bytes + len > PIPE_BYTES_MAX || addr < r->addr ||
+        addr - r->addr > r->len || len > r->len - (addr - r->addr))
+      break;
+    bytes += len;
+    extra++;
+  }
+  if (extra && recv(fd, more, extra * REQ_SIZE, MSG_DONTWAIT) != (ssize_t)(extra * REQ_SIZE))
+    return IO_ERR; /* peeked whole: cannot come short */
+  return sendv_all(fd, iov, n, NULL, NULL);
+}
+
 static void *sconn_main(void *arg) {
   sconn_t *c = arg;
   tcp_exec_t *ex = c->ex;
@@ -1056,15 +1109,7 @@ static void *sconn_main(void *arg) {
         if (send_response(fd, status, reqid, 0, version, 0) != IO_OK) break;
         continue;
       }
-      static const uint8_t zeros[GAP_MAX];
-      uint8_t rh[RSP_SIZE] = {0}; /* header, gap and payload in one sendmsg */
-      put32(rh, WIRE_MAGIC);
-      put16(rh + 4, (uint16_t)version);
-      put16(rh + 6, (uint16_t)gap);
-      put64(rh + 16, reqid);
-      struct iovec iov[3] = {{rh, RSP_SIZE}, {(void *)zeros, gap}, {(void *)(uintptr_t)addr, (size_t)len}};
-      if (!gap) iov[1] = iov[2];
-      rc = sendv_all(fd, iov, 1 + (gap > 0) + (len > 0), NULL, NULL);
+      rc = send_read_answers(fd, r, version, gap, addr, len, reqid); /* header, gap, payload: one sendmsg */
       region_release(ex, c, r);
       if (rc != IO_OK) break;
     }
@@ -1506,6 +1551,43 @@ static int run_recv_one_read(pipe_run_t *pr) {
   return 1;
 }
 
+/* Fill iov[0..n) from fd (the array is consumed), on the run's progress clock: recvmsg with
+ * MSG_WAITALL, so a READ answer's gap, its payload and the header of the answer after it cost one
+ * call once their bytes are in (three recv calls before: a pipelined run of READs paid 3 system
+ * calls per answer on the waiting thread, a run of WRITEs one for all its answers). Entry
+ * `payload` (-1: none) is the slice's payload: its bytes are reported as progress. *got: the
+ * bytes received, also when it fails. */
+static int recvv_all(int fd, struct iovec *iov, int n, io_watch_t *w, int payload, size_t *got) {
+  *got = 0;
+  while (n > 0) {
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    ssize_t k = recvmsg(fd, &m, MSG_WAITALL);
+    if (k == 0) return IO_EOF;
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (io_idle(w, 0)) return IO_TIMEOUT;
+        continue;
+      }
+      return IO_ERR;
+    }
+    size_t left = (size_t)k, moved = 0;
+    *got += (size_t)k;
+    while (n > 0 && left >= iov->iov_len) {
+      if (payload == 0) moved += iov->iov_len;
+      left -= iov->iov_len;
+      iov++, n--, payload--;
+    }
+    if (n > 0 && left) {
+      if (payload == 0) moved += left;
+      iov->iov_base = (char *)iov->iov_base + left;
+      iov->iov_len -= left;
+    }
+    io_moved(w, moved, moved > 0);
+  }
+  return IO_OK;
+}
+
 /* Read the run's responses into pr->status, on its progress clock. Returns 1 when the connection
  * must be dropped (an I/O or protocol error: the chunks not answered get that status). */
 static int run_recv(tcp_exec_t *ex, pipe_run_t *pr) {
@@ -1514,24 +1596,35 @@ static int run_recv(tcp_exec_t *ex, pipe_run_t *pr) {
   int all_writes = 1;
   for (uint32_t i = 0; i < pr->k; i++) all_writes &= pr->c[i].job->s.opcode == TENT_OP_WRITE;
   uint32_t i = 0;
-  int rc = IO_OK, st = TENT_OK;
+  int rc = IO_OK, st = TENT_OK, have_next = 0; /* have_next: answer i's header is in rsp already */
   if (all_writes && pr->k > 1) rc = recv_all(pr->fd, rsp, RSP_SIZE * (size_t)pr->k, &pr->watch, 0); /* all answers at once */
   for (; rc == IO_OK && i < pr->k; i++) {
     const tent_chunk_t *c = &pr->c[i];
     const uint8_t *h = rsp + (all_writes && pr->k > 1 ? RSP_SIZE * i : 0);
-    if (!(all_writes && pr->k > 1) && (rc = recv_all(pr->fd, rsp, RSP_SIZE, &pr->watch, 0)) != IO_OK) break;
+    if (!(all_writes && pr->k > 1) && !have_next && (rc = recv_all(pr->fd, rsp, RSP_SIZE, &pr->watch, 0)) != IO_OK) break;
+    have_next = 0;
     if (!rsp_matches(pr, i, h)) {
       st = TENT_E_PROTOCOL;
       break;
     }
     int32_t status = (int32_t)get32(h + 8);
     if (status == TENT_OK && c->job->s.opcode == TENT_OP_READ && c->len) {
+      /* gap, payload and the next answer's header in one call: an answer that was accepted
+       * carries exactly gap + len bytes, so whatever follows is the next answer's header */
       uint8_t gap[GAP_MAX];
+      struct iovec iov[3] = {{gap, pr->gap[i]}, {(void *)(uintptr_t)(c->job->s.local_addr + c->off), c->len}, {rsp, RSP_SIZE}};
+      size_t got;
+      have_next = i + 1 < pr->k;
       pr->watch.slice = &c->job->s;
       pr->watch.digest = job_digest(c->job);
-      if (pr->gap[i]) rc = recv_all(pr->fd, gap, pr->gap[i], &pr->watch, 0);
-      if (rc == IO_OK) rc = recv_all(pr->fd, (void *)(uintptr_t)(c->job->s.local_addr + c->off), c->len, &pr->watch, 1);
-      if (rc != IO_OK) break;
+      rc = pr->gap[i] ? recvv_all(pr->fd, iov, 2 + have_next, &pr->watch, 1, &got)
+                      : recvv_all(pr->fd, iov + 1, 1 + have_next, &pr->watch, 0, &got);
+      if (rc == IO_OK || got >= pr->gap[i] + c->len) /* the payload landed whole: fold it while it is in this core's cache */
+        io_landed(&pr->watch, (void *)(uintptr_t)(c->job->s.local_addr + c->off), c->len);
+      if (rc != IO_OK) {
+        if (got >= pr->gap[i] + c->len) pr->status[i++] = TENT_OK; /* this one came whole: the next one failed */
+        break;
+      }
     }
     if (status > 0 || status < TENT_E_INTERNAL) status = TENT_E_PROTOCOL;
     pr->status[i] = status;

@@ -132,3 +132,19 @@ def test_a_changed_source_byte_changes_the_digest(pair: tuple[Engine, Engine]) -
         b.submit([Request(READ, dst, 0, seg, 0, n)], deadline=30, digest=d).wait(30)
         assert d.folded == n and d.intdigest() != want, where
         src.array[where] ^= 0x10
+
+
+def test_small_reads_of_pipelined_runs_fold_too(pair: tuple[Engine, Engine]) -> None:
+    """Small READs leave in pipelined runs (one connection, answers read back to back, each answer's
+    payload and the next header in one recvmsg): their payloads fold as they land as well."""
+    a, b = pair
+    piece, k = 16 * 1024 + 3, 48
+    n = piece * k
+    src, dst, seg = _src_dst(a, b, n, 36)
+    d = Digest(dst.addr, dst.addr + n)
+    b.submit([Request(READ, dst, i * piece, seg, i * piece, piece) for i in range(k)], deadline=30, digest=d).wait(30)
+    assert bytes(dst.array) == bytes(src.array)
+    in_transport = d.folded
+    assert in_transport > 0
+    assert d.land(dst.array) == n - in_transport  # what it could not note (if anything), folded here
+    assert d.intdigest() == xxhash.xxh3_64_intdigest(src.array.tobytes())
