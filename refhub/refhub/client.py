@@ -892,6 +892,12 @@ class _Verifier:
         # folds what it receives, the lanes what it did not (lane_folded bytes); else StreamHash
         self.digests: dict[str, Any] = {}
         self.lane_folded = [0] * len(self.spans)
+        # batches are armed only where the engine's paths fold what they receive and none copies a
+        # digested READ itself inside submit (the same-host transport then copies the whole batch on the
+        # submitting thread, in order: its workers idle); unarmed, the lanes fold every byte (tent's hash)
+        ts = list(getattr(handle.engine, "transports", {}).values())
+        self.arm = any(getattr(t, "receive_digest", False) for t in ts) and not any(
+            getattr(t, "inline_digest", False) for t in ts)
         if self.streamed and RECV_DIGEST and _xxhash is not None:
             from tent_core import Digest
 
@@ -902,7 +908,7 @@ class _Verifier:
 
     def digests_for(self, names: list[str]) -> list | None:
         """The digests to arm a batch with that READs (parts of) these tensors (None: none)."""
-        if not self.digests:
+        if not self.digests or not self.arm:
             return None
         ds = [d for d in (self.digests.get(n) for n in names) if d is not None]
         return ds or None
@@ -1590,10 +1596,10 @@ class ShardHandle:
                             _, lb, loff, nb = mine[j]
                             names.append(mine[j][0])
                             a, b = max(issued, starts[j]), min(end, starts[j] + nb)
-                            step = min(CHUNK, batch_bytes, RECV_DIGEST_PIECE if ver.digests else CHUNK)
+                            step = min(CHUNK, batch_bytes, RECV_DIGEST_PIECE if ver.digests and ver.arm else CHUNK)
                             per.append([(lb, loff + c - starts[j], seg, ritems[j][1] + c - starts[j], min(step, b - c))
                                         for c in range(a, b, step)])
-                        if ver.digests:
+                        if ver.digests and ver.arm:
                             # the tensors' pieces take turns: the transport's connections each carry about one
                             # tensor's pieces in order, so they land in stream order and are hashed where they
                             # land (rather than when the gap before them closes, from another core's cache)

@@ -560,3 +560,30 @@ def test_tcp_pull_folds_what_the_transport_did_not(tcp_pair, monkeypatch) -> Non
     corrupt.append(5 * MB + 9)
     with pytest.raises(C.ChecksumError, match="t5"):
         r.replicate(1, timeout=30)
+
+
+def test_windowed_pull_beside_the_same_host_transport_is_not_armed(server, monkeypatch) -> None:
+    """An engine whose same-host transport copies a digested READ inside submit (inline_digest) would
+    copy a whole armed batch on the submitting thread: the windowed pull there does not arm its
+    batches; the lanes fold every byte (and still verify)."""
+    if C._xxhash is None:
+        pytest.skip("the digest is xxh3_64")
+    monkeypatch.setattr(C, "FUSED_VERIFY", False)
+    monkeypatch.setattr(C, "RECV_DIGEST", True)
+    p, r, src, dst = _engine_memory_pair(server, FUSED_SIZES, 12)
+    if not any(getattr(t, "inline_digest", False) for t in r.engine.transports.values()):
+        pytest.skip("no same-host transport with inline_digest in this engine")
+    real_submit = r._submit
+    armed: list = []
+
+    def submit(reqs, deadline, digest=None):
+        armed.append(digest)
+        return real_submit(reqs, deadline, digest)
+
+    monkeypatch.setattr(r, "_submit", submit)
+    assert r.replicate(1, timeout=30) == 1
+    assert r.stats["verified"] and r.stats["digest_in_copy_bytes"] == 0
+    assert armed and all(d is None for d in armed)
+    assert all((a == b).all() for a, b in zip(src, dst, strict=True))
+    r.close()
+    p.close()
