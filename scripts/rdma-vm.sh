@@ -89,6 +89,8 @@ command -v ping >/dev/null || need_pkgs+=(iputils-ping)
 command -v ib_write_bw >/dev/null || need_pkgs+=(perftest)
 [ -e /usr/lib/python3/dist-packages/pyverbs/__init__.py ] || need_pkgs+=(python3-pyverbs)
 command -v mksquashfs >/dev/null || need_pkgs+=(squashfs-tools)
+# virtme-ng builds the guest's initramfs with busybox (a fresh Debian has none)
+command -v busybox >/dev/null || need_pkgs+=(busybox-static)
 apt_updated=0
 apt_install() {
   [ "$INSTALL" = 1 ] || return 1

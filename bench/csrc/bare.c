@@ -28,6 +28,14 @@
  *       recv: every time, or with `adaptive` under the tcp executor's rule (tent/busy_poll.h,
  *       the same code), as the engine's server connections do.
  *   tcp_poll_stats() -> dict: the last tcp() loop's busy-poll outcomes on the client side.
+ *   tcp_calls(op, block, count) -> bytes
+ *       the socket calls of `count` tcp() exchanges alone, made by one thread on both ends of one
+ *       loopback connection (tuned as tcp()'s), so that no thread ever waits or is woken: what a
+ *       round trip costs with free wake-ups. Per exchange five float64 seconds: the request's send
+ *       (READ: the 64-byte header; WRITE: header and payload in one writev), its receipt (recv
+ *       MSG_WAITALL), the answer's send (READ: the payload; WRITE: one byte), its receipt, and
+ *       a memcpy of `block` bytes between the same two buffers (the copy alone, for scale). The
+ *       first exchange's bytes are checked (OSError EIO if they did not arrive).
  *   tcp(host, port, op, block, count, local=0, spin_us=0, adaptive=0) -> bytes
  *       `count` requests one at a time on one connection to a tcp_serve server (a WRITE's
  *       header and payload in one writev, like the engine): each request's seconds. With
@@ -624,6 +632,95 @@ static PyObject *py_tcp_poll_stats(PyObject *m, PyObject *unused) {
                        b->sleep_ns);
 }
 
+/* A connected loopback pair in this process, both ends tuned as tcp()'s: 0 or an errno. */
+static int tcp_pair(int fds[2]) {
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  socklen_t sl = sizeof sa;
+  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), err = 0;
+  fds[0] = fds[1] = -1;
+  if (lfd < 0) return errno;
+  if (bind(lfd, (struct sockaddr *)&sa, sizeof sa) || listen(lfd, 1) || getsockname(lfd, (struct sockaddr *)&sa, &sl) ||
+      (fds[0] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
+      (nodelay(fds[0]), connect(fds[0], (struct sockaddr *)&sa, sizeof sa)) || (fds[1] = accept(lfd, NULL, NULL)) < 0)
+    err = errno ? errno : EIO;
+  else
+    nodelay(fds[1]);
+  close(lfd);
+  if (err) {
+    if (fds[0] >= 0) close(fds[0]);
+    fds[0] = fds[1] = -1;
+  }
+  return err;
+}
+
+static PyObject *py_tcp_calls(PyObject *m, PyObject *args) {
+  int op;
+  unsigned long long block;
+  Py_ssize_t count;
+  if (!PyArg_ParseTuple(args, "iKn", &op, &block, &count)) return NULL;
+  /* both ends' bytes sit in the socket buffers at once: keep them within tcp()'s 4 MiB */
+  if (count <= 0 || block == 0 || block > (1ull << 20)) {
+    PyErr_SetString(PyExc_ValueError, "need count > 0 and 0 < block <= 1 MiB");
+    return NULL;
+  }
+  PyObject *res = PyBytes_FromStringAndSize(NULL, count * 5 * (Py_ssize_t)sizeof(double));
+  char *cbuf = malloc(block), *sbuf = malloc(block);
+  if (!res || !cbuf || !sbuf) {
+    Py_XDECREF(res);
+    free(cbuf);
+    free(sbuf);
+    return PyErr_NoMemory();
+  }
+  memset(cbuf, 0x5a, block); /* real pages on both ends, as tcp() and tcp_serve() have */
+  memset(sbuf, 0xa5, block);
+  double *out = (double *)PyBytes_AS_STRING(res);
+  int err, fds[2];
+  Py_BEGIN_ALLOW_THREADS;
+  err = tcp_pair(fds);
+  uint8_t h[64] = {0};
+  char ack = 1;
+  for (Py_ssize_t i = 0; i < count && !err; i++) {
+    uint64_t t[6];
+    t[0] = now_ns();
+    if (op == 1) {
+      struct iovec iov[2] = {{h, sizeof h}, {cbuf, block}}; /* the size fits the socket buffer: one call */
+      if (writev(fds[0], iov, 2) != (ssize_t)(sizeof h + block)) err = errno ? errno : EIO;
+      t[1] = now_ns();
+      if (!err && (recv_all(fds[1], h, sizeof h) || recv_all(fds[1], sbuf, block))) err = errno ? errno : EPIPE;
+      t[2] = now_ns();
+      if (!err && send_all(fds[1], &ack, 1)) err = errno ? errno : EPIPE;
+      t[3] = now_ns();
+      if (!err && recv_all(fds[0], &ack, 1)) err = errno ? errno : EPIPE;
+    } else {
+      if (send_all(fds[0], h, sizeof h)) err = errno ? errno : EPIPE;
+      t[1] = now_ns();
+      if (!err && recv_all(fds[1], h, sizeof h)) err = errno ? errno : EPIPE;
+      t[2] = now_ns();
+      if (!err && send_all(fds[1], sbuf, block)) err = errno ? errno : EPIPE;
+      t[3] = now_ns();
+      if (!err && recv_all(fds[0], cbuf, block)) err = errno ? errno : EPIPE;
+    }
+    t[4] = now_ns();
+    if (!err && i == 0 && memcmp(cbuf, sbuf, block)) err = EIO; /* the bytes crossed (they differed before) */
+    memcpy(op == 1 ? sbuf : cbuf, op == 1 ? cbuf : sbuf, block);
+    __asm__ __volatile__("" ::"r"(cbuf), "r"(sbuf) : "memory"); /* the copy is not optimised away */
+    t[5] = now_ns();
+    for (int k = 0; k < 5; k++) out[i * 5 + k] = (double)(t[k + 1] - t[k]) / 1e9;
+  }
+  if (fds[0] >= 0) close(fds[0]);
+  if (fds[1] >= 0) close(fds[1]);
+  Py_END_ALLOW_THREADS;
+  free(cbuf);
+  free(sbuf);
+  if (err) {
+    Py_DECREF(res);
+    errno = err;
+    return PyErr_SetFromErrno(PyExc_OSError);
+  }
+  return res;
+}
+
 static PyMethodDef methods[] = {
     {"cma", (PyCFunction)(void (*)(void))py_cma, METH_VARARGS | METH_KEYWORDS,
      "cma(pid, op, local, remote, block, count, threads=1, piece=0) -> per-request seconds (float64 bytes)"},
@@ -639,6 +736,8 @@ static PyMethodDef methods[] = {
      "tcp_batch(host, port, op, block, n, count, conns, local, spin_us=0, adaptive=0): batches shared over conns"},
     {"tcp_poll_stats", py_tcp_poll_stats, METH_NOARGS,
      "tcp_poll_stats() -> the last tcp() loop's client waits, polls, hits, lost cores, budget, poll/sleep cycle ns"},
+    {"tcp_calls", py_tcp_calls, METH_VARARGS,
+     "tcp_calls(op, block, count) -> per exchange the seconds of its four socket calls (one thread, no waits) and a memcpy"},
     {NULL}};
 
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_bare", "bare limits for the small-request benchmarks", -1,

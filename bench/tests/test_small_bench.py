@@ -39,6 +39,17 @@ def test_bare_tcp_round_trips() -> None:
         assert len(lat) == 20 and (lat > 0).all()
 
 
+def test_bare_tcp_calls_time_each_call_of_an_exchange() -> None:
+    """The socket calls alone (one thread, both ends): five timings per exchange, the bytes checked in C."""
+    for op in (0, 1):
+        t = np.frombuffer(_bare.tcp_calls(op, 64 * KiB, 30), np.float64).reshape(-1, 5)
+        assert t.shape == (30, 5) and (t >= 0).all() and (t[:, :4].sum(axis=1) > 0).all()
+    with pytest.raises(ValueError):
+        _bare.tcp_calls(0, 2 << 20, 1)  # more than both socket buffers hold at once
+    with pytest.raises(ValueError):
+        _bare.tcp_calls(1, 64 * KiB, 0)
+
+
 def test_bare_tcp_moves_the_bytes_of_the_given_buffers() -> None:
     """With buffers given (the engine's, in the benchmark), the bare loop moves exactly their bytes."""
     remote = small.fill(1 << 20, seed=7)

@@ -115,6 +115,13 @@ PARTIAL_INFLIGHT_S = float(os.environ.get("REFHUB_PARTIAL_INFLIGHT_S", "0.05"))
 RTT_WINDOWS = 3
 PARTIAL_MIN_WINDOW = int(float(os.environ.get("REFHUB_PARTIAL_MIN_WINDOW_MB", "2")) * MB)
 MAX_INFLIGHT = 1 << 30  # bytes in flight at most
+# A partial reader that has issued all its source held ("caught up") learns more only when its oldest
+# batch lands, with a progress word as old as that batch's wait behind the rest of its window. With
+# PROGRESS_PROBE it also reads the word alone (one tiny READ outstanding at most, waited for up to
+# PROBE_WAIT_S before it waits for the oldest batch), whose answer queues behind the link's backlog only.
+PROGRESS_PROBE = os.environ.get("REFHUB_PROGRESS_PROBE", "1") != "0"
+PROBE_WAIT_S = 0.02
+PROBE_POLL_S = 0.001
 # A source whose every path has failed (stopped, or its links cut) is given up after this much silence
 # and the bytes are read from another copy. The engine itself keeps such a request waiting until its
 # deadline (a peer that comes back in time loses nothing), which for a pull is up to 10 s; refhub has
@@ -1492,6 +1499,10 @@ class ShardHandle:
                       "reroutes": reroutes, "sources": sources,
                       "batches": st["batches"], "staged_slices": st["staged"], "GBps": total / dt / 1e9 if dt else 0.0,
                       "starved_s": round(st.get("starved_s", 0.0), 4),  # waiting for a partial source's next bytes
+                      # reads of a partial source's progress word alone, and those that found more (PROGRESS_PROBE)
+                      "probes": [st.get("probes", 0), st.get("probe_hits", 0)],
+                      # waiting for the oldest batch (or a probe) with all the source held issued, and with the window full
+                      "caught_up_s": round(st.get("caught_up_s", 0.0), 4), "window_full_s": round(st.get("window_full_s", 0.0), 4),
                       # from the start of the pull to its first landed batch (how far a pipeline hop starts late)
                       "first_s": round(st["first_t"] - t0, 4) if "first_t" in st else None,
                       "verified": cks is not None, "device_checksums": ver.device_checks,
@@ -1534,6 +1545,7 @@ class ShardHandle:
         window = WINDOW * batch_bytes
         rtt = 0.0  # the fastest tiny read of the source's progress word (reading a partial copy)
         st["delay"] = RequestDelay()  # what the link waited for our requests (stats; refhub.window)
+        probe = None  # the outstanding read of the source's progress word alone (PROGRESS_PROBE)
 
         def adapt() -> None:
             # keep about INFLIGHT_S seconds of the measured rate on the wire (every batch must finish
@@ -1564,11 +1576,37 @@ class ShardHandle:
                     raise TimeoutError(f"replicate v{v}: deadline passed at {st['done']}/{total} bytes")
                 if issued < total and (issued - st["done"] < window or not inflight) and len(inflight) < PROGRESS_SLOTS:
                     if partial and avail <= issued:
+                        if inflight and PROGRESS_PROBE:
+                            if probe is None:
+                                probe = self._submit([(self._scratch, 0, seg, ref["progress"], 8)], deadline)
+                            t_probe = time.monotonic()
+                            # whichever lands first, the probe or the oldest batch; blocking waits of
+                            # PROBE_POLL_S each (one wait of PROBE_WAIT_S for the probe alone left landed
+                            # batches waiting; 0.5 ms polls took the CPU the sources needed)
+                            answered = probe.wait(PROBE_POLL_S)
+                            while not answered and not inflight[0][1].wait(PROBE_POLL_S):
+                                if time.monotonic() - t_probe > PROBE_WAIT_S:
+                                    break
+                                answered = probe.wait(PROBE_POLL_S)
+                            st["caught_up_s"] = st.get("caught_up_s", 0.0) + time.monotonic() - t_probe
+                            if answered:
+                                probe = None
+                                seen = avail
+                                avail = _merge_avail(avail, self._progress_word(v, 0), issued)
+                                st["probes"] = st.get("probes", 0) + 1
+                                if avail > seen:
+                                    st["probe_hits"] = st.get("probe_hits", 0) + 1
+                                    continue
                         if inflight:  # their completions bring a fresher progress word: no blocking read
+                            t_w = time.monotonic()
                             avail = _merge_avail(avail, self._complete_oldest(v, inflight, st, ver), issued)
+                            st["caught_up_s"] = st.get("caught_up_s", 0.0) + time.monotonic() - t_w
                             adapt()
                             continue
                         t_rtt = time.monotonic()
+                        if probe is not None:  # slot 0 is the probe's: let it land first
+                            _wait_source(probe)
+                            probe = None
                         self._read([(self._scratch, 0, seg, ref["progress"], 8)], deadline)
                         rtt = min(rtt or 1e9, time.monotonic() - t_rtt)
                         avail = _merge_avail(avail, self._progress_word(v, 0), issued)
@@ -1620,7 +1658,9 @@ class ShardHandle:
                         sleep = 0.0005
                         continue
                 if inflight:
+                    t_w = time.monotonic()
                     avail = _merge_avail(avail, self._complete_oldest(v, inflight, st, ver), issued)
+                    st["window_full_s"] = st.get("window_full_s", 0.0) + time.monotonic() - t_w
                     adapt()
                     continue
                 # a partial source has nothing more yet: wait, and ask the server now and then
@@ -1633,6 +1673,12 @@ class ShardHandle:
                 st["starved_s"] = st.get("starved_s", 0.0) + sleep
                 sleep = min(sleep * 2, 0.005)  # how late this hop of a chain may notice the first bytes
         finally:
+            if probe is not None:
+                probe.cancel()
+                try:
+                    probe.wait(2.0)
+                except Exception:
+                    pass
             for _, hdl, *_ in inflight:  # an error or a re-route: stop what is still on the wire
                 hdl.cancel()
                 try:

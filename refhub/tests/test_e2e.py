@@ -174,6 +174,10 @@ def test_pipeline_replication_chain(procs) -> None:
     firsts = [rep["stats"]["sources"][0] for rep in reps]
     assert any(partial for _, partial in firsts), firsts  # a still-receiving replica served a prefix
     assert sum(1 for name, _ in firsts if name == "trainer") == 1, firsts  # the trainer served one reader
+    # a reader of a partial copy at its source's pace catches up with it and then reads the source's
+    # progress word alone (PROGRESS_PROBE) instead of waiting for its oldest batch only
+    probes = [rep["stats"]["probes"] for rep in reps if rep["stats"]["sources"][0][1]]
+    assert probes and all(p[0] >= 1 for p in probes), probes
 
 
 def test_source_death_mid_transfer(procs) -> None:

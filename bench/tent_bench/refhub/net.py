@@ -30,6 +30,10 @@ import time
 from typing import Any
 
 MB = 1 << 20
+# The namespaces' TCP congestion control; "" keeps the host's default (each namespace starts with
+# it). Only the host's allowed ones can be set in a namespace (net.ipv4.tcp_allowed_congestion_control,
+# e.g. "reno bbr"); the host itself is never touched. An A/B of the testbed, for every system alike.
+TCP_CC = os.environ.get("REFHUB_BENCH_TCP_CC", "")
 
 
 def _free_port() -> int:
@@ -67,9 +71,12 @@ class Nodes:
     def _route(self) -> None:
         fab = self.fabric
         fab.run(0, ["sysctl", "-qw", "net.ipv4.ip_forward=1"])
+        cc = os.environ.get("REFHUB_BENCH_TCP_CC", TCP_CC)  # see TCP_CC
         for j in range(1, self.count):
             gw = fab.link(0, peer=j).addr0
             fab.run(j, ["ip", "route", "add", "198.18.0.0/15", "via", gw])
+            if cc:
+                fab.run(j, ["sysctl", "-qw", f"net.ipv4.tcp_congestion_control={cc}"])
 
     @property
     def shaped(self) -> bool:

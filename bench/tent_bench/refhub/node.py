@@ -98,7 +98,8 @@ def run_refhub(role: str, spec: dict) -> None:
                 emit({"ok": True, "v": v, "secs": dt, "data_ok": ok, "sources": h.stats.get("sources"),
                       "starved_s": h.stats.get("starved_s"), "batches": h.stats.get("batches"),
                       "first_s": h.stats.get("first_s"), "pull_s": h.stats.get("seconds"),
-                      "request_delay_s": h.stats.get("request_delay_s"),
+                      "request_delay_s": h.stats.get("request_delay_s"), "probes": h.stats.get("probes"),
+                      "caught_up_s": h.stats.get("caught_up_s"), "window_full_s": h.stats.get("window_full_s"),
                       "rail_errors": sum(r["errors"] for r in eng.rail_stats()),
                       "t_end": time.monotonic()})
             elif cmd == "drop":

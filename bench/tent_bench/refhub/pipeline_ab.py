@@ -60,7 +60,9 @@ def chain(out: list[dict]) -> list[dict]:
                 hops.append({"depth": depth, "name": name, "source": src, "secs": x["secs"],
                              "lag_s": x["t_end"] - ends[src] if src in ends else None,
                              "starved_s": x.get("starved_s"), "request_delay_s": rd[0] if rd else None,
-                             "request_delay_max_s": rd[1] if rd else None})
+                             "request_delay_max_s": rd[1] if rd else None,
+                             "probe_hits": (x.get("probes") or [0, 0])[1], "caught_up_s": x.get("caught_up_s"),
+                             "window_full_s": x.get("window_full_s")})
                 nxt.append(name)
         level, depth = nxt, depth + 1
     return hops
@@ -72,7 +74,8 @@ def _by_depth(rounds: list[list[dict]]) -> list[dict]:
     for d in sorted({h["depth"] for r in rounds for h in r}):
         hs = [h for r in rounds for h in r if h["depth"] == d]
         row: dict[str, Any] = {"depth": d, "hops": len(hs)}
-        for k in ("secs", "lag_s", "starved_s", "request_delay_s", "request_delay_max_s"):
+        for k in ("secs", "lag_s", "starved_s", "request_delay_s", "request_delay_max_s", "probe_hits",
+                  "caught_up_s", "window_full_s"):
             vals = [h[k] for h in hs if h[k] is not None]
             row[k] = round(statistics.median(vals), 3) if vals else None
         out.append(row)
