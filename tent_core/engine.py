@@ -329,7 +329,12 @@ class Engine:
         the call (``Transport.inline_digest``) folds the landed bytes into it as it copies them, if
         they continue its stream (``digest.next``). What was not folded (another transport, a
         worker, a retry) the caller folds itself after the wait: ``digest.update`` of its buffer
-        from ``digest.next`` on. See tent/digest.h."""
+        from ``digest.next`` on. See tent/digest.h.
+
+        `digest` may also be a list of Digests, each bounded to its stream (``Digest(start, end)``):
+        each slice gets the one whose range holds its destination. A transport that receives READ
+        answers on other threads (``Transport.receive_digest``, tcp) folds them as they land, in
+        stream order; the caller then folds what was not with ``digest.land(landed bytes)``."""
         # with the fast path on, the instance's submit is the native FastPath (see __init__), which
         # takes digest= itself and calls _submit_planned for what it cannot take
         if digest is None:

@@ -133,6 +133,12 @@ class Transport(abc.ABC):
     # into the digest armed for the submit (``engine.submit(..., digest=d)``, tent/digest.h) as it
     # copies them, while they are in this core's cache. False: the caller folds them afterwards.
     inline_digest: bool = False
+    # READ answers, on whatever thread receives them, fold into the digest armed for the submit whose
+    # stream range holds their destination (``engine.submit(..., digest=[d1, d2, ...])``; one digest per
+    # stream, ``Digest(start, end)``): each received run right after it landed; runs of a stream that
+    # land out of order (several connections) are folded in order as the gaps close (tent/digest.h).
+    # The caller then folds only what was not (``Digest.land(buffer)`` of the landed range).
+    receive_digest: bool = False
 
     @abc.abstractmethod
     def probe(self) -> Availability:

@@ -59,3 +59,112 @@ def test_reset_and_arguments() -> None:
     assert (d.next, d.folded) == (64, 0) and d.intdigest() == xxhash.xxh3_64_intdigest(b"")
     with pytest.raises(TypeError):
         d.update(12)
+
+
+# ---- landing bytes where they are (a receive path, Digest.land; tent_digest_land in C) ----
+
+
+def _cuts(n: int, rng: np.random.Generator, pieces: int) -> list[tuple[int, int]]:
+    cuts = sorted({0, n, *(int(x) for x in rng.integers(1, max(2, n), pieces - 1))})
+    return list(zip(cuts[:-1], cuts[1:], strict=True))
+
+
+@pytest.mark.parametrize("n", [1, 239, RUN + 1, 3 * RUN + 77, (1 << 20) + 13])
+def test_landed_pieces_fold_in_stream_order_whatever_order_they_land(n: int) -> None:
+    """Pieces landing ahead of the stream are noted and folded when the gap closes: any landing
+    order gives python xxhash's xxh3_64 of the bytes in address order."""
+    data = pattern(n, 9)
+    base = data.ctypes.data
+    want = xxhash.xxh3_64_intdigest(data.tobytes())
+    rng = np.random.default_rng(n)
+    for _ in range(5):
+        pieces = _cuts(n, rng, min(n, 12))
+        order = list(rng.permutation(len(pieces)))
+        d = Digest(base, base + n)
+        ahead = 0  # bytes of pieces that land while a piece before them is missing
+        for k, i in enumerate(order):
+            a, b = pieces[i]
+            if any(j < i for j in order[k + 1:]):
+                ahead += b - a
+            d.land(data[a:b], False)
+        assert (d.next, d.folded) == (base + n, n), order
+        assert d.late == ahead  # hashed from the notes when the gap closed; the others where they landed
+        assert d.intdigest() == want
+
+
+def test_land_ignores_bytes_outside_its_range_and_folded_ones() -> None:
+    data = pattern(5 * RUN, 3)
+    base = data.ctypes.data
+    d = Digest(base + RUN, base + 3 * RUN)  # the stream is [RUN, 3 RUN) of the buffer
+    assert d.land(data[:RUN]) == 0 and d.folded == 0  # before the range
+    assert d.land(data[:2 * RUN]) == RUN  # its part inside the range
+    assert d.land(data[RUN:2 * RUN]) == 0  # folded already: not twice
+    assert d.land(data[RUN:]) == RUN  # the part past the end is not the stream's
+    assert (d.start, d.end, d.next, d.folded) == (base + RUN, base + 3 * RUN, base + 3 * RUN, 2 * RUN)
+    assert d.intdigest() == xxhash.xxh3_64_intdigest(data[RUN:3 * RUN].tobytes())
+    with pytest.raises(ValueError):
+        Digest(10, 5)
+
+
+def test_runs_it_cannot_note_are_left_to_the_caller() -> None:
+    """More pieces ahead of the stream than the notes hold (TENT_DIGEST_PENDING): those are not folded
+    (never folded wrongly); the caller's land of the whole landed range folds them, in order."""
+    n = 100 * 1000 + 1
+    data = pattern(n, 4)
+    base = data.ctypes.data
+    d = Digest(base, base + n)
+    for a in range(n - 1000, 0, -1000):  # 100 pieces, last first: every one lands ahead of the stream
+        d.land(data[a:a + 1000], False)
+    assert d.folded == 0 and d.next == base
+    d.land(data[:1000], False)  # closes the first gap: the noted runs that follow fold, then a gap
+    assert 0 < d.folded < n and (d.next - base) % 1000 == 0
+    rest = n - d.folded
+    assert d.land(data) == rest  # the caller folds the rest
+    assert (d.next, d.folded) == (base + n, n)
+    assert d.intdigest() == xxhash.xxh3_64_intdigest(data.tobytes())
+
+
+def _land_all(d: Digest, data: np.ndarray, pieces: list[tuple[int, int]]) -> None:
+    for a, b in pieces:
+        d.land(data[a:b], False)
+
+
+def test_pieces_landing_on_several_threads_fold_in_order() -> None:
+    """Many threads land shuffled pieces of one stream at once (several connections' receivers): the
+    digest is exactly the stream's, every byte folded once."""
+    import threading
+
+    n = 8 * (1 << 20) + 12345
+    data = pattern(n, 5)
+    base = data.ctypes.data
+    want = xxhash.xxh3_64_intdigest(data.tobytes())
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        pieces = _cuts(n, rng, 24)
+        order = [pieces[i] for i in rng.permutation(len(pieces))]
+        d = Digest(base, base + n)
+        lanes = [order[k::4] for k in range(4)]
+        ts = [threading.Thread(target=_land_all, args=(d, data, ps)) for ps in lanes]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        d.land(data)  # the caller's fallback (a note that did not fit): nothing left, or the rest
+        assert (d.next, d.folded) == (base + n, n)
+        assert d.intdigest() == want
+
+
+def test_one_changed_landed_byte_changes_the_digest() -> None:
+    data = pattern(3 * RUN + 5, 6)
+    base = data.ctypes.data
+    d = Digest(base, base + data.size)
+    d.land(data[RUN:], False)
+    d.land(data[:RUN], False)
+    good = d.intdigest()
+    bad = data.copy()
+    bad[2 * RUN + 3] ^= 1
+    b0 = bad.ctypes.data
+    e = Digest(b0, b0 + bad.size)
+    e.land(bad[RUN:], False)
+    e.land(bad[:RUN], False)
+    assert e.intdigest() != good and good == xxhash.xxh3_64_intdigest(data.tobytes())

@@ -25,9 +25,13 @@ own copy loop (``Transport.inline_digest``: the READ carries the tensor's runnin
 ``engine.submit(..., digest=)``, tent/digest.h), the lanes READ 4 MiB pieces and hash nothing in
 Python but what the copy did not fold. The digest stays the publisher's xxh3_64 of the whole
 tensor (streamed equals one-shot): nothing changes on the wire or at publish. Elsewhere (tcp) a reader keeps a window
-of READ batches in flight and hashes each large tensor batch by batch as its bytes arrive (streamed
-xxh3_64, worker lanes), the pack of tiny tensors once the prefix covers it, so end-to-end
-verification of every byte overlaps with the transfer.
+of READ batches in flight, each armed with the running digests of the large tensors it touches (one
+``Digest(start, end)`` per tensor, ``RECV_DIGEST``): a transport that receives READ answers on its own
+threads (``Transport.receive_digest``: tcp) folds every received run into its tensor's digest right
+after it landed, in stream order across its connections; the worker lanes fold what it did not,
+batch by batch as the bytes arrive, and compare each tensor once the prefix covers it; the pack of
+tiny tensors once the prefix covers it. End-to-end verification of every byte overlaps with the
+transfer.
 
 Device tensors (CUDA, NPU, the tests' simulated device; `refhub.device`): registered in place in
 direct mode (a reader's engine reaches them with a GPU-capable transport, or through the holder's
@@ -147,6 +151,17 @@ FUSED_MAX_SHARE = 4  # fused only if no large tensor exceeds 1/(this x lanes) of
 # inline_bytes: it must copy them inside submit) and never touches the bytes in Python. 0: off (the
 # lanes hash each FUSED_PIECE in Python).
 DIGEST_PIECE = int(float(os.environ.get("REFHUB_DIGEST_PIECE_KB", "4096")) * 1024)
+# The windowed pull (tcp) arms each batch with the digests of the large tensors it touches (one
+# tent_core.Digest per tensor, bounded to its bytes): a transport that receives READ answers on its
+# own threads (Transport.receive_digest) folds every received run into its tensor's digest right
+# after it landed, in stream order; the verify lanes then fold only what was not (Digest.land) and
+# compare. The digest is the same xxh3_64 of the whole tensor. 0: off (the lanes hash every byte).
+RECV_DIGEST = os.environ.get("REFHUB_RECV_DIGEST", "1") != "0"
+# ... and then a batch's READs are pieces of this many KiB (the tcp transport's slice), the tensors'
+# pieces in turns: one stream's pieces spread over all connections at once land out of order, and
+# what lands ahead of the stream is hashed later, from another core's cache (measured: ~45-80% of the
+# bytes with 4-16 MiB of one tensor per batch, ~3-9% in turns)
+RECV_DIGEST_PIECE = int(float(os.environ.get("REFHUB_RECV_DIGEST_PIECE_KB", "1024")) * 1024)
 # Reading a partial copy, every batch also reads the source's progress word (into its own slot): each
 # completion brings a fresh view of what the source holds, without a blocking round trip that would
 # queue behind the batches on the wire and stall this reader's own progress (and its readers' after it).
@@ -880,6 +895,36 @@ class _Verifier:
                 pos += nb
         self.lane_s = [0.0] * len(self.spans)
         self.next_lane = 0
+        # per streamed tensor, the running digest its READs are armed with (RECV_DIGEST): the transport
+        # folds what it receives, the lanes what it did not (lane_folded bytes); else StreamHash
+        self.digests: dict[str, Any] = {}
+        self.lane_folded = [0] * len(self.spans)
+        # batches are armed only where the engine's paths fold what they receive and none copies a
+        # digested READ itself inside submit (the same-host transport then copies the whole batch on the
+        # submitting thread, in order: its workers idle); unarmed, the lanes fold every byte (tent's hash)
+        ts = list(getattr(handle.engine, "transports", {}).values())
+        self.arm = any(getattr(t, "receive_digest", False) for t in ts) and not any(
+            getattr(t, "inline_digest", False) for t in ts)
+        if self.streamed and RECV_DIGEST and _xxhash is not None:
+            from tent_core import Digest
+
+            for spans in self.spans:
+                for start, end, name, flat in spans:
+                    base = int(flat.ctypes.data)
+                    self.digests[name] = Digest(base, base + (end - start))
+
+    def digests_for(self, names: list[str]) -> list | None:
+        """The digests to arm a batch with that READs (parts of) these tensors (None: none)."""
+        if not self.digests or not self.arm:
+            return None
+        ds = [d for d in (self.digests.get(n) for n in names) if d is not None]
+        return ds or None
+
+    def received_in_transport(self) -> int:
+        """Bytes of the streamed tensors the transport folded where they landed (not the lanes)."""
+        if not self.digests:
+            return 0
+        return max(0, sum(int(d.folded) for d in self.digests.values()) - sum(self.lane_folded))
 
     def skip_to(self, done: int) -> None:
         """The stream prefix [0, done) (ending at a tensor boundary) was verified elsewhere (a fused
@@ -967,6 +1012,16 @@ class _Verifier:
                 if start >= b:
                     return
                 lo, hi = max(a, start), min(b, end)
+                d = self.digests.get(name)
+                if d is not None:
+                    if hi > lo:  # [start, hi) landed: fold what the transport did not (in order)
+                        self.lane_folded[w] += d.land(flat[:hi - start])
+                    if end > b:
+                        return
+                    self.cursor[w] += 1
+                    if d.folded != end - start or d.intdigest() != self.exp[name]:  # type: ignore[index]
+                        raise ChecksumError("checksum", f"v{self.v} shard {self.h.shard}: end-to-end checksum mismatch in {name!r}")
+                    continue
                 if hi > lo:
                     sh = self.streams.get(name)
                     if sh is None:
@@ -1436,6 +1491,9 @@ class ShardHandle:
             reroutes += 1
         ver.advance(total)
         ver.finish()
+        if ver.digests:
+            st["digest_in_copy"] = st.get("digest_in_copy", 0) + ver.received_in_transport()
+            st["digest_late"] = sum(int(d.late) for d in ver.digests.values())
         dt = time.monotonic() - t0
         self.stats = {"bytes": total, "seconds": dt, "verify_s": ver.seconds, "verify_wait_s": round(ver.wait_s, 4),
                       "reroutes": reroutes, "sources": sources,
@@ -1449,8 +1507,12 @@ class ShardHandle:
                       "first_s": round(st["first_t"] - t0, 4) if "first_t" in st else None,
                       "verified": cks is not None, "device_checksums": ver.device_checks,
                       "fused": bool(st.get("fused")),  # hashed inside the copy's lanes (see FUSED_VERIFY)
-                      # of those, bytes the executor hashed inside its copy loop (DIGEST_PIECE, tent/digest.h)
+                      # bytes the executor hashed inside its copy loop (DIGEST_PIECE, tent/digest.h) or where
+                      # it received them (RECV_DIGEST, Transport.receive_digest)
                       "digest_in_copy_bytes": int(st.get("digest_in_copy", 0)),
+                      # of those, bytes that landed ahead of their tensor's stream (another connection's), hashed
+                      # when the gap closed: from another core's cache (RECV_DIGEST_PIECE keeps it small)
+                      "digest_late_bytes": int(st.get("digest_late", 0)),
                       # what the link waited for this reader's requests, per batch: mean, largest (refhub.window)
                       "request_delay_s": [round(st["delay"].mean_s, 4), round(st["delay"].max_s, 4)] if "delay" in st
                       else None}
@@ -1563,16 +1625,25 @@ class ShardHandle:
                             continue
                         end = min(avail, issued + batch_bytes)
                         reqs = []
+                        names = []
+                        per: list[list[tuple]] = []  # each tensor's requests, in stream order
                         for j in range(k, len(mine)):
                             if starts[j] >= end or copyish[j]:
                                 end = min(end, starts[j])
                                 break
                             _, lb, loff, nb = mine[j]
+                            names.append(mine[j][0])
                             a, b = max(issued, starts[j]), min(end, starts[j] + nb)
-                            step = min(CHUNK, batch_bytes)
-                            for c in range(a, b, step):
-                                n = min(step, b - c)
-                                reqs.append((lb, loff + c - starts[j], seg, ritems[j][1] + c - starts[j], n))
+                            step = min(CHUNK, batch_bytes, RECV_DIGEST_PIECE if ver.digests and ver.arm else CHUNK)
+                            per.append([(lb, loff + c - starts[j], seg, ritems[j][1] + c - starts[j], min(step, b - c))
+                                        for c in range(a, b, step)])
+                        if ver.digests and ver.arm:
+                            # the tensors' pieces take turns: the transport's connections each carry about one
+                            # tensor's pieces in order, so they land in stream order and are hashed where they
+                            # land (rather than when the gap before them closes, from another core's cache)
+                            reqs = [q for turn in itertools.zip_longest(*per) for q in turn if q is not None]
+                        else:
+                            reqs = [q for qs in per for q in qs]
                         slot = 0
                         if partial:
                             slot = 1 + st["batches"] % PROGRESS_SLOTS
@@ -1580,7 +1651,8 @@ class ShardHandle:
                         if thr:
                             time.sleep(max(0.0, t_thr + (end - base) / thr - time.monotonic()))
                         # its round trip less what was queued ahead of it: the request delay (refhub.window)
-                        inflight.append((end, self._submit(reqs, deadline), slot, time.monotonic(), end - st["done"]))
+                        hdl = self._submit(reqs, deadline, digest=ver.digests_for(names))
+                        inflight.append((end, hdl, slot, time.monotonic(), end - st["done"]))
                         st["batches"] += 1
                         issued = end
                         sleep = 0.0005

@@ -433,3 +433,157 @@ def test_one_dominant_tensor_keeps_the_windowed_pull(server, monkeypatch) -> Non
     assert all((a == b).all() for a, b in zip(src, dst, strict=True))
     r.close()
     p.close()
+
+
+# ---- the windowed pull over tcp: the transport folds each tensor's READ answers where they land ----
+
+
+@pytest.fixture
+def tcp_pair(server):
+    """A publisher and a reader on their own tcp-only engines (two processes' worth of engines: the
+    windowed pull, every READ answer received by the tcp executor's threads)."""
+    from tent_core import Engine
+
+    engines = [Engine(transports=["tcp"]), Engine(transports=["tcp"])]
+    made = []
+
+    def make(sizes, seed):
+        rng = np.random.default_rng(seed)
+        p = C.open("m", replica="pub", server=server, engine=engines[0])
+        src = []
+        for i, n in enumerate(sizes):
+            src.append(p.allocate(f"t{i}", n))
+            src[-1][:] = rng.integers(0, 255, n, dtype=np.uint8)
+        p.publish(1)
+        r = C.open("m", replica="rd", server=server, engine=engines[1])
+        dst = [r.allocate(f"t{i}", n) for i, n in enumerate(sizes)]
+        for t in dst:
+            t[:] = 0xEE
+        made.extend([r, p])
+        return p, r, src, dst
+
+    yield make
+    for h in made:
+        h.close()
+    for e in engines:
+        e.close()
+
+
+def test_tcp_pull_folds_every_large_byte_where_it_lands(tcp_pair, monkeypatch) -> None:
+    if C._xxhash is None:
+        pytest.skip("the digest is xxh3_64")
+    monkeypatch.setattr(C, "RECV_DIGEST", True)
+    p, r, src, dst = tcp_pair(FUSED_SIZES, 8)
+    assert r.engine.transports["tcp"].receive_digest
+    real_submit = r._submit
+    batches: list[list] = []
+
+    def submit(reqs, deadline, digest=None):
+        batches.append([(q[0], q[1], q[4]) for q in reqs])
+        return real_submit(reqs, deadline, digest)
+
+    monkeypatch.setattr(r, "_submit", submit)
+    for _ in range(2):
+        assert r.replicate(1, timeout=30) == 1
+        assert r.stats["verified"] and not r.stats["fused"]
+        # every large tensor's bytes folded by the receiving threads, none by the lanes
+        assert r.stats["digest_in_copy_bytes"] == LARGE
+        assert 0 <= r.stats["digest_late_bytes"] <= LARGE
+        # a batch's READs: pieces of at most RECV_DIGEST_PIECE, each tensor's in stream order, the
+        # tensors taking turns (no two pieces of one tensor back to back while another has pieces left)
+        for reqs in batches:
+            assert all(n <= C.RECV_DIGEST_PIECE for _, _, n in reqs)
+            for buf in {id(q[0]) for q in reqs}:
+                offs = [q[1] for q in reqs if id(q[0]) == buf]
+                assert offs == sorted(offs)
+            for i in range(1, len(reqs)):
+                if reqs[i][0] is reqs[i - 1][0]:
+                    assert all(q[0] is reqs[i][0] for q in reqs[i:]), "a tensor's pieces back to back"
+        batches.clear()
+        assert all((a == b).all() for a, b in zip(src, dst, strict=True))
+        r.unpublish()
+        for t in dst:
+            t[:] = 0xEE
+
+
+def test_tcp_pull_without_receive_digest_hashes_in_the_lanes(tcp_pair, monkeypatch) -> None:
+    monkeypatch.setattr(C, "RECV_DIGEST", False)
+    p, r, src, dst = tcp_pair(FUSED_SIZES, 9)
+    assert r.replicate(1, timeout=30) == 1
+    assert r.stats["verified"] and r.stats["digest_in_copy_bytes"] == 0
+    assert all((a == b).all() for a, b in zip(src, dst, strict=True))
+
+
+@pytest.mark.parametrize("recv_digest", [True, False])
+@pytest.mark.parametrize("where", [0, 7 * MB + 11, 9 * MB - 2])  # first, middle, last byte of t5
+def test_tcp_pull_rejects_a_mutated_source(tcp_pair, monkeypatch, recv_digest, where) -> None:
+    if C._xxhash is None:
+        pytest.skip("the digest is xxh3_64")
+    monkeypatch.setattr(C, "RECV_DIGEST", recv_digest)
+    p, r, src, dst = tcp_pair(FUSED_SIZES, 10)
+    src[5][where] ^= 0x40  # after publish: one byte no longer matches the announced checksum
+    with pytest.raises(C.ChecksumError, match="t5"):
+        r.replicate(1, timeout=30)
+    assert r.state == "idle" and r.progress[:2] == (0, 0)
+
+
+def test_tcp_pull_folds_what_the_transport_did_not(tcp_pair, monkeypatch) -> None:
+    """Batches submitted without their digests (as if another route, or a retry, had carried them)
+    land unfolded: the lanes fold them from the landed bytes, in order, and the pull verifies; one
+    byte that landed wrong in such a batch fails it."""
+    if C._xxhash is None:
+        pytest.skip("the digest is xxh3_64")
+    monkeypatch.setattr(C, "RECV_DIGEST", True)
+    monkeypatch.setattr(C, "BATCH", MB)  # many batches: every other one unarmed
+    p, r, src, dst = tcp_pair(FUSED_SIZES, 11)
+    real_submit = r._submit
+    seen = [0]
+    corrupt: list[int] = []
+
+    def submit(reqs, deadline, digest=None):
+        seen[0] += 1
+        if digest is not None and seen[0] % 2:
+            hdl = real_submit(reqs, deadline)
+            for lb, loff, _seg, _roff, n in reqs:
+                if corrupt and lb is r.items["t5"].buf and loff <= corrupt[0] < loff + n:
+                    hdl.wait(30)
+                    r.items["t5"].arr[corrupt[0]] ^= 0x02  # landed wrong, before the lane folds it
+            return hdl
+        return real_submit(reqs, deadline, digest)
+
+    monkeypatch.setattr(r, "_submit", submit)
+    assert r.replicate(1, timeout=30) == 1
+    assert 0 < r.stats["digest_in_copy_bytes"] < LARGE
+    assert all((a == b).all() for a, b in zip(src, dst, strict=True))
+    r.unpublish()
+    seen[0] = 0
+    corrupt.append(5 * MB + 9)
+    with pytest.raises(C.ChecksumError, match="t5"):
+        r.replicate(1, timeout=30)
+
+
+def test_windowed_pull_beside_the_same_host_transport_is_not_armed(server, monkeypatch) -> None:
+    """An engine whose same-host transport copies a digested READ inside submit (inline_digest) would
+    copy a whole armed batch on the submitting thread: the windowed pull there does not arm its
+    batches; the lanes fold every byte (and still verify)."""
+    if C._xxhash is None:
+        pytest.skip("the digest is xxh3_64")
+    monkeypatch.setattr(C, "FUSED_VERIFY", False)
+    monkeypatch.setattr(C, "RECV_DIGEST", True)
+    p, r, src, dst = _engine_memory_pair(server, FUSED_SIZES, 12)
+    if not any(getattr(t, "inline_digest", False) for t in r.engine.transports.values()):
+        pytest.skip("no same-host transport with inline_digest in this engine")
+    real_submit = r._submit
+    armed: list = []
+
+    def submit(reqs, deadline, digest=None):
+        armed.append(digest)
+        return real_submit(reqs, deadline, digest)
+
+    monkeypatch.setattr(r, "_submit", submit)
+    assert r.replicate(1, timeout=30) == 1
+    assert r.stats["verified"] and r.stats["digest_in_copy_bytes"] == 0
+    assert armed and all(d is None for d in armed)
+    assert all((a == b).all() for a, b in zip(src, dst, strict=True))
+    r.close()
+    p.close()

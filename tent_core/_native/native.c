@@ -229,14 +229,19 @@ static void host_note(void *ctx, const tent_slice_t *s, int32_t event, uint64_t 
   }
 }
 
-/* The digest armed on this thread for the submit in progress (FastPath's digest=, digest_arm);
- * only the submitting thread sees it, so only copies made inside submit_inline fold into it. */
-static __thread tent_digest_t *tl_digest TLS_IE;
+/* The digests armed on this thread for the submit in progress (FastPath's digest=, digest_arm):
+ * only the submitting thread sees them. An executor asks for a slice's (host_digest): the first
+ * armed one whose stream range holds the slice's destination. */
+#define ARM_MAX 64
+static __thread tent_digest_t **tl_digests TLS_IE;
+static __thread uint32_t tl_ndigest TLS_IE;
+static __thread tent_digest_t *tl_arm_buf[ARM_MAX] TLS_IE; /* digest_arm's */
 
 static void *host_digest(void *ctx, const tent_slice_t *s) {
   (void)ctx;
-  (void)s;
-  return tl_digest;
+  for (uint32_t i = 0; i < tl_ndigest; i++)
+    if (tent_digest_covers(tl_digests[i], s->local_addr)) return tl_digests[i];
+  return NULL;
 }
 
 static tent_host_api_t g_host = {TENT_EXECUTOR_ABI_VERSION, sizeof(tent_host_api_t), NULL, host_complete,
@@ -678,22 +683,25 @@ typedef struct {
 static PyTypeObject DigestType;
 
 static PyObject *Digest_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"next", NULL};
-  unsigned long long next = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|K", kwlist, &next)) return NULL;
+  static char *kwlist[] = {"next", "end", NULL};
+  unsigned long long next = 0, end = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|KK", kwlist, &next, &end)) return NULL;
+  if (end && end <= next) {
+    PyErr_SetString(PyExc_ValueError, "Digest: end must be 0 (unbounded) or past next");
+    return NULL;
+  }
   DigestObject *self = (DigestObject *)type->tp_alloc(type, 0);
   if (!self) return NULL;
-  self->d = aligned_alloc(64, (sizeof(tent_digest_t) + 63) / 64 * 64);
+  self->d = tent_digest_new(next, end);
   if (!self->d) {
     Py_DECREF(self);
     return PyErr_NoMemory();
   }
-  tent_digest_reset(self->d, next);
   return (PyObject *)self;
 }
 
 static void Digest_dealloc(DigestObject *self) {
-  free(self->d);
+  tent_digest_drop(self->d); /* an executor may still hold it (a slice in flight after a timeout) */
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -719,44 +727,100 @@ static PyObject *Digest_update(DigestObject *self, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
+/* land(buffer, wait=True): the buffer's bytes (at their own address) landed: fold what of them
+ * continues the stream (see tent_digest_land); returns the bytes this call hashed */
+static PyObject *Digest_land(DigestObject *self, PyObject *args) {
+  Py_buffer v;
+  int wait = 1;
+  if (!PyArg_ParseTuple(args, "y*|p", &v, &wait)) return NULL;
+  uint64_t got;
+  Py_BEGIN_ALLOW_THREADS; /* it may wait for another thread's hash, and hashes MiBs itself */
+  got = tent_digest_land(self->d, v.buf, (size_t)v.len, wait);
+  Py_END_ALLOW_THREADS;
+  PyBuffer_Release(&v);
+  return PyLong_FromUnsignedLongLong(got);
+}
+
 static PyObject *Digest_intdigest(DigestObject *self, PyObject *unused) {
-  return PyLong_FromUnsignedLongLong(tent_digest_value(self->d));
+  uint64_t v;
+  Py_BEGIN_ALLOW_THREADS; /* waits for a thread hashing now */
+  v = tent_digest_value(self->d);
+  Py_END_ALLOW_THREADS;
+  return PyLong_FromUnsignedLongLong(v);
 }
 
 static PyObject *Digest_get_next(DigestObject *self, void *c) { return PyLong_FromUnsignedLongLong(self->d->next); }
 static PyObject *Digest_get_folded(DigestObject *self, void *c) { return PyLong_FromUnsignedLongLong(self->d->folded); }
+static PyObject *Digest_get_late(DigestObject *self, void *c) { return PyLong_FromUnsignedLongLong(self->d->late); }
+static PyObject *Digest_get_start(DigestObject *self, void *c) { return PyLong_FromUnsignedLongLong(self->d->start); }
+static PyObject *Digest_get_end(DigestObject *self, void *c) { return PyLong_FromUnsignedLongLong(self->d->end); }
 
 static PyMethodDef Digest_methods[] = {
     {"reset", (PyCFunction)Digest_reset, METH_O, "reset(next): empty digest; the stream starts at address next"},
     {"update", (PyCFunction)Digest_update, METH_O, "update(buffer): fold the stream's next bytes"},
+    {"land", (PyCFunction)Digest_land, METH_VARARGS,
+     "land(buffer, wait=True) -> bytes hashed here: the buffer's bytes landed at their address; fold what "
+     "continues the stream (with wait, after a thread hashing now)"},
     {"intdigest", (PyCFunction)Digest_intdigest, METH_NOARGS, "xxh3_64 of the bytes folded so far"},
     {NULL}};
 
 static PyGetSetDef Digest_getset[] = {
     {"next", (getter)Digest_get_next, NULL, "local address of the stream's next byte to fold", NULL},
     {"folded", (getter)Digest_get_folded, NULL, "bytes folded so far", NULL},
+    {"late", (getter)Digest_get_late, NULL, "of folded, bytes hashed from notes: they landed ahead of the stream", NULL},
+    {"start", (getter)Digest_get_start, NULL, "local address where the stream starts", NULL},
+    {"end", (getter)Digest_get_end, NULL, "local address where the stream ends (0: unbounded)", NULL},
     {NULL}};
 
 static PyTypeObject DigestType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tent_core._native.Digest",
     .tp_basicsize = sizeof(DigestObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Digest(next=0): a running xxh3_64 of a stream starting at local address next; a transport that "
-              "copies a READ inside engine.submit(..., digest=d) folds it in; one thread at a time",
+    .tp_doc = "Digest(next=0, end=0): a running xxh3_64 of the stream of local memory [next, end) (end 0: "
+              "unbounded); a transport that copies a READ inside engine.submit(..., digest=d) (inline_digest), or "
+              "receives one (receive_digest), folds it in; thread-safe",
     .tp_new = Digest_new,
     .tp_dealloc = (destructor)Digest_dealloc,
     .tp_methods = Digest_methods,
     .tp_getset = Digest_getset,
 };
 
-/* digest_arm(digest or None): what this thread's submits fold their READs into, until disarmed
- * (None). The caller keeps the object alive while it is armed (the planner's submit path). */
-static PyObject *py_digest_arm(PyObject *m, PyObject *arg) {
-  if (arg != Py_None && !PyObject_TypeCheck(arg, &DigestType)) {
-    PyErr_SetString(PyExc_TypeError, "digest_arm(Digest or None)");
-    return NULL;
+/* The digests of a submit's digest= (None, a Digest, or a list/tuple of them; None entries are
+ * skipped) into out[ARM_MAX]; -1 with an exception set. The caller keeps the objects alive. */
+static int parse_digests(PyObject *o, tent_digest_t **out, uint32_t *n) {
+  *n = 0;
+  if (o == Py_None) return 0;
+  if (PyObject_TypeCheck(o, &DigestType)) {
+    out[(*n)++] = ((DigestObject *)o)->d;
+    return 0;
   }
-  tl_digest = arg == Py_None ? NULL : ((DigestObject *)arg)->d;
+  if (PyList_Check(o) || PyTuple_Check(o)) {
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(o);
+    PyObject **items = PySequence_Fast_ITEMS(o);
+    Py_ssize_t i = 0;
+    for (; i < k; i++) {
+      if (items[i] == Py_None) continue;
+      if (!PyObject_TypeCheck(items[i], &DigestType)) break;
+      if (*n >= ARM_MAX) {
+        PyErr_Format(PyExc_ValueError, "submit: at most %d digests", ARM_MAX);
+        return -1;
+      }
+      out[(*n)++] = ((DigestObject *)items[i])->d;
+    }
+    if (i == k) return 0;
+  }
+  PyErr_SetString(PyExc_TypeError, "submit: digest must be a tent_core.Digest, a list of them, or None");
+  return -1;
+}
+
+/* digest_arm(digest, a list of them, or None): what this thread's submits fold their READs into,
+ * until disarmed (None). The caller keeps the objects alive while they are armed (the planner's
+ * submit path). */
+static PyObject *py_digest_arm(PyObject *m, PyObject *arg) {
+  uint32_t n;
+  if (parse_digests(arg, tl_arm_buf, &n) < 0) return NULL;
+  tl_digests = tl_arm_buf;
+  tl_ndigest = n;
   Py_RETURN_NONE;
 }
 
@@ -916,7 +980,7 @@ static int exec_submit_at(uint64_t ops_p, uint64_t exec_p, batch_t *b, tent_slic
  * other threads (one lane per core, each folding its own stream) copy at the same time. */
 static int exec_submit_gil(uint64_t ops_p, uint64_t exec_p, batch_t *b, tent_slice_t *s, uint32_t n, int want_inline,
                            uint64_t t) {
-  if (!(want_inline && tl_digest)) return exec_submit_at(ops_p, exec_p, b, s, n, want_inline, t);
+  if (!(want_inline && tl_ndigest)) return exec_submit_at(ops_p, exec_p, b, s, n, want_inline, t);
   int rc;
   Py_BEGIN_ALLOW_THREADS;
   rc = exec_submit_at(ops_p, exec_p, b, s, n, want_inline, t);
@@ -1769,20 +1833,22 @@ static PyObject *FastPath_vectorcall(PyObject *self, PyObject *const *args, size
     else
       goto usage;
   }
-  if (digest != Py_None && !PyObject_TypeCheck(digest, &DigestType)) {
-    PyErr_SetString(PyExc_TypeError, "submit: digest must be a tent_core._native.Digest or None");
-    return NULL;
-  }
-  /* armed for this call only (the planner's fallback included): copies made on this thread fold */
-  tent_digest_t *armed = tl_digest;
-  tl_digest = digest == Py_None ? NULL : ((DigestObject *)digest)->d;
+  tent_digest_t *mine[ARM_MAX];
+  uint32_t nmine;
+  if (parse_digests(digest, mine, &nmine) < 0) return NULL;
+  /* armed for this call only (the planner's fallback included): what executors take on this thread */
+  tent_digest_t **armed = tl_digests;
+  uint32_t narmed = tl_ndigest;
+  tl_digests = mine;
+  tl_ndigest = nmine;
   PyObject *h = FastPath_submit(fp, argv, 2);
   if (h == Py_None) {
     Py_DECREF(h);
     h = (!fp->fallback || fp->fallback == Py_None) ? Py_NewRef(Py_None)
                                                    : PyObject_CallFunctionObjArgs(fp->fallback, argv[0], argv[1], NULL);
   }
-  tl_digest = armed;
+  tl_digests = armed;
+  tl_ndigest = narmed;
   return h;
 usage:
   PyErr_SetString(PyExc_TypeError, "submit(requests, deadline=None, *, digest=None)");
@@ -1960,7 +2026,7 @@ static PyMethodDef methods[] = {
     {"host_api_address", py_host_api_address, METH_NOARGS, "address of the tent_host_api_t"},
     {"failure_fd", py_failure_fd, METH_NOARGS, "eventfd signalled when failures are queued"},
     {"now_ns", py_now_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns"},
-    {"digest_arm", py_digest_arm, METH_O, "digest_arm(Digest or None): this thread's submits fold their READs into it"},
+    {"digest_arm", py_digest_arm, METH_O, "digest_arm(Digest, list of them, or None): this thread's submits fold their READs into them"},
     {"set_wait_spin_ns", py_set_wait_spin_ns, METH_O, "poll this long in Batch.wait before sleeping; returns the old value"},
     {NULL}};
 

@@ -236,6 +236,7 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
         cpu: dict[str, list] = {k: [] for k in ("raw_windowed", "raw_one_batch", "unverified", "refhub")}
         fused: list[bool] = []
         in_copy: list[int] = []  # per verified run: bytes hashed inside the executor's copy loop
+        late: list[int] = []  # ... of those, hashed only when the gap before them closed (tcp: another connection's)
         for i in range(repeat + 1):
             # the order inside a round rotates, so no series always runs first (or right after another)
             order = ["raw_windowed", "raw_one_batch", "unverified", "refhub"]
@@ -260,6 +261,7 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
                     res["refhub_s"], res["verify_s"], res["verify_wait_s"] = dt, st["verify_s"], st.get("verify_wait_s", 0.0)
                     fused.append(bool(st.get("fused")))
                     in_copy.append(int(st.get("digest_in_copy_bytes", 0)))
+                    late.append(int(st.get("digest_late_bytes", 0)))
                 if i:
                     cpu[what].append(run_cpu[0])
             if i == 0:
@@ -295,7 +297,7 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
         h.close()
         q.put({"ok": True, "total": total, "tensors": len(sizes), "stream_items": len(mine), "junk_rounds": seed[0],
                "bytes_per_transport": moved, "failed_slices": failed, "cpu_s": cpu,
-               "fused": fused, "in_copy": in_copy, **out})
+               "fused": fused, "in_copy": in_copy, "late": late, **out})
     except Exception as exc:  # reported to the parent
         import traceback
 
@@ -356,6 +358,9 @@ def dataplane(size_mb: float = 1024, repeat: int = 5, tensors: int = 500, transp
         # share of the verified bytes the executor hashed inside its own copy loop (an armed digest,
         # tent/digest.h; the rest the reader hashed in its lanes), median over the verified runs
         "hashed_in_executor_copy": f"{med(res['in_copy']) / res['total']:.0%}" if res.get("in_copy") else "0%",
+        # of the verified bytes, those the transport hashed only when the gap before them closed (they landed
+        # ahead of their tensor's stream, on another connection: from another core's cache), median
+        "hashed_late": f"{med(res['late']) / res['total']:.0%}" if res.get("late") else "0%",
         "raw_GBps_median": round(raw, 3),
         "raw_windowed_GBps_median": round(raw_w, 3),
         "raw_one_batch_GBps_median": round(raw_o, 3),

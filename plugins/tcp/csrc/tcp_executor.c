@@ -124,6 +124,7 @@
 #include "tent/chunk_queue.h"
 #include "tent/config_kv.h"
 #include "tent/cpu_relax.h"
+#include "tent/digest.h"
 #include "tent/executor_abi.h"
 #include "tent/handle_table.h"
 
@@ -225,7 +226,15 @@ typedef struct io_watch {
   uint64_t last_ms; /* last byte moved (or service start) */
   int timeout_ms, congestion_ms;
   int congested;   /* congestion noted for the current stall */
+  tent_digest_t *digest; /* the READ payload being received folds into it as it lands (or NULL) */
 } io_watch_t;
+
+/* Payload bytes [p, p + n) of a READ answer just landed in the destination: fold them into the
+ * slice's digest now, while they are in this core's cache (tent/digest.h; pieces of the stream
+ * landing out of order on other connections are noted and folded in order). */
+static void io_landed(io_watch_t *w, const void *p, size_t n) {
+  if (w && w->digest && n) tent_digest_land(w->digest, p, n, 0);
+}
 
 static void io_moved(io_watch_t *w, size_t n, int payload) {
   if (!w) return;
@@ -340,6 +349,7 @@ static int recv_all(int fd, void *buf, size_t len, io_watch_t *w, int payload) {
     size_t step = w && len > PROGRESS_STEP ? PROGRESS_STEP : len;
     ssize_t n = recv(fd, p, step, MSG_WAITALL);
     if (n > 0) {
+      if (payload) io_landed(w, p, (size_t)n);
       p += n;
       len -= (size_t)n;
       io_moved(w, (size_t)n, payload);
@@ -481,6 +491,7 @@ typedef struct tcp_exec {
   int qos_serve_nice;     /* the server side demotes too (it tells small requests by size) */
   int qos_bulk_nice;      /* bulk threads' nice value while small requests are active (QOS_LEVEL_IDLE: SCHED_IDLE; 0: off) */
   atomic_ullong srv_small_until_ms; /* server side: a small request was served recently (bulk ones demoted until then) */
+  int receive_digest;     /* READ answers fold into the digest the caller armed for the slice (tent/digest.h) */
   int busy_poll_us;       /* a small request's answer / the next request is polled for up to this long before sleeping */
   int busy_poll_adaptive; /* each connection learns whether and how long to poll (tent/busy_poll.h); 0: always the cap */
   atomic_ullong busy_poll[2][BP_N]; /* outcomes: [client, server][BP_*] */
@@ -545,6 +556,7 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->qos_serve_nice = 1;
   ex->busy_poll_us = 50; /* the tcp transport passes its own (its config is where the defaults are documented) */
   ex->busy_poll_adaptive = 1;
+  ex->receive_digest = 1;
   ex->sockbuf = 4 << 20;
   ex->chunk = 0;
   ex->max_parts = 64;
@@ -604,6 +616,7 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
     else if (!strcmp(key, "qos_bulk_nice")) dst = &ex->qos_bulk_nice, lo = 0, hi = QOS_LEVEL_IDLE;
     else if (!strcmp(key, "busy_poll_us")) dst = &ex->busy_poll_us, lo = 0, hi = 10000;
     else if (!strcmp(key, "busy_poll_adaptive")) dst = &ex->busy_poll_adaptive, lo = 0, hi = 1;
+    else if (!strcmp(key, "receive_digest")) dst = &ex->receive_digest, lo = 0, hi = 1;
     else if (!strcmp(key, "sockbuf")) dst = &ex->sockbuf, lo = 0;
     else if (!strcmp(key, "pipeline")) dst = &ex->pipeline, lo = 1, hi = PIPE_MAX;
     else if (!strcmp(key, "auth_timeout_ms")) dst = &ex->auth_timeout_ms, lo = 1;
@@ -1299,6 +1312,35 @@ static int rail_connect(tcp_exec_t *ex, rail_t *r) {
   return fd;
 }
 
+/* ------------------------------------------------------------------ jobs */
+
+/* A slice taken by submit, with the digest its READ answers fold into: the one the caller armed
+ * for this slice's destination (tent_host_digest, asked on the submitting thread), held until the
+ * slice is reported (the caller's object may be gone by then, after a timeout). */
+typedef struct tcp_job {
+  tent_job_t base; /* first: chunks point at it */
+  tent_digest_t *digest;
+} tcp_job_t;
+
+static tent_job_t *job_new(const tcp_exec_t *ex, const tent_slice_t *s, uint32_t chunks) {
+  tcp_job_t *j = malloc(sizeof *j);
+  if (!j) return NULL;
+  j->base.s = *s;
+  atomic_init(&j->base.remaining, chunks);
+  atomic_init(&j->base.status, TENT_OK);
+  j->digest = ex->receive_digest && s->opcode == TENT_OP_READ && s->length
+                  ? tent_digest_hold(tent_host_digest(ex->host, s)) : NULL;
+  return &j->base;
+}
+
+static tent_digest_t *job_digest(const tent_job_t *j) { return ((const tcp_job_t *)j)->digest; }
+
+static void job_free(tent_job_t *j) {
+  if (!j) return;
+  tent_digest_drop(job_digest(j));
+  free(j);
+}
+
 /* ------------------------------------------------------------------ pipelined runs */
 
 /* A run: chunks of one rail executed back to back on one connection. Its requests leave in one
@@ -1329,7 +1371,7 @@ static int nslots(const tcp_exec_t *ex) { return ex->conns_per_rail + 1; } /* th
 /* The run enters service (before its connect, if any, and its send): its progress clock starts now
  * (queue time never counts) and each chunk's service start is reported. */
 static void run_start(tcp_exec_t *ex, pipe_run_t *pr) {
-  pr->watch = (io_watch_t){ex->host, &pr->c[0].job->s, mono_ms(), ex->slice_timeout_ms, ex->congestion_ms, 0};
+  pr->watch = (io_watch_t){ex->host, &pr->c[0].job->s, mono_ms(), ex->slice_timeout_ms, ex->congestion_ms, 0, NULL};
   for (uint32_t i = 0; i < pr->k; i++) tent_host_note(ex->host, &pr->c[i].job->s, TENT_NOTE_START, pr->c[i].len);
 }
 
@@ -1485,6 +1527,7 @@ static int run_recv_one_read(pipe_run_t *pr) {
     gap_got = after < g ? after : g;
     got = after - gap_got;
     w->slice = &c->job->s;
+    w->digest = job_digest(c->job);
     io_moved(w, got, got > 0);
     if (n < RSP_SIZE) rc = recv_all(pr->fd, h + n, RSP_SIZE - (size_t)n, w, 0);
   }
@@ -1492,6 +1535,7 @@ static int run_recv_one_read(pipe_run_t *pr) {
   if (rc == IO_OK && st == TENT_OK) {
     int32_t status = (int32_t)get32(h + 8);
     if (status == TENT_OK) {
+      io_landed(w, dst, got); /* only now: the answer is this request's */
       if (gap_got < g) rc = recv_all(pr->fd, gap + gap_got, g - gap_got, w, 0);
       if (rc == IO_OK && got < c->len) rc = recv_all(pr->fd, dst + got, c->len - got, w, 1);
     } else if (after) {
@@ -1572,8 +1616,11 @@ static int run_recv(tcp_exec_t *ex, pipe_run_t *pr) {
       size_t got;
       have_next = i + 1 < pr->k;
       pr->watch.slice = &c->job->s;
+      pr->watch.digest = job_digest(c->job);
       rc = pr->gap[i] ? recvv_all(pr->fd, iov, 2 + have_next, &pr->watch, 1, &got)
                       : recvv_all(pr->fd, iov + 1, 1 + have_next, &pr->watch, 0, &got);
+      if (rc == IO_OK || got >= pr->gap[i] + c->len) /* the payload landed whole: fold it while it is in this core's cache */
+        io_landed(&pr->watch, (void *)(uintptr_t)(c->job->s.local_addr + c->off), c->len);
       if (rc != IO_OK) {
         if (got >= pr->gap[i] + c->len) pr->status[i++] = TENT_OK; /* this one came whole: the next one failed */
         break;
@@ -1663,7 +1710,7 @@ static void finish_chunk(tcp_exec_t *ex, const tent_chunk_t *c, int status) {
   int final;
   if (tent_job_chunk_done(j, status, &final)) {
     ex->host->complete(ex->host->ctx, &j->s, final);
-    free(j);
+    job_free(j);
   }
 }
 
@@ -2213,7 +2260,7 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
   uint32_t made = 0;
   for (; rc == TENT_OK && made < n; made++) {
     plan[2 * made] = tent_cq_parts(slices[made].length, ex->chunk, ex->max_parts, &plan[2 * made + 1]);
-    jobs[made] = tent_job_new(&slices[made], (uint32_t)plan[2 * made]);
+    jobs[made] = job_new(ex, &slices[made], (uint32_t)plan[2 * made]);
     if (!jobs[made]) rc = TENT_E_INTERNAL;
   }
   uint32_t gone = 0; /* slices naming a removed peer: reported unreachable after the lock */
@@ -2268,12 +2315,12 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
     pthread_mutex_unlock(&ex->mu);
   }
   if (rc != TENT_OK) {
-    for (uint32_t i = 0; i < made; i++) free(jobs[i]);
+    for (uint32_t i = 0; i < made; i++) job_free(jobs[i]);
   } else if (gone) {
     for (uint32_t i = 0; i < n; i++) {
       if (plan[2 * i] == 0) {
         ex->host->complete(ex->host->ctx, &jobs[i]->s, TENT_E_REROUTED); /* peer forgotten: retryable */
-        free(jobs[i]);
+        job_free(jobs[i]);
       }
     }
   }
@@ -2304,7 +2351,7 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
   int rc = jobs ? TENT_OK : TENT_E_INTERNAL;
   uint32_t made = 0;
   for (; rc == TENT_OK && made < n; made++)
-    if (!(jobs[made] = tent_job_new(&slices[made], 1))) rc = TENT_E_INTERNAL;
+    if (!(jobs[made] = job_new(ex, &slices[made], 1))) rc = TENT_E_INTERNAL;
   for (int k = 0; rc == TENT_OK && k < INLINE_RUNS && (uint32_t)k < n; k++)
     if (!(runs[k] = run_get(ex))) rc = TENT_E_INTERNAL;
   int gone = 0;
@@ -2362,7 +2409,7 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
     for (int k = 0; k < INLINE_RUNS; k++) run_put(ex, runs[k]);
     for (uint32_t i = 0; i < made; i++) {
       if (rc == TENT_OK) ex->host->complete(ex->host->ctx, &jobs[i]->s, TENT_E_REROUTED); /* peer forgotten: retryable */
-      free(jobs[i]);
+      job_free(jobs[i]);
     }
     if (n != 1) free(jobs);
     return rc;

@@ -30,6 +30,7 @@ _EXECUTOR_KEYS = (
     "threads", "conns_per_rail", "slice_timeout_ms", "connect_timeout_ms", "sockbuf", "pipeline", "pipeline_bytes",
     "auth_timeout_ms", "max_conns", "idle_timeout_ms", "unregister_timeout_ms", "congestion_ms", "connect_backoff_ms",
     "qos_bulk_conns", "qos_window_ms", "qos_bulk_nice", "qos_serve_nice", "busy_poll_us", "busy_poll_adaptive",
+    "receive_digest",
 )
 _ANY = {"", "0.0.0.0", "*"}
 
@@ -164,6 +165,10 @@ class TcpTransport(Transport):
         # whole busy_poll_us before every such wait. Either way at most half the CPUs (at least
         # one) of the executor's threads poll at once, and none while it moves a bulk request.
         "busy_poll_adaptive": 1,
+        # READ answers fold into the digest the caller armed for the slice (engine.submit(digest=),
+        # tent/digest.h) on the thread that receives them, each recv'd run right after it landed, so
+        # a caller that checks what it READs (refhub) needs no second pass over the bytes. 0: off.
+        "receive_digest": 1,
         # small requests up to this long leave on the submitting thread when a connection is idle
         # (one sendmsg, no hand-off before the wire; the waiter reads the answer)
         "inline_bytes": 256 << 10,
@@ -213,6 +218,7 @@ class TcpTransport(Transport):
             cfg["threads"] = max(4, (int(cfg["conns_per_rail"]) + 1) * max(1, len(rails)))
         exec_cfg: dict[str, Any] = {k: int(cfg[k]) for k in _EXECUTOR_KEYS}
         self.inline_bytes = max(0, int(cfg["inline_bytes"]))
+        self.receive_digest = bool(int(cfg["receive_digest"]))
         # the bare-limit benchmark polls under the same rule (tent_bench.small)
         self.busy_poll_us = int(cfg["busy_poll_us"])
         self.busy_poll_adaptive = int(cfg["busy_poll_adaptive"])
