@@ -119,6 +119,8 @@ class Recovery:
             return
         rail = RAILS.by_slot(int(s["stat_index"]))
         peer, route = self._locate(rail, int(s["peer"]))
+        log.debug("slice failed (status %d, %d bytes, rail %s): retrying or parking", status, int(s["length"]),
+                  rail.info.name if rail is not None else "gone")  # fmt: skip
         if route is not None and status != _REROUTED:  # a slice handed back untouched did not fail here
             assert rail is not None
             was = self.monitor.state(rail.slot, now)
