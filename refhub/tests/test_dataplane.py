@@ -3,6 +3,8 @@ staging, checksum failures, and the stager's message validation."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgpack
 import numpy as np
 import pytest
@@ -321,6 +323,25 @@ def test_fused_pull_hashes_inside_the_executors_copy(server, monkeypatch, fused_
     p.close()
 
 
+def _unarmed_submit(r: C.ShardHandle, unarmed: Callable[[list], bool], corrupt: list[int]) -> Callable:
+    """A stand-in for `r._submit` that drops the digest of the armed submits `unarmed` picks (as if
+    another route, or a retry, had carried them: their bytes land unfolded); once `corrupt` names an
+    offset of t5, that byte is changed right after its piece landed, before the lane folds it."""
+    real_submit = r._submit
+
+    def submit(reqs, deadline, digest=None):
+        if digest is None or not unarmed(reqs):
+            return real_submit(reqs, deadline, digest)
+        hdl = real_submit(reqs, deadline)
+        for lb, loff, _seg, _roff, n in reqs:
+            if corrupt and lb is r.items["t5"].buf and loff <= corrupt[0] < loff + n:
+                hdl.wait(30)
+                r.items["t5"].arr[corrupt[0]] ^= 0x02
+        return hdl
+
+    return submit
+
+
 def test_fused_digest_pull_folds_what_the_copy_did_not(server, monkeypatch, fused_lanes) -> None:
     """Pieces submitted without the digest (as if another route, or a retry, had carried them) are
     folded by the lane from the landed bytes, in order: the pull still verifies; and one byte that
@@ -330,20 +351,9 @@ def test_fused_digest_pull_folds_what_the_copy_did_not(server, monkeypatch, fuse
     monkeypatch.setattr(C, "FUSED_VERIFY", True)
     monkeypatch.setattr(C, "DIGEST_PIECE", MB)
     p, r, src, dst = _engine_memory_pair(server, FUSED_SIZES, 7)
-    real_submit = r._submit
     corrupt: list[int] = []
-
-    def submit(reqs, deadline, digest=None):
-        lb, loff, _seg, _roff, n = reqs[0]
-        if digest is not None and (loff // MB) % 2:  # every other MiB of a tensor: not armed
-            hdl = real_submit(reqs, deadline)
-            if corrupt and lb is r.items["t5"].buf and loff <= corrupt[0] < loff + n:
-                hdl.wait(30)
-                r.items["t5"].arr[corrupt[0]] ^= 0x02  # landed wrong, before the lane folds it
-            return hdl
-        return real_submit(reqs, deadline, digest)
-
-    monkeypatch.setattr(r, "_submit", submit)
+    # every other MiB of a tensor: not armed
+    monkeypatch.setattr(r, "_submit", _unarmed_submit(r, lambda reqs: (reqs[0][1] // MB) % 2 == 1, corrupt))
     assert r.replicate(1, timeout=30) == 1
     assert 0 < r.stats["digest_in_copy_bytes"] < LARGE - C.FUSED_PIECE
     assert all((a == b).all() for a, b in zip(src, dst, strict=True))
@@ -536,22 +546,14 @@ def test_tcp_pull_folds_what_the_transport_did_not(tcp_pair, monkeypatch) -> Non
     monkeypatch.setattr(C, "RECV_DIGEST", True)
     monkeypatch.setattr(C, "BATCH", MB)  # many batches: every other one unarmed
     p, r, src, dst = tcp_pair(FUSED_SIZES, 11)
-    real_submit = r._submit
     seen = [0]
     corrupt: list[int] = []
 
-    def submit(reqs, deadline, digest=None):
+    def every_other(reqs: list) -> bool:
         seen[0] += 1
-        if digest is not None and seen[0] % 2:
-            hdl = real_submit(reqs, deadline)
-            for lb, loff, _seg, _roff, n in reqs:
-                if corrupt and lb is r.items["t5"].buf and loff <= corrupt[0] < loff + n:
-                    hdl.wait(30)
-                    r.items["t5"].arr[corrupt[0]] ^= 0x02  # landed wrong, before the lane folds it
-            return hdl
-        return real_submit(reqs, deadline, digest)
+        return seen[0] % 2 == 1
 
-    monkeypatch.setattr(r, "_submit", submit)
+    monkeypatch.setattr(r, "_submit", _unarmed_submit(r, every_other, corrupt))
     assert r.replicate(1, timeout=30) == 1
     assert 0 < r.stats["digest_in_copy_bytes"] < LARGE
     assert all((a == b).all() for a, b in zip(src, dst, strict=True))
