@@ -234,8 +234,13 @@ def validate(msg: Any) -> str:
     if "txn" in msg and not 0 <= msg["txn"] <= MAX_ID:
         raise ProtocolError("'txn' out of range")
     ref = msg.get("ref")
-    if ref is not None and len(pack(ref)) > MAX_REF_BYTES:
-        raise ProtocolError(f"op {op!r}: 'ref' is larger than {MAX_REF_BYTES} bytes packed")
+    if ref is not None:
+        try:
+            packed = pack(ref)
+        except (OverflowError, TypeError, ValueError) as exc:  # a message built in-process can hold what msgpack cannot carry
+            raise ProtocolError(f"op {op!r}: 'ref' cannot be packed ({exc})") from None
+        if len(packed) > MAX_REF_BYTES:
+            raise ProtocolError(f"op {op!r}: 'ref' is larger than {MAX_REF_BYTES} bytes packed")
     return op
 
 

@@ -400,6 +400,13 @@ def _message(draw: Any) -> Any:
     return msg
 
 
+def test_ref_msgpack_cannot_carry_is_a_protocol_error() -> None:
+    """Found by the fuzzer: an int beyond 64 bits in 'ref' raised OverflowError from the size check."""
+    for ref in ({"": -(1 << 63) - 1}, {"x": 1 << 64}, {"x": object()}):
+        with pytest.raises(protocol.ProtocolError, match="cannot be packed"):
+            protocol.validate({"op": "update", "rid": 0, "h": 0, "ref": ref})
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_message())
 def test_fuzz_validation_accepts_or_refuses_with_a_protocol_error(msg: Any) -> None:
