@@ -570,7 +570,7 @@ def default_steps() -> list[Step]:
     fab = [TENT, "bench", "--fabric", "4x1gbit", "--json"]
     deg = [*fab, "--degrade", "3:0.5", "--policy", "spray,round_robin"]
     return [
-        Step("tcp", [*b, "--transport", "tcp", "--block-sizes", "4M,64M", "--iters", "100", "--rounds", "3",
+        Step("tcp", [*b, "--transport", "tcp", "--block-sizes", "4M,64M", "--iters", "400", "--rounds", "5",
                      "--baseline", "socket,mooncake"],
              [*b, "--transport", "tcp", "--block-sizes", "4M", *_Q, "--baseline", "socket"],
              render_local, lambda t: _ratio_target(t, "socket", 0.8) + "  \n" + _ratio_target(t, "mooncake", 2.0),
@@ -578,12 +578,12 @@ def default_steps() -> list[Step]:
         Step("tcp-tail", [PY, "-m", "tent_bench.tail", "--requests", "1000", "--run", "100", "--block", "64M", "--op", "WRITE"],
              [PY, "-m", "tent_bench.tail", "--requests", "20", "--run", "5", "--block", "4M", "--op", "WRITE"],
              render_tail, target_tail, timeout_s=900),  # fmt: skip
-        Step("shm-cma", [*b, "--transport", "shm", "--block-sizes", "4M,64M", "--iters", "40", "--rounds", "3", "--baseline",
+        Step("shm-cma", [*b, "--transport", "shm", "--block-sizes", "4M,64M", "--iters", "400", "--rounds", "5", "--baseline",
                          "cma", "--config", '{"transports": {"shm": {"mode": "cma"}}}'],
              [*b, "--transport", "shm", "--block-sizes", "4M", *_Q, "--baseline", "cma", "--config",
               '{"transports": {"shm": {"mode": "cma"}}}'],
              render_local, lambda t: _ratio_target(t, "cma", 0.9), covers=LOCAL_SCRIPTS),  # fmt: skip
-        Step("shm-memfd", [*b, "--transport", "shm", "--block-sizes", "4M,64M", "--iters", "40", "--rounds", "3",
+        Step("shm-memfd", [*b, "--transport", "shm", "--block-sizes", "4M,64M", "--iters", "400", "--rounds", "5",
                            "--baseline", "memcpy", "--config", '{"transports": {"shm": {"mode": "memfd"}}}'],
              [*b, "--transport", "shm", "--block-sizes", "4M", *_Q, "--baseline", "memcpy", "--config",
               '{"transports": {"shm": {"mode": "memfd"}}}'],
