@@ -978,6 +978,43 @@ static int send_response(int fd, int32_t status, uint64_t reqid, int more, uint3
 /* READs answered in one sendmsg at most (the one read plus those already waiting behind it). */
 #define GATHER_READS 16
 
+#ifndef TCP_INQ
+#define TCP_INQ 36 /* Linux >= 4.18; older headers */
+#endif
+#ifndef TCP_CM_INQ
+#define TCP_CM_INQ TCP_INQ
+#endif
+
+/* A request header, the whole of it (MSG_WAITALL), like recv_all. *inq: the bytes still in the
+ * socket's receive queue right after it, as the kernel reports them with TCP_INQ (set on server
+ * sockets), or -1 where it does not: whether a READ has anything behind it to gather without a
+ * second system call to look (a MSG_PEEK on an empty socket costs about as much as the recv). */
+static int recv_header(int fd, uint8_t *h, int *inq) {
+  size_t got = 0;
+  *inq = -1;
+  while (got < REQ_SIZE) {
+    union {
+      struct cmsghdr align;
+      char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct iovec iov = {h + got, REQ_SIZE - got};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
+    ssize_t n = recvmsg(fd, &m, MSG_WAITALL);
+    if (n == 0) return IO_EOF;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      /* SO_RCVTIMEO ran out: before any byte of it, the caller decides; within one, it stalled */
+      return !got && (errno == EAGAIN || errno == EWOULDBLOCK) ? IO_TIMEOUT : IO_ERR;
+    }
+    got += (size_t)n;
+    *inq = -1;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm))
+      if (cm->cmsg_level == IPPROTO_TCP && cm->cmsg_type == TCP_CM_INQ && cm->cmsg_len >= CMSG_LEN(sizeof(int)))
+        memcpy(inq, CMSG_DATA(cm), sizeof *inq);
+  }
+  return IO_OK;
+}
+
 /* Answer a READ of [addr, addr + len) in region `r` (referenced by the caller), together with the
  * READs already complete in the socket buffer behind it that fall in the same region: the
  * initiator sends a batch's requests to a connection as one pipelined run, and answering them one
@@ -986,15 +1023,33 @@ static int send_response(int fd, int32_t status, uint64_t reqid, int more, uint3
  * fills, so the first answer leaves as early as before); their bytes are the same as answered one
  * by one, so the gaps the initiator chose still hold. Anything else behind it (a WRITE, a READ
  * outside the region, a header still arriving, a malformed one) is left to the main loop. */
+/* A server connection's sleeping wait for its next request: in the recv of the header itself,
+ * not in a poll before it. Waking a thread in recv costs a system call less than waking it in
+ * poll and then calling recv, and its timeout is the socket's (SO_RCVTIMEO, slice_timeout_ms: a
+ * timer-wheel tick, not an hrtimer armed per wait): about 1 us of a 64 KiB round trip here
+ * (docs/benchmarks.md). The executor's stop wakes it with shutdown(), as it wakes every server
+ * connection. Returns 1 with the header in h, 0 closed (or stopping, or a stalled header), -1
+ * idle for idle_timeout_ms (checked every slice_timeout_ms). */
+static int wait_header(tcp_exec_t *ex, int fd, uint8_t *h, int *inq) {
+  uint64_t since = mono_ms();
+  for (;;) {
+    int rc = recv_header(fd, h, inq);
+    if (rc == IO_OK) return 1;
+    if (rc != IO_TIMEOUT || __atomic_load_n(&ex->stopping, __ATOMIC_RELAXED)) return 0;
+    if (mono_ms() - since >= (uint64_t)ex->idle_timeout_ms) return -1;
+  }
+}
+
 static int send_read_answers(int fd, const region_t *r, uint32_t version, uint32_t gap, uint64_t addr, uint64_t len,
-                             uint64_t reqid) {
+                             uint64_t reqid, int inq) {
   static const uint8_t zeros[GAP_MAX];
   uint8_t more[(GATHER_READS - 1) * REQ_SIZE];
   uint8_t rh[GATHER_READS][RSP_SIZE];
   struct iovec iov[3 * GATHER_READS];
   int n = 0;
   uint32_t k = 0, extra = 0;
-  ssize_t got = len <= SPIN_AFTER_BYTES ? recv(fd, more, sizeof more, MSG_PEEK | MSG_DONTWAIT) : 0;
+  /* a lone request (inq: nothing whole behind its header as it was read) skips the look */
+  ssize_t got = len <= SPIN_AFTER_BYTES && (inq < 0 || inq >= REQ_SIZE) ? recv(fd, more, sizeof more, MSG_PEEK | MSG_DONTWAIT) : 0;
   uint64_t bytes = len;
   for (;;) {
     memset(rh[k], 0, RSP_SIZE);
@@ -1044,6 +1099,8 @@ static void *sconn_main(void *arg) {
       return NULL;
     }
   }
+  int one = 1; /* recv_header learns what follows a header (failing, it reports -1: always look) */
+  setsockopt(fd, IPPROTO_TCP, TCP_INQ, &one, sizeof one);
   int spin = 0; /* the last request was small: its client may send the next one at once */
   uint64_t served_ns = 0; /* when the last request's header was in: the server's exchange cycle starts */
   tent_busy_poll_t bp;
@@ -1056,23 +1113,29 @@ static void *sconn_main(void *arg) {
       bulk_held = 0;
     }
     if (qos_thread_demoted() && mono_ms() >= atomic_load(&ex->srv_small_until_ms)) qos_thread_level(0); /* idle */
-    int w;
+    /* sleep in the header's recv (wait_header) where the socket's timeout ticks at least as often
+     * as the idle timeout needs; else in poll, as before */
+    int in_recv = ex->slice_timeout_ms <= ex->idle_timeout_ms, have = 0, inq = -1, w;
     if (spin) {
       uint64_t t0 = mono_ns();
       uint32_t budget = busy_poll_claim(ex, &bp);
       int lost = 0;
-      w = spin_readable(fd, budget, &lost) ? 1 : wait_readable(ex, fd, ex->idle_timeout_ms);
+      if (spin_readable(fd, budget, &lost)) w = 1;
+      else if (in_recv) have = (w = wait_header(ex, fd, h, &inq)) > 0;
+      else w = wait_readable(ex, fd, ex->idle_timeout_ms);
       if (w > 0) {
         uint64_t now = mono_ns();
         busy_poll_done(ex, 1, &bp, budget, now - t0, now - served_ns, lost);
       }
       else if (budget) atomic_fetch_sub(&ex->polling_now, 1); /* the slot only: no outcome */
+    } else if (in_recv) {
+      have = (w = wait_header(ex, fd, h, &inq)) > 0;
     } else {
       w = wait_readable(ex, fd, ex->idle_timeout_ms);
     }
     if (w < 0) atomic_fetch_add(&ex->idle_closed, 1); /* idle too long: the client reconnects when it needs to */
     if (w <= 0) break;
-    int rc = recv_all(fd, h, REQ_SIZE, NULL, 0);
+    int rc = have ? IO_OK : recv_header(fd, h, &inq);
     if (rc != IO_OK) break; /* peer closed / stalled mid-header */
     served_ns = ex->busy_poll_us ? mono_ns() : 0;
     uint32_t version = get16(h + 4);
@@ -1109,7 +1172,7 @@ static void *sconn_main(void *arg) {
         if (send_response(fd, status, reqid, 0, version, 0) != IO_OK) break;
         continue;
       }
-      rc = send_read_answers(fd, r, version, gap, addr, len, reqid); /* header, gap, payload: one sendmsg */
+      rc = send_read_answers(fd, r, version, gap, addr, len, reqid, inq); /* header, gap, payload: one sendmsg */
       region_release(ex, c, r);
       if (rc != IO_OK) break;
     }
