@@ -890,11 +890,12 @@ static void sconn_close(sconn_t *c) {
  * this executor poll already (a batch spread over several connections has as many server threads
  * waiting for the next one: left alone they would all poll, holding every core the initiator
  * needs). A non-zero result holds a poller slot until busy_poll_done. */
-static uint32_t busy_poll_claim(tcp_exec_t *ex, tent_busy_poll_t *bp) {
+static uint32_t busy_poll_claim(tcp_exec_t *ex, tent_busy_poll_t *bp, uint64_t now_ns) {
   uint32_t budget = tent_busy_poll_begin(bp);
   if (!budget) return 0;
   if (atomic_load_explicit(&ex->bulk_active, memory_order_relaxed) > 0 ||
-      mono_ms() - atomic_load_explicit(&ex->bulk_last_ms, memory_order_relaxed) < BULK_QUIET_MS)
+      (int64_t)(now_ns / 1000000ull - atomic_load_explicit(&ex->bulk_last_ms, memory_order_relaxed)) < BULK_QUIET_MS)
+    /* (signed: a bulk request that ended after now_ns was read is within the quiet time too) */
     return 0; /* bulk moves: its threads need the cores */
   if (atomic_fetch_add(&ex->polling_now, 1) < ex->max_pollers) return budget;
   atomic_fetch_sub(&ex->polling_now, 1);
@@ -1118,7 +1119,7 @@ static void *sconn_main(void *arg) {
     int in_recv = ex->slice_timeout_ms <= ex->idle_timeout_ms, have = 0, inq = -1, w;
     if (spin) {
       uint64_t t0 = mono_ns();
-      uint32_t budget = busy_poll_claim(ex, &bp);
+      uint32_t budget = busy_poll_claim(ex, &bp, t0);
       int lost = 0;
       if (spin_readable(fd, budget, &lost)) w = 1;
       else if (in_recv) have = (w = wait_header(ex, fd, h, &inq)) > 0;
@@ -1433,8 +1434,8 @@ static int nslots(const tcp_exec_t *ex) { return ex->conns_per_rail + 1; } /* th
 
 /* The run enters service (before its connect, if any, and its send): its progress clock starts now
  * (queue time never counts) and each chunk's service start is reported. */
-static void run_start(tcp_exec_t *ex, pipe_run_t *pr) {
-  pr->watch = (io_watch_t){ex->host, &pr->c[0].job->s, mono_ms(), ex->slice_timeout_ms, ex->congestion_ms, 0, NULL};
+static void run_start(tcp_exec_t *ex, pipe_run_t *pr, uint64_t now_ms) {
+  pr->watch = (io_watch_t){ex->host, &pr->c[0].job->s, now_ms, ex->slice_timeout_ms, ex->congestion_ms, 0, NULL};
   for (uint32_t i = 0; i < pr->k; i++) tent_host_note(ex->host, &pr->c[i].job->s, TENT_NOTE_START, pr->c[i].len);
 }
 
@@ -1736,8 +1737,8 @@ static int rail_is_ready(tcp_exec_t *ex, rail_t *r) {
 }
 
 /* Small requests were just submitted on `r`: bulk is held back for the QoS window. ex->mu held. */
-static void rail_note_small(tcp_exec_t *ex, rail_t *r) {
-  if ((ex->qos_bulk_conns > 0 || ex->qos_bulk_nice > 0) && ex->qos_window_ms > 0) r->small_until_ms = mono_ms() + (uint64_t)ex->qos_window_ms;
+static void rail_note_small(tcp_exec_t *ex, rail_t *r, uint64_t now_ms) {
+  if ((ex->qos_bulk_conns > 0 || ex->qos_bulk_nice > 0) && ex->qos_window_ms > 0) r->small_until_ms = now_ms + (uint64_t)ex->qos_window_ms;
 }
 
 static void ready_unlink(tcp_exec_t *ex, rail_t *r) {
@@ -1825,7 +1826,7 @@ static void peer_unref_locked(tcp_exec_t *ex, peer_t *pe) {
 
 /* Claim a slot on `r` for a run of small (`small`) or bulk chunks: the express slot first for
  * small ones. -1 when none is free. Called with ex->mu. */
-static int slot_claim(tcp_exec_t *ex, rail_t *r, int small) {
+static int slot_claim(tcp_exec_t *ex, rail_t *r, int small, uint64_t now_ms) {
   int slot = -1;
   if (small && !r->express_busy) {
     slot = ex->conns_per_rail;
@@ -1841,7 +1842,7 @@ static int slot_claim(tcp_exec_t *ex, rail_t *r, int small) {
   }
   if (slot >= 0) {
     int fd = -1;
-    uint64_t now = mono_ms();
+    uint64_t now = now_ms;
     while (r->nidle && fd < 0) { /* a pooled connection the server may have closed is dropped */
       r->nidle--;
       fd = r->idle[r->nidle];
@@ -1914,7 +1915,7 @@ static int chunk_skip_status(tcp_exec_t *ex, const tent_chunk_t *c, int down) {
 static void run_exchange(tcp_exec_t *ex, pipe_run_t *pr) {
   rail_t *r = pr->r;
   peer_t *pe = r->peer;
-  run_start(ex, pr); /* in service from here: a connect that hangs is no progress either */
+  run_start(ex, pr, mono_ms()); /* in service from here: a connect that hangs is no progress either */
   if (pr->fd < 0) {
     int fd = rail_connect(ex, r);
     pthread_mutex_lock(&ex->mu);
@@ -2044,7 +2045,7 @@ static void *worker_main(void *arg) {
     if (pr->k > 0) {
       pr->r = r;
       pr->small = small;
-      pr->slot = slot_claim(ex, r, small);
+      pr->slot = slot_claim(ex, r, small, mono_ms());
       pr->fd = r->slot_fd[pr->slot];
     }
     int qos_level = ex->qos_bulk_nice && pr->k > 0 ? qos_bulk_level(ex->qos_bulk_nice, !small, mono_ms(), r->small_until_ms) : 0;
@@ -2367,7 +2368,7 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
         rail_t *r = &((peer_t *)tent_ht_get(&ex->peers, slices[i].peer))->rails[slices[i].rail];
         /* small requests submitted together with bulk ones (a bulk batch and its little
          * bookkeeping read) are part of that throughput work: they hold no bulk back */
-        if (!bulk && is_small(&slices[i])) rail_note_small(ex, r);
+        if (!bulk && is_small(&slices[i])) rail_note_small(ex, r, mono_ms());
         rail_update_ready(ex, r);
       }
       uint64_t wake = bulk + (small + (uint64_t)ex->pipeline - 1) / (uint64_t)ex->pipeline;
@@ -2418,8 +2419,14 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
   for (int k = 0; rc == TENT_OK && k < INLINE_RUNS && (uint32_t)k < n; k++)
     if (!(runs[k] = run_get(ex))) rc = TENT_E_INTERNAL;
   int gone = 0;
+  /* one clock read for the whole inline submit (a VM's clock read costs tens of ns): the QoS
+   * window, the pooled connections' idle check, the runs' progress clocks and their send stamp;
+   * read under the lock, so no connection was pooled after it (idle_since <= now_ms) */
+  uint64_t t_ns = 0, now_ms = 0;
   if (rc == TENT_OK) {
     pthread_mutex_lock(&ex->mu);
+    t_ns = mono_ns();
+    now_ms = t_ns / 1000000ull;
     peer_t *pe = tent_ht_get(&ex->peers, slices[0].peer);
     if (ex->stopping) rc = TENT_E_CANCELLED;
     else if (!pe && tent_ht_was_issued(&ex->peers, slices[0].peer)) gone = 1;
@@ -2428,7 +2435,7 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
     if (r && tent_cq_reserve(&r->qs, n) != 0) rc = TENT_E_INTERNAL; /* room for all: nothing can fail below */
     if (r && rc == TENT_OK) {
       uint32_t i = 0;
-      rail_note_small(ex, r);
+      rail_note_small(ex, r, now_ms);
       /* a batch is shared out over the connections it can leave on now (as workers share queued
        * small chunks over the free slots): the target serves each connection on its own thread,
        * so the requests of one batch are served in parallel rather than one after another */
@@ -2444,7 +2451,7 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
         pipe_run_t *pr = runs[nruns];
         pr->r = r;
         pr->small = 1;
-        pr->slot = slot_claim(ex, r, 1);
+        pr->slot = slot_claim(ex, r, 1, now_ms);
         pr->fd = r->slot_fd[pr->slot];
         if (pr->fd < 0) { /* the pooled connections were stale: a worker connects (never this thread) */
           slot_unclaim(ex, r, pr->slot);
@@ -2484,8 +2491,8 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
   uint64_t stream = 0; /* the runs leave back to back from this thread */
   for (int k = 0; k < nruns; k++) {
     pipe_run_t *pr = runs[k];
-    run_start(ex, pr);
-    pr->sent_ns = ex->busy_poll_us ? mono_ns() : 0;
+    run_start(ex, pr, now_ms);
+    pr->sent_ns = ex->busy_poll_us ? t_ns : 0;
     pr->send_rc = run_send(ex, pr, &stream);
     if (pr->send_rc != IO_OK) {
       for (uint32_t i = 0; i < pr->k; i++) pr->status[i] = io_status(pr->send_rc);
@@ -2528,7 +2535,7 @@ static int ex_progress(void *self, uint64_t token, int64_t budget_ns) {
   /* the run holds its slot: that slot's policy is this thread's alone until the run is done */
   tent_busy_poll_t *bp = &pr->r->slot_poll[pr->slot];
   uint64_t t0 = mono_ns();
-  uint32_t spin = busy_poll_claim(ex, bp);
+  uint32_t spin = busy_poll_claim(ex, bp, t0);
   if (spin && (int64_t)spin > budget_ns) spin = budget_ns > 0 ? (uint32_t)budget_ns : 1;
   int n = 1, lost = 0, err = 0;
   if (!spin_readable(pr->fd, spin, &lost)) {
