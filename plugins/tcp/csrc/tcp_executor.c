@@ -1665,6 +1665,8 @@ static int run_recv(tcp_exec_t *ex, pipe_run_t *pr) {
   for (; rc == IO_OK && i < pr->k; i++) {
     const tent_chunk_t *c = &pr->c[i];
     const uint8_t *h = rsp + (all_writes && pr->k > 1 ? RSP_SIZE * i : 0);
+    /* the wait for this answer is this chunk's: the slice the watch named may be reported (freed) */
+    pr->watch.slice = &c->job->s;
     if (!(all_writes && pr->k > 1) && !have_next && (rc = recv_all(pr->fd, rsp, RSP_SIZE, &pr->watch, 0)) != IO_OK) break;
     have_next = 0;
     if (!rsp_matches(pr, i, h)) {
