@@ -151,6 +151,13 @@ FUSED_MAX_SHARE = 4  # fused only if no large tensor exceeds 1/(this x lanes) of
 # inline_bytes: it must copy them inside submit) and never touches the bytes in Python. 0: off (the
 # lanes hash each FUSED_PIECE in Python).
 DIGEST_PIECE = int(float(os.environ.get("REFHUB_DIGEST_PIECE_KB", "4096")) * 1024)
+# ... and a lane READs whole tensors, as many as this many MiB hold, in one submit (a digest armed per
+# tensor, at most FUSED_GROUP_MAX of them): one submit, one wait and one wake-up of the pulling thread
+# per group instead of per piece. Groups shrink to 1/(FUSED_TAIL x lanes) of what is left, so the lanes
+# finish together. 0: one tensor per submit.
+FUSED_GROUP = int(float(os.environ.get("REFHUB_FUSED_GROUP_MB", "16")) * MB)
+FUSED_GROUP_MAX = 64  # digests armed per submit at most (tent_core's limit)
+FUSED_TAIL = 4
 # The windowed pull (tcp) arms each batch with the digests of the large tensors it touches (one
 # tent_core.Digest per tensor, bounded to its bytes): a transport that receives READ answers on its
 # own threads (Transport.receive_digest) folds every received run into its tensor's digest right
@@ -1728,45 +1735,72 @@ class ShardHandle:
         if not all(getattr(r.transport, "inline_digest", False) for r in routes):
             dpiece = 0
         todo = list(range(k0, len(mine)))
-        claim = iter(todo)  # lanes take the next tensor in stream order (the prefix advances evenly)
+        nxt = [0]  # lanes take the next tensors in stream order (the prefix advances evenly)
+        left = [sum(mine[k][3] for k in todo)]
         landed = [False] * len(mine)
         in_copy = [0] * max(1, n_lanes)  # per lane: bytes the executor folded into the digest as it copied them
         cv = threading.Condition()
         stop = threading.Event()
         errors: list[BaseException] = []
 
+        def claim(grouped: bool) -> list[int]:
+            """The next tensors for a lane (under cv): one, or with the executor's digest as many whole
+            tensors as FUSED_GROUP holds (one submit for all: the lane's Python per byte shrinks),
+            smaller near the end so the lanes finish together."""
+            i = nxt[0]
+            if i >= len(todo):
+                return []
+            grouped = grouped and isinstance(ver.exp[mine[todo[i]][0]], int)  # type: ignore[index]
+            cap = min(FUSED_GROUP, max(dpiece, left[0] // (FUSED_TAIL * n_lanes))) if grouped else 0
+            got = [todo[i]]
+            size = mine[todo[i]][3]
+            i += 1
+            while (i < len(todo) and len(got) < FUSED_GROUP_MAX and size + mine[todo[i]][3] <= cap
+                   and isinstance(ver.exp[mine[todo[i]][0]], int)):  # type: ignore[index]
+                size += mine[todo[i]][3]
+                got.append(todo[i])
+                i += 1
+            nxt[0] = i
+            left[0] -= size
+            return got
+
         def lane(w: int) -> None:
             t_lane = time.perf_counter()
+            folds = dpiece > 0  # the executor folds this lane's copies (until a group shows it did not)
             try:
                 while True:
                     with cv:
-                        k = next(claim, -1)
-                    if k < 0:
+                        group = claim(folds)
+                    if not group:
                         return
-                    name, lb, loff, nb = mine[k]
-                    flat = self.items[name].arr.reshape(-1).view(np.uint8)  # type: ignore[union-attr]
-                    first = FUSED_PIECE if k == k0 else 0  # landed by the probe
-                    if dpiece > 0 and isinstance(ver.exp[name], int):  # type: ignore[index]
-                        in_copy[w] += self._fused_digest(v, ref, mine[k], ritems[k][1], flat, first, dpiece, ver.exp[name],  # type: ignore[index]
-                                                         stop, deadline)
+                    if folds and all(isinstance(ver.exp[mine[k][0]], int) for k in group):  # type: ignore[index]
+                        got, folds = self._fused_digest(v, ref, [(mine[k], ritems[k][1], FUSED_PIECE if k == k0 else 0,
+                                                                  ver.exp[mine[k][0]]) for k in group],  # type: ignore[index]
+                                                        dpiece, stop, deadline)
+                        in_copy[w] += got
+                        with cv:
+                            for k in group:
+                                landed[k] = True
+                            cv.notify()
+                        continue
+                    for k in group:
+                        name, lb, loff, nb = mine[k]
+                        flat = self.items[name].arr.reshape(-1).view(np.uint8)  # type: ignore[union-attr]
+                        first = FUSED_PIECE if k == k0 else 0  # landed by the probe
+                        sh = StreamHash(ver.exp[name], _xxhash)  # type: ignore[index]
+                        if first:
+                            sh.update(flat[:min(first, nb)])
+                        for c in range(first, nb, FUSED_PIECE):
+                            if stop.is_set():
+                                return
+                            m = min(FUSED_PIECE, nb - c)
+                            _wait_source(self._submit([(lb, loff + c, seg, ritems[k][1] + c, m)], deadline))
+                            sh.update(flat[c:c + m])
+                        if sh.n != nb or sh.digest() != ver.exp[name]:  # type: ignore[index]
+                            raise ChecksumError("checksum", f"v{v} shard {self.shard}: end-to-end checksum mismatch in {name!r}")
                         with cv:
                             landed[k] = True
                             cv.notify()
-                        continue
-                    sh = StreamHash(ver.exp[name], _xxhash)  # type: ignore[index]
-                    if first:
-                        sh.update(flat[:min(first, nb)])
-                    for c in range(first, nb, FUSED_PIECE):
-                        if stop.is_set():
-                            return
-                        m = min(FUSED_PIECE, nb - c)
-                        _wait_source(self._submit([(lb, loff + c, seg, ritems[k][1] + c, m)], deadline))
-                        sh.update(flat[c:c + m])
-                    if sh.n != nb or sh.digest() != ver.exp[name]:  # type: ignore[index]
-                        raise ChecksumError("checksum", f"v{v} shard {self.shard}: end-to-end checksum mismatch in {name!r}")
-                    with cv:
-                        landed[k] = True
-                        cv.notify()
             except BaseException as exc:  # the pulling thread raises it
                 with cv:
                     errors.append(exc)
@@ -1810,35 +1844,43 @@ class ShardHandle:
         st["digest_in_copy"] = sum(in_copy)
         return True
 
-    def _fused_digest(self, v: int, ref: dict, item: tuple, roff: int, flat: np.ndarray, first: int, piece: int,
-                      expected: int, stop: threading.Event, deadline: float) -> int:
-        """One tensor of a fused pull, READ in pieces of `piece` bytes with a digest armed: the executor
-        copies each piece on this thread and folds it into the digest right after copying it (from this
-        core's cache, in C). What it did not fold (another route took the piece, a retry) is folded here
-        from the landed bytes, in stream order; the first `first` bytes landed already (the probe)."""
+    def _fused_digest(self, v: int, ref: dict, group: list[tuple], piece: int, stop: threading.Event,
+                      deadline: float) -> tuple[int, bool]:
+        """Whole tensors of a fused pull, [(item, remote offset, bytes landed already (the probe),
+        expected digest)], READ in one submit in pieces of `piece` bytes with a digest armed per tensor:
+        the executor copies them on this thread, in order, and folds each run into its tensor's digest
+        right after copying it (from this core's cache, in C). What it did not fold (another route took
+        a piece, a retry) is folded here from the landed bytes, in stream order. Returns the bytes
+        folded in the copy, and whether the copy folded anything (else the lane hashes the next
+        tensors itself, piece by piece, from cache)."""
         from tent_core import Digest
 
-        name, lb, loff, nb = item
-        base = int(flat.ctypes.data)
-        d = Digest(base)
-        here = 0  # bytes folded by this thread
-        if first:
-            d.update(flat[:min(first, nb)])
-            here += min(first, nb)
-        c = first
-        while c < nb:
-            if stop.is_set():
-                return 0
-            m = min(piece, nb - c)
-            _wait_source(self._submit([(lb, loff + c, ref["seg"], roff + c, m)], deadline, digest=d))
-            if d.next != base + c + m:  # not folded by the copy: fold the landed bytes here, in order
-                here += base + c + m - d.next
-                d.update(flat[d.next - base:c + m])
-                piece = min(piece, FUSED_PIECE)  # this route may not fold (CMA): pieces this lane hashes from cache
-            c += m
-        if d.folded != nb or d.intdigest() != expected:
-            raise ChecksumError("checksum", f"v{v} shard {self.shard}: end-to-end checksum mismatch in {name!r}")
-        return nb - here
+        ds, flats, reqs = [], [], []
+        here = total = 0  # bytes folded by this thread; bytes of the group
+        for (name, lb, loff, nb), roff, first, _ in group:
+            flat = self.items[name].arr.reshape(-1).view(np.uint8)  # type: ignore[union-attr]
+            base = int(flat.ctypes.data)
+            d = Digest(base, base + nb)
+            if first:
+                d.update(flat[:min(first, nb)])
+                here += min(first, nb)
+            reqs += [(lb, loff + c, ref["seg"], roff + c, min(piece, nb - c)) for c in range(first, nb, piece)]
+            ds.append(d)
+            flats.append((flat, base))
+            total += nb
+        if stop.is_set():
+            return 0, True
+        if reqs:
+            _wait_source(self._submit(reqs, deadline, digest=ds))
+        unfolded = 0
+        for ((name, _, _, nb), _, _first, expected), d, (flat, base) in zip(group, ds, flats, strict=True):
+            if d.next != base + nb:  # not folded by the copy: fold the landed bytes here, in order
+                unfolded += base + nb - d.next
+                d.update(flat[d.next - base:nb])
+            if d.folded != nb or d.intdigest() != expected:
+                raise ChecksumError("checksum", f"v{v} shard {self.shard}: end-to-end checksum mismatch in {name!r}")
+        here += unfolded
+        return total - here, total > here or not reqs
 
     def _complete_oldest(self, v: int, inflight: Any, st: dict, ver: _Verifier) -> int:
         """Wait for the oldest batch in flight, publish our progress, verify what it completed; returns
