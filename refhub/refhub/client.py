@@ -1118,6 +1118,12 @@ class ShardHandle:
         self._lock = threading.RLock()
         self._pack = None  # LocalBuffer of the tiny-tensor pack
         self._layout_dirty = True
+        # the byte stream and the reference built from it, kept until the layout changes (register,
+        # allocate, unregister, a rebuilt pack): a replicate asks for them several times, and each build
+        # walks and sorts every tensor (~0.2-0.5 ms for 500 tensors)
+        self._layout_gen = 0
+        self._stream_memo: tuple[int, list] | None = None
+        self._ref_memo: tuple[int, Any, dict] | None = None
         self._ctrl = engine.allocate(64, segment=self.segment)  # progress word at offset 0 of the segment
         self._ctrl.array[:] = 0
         # slot 0: synchronous progress reads; slots 1..: the progress word read along with each batch
@@ -1221,6 +1227,7 @@ class ShardHandle:
             if nb >= TINY and mode == "direct":
                 it.buf = self.engine.register(tensor if dev is not None else arr, segment=self.segment)
             self.items[name] = it
+            self._layout_gen += 1
             if old is None or old.nbytes != nb or (old.nbytes < TINY) != (nb < TINY):
                 self._layout_dirty = True
             elif nb < TINY:
@@ -1265,6 +1272,7 @@ class ShardHandle:
                 self.unregister(name)
             self.items[name] = _Item(name, raw, t, buf=buf, mode="direct")
             self._layout_dirty = True
+            self._layout_gen += 1
             return t
 
     def unregister(self, name: str) -> None:
@@ -1275,12 +1283,14 @@ class ShardHandle:
             if it.buf is not None:
                 self.engine.unregister(it.buf)
             self._layout_dirty = True
+            self._layout_gen += 1
 
     def _build_layout(self) -> None:
         if any(it.mode == "copy" and it.nbytes >= TINY for it in self.items.values()) and self._stager is None:
             self._stager = _Stager(self)
         if not self._layout_dirty:
             return
+        self._layout_gen += 1
         tiny = sorted(n for n, it in self.items.items() if it.nbytes < TINY)
         for it in self.items.values():
             it.pack_off = -1
@@ -1297,6 +1307,9 @@ class ShardHandle:
 
     def _stream(self) -> list[tuple[str, Any, int, int]]:
         """The byte stream served to readers: [(name, LocalBuffer or None for copy mode, offset, nbytes)]."""
+        memo = self._stream_memo
+        if memo is not None and memo[0] == self._layout_gen:
+            return list(memo[1])
         out: list[tuple[str, Any, int, int]] = []
         if self._pack is not None:
             used = max((it.pack_off + it.nbytes for it in self.items.values() if it.pack_off >= 0), default=0)
@@ -1304,9 +1317,15 @@ class ShardHandle:
         for n in sorted(n for n, it in self.items.items() if it.nbytes >= TINY):
             it = self.items[n]
             out.append((n, it.buf, 0, it.nbytes))
-        return out
+        self._stream_memo = (self._layout_gen, out)
+        return list(out)
 
     def _ref(self, with_layout: bool = True) -> dict:
+        """This handle's reference (what readers READ where); a new dict each call, its lists shared
+        with the memo (nothing changes them: they go out in messages and into _held)."""
+        memo = self._ref_memo
+        if memo is not None and memo[0] == self._layout_gen and memo[1] is self._stager:
+            return dict(memo[2])
         stream = self._stream()
         ref = {
             "seg": self.engine.segment_name(self.segment),
@@ -1319,7 +1338,8 @@ class ShardHandle:
         if self._stager is not None:
             ref["stager"] = self._stager.address
             ref["slot"] = STAGE_SLOT
-        return ref
+        self._ref_memo = (self._layout_gen, self._stager, ref)
+        return dict(ref)
 
     def _set_progress(self, version: int, nbytes: int) -> None:
         self._ctrl.array[:8] = np.frombuffer(np.uint64((version << VERSION_SHIFT) | nbytes).tobytes(), dtype=np.uint8)
@@ -1766,18 +1786,16 @@ class ShardHandle:
 
         def lane(w: int) -> None:
             t_lane = time.perf_counter()
-            folds = dpiece > 0  # the executor folds this lane's copies (until a group shows it did not)
             try:
                 while True:
                     with cv:
-                        group = claim(folds)
+                        group = claim(dpiece > 0)
                     if not group:
                         return
-                    if folds and all(isinstance(ver.exp[mine[k][0]], int) for k in group):  # type: ignore[index]
-                        got, folds = self._fused_digest(v, ref, [(mine[k], ritems[k][1], FUSED_PIECE if k == k0 else 0,
+                    if dpiece > 0 and all(isinstance(ver.exp[mine[k][0]], int) for k in group):  # type: ignore[index]
+                        in_copy[w] += self._fused_digest(v, ref, [(mine[k], ritems[k][1], FUSED_PIECE if k == k0 else 0,
                                                                   ver.exp[mine[k][0]]) for k in group],  # type: ignore[index]
-                                                        dpiece, stop, deadline)
-                        in_copy[w] += got
+                                                         dpiece, stop, deadline)
                         with cv:
                             for k in group:
                                 landed[k] = True
@@ -1845,14 +1863,13 @@ class ShardHandle:
         return True
 
     def _fused_digest(self, v: int, ref: dict, group: list[tuple], piece: int, stop: threading.Event,
-                      deadline: float) -> tuple[int, bool]:
+                      deadline: float) -> int:
         """Whole tensors of a fused pull, [(item, remote offset, bytes landed already (the probe),
         expected digest)], READ in one submit in pieces of `piece` bytes with a digest armed per tensor:
         the executor copies them on this thread, in order, and folds each run into its tensor's digest
         right after copying it (from this core's cache, in C). What it did not fold (another route took
-        a piece, a retry) is folded here from the landed bytes, in stream order. Returns the bytes
-        folded in the copy, and whether the copy folded anything (else the lane hashes the next
-        tensors itself, piece by piece, from cache)."""
+        a piece, a retry: the rest of that tensor no longer continues its stream) is folded here from
+        the landed bytes, in stream order. Returns the bytes folded in the copy."""
         from tent_core import Digest
 
         ds, flats, reqs = [], [], []
@@ -1869,7 +1886,7 @@ class ShardHandle:
             flats.append((flat, base))
             total += nb
         if stop.is_set():
-            return 0, True
+            return 0
         if reqs:
             _wait_source(self._submit(reqs, deadline, digest=ds))
         unfolded = 0
@@ -1879,8 +1896,7 @@ class ShardHandle:
                 d.update(flat[d.next - base:nb])
             if d.folded != nb or d.intdigest() != expected:
                 raise ChecksumError("checksum", f"v{v} shard {self.shard}: end-to-end checksum mismatch in {name!r}")
-        here += unfolded
-        return total - here, total > here or not reqs
+        return total - here - unfolded
 
     def _complete_oldest(self, v: int, inflight: Any, st: dict, ver: _Verifier) -> int:
         """Wait for the oldest batch in flight, publish our progress, verify what it completed; returns

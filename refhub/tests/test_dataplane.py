@@ -647,3 +647,30 @@ def test_windowed_pull_beside_the_same_host_transport_is_not_armed(server, monke
     assert all((a == b).all() for a, b in zip(src, dst, strict=True))
     r.close()
     p.close()
+
+
+def test_stream_and_reference_follow_every_layout_change(server) -> None:
+    """The byte stream and the reference are kept between calls (a replicate asks for them several
+    times) and rebuilt after each change of layout: a tensor added, replaced (same size, new memory),
+    removed, a tiny one packed."""
+    h = C.open("m", replica="layout", server=server)
+    a = h.allocate("a", 3 * MB)
+    h._build_layout()
+    assert [m[0] for m in h._stream()] == ["a"] and h._ref()["items"][0][2] == 3 * MB
+    assert h._ref() == h._ref() and h._ref() is not h._ref()
+    h.allocate("b", 2 * MB + 5)
+    h._build_layout()
+    assert [m[0] for m in h._stream()] == ["a", "b"] and h._ref()["total"] == 5 * MB + 5
+    buf_a = h._stream()[0][1]
+    h.register("a", np.zeros(3 * MB, np.uint8))  # the same size, other memory
+    assert h._stream()[0][1] is not buf_a and h._stream()[0][1] is h.items["a"].buf
+    h.register("t", np.zeros(100, np.uint8))  # tiny: packed
+    h._build_layout()
+    assert [m[0] for m in h._stream()] == ["__pack__", "a", "b"]
+    assert h._ref()["pack"] == [["t", 0, 100]]
+    h.unregister("b")
+    h._build_layout()
+    assert [m[0] for m in h._stream()] == ["__pack__", "a"]
+    assert [i[0] for i in h._ref()["items"]] == ["__pack__", "a"]
+    del a
+    h.close()
