@@ -244,8 +244,22 @@ static void *host_digest(void *ctx, const tent_slice_t *s) {
   return NULL;
 }
 
+/* The wait conditions armed on this thread for the submit in progress (Engine.submit_when, wait_arm):
+ * a copy, owned by the thread. An executor asks for a READ slice's (host_wait): the first one whose
+ * destination range holds the slice's destination. */
+#define WAIT_ARM_MAX 4096
+static __thread tent_wait_t *tl_waits TLS_IE;
+static __thread uint32_t tl_nwait TLS_IE, tl_wait_cap TLS_IE;
+
+static const tent_wait_t *host_wait(void *ctx, const tent_slice_t *s) {
+  (void)ctx;
+  for (uint32_t i = 0; i < tl_nwait; i++)
+    if (s->local_addr >= tl_waits[i].local_start && s->local_addr < tl_waits[i].local_end) return &tl_waits[i];
+  return NULL;
+}
+
 static tent_host_api_t g_host = {TENT_EXECUTOR_ABI_VERSION, sizeof(tent_host_api_t), NULL, host_complete,
-                                 host_is_cancelled, host_note, host_digest};
+                                 host_is_cancelled, host_note, host_digest, host_wait};
 
 /* ---- Python Batch type ---- */
 typedef struct {
@@ -821,6 +835,38 @@ static PyObject *py_digest_arm(PyObject *m, PyObject *arg) {
   if (parse_digests(arg, tl_arm_buf, &n) < 0) return NULL;
   tl_digests = tl_arm_buf;
   tl_ndigest = n;
+  Py_RETURN_NONE;
+}
+
+/* wait_arm(buffer of packed tent_wait_t, or None): the conditions this thread's submits hand to the
+ * executors that ask (tent_host_wait), until disarmed (None). Copied: the caller's buffer may go. */
+static PyObject *py_wait_arm(PyObject *m, PyObject *arg) {
+  (void)m;
+  if (arg == Py_None) {
+    tl_nwait = 0;
+    Py_RETURN_NONE;
+  }
+  Py_buffer v;
+  if (PyObject_GetBuffer(arg, &v, PyBUF_SIMPLE) < 0) return NULL;
+  if (v.len % (Py_ssize_t)sizeof(tent_wait_t) || v.len / (Py_ssize_t)sizeof(tent_wait_t) > WAIT_ARM_MAX) {
+    PyBuffer_Release(&v);
+    PyErr_Format(PyExc_ValueError, "wait_arm: a whole number of %zu-byte tent_wait_t, at most %d",
+                 sizeof(tent_wait_t), WAIT_ARM_MAX);
+    return NULL;
+  }
+  uint32_t n = (uint32_t)(v.len / (Py_ssize_t)sizeof(tent_wait_t));
+  if (n > tl_wait_cap) {
+    tent_wait_t *w = realloc(tl_waits, (size_t)n * sizeof *w);
+    if (!w) {
+      PyBuffer_Release(&v);
+      return PyErr_NoMemory();
+    }
+    tl_waits = w;
+    tl_wait_cap = n;
+  }
+  if (n) memcpy(tl_waits, v.buf, (size_t)n * sizeof(tent_wait_t));
+  tl_nwait = n;
+  PyBuffer_Release(&v);
   Py_RETURN_NONE;
 }
 
@@ -2026,6 +2072,7 @@ static PyMethodDef methods[] = {
     {"host_api_address", py_host_api_address, METH_NOARGS, "address of the tent_host_api_t"},
     {"failure_fd", py_failure_fd, METH_NOARGS, "eventfd signalled when failures are queued"},
     {"now_ns", py_now_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns"},
+    {"wait_arm", py_wait_arm, METH_O, "wait_arm(packed tent_wait_t bytes, or None): conditions of this thread's waiting READs"},
     {"digest_arm", py_digest_arm, METH_O, "digest_arm(Digest, list of them, or None): this thread's submits fold their READs into them"},
     {"set_wait_spin_ns", py_set_wait_spin_ns, METH_O, "poll this long in Batch.wait before sleeping; returns the old value"},
     {NULL}};
@@ -2069,6 +2116,7 @@ PyMODINIT_FUNC PyInit__native(void) {
   PyModule_AddObject(m, "FastPath", (PyObject *)&FastPathType);
   Py_INCREF(&DigestType);
   PyModule_AddObject(m, "Digest", (PyObject *)&DigestType);
+  PyModule_AddIntConstant(m, "WAIT_SIZE", (long)sizeof(tent_wait_t));
   PyModule_AddIntConstant(m, "EXECUTOR_ABI_VERSION", TENT_EXECUTOR_ABI_VERSION);
   PyModule_AddIntConstant(m, "SLICE_SIZE", sizeof(tent_slice_t));
   PyModule_AddIntConstant(m, "FAILURE_SIZE", sizeof(failure_t));

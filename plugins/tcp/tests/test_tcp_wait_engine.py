@@ -1,0 +1,100 @@
+"""engine.submit_when over tcp (Transport.wait_read): a READ posted before its bytes are there is
+answered once the target's word covers it, with the bytes written before the word; it fails with
+NotReadyError at its wait's end; the engine refuses conditions it cannot honour. Two real engines
+on loopback."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tent_core import READ, WRITE, InvalidRequestError, NotReadyError, Request, WaitWord
+from tent_core.engine import Engine
+from tent_core.testing import pattern
+
+V = 3 << 40
+MASK = (1 << 40) - 1
+
+
+@pytest.fixture
+def pair(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Engine, Engine]]:
+    monkeypatch.setenv("TENT_PLUGINS", "tcp")
+    cfg: dict[str, Any] = {"transports": {"tcp": {}}}
+    a, b = Engine(cfg), Engine(cfg)
+    try:
+        if "tcp" not in b.transports:
+            pytest.skip("engine did not start the tcp transport")
+        yield a, b
+    finally:
+        b.close()
+        a.close()
+
+
+def _word(buf: Any) -> np.ndarray:
+    return buf.array[:8].view(np.uint64)
+
+
+def test_reads_posted_ahead_land_as_the_word_advances(pair: tuple[Engine, Engine]) -> None:
+    a, b = pair  # a: the source, filling its copy piece by piece; b: reads it ahead of the word
+    n, piece = 8 << 20, 1 << 20
+    src = a.allocate(n)
+    src.array[:] = 0
+    ctrl = a.allocate(64)
+    _word(ctrl)[0] = V
+    dst = b.allocate(n)
+    dst.array[:] = 0xEE
+    remote = f"{a.engine_id}/default"
+    assert b.can_wait(remote)
+    want = pattern(n, 11)
+    reqs = [Request(READ, dst, k, remote, src.offset + k, piece) for k in range(0, n, piece)]
+    waits = [WaitWord(ctrl.offset, V, V | (k + piece), V | MASK, timeout_s=5.0) for k in range(0, n, piece)]
+    h = b.submit_when(reqs, waits, 30.0)
+    time.sleep(0.2)
+    assert not h.poll() == "done"  # nothing held yet
+    assert h.bytes_done == 0
+
+    def fill() -> None:  # the source's own bytes land, then its word says so
+        for k in range(0, n, piece):
+            src.array[k:k + piece] = want[k:k + piece]
+            _word(ctrl)[0] = V | (k + piece)
+            time.sleep(0.01)
+
+    t = threading.Thread(target=fill)
+    t.start()
+    h.wait()
+    t.join()
+    assert np.array_equal(dst.array[:n], want)
+
+
+def test_not_ready_at_the_end_of_its_wait(pair: tuple[Engine, Engine]) -> None:
+    a, b = pair
+    src, ctrl, dst = a.allocate(4096), a.allocate(64), b.allocate(4096)
+    _word(ctrl)[0] = V | 100
+    remote = f"{a.engine_id}/default"
+    h = b.submit_when([Request(READ, dst, 0, remote, src.offset, 4096)], [WaitWord(ctrl.offset, V, V | 4096, V | MASK, 0.1)], 10.0)
+    with pytest.raises(NotReadyError):
+        h.wait()
+    # a plain request and a condition already met go through alongside
+    b.submit_when([Request(READ, dst, 0, remote, src.offset, 64), Request(READ, dst, 64, remote, src.offset + 64, 36)],
+                  [None, WaitWord(ctrl.offset, V, V | 100, V | MASK)], 10.0).wait()
+
+
+def test_conditions_it_cannot_honour_are_refused(pair: tuple[Engine, Engine]) -> None:
+    a, b = pair
+    src, ctrl, dst = a.allocate(4096), a.allocate(64), b.allocate(4096)
+    remote = f"{a.engine_id}/default"
+    r = Request(READ, dst, 0, remote, src.offset, 64)
+    good = WaitWord(ctrl.offset, V, V | 1, V | MASK)
+    for bad in (WaitWord(ctrl.offset + 4, V, V | 1, V | MASK), WaitWord(ctrl.offset, V | 2, V | 1, V | MASK),
+                WaitWord(ctrl.offset, V, V | 1, V | MASK, timeout_s=0)):
+        with pytest.raises(InvalidRequestError):
+            b.submit_when([r], [bad])
+    with pytest.raises(InvalidRequestError):
+        b.submit_when([Request(WRITE, dst, 0, remote, src.offset, 64)], [good])
+    with pytest.raises(InvalidRequestError):
+        b.submit_when([r, r], [good])
