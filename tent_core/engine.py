@@ -119,6 +119,7 @@ class Engine:
         self.availability: dict[str, Availability] = {}
         self.transports: dict[str, Transport] = self._start_transports(host, transports)
         self._profiles = {n: t.capabilities() for n, t in self.transports.items()}
+        self._wait_transports = [t for t in self.transports.values() if getattr(t, "wait_read", False)]
         self.router = Router(
             self._profiles, rules, RetryLimits(cfg.max_retries_per_slice, cfg.max_transport_failovers), cfg.path_cost,
             cfg.staging_chunk_bytes,
@@ -353,6 +354,12 @@ class Engine:
         peer, _ = self.peers.resolve(remote, timeout or self.config.control_timeout_s)
         return bool(peer.reachable) and all(
             getattr(self.transports.get(n), "wait_read", False) for n in peer.reachable)
+
+    def word_written(self) -> None:
+        """This process advanced a word that waiting READs of its peers may name (``submit_when``
+        on their side): the transports' parked READs look again now, rather than on their timers."""
+        for t in self._wait_transports:
+            t.word_written()
 
     def submit_when(self, requests: Sequence[Request], waits: Sequence[WaitWord | None],
                     deadline: float | None = None, *, digest: Any = None) -> BatchHandle:

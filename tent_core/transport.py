@@ -144,6 +144,11 @@ class Transport(abc.ABC):
     # engine arms conditions only for peers whose every route declares this; others are refused.
     wait_read: bool = False
 
+    def word_written(self) -> None:
+        """This process advanced a word its waiting READs' conditions may name (``wait_read``): READs
+        parked on it look again now. Called often (the engine's ``word_written``): keep it cheap. A
+        transport that polls its parked READs' words on a timer may ignore it."""
+
     @abc.abstractmethod
     def probe(self) -> Availability:
         """Cheap, side-effect free check: is the hardware/library here?"""

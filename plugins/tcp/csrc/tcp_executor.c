@@ -164,7 +164,7 @@
 #define WIRE_OP_READ_WAIT 2u /* a READ answered once a word reaches a range (see above) */
 #define WAIT_EXT_SIZE 40
 #define WAIT_POLL_MIN_US 50
-#define WAIT_POLL_MAX_US 500
+#define WAIT_POLL_MAX_US 2000
 
 /* ------------------------------------------------------------------ utils */
 
@@ -458,6 +458,7 @@ typedef struct rail {
   int busy;              /* bulk slots in use */
   int express_busy;      /* the express slot is in use */
   int bulk_busy;         /* slots running bulk chunks (the others run small ones) */
+  int wait_busy;         /* slots running waiting READs (at most wait_conns) */
   uint64_t small_until_ms; /* small requests were submitted recently: bulk held to qos_bulk_conns until then */
   uint64_t down_until_ms; /* connect failed recently: fail fast until then */
   int ready;                       /* linked into the executor's ready list */
@@ -513,8 +514,12 @@ typedef struct tcp_exec {
   int wait_read;          /* READs carry the wait condition the caller armed (tent_host_wait) */
   int wait_max_ms;        /* server side: a waiting READ is parked this long at most */
   int wait_max_parked;    /* server side: READs parked at once at most */
+  int wait_conns;         /* client side: connections of a rail that carry waiting READs at once */
   atomic_int parked_now;  /* server side: waiting READs parked now */
   atomic_ullong waits_served, waits_not_ready, waits_refused; /* answered after waiting / E_NOT_READY / refused (bad, full) */
+  pthread_mutex_t wait_mu; /* parked READs sleep on wait_cv; tcp_wait_doorbell wakes them */
+  pthread_cond_t wait_cv;
+  uint64_t wait_seq;       /* doorbells rung (under wait_mu) */
   int busy_poll_us;       /* a small request's answer / the next request is polled for up to this long before sleeping */
   int busy_poll_adaptive; /* each connection learns whether and how long to poll (tent/busy_poll.h); 0: always the cap */
   atomic_ullong busy_poll[2][BP_N]; /* outcomes: [client, server][BP_*] */
@@ -592,6 +597,7 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->wait_read = 1;
   ex->wait_max_ms = 1000;
   ex->wait_max_parked = 64;
+  ex->wait_conns = 2;
   ex->unregister_timeout_ms = 5000;
   char key[64], val[256];
   for (const char *c = cfg; tent_config_next(&c, key, sizeof key, val, sizeof val);) {
@@ -646,6 +652,7 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
     else if (!strcmp(key, "wait_read")) dst = &ex->wait_read, lo = 0, hi = 1;
     else if (!strcmp(key, "wait_max_ms")) dst = &ex->wait_max_ms, lo = 1, hi = 60000;
     else if (!strcmp(key, "wait_max_parked")) dst = &ex->wait_max_parked, lo = 0, hi = 65536;
+    else if (!strcmp(key, "wait_conns")) dst = &ex->wait_conns, lo = 1, hi = 65;
     else if (!strcmp(key, "sockbuf")) dst = &ex->sockbuf, lo = 0;
     else if (!strcmp(key, "pipeline")) dst = &ex->pipeline, lo = 1, hi = PIPE_MAX;
     else if (!strcmp(key, "auth_timeout_ms")) dst = &ex->auth_timeout_ms, lo = 1;
@@ -844,8 +851,9 @@ static void word_region_release(tcp_exec_t *ex, region_t *r) {
 }
 
 /* Park until lo <= *word <= hi: TENT_OK, or TENT_E_NOT_READY once the word left [floor, hi], a
- * region went away (unregister waits for us) or wait_ms passed. Re-reads the word on a short
- * timer: its writer is the target's own process, which rings no bell. */
+ * region went away (unregister waits for us) or wait_ms passed. Re-reads the word whenever the
+ * process rings the doorbell (tcp_wait_doorbell, after it advanced a word: Transport.word_written),
+ * and on a timer growing from WAIT_POLL_MIN_US to WAIT_POLL_MAX_US for writers that ring none. */
 static int wait_word(tcp_exec_t *ex, const region_t *data, const region_t *wr, uint64_t word, uint64_t floor,
                      uint64_t lo, uint64_t hi, uint32_t wait_ms) {
   const volatile _Atomic uint64_t *w = (const volatile _Atomic uint64_t *)(uintptr_t)word;
@@ -863,9 +871,21 @@ static int wait_word(tcp_exec_t *ex, const region_t *data, const region_t *wr, u
   uint64_t deadline = mono_ns() + (uint64_t)(wait_ms < (uint32_t)ex->wait_max_ms ? wait_ms : (uint32_t)ex->wait_max_ms) * 1000000ull;
   uint32_t step_us = WAIT_POLL_MIN_US;
   int status = TENT_E_NOT_READY;
+  pthread_mutex_lock(&ex->wait_mu);
+  uint64_t seq = ex->wait_seq;
+  pthread_mutex_unlock(&ex->wait_mu);
   for (;;) {
-    struct timespec ts = {0, (long)step_us * 1000L};
-    nanosleep(&ts, NULL);
+    pthread_mutex_lock(&ex->wait_mu);
+    if (ex->wait_seq == seq) {
+      struct timespec ts;
+      clock_gettime(CLOCK_MONOTONIC, &ts);
+      uint64_t at = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + (uint64_t)step_us * 1000ull;
+      ts.tv_sec = (time_t)(at / 1000000000ull);
+      ts.tv_nsec = (long)(at % 1000000000ull);
+      pthread_cond_timedwait(&ex->wait_cv, &ex->wait_mu, &ts);
+    }
+    seq = ex->wait_seq;
+    pthread_mutex_unlock(&ex->wait_mu);
     if (step_us < WAIT_POLL_MAX_US) step_us = step_us * 2 < WAIT_POLL_MAX_US ? step_us * 2 : WAIT_POLL_MAX_US;
     if (__atomic_load_n(&data->dead, __ATOMIC_ACQUIRE) || __atomic_load_n(&wr->dead, __ATOMIC_ACQUIRE)) break;
     v = atomic_load_explicit(w, memory_order_acquire);
@@ -1467,6 +1487,10 @@ static tent_job_t *job_new(const tcp_exec_t *ex, const tent_slice_t *s, uint32_t
 
 static tent_digest_t *job_digest(const tent_job_t *j) { return ((const tcp_job_t *)j)->digest; }
 
+static int chunk_waits(const tent_chunk_t *c) { return ((const tcp_job_t *)c->job)->waits; }
+
+static int head_waits(const tent_chunk_queue_t *q) { return q->len > 0 && chunk_waits(&q->items[q->head]); }
+
 static void job_free(tent_job_t *j) {
   if (!j) return;
   tent_digest_drop(job_digest(j));
@@ -1482,6 +1506,7 @@ typedef struct pipe_run {
   rail_t *r;
   int slot, fd;
   int small;                 /* a run of small chunks (else bulk: counts in rail.bulk_busy) */
+  int waits;                 /* a run of waiting READs (counts in rail.wait_busy) */
   uint32_t k;
   uint32_t reported;         /* chunks [0, reported) were reported as their answers came in */
   uint64_t token;            /* the batch of a run sent inline (its waiter may read the answers) */
@@ -1814,9 +1839,26 @@ static int bulk_may_start(tcp_exec_t *ex, rail_t *r) {
   return 0;
 }
 
+/* The next chunk of queue `q` is a waiting READ (a run led by one carries waiting READs only). */
+static int head_waits(const tent_chunk_queue_t *q);
+
+/* May a small run start on `r` now? A free slot, and for waiting READs fewer than wait_conns of the
+ * rail's connections carrying them: a connection parks them in order, so two keep the link busy
+ * (one is answered while the next run crosses), and each more is one more TCP flow sharing the hop
+ * (their standing queues made each hop of a pipeline chain trail its source by 40-100 ms instead
+ * of 15-20: docs/benchmarks.md, "Burst"). Called with ex->mu. */
+static int small_may_start(tcp_exec_t *ex, rail_t *r) {
+  if (r->qs.len == 0 || !(slot_free_bulk(ex, r) || !r->express_busy)) return 0;
+  return !head_waits(&r->qs) || r->wait_busy < ex->wait_conns;
+}
+
+static int bulk_run_may_start(tcp_exec_t *ex, rail_t *r) {
+  return r->q.len > 0 && (!head_waits(&r->q) || r->wait_busy < ex->wait_conns) && bulk_may_start(ex, r);
+}
+
 static int rail_is_ready(tcp_exec_t *ex, rail_t *r) {
   if (r->peer->removed) return 0;
-  return (r->qs.len > 0 && (slot_free_bulk(ex, r) || !r->express_busy)) || (r->q.len > 0 && bulk_may_start(ex, r));
+  return small_may_start(ex, r) || bulk_run_may_start(ex, r);
 }
 
 /* Small requests were just submitted on `r`: bulk is held back for the QoS window. ex->mu held. */
@@ -1963,6 +2005,7 @@ static void run_finish(tcp_exec_t *ex, pipe_run_t *pr, int broken) {
   r->slot_fd[pr->slot] = SLOT_FREE;
   if (pr->slot == ex->conns_per_rail) r->express_busy = 0;
   else r->busy--;
+  if (pr->waits) r->wait_busy--;
   if (!pr->small) {
     r->bulk_busy--;
     atomic_store(&ex->bulk_last_ms, mono_ms());
@@ -2094,11 +2137,18 @@ static void *worker_main(void *arg) {
     }
     /* small chunks first; several of them pipelined on one connection, shared out over the
      * slots free for them */
-    int small = r->qs.len > 0;
+    int small = small_may_start(ex, r);
+    if (!small && !bulk_run_may_start(ex, r)) { /* nothing it may start now (a stale ready entry) */
+      ready_unlink(ex, r);
+      rail_update_ready(ex, r);
+      continue;
+    }
     tent_chunk_queue_t *q = small ? &r->qs : &r->q;
+    int waits = head_waits(q);
     uint32_t want = 1;
     if (small) {
       int free_slots = (ex->conns_per_rail - r->busy) + !r->express_busy;
+      if (waits && free_slots > ex->wait_conns - r->wait_busy) free_slots = ex->wait_conns - r->wait_busy;
       want = (uint32_t)((q->len + (size_t)free_slots - 1) / (size_t)free_slots);
       if (want > (uint32_t)ex->pipeline) want = (uint32_t)ex->pipeline;
     }
@@ -2110,6 +2160,7 @@ static void *worker_main(void *arg) {
     while (pr->k < want && q->len > 0) {
       tent_chunk_t *head = &q->items[q->head];
       if (pr->k > 0 && bytes + head->len > ex->pipeline_bytes) break;
+      if (chunk_waits(head) != waits) break; /* a run waits or not as a whole (wait_busy) */
       tent_chunk_t c;
       tent_cq_pop(q, &c);
       int st = chunk_skip_status(ex, &c, down);
@@ -2128,6 +2179,8 @@ static void *worker_main(void *arg) {
     if (pr->k > 0) {
       pr->r = r;
       pr->small = small;
+      pr->waits = waits;
+      if (waits) r->wait_busy++;
       pr->slot = slot_claim(ex, r, small);
       pr->fd = r->slot_fd[pr->slot];
     }
@@ -2324,6 +2377,17 @@ EXPORT int tcp_qos_bulk_level(int knob, int bulk, uint64_t now_ms, uint64_t smal
 
 EXPORT int tcp_qos_bulk_nice(void *self) { return ((tcp_exec_t *)self)->qos_bulk_nice; }
 
+/* The process advanced a word that parked READs may wait for: they look again now. Cheap when
+ * none is parked (one atomic load). */
+EXPORT void tcp_wait_doorbell(void *self) {
+  tcp_exec_t *ex = self;
+  if (!ex || atomic_load(&ex->parked_now) == 0) return;
+  pthread_mutex_lock(&ex->wait_mu);
+  ex->wait_seq++;
+  pthread_cond_broadcast(&ex->wait_cv);
+  pthread_mutex_unlock(&ex->wait_mu);
+}
+
 EXPORT void tcp_server_stats(void *self, uint64_t *out) {
   tcp_exec_t *ex = self;
   pthread_mutex_lock(&ex->srv_mu);
@@ -2369,7 +2433,9 @@ static void *ex_create(const tent_host_api_t *host, const char *config, char *er
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&ex->cv, &ca); /* timed waits (the QoS window) on the monotonic clock */
   pthread_cond_init(&ex->reg_cv, &ca);
+  pthread_cond_init(&ex->wait_cv, &ca);
   pthread_condattr_destroy(&ca);
+  pthread_mutex_init(&ex->wait_mu, NULL);
   pthread_mutex_init(&ex->srv_mu, NULL);
   atomic_store(&ex->next_reqid, 1);
   if (ex->qos_bulk_nice && !qos_may_demote(ex->qos_bulk_nice)) ex->qos_bulk_nice = 0;
@@ -2532,6 +2598,7 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
         pipe_run_t *pr = runs[nruns];
         pr->r = r;
         pr->small = 1;
+        pr->waits = 0; /* waiting READs never go inline */
         pr->slot = slot_claim(ex, r, 1);
         pr->fd = r->slot_fd[pr->slot];
         if (pr->fd < 0) { /* the pooled connections were stale: a worker connects (never this thread) */
@@ -2708,6 +2775,8 @@ static void ex_destroy(void *self) {
   pthread_cond_destroy(&ex->cv);
   pthread_mutex_destroy(&ex->reg_mu);
   pthread_cond_destroy(&ex->reg_cv);
+  pthread_mutex_destroy(&ex->wait_mu);
+  pthread_cond_destroy(&ex->wait_cv);
   pthread_mutex_destroy(&ex->srv_mu);
   memset(ex->auth_key, 0, sizeof ex->auth_key);
   free(ex);
