@@ -132,7 +132,7 @@ PROBE_POLL_S = 0.001
 # crossed its own uplink's queue. WAIT_INFLIGHT_S of the measured rate in flight (at least
 # PARTIAL_MIN_WINDOW); a READ waits at most WAIT_TIMEOUT_S at the source, then fails NotReady and the
 # pull re-issues from what landed (or goes on as before if the source no longer holds the version).
-WAIT_READ = os.environ.get("REFHUB_WAIT_READ", "0") != "0"
+WAIT_READ = os.environ.get("REFHUB_WAIT_READ", "1") != "0"
 WAIT_INFLIGHT_S = float(os.environ.get("REFHUB_WAIT_INFLIGHT_S", "0.1"))
 WAIT_TIMEOUT_S = 0.2
 # ... in READs of at most this many KiB: a connection parks one READ at a time and serves those behind

@@ -71,6 +71,10 @@ typedef struct batch {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   struct batch *next_free; /* in its thread's cache of finished batches */
+  /* the wait conditions armed for its submit (Engine.submit_when): a copy, so that a slice re-issued
+   * from another thread (a retry) still waits at the target. Set before its slices are handed over */
+  tent_wait_t *waits;
+  uint32_t nwaits;
 } batch_t;
 
 /* Finished batches are kept for reuse by the thread that let go of the last reference: a submit
@@ -102,6 +106,9 @@ static void batch_cache_drop(void *unused) { /* thread exit: nothing stays behin
 
 static void batch_unref(batch_t *b) {
   if (atomic_fetch_sub(&b->refs, 1) == 1) {
+    free(b->waits);
+    b->waits = NULL;
+    b->nwaits = 0;
     if (tl_nfree < BATCH_CACHE && (tl_registered || pthread_setspecific(g_batch_cache_key, (void *)1) == 0)) {
       tl_registered = 1; /* nobody holds it: its mutex and condvar are idle */
       b->next_free = tl_free;
@@ -253,8 +260,10 @@ static __thread uint32_t tl_nwait TLS_IE, tl_wait_cap TLS_IE;
 
 static const tent_wait_t *host_wait(void *ctx, const tent_slice_t *s) {
   (void)ctx;
-  for (uint32_t i = 0; i < tl_nwait; i++)
-    if (s->local_addr >= tl_waits[i].local_start && s->local_addr < tl_waits[i].local_end) return &tl_waits[i];
+  const batch_t *b = (const batch_t *)(uintptr_t)s->token; /* the core's slices carry their batch */
+  if (!b) return NULL;
+  for (uint32_t i = 0; i < b->nwaits; i++)
+    if (s->local_addr >= b->waits[i].local_start && s->local_addr < b->waits[i].local_end) return &b->waits[i];
   return NULL;
 }
 
@@ -1007,6 +1016,15 @@ static int exec_submit_at(uint64_t ops_p, uint64_t exec_p, batch_t *b, tent_slic
   if (!exec_enter(ops_p, exec_p)) return TENT_E_INTERNAL;
   const tent_executor_ops_t *ops = ops_of(ops_p);
   uint64_t token = (uintptr_t)b;
+  if (tl_nwait && !b->waits) { /* Engine.submit_when: the batch keeps its conditions (retries too) */
+    b->waits = malloc((size_t)tl_nwait * sizeof *b->waits);
+    if (!b->waits) {
+      exec_leave();
+      return TENT_E_INTERNAL;
+    }
+    memcpy(b->waits, tl_waits, (size_t)tl_nwait * sizeof *b->waits);
+    b->nwaits = tl_nwait;
+  }
   for (uint32_t i = 0; i < n; i++) stamp_and_account(&s[i], token, t);
   int inl = want_inline && ops_has_inline(ops);
   if (inl && ops_has_progress(ops)) { /* it may leave work to the waiter: one such executor per batch */

@@ -5,6 +5,7 @@ on loopback."""
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from collections.abc import Iterator
@@ -98,3 +99,55 @@ def test_conditions_it_cannot_honour_are_refused(pair: tuple[Engine, Engine]) ->
         b.submit_when([Request(WRITE, dst, 0, remote, src.offset, 64)], [good])
     with pytest.raises(InvalidRequestError):
         b.submit_when([r, r], [good])
+
+
+class _Slice(ctypes.Structure):
+    _fields_ = [("local_addr", ctypes.c_uint64), ("remote_addr", ctypes.c_uint64), ("length", ctypes.c_uint64),
+                ("peer", ctypes.c_uint64), ("token", ctypes.c_uint64), ("submit_ns", ctypes.c_uint64),
+                ("opcode", ctypes.c_uint32), ("rail", ctypes.c_uint32), ("stat_index", ctypes.c_uint32),
+                ("attempt", ctypes.c_uint32)]
+
+
+class _Wait(ctypes.Structure):
+    _fields_ = [("local_start", ctypes.c_uint64), ("local_end", ctypes.c_uint64), ("word_addr", ctypes.c_uint64),
+                ("floor", ctypes.c_uint64), ("lo", ctypes.c_uint64), ("hi", ctypes.c_uint64),
+                ("wait_ms", ctypes.c_uint32), ("reserved", ctypes.c_uint32)]
+
+
+_WAIT_FN = ctypes.CFUNCTYPE(ctypes.POINTER(_Wait), ctypes.c_void_p, ctypes.POINTER(_Slice))
+
+
+class _Host(ctypes.Structure):
+    _fields_ = [("abi_version", ctypes.c_uint32), ("struct_size", ctypes.c_uint32), ("ctx", ctypes.c_void_p),
+                ("complete", ctypes.c_void_p), ("is_cancelled", ctypes.c_void_p), ("note", ctypes.c_void_p),
+                ("digest", ctypes.c_void_p), ("wait", _WAIT_FN)]
+
+
+def test_the_batch_keeps_its_conditions_for_a_retry_on_another_thread(pair: tuple[Engine, Engine]) -> None:
+    """A slice the core re-issues (recovery, its own thread) must still wait at the target: the
+    conditions live in the batch, not in the submitting thread's arm."""
+    from tent_core import _native
+
+    a, b = pair
+    src, ctrl, dst = a.allocate(4096), a.allocate(64), b.allocate(4096)
+    _word(ctrl)[0] = V
+    remote = f"{a.engine_id}/default"
+    h = b.submit_when([Request(READ, dst, 0, remote, src.offset, 4096)], [WaitWord(ctrl.offset, V, V | 4096, V | MASK, 5.0)],
+                      10.0)
+    host = _Host.from_address(_native.host_api_address())
+    assert host.struct_size >= ctypes.sizeof(_Host)
+    got: list[Any] = []
+
+    def elsewhere() -> None:  # a thread that armed nothing, as the core's retry thread
+        s = _Slice(local_addr=dst.addr + 100, length=8, token=h.token, opcode=0)
+        w = host.wait(None, ctypes.byref(s))
+        got.append((w.contents.lo, w.contents.hi, w.contents.floor, w.contents.local_start) if w else None)
+        s2 = _Slice(local_addr=dst.addr + 4096, length=8, token=h.token, opcode=0)  # outside the request
+        got.append(bool(host.wait(None, ctypes.byref(s2))))
+
+    t = threading.Thread(target=elsewhere)
+    t.start()
+    t.join()
+    assert got == [(V | 4096, V | MASK, V, dst.addr), False]
+    _word(ctrl)[0] = V | 4096
+    h.wait()
