@@ -165,8 +165,9 @@ static void host_complete(void *ctx, const tent_slice_t *s, int32_t status) {
       __atomic_fetch_add(&st[TENT_STAT_LATENCY_NS_SUM], lat, __ATOMIC_RELAXED);
       __atomic_store_n(&st[TENT_STAT_LAST_LATENCY_NS], lat, __ATOMIC_RELAXED);
       __atomic_store_n(&st[TENT_STAT_LAST_COMPLETE_NS], (int64_t)t, __ATOMIC_RELAXED);
-    } else if (status != TENT_E_CANCELLED && status != TENT_E_REROUTED) {
-      /* a slice handed back untouched (rerouted) or cancelled did not fail on this rail */
+    } else if (status != TENT_E_CANCELLED && status != TENT_E_REROUTED && status != TENT_E_NOT_READY) {
+      /* a slice handed back untouched (rerouted), cancelled, or a waiting READ whose bytes were not
+       * there yet (the path answered) did not fail on this rail */
       __atomic_fetch_add(&st[TENT_STAT_ERRORS], 1, __ATOMIC_RELAXED);
     }
   }
