@@ -134,7 +134,7 @@ PROBE_POLL_S = 0.001
 # pull re-issues from what landed (or goes on as before if the source no longer holds the version).
 WAIT_READ = os.environ.get("REFHUB_WAIT_READ", "1") != "0"
 WAIT_INFLIGHT_S = float(os.environ.get("REFHUB_WAIT_INFLIGHT_S", "0.1"))
-WAIT_TIMEOUT_S = 0.2
+WAIT_TIMEOUT_S = float(os.environ.get("REFHUB_WAIT_TIMEOUT_S", "0.2"))
 # ... in READs of at most this many KiB: a connection parks one READ at a time and serves those behind
 # it in order, so what a reader has parked at its source is its connections x the requests pipelined on
 # each; requests up to the engine's small_request_bytes are pipelined (the tcp executor sends several

@@ -29,7 +29,7 @@ def _free_port() -> int:
 
 class Proc:
     def __init__(self, args: list[str]) -> None:
-        self.p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, text=True)
+        self.p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
     def kill(self) -> None:
         if self.p.poll() is None:
@@ -208,6 +208,34 @@ def test_pipeline_chain_over_tcp_with_and_without_waiting_reads(procs, monkeypat
         assert used == (wait_read == "1") and (batches > 0) == used, st["wait_read"]
     # a full copy's reader never waits
     assert all(not rep["stats"]["wait_read"][0] for rep in reps if not rep["stats"]["sources"][0][1])
+
+
+def test_waiting_reads_that_time_out_are_reissued(procs, monkeypatch) -> None:
+    """A reader far ahead of a slow partial source: its READs wait out REFHUB_WAIT_TIMEOUT_S at the
+    source (NotReady), the pull re-issues them from what landed, and every byte is still verified."""
+    monkeypatch.setenv("TENT_PLUGINS", "tcp")
+    monkeypatch.setenv("REFHUB_WAIT_READ", "1")
+    monkeypatch.setenv("REFHUB_WAIT_TIMEOUT_S", "0.01")
+    srv, addr = start_server(hb_timeout=LIVE_HB_TIMEOUT)
+    procs.append(srv)
+    t = Worker(addr, "trainer", "--size-mb", "16")
+    procs.append(t)
+    t.cmd("fill 1")
+    t.cmd("publish 1")
+    slow = Worker(addr, "rollout0", "--size-mb", "16", "--throttle-mbps", "8")
+    fast = Worker(addr, "rollout1", "--size-mb", "16")
+    procs.extend([slow, fast])
+    slow.send("replicate latest")
+    time.sleep(0.3)
+    fast.send("replicate latest")
+    reps = [slow.read(), fast.read()]
+    for rep in reps:
+        assert rep["ok"] and rep["v"] == 1 and rep["data_ok"], rep
+    st = reps[1]["stats"]
+    if st["sources"][0] != ["rollout0", True]:
+        pytest.skip(f"the server gave the second reader {st['sources'][0]}, not the slow partial copy")
+    used, batches, reissued = st["wait_read"]
+    assert used and batches > 0 and reissued > 0, st["wait_read"]
 
 
 def test_source_death_mid_transfer(procs) -> None:
