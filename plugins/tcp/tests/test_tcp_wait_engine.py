@@ -22,10 +22,10 @@ V = 3 << 40
 MASK = (1 << 40) - 1
 
 
-@pytest.fixture
-def pair(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Engine, Engine]]:
+def _engines_with(monkeypatch: pytest.MonkeyPatch, engine: dict[str, Any] | None = None,
+                  **tcp: Any) -> Iterator[tuple[Engine, Engine]]:
     monkeypatch.setenv("TENT_PLUGINS", "tcp")
-    cfg: dict[str, Any] = {"transports": {"tcp": {}}}
+    cfg: dict[str, Any] = {**(engine or {}), "transports": {"tcp": tcp}}
     a, b = Engine(cfg), Engine(cfg)
     try:
         if "tcp" not in b.transports:
@@ -34,6 +34,11 @@ def pair(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Engine, Engine]]:
     finally:
         b.close()
         a.close()
+
+
+@pytest.fixture
+def pair(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Engine, Engine]]:
+    yield from _engines_with(monkeypatch)
 
 
 def _word(buf: Any) -> np.ndarray:
@@ -151,3 +156,32 @@ def test_the_batch_keeps_its_conditions_for_a_retry_on_another_thread(pair: tupl
     assert got == [(V | 4096, V | MASK, V, dst.addr), False]
     _word(ctrl)[0] = V | 4096
     h.wait()
+
+
+@pytest.mark.parametrize("wait_conns", [2, 4])
+def test_waiting_reads_take_at_most_wait_conns_connections(monkeypatch: pytest.MonkeyPatch, wait_conns: int) -> None:
+    """Each connection parks one waiting READ at a time (the rest wait behind it, in order): the
+    READs parked at the target at once are the connections the initiator gives them."""
+    # a progress timeout long enough that the initiator lets them wait (it caps a
+    # READ's wait at half of it)
+    engines = _engines_with(monkeypatch, {"slice_timeout_s": 5.0}, wait_conns=wait_conns)
+    a, b = next(engines)
+    try:
+        src, ctrl, dst = a.allocate(4 << 20), a.allocate(64), b.allocate(4 << 20)
+        _word(ctrl)[0] = V
+        remote = f"{a.engine_id}/default"
+        piece = 256 << 10  # small requests: pipelined runs
+        reqs = [Request(READ, dst, k, remote, src.offset + k, piece) for k in range(0, 4 << 20, piece)]
+        waits = [WaitWord(ctrl.offset, V, V | (k + piece), V | MASK, 5.0) for k in range(0, 4 << 20, piece)]
+        h = b.submit_when(reqs, waits, 30.0)
+        stats = a.transports["tcp"]._exec.server_stats  # type: ignore[attr-defined]
+        seen, t_end = 0, time.monotonic() + 0.4  # the target parks one 1 s at most (wait_max_ms)
+        while time.monotonic() < t_end:
+            seen = max(seen, stats()["parked"])
+            time.sleep(0.005)
+        assert seen == wait_conns
+        _word(ctrl)[0] = V | (4 << 20)
+        h.wait()
+        assert stats()["parked"] == 0 and stats()["waits_served"] >= wait_conns
+    finally:
+        next(engines, None)
