@@ -140,6 +140,10 @@ WAIT_TIMEOUT_S = float(os.environ.get("REFHUB_WAIT_TIMEOUT_S", "0.2"))
 # each; requests up to the engine's small_request_bytes are pipelined (the tcp executor sends several
 # on one connection), larger ones take a connection each (4: 20 ms of the link parked in 312 KB READs)
 WAIT_PIECE = int(float(os.environ.get("REFHUB_WAIT_PIECE_KB", "256")) * 1024)
+# ... and a reader of a complete copy too (its word already covers everything, so nothing waits): its
+# READs then travel as the waiting ones do, in order on the transport's few waiting connections, so
+# its own progress word (what its pipeline readers wait on) follows its landed bytes closely
+WAIT_FULL = os.environ.get("REFHUB_WAIT_FULL", "0") != "0"
 # A source whose every path has failed (stopped, or its links cut) is given up after this much silence
 # and the bytes are read from another copy. The engine itself keeps such a request waiting until its
 # deadline (a peer that comes back in time loses nothing), which for a pull is up to 10 s; refhub has
@@ -1580,7 +1584,7 @@ class ShardHandle:
         t_start = time.monotonic()
         avail = total if not partial else 0
         # waiting READs (WAIT_READ): every READ waits at the source for its bytes, so nothing gates issuing
-        waiting = partial and WAIT_READ and not any(copyish) and self._can_wait(seg)
+        waiting = (partial or WAIT_FULL) and WAIT_READ and not any(copyish) and self._can_wait(seg)
         if waiting:
             avail = total
             st["wait_read"] = True
@@ -1751,7 +1755,7 @@ class ShardHandle:
                     self._read([(self._scratch, 0, seg, ref["progress"], 8)], deadline)
                     if self._progress_word(v, 0) < 0:
                         waiting = False
-                        avail = st["done"]
+                        avail = st["done"] if partial else total
                     adapt()
         finally:
             if probe is not None:
