@@ -77,9 +77,14 @@ class StatField(enum.IntEnum):
     PROGRESS_NS = 9
     BYTES_MOVED = 10
     CONGESTION = 11
+    GENERATION = 12  # the core's: which holder of the slot a slice's stat_index names (rails.py)
 
 
 STAT_FIELDS = len(StatField)
+# tent_slice_t.stat_index: the telemetry slot in the low bits, the generation of the rail holding it
+# above (a slice of a rail that let the slot go counts nowhere); all ones: no slot
+STAT_SLOT_BITS = 12
+STAT_NONE = 0xFFFFFFFF
 
 # tent_slice_t.attempt: retry count in bits 0-15, TENT_HINT_* flags in bits 16-23, the core's own
 # round counter (recovery: times a slice waited for a path) in bits 24-31
@@ -116,6 +121,8 @@ def _check_against_header() -> None:
         problems.append(f"note events: header {dict(_native.NOTE_EVENTS)}")
     if SLICE_DTYPE.itemsize != _native.SLICE_SIZE or FAILURE_DTYPE.itemsize != _native.FAILURE_SIZE:
         problems.append("slice record size")
+    if _native.STAT_SLOT_BITS != STAT_SLOT_BITS:
+        problems.append(f"stat_index slot bits: header {_native.STAT_SLOT_BITS}")
     if (_native.ATTEMPT_MASK, _native.HINT_SMALL) != (ATTEMPT_MASK, HINT_SMALL):
         problems.append("slice hints")
     if problems:
@@ -125,7 +132,7 @@ def _check_against_header() -> None:
 _check_against_header()
 
 __all__ = [
-    "ATTEMPT_MASK", "FAILURE_DTYPE", "FIRST_FINAL_STATUS", "HINT_MASK", "HINT_SMALL", "MAX_ROUNDS", "Note", "ROUND_SHIFT", "SLICE_DTYPE", "STAT_FIELDS", "StatField",
+    "ATTEMPT_MASK", "FAILURE_DTYPE", "FIRST_FINAL_STATUS", "HINT_MASK", "HINT_SMALL", "MAX_ROUNDS", "Note", "ROUND_SHIFT", "SLICE_DTYPE", "STAT_FIELDS", "STAT_NONE", "STAT_SLOT_BITS", "StatField",
     "Status", "WAIT_DTYPE", "is_retryable",
 ]
 

@@ -312,7 +312,7 @@ class Submitter:
         entry = _native.FastEntry(
             gen=gen, local=buf, laddr=buf.addr, llen=buf.length, rseg=self._remote_segment(peer, seg),
             rkind=_KIND_CODES[rbuf.kind], perm=_PERM_READ if op == OpCode.READ else _PERM_WRITE, opcode=int(op),
-            ops=ex.ops, executor=ex.handle, link=route.link.handle, rail=rail.info.index, slot=rail.slot,
+            ops=ex.ops, executor=ex.handle, link=route.link.handle, rail=rail.info.index, slot=rail.stat_index,
             split=max(0, transport.split_bytes), inline_max=max(0, inline), route=route, decision=decision,
         )
         fast.put(key, entry)
@@ -349,7 +349,7 @@ class Submitter:
             transport = route.transport
             ex = transport.executor
             rc = _native.submit_one(
-                ex.ops, ex.handle, batch, int(op), local, remote, length, route.link.handle, rail.info.index, rail.slot, hint,
+                ex.ops, ex.handle, batch, int(op), local, remote, length, route.link.handle, rail.info.index, rail.stat_index, hint,
                 length <= transport.inline_bytes,
             )
             if rc != 0:
@@ -366,7 +366,7 @@ class Submitter:
             arr["length"] = [it[5] for it in items]
             arr["peer"] = [it[0].link.handle for it in items]
             arr["rail"] = [it[1].info.index for it in items]
-            arr["stat_index"] = [it[1].slot for it in items]
+            arr["stat_index"] = [it[1].stat_index for it in items]
             arr["attempt"] = [it[6] for it in items]  # hints; attempt 0
             transport = items[0][0].transport
             ex = transport.executor

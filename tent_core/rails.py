@@ -5,10 +5,15 @@ A rail is one path of one transport to one peer. Each gets a slot in the native 
 the GIL); the scheduler reads them through a numpy view.
 
 Slots are process-wide and reference counted: engines `acquire` a rail when a route connects and
-`release` it when the route goes (peer forgotten or replaced, engine closed). A slot whose last
-holder released it is reused only once no slice counted on it is in flight any more (its row is
-zeroed then), so peer churn never exhausts the table and a late completion never lands in another
-rail's row.
+`release` it when the route goes (peer forgotten or replaced, engine closed), so peer churn never
+exhausts the table. A slot outlives its rail in two ways, and neither may reach the next holder's row:
+
+* slices counted on it are still in flight: the slot is reused only once none is (the completion
+  path takes a slice out of flight after its last count), its counters zeroed then;
+* something still holds the old `Rail` (a plan being dispatched, a retry, a heartbeat, a failure
+  waiting for recovery) and submits or looks it up later: slices carry `Rail.stat_index`, the slot
+  and the generation of its holder, and the slot's generation moves on when the rail is released,
+  so such a slice counts nowhere and `by_index` no longer finds the rail.
 """
 
 from __future__ import annotations
@@ -19,13 +24,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _native
-from .abi import STAT_FIELDS, StatField
+from .abi import STAT_FIELDS, STAT_SLOT_BITS, StatField
 from .config import SchedulerConfig
 from .telemetry import RailTelemetry
 from .types import RailInfo
 
-MAX_RAIL_SLOTS = 4096
+MAX_RAIL_SLOTS = 1 << STAT_SLOT_BITS
+_SLOT_MASK = MAX_RAIL_SLOTS - 1
 _INFLIGHT = int(StatField.INFLIGHT_SLICES)
+_INFLIGHT_BYTES = int(StatField.INFLIGHT_BYTES)
+_GEN = int(StatField.GENERATION)
+_MAX_GEN = (1 << (32 - STAT_SLOT_BITS)) - 2  # as native stat_retire: never all ones (STAT_NONE)
 
 
 @dataclass(eq=False)
@@ -33,8 +42,9 @@ class Rail:
     transport: str
     peer_id: str
     info: RailInfo
-    slot: int
+    slot: int  # the row of the telemetry table (and the rail monitor's key)
     telemetry: RailTelemetry
+    stat_index: int = 0  # what its slices carry: the slot and this holder's generation of it
     holders: int = field(default=0, repr=False)  # RailTable bookkeeping
 
 
@@ -43,7 +53,12 @@ class RailTable:
     counters (the process-wide RAILS does; a private table in a unit test does not)."""
 
     def __init__(self, slots: int = MAX_RAIL_SLOTS, *, install: bool = True) -> None:
+        if slots > MAX_RAIL_SLOTS:
+            raise ValueError(
+                f"at most {MAX_RAIL_SLOTS} rail slots (a slice's stat_index has {STAT_SLOT_BITS} bits for it)"
+            )
         self.stats = np.zeros((slots, STAT_FIELDS), np.int64)
+        self._installed = install
         if install:
             _native.set_stats(self.stats)
         self._lock = threading.Lock()
@@ -58,9 +73,9 @@ class RailTable:
         with self._lock:
             rail = self._by_key.get(key)
             if rail is None:
-                slot = self._take_slot()
+                slot, gen = self._take_slot()
                 tel = RailTelemetry(slot, info.nominal_gbps * 1e9, info.penalty, config=config, name=info.name)
-                rail = Rail(transport, peer_id, info, slot, tel)
+                rail = Rail(transport, peer_id, info, slot, tel, slot | gen << STAT_SLOT_BITS)
                 self._by_key[key] = rail
                 self._by_slot[slot] = rail
             rail.holders += 1
@@ -78,28 +93,58 @@ class RailTable:
                 return False
             del self._by_key[(rail.transport, rail.peer_id, rail.info.index)]
             self._by_slot[rail.slot] = None
+            self._retire(rail.slot)
             self._free.append(rail.slot)
             return True
 
-    def _take_slot(self) -> int:
+    def _take_slot(self) -> tuple[int, int]:
+        """A slot for a new rail and its generation there (counters zeroed)."""
         for i, slot in enumerate(self._free):
-            if self.stats[slot, _INFLIGHT] <= 0:  # late completions of the old rail have all landed
+            gen = self._claim(slot)
+            if gen:  # the old rail's counted slices have all landed
                 del self._free[i]
-                self.stats[slot] = 0
-                return slot
-        slot = len(self._by_slot)
-        if slot >= len(self.stats):
-            raise RuntimeError(
-                f"all {len(self.stats)} rail slots are in use ({len(self._free)} released ones still have slices in flight)"
-            )
-        self._by_slot.append(None)
-        return slot
+                return slot, gen
+        while len(self._by_slot) < len(self.stats):
+            slot = len(self._by_slot)
+            self._by_slot.append(None)
+            gen = self._claim(slot)
+            if gen:
+                return slot, gen
+            self._free.append(slot)  # a raw submit passing through its counters: later
+        raise RuntimeError(
+            f"all {len(self.stats)} rail slots are in use ({len(self._free)} released ones still have slices in flight)"
+        )
+
+    def _claim(self, slot: int) -> int:
+        if self._installed:  # against the completion path, with its atomics
+            return int(_native.stat_claim(slot))
+        row = self.stats[slot]
+        if row[_INFLIGHT] > 0:
+            return 0
+        keep = row[[_INFLIGHT_BYTES, _INFLIGHT, _GEN]].copy()
+        row[:] = 0
+        row[[_INFLIGHT_BYTES, _INFLIGHT, _GEN]] = keep
+        row[_GEN] = row[_GEN] or 1
+        return int(row[_GEN])
+
+    def _retire(self, slot: int) -> None:
+        if self._installed:
+            _native.stat_retire(slot)
+        else:
+            self.stats[slot, _GEN] = self.stats[slot, _GEN] % _MAX_GEN + 1
 
     def by_slot(self, slot: int) -> Rail | None:
+        """The rail holding telemetry slot `slot` now."""
         return self._by_slot[slot] if 0 <= slot < len(self._by_slot) else None
 
+    def by_index(self, stat_index: int) -> Rail | None:
+        """The rail a slice's stat_index names, if it still holds its slot (None once released)."""
+        rail = self.by_slot(stat_index & _SLOT_MASK)
+        return rail if rail is not None and rail.stat_index == stat_index else None
+
     def row(self, slot: int) -> np.ndarray:
-        return self.stats[slot]
+        """The telemetry row of a slot (a stat_index names the same row)."""
+        return self.stats[slot & _SLOT_MASK]
 
     def in_use(self) -> int:
         """Rails currently held by some engine."""

@@ -117,7 +117,7 @@ class Recovery:
         if handle.is_probe:  # heartbeats are never retried; the health tick reads the outcome
             batch.fail_slice(status)
             return
-        rail = RAILS.by_slot(int(s["stat_index"]))
+        rail = RAILS.by_index(int(s["stat_index"]))  # None once its rail let the slot go
         peer, route = self._locate(rail, int(s["peer"]))
         log.debug("slice failed (status %d, %d bytes, rail %s): retrying or parking", status, int(s["length"]),
                   rail.info.name if rail is not None else "gone")  # fmt: skip
@@ -167,7 +167,7 @@ class Recovery:
         batch.note_retry()
         ex = route.transport.executor
         rc = _native.submit_one(ex.ops, ex.handle, batch, opcode, local, remote, length, route.link.handle,
-                                rail.info.index, rail.slot, attempt)  # fmt: skip
+                                rail.info.index, rail.stat_index, attempt)  # fmt: skip
         if rc != 0:
             self._give_up(handle, rc, f"the {route.transport.name} executor refused the retried slice")
 
@@ -398,6 +398,8 @@ class Recovery:
         hc = self.config.health
         still: list[tuple[Rail, BatchHandle, float]] = []
         for rail, h, sent in self._probes:
+            if RAILS.by_index(rail.stat_index) is not rail:
+                continue  # released meanwhile: its slot (and health entry) may be another rail's now
             b = h._batch
             if b.remaining:
                 if now - sent > max(hc.probe_timeout_s, self.config.slice_timeout_s) * 4:
@@ -434,7 +436,7 @@ class Recovery:
         self._progress.track(h)
         ex = route.transport.executor
         rc = _native.submit_one(ex.ops, ex.handle, batch, int(OpCode.READ), probe.addr, bufs[0].addr,
-                                PROBE_BYTES, route.link.handle, rail.info.index, rail.slot, 0)
+                                PROBE_BYTES, route.link.handle, rail.info.index, rail.stat_index, 0)
         if rc != 0:
             batch.fail_slice(rc)
         self._probes.append((rail, h, now))

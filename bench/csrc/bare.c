@@ -331,8 +331,21 @@ static void *serve_conn(void *arg) {
   tent_busy_poll_init(&bp, (uint32_t)mem.spin_us * 1000u, mem.adaptive);
   uint64_t last_len = 0, served = 0;
   for (;;) {
-    if (last_len <= POLL_AFTER_BYTES) wait_readable(fd, &bp, served);
+    /* as the engine's server connection: poll first as the policy says, then sleep in the recv of
+     * the header itself (not in a poll before it); the policy learns when the header was in */
+    uint64_t t0 = 0;
+    uint32_t budget = 0;
+    int lost = 0;
+    if (last_len <= POLL_AFTER_BYTES && bp.cap_ns) {
+      t0 = now_ns();
+      budget = tent_busy_poll_begin(&bp);
+      spin_readable(fd, budget, &lost);
+    }
     if (recv_all(fd, h, sizeof h)) break;
+    if (t0) {
+      uint64_t now = now_ns();
+      tent_busy_poll_end(&bp, budget, now - t0, served && served <= t0 ? now - served : now - t0, lost);
+    }
     served = now_ns();
     uint32_t op;
     uint64_t len, off;

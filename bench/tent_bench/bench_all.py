@@ -570,7 +570,7 @@ def default_steps() -> list[Step]:
     fab = [TENT, "bench", "--fabric", "4x1gbit", "--json"]
     deg = [*fab, "--degrade", "3:0.5", "--policy", "spray,round_robin"]
     return [
-        Step("tcp", [*b, "--transport", "tcp", "--block-sizes", "4M,64M", "--iters", "100", "--rounds", "3",
+        Step("tcp", [*b, "--transport", "tcp", "--block-sizes", "4M,64M", "--iters", "400", "--rounds", "5",
                      "--baseline", "socket,mooncake"],
              [*b, "--transport", "tcp", "--block-sizes", "4M", *_Q, "--baseline", "socket"],
              render_local, lambda t: _ratio_target(t, "socket", 0.8) + "  \n" + _ratio_target(t, "mooncake", 2.0),
@@ -578,12 +578,12 @@ def default_steps() -> list[Step]:
         Step("tcp-tail", [PY, "-m", "tent_bench.tail", "--requests", "1000", "--run", "100", "--block", "64M", "--op", "WRITE"],
              [PY, "-m", "tent_bench.tail", "--requests", "20", "--run", "5", "--block", "4M", "--op", "WRITE"],
              render_tail, target_tail, timeout_s=900),  # fmt: skip
-        Step("shm-cma", [*b, "--transport", "shm", "--block-sizes", "4M,64M", "--iters", "40", "--rounds", "3", "--baseline",
+        Step("shm-cma", [*b, "--transport", "shm", "--block-sizes", "4M,64M", "--iters", "400", "--rounds", "5", "--baseline",
                          "cma", "--config", '{"transports": {"shm": {"mode": "cma"}}}'],
              [*b, "--transport", "shm", "--block-sizes", "4M", *_Q, "--baseline", "cma", "--config",
               '{"transports": {"shm": {"mode": "cma"}}}'],
              render_local, lambda t: _ratio_target(t, "cma", 0.9), covers=LOCAL_SCRIPTS),  # fmt: skip
-        Step("shm-memfd", [*b, "--transport", "shm", "--block-sizes", "4M,64M", "--iters", "40", "--rounds", "3",
+        Step("shm-memfd", [*b, "--transport", "shm", "--block-sizes", "4M,64M", "--iters", "400", "--rounds", "5",
                            "--baseline", "memcpy", "--config", '{"transports": {"shm": {"mode": "memfd"}}}'],
              [*b, "--transport", "shm", "--block-sizes", "4M", *_Q, "--baseline", "memcpy", "--config",
               '{"transports": {"shm": {"mode": "memfd"}}}'],
@@ -628,6 +628,10 @@ def default_steps() -> list[Step]:
              render_fault, needs_root=True, covers=FABRIC_SCRIPTS, opt_in=True),  # fmt: skip
         Step("resilience", ["scripts/bench-resilience.sh"], needs=("scripts/bench-resilience.sh",), needs_root=True,
              covers=("scripts/bench-resilience.sh",), timeout_s=900),  # fmt: skip
+        Step("small-peer", [*b, "--transport", "tcp", "--block-sizes", "64K,256K", "--iters", "2000", "--rounds", "5",
+                            "--baseline", "mooncake"],
+             [*b, "--transport", "tcp", "--block-sizes", "64K", *_Q, "--baseline", "mooncake"],
+             render_local, lambda t: _ratio_target(t, "mooncake", 1.0), covers=LOCAL_SCRIPTS, timeout_s=900),  # fmt: skip
         Step("small", ["scripts/bench-small.sh"], needs=("scripts/bench-small.sh",), covers=("scripts/bench-small.sh",),
              render=render_small, quick_env={"ROUNDS": "1", "BUDGET": "8M"}),  # fmt: skip
         Step("auth", ["scripts/bench-auth.sh"], needs=("scripts/bench-auth.sh",), covers=("scripts/bench-auth.sh",),
@@ -873,6 +877,45 @@ def render_machine(facts: dict[str, Any], results: list[Result], quick: bool, to
     return "\n".join(lines)
 
 
+PARTIAL = "**Re-run alone**"  # the machine block's lines for steps a later `--only` run replaced
+
+
+def block_body(doc: str, name: str) -> str | None:
+    m = next((m for m in _BLOCK.finditer(doc) if m.group("name") == name), None)
+    return m.group("body").rstrip("\n") if m else None
+
+
+def render_partial_machine(previous: str, facts: dict[str, Any], results: list[Result]) -> str:
+    """The machine block after an `--only` run: the series that wrote the rest of the document
+    keeps its header; each re-run step's row is replaced (a new step's row appended) and one line
+    per re-run says when, at which commit, on which machine and under what load, so no table is
+    read as part of a series it was not measured in."""
+    ran = {r.step.name: r for r in results if r.status != "skipped"}
+    if not ran:
+        return previous
+    la = " ".join(f"{x:.2f}" for x in facts["load_start"])
+    le = " ".join(f"{x:.2f}" for x in facts.get("load_end", ()))
+    stamp = f"re-run alone {facts['date']} (commit {facts['commit']})"
+    lines, seen = [], set()
+    for ln in previous.splitlines():
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")] if ln.startswith("| ") else []
+        if cells and cells[0] in ran:
+            r = ran[cells[0]]
+            seen.add(cells[0])
+            ln = "| " + " | ".join([r.step.name, r.status, f"{r.seconds:.0f}", "; ".join(x for x in (stamp, r.reason) if x)]) + " |"
+        lines.append(ln)
+    new_rows = ["| " + " | ".join([n, r.status, f"{r.seconds:.0f}", "; ".join(x for x in (stamp, r.reason) if x)]) + " |"
+                for n, r in ran.items() if n not in seen]  # fmt: skip
+    if new_rows:
+        last = max((i for i, ln in enumerate(lines) if ln.startswith("| ")), default=len(lines) - 1)
+        lines[last + 1:last + 1] = new_rows
+    note = (f"{PARTIAL} {facts['date']} (commit {facts['commit']}): {', '.join(ran)} on "
+            f"{facts['cpu'] or 'unknown CPU'}, {facts['cores']} cores; load average at the start {la}, at the end {le}.")
+    first_table = next((i for i, ln in enumerate(lines) if ln.startswith("| ")), len(lines))
+    lines[first_table:first_table] = [note, ""]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="scripts/bench-all.sh", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -929,6 +972,8 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     blocks: dict[str, str] = {}
     selected = [s for s in steps if (only is None or s.name in only) and s.name not in skip]
+    # a series of some steps updates their tables; the header of the series that wrote the rest stays
+    previous_machine = block_body(doc_path.read_text(), "machine") if only and not args.quick else None
     for i, step in enumerate(selected, 1):
         why = skip_reason(step, root, is_root, args.quick, only)
         if why:
@@ -943,7 +988,10 @@ def main(argv: list[str] | None = None) -> int:
         results.append(res)
         # written after every step: an interrupted series keeps what it measured
         facts["load_end"] = os.getloadavg()
-        blocks["machine"] = render_machine(facts, results, args.quick, time.monotonic() - t_start)
+        if previous_machine is not None:
+            blocks["machine"] = render_partial_machine(previous_machine, facts, results)
+        else:
+            blocks["machine"] = render_machine(facts, results, args.quick, time.monotonic() - t_start)
         text = replace_blocks(doc_path.read_text(), blocks)
         if TARGETS in blocks_in(text):
             text = replace_blocks(text, {TARGETS: targets_summary(text)})

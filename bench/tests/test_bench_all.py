@@ -214,3 +214,33 @@ def test_server_sweep_rendering_has_one_row_per_configuration():
                                        "rows": [row(8192, 8, False), row(4096, 1, True)]}))  # fmt: skip
     assert "| 8192 | 8192 | 8 | one request | 100 (90-110) | 5 (4-6) | 0.5 | 0 | 0 |" in out, out
     assert "| 4096 | 8 | 1 | batched |" in out and "3 rounds per configuration" in out
+
+
+def test_a_partial_series_keeps_the_full_series_header_and_marks_what_it_re_ran(tmp_path):
+    full = ba.render_machine(
+        {"date": "2026-01-01 00:00 UTC", "commit": "aaaa", "cpu": "CPU-A", "cores": 2, "memory": "24 GiB", "kernel": "k",
+         "python": "3.11", "load_start": (1.0, 1.0, 1.0), "load_end": (2.0, 2.0, 2.0)},
+        [ba.Result(ba.Step("tcp", ["x"]), "ok", 60), ba.Result(ba.Step("shm-cma", ["x"]), "ok", 13)], False, 600)
+    facts = {"date": "2026-02-02 10:00 UTC", "commit": "bbbb", "cpu": "CPU-B", "cores": 2, "memory": "24 GiB",
+             "kernel": "k", "python": "3.11", "load_start": (0.5, 0.5, 0.5), "load_end": (0.7, 0.7, 0.7)}
+    ran = [ba.Result(ba.Step("tcp", ["x"]), "ok", 99), ba.Result(ba.Step("brand-new", ["x"]), "failed", 5, reason="exit code 2"),
+           ba.Result(ba.Step("rdma", ["x"]), "skipped", reason="opt-in")]  # fmt: skip
+    out = ba.render_partial_machine(full, facts, ran)
+    assert "**Generated** 2026-01-01 00:00 UTC" in out and "commit aaaa" in out and "CPU-A" in out  # the series stays
+    assert f"{ba.PARTIAL} 2026-02-02 10:00 UTC (commit bbbb): tcp, brand-new on CPU-B" in out
+    assert "| tcp | ok | 99 | re-run alone 2026-02-02 10:00 UTC (commit bbbb) |" in out
+    assert "| shm-cma | ok | 13 |  |" in out  # a step not re-run keeps its row
+    assert "| brand-new | failed | 5 | re-run alone 2026-02-02 10:00 UTC (commit bbbb); exit code 2 |" in out
+    assert "rdma" not in out  # a skipped step changes nothing
+    assert out.count("| tcp |") == 1
+    assert ba.render_partial_machine(full, facts, ran[2:]) == full
+    # end to end: an --only run of a generic step leaves the series header in place
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(ba.replace_blocks(DOC, {"machine": full}))
+    p = subprocess.run([sys.executable, "-m", "tent_bench.bench_all", "--only", "echo", "--step", "echo=echo hello",
+                        "--doc", str(doc), "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    machine = ba.block_body(doc.read_text(), "machine")
+    assert machine is not None and "**Generated** 2026-01-01 00:00 UTC" in machine and "| echo | ok |" in machine
+    assert ba.PARTIAL in machine and "| tcp | ok | 60 |" in machine

@@ -3,6 +3,7 @@ staging, checksum failures, and the stager's message validation."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import msgpack
@@ -323,20 +324,76 @@ def test_fused_pull_hashes_inside_the_executors_copy(server, monkeypatch, fused_
     p.close()
 
 
-def _unarmed_submit(r: C.ShardHandle, unarmed: Callable[[list], bool], corrupt: list[int]) -> Callable:
-    """A stand-in for `r._submit` that drops the digest of the armed submits `unarmed` picks (as if
-    another route, or a retry, had carried them: their bytes land unfolded); once `corrupt` names an
-    offset of t5, that byte is changed right after its piece landed, before the lane folds it."""
+GROUP_SIZES = [2 * MB + 4096 * i + 13 * (i % 3) for i in range(16)] + [1000, 7000]
+
+
+@pytest.mark.parametrize("mutate", [None, 11])  # t11: the 4th tensor of the stream (t0 t1 t10 t11 ...), the first group
+def test_fused_digest_pull_reads_several_tensors_per_submit(server, monkeypatch, fused_lanes, mutate) -> None:
+    """With the executor's digest, a lane READs several whole tensors in one submit (one digest armed
+    per tensor): fewer submits than tensors, every byte verified; a byte of one tensor in the middle
+    of a group that does not match fails the pull, naming that tensor."""
+    if C._xxhash is None:
+        pytest.skip("the fused pull streams xxh3_64")
+    monkeypatch.setattr(C, "FUSED_VERIFY", True)
+    monkeypatch.setattr(C, "FUSED_TAIL", 1)  # groups of up to half of what is left (16 MiB at most)
+    p, r, src, dst = _engine_memory_pair(server, GROUP_SIZES, 13)
+    if not any(getattr(t, "inline_digest", False) for t in r.engine.transports.values()):
+        pytest.skip("no same-host transport with inline_digest in this engine")
     real_submit = r._submit
+    armed: list[int] = []
 
     def submit(reqs, deadline, digest=None):
-        if digest is None or not unarmed(reqs):
-            return real_submit(reqs, deadline, digest)
-        hdl = real_submit(reqs, deadline)
+        if digest is not None:
+            armed.append(len(digest))
+        return real_submit(reqs, deadline, digest)
+
+    monkeypatch.setattr(r, "_submit", submit)
+    if mutate is not None:
+        src[mutate][MB + 5] ^= 0x10
+        with pytest.raises(C.ChecksumError, match=f"t{mutate}"):
+            r.replicate(1, timeout=30)
+    else:
+        assert r.replicate(1, timeout=30) == 1
+        assert r.stats["verified"] and r.stats["fused"]
+        large = sum(n for n in GROUP_SIZES if n >= C.TINY)
+        assert r.stats["digest_in_copy_bytes"] == large - C.FUSED_PIECE
+        assert all((a == b).all() for a, b in zip(src, dst, strict=True))
+        assert sum(armed) == 16 and len(armed) < 16
+    assert max(armed) > 4  # the first group: 7 tensors (16 MiB)
+    r.close()
+    p.close()
+
+
+def _unarmed_submit(r: C.ShardHandle, unarmed: Callable[[list], bool], corrupt: list[int],
+                    per_request: bool = False) -> Callable:
+    """A stand-in for `r._submit` that drops the digest of the armed submits `unarmed` picks (as if
+    another route, or a retry, had carried them: their bytes land unfolded); once `corrupt` names an
+    offset of t5, that byte is changed right after its piece landed, before the lane folds it.
+    `per_request`: `unarmed` picks single requests ([request]); a submit's requests then go out as
+    runs, armed or not, in order, each landed before the next (a retry in the middle of a tensor)."""
+    real_submit = r._submit
+
+    def spoil(reqs: list, hdl) -> None:
         for lb, loff, _seg, _roff, n in reqs:
             if corrupt and lb is r.items["t5"].buf and loff <= corrupt[0] < loff + n:
                 hdl.wait(30)
                 r.items["t5"].arr[corrupt[0]] ^= 0x02
+
+    def submit(reqs, deadline, digest=None):
+        if digest is None:
+            return real_submit(reqs, deadline)
+        if not per_request:
+            if not unarmed(reqs):
+                return real_submit(reqs, deadline, digest)
+            hdl = real_submit(reqs, deadline)
+            spoil(reqs, hdl)
+            return hdl
+        for off, run in itertools.groupby(reqs, key=lambda q: unarmed([q])):
+            run = list(run)
+            hdl = real_submit(run, deadline, None if off else digest)
+            if off:
+                spoil(run, hdl)
+            assert hdl.wait(30)
         return hdl
 
     return submit
@@ -353,7 +410,8 @@ def test_fused_digest_pull_folds_what_the_copy_did_not(server, monkeypatch, fuse
     p, r, src, dst = _engine_memory_pair(server, FUSED_SIZES, 7)
     corrupt: list[int] = []
     # every other MiB of a tensor: not armed
-    monkeypatch.setattr(r, "_submit", _unarmed_submit(r, lambda reqs: (reqs[0][1] // MB) % 2 == 1, corrupt))
+    monkeypatch.setattr(r, "_submit", _unarmed_submit(r, lambda reqs: (reqs[0][1] // MB) % 2 == 1, corrupt,
+                                                      per_request=True))
     assert r.replicate(1, timeout=30) == 1
     assert 0 < r.stats["digest_in_copy_bytes"] < LARGE - C.FUSED_PIECE
     assert all((a == b).all() for a, b in zip(src, dst, strict=True))
@@ -589,3 +647,30 @@ def test_windowed_pull_beside_the_same_host_transport_is_not_armed(server, monke
     assert all((a == b).all() for a, b in zip(src, dst, strict=True))
     r.close()
     p.close()
+
+
+def test_stream_and_reference_follow_every_layout_change(server) -> None:
+    """The byte stream and the reference are kept between calls (a replicate asks for them several
+    times) and rebuilt after each change of layout: a tensor added, replaced (same size, new memory),
+    removed, a tiny one packed."""
+    h = C.open("m", replica="layout", server=server)
+    a = h.allocate("a", 3 * MB)
+    h._build_layout()
+    assert [m[0] for m in h._stream()] == ["a"] and h._ref()["items"][0][2] == 3 * MB
+    assert h._ref() == h._ref() and h._ref() is not h._ref()
+    h.allocate("b", 2 * MB + 5)
+    h._build_layout()
+    assert [m[0] for m in h._stream()] == ["a", "b"] and h._ref()["total"] == 5 * MB + 5
+    buf_a = h._stream()[0][1]
+    h.register("a", np.zeros(3 * MB, np.uint8))  # the same size, other memory
+    assert h._stream()[0][1] is not buf_a and h._stream()[0][1] is h.items["a"].buf
+    h.register("t", np.zeros(100, np.uint8))  # tiny: packed
+    h._build_layout()
+    assert [m[0] for m in h._stream()] == ["__pack__", "a", "b"]
+    assert h._ref()["pack"] == [["t", 0, 100]]
+    h.unregister("b")
+    h._build_layout()
+    assert [m[0] for m in h._stream()] == ["__pack__", "a"]
+    assert [i[0] for i in h._ref()["items"]] == ["__pack__", "a"]
+    del a
+    h.close()

@@ -45,12 +45,7 @@ def _replicate_from_child(server: str, model: str, pub_how: str, rd_how: str) ->
     try:
         line = child.stdout.readline()
         assert line.startswith("ready"), line
-        # an engine of its own: the process-wide default engine carries the peers and rails of every
-        # earlier test in this process, and its counters are what this test reads
-        from tent_core import Engine
-
-        engine = Engine()
-        r = C.open(model, replica="rd", server=server, engine=engine)
+        r = C.open(model, replica="rd", server=server)
         try:
             dst = []
             for i, n in enumerate(SIZES):
@@ -69,7 +64,6 @@ def _replicate_from_child(server: str, model: str, pub_how: str, rd_how: str) ->
             return delta
         finally:
             r.close()
-            engine.close()
     finally:
         if child.poll() is None:
             child.stdin.write("\n")

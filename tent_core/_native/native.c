@@ -49,9 +49,27 @@ static inline uint64_t now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* A slice's stat_index is a slot (low STAT_SLOT_BITS) and the generation of the rail that held the
+ * slot when the slice was planned (the bits above). Slots are reused (rails.py): a slice stamped
+ * with a generation the row no longer has, or with none (0: raw submits of tests and tools), is
+ * counted nowhere, so a late submit through a stale plan, a retry or a heartbeat never lands on the
+ * row of the rail that holds the slot now. */
+#define STAT_SLOT_BITS 12
+#define STAT_SLOT_MASK ((1u << STAT_SLOT_BITS) - 1)
+#define STAT_NONE 0xFFFFFFFFu
+
+/* The row a stamped slice counts on (its generation was checked when it was stamped). */
 static inline int64_t *slot(uint32_t i) {
-  if (!g_stats || i >= g_stats_slots) return NULL;
-  return g_stats + (size_t)i * ST_FIELDS;
+  if (!g_stats || i == STAT_NONE || (i & STAT_SLOT_MASK) >= g_stats_slots) return NULL;
+  return g_stats + (size_t)(i & STAT_SLOT_MASK) * ST_FIELDS;
+}
+
+/* The row, if its holder is still the one the index names. */
+static inline int64_t *slot_current(uint32_t i) {
+  int64_t *st = slot(i);
+  uint32_t gen = i >> STAT_SLOT_BITS;
+  if (!st || !gen || __atomic_load_n(&st[TENT_STAT_GENERATION], __ATOMIC_ACQUIRE) != (int64_t)gen) return NULL;
+  return st;
 }
 
 /* ---- batch ---- */
@@ -156,8 +174,6 @@ static void host_complete(void *ctx, const tent_slice_t *s, int32_t status) {
   uint64_t t = now_ns();
   int64_t *st = slot(s->stat_index);
   if (st) {
-    __atomic_fetch_sub(&st[TENT_STAT_INFLIGHT_BYTES], (int64_t)s->length, __ATOMIC_RELAXED);
-    __atomic_fetch_sub(&st[TENT_STAT_INFLIGHT_SLICES], 1, __ATOMIC_RELAXED);
     if (status == TENT_OK) {
       int64_t lat = (int64_t)(t - s->submit_ns);
       __atomic_fetch_add(&st[TENT_STAT_BYTES_DONE], (int64_t)s->length, __ATOMIC_RELAXED);
@@ -170,6 +186,10 @@ static void host_complete(void *ctx, const tent_slice_t *s, int32_t status) {
        * there yet (the path answered) did not fail on this rail */
       __atomic_fetch_add(&st[TENT_STAT_ERRORS], 1, __ATOMIC_RELAXED);
     }
+    /* out of flight last, after its counts: a released slot is reused once nothing is in flight
+     * on it (rails.py), and then no count of this slice may follow */
+    __atomic_fetch_sub(&st[TENT_STAT_INFLIGHT_BYTES], (int64_t)s->length, __ATOMIC_RELAXED);
+    __atomic_fetch_sub(&st[TENT_STAT_INFLIGHT_SLICES], 1, __ATOMIC_RELEASE);
   }
   if (status == TENT_OK) {
     atomic_fetch_add(&b->bytes_done, (long)s->length);
@@ -213,7 +233,7 @@ static int host_is_cancelled(void *ctx, uint64_t token) {
  * move, so the core's stall detection counts time without progress while served, not queued. */
 static void host_note(void *ctx, const tent_slice_t *s, int32_t event, uint64_t value) {
   (void)ctx;
-  int64_t *st = slot(s->stat_index);
+  int64_t *st = slot_current(s->stat_index);
   if (!st) return;
   switch (event) {
     case TENT_NOTE_START:
@@ -444,12 +464,21 @@ static PyObject *Batch_wait(BatchObject *self, PyObject *args) {
      * thread reads them as they arrive, in bounded steps, then hands what is left to workers */
     uint64_t end = timeout < 0 ? UINT64_MAX : now_ns() + (uint64_t)(timeout * 1e9);
     while (atomic_load(&b->remaining) > 0) {
-      uint64_t now = now_ns();
-      if (now >= end) break;
-      uint64_t step = end - now < WAIT_POLL_STEP_NS ? end - now : WAIT_POLL_STEP_NS;
+      uint64_t step = WAIT_POLL_STEP_NS;
+      if (end != UINT64_MAX) { /* no clock read per step without a timeout (tens of ns each on a VM) */
+        uint64_t now = now_ns();
+        if (now >= end) break;
+        if (end - now < step) step = end - now;
+      }
       if (!batch_progress(b, (int64_t)step)) break;
     }
     if (atomic_load(&b->remaining) > 0) batch_progress(b, -1); /* the hand-off */
+  }
+  /* the answers were read on this thread (a request sent inline): done, without the spin's and
+   * the deadline's clock reads, the batch mutex and the sleepers count below */
+  if (atomic_load(&b->remaining) == 0) {
+    done = 1;
+    goto out;
   }
   if (spin > 0) {
     if (timeout >= 0 && spin > (long long)(timeout * 1e9)) spin = (long long)(timeout * 1e9);
@@ -480,6 +509,7 @@ static PyObject *Batch_wait(BatchObject *self, PyObject *args) {
   atomic_fetch_sub(&b->sleepers, 1);
   done = atomic_load(&b->remaining) == 0;
   pthread_mutex_unlock(&b->mu);
+out:
   Py_END_ALLOW_THREADS;
   if (done) handle_untrack(self);
   return PyBool_FromLong(done);
@@ -887,7 +917,15 @@ static int stamp_and_account(tent_slice_t *s, uint64_t token, uint64_t t) {
   int64_t *st = slot(s->stat_index);
   if (st) {
     __atomic_fetch_add(&st[TENT_STAT_INFLIGHT_BYTES], (int64_t)s->length, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&st[TENT_STAT_INFLIGHT_SLICES], 1, __ATOMIC_RELAXED);
+    /* in flight first, then the generation (both seq_cst, against stat_retire/stat_claim): either
+     * the slot's reuse sees this slice in flight and waits, or this sees the slot retired */
+    __atomic_fetch_add(&st[TENT_STAT_INFLIGHT_SLICES], 1, __ATOMIC_SEQ_CST);
+    uint32_t gen = s->stat_index >> STAT_SLOT_BITS;
+    if (!gen || __atomic_load_n(&st[TENT_STAT_GENERATION], __ATOMIC_SEQ_CST) != (int64_t)gen) {
+      __atomic_fetch_sub(&st[TENT_STAT_INFLIGHT_BYTES], (int64_t)s->length, __ATOMIC_RELAXED);
+      __atomic_fetch_sub(&st[TENT_STAT_INFLIGHT_SLICES], 1, __ATOMIC_RELEASE);
+      s->stat_index = STAT_NONE; /* its rail is gone: it counts nowhere, here and at completion */
+    }
   }
   return 0;
 }
@@ -2060,6 +2098,47 @@ static PyObject *py_set_stats(PyObject *m, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
+/* stat_claim(slot) -> the generation a new holder of `slot` names in its slices' stat_index, or 0
+ * while slices counted on the slot are still in flight (its counters are zeroed when claimed). */
+static PyObject *py_stat_claim(PyObject *m, PyObject *arg) {
+  long i = PyLong_AsLong(arg);
+  if (i == -1 && PyErr_Occurred()) return NULL;
+  if (!g_stats || i < 0 || (unsigned long)i >= g_stats_slots || i > (long)STAT_SLOT_MASK) {
+    PyErr_SetString(PyExc_IndexError, "stat_claim: no such telemetry slot");
+    return NULL;
+  }
+  int64_t *st = g_stats + (size_t)i * ST_FIELDS;
+  if (__atomic_load_n(&st[TENT_STAT_INFLIGHT_SLICES], __ATOMIC_SEQ_CST) > 0) return PyLong_FromLong(0);
+  /* retired (stat_retire), nothing counted in flight: every count of earlier holders has landed,
+   * and a stale stamp now only passes through the in-flight counters (net zero), left as they are */
+  for (int f = 0; f < ST_FIELDS; f++)
+    if (f != TENT_STAT_INFLIGHT_BYTES && f != TENT_STAT_INFLIGHT_SLICES && f != TENT_STAT_GENERATION)
+      __atomic_store_n(&st[f], 0, __ATOMIC_RELAXED);
+  int64_t gen = __atomic_load_n(&st[TENT_STAT_GENERATION], __ATOMIC_SEQ_CST);
+  if (gen == 0) { /* never held: the first generation */
+    gen = 1;
+    __atomic_store_n(&st[TENT_STAT_GENERATION], gen, __ATOMIC_SEQ_CST);
+  }
+  return PyLong_FromLongLong(gen);
+}
+
+/* stat_retire(slot): the slot's holder let it go; slices stamped with its generation from now on
+ * count nowhere (those already in flight still finish on the row). */
+static PyObject *py_stat_retire(PyObject *m, PyObject *arg) {
+  long i = PyLong_AsLong(arg);
+  if (i == -1 && PyErr_Occurred()) return NULL;
+  if (!g_stats || i < 0 || (unsigned long)i >= g_stats_slots || i > (long)STAT_SLOT_MASK) {
+    PyErr_SetString(PyExc_IndexError, "stat_retire: no such telemetry slot");
+    return NULL;
+  }
+  int64_t *st = g_stats + (size_t)i * ST_FIELDS;
+  int64_t gen = __atomic_load_n(&st[TENT_STAT_GENERATION], __ATOMIC_SEQ_CST) + 1;
+  /* wraps after 2^20 - 2 holders of one slot (all ones would be STAT_NONE at the last slot) */
+  if (gen >= ((int64_t)1 << (32 - STAT_SLOT_BITS)) - 1) gen = 1;
+  __atomic_store_n(&st[TENT_STAT_GENERATION], gen, __ATOMIC_SEQ_CST);
+  Py_RETURN_NONE;
+}
+
 static PyObject *py_host_api_address(PyObject *m, PyObject *unused) {
   return PyLong_FromUnsignedLongLong((uintptr_t)&g_host);
 }
@@ -2088,6 +2167,8 @@ static PyMethodDef methods[] = {
     {"pop_failures", py_pop_failures, METH_VARARGS, "take queued retryable failures"},
     {"requeue_failures", py_requeue_failures, METH_O, "put back failure records not ours"},
     {"set_stats", py_set_stats, METH_O, "use this writable buffer for telemetry slots"},
+    {"stat_claim", py_stat_claim, METH_O, "zero a telemetry slot for a new holder: its generation, 0 while busy"},
+    {"stat_retire", py_stat_retire, METH_O, "a telemetry slot's holder let it go: its generation stops counting"},
     {"host_api_address", py_host_api_address, METH_NOARGS, "address of the tent_host_api_t"},
     {"failure_fd", py_failure_fd, METH_NOARGS, "eventfd signalled when failures are queued"},
     {"now_ns", py_now_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns"},
@@ -2140,6 +2221,7 @@ PyMODINIT_FUNC PyInit__native(void) {
   PyModule_AddIntConstant(m, "SLICE_SIZE", sizeof(tent_slice_t));
   PyModule_AddIntConstant(m, "FAILURE_SIZE", sizeof(failure_t));
   PyModule_AddIntConstant(m, "STAT_FIELDS", ST_FIELDS);
+  PyModule_AddIntConstant(m, "STAT_SLOT_BITS", STAT_SLOT_BITS);
   /* the status list and the telemetry row layout of executor_abi.h, for tent_core.abi */
   PyObject *codes = PyDict_New(), *retry = PyDict_New(), *fields = PyList_New(0), *notes = PyDict_New();
   if (!codes || !retry || !fields || !notes) goto fail;

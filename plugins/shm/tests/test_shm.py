@@ -263,6 +263,41 @@ def test_inline_batch_is_shared_by_caller_and_workers(link: tuple[ShmTransport, 
     assert t.conn.recv() is True
 
 
+@pytest.mark.parametrize("mode", ["cma", "memfd"])
+def test_inline_batches_in_a_window_leave_their_rest_to_the_workers(mode: str, target: Target) -> None:
+    """A caller that pipelines inline batches (refhub's window of READs) leaves each submit after
+    its inline budget while most of the batch is still queued (no hold for the workers): the
+    workers report the rest, every slice exactly once, every byte in place."""
+    tr = make_transport(mode, threads=2, chunk=64 << 10, inline_budget=64 << 10)
+    pl = tr.connect(target.peer(), target.bufs)
+    try:
+        h = pl.handle
+        name = "big" if mode == "memfd" else "anon"
+        size = target.by_name[name]["length"]
+        src = pattern(size, 41)
+        b = submit(tr, [(WRITE, src.ctypes.data, target.addr(name), size)], h)
+        assert b.wait(30) and b.error == 0
+        dst = np.zeros(size, np.uint8)
+        step = size // 16  # 16 batches of 4 slices, each slice many chunks
+        inflight: list[tuple[Any, int]] = []
+        for a in range(0, size, step):
+            n = min(step, size - a)
+            q = [(READ, dst.ctypes.data + a + c, target.addr(name) + a + c, min(n // 4 + 1, n - c))
+                 for c in range(0, n, n // 4 + 1)]
+            inflight.append((submit(tr, q, h, inline=True), n))
+            if len(inflight) > 4:
+                bb, nb = inflight.pop(0)
+                assert bb.wait(30) and bb.error == 0 and bb.remaining == 0 and bb.bytes_done == nb
+        for bb, nb in inflight:
+            assert bb.wait(30) and bb.error == 0 and bb.remaining == 0 and bb.bytes_done == nb
+        assert np.array_equal(dst, src)
+    finally:
+        target.conn.send(("fill", name))
+        assert target.conn.recv() is True
+        tr.disconnect(pl)
+        tr.close()
+
+
 def test_cancelled_batch(link: tuple[ShmTransport, int, Target]) -> None:
     tr, h, t = link
     dst = np.zeros(4096, np.uint8)

@@ -1004,11 +1004,12 @@ static void sconn_close(sconn_t *c) {
  * this executor poll already (a batch spread over several connections has as many server threads
  * waiting for the next one: left alone they would all poll, holding every core the initiator
  * needs). A non-zero result holds a poller slot until busy_poll_done. */
-static uint32_t busy_poll_claim(tcp_exec_t *ex, tent_busy_poll_t *bp) {
+static uint32_t busy_poll_claim(tcp_exec_t *ex, tent_busy_poll_t *bp, uint64_t now_ns) {
   uint32_t budget = tent_busy_poll_begin(bp);
   if (!budget) return 0;
   if (atomic_load_explicit(&ex->bulk_active, memory_order_relaxed) > 0 ||
-      mono_ms() - atomic_load_explicit(&ex->bulk_last_ms, memory_order_relaxed) < BULK_QUIET_MS)
+      (int64_t)(now_ns / 1000000ull - atomic_load_explicit(&ex->bulk_last_ms, memory_order_relaxed)) < BULK_QUIET_MS)
+    /* (signed: a bulk request that ended after now_ns was read is within the quiet time too) */
     return 0; /* bulk moves: its threads need the cores */
   if (atomic_fetch_add(&ex->polling_now, 1) < ex->max_pollers) return budget;
   atomic_fetch_sub(&ex->polling_now, 1);
@@ -1092,6 +1093,43 @@ static int send_response(int fd, int32_t status, uint64_t reqid, int more, uint3
 /* READs answered in one sendmsg at most (the one read plus those already waiting behind it). */
 #define GATHER_READS 16
 
+#ifndef TCP_INQ
+#define TCP_INQ 36 /* Linux >= 4.18; older headers */
+#endif
+#ifndef TCP_CM_INQ
+#define TCP_CM_INQ TCP_INQ
+#endif
+
+/* A request header, the whole of it (MSG_WAITALL), like recv_all. *inq: the bytes still in the
+ * socket's receive queue right after it, as the kernel reports them with TCP_INQ (set on server
+ * sockets), or -1 where it does not: whether a READ has anything behind it to gather without a
+ * second system call to look (a MSG_PEEK on an empty socket costs about as much as the recv). */
+static int recv_header(int fd, uint8_t *h, int *inq) {
+  size_t got = 0;
+  *inq = -1;
+  while (got < REQ_SIZE) {
+    union {
+      struct cmsghdr align;
+      char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct iovec iov = {h + got, REQ_SIZE - got};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
+    ssize_t n = recvmsg(fd, &m, MSG_WAITALL);
+    if (n == 0) return IO_EOF;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      /* SO_RCVTIMEO ran out: before any byte of it, the caller decides; within one, it stalled */
+      return !got && (errno == EAGAIN || errno == EWOULDBLOCK) ? IO_TIMEOUT : IO_ERR;
+    }
+    got += (size_t)n;
+    *inq = -1;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm))
+      if (cm->cmsg_level == IPPROTO_TCP && cm->cmsg_type == TCP_CM_INQ && cm->cmsg_len >= CMSG_LEN(sizeof(int)))
+        memcpy(inq, CMSG_DATA(cm), sizeof *inq);
+  }
+  return IO_OK;
+}
+
 /* Answer a READ of [addr, addr + len) in region `r` (referenced by the caller), together with the
  * READs already complete in the socket buffer behind it that fall in the same region: the
  * initiator sends a batch's requests to a connection as one pipelined run, and answering them one
@@ -1100,15 +1138,33 @@ static int send_response(int fd, int32_t status, uint64_t reqid, int more, uint3
  * fills, so the first answer leaves as early as before); their bytes are the same as answered one
  * by one, so the gaps the initiator chose still hold. Anything else behind it (a WRITE, a READ
  * outside the region, a header still arriving, a malformed one) is left to the main loop. */
+/* A server connection's sleeping wait for its next request: in the recv of the header itself,
+ * not in a poll before it. Waking a thread in recv costs a system call less than waking it in
+ * poll and then calling recv, and its timeout is the socket's (SO_RCVTIMEO, slice_timeout_ms: a
+ * timer-wheel tick, not an hrtimer armed per wait): about 1 us of a 64 KiB round trip here
+ * (docs/benchmarks.md). The executor's stop wakes it with shutdown(), as it wakes every server
+ * connection. Returns 1 with the header in h, 0 closed (or stopping, or a stalled header), -1
+ * idle for idle_timeout_ms (checked every slice_timeout_ms). */
+static int wait_header(tcp_exec_t *ex, int fd, uint8_t *h, int *inq) {
+  uint64_t since = mono_ms();
+  for (;;) {
+    int rc = recv_header(fd, h, inq);
+    if (rc == IO_OK) return 1;
+    if (rc != IO_TIMEOUT || __atomic_load_n(&ex->stopping, __ATOMIC_RELAXED)) return 0;
+    if (mono_ms() - since >= (uint64_t)ex->idle_timeout_ms) return -1;
+  }
+}
+
 static int send_read_answers(int fd, const region_t *r, uint32_t version, uint32_t gap, uint64_t addr, uint64_t len,
-                             uint64_t reqid) {
+                             uint64_t reqid, int inq) {
   static const uint8_t zeros[GAP_MAX];
   uint8_t more[(GATHER_READS - 1) * REQ_SIZE];
   uint8_t rh[GATHER_READS][RSP_SIZE];
   struct iovec iov[3 * GATHER_READS];
   int n = 0;
   uint32_t k = 0, extra = 0;
-  ssize_t got = len <= SPIN_AFTER_BYTES ? recv(fd, more, sizeof more, MSG_PEEK | MSG_DONTWAIT) : 0;
+  /* a lone request (inq: nothing whole behind its header as it was read) skips the look */
+  ssize_t got = len <= SPIN_AFTER_BYTES && (inq < 0 || inq >= REQ_SIZE) ? recv(fd, more, sizeof more, MSG_PEEK | MSG_DONTWAIT) : 0;
   uint64_t bytes = len;
   for (;;) {
     memset(rh[k], 0, RSP_SIZE);
@@ -1158,6 +1214,8 @@ static void *sconn_main(void *arg) {
       return NULL;
     }
   }
+  int one = 1; /* recv_header learns what follows a header (failing, it reports -1: always look) */
+  setsockopt(fd, IPPROTO_TCP, TCP_INQ, &one, sizeof one);
   int spin = 0; /* the last request was small: its client may send the next one at once */
   uint64_t served_ns = 0; /* when the last request's header was in: the server's exchange cycle starts */
   tent_busy_poll_t bp;
@@ -1170,23 +1228,29 @@ static void *sconn_main(void *arg) {
       bulk_held = 0;
     }
     if (qos_thread_demoted() && mono_ms() >= atomic_load(&ex->srv_small_until_ms)) qos_thread_level(0); /* idle */
-    int w;
+    /* sleep in the header's recv (wait_header) where the socket's timeout ticks at least as often
+     * as the idle timeout needs; else in poll, as before */
+    int in_recv = ex->slice_timeout_ms <= ex->idle_timeout_ms, have = 0, inq = -1, w;
     if (spin) {
       uint64_t t0 = mono_ns();
-      uint32_t budget = busy_poll_claim(ex, &bp);
+      uint32_t budget = busy_poll_claim(ex, &bp, t0);
       int lost = 0;
-      w = spin_readable(fd, budget, &lost) ? 1 : wait_readable(ex, fd, ex->idle_timeout_ms);
+      if (spin_readable(fd, budget, &lost)) w = 1;
+      else if (in_recv) have = (w = wait_header(ex, fd, h, &inq)) > 0;
+      else w = wait_readable(ex, fd, ex->idle_timeout_ms);
       if (w > 0) {
         uint64_t now = mono_ns();
         busy_poll_done(ex, 1, &bp, budget, now - t0, now - served_ns, lost);
       }
       else if (budget) atomic_fetch_sub(&ex->polling_now, 1); /* the slot only: no outcome */
+    } else if (in_recv) {
+      have = (w = wait_header(ex, fd, h, &inq)) > 0;
     } else {
       w = wait_readable(ex, fd, ex->idle_timeout_ms);
     }
     if (w < 0) atomic_fetch_add(&ex->idle_closed, 1); /* idle too long: the client reconnects when it needs to */
     if (w <= 0) break;
-    int rc = recv_all(fd, h, REQ_SIZE, NULL, 0);
+    int rc = have ? IO_OK : recv_header(fd, h, &inq);
     if (rc != IO_OK) break; /* peer closed / stalled mid-header */
     served_ns = ex->busy_poll_us ? mono_ns() : 0;
     uint32_t version = get16(h + 4);
@@ -1208,6 +1272,7 @@ static void *sconn_main(void *arg) {
     uint32_t wait_ms = 0;
     if (waiting) {
       if (recv_all(fd, ext, WAIT_EXT_SIZE, NULL, 0) != IO_OK) break;
+      if (inq >= 0) inq = inq >= WAIT_EXT_SIZE ? inq - WAIT_EXT_SIZE : 0; /* what follows the condition */
       op = TENT_OP_READ;
       word = get64(ext), floor = get64(ext + 8), lo = get64(ext + 16), hi = get64(ext + 24), wait_ms = get32(ext + 32);
       if ((word & 7u) || !(floor <= lo && lo <= hi) || !wait_ms || get32(ext + 36)) {
@@ -1250,8 +1315,9 @@ static void *sconn_main(void *arg) {
           if (send_response(fd, status, reqid, 0, version, 0) != IO_OK) break;
           continue;
         }
+        inq = -1; /* what followed the header may have grown while it was parked: look */
       }
-      rc = send_read_answers(fd, r, version, gap, addr, len, reqid); /* header, gap, payload: one sendmsg */
+      rc = send_read_answers(fd, r, version, gap, addr, len, reqid, inq); /* header, gap, payload: one sendmsg */
       region_release(ex, c, r);
       if (rc != IO_OK) break;
     }
@@ -1528,8 +1594,8 @@ static int nslots(const tcp_exec_t *ex) { return ex->conns_per_rail + 1; } /* th
 
 /* The run enters service (before its connect, if any, and its send): its progress clock starts now
  * (queue time never counts) and each chunk's service start is reported. */
-static void run_start(tcp_exec_t *ex, pipe_run_t *pr) {
-  pr->watch = (io_watch_t){ex->host, &pr->c[0].job->s, mono_ms(), ex->slice_timeout_ms, ex->congestion_ms, 0, NULL};
+static void run_start(tcp_exec_t *ex, pipe_run_t *pr, uint64_t now_ms) {
+  pr->watch = (io_watch_t){ex->host, &pr->c[0].job->s, now_ms, ex->slice_timeout_ms, ex->congestion_ms, 0, NULL};
   for (uint32_t i = 0; i < pr->k; i++) tent_host_note(ex->host, &pr->c[i].job->s, TENT_NOTE_START, pr->c[i].len);
 }
 
@@ -1773,6 +1839,8 @@ static int run_recv(tcp_exec_t *ex, pipe_run_t *pr) {
   for (; rc == IO_OK && i < pr->k; i++) {
     const tent_chunk_t *c = &pr->c[i];
     const uint8_t *h = rsp + (all_writes && pr->k > 1 ? RSP_SIZE * i : 0);
+    /* the wait for this answer is this chunk's: the slice the watch named may be reported (freed) */
+    pr->watch.slice = &c->job->s;
     if (!(all_writes && pr->k > 1) && !have_next && (rc = recv_all(pr->fd, rsp, RSP_SIZE, &pr->watch, 0)) != IO_OK) break;
     have_next = 0;
     if (!rsp_matches(pr, i, h)) {
@@ -1862,8 +1930,8 @@ static int rail_is_ready(tcp_exec_t *ex, rail_t *r) {
 }
 
 /* Small requests were just submitted on `r`: bulk is held back for the QoS window. ex->mu held. */
-static void rail_note_small(tcp_exec_t *ex, rail_t *r) {
-  if ((ex->qos_bulk_conns > 0 || ex->qos_bulk_nice > 0) && ex->qos_window_ms > 0) r->small_until_ms = mono_ms() + (uint64_t)ex->qos_window_ms;
+static void rail_note_small(tcp_exec_t *ex, rail_t *r, uint64_t now_ms) {
+  if ((ex->qos_bulk_conns > 0 || ex->qos_bulk_nice > 0) && ex->qos_window_ms > 0) r->small_until_ms = now_ms + (uint64_t)ex->qos_window_ms;
 }
 
 static void ready_unlink(tcp_exec_t *ex, rail_t *r) {
@@ -1951,7 +2019,7 @@ static void peer_unref_locked(tcp_exec_t *ex, peer_t *pe) {
 
 /* Claim a slot on `r` for a run of small (`small`) or bulk chunks: the express slot first for
  * small ones. -1 when none is free. Called with ex->mu. */
-static int slot_claim(tcp_exec_t *ex, rail_t *r, int small) {
+static int slot_claim(tcp_exec_t *ex, rail_t *r, int small, uint64_t now_ms) {
   int slot = -1;
   if (small && !r->express_busy) {
     slot = ex->conns_per_rail;
@@ -1967,7 +2035,7 @@ static int slot_claim(tcp_exec_t *ex, rail_t *r, int small) {
   }
   if (slot >= 0) {
     int fd = -1;
-    uint64_t now = mono_ms();
+    uint64_t now = now_ms;
     while (r->nidle && fd < 0) { /* a pooled connection the server may have closed is dropped */
       r->nidle--;
       fd = r->idle[r->nidle];
@@ -2041,7 +2109,7 @@ static int chunk_skip_status(tcp_exec_t *ex, const tent_chunk_t *c, int down) {
 static void run_exchange(tcp_exec_t *ex, pipe_run_t *pr) {
   rail_t *r = pr->r;
   peer_t *pe = r->peer;
-  run_start(ex, pr); /* in service from here: a connect that hangs is no progress either */
+  run_start(ex, pr, mono_ms()); /* in service from here: a connect that hangs is no progress either */
   if (pr->fd < 0) {
     int fd = rail_connect(ex, r);
     pthread_mutex_lock(&ex->mu);
@@ -2181,7 +2249,7 @@ static void *worker_main(void *arg) {
       pr->small = small;
       pr->waits = waits;
       if (waits) r->wait_busy++;
-      pr->slot = slot_claim(ex, r, small);
+      pr->slot = slot_claim(ex, r, small, mono_ms());
       pr->fd = r->slot_fd[pr->slot];
     }
     int qos_level = ex->qos_bulk_nice && pr->k > 0 ? qos_bulk_level(ex->qos_bulk_nice, !small, mono_ms(), r->small_until_ms) : 0;
@@ -2521,7 +2589,7 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
         rail_t *r = &((peer_t *)tent_ht_get(&ex->peers, slices[i].peer))->rails[slices[i].rail];
         /* small requests submitted together with bulk ones (a bulk batch and its little
          * bookkeeping read) are part of that throughput work: they hold no bulk back */
-        if (!bulk && is_small(&slices[i])) rail_note_small(ex, r);
+        if (!bulk && is_small(&slices[i])) rail_note_small(ex, r, mono_ms());
         rail_update_ready(ex, r);
       }
       uint64_t wake = bulk + (small + (uint64_t)ex->pipeline - 1) / (uint64_t)ex->pipeline;
@@ -2572,8 +2640,14 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
   for (int k = 0; rc == TENT_OK && k < INLINE_RUNS && (uint32_t)k < n; k++)
     if (!(runs[k] = run_get(ex))) rc = TENT_E_INTERNAL;
   int gone = 0;
+  /* one clock read for the whole inline submit (a VM's clock read costs tens of ns): the QoS
+   * window, the pooled connections' idle check, the runs' progress clocks and their send stamp;
+   * read under the lock, so no connection was pooled after it (idle_since <= now_ms) */
+  uint64_t t_ns = 0, now_ms = 0;
   if (rc == TENT_OK) {
     pthread_mutex_lock(&ex->mu);
+    t_ns = mono_ns();
+    now_ms = t_ns / 1000000ull;
     peer_t *pe = tent_ht_get(&ex->peers, slices[0].peer);
     if (ex->stopping) rc = TENT_E_CANCELLED;
     else if (!pe && tent_ht_was_issued(&ex->peers, slices[0].peer)) gone = 1;
@@ -2582,7 +2656,7 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
     if (r && tent_cq_reserve(&r->qs, n) != 0) rc = TENT_E_INTERNAL; /* room for all: nothing can fail below */
     if (r && rc == TENT_OK) {
       uint32_t i = 0;
-      rail_note_small(ex, r);
+      rail_note_small(ex, r, now_ms);
       /* a batch is shared out over the connections it can leave on now (as workers share queued
        * small chunks over the free slots): the target serves each connection on its own thread,
        * so the requests of one batch are served in parallel rather than one after another */
@@ -2599,7 +2673,7 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
         pr->r = r;
         pr->small = 1;
         pr->waits = 0; /* waiting READs never go inline */
-        pr->slot = slot_claim(ex, r, 1);
+        pr->slot = slot_claim(ex, r, 1, now_ms);
         pr->fd = r->slot_fd[pr->slot];
         if (pr->fd < 0) { /* the pooled connections were stale: a worker connects (never this thread) */
           slot_unclaim(ex, r, pr->slot);
@@ -2639,8 +2713,8 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
   uint64_t stream = 0; /* the runs leave back to back from this thread */
   for (int k = 0; k < nruns; k++) {
     pipe_run_t *pr = runs[k];
-    run_start(ex, pr);
-    pr->sent_ns = ex->busy_poll_us ? mono_ns() : 0;
+    run_start(ex, pr, now_ms);
+    pr->sent_ns = ex->busy_poll_us ? t_ns : 0;
     pr->send_rc = run_send(ex, pr, &stream);
     if (pr->send_rc != IO_OK) {
       for (uint32_t i = 0; i < pr->k; i++) pr->status[i] = io_status(pr->send_rc);
@@ -2683,7 +2757,7 @@ static int ex_progress(void *self, uint64_t token, int64_t budget_ns) {
   /* the run holds its slot: that slot's policy is this thread's alone until the run is done */
   tent_busy_poll_t *bp = &pr->r->slot_poll[pr->slot];
   uint64_t t0 = mono_ns();
-  uint32_t spin = busy_poll_claim(ex, bp);
+  uint32_t spin = busy_poll_claim(ex, bp, t0);
   if (spin && (int64_t)spin > budget_ns) spin = budget_ns > 0 ? (uint32_t)budget_ns : 1;
   int n = 1, lost = 0, err = 0;
   if (!spin_readable(pr->fd, spin, &lost)) {

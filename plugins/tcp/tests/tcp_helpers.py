@@ -121,7 +121,8 @@ def run(
     """Submit (opcode, local, remote, length, peer, rail) slices as one batch and wait.
 
     Retryable failures are finalized like the core does after its retries: fail_slice(status).
-    `stat_index` names the telemetry row the slices count on.
+    `stat_index`: a rail's (`RAILS.acquire(...).stat_index`) to count the slices on its row; the
+    default (0, no rail's generation) counts them nowhere.
     `inline`: through the executor's submit_inline (the core's path for small requests);
     `hints`: TENT_HINT_* flags for every slice (tent_core.abi.HINT_SMALL: parts of small requests).
     """

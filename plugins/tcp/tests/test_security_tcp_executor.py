@@ -172,10 +172,13 @@ def test_executor_log_is_rate_limited_not_a_budget() -> None:
         s.close()
 
 
-def test_idle_connections_are_closed_and_clients_reconnect() -> None:
+# a server connection sleeps in poll when its socket timeout (slice_timeout_ms) is longer than the
+# idle timeout, else in the recv of the next header, its timeout ticking to count idle time: both
+@pytest.mark.parametrize("slice_ms", [1000, 100])
+def test_idle_connections_are_closed_and_clients_reconnect(slice_ms: int) -> None:
     from tcp_helpers import run
 
-    s = Server(("127.0.0.1",), "slice_timeout_ms=1000;idle_timeout_ms=300")
+    s = Server(("127.0.0.1",), f"slice_timeout_ms={slice_ms};idle_timeout_ms=300")
     cli = TcpExecutor({"slice_timeout_ms": 1000, "threads": 2, "idle_timeout_ms": 300})
     try:
         peer = cli.add_peer([""], ["127.0.0.1"], [s.ports[0]])

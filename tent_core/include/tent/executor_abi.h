@@ -73,7 +73,10 @@ static inline int tent_status_retryable(int status) { return status < 0 && statu
   X(SERVING)          /* pieces of slices in service now (started, not yet stopped) */        \
   X(PROGRESS_NS)      /* CLOCK_MONOTONIC ns of the last service start or byte moved */        \
   X(BYTES_MOVED)      /* bytes moved, counted as they move (not at completion) */             \
-  X(CONGESTION)       /* congestion events: the fabric pushed back without failing a slice */
+  X(CONGESTION)       /* congestion events: the fabric pushed back without failing a slice */     \
+  /* the core's own (tent_core/rails.py): the generation of the slot's holder, which the high bits   \
+   * of a slice's stat_index must name for the slice to count on the row */                       \
+  X(GENERATION)
 
 enum tent_stat_field {
 #define TENT_STAT_ENUM_(name) TENT_STAT_##name,
