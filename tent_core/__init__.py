@@ -28,12 +28,14 @@ _LAZY = {
     "Engine": ".engine",
     "LocalBuffer": ".request",
     "Request": ".request",
+    "WaitWord": ".request",
     **dict.fromkeys(
         (
             "CancelledError",
             "DeadlineExceededError",
             "InvalidRequestError",
             "NoPathError",
+            "NotReadyError",
             "NotRegisteredError",
             "OutOfBoundsError",
             "PeerSilentError",
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
         DeadlineExceededError,
         InvalidRequestError,
         NoPathError,
+        NotReadyError,
         NotRegisteredError,
         OutOfBoundsError,
         PeerSilentError,
@@ -68,7 +71,7 @@ if TYPE_CHECKING:
         TransferError,
         UnknownSegmentError,
     )
-    from .request import LocalBuffer, Request
+    from .request import LocalBuffer, Request, WaitWord
     from .types import READ, READ_ONLY, READ_WRITE, WRITE, MemoryKind, OpCode, Permission, Priority
 
 
@@ -95,6 +98,7 @@ __all__ = [
     "LocalBuffer",
     "MemoryKind",
     "NoPathError",
+    "NotReadyError",
     "NotRegisteredError",
     "OpCode",
     "OutOfBoundsError",
@@ -111,5 +115,6 @@ __all__ = [
     "TentError",
     "TransferError",
     "UnknownSegmentError",
+    "WaitWord",
     "WRITE",
 ]

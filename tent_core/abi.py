@@ -47,6 +47,7 @@ class Status(enum.IntEnum):
     E_PROTOCOL = -12
     E_CANCELLED = -13
     E_INTERNAL = -14
+    E_NOT_READY = -15
 
     @property
     def retryable(self) -> bool:
@@ -132,5 +133,22 @@ _check_against_header()
 
 __all__ = [
     "ATTEMPT_MASK", "FAILURE_DTYPE", "FIRST_FINAL_STATUS", "HINT_MASK", "HINT_SMALL", "MAX_ROUNDS", "Note", "ROUND_SHIFT", "SLICE_DTYPE", "STAT_FIELDS", "STAT_NONE", "STAT_SLOT_BITS", "StatField",
-    "Status", "is_retryable",
+    "Status", "WAIT_DTYPE", "is_retryable",
 ]
+
+
+# tent_wait_t: the condition of a waiting READ (Engine.submit_when), packed for _native.wait_arm
+WAIT_DTYPE = np.dtype(
+    [
+        ("local_start", "<u8"),
+        ("local_end", "<u8"),
+        ("word_addr", "<u8"),
+        ("floor", "<u8"),
+        ("lo", "<u8"),
+        ("hi", "<u8"),
+        ("wait_ms", "<u4"),
+        ("reserved", "<u4"),
+    ]
+)
+if WAIT_DTYPE.itemsize != _native.WAIT_SIZE:
+    raise ImportError(f"tent_wait_t is {_native.WAIT_SIZE} bytes in the native module, {WAIT_DTYPE.itemsize} here")

@@ -30,6 +30,7 @@ _STATUS_ERRORS: dict[int, tuple[type[errors.TentError], str]] = {
     Status.E_PROTOCOL: (errors.TransferError, "protocol error"),
     Status.E_CANCELLED: (errors.CancelledError, "the batch was cancelled"),
     Status.E_INTERNAL: (errors.TransferError, "internal executor error"),
+    Status.E_NOT_READY: (errors.NotReadyError, "a waiting READ's condition did not hold in time (or can no longer)"),
 }
 _CANCELLED = int(Status.E_CANCELLED)
 

@@ -20,6 +20,7 @@ This module wires them together, starts the transports and owns the engine's lif
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import resource
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from . import _native, errors
-from .abi import SLICE_DTYPE, StatField
+from .abi import SLICE_DTYPE, WAIT_DTYPE, StatField
 from .auth import AuthError, ClusterAuth
 from .auth import from_config as auth_from_config
 from .batch import BatchHandle, status_error
@@ -45,7 +46,7 @@ from .qos import PrioritySlots
 from .rail_monitor import RailMonitor
 from .rails import RAILS
 from .recovery import HEALTH_TICK_S, PROBE_BYTES, PROBE_SEGMENT, PROGRESS, Recovery
-from .request import LocalBuffer, Request, parse_segment_name
+from .request import LocalBuffer, Request, WaitWord, parse_segment_name
 from .routing import RetryLimits, Router
 from .segments import FILE_BASE, FILE_STRIDE, LocalSegments
 from .slice_scheduler import SliceScheduler
@@ -118,6 +119,7 @@ class Engine:
         self.availability: dict[str, Availability] = {}
         self.transports: dict[str, Transport] = self._start_transports(host, transports)
         self._profiles = {n: t.capabilities() for n, t in self.transports.items()}
+        self._wait_transports = [t for t in self.transports.values() if getattr(t, "wait_read", False)]
         self.router = Router(
             self._profiles, rules, RetryLimits(cfg.max_retries_per_slice, cfg.max_transport_failovers), cfg.path_cost,
             cfg.staging_chunk_bytes,
@@ -344,6 +346,59 @@ class Engine:
             return self._submit_planned(requests, deadline)
         finally:
             _native.digest_arm(None)
+
+    def can_wait(self, remote: str, timeout: float | None = None) -> bool:
+        """Whether READs of `remote` ("host:port/segment") may wait at the target (``submit_when``):
+        every transport that can reach its peer declares ``Transport.wait_read``."""
+        self._check_open()
+        peer, _ = self.peers.resolve(remote, timeout or self.config.control_timeout_s)
+        return bool(peer.reachable) and all(
+            getattr(self.transports.get(n), "wait_read", False) for n in peer.reachable)
+
+    def word_written(self) -> None:
+        """This process advanced a word that waiting READs of its peers may name (``submit_when``
+        on their side): the transports' parked READs look again now, rather than on their timers."""
+        for t in self._wait_transports:
+            t.word_written()
+
+    def submit_when(self, requests: Sequence[Request], waits: Sequence[WaitWord | None],
+                    deadline: float | None = None, *, digest: Any = None) -> BatchHandle:
+        """`submit`, with READs that wait at the target: request i (a READ) is answered only once the
+        word `waits[i]` names (in its remote segment) is in the condition's range; None: a plain
+        request. Lets a reader post READs of bytes its source does not hold yet (they cost no link
+        bytes until the bytes land). Raises InvalidRequestError where a peer's transports cannot
+        (``can_wait``). A READ whose condition fails completes with NotReadyError."""
+        self._check_open()
+        if len(waits) != len(requests):
+            raise errors.InvalidRequestError(f"submit_when: {len(waits)} conditions for {len(requests)} requests")
+        rows = []
+        timeout = self.config.control_timeout_s
+        for req, w in zip(requests, waits, strict=True):
+            if w is None:
+                continue
+            if req.op != OpCode.READ:
+                raise errors.InvalidRequestError("submit_when: only a READ may wait")
+            if not (0 <= w.floor <= w.lo <= w.hi < 1 << 64) or w.offset < 0 or w.offset % 8 or not w.timeout_s > 0:
+                raise errors.InvalidRequestError(f"submit_when: bad condition {w}")
+            if not self.can_wait(req.remote, timeout):
+                raise errors.InvalidRequestError(f"submit_when: no transport to {req.remote} can wait at the target")
+            peer, seg = self.peers.resolve(req.remote, timeout)
+            bufs, starts = peer.segments.get(seg), peer.starts.get(seg)
+            if not bufs:
+                raise errors.UnknownSegmentError(req.remote)
+            k = bisect.bisect_right(starts, w.offset) - 1
+            if k < 0 or w.offset + 8 > bufs[k].offset + bufs[k].length:
+                raise errors.OutOfBoundsError(f"submit_when: word at {w.offset} outside {req.remote}'s buffers")
+            start = req.local.addr + req.local_offset
+            rows.append((start, start + req.length, bufs[k].addr + w.offset - bufs[k].offset, w.floor, w.lo, w.hi,
+                         max(1, min(0xFFFFFFFF, int(w.timeout_s * 1000))), 0))
+        if not rows:
+            return self.submit(requests, deadline, digest=digest)
+        _native.wait_arm(np.array(rows, dtype=WAIT_DTYPE).tobytes())
+        try:
+            return self.submit(requests, deadline, digest=digest)
+        finally:
+            _native.wait_arm(None)
 
     def run(self, requests: Sequence[Request] | Request, deadline: float | None = None) -> None:
         """Submit and wait: `submit(requests, deadline).wait()`, raising the same typed errors.

@@ -68,3 +68,8 @@ class PluginABIError(TentError):
 
 class ProtocolError(TentError):
     """A malformed control-plane message."""
+
+
+class NotReadyError(TransferError):
+    """A waiting READ (``Engine.submit_when``): the target's word did not reach the condition's range
+    before the wait ran out, or left it (the bytes are not there yet, or no longer will be)."""

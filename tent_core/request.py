@@ -72,3 +72,17 @@ def parse_segment_name(name: str) -> tuple[str, str]:
 
 
 __all__ = ["LocalBuffer", "Request", "parse_segment_name"]
+
+
+@dataclass(frozen=True, slots=True)
+class WaitWord:
+    """The condition of a waiting READ (``Engine.submit_when``, tent_wait_t in executor_abi.h): the
+    target answers it once the aligned u64 at `offset` of the READ's remote segment satisfies
+    ``lo <= word <= hi``; while ``floor <= word < lo`` it waits, at most `timeout_s` (the executor
+    caps it); otherwise, or then, the READ fails with NotReadyError, without its bytes."""
+
+    offset: int
+    floor: int
+    lo: int
+    hi: int
+    timeout_s: float = 0.2

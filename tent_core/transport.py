@@ -139,6 +139,15 @@ class Transport(abc.ABC):
     # land out of order (several connections) are folded in order as the gaps close (tent/digest.h).
     # The caller then folds only what was not (``Digest.land(buffer)`` of the landed range).
     receive_digest: bool = False
+    # Waiting READs (``engine.submit_when``, tent_wait_t in executor_abi.h): the target answers a READ
+    # only once a word in its registered memory reached a range (or fails it, E_NOT_READY). The
+    # engine arms conditions only for peers whose every route declares this; others are refused.
+    wait_read: bool = False
+
+    def word_written(self) -> None:
+        """This process advanced a word its waiting READs' conditions may name (``wait_read``): READs
+        parked on it look again now. Called often (the engine's ``word_written``): keep it cheap. A
+        transport that polls its parked READs' words on a timer may ignore it."""
 
     @abc.abstractmethod
     def probe(self) -> Availability:

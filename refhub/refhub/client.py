@@ -73,7 +73,9 @@ from tent_core.auth import (
     ZmqServerAuth,
     is_loopback,
 )
+from tent_core.errors import NotReadyError
 from tent_core.ratelog import RateLimitedLog
+from tent_core.request import WaitWord
 
 from .device import DeviceView, StreamHash, checksum_entry, device_view, wsum64_bytes
 from .server import client_auth
@@ -122,6 +124,26 @@ MAX_INFLIGHT = 1 << 30  # bytes in flight at most
 PROGRESS_PROBE = os.environ.get("REFHUB_PROGRESS_PROBE", "1") != "0"
 PROBE_WAIT_S = 0.02
 PROBE_POLL_S = 0.001
+# Waiting READs from a partial copy (engine.submit_when, where every transport to the source declares
+# Transport.wait_read): each READ names the source's progress word and the stream position it needs,
+# and the source's transport answers it once its own bytes are there. So the reader posts its window
+# ahead of what the source holds (parked READs cost no link bytes) and the bytes leave the source as they
+# land, instead of once the reader learned of them (a progress word as old as its window) and its request
+# crossed its own uplink's queue. WAIT_INFLIGHT_S of the measured rate in flight (at least
+# PARTIAL_MIN_WINDOW); a READ waits at most WAIT_TIMEOUT_S at the source, then fails NotReady and the
+# pull re-issues from what landed (or goes on as before if the source no longer holds the version).
+WAIT_READ = os.environ.get("REFHUB_WAIT_READ", "1") != "0"
+WAIT_INFLIGHT_S = float(os.environ.get("REFHUB_WAIT_INFLIGHT_S", "0.1"))
+WAIT_TIMEOUT_S = float(os.environ.get("REFHUB_WAIT_TIMEOUT_S", "0.2"))
+# ... in READs of at most this many KiB: a connection parks one READ at a time and serves those behind
+# it in order, so what a reader has parked at its source is its connections x the requests pipelined on
+# each; requests up to the engine's small_request_bytes are pipelined (the tcp executor sends several
+# on one connection), larger ones take a connection each (4: 20 ms of the link parked in 312 KB READs)
+WAIT_PIECE = int(float(os.environ.get("REFHUB_WAIT_PIECE_KB", "256")) * 1024)
+# ... and a reader of a complete copy too (its word already covers everything, so nothing waits): its
+# READs then travel as the waiting ones do, in order on the transport's few waiting connections, so
+# its own progress word (what its pipeline readers wait on) follows its landed bytes closely
+WAIT_FULL = os.environ.get("REFHUB_WAIT_FULL", "0") != "0"
 # A source whose every path has failed (stopped, or its links cut) is given up after this much silence
 # and the bytes are read from another copy. The engine itself keeps such a request waiting until its
 # deadline (a peer that comes back in time loses nothing), which for a pull is up to 10 s; refhub has
@@ -1126,6 +1148,10 @@ class ShardHandle:
         self._ref_memo: tuple[int, Any, dict] | None = None
         self._ctrl = engine.allocate(64, segment=self.segment)  # progress word at offset 0 of the segment
         self._ctrl.array[:] = 0
+        if self._ctrl.addr % 8:
+            raise RuntimeError("refhub: the progress word must be 8-byte aligned")
+        self._word = self._ctrl.array[:8].view(np.uint64)
+        self._ring = getattr(engine, "word_written", None)
         # slot 0: synchronous progress reads; slots 1..: the progress word read along with each batch
         self._scratch = engine.allocate(8 * (PROGRESS_SLOTS + 1), segment=f"{self.segment}-scratch")
         self._offloads: list[ShardHandle] = []
@@ -1342,7 +1368,11 @@ class ShardHandle:
         return dict(ref)
 
     def _set_progress(self, version: int, nbytes: int) -> None:
-        self._ctrl.array[:8] = np.frombuffer(np.uint64((version << VERSION_SHIFT) | nbytes).tobytes(), dtype=np.uint8)
+        # one aligned 8-byte store: the source's transport may read the word while it is written (a
+        # waiting READ's condition, read at the target) and must never see half of it
+        self._word[0] = (version << VERSION_SHIFT) | nbytes
+        if self._ring is not None:  # READs of our readers parked on the word (WAIT_READ) go now
+            self._ring()
 
     @property
     def progress(self) -> tuple[int, int, int]:
@@ -1464,13 +1494,16 @@ class ShardHandle:
             self._held = (int(v), msg["ref"], list(cks) if cks is not None else self._checksums())
             return v
 
-    def _submit(self, reqs: list, deadline: float, digest: Any = None) -> Any:
+    def _submit(self, reqs: list, deadline: float, digest: Any = None, waits: list | None = None) -> Any:
         from tent_core import READ, Request
         from tent_core.errors import NotRegisteredError, UnknownSegmentError
 
         rq = [Request(READ, lb, loff, seg, roff, n) for lb, loff, seg, roff, n in reqs]
         for attempt in range(2):
             try:
+                if waits is not None:
+                    return self.engine.submit_when(rq, waits, max(0.05, min(10.0, deadline - time.monotonic())),
+                                                   digest=digest)
                 if digest is not None:
                     return self.engine.submit(rq, deadline=max(0.05, min(10.0, deadline - time.monotonic())), digest=digest)
                 return self.engine.submit(rq, deadline=max(0.05, min(10.0, deadline - time.monotonic())))
@@ -1478,6 +1511,18 @@ class ShardHandle:
                 if attempt:
                     raise
                 self.engine.refresh_peer(reqs[0][2].partition("/")[0])
+
+    def _can_wait(self, seg: str) -> bool:
+        """Whether READs of `seg` may wait at the source (engine.can_wait), asked once per peer."""
+        peer = seg.partition("/")[0]
+        cache = self.__dict__.setdefault("_wait_ok", {})
+        if peer not in cache:
+            try:
+                cache[peer] = bool(getattr(self.engine, "can_wait", None) and self.engine.can_wait(seg))
+            except Exception as exc:  # an unknown peer: the plain pull finds out and re-routes
+                log.debug("can_wait(%s): %s", seg, exc)
+                return False
+        return cache[peer]
 
     def _read(self, reqs: list, deadline: float) -> None:
         _wait_source(self._submit(reqs, deadline))
@@ -1528,6 +1573,8 @@ class ShardHandle:
                       "starved_s": round(st.get("starved_s", 0.0), 4),  # waiting for a partial source's next bytes
                       # reads of a partial source's progress word alone, and those that found more (PROGRESS_PROBE)
                       "probes": [st.get("probes", 0), st.get("probe_hits", 0)],
+                      # waiting READs (WAIT_READ): whether used, batches issued waiting, re-issues after NotReady
+                      "wait_read": [bool(st.get("wait_read")), st.get("wait_batches", 0), st.get("wait_retries", 0)],
                       # waiting for the oldest batch (or a probe) with all the source held issued, and with the window full
                       "caught_up_s": round(st.get("caught_up_s", 0.0), 4), "window_full_s": round(st.get("window_full_s", 0.0), 4),
                       # from the start of the pull to its first landed batch (how far a pipeline hop starts late)
@@ -1563,6 +1610,11 @@ class ShardHandle:
         issued = done0 = st["done"]
         t_start = time.monotonic()
         avail = total if not partial else 0
+        # waiting READs (WAIT_READ): every READ waits at the source for its bytes, so nothing gates issuing
+        waiting = (partial or WAIT_FULL) and WAIT_READ and not any(copyish) and self._can_wait(seg)
+        if waiting:
+            avail = total
+            st["wait_read"] = True
         thr = self.throttle_Bps
         t_thr, base = time.monotonic(), issued
         # the first batches are small: this reader's progress word (what readers of its own partial copy
@@ -1584,8 +1636,8 @@ class ShardHandle:
             if partial:
                 if not thr:
                     batch_bytes = max(PARTIAL_MIN_BATCH, min(BATCH, int(rate * PARTIAL_BATCH_S)))
-                window = max(WINDOW * batch_bytes, PARTIAL_MIN_WINDOW,
-                             min(MAX_INFLIGHT, int(rate * max(PARTIAL_INFLIGHT_S, RTT_WINDOWS * rtt))))
+                ahead = WAIT_INFLIGHT_S if waiting else max(PARTIAL_INFLIGHT_S, RTT_WINDOWS * rtt)
+                window = max(WINDOW * batch_bytes, PARTIAL_MIN_WINDOW, min(MAX_INFLIGHT, int(rate * ahead)))
                 return
             if not thr:
                 batch_bytes = max(MIN_BATCH, min(BATCH, int(rate * BATCH_S)))
@@ -1599,106 +1651,139 @@ class ShardHandle:
             issued = st["done"]
         try:
             while st["done"] < total:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"replicate v{v}: deadline passed at {st['done']}/{total} bytes")
-                if issued < total and (issued - st["done"] < window or not inflight) and len(inflight) < PROGRESS_SLOTS:
-                    if partial and avail <= issued:
-                        if inflight and PROGRESS_PROBE:
-                            if probe is None:
-                                probe = self._submit([(self._scratch, 0, seg, ref["progress"], 8)], deadline)
-                            t_probe = time.monotonic()
-                            # whichever lands first, the probe or the oldest batch; blocking waits of
-                            # PROBE_POLL_S each (one wait of PROBE_WAIT_S for the probe alone left landed
-                            # batches waiting; 0.5 ms polls took the CPU the sources needed)
-                            answered = probe.wait(PROBE_POLL_S)
-                            while not answered and not inflight[0][1].wait(PROBE_POLL_S):
-                                if time.monotonic() - t_probe > PROBE_WAIT_S:
-                                    break
+                try:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"replicate v{v}: deadline passed at {st['done']}/{total} bytes")
+                    if issued < total and (issued - st["done"] < window or not inflight) and len(inflight) < PROGRESS_SLOTS:
+                        if partial and avail <= issued:
+                            if inflight and PROGRESS_PROBE:
+                                if probe is None:
+                                    probe = self._submit([(self._scratch, 0, seg, ref["progress"], 8)], deadline)
+                                t_probe = time.monotonic()
+                                # whichever lands first, the probe or the oldest batch; blocking waits of
+                                # PROBE_POLL_S each (one wait of PROBE_WAIT_S for the probe alone left landed
+                                # batches waiting; 0.5 ms polls took the CPU the sources needed)
                                 answered = probe.wait(PROBE_POLL_S)
-                            st["caught_up_s"] = st.get("caught_up_s", 0.0) + time.monotonic() - t_probe
-                            if answered:
-                                probe = None
-                                seen = avail
-                                avail = _merge_avail(avail, self._progress_word(v, 0), issued)
-                                st["probes"] = st.get("probes", 0) + 1
-                                if avail > seen:
-                                    st["probe_hits"] = st.get("probe_hits", 0) + 1
-                                    continue
-                        if inflight:  # their completions bring a fresher progress word: no blocking read
-                            t_w = time.monotonic()
-                            avail = _merge_avail(avail, self._complete_oldest(v, inflight, st, ver), issued)
-                            st["caught_up_s"] = st.get("caught_up_s", 0.0) + time.monotonic() - t_w
-                            adapt()
-                            continue
-                        t_rtt = time.monotonic()
-                        if probe is not None:  # slot 0 is the probe's: let it land first
-                            _wait_source(probe)
-                            probe = None
-                        self._read([(self._scratch, 0, seg, ref["progress"], 8)], deadline)
-                        rtt = min(rtt or 1e9, time.monotonic() - t_rtt)
-                        avail = _merge_avail(avail, self._progress_word(v, 0), issued)
-                    if avail > issued:
-                        k = bisect.bisect_right(starts, issued) - 1
-                        if copyish[k]:
-                            if not inflight:
-                                end = min(avail, starts[k] + mine[k][3])
-                                self._copy_range(v, src, mine[k], ritems[k], starts[k], issued, end, st, deadline, ver)
-                                issued = st["done"] = end
-                                self._set_progress(v, end)
-                                ver.advance(end)
-                                sleep = 0.0005
-                            else:
+                                while not answered and not inflight[0][1].wait(PROBE_POLL_S):
+                                    if time.monotonic() - t_probe > PROBE_WAIT_S:
+                                        break
+                                    answered = probe.wait(PROBE_POLL_S)
+                                st["caught_up_s"] = st.get("caught_up_s", 0.0) + time.monotonic() - t_probe
+                                if answered:
+                                    probe = None
+                                    seen = avail
+                                    avail = _merge_avail(avail, self._progress_word(v, 0), issued)
+                                    st["probes"] = st.get("probes", 0) + 1
+                                    if avail > seen:
+                                        st["probe_hits"] = st.get("probe_hits", 0) + 1
+                                        continue
+                            if inflight:  # their completions bring a fresher progress word: no blocking read
+                                t_w = time.monotonic()
                                 avail = _merge_avail(avail, self._complete_oldest(v, inflight, st, ver), issued)
+                                st["caught_up_s"] = st.get("caught_up_s", 0.0) + time.monotonic() - t_w
+                                adapt()
+                                continue
+                            t_rtt = time.monotonic()
+                            if probe is not None:  # slot 0 is the probe's: let it land first
+                                _wait_source(probe)
+                                probe = None
+                            self._read([(self._scratch, 0, seg, ref["progress"], 8)], deadline)
+                            rtt = min(rtt or 1e9, time.monotonic() - t_rtt)
+                            avail = _merge_avail(avail, self._progress_word(v, 0), issued)
+                        if avail > issued:
+                            k = bisect.bisect_right(starts, issued) - 1
+                            if copyish[k]:
+                                if not inflight:
+                                    end = min(avail, starts[k] + mine[k][3])
+                                    self._copy_range(v, src, mine[k], ritems[k], starts[k], issued, end, st, deadline, ver)
+                                    issued = st["done"] = end
+                                    self._set_progress(v, end)
+                                    ver.advance(end)
+                                    sleep = 0.0005
+                                else:
+                                    avail = _merge_avail(avail, self._complete_oldest(v, inflight, st, ver), issued)
+                                continue
+                            end = min(avail, issued + batch_bytes)
+                            names = []
+                            # each tensor's requests, in stream order, with the stream position each one ends at
+                            per: list[list[tuple]] = []
+                            for j in range(k, len(mine)):
+                                if starts[j] >= end or copyish[j]:
+                                    end = min(end, starts[j])
+                                    break
+                                _, lb, loff, nb = mine[j]
+                                names.append(mine[j][0])
+                                a, b = max(issued, starts[j]), min(end, starts[j] + nb)
+                                step = min(CHUNK, batch_bytes, RECV_DIGEST_PIECE if ver.digests and ver.arm else CHUNK)
+                                if waiting and WAIT_PIECE > 0:
+                                    step = min(step, WAIT_PIECE)
+                                per.append([((lb, loff + c - starts[j], seg, ritems[j][1] + c - starts[j], min(step, b - c)),
+                                             c + min(step, b - c)) for c in range(a, b, step)])
+                            if ver.digests and ver.arm:
+                                # the tensors' pieces take turns: the transport's connections each carry about one
+                                # tensor's pieces in order, so they land in stream order and are hashed where they
+                                # land (rather than when the gap before them closes, from another core's cache)
+                                pairs = [q for turn in itertools.zip_longest(*per) for q in turn if q is not None]
+                            else:
+                                pairs = [q for qs in per for q in qs]
+                            reqs = [q for q, _ in pairs]
+                            waits = None
+                            slot = 0
+                            if waiting:  # each READ waits at the source until its word covers the READ's end
+                                vb = v << VERSION_SHIFT
+                                waits = [WaitWord(ref["progress"], vb, vb | e, vb | BYTES_MASK, WAIT_TIMEOUT_S)
+                                         for _, e in pairs]
+                                st["wait_batches"] = st.get("wait_batches", 0) + 1
+                            elif partial:
+                                slot = 1 + st["batches"] % PROGRESS_SLOTS
+                                reqs.append((self._scratch, 8 * slot, seg, ref["progress"], 8))
+                            if thr:
+                                time.sleep(max(0.0, t_thr + (end - base) / thr - time.monotonic()))
+                            # its round trip less what was queued ahead of it: the request delay (refhub.window)
+                            if waits is None:
+                                hdl = self._submit(reqs, deadline, digest=ver.digests_for(names))
+                            else:
+                                hdl = self._submit(reqs, deadline, digest=ver.digests_for(names), waits=waits)
+                            inflight.append((end, hdl, slot, time.monotonic(), end - st["done"]))
+                            st["batches"] += 1
+                            issued = end
+                            sleep = 0.0005
                             continue
-                        end = min(avail, issued + batch_bytes)
-                        reqs = []
-                        names = []
-                        per: list[list[tuple]] = []  # each tensor's requests, in stream order
-                        for j in range(k, len(mine)):
-                            if starts[j] >= end or copyish[j]:
-                                end = min(end, starts[j])
-                                break
-                            _, lb, loff, nb = mine[j]
-                            names.append(mine[j][0])
-                            a, b = max(issued, starts[j]), min(end, starts[j] + nb)
-                            step = min(CHUNK, batch_bytes, RECV_DIGEST_PIECE if ver.digests and ver.arm else CHUNK)
-                            per.append([(lb, loff + c - starts[j], seg, ritems[j][1] + c - starts[j], min(step, b - c))
-                                        for c in range(a, b, step)])
-                        if ver.digests and ver.arm:
-                            # the tensors' pieces take turns: the transport's connections each carry about one
-                            # tensor's pieces in order, so they land in stream order and are hashed where they
-                            # land (rather than when the gap before them closes, from another core's cache)
-                            reqs = [q for turn in itertools.zip_longest(*per) for q in turn if q is not None]
-                        else:
-                            reqs = [q for qs in per for q in qs]
-                        slot = 0
-                        if partial:
-                            slot = 1 + st["batches"] % PROGRESS_SLOTS
-                            reqs.append((self._scratch, 8 * slot, seg, ref["progress"], 8))
-                        if thr:
-                            time.sleep(max(0.0, t_thr + (end - base) / thr - time.monotonic()))
-                        # its round trip less what was queued ahead of it: the request delay (refhub.window)
-                        hdl = self._submit(reqs, deadline, digest=ver.digests_for(names))
-                        inflight.append((end, hdl, slot, time.monotonic(), end - st["done"]))
-                        st["batches"] += 1
-                        issued = end
-                        sleep = 0.0005
+                    if inflight:
+                        t_w = time.monotonic()
+                        avail = _merge_avail(avail, self._complete_oldest(v, inflight, st, ver), issued)
+                        st["window_full_s"] = st.get("window_full_s", 0.0) + time.monotonic() - t_w
+                        adapt()
                         continue
-                if inflight:
-                    t_w = time.monotonic()
-                    avail = _merge_avail(avail, self._complete_oldest(v, inflight, st, ver), issued)
-                    st["window_full_s"] = st.get("window_full_s", 0.0) + time.monotonic() - t_w
+                    # a partial source has nothing more yet: wait, and ask the server now and then
+                    if time.monotonic() - last_report > 0.5:
+                        last_report = time.monotonic()
+                        rep = self.conn.request({"op": "progress", "h": self.hid, "done": st["done"]}, self.request_timeout)
+                        if "src" in rep:
+                            raise _Reroute(rep["src"])
+                    time.sleep(sleep)
+                    st["starved_s"] = st.get("starved_s", 0.0) + sleep
+                    sleep = min(sleep * 2, 0.005)  # how late this hop of a chain may notice the first bytes
+                except NotReadyError:
+                    # a READ waited out WAIT_TIMEOUT_S at the source (it stalled), or the source no
+                    # longer holds version v: drop what is in flight, go on from what landed; the plain
+                    # pull takes over when the source's word is not of v (it re-routes as before)
+                    if not waiting:
+                        raise
+                    for _, hdl, *_ in inflight:
+                        hdl.cancel()
+                        try:
+                            hdl.wait(2.0)
+                        except Exception:
+                            pass
+                    inflight.clear()
+                    issued = st["done"]
+                    st["wait_retries"] = st.get("wait_retries", 0) + 1
+                    self._read([(self._scratch, 0, seg, ref["progress"], 8)], deadline)
+                    if self._progress_word(v, 0) < 0:
+                        waiting = False
+                        avail = st["done"] if partial else total
                     adapt()
-                    continue
-                # a partial source has nothing more yet: wait, and ask the server now and then
-                if time.monotonic() - last_report > 0.5:
-                    last_report = time.monotonic()
-                    rep = self.conn.request({"op": "progress", "h": self.hid, "done": st["done"]}, self.request_timeout)
-                    if "src" in rep:
-                        raise _Reroute(rep["src"])
-                time.sleep(sleep)
-                st["starved_s"] = st.get("starved_s", 0.0) + sleep
-                sleep = min(sleep * 2, 0.005)  # how late this hop of a chain may notice the first bytes
         finally:
             if probe is not None:
                 probe.cancel()

@@ -176,8 +176,67 @@ def test_pipeline_replication_chain(procs) -> None:
     assert sum(1 for name, _ in firsts if name == "trainer") == 1, firsts  # the trainer served one reader
     # a reader of a partial copy at its source's pace catches up with it and then reads the source's
     # progress word alone (PROGRESS_PROBE) instead of waiting for its oldest batch only
-    probes = [rep["stats"]["probes"] for rep in reps if rep["stats"]["sources"][0][1]]
-    assert probes and all(p[0] >= 1 for p in probes), probes
+    # (readers whose READs wait at the source, REFHUB_WAIT_READ where every transport can, need no probe)
+    probes = [rep["stats"]["probes"] for rep in reps if rep["stats"]["sources"][0][1] and not rep["stats"]["wait_read"][0]]
+    assert all(p[0] >= 1 for p in probes), probes
+
+
+@pytest.mark.parametrize("wait_read", ["1", "0"])
+def test_pipeline_chain_over_tcp_with_and_without_waiting_reads(procs, monkeypatch, wait_read) -> None:
+    """Every reader of a partial copy posts READs its source does not hold yet, each waiting at the
+    source for the source's progress word (REFHUB_WAIT_READ, engine.submit_when; tcp only, so every
+    transport to the source can wait); every byte is verified; and the same chain without it."""
+    monkeypatch.setenv("TENT_PLUGINS", "tcp")
+    monkeypatch.setenv("REFHUB_WAIT_READ", wait_read)
+    srv, addr = start_server(hb_timeout=LIVE_HB_TIMEOUT)
+    procs.append(srv)
+    t = Worker(addr, "trainer", "--size-mb", "32")
+    procs.append(t)
+    t.cmd("fill 1")
+    t.cmd("publish 1")
+    rs = [Worker(addr, f"rollout{i}", "--size-mb", "32", "--throttle-mbps", "150") for i in range(3)]
+    procs.extend(rs)
+    for r in rs:
+        r.send("replicate latest")
+        time.sleep(0.05)
+    reps = [r.read() for r in rs]
+    for rep in reps:
+        assert rep["ok"] and rep["v"] == 1 and rep["data_ok"], rep
+    partial = [rep["stats"] for rep in reps if rep["stats"]["sources"][0][1]]
+    assert partial, [rep["stats"]["sources"] for rep in reps]  # a still-receiving replica served a prefix
+    for st in partial:
+        used, batches, _ = st["wait_read"]
+        assert used == (wait_read == "1") and (batches > 0) == used, st["wait_read"]
+    # a full copy's reader never waits
+    assert all(not rep["stats"]["wait_read"][0] for rep in reps if not rep["stats"]["sources"][0][1])
+
+
+def test_waiting_reads_that_time_out_are_reissued(procs, monkeypatch) -> None:
+    """A reader far ahead of a slow partial source: its READs wait out REFHUB_WAIT_TIMEOUT_S at the
+    source (NotReady), the pull re-issues them from what landed, and every byte is still verified."""
+    monkeypatch.setenv("TENT_PLUGINS", "tcp")
+    monkeypatch.setenv("REFHUB_WAIT_READ", "1")
+    monkeypatch.setenv("REFHUB_WAIT_TIMEOUT_S", "0.01")
+    srv, addr = start_server(hb_timeout=LIVE_HB_TIMEOUT)
+    procs.append(srv)
+    t = Worker(addr, "trainer", "--size-mb", "16")
+    procs.append(t)
+    t.cmd("fill 1")
+    t.cmd("publish 1")
+    slow = Worker(addr, "rollout0", "--size-mb", "16", "--throttle-mbps", "8")
+    fast = Worker(addr, "rollout1", "--size-mb", "16")
+    procs.extend([slow, fast])
+    slow.send("replicate latest")
+    time.sleep(0.3)
+    fast.send("replicate latest")
+    reps = [slow.read(), fast.read()]
+    for rep in reps:
+        assert rep["ok"] and rep["v"] == 1 and rep["data_ok"], rep
+    st = reps[1]["stats"]
+    if st["sources"][0] != ["rollout0", True]:
+        pytest.skip(f"the server gave the second reader {st['sources'][0]}, not the slow partial copy")
+    used, batches, reissued = st["wait_read"]
+    assert used and batches > 0 and reissued > 0, st["wait_read"]
 
 
 def test_source_death_mid_transfer(procs) -> None:

@@ -89,6 +89,10 @@ typedef struct batch {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   struct batch *next_free; /* in its thread's cache of finished batches */
+  /* the wait conditions armed for its submit (Engine.submit_when): a copy, so that a slice re-issued
+   * from another thread (a retry) still waits at the target. Set before its slices are handed over */
+  tent_wait_t *waits;
+  uint32_t nwaits;
 } batch_t;
 
 /* Finished batches are kept for reuse by the thread that let go of the last reference: a submit
@@ -120,6 +124,9 @@ static void batch_cache_drop(void *unused) { /* thread exit: nothing stays behin
 
 static void batch_unref(batch_t *b) {
   if (atomic_fetch_sub(&b->refs, 1) == 1) {
+    free(b->waits);
+    b->waits = NULL;
+    b->nwaits = 0;
     if (tl_nfree < BATCH_CACHE && (tl_registered || pthread_setspecific(g_batch_cache_key, (void *)1) == 0)) {
       tl_registered = 1; /* nobody holds it: its mutex and condvar are idle */
       b->next_free = tl_free;
@@ -174,8 +181,9 @@ static void host_complete(void *ctx, const tent_slice_t *s, int32_t status) {
       __atomic_fetch_add(&st[TENT_STAT_LATENCY_NS_SUM], lat, __ATOMIC_RELAXED);
       __atomic_store_n(&st[TENT_STAT_LAST_LATENCY_NS], lat, __ATOMIC_RELAXED);
       __atomic_store_n(&st[TENT_STAT_LAST_COMPLETE_NS], (int64_t)t, __ATOMIC_RELAXED);
-    } else if (status != TENT_E_CANCELLED && status != TENT_E_REROUTED) {
-      /* a slice handed back untouched (rerouted) or cancelled did not fail on this rail */
+    } else if (status != TENT_E_CANCELLED && status != TENT_E_REROUTED && status != TENT_E_NOT_READY) {
+      /* a slice handed back untouched (rerouted), cancelled, or a waiting READ whose bytes were not
+       * there yet (the path answered) did not fail on this rail */
       __atomic_fetch_add(&st[TENT_STAT_ERRORS], 1, __ATOMIC_RELAXED);
     }
     /* out of flight last, after its counts: a released slot is reused once nothing is in flight
@@ -264,8 +272,24 @@ static void *host_digest(void *ctx, const tent_slice_t *s) {
   return NULL;
 }
 
+/* The wait conditions armed on this thread for the submit in progress (Engine.submit_when, wait_arm):
+ * a copy, owned by the thread. An executor asks for a READ slice's (host_wait): the first one whose
+ * destination range holds the slice's destination. */
+#define WAIT_ARM_MAX 4096
+static __thread tent_wait_t *tl_waits TLS_IE;
+static __thread uint32_t tl_nwait TLS_IE, tl_wait_cap TLS_IE;
+
+static const tent_wait_t *host_wait(void *ctx, const tent_slice_t *s) {
+  (void)ctx;
+  const batch_t *b = (const batch_t *)(uintptr_t)s->token; /* the core's slices carry their batch */
+  if (!b) return NULL;
+  for (uint32_t i = 0; i < b->nwaits; i++)
+    if (s->local_addr >= b->waits[i].local_start && s->local_addr < b->waits[i].local_end) return &b->waits[i];
+  return NULL;
+}
+
 static tent_host_api_t g_host = {TENT_EXECUTOR_ABI_VERSION, sizeof(tent_host_api_t), NULL, host_complete,
-                                 host_is_cancelled, host_note, host_digest};
+                                 host_is_cancelled, host_note, host_digest, host_wait};
 
 /* ---- Python Batch type ---- */
 typedef struct {
@@ -854,6 +878,38 @@ static PyObject *py_digest_arm(PyObject *m, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
+/* wait_arm(buffer of packed tent_wait_t, or None): the conditions this thread's submits hand to the
+ * executors that ask (tent_host_wait), until disarmed (None). Copied: the caller's buffer may go. */
+static PyObject *py_wait_arm(PyObject *m, PyObject *arg) {
+  (void)m;
+  if (arg == Py_None) {
+    tl_nwait = 0;
+    Py_RETURN_NONE;
+  }
+  Py_buffer v;
+  if (PyObject_GetBuffer(arg, &v, PyBUF_SIMPLE) < 0) return NULL;
+  if (v.len % (Py_ssize_t)sizeof(tent_wait_t) || v.len / (Py_ssize_t)sizeof(tent_wait_t) > WAIT_ARM_MAX) {
+    PyBuffer_Release(&v);
+    PyErr_Format(PyExc_ValueError, "wait_arm: a whole number of %zu-byte tent_wait_t, at most %d",
+                 sizeof(tent_wait_t), WAIT_ARM_MAX);
+    return NULL;
+  }
+  uint32_t n = (uint32_t)(v.len / (Py_ssize_t)sizeof(tent_wait_t));
+  if (n > tl_wait_cap) {
+    tent_wait_t *w = realloc(tl_waits, (size_t)n * sizeof *w);
+    if (!w) {
+      PyBuffer_Release(&v);
+      return PyErr_NoMemory();
+    }
+    tl_waits = w;
+    tl_wait_cap = n;
+  }
+  if (n) memcpy(tl_waits, v.buf, (size_t)n * sizeof(tent_wait_t));
+  tl_nwait = n;
+  PyBuffer_Release(&v);
+  Py_RETURN_NONE;
+}
+
 /* ---- submit ---- */
 static int stamp_and_account(tent_slice_t *s, uint64_t token, uint64_t t) {
   s->token = token;
@@ -999,6 +1055,15 @@ static int exec_submit_at(uint64_t ops_p, uint64_t exec_p, batch_t *b, tent_slic
   if (!exec_enter(ops_p, exec_p)) return TENT_E_INTERNAL;
   const tent_executor_ops_t *ops = ops_of(ops_p);
   uint64_t token = (uintptr_t)b;
+  if (tl_nwait && !b->waits) { /* Engine.submit_when: the batch keeps its conditions (retries too) */
+    b->waits = malloc((size_t)tl_nwait * sizeof *b->waits);
+    if (!b->waits) {
+      exec_leave();
+      return TENT_E_INTERNAL;
+    }
+    memcpy(b->waits, tl_waits, (size_t)tl_nwait * sizeof *b->waits);
+    b->nwaits = tl_nwait;
+  }
   for (uint32_t i = 0; i < n; i++) stamp_and_account(&s[i], token, t);
   int inl = want_inline && ops_has_inline(ops);
   if (inl && ops_has_progress(ops)) { /* it may leave work to the waiter: one such executor per batch */
@@ -2107,6 +2172,7 @@ static PyMethodDef methods[] = {
     {"host_api_address", py_host_api_address, METH_NOARGS, "address of the tent_host_api_t"},
     {"failure_fd", py_failure_fd, METH_NOARGS, "eventfd signalled when failures are queued"},
     {"now_ns", py_now_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns"},
+    {"wait_arm", py_wait_arm, METH_O, "wait_arm(packed tent_wait_t bytes, or None): conditions of this thread's waiting READs"},
     {"digest_arm", py_digest_arm, METH_O, "digest_arm(Digest, list of them, or None): this thread's submits fold their READs into them"},
     {"set_wait_spin_ns", py_set_wait_spin_ns, METH_O, "poll this long in Batch.wait before sleeping; returns the old value"},
     {NULL}};
@@ -2150,6 +2216,7 @@ PyMODINIT_FUNC PyInit__native(void) {
   PyModule_AddObject(m, "FastPath", (PyObject *)&FastPathType);
   Py_INCREF(&DigestType);
   PyModule_AddObject(m, "Digest", (PyObject *)&DigestType);
+  PyModule_AddIntConstant(m, "WAIT_SIZE", (long)sizeof(tent_wait_t));
   PyModule_AddIntConstant(m, "EXECUTOR_ABI_VERSION", TENT_EXECUTOR_ABI_VERSION);
   PyModule_AddIntConstant(m, "SLICE_SIZE", sizeof(tent_slice_t));
   PyModule_AddIntConstant(m, "FAILURE_SIZE", sizeof(failure_t));

@@ -125,6 +125,9 @@ class Nodes:
         self.procs.clear()
         if self.fabric is not None:
             self.fabric.close()
+        keep = os.environ.get("REFHUB_BENCH_KEEP_LOGS")  # a folder: the nodes' logs are copied there
+        if keep:
+            shutil.copytree(self.logdir, os.path.join(keep, os.path.basename(self.logdir)), dirs_exist_ok=True)
         shutil.rmtree(self.logdir, ignore_errors=True)
 
     def tail(self, name: str, n: int = 600) -> str:
@@ -245,7 +248,9 @@ class _RefhubSystem:
         return {**_stall(res), "from_publisher": sum(1 for r in res if r["sources"][0][0] == "publisher"),
                 "receivers": [{"secs": round(r["secs"], 3), "sources": r["sources"], "starved_s": r.get("starved_s"),
                                "first_s": r.get("first_s"), "lag_behind_source_s": lag(r),
-                               "batches": r.get("batches"), "rail_errors": r.get("rail_errors")} for r in res]}
+                               "batches": r.get("batches"), "rail_errors": r.get("rail_errors"),
+                               # waiting READs (REFHUB_WAIT_READ): used, batches, re-issues after NotReady
+                               "wait_read": r.get("wait_read")} for r in res]}
 
     def close(self) -> None:
         for p in self.procs[1:]:

@@ -100,6 +100,7 @@ def run_refhub(role: str, spec: dict) -> None:
                       "first_s": h.stats.get("first_s"), "pull_s": h.stats.get("seconds"),
                       "request_delay_s": h.stats.get("request_delay_s"), "probes": h.stats.get("probes"),
                       "caught_up_s": h.stats.get("caught_up_s"), "window_full_s": h.stats.get("window_full_s"),
+                      "wait_read": h.stats.get("wait_read"),
                       "rail_errors": sum(r["errors"] for r in eng.rail_stats()),
                       "t_end": time.monotonic()})
             elif cmd == "drop":

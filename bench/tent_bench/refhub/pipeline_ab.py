@@ -62,7 +62,10 @@ def chain(out: list[dict]) -> list[dict]:
                              "starved_s": x.get("starved_s"), "request_delay_s": rd[0] if rd else None,
                              "request_delay_max_s": rd[1] if rd else None,
                              "probe_hits": (x.get("probes") or [0, 0])[1], "caught_up_s": x.get("caught_up_s"),
-                             "window_full_s": x.get("window_full_s")})
+                             "window_full_s": x.get("window_full_s"),
+                             # waiting READs (REFHUB_WAIT_READ): re-issues after a READ waited out its time at the source
+                             "wait_retries": (x.get("wait_read") or [False, 0, 0])[2] if (x.get("wait_read") or [False])[0]
+                             else None})
                 nxt.append(name)
         level, depth = nxt, depth + 1
     return hops
@@ -75,7 +78,7 @@ def _by_depth(rounds: list[list[dict]]) -> list[dict]:
         hs = [h for r in rounds for h in r if h["depth"] == d]
         row: dict[str, Any] = {"depth": d, "hops": len(hs)}
         for k in ("secs", "lag_s", "starved_s", "request_delay_s", "request_delay_max_s", "probe_hits",
-                  "caught_up_s", "window_full_s"):
+                  "caught_up_s", "window_full_s", "wait_retries"):
             vals = [h[k] for h in hs if h[k] is not None]
             row[k] = round(statistics.median(vals), 3) if vals else None
         out.append(row)

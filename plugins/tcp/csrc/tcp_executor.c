@@ -93,6 +93,20 @@
  * page offset). Without the gap, a 24-byte header put every READ payload from a page-aligned
  * buffer 24 bytes ahead of its source (docs/benchmarks.md, "Why tcp READ was slower than WRITE").
  * A server serves version 1 requests as before.
+ *
+ * Waiting READs (tent_wait_t in executor_abi.h; Transport.wait_read): opcode WIRE_OP_READ_WAIT (2,
+ * version 2 only) is a READ whose 32-byte header is followed by a WAIT_EXT_SIZE extension: u64 word
+ * address, u64 floor, u64 lo, u64 hi, u32 wait_ms, u32 0. The target checks the word (8-byte
+ * aligned, inside a region it may READ) and the range as for any READ, then answers only once
+ * lo <= word <= hi, as a plain READ; while floor <= word < lo it parks the request, re-reading the
+ * word on a short timer (WAIT_POLL_MIN_US growing to WAIT_POLL_MAX_US: the word is advanced by
+ * the target's own process, which does not tell us), at most min(wait_ms, `wait_max_ms`); then,
+ * or when the word leaves [floor, hi] or a region goes away, it answers TENT_E_NOT_READY with no
+ * payload. A malformed extension gets TENT_E_PROTOCOL (the framing is intact: the connection
+ * stays). A connection's thread serves its requests in order, so a connection parks one READ at
+ * most (those behind it wait in the socket: a reader's READs of a partial copy are in stream order
+ * anyway); `wait_max_parked` bounds the parked READs of the whole executor (more are answered
+ * TENT_E_NOT_READY at once). The initiator never sends one inline (submit_inline queues it).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -147,6 +161,10 @@
 #define PIPE_BYTES_MAX (1u << 20) /* payload of the READ answers one sendmsg gathers at most */
 #define BULK_QUIET_MS 5 /* nobody polls while bulk moves, nor this long after it stopped */
 #define QOS_LEVEL_IDLE 20 /* qos_bulk_nice 20: SCHED_IDLE rather than a nice value */
+#define WIRE_OP_READ_WAIT 2u /* a READ answered once a word reaches a range (see above) */
+#define WAIT_EXT_SIZE 40
+#define WAIT_POLL_MIN_US 50
+#define WAIT_POLL_MAX_US 2000
 
 /* ------------------------------------------------------------------ utils */
 
@@ -440,6 +458,7 @@ typedef struct rail {
   int busy;              /* bulk slots in use */
   int express_busy;      /* the express slot is in use */
   int bulk_busy;         /* slots running bulk chunks (the others run small ones) */
+  int wait_busy;         /* slots running waiting READs (at most wait_conns) */
   uint64_t small_until_ms; /* small requests were submitted recently: bulk held to qos_bulk_conns until then */
   uint64_t down_until_ms; /* connect failed recently: fail fast until then */
   int ready;                       /* linked into the executor's ready list */
@@ -492,6 +511,15 @@ typedef struct tcp_exec {
   int qos_bulk_nice;      /* bulk threads' nice value while small requests are active (QOS_LEVEL_IDLE: SCHED_IDLE; 0: off) */
   atomic_ullong srv_small_until_ms; /* server side: a small request was served recently (bulk ones demoted until then) */
   int receive_digest;     /* READ answers fold into the digest the caller armed for the slice (tent/digest.h) */
+  int wait_read;          /* READs carry the wait condition the caller armed (tent_host_wait) */
+  int wait_max_ms;        /* server side: a waiting READ is parked this long at most */
+  int wait_max_parked;    /* server side: READs parked at once at most */
+  int wait_conns;         /* client side: connections of a rail that carry waiting READs at once */
+  atomic_int parked_now;  /* server side: waiting READs parked now */
+  atomic_ullong waits_served, waits_not_ready, waits_refused; /* answered after waiting / E_NOT_READY / refused (bad, full) */
+  pthread_mutex_t wait_mu; /* parked READs sleep on wait_cv; tcp_wait_doorbell wakes them */
+  pthread_cond_t wait_cv;
+  uint64_t wait_seq;       /* doorbells rung (under wait_mu) */
   int busy_poll_us;       /* a small request's answer / the next request is polled for up to this long before sleeping */
   int busy_poll_adaptive; /* each connection learns whether and how long to poll (tent/busy_poll.h); 0: always the cap */
   atomic_ullong busy_poll[2][BP_N]; /* outcomes: [client, server][BP_*] */
@@ -566,6 +594,10 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->auth_timeout_ms = 5000;
   ex->max_conns = 256;
   ex->idle_timeout_ms = 120000;
+  ex->wait_read = 1;
+  ex->wait_max_ms = 1000;
+  ex->wait_max_parked = 64;
+  ex->wait_conns = 2;
   ex->unregister_timeout_ms = 5000;
   char key[64], val[256];
   for (const char *c = cfg; tent_config_next(&c, key, sizeof key, val, sizeof val);) {
@@ -617,6 +649,10 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
     else if (!strcmp(key, "busy_poll_us")) dst = &ex->busy_poll_us, lo = 0, hi = 10000;
     else if (!strcmp(key, "busy_poll_adaptive")) dst = &ex->busy_poll_adaptive, lo = 0, hi = 1;
     else if (!strcmp(key, "receive_digest")) dst = &ex->receive_digest, lo = 0, hi = 1;
+    else if (!strcmp(key, "wait_read")) dst = &ex->wait_read, lo = 0, hi = 1;
+    else if (!strcmp(key, "wait_max_ms")) dst = &ex->wait_max_ms, lo = 1, hi = 60000;
+    else if (!strcmp(key, "wait_max_parked")) dst = &ex->wait_max_parked, lo = 0, hi = 65536;
+    else if (!strcmp(key, "wait_conns")) dst = &ex->wait_conns, lo = 1, hi = 65;
     else if (!strcmp(key, "sockbuf")) dst = &ex->sockbuf, lo = 0;
     else if (!strcmp(key, "pipeline")) dst = &ex->pipeline, lo = 1, hi = PIPE_MAX;
     else if (!strcmp(key, "auth_timeout_ms")) dst = &ex->auth_timeout_ms, lo = 1;
@@ -784,6 +820,84 @@ static region_t *region_acquire(tcp_exec_t *ex, sconn_t *c, uint64_t addr, uint6
   pthread_mutex_unlock(&ex->reg_mu);
   if (!found) *status = saw_inside ? TENT_E_PERMISSION : TENT_E_BOUNDS;
   return found;
+}
+
+/* The region holding a waiting READ's word (8 bytes, readable), referenced, or NULL with *status
+ * set. Not the connection's `cur`: unregister finds a parked READ through `dead` (wait_word). */
+static region_t *word_region_acquire(tcp_exec_t *ex, uint64_t addr, int *status) {
+  region_t *found = NULL;
+  int saw_inside = 0;
+  pthread_mutex_lock(&ex->reg_mu);
+  for (size_t i = region_upper(ex, addr); i-- > 0;) {
+    region_t *r = ex->regions[i];
+    if (addr - r->addr > ex->max_region_len) break;
+    if (addr - r->addr > r->len || 8 > r->len - (addr - r->addr)) continue;
+    saw_inside = 1;
+    if (r->perm & PERM_REMOTE_READ) {
+      found = r;
+      r->refs++;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&ex->reg_mu);
+  if (!found) *status = saw_inside ? TENT_E_PERMISSION : TENT_E_BOUNDS;
+  return found;
+}
+
+static void word_region_release(tcp_exec_t *ex, region_t *r) {
+  pthread_mutex_lock(&ex->reg_mu);
+  if (--r->refs == 0 && r->dead) pthread_cond_broadcast(&ex->reg_cv);
+  pthread_mutex_unlock(&ex->reg_mu);
+}
+
+/* Park until lo <= *word <= hi: TENT_OK, or TENT_E_NOT_READY once the word left [floor, hi], a
+ * region went away (unregister waits for us) or wait_ms passed. Re-reads the word whenever the
+ * process rings the doorbell (tcp_wait_doorbell, after it advanced a word: Transport.word_written),
+ * and on a timer growing from WAIT_POLL_MIN_US to WAIT_POLL_MAX_US for writers that ring none. */
+static int wait_word(tcp_exec_t *ex, const region_t *data, const region_t *wr, uint64_t word, uint64_t floor,
+                     uint64_t lo, uint64_t hi, uint32_t wait_ms) {
+  const volatile _Atomic uint64_t *w = (const volatile _Atomic uint64_t *)(uintptr_t)word;
+  uint64_t v = atomic_load_explicit(w, memory_order_acquire);
+  if (v >= lo && v <= hi) return TENT_OK;
+  if (v < floor || v > hi) {
+    atomic_fetch_add(&ex->waits_not_ready, 1);
+    return TENT_E_NOT_READY;
+  }
+  if (atomic_fetch_add(&ex->parked_now, 1) >= ex->wait_max_parked) {
+    atomic_fetch_sub(&ex->parked_now, 1);
+    atomic_fetch_add(&ex->waits_refused, 1);
+    return TENT_E_NOT_READY;
+  }
+  uint64_t deadline = mono_ns() + (uint64_t)(wait_ms < (uint32_t)ex->wait_max_ms ? wait_ms : (uint32_t)ex->wait_max_ms) * 1000000ull;
+  uint32_t step_us = WAIT_POLL_MIN_US;
+  int status = TENT_E_NOT_READY;
+  pthread_mutex_lock(&ex->wait_mu);
+  uint64_t seq = ex->wait_seq;
+  pthread_mutex_unlock(&ex->wait_mu);
+  for (;;) {
+    pthread_mutex_lock(&ex->wait_mu);
+    if (ex->wait_seq == seq) {
+      struct timespec ts;
+      clock_gettime(CLOCK_MONOTONIC, &ts);
+      uint64_t at = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + (uint64_t)step_us * 1000ull;
+      ts.tv_sec = (time_t)(at / 1000000000ull);
+      ts.tv_nsec = (long)(at % 1000000000ull);
+      pthread_cond_timedwait(&ex->wait_cv, &ex->wait_mu, &ts);
+    }
+    seq = ex->wait_seq;
+    pthread_mutex_unlock(&ex->wait_mu);
+    if (step_us < WAIT_POLL_MAX_US) step_us = step_us * 2 < WAIT_POLL_MAX_US ? step_us * 2 : WAIT_POLL_MAX_US;
+    if (__atomic_load_n(&data->dead, __ATOMIC_ACQUIRE) || __atomic_load_n(&wr->dead, __ATOMIC_ACQUIRE)) break;
+    v = atomic_load_explicit(w, memory_order_acquire);
+    if (v >= lo && v <= hi) {
+      status = TENT_OK;
+      break;
+    }
+    if (v < floor || v > hi || mono_ns() >= deadline || __atomic_load_n(&ex->stopping, __ATOMIC_RELAXED)) break;
+  }
+  atomic_fetch_sub(&ex->parked_now, 1);
+  atomic_fetch_add(status == TENT_OK ? &ex->waits_served : &ex->waits_not_ready, 1);
+  return status;
 }
 
 static void region_release(tcp_exec_t *ex, sconn_t *c, region_t *r) {
@@ -1147,11 +1261,28 @@ static void *sconn_main(void *arg) {
     uint32_t op = get16(h + 6), gap = 0;
     if (version == WIRE_VERSION_GAP) gap = op >> 8, op &= 0xff;
     uint64_t addr = get64(h + 8), len = get64(h + 16), reqid = get64(h + 24);
-    if ((op != TENT_OP_READ && op != TENT_OP_WRITE) || gap > GAP_MAX) {
+    int waiting = op == WIRE_OP_READ_WAIT && version == WIRE_VERSION_GAP;
+    if ((op != TENT_OP_READ && op != TENT_OP_WRITE && !waiting) || gap > GAP_MAX) {
       slog("closing connection from %s: bad opcode %u (gap %u)", c->who, op, gap);
       break;
     }
     int status = TENT_OK;
+    uint8_t ext[WAIT_EXT_SIZE];
+    uint64_t word = 0, floor = 0, lo = 0, hi = 0;
+    uint32_t wait_ms = 0;
+    if (waiting) {
+      if (recv_all(fd, ext, WAIT_EXT_SIZE, NULL, 0) != IO_OK) break;
+      if (inq >= 0) inq = inq >= WAIT_EXT_SIZE ? inq - WAIT_EXT_SIZE : 0; /* what follows the condition */
+      op = TENT_OP_READ;
+      word = get64(ext), floor = get64(ext + 8), lo = get64(ext + 16), hi = get64(ext + 24), wait_ms = get32(ext + 32);
+      if ((word & 7u) || !(floor <= lo && lo <= hi) || !wait_ms || get32(ext + 36)) {
+        slog("refused a waiting READ from %s: bad condition (word %#llx, floor %llu, lo %llu, hi %llu, %u ms)", c->who,
+             (unsigned long long)word, (unsigned long long)floor, (unsigned long long)lo, (unsigned long long)hi, wait_ms);
+        atomic_fetch_add(&ex->waits_refused, 1);
+        if (send_response(fd, TENT_E_PROTOCOL, reqid, 0, version, 0) != IO_OK) break;
+        continue;
+      }
+    }
     spin = len <= SPIN_AFTER_BYTES; /* bulk connections sleep between requests: no core burnt beside a stream */
     if (ex->qos_bulk_nice && ex->qos_serve_nice) qos_server_request(ex, spin);
     if (!spin) { /* and nobody polls while one is served */
@@ -1172,6 +1303,19 @@ static void *sconn_main(void *arg) {
       if (!r) {
         if (send_response(fd, status, reqid, 0, version, 0) != IO_OK) break;
         continue;
+      }
+      if (waiting) {
+        region_t *wr = word_region_acquire(ex, word, &status);
+        if (wr) {
+          status = wait_word(ex, r, wr, word, floor, lo, hi, wait_ms);
+          word_region_release(ex, wr);
+        }
+        if (status != TENT_OK) {
+          region_release(ex, c, r);
+          if (send_response(fd, status, reqid, 0, version, 0) != IO_OK) break;
+          continue;
+        }
+        inq = -1; /* what followed the header may have grown while it was parked: look */
       }
       rc = send_read_answers(fd, r, version, gap, addr, len, reqid, inq); /* header, gap, payload: one sendmsg */
       region_release(ex, c, r);
@@ -1384,6 +1528,8 @@ static int rail_connect(tcp_exec_t *ex, rail_t *r) {
 typedef struct tcp_job {
   tent_job_t base; /* first: chunks point at it */
   tent_digest_t *digest;
+  int waits;        /* a waiting READ: `wait` is its condition (tent_host_wait, asked in submit) */
+  tent_wait_t wait;
 } tcp_job_t;
 
 static tent_job_t *job_new(const tcp_exec_t *ex, const tent_slice_t *s, uint32_t chunks) {
@@ -1394,10 +1540,22 @@ static tent_job_t *job_new(const tcp_exec_t *ex, const tent_slice_t *s, uint32_t
   atomic_init(&j->base.status, TENT_OK);
   j->digest = ex->receive_digest && s->opcode == TENT_OP_READ && s->length
                   ? tent_digest_hold(tent_host_digest(ex->host, s)) : NULL;
+  const tent_wait_t *w = ex->wait_read ? tent_host_wait(ex->host, s) : NULL;
+  j->waits = w != NULL;
+  if (w) {
+    j->wait = *w;
+    /* the initiator's progress clock must not fire while the target parks it */
+    uint32_t cap = ex->slice_timeout_ms / 2 > 1 ? (uint32_t)ex->slice_timeout_ms / 2 : 1;
+    if (j->wait.wait_ms > cap) j->wait.wait_ms = cap;
+  }
   return &j->base;
 }
 
 static tent_digest_t *job_digest(const tent_job_t *j) { return ((const tcp_job_t *)j)->digest; }
+
+static int chunk_waits(const tent_chunk_t *c) { return ((const tcp_job_t *)c->job)->waits; }
+
+static int head_waits(const tent_chunk_queue_t *q) { return q->len > 0 && chunk_waits(&q->items[q->head]); }
 
 static void job_free(tent_job_t *j) {
   if (!j) return;
@@ -1414,6 +1572,7 @@ typedef struct pipe_run {
   rail_t *r;
   int slot, fd;
   int small;                 /* a run of small chunks (else bulk: counts in rail.bulk_busy) */
+  int waits;                 /* a run of waiting READs (counts in rail.wait_busy) */
   uint32_t k;
   uint32_t reported;         /* chunks [0, reported) were reported as their answers came in */
   uint64_t token;            /* the batch of a run sent inline (its waiter may read the answers) */
@@ -1426,6 +1585,7 @@ typedef struct pipe_run {
   int status[PIPE_MAX];
   uint8_t gap[PIPE_MAX];     /* zero bytes between a header and its payload (version 2) */
   uint8_t hdr[PIPE_MAX][REQ_SIZE];
+  uint8_t ext[PIPE_MAX][WAIT_EXT_SIZE]; /* a waiting READ's condition, after its header */
 } pipe_run_t;
 
 static void finish_chunk(tcp_exec_t *ex, const tent_chunk_t *c, int status);
@@ -1493,8 +1653,8 @@ static uint8_t payload_gap(uint64_t pos, uint64_t src, uint64_t dst) {
  * its pages), advanced past this run. */
 static int run_send(tcp_exec_t *ex, pipe_run_t *pr, uint64_t *stream) {
   static const uint8_t zeros[GAP_MAX];
-  struct iovec iov[3 * PIPE_MAX];
-  iov_owner_t own[3 * PIPE_MAX];
+  struct iovec iov[4 * PIPE_MAX];
+  iov_owner_t own[4 * PIPE_MAX];
   int n = 0;
   uint64_t sent = *stream, answers = 0; /* bytes sent before this request, and before its answer */
   for (uint32_t i = 0; i < pr->k; i++) {
@@ -1502,21 +1662,35 @@ static int run_send(tcp_exec_t *ex, pipe_run_t *pr, uint64_t *stream) {
     const tent_slice_t *s = &c->job->s;
     uint8_t *h = pr->hdr[i];
     int gapped = c->len > 0, write = s->opcode == TENT_OP_WRITE;
+    const tcp_job_t *tj = (const tcp_job_t *)c->job;
+    int waits = !write && tj->waits;
+    if (waits) gapped = 1; /* the waiting opcode exists in version 2 only (a gap of 0 is fine) */
     uint64_t local = s->local_addr + c->off, remote = s->remote_addr + c->off;
     pr->reqid[i] = atomic_fetch_add(&ex->next_reqid, 1);
     if (!gapped) pr->gap[i] = 0;
     else if (write) pr->gap[i] = payload_gap(sent + REQ_SIZE, local, remote);
     else pr->gap[i] = payload_gap(answers + RSP_SIZE, remote, local);
-    sent += REQ_SIZE + (write && gapped ? pr->gap[i] + c->len : 0);
+    sent += REQ_SIZE + (waits ? WAIT_EXT_SIZE : 0) + (write && gapped ? pr->gap[i] + c->len : 0);
     answers += RSP_SIZE + (!write && gapped ? pr->gap[i] + c->len : 0);
     put32(h, WIRE_MAGIC);
     put16(h + 4, gapped ? WIRE_VERSION_GAP : WIRE_VERSION);
-    put16(h + 6, (uint16_t)(s->opcode | (gapped ? (uint32_t)pr->gap[i] << 8 : 0)));
+    put16(h + 6, (uint16_t)((waits ? WIRE_OP_READ_WAIT : s->opcode) | (gapped ? (uint32_t)pr->gap[i] << 8 : 0)));
     put64(h + 8, s->remote_addr + c->off);
     put64(h + 16, c->len);
     put64(h + 24, pr->reqid[i]);
     own[n] = (iov_owner_t){s, 0};
     iov[n++] = (struct iovec){h, REQ_SIZE};
+    if (waits) {
+      uint8_t *e = pr->ext[i];
+      put64(e, tj->wait.word_addr);
+      put64(e + 8, tj->wait.floor);
+      put64(e + 16, tj->wait.lo);
+      put64(e + 24, tj->wait.hi);
+      put32(e + 32, tj->wait.wait_ms);
+      put32(e + 36, 0);
+      own[n] = (iov_owner_t){s, 0};
+      iov[n++] = (struct iovec){e, WAIT_EXT_SIZE};
+    }
     if (write && pr->gap[i]) {
       own[n] = (iov_owner_t){s, 0};
       iov[n++] = (struct iovec){(void *)zeros, pr->gap[i]};
@@ -1605,7 +1779,7 @@ static int run_recv_one_read(pipe_run_t *pr) {
     } else if (after) {
       st = TENT_E_PROTOCOL; /* a refusal carries no payload */
     }
-    if (status > 0 || status < TENT_E_INTERNAL) status = TENT_E_PROTOCOL;
+    if (status > 0 || status < TENT_E_NOT_READY) status = TENT_E_PROTOCOL; /* the lowest status on the wire */
     if (rc == IO_OK && st == TENT_OK) {
       pr->status[0] = status;
       return 0;
@@ -1692,7 +1866,7 @@ static int run_recv(tcp_exec_t *ex, pipe_run_t *pr) {
         break;
       }
     }
-    if (status > 0 || status < TENT_E_INTERNAL) status = TENT_E_PROTOCOL;
+    if (status > 0 || status < TENT_E_NOT_READY) status = TENT_E_PROTOCOL; /* the lowest status on the wire */
     pr->status[i] = status;
     if (i + 1 < pr->k) { /* report it now (not the last: run_finish gives the connection back first) */
       if (status == TENT_OK) {
@@ -1733,9 +1907,26 @@ static int bulk_may_start(tcp_exec_t *ex, rail_t *r) {
   return 0;
 }
 
+/* The next chunk of queue `q` is a waiting READ (a run led by one carries waiting READs only). */
+static int head_waits(const tent_chunk_queue_t *q);
+
+/* May a small run start on `r` now? A free slot, and for waiting READs fewer than wait_conns of the
+ * rail's connections carrying them: a connection parks them in order, so two keep the link busy
+ * (one is answered while the next run crosses), and each more is one more TCP flow sharing the hop
+ * (their standing queues made each hop of a pipeline chain trail its source by 40-100 ms instead
+ * of 15-20: docs/benchmarks.md, "Burst"). Called with ex->mu. */
+static int small_may_start(tcp_exec_t *ex, rail_t *r) {
+  if (r->qs.len == 0 || !(slot_free_bulk(ex, r) || !r->express_busy)) return 0;
+  return !head_waits(&r->qs) || r->wait_busy < ex->wait_conns;
+}
+
+static int bulk_run_may_start(tcp_exec_t *ex, rail_t *r) {
+  return r->q.len > 0 && (!head_waits(&r->q) || r->wait_busy < ex->wait_conns) && bulk_may_start(ex, r);
+}
+
 static int rail_is_ready(tcp_exec_t *ex, rail_t *r) {
   if (r->peer->removed) return 0;
-  return (r->qs.len > 0 && (slot_free_bulk(ex, r) || !r->express_busy)) || (r->q.len > 0 && bulk_may_start(ex, r));
+  return small_may_start(ex, r) || bulk_run_may_start(ex, r);
 }
 
 /* Small requests were just submitted on `r`: bulk is held back for the QoS window. ex->mu held. */
@@ -1882,6 +2073,7 @@ static void run_finish(tcp_exec_t *ex, pipe_run_t *pr, int broken) {
   r->slot_fd[pr->slot] = SLOT_FREE;
   if (pr->slot == ex->conns_per_rail) r->express_busy = 0;
   else r->busy--;
+  if (pr->waits) r->wait_busy--;
   if (!pr->small) {
     r->bulk_busy--;
     atomic_store(&ex->bulk_last_ms, mono_ms());
@@ -2013,11 +2205,18 @@ static void *worker_main(void *arg) {
     }
     /* small chunks first; several of them pipelined on one connection, shared out over the
      * slots free for them */
-    int small = r->qs.len > 0;
+    int small = small_may_start(ex, r);
+    if (!small && !bulk_run_may_start(ex, r)) { /* nothing it may start now (a stale ready entry) */
+      ready_unlink(ex, r);
+      rail_update_ready(ex, r);
+      continue;
+    }
     tent_chunk_queue_t *q = small ? &r->qs : &r->q;
+    int waits = head_waits(q);
     uint32_t want = 1;
     if (small) {
       int free_slots = (ex->conns_per_rail - r->busy) + !r->express_busy;
+      if (waits && free_slots > ex->wait_conns - r->wait_busy) free_slots = ex->wait_conns - r->wait_busy;
       want = (uint32_t)((q->len + (size_t)free_slots - 1) / (size_t)free_slots);
       if (want > (uint32_t)ex->pipeline) want = (uint32_t)ex->pipeline;
     }
@@ -2029,6 +2228,7 @@ static void *worker_main(void *arg) {
     while (pr->k < want && q->len > 0) {
       tent_chunk_t *head = &q->items[q->head];
       if (pr->k > 0 && bytes + head->len > ex->pipeline_bytes) break;
+      if (chunk_waits(head) != waits) break; /* a run waits or not as a whole (wait_busy) */
       tent_chunk_t c;
       tent_cq_pop(q, &c);
       int st = chunk_skip_status(ex, &c, down);
@@ -2047,6 +2247,8 @@ static void *worker_main(void *arg) {
     if (pr->k > 0) {
       pr->r = r;
       pr->small = small;
+      pr->waits = waits;
+      if (waits) r->wait_busy++;
       pr->slot = slot_claim(ex, r, small, mono_ms());
       pr->fd = r->slot_fd[pr->slot];
     }
@@ -2243,6 +2445,17 @@ EXPORT int tcp_qos_bulk_level(int knob, int bulk, uint64_t now_ms, uint64_t smal
 
 EXPORT int tcp_qos_bulk_nice(void *self) { return ((tcp_exec_t *)self)->qos_bulk_nice; }
 
+/* The process advanced a word that parked READs may wait for: they look again now. Cheap when
+ * none is parked (one atomic load). */
+EXPORT void tcp_wait_doorbell(void *self) {
+  tcp_exec_t *ex = self;
+  if (!ex || atomic_load(&ex->parked_now) == 0) return;
+  pthread_mutex_lock(&ex->wait_mu);
+  ex->wait_seq++;
+  pthread_cond_broadcast(&ex->wait_cv);
+  pthread_mutex_unlock(&ex->wait_mu);
+}
+
 EXPORT void tcp_server_stats(void *self, uint64_t *out) {
   tcp_exec_t *ex = self;
   pthread_mutex_lock(&ex->srv_mu);
@@ -2252,6 +2465,10 @@ EXPORT void tcp_server_stats(void *self, uint64_t *out) {
   out[2] = atomic_load(&ex->auth_failures);
   out[3] = atomic_load(&ex->idle_closed);
   out[4] = atomic_load(&ex->cut_conns);
+  out[5] = (uint64_t)atomic_load(&ex->parked_now);
+  out[6] = atomic_load(&ex->waits_served);
+  out[7] = atomic_load(&ex->waits_not_ready);
+  out[8] = atomic_load(&ex->waits_refused);
 }
 
 /* ------------------------------------------------------------------ ABI */
@@ -2284,7 +2501,9 @@ static void *ex_create(const tent_host_api_t *host, const char *config, char *er
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&ex->cv, &ca); /* timed waits (the QoS window) on the monotonic clock */
   pthread_cond_init(&ex->reg_cv, &ca);
+  pthread_cond_init(&ex->wait_cv, &ca);
   pthread_condattr_destroy(&ca);
+  pthread_mutex_init(&ex->wait_mu, NULL);
   pthread_mutex_init(&ex->srv_mu, NULL);
   atomic_store(&ex->next_reqid, 1);
   if (ex->qos_bulk_nice && !qos_may_demote(ex->qos_bulk_nice)) ex->qos_bulk_nice = 0;
@@ -2407,7 +2626,7 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
   if (!ex) return TENT_E_INTERNAL;
   if (n == 0) return TENT_OK;
   for (uint32_t i = 0; i < n; i++) /* one rail, whole small slices: anything else takes the queue */
-    if (slices[i].peer != slices[0].peer || slices[i].rail != slices[0].rail || !is_small(&slices[i]) ||
+    if ((ex->wait_read && tent_host_wait(ex->host, &slices[i])) || slices[i].peer != slices[0].peer || slices[i].rail != slices[0].rail || !is_small(&slices[i]) ||
         (ex->chunk && slices[i].length > ex->chunk) || (slices[i].opcode != TENT_OP_READ && slices[i].opcode != TENT_OP_WRITE))
       return ex_submit(self, slices, n);
   tent_job_t *one_job[1];
@@ -2453,6 +2672,7 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
         pipe_run_t *pr = runs[nruns];
         pr->r = r;
         pr->small = 1;
+        pr->waits = 0; /* waiting READs never go inline */
         pr->slot = slot_claim(ex, r, 1, now_ms);
         pr->fd = r->slot_fd[pr->slot];
         if (pr->fd < 0) { /* the pooled connections were stale: a worker connects (never this thread) */
@@ -2629,6 +2849,8 @@ static void ex_destroy(void *self) {
   pthread_cond_destroy(&ex->cv);
   pthread_mutex_destroy(&ex->reg_mu);
   pthread_cond_destroy(&ex->reg_cv);
+  pthread_mutex_destroy(&ex->wait_mu);
+  pthread_cond_destroy(&ex->wait_cv);
   pthread_mutex_destroy(&ex->srv_mu);
   memset(ex->auth_key, 0, sizeof ex->auth_key);
   free(ex);

@@ -7,7 +7,8 @@ The executor library (``_executor*.so``) exports the standard ``tent_executor_op
     int     tcp_unregister_region(void *self, int64_t id, int timeout_ms);
             removes exactly that registration; drains in-flight I/O, cutting its connections after
             timeout_ms (< 0: the executor's unregister_timeout_ms). 0, 1 (cut some), -ENOENT
-    void    tcp_server_stats(void *self, uint64_t out[5]);
+    void    tcp_server_stats(void *self, uint64_t out[9]);
+    void    tcp_wait_doorbell(void *self);
             out = [connections open, refused at max_conns, refused by auth, closed idle, cut]
     void    tcp_log_stats(uint64_t out[2]);   out = [log lines written, suppressed] (process-wide)
     int64_t tcp_add_peer(void *self, int nrails, const char **local_ips,
@@ -68,6 +69,8 @@ def _bind(cdll: ctypes.CDLL) -> None:
     cdll.tcp_unregister_region.restype = ctypes.c_int
     cdll.tcp_server_stats.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]
     cdll.tcp_server_stats.restype = None
+    cdll.tcp_wait_doorbell.argtypes = [ctypes.c_void_p]
+    cdll.tcp_wait_doorbell.restype = None
     cdll.tcp_log_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
     cdll.tcp_log_stats.restype = None
     cdll.tcp_add_peer.argtypes = [
@@ -159,10 +162,18 @@ class TcpExecutor:
 
     def server_stats(self) -> dict[str, int]:
         """Server side: connections open, refused at max_conns, refused by authentication, closed idle,
-        cut by an unregister deadline."""
-        out = (ctypes.c_uint64 * 5)()
+        cut by an unregister deadline; waiting READs parked now, answered after waiting, answered
+        E_NOT_READY (word out of range, deadline, region gone), refused (malformed, or too many parked)."""
+        out = (ctypes.c_uint64 * 9)()
         self._cdll.tcp_server_stats(self._h(), out)
-        return {"open": out[0], "refused": out[1], "auth_failures": out[2], "idle_closed": out[3], "cut": out[4]}
+        return {"open": out[0], "refused": out[1], "auth_failures": out[2], "idle_closed": out[3], "cut": out[4],
+                "parked": out[5], "waits_served": out[6], "waits_not_ready": out[7], "waits_refused": out[8]}
+
+    def wait_doorbell(self) -> None:
+        """Parked waiting READs look at their words again now (the process advanced one)."""
+        h = self.executor.handle
+        if h:
+            self._cdll.tcp_wait_doorbell(h)
 
     def log_stats(self) -> dict[str, int]:
         """Executor log lines written and suppressed by the rate limit (process-wide)."""

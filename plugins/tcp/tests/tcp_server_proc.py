@@ -10,6 +10,7 @@ JSON commands on stdin, one per line:
     {"cmd": "register", "region": name, "perm": p}            -> {"id": int}   (one more registration)
     {"cmd": "unregister_id", "id": int[, "timeout_s": t]}     -> {"ok": bool, "secs": float}
     {"cmd": "stats"}                                          -> server_stats() and log_stats()
+    {"cmd": "poke", "region": name, "off": int, "value": int} -> {"ok": true}  (a u64 store: a progress word)
     {"cmd": "exit"}
 Region contents after start / "fill": pattern(seed, len) (see pattern()).
 """
@@ -74,6 +75,9 @@ def main() -> None:
             t0 = time.monotonic()
             ok = ex.unregister_region(int(req["id"]), req.get("timeout_s"))
             out = {"ok": ok, "secs": time.monotonic() - t0}
+        elif cmd == "poke":
+            a[req["off"] : req["off"] + 8].view(np.uint64)[0] = int(req["value"])
+            out = {"ok": True}
         elif cmd == "stats":
             out = {**ex.server_stats(), "log": ex.log_stats()}
         else:

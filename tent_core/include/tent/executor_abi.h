@@ -43,7 +43,9 @@ enum tent_opcode { TENT_OP_READ = 0, TENT_OP_WRITE = 1 };
   X(E_PERMISSION, -11, 0) /* remote region registered without that permission */               \
   X(E_PROTOCOL, -12, 0)  /* malformed exchange */                                              \
   X(E_CANCELLED, -13, 0) /* the batch was cancelled before this slice ran */                   \
-  X(E_INTERNAL, -14, 0)  /* the executor itself failed (out of memory, bad handle...) */
+  X(E_INTERNAL, -14, 0)  /* the executor itself failed (out of memory, bad handle...) */     \
+  X(E_NOT_READY, -15, 0) /* a waiting READ (tent_wait_t): its word did not reach the range in     \
+                            time, or left it (the bytes are not there, or no longer will be)  */
 
 enum tent_status {
 #define TENT_STATUS_ENUM_(name, value, retryable) TENT_##name = value,
@@ -126,6 +128,24 @@ enum tent_note {
  * pipelined with others. Slices of large requests never carry it, however short they are. */
 #define TENT_HINT_SMALL (1u << 16)
 
+/* A waiting READ (optional capability: Transport.wait_read). The target answers such a READ only once
+ * an aligned u64 word in its registered memory (one the target's own process advances as the bytes
+ * land, e.g. a replica's progress word) satisfies lo <= word <= hi; while floor <= word < lo it waits
+ * (at most wait_ms, capped by the executor); otherwise, or at that deadline, it answers
+ * TENT_E_NOT_READY without the bytes. The word is checked like any READ (bounds, read permission).
+ * So a reader may post READs of bytes its source does not hold yet: they cost no link bytes until
+ * the bytes land, and then leave at once (push-like). The caller arms conditions for the READs it
+ * submits on one thread (engine.submit_when); an executor asks per slice through tent_host_wait(),
+ * on the submitting thread, inside submit (never from a worker), and keeps a copy. An executor that
+ * does not declare the capability never asks, and the core never arms conditions for its routes. */
+typedef struct tent_wait {
+  uint64_t local_start, local_end; /* it applies to the READ slices whose destination lies in here */
+  uint64_t word_addr;              /* target-side address of the word (8-byte aligned) */
+  uint64_t floor, lo, hi;
+  uint32_t wait_ms;
+  uint32_t reserved; /* 0 */
+} tent_wait_t;
+
 typedef struct tent_host_api {
   uint32_t abi_version;
   uint32_t struct_size;
@@ -146,6 +166,10 @@ typedef struct tent_host_api {
    * (tent_digest_copy). Never from a worker thread, never for slices of other batches the caller
    * helps with. An executor that never asks is correct: the caller folds what was not folded. */
   void *(*digest)(void *ctx, const tent_slice_t *slice);
+  /* The wait condition (tent_wait_t) the caller armed for this READ slice, or NULL: asked on the
+   * submitting thread inside submit/submit_inline only. Appended after `digest`: call it through
+   * tent_host_wait(). */
+  const tent_wait_t *(*wait)(void *ctx, const tent_slice_t *slice);
 } tent_host_api_t;
 
 static inline void tent_host_note(const tent_host_api_t *host, const tent_slice_t *slice, int32_t event,
@@ -158,6 +182,13 @@ static inline void *tent_host_digest(const tent_host_api_t *host, const tent_sli
   if (slice->opcode == TENT_OP_READ && host->struct_size >= offsetof(tent_host_api_t, digest) + sizeof host->digest &&
       host->digest)
     return host->digest(host->ctx, slice);
+  return NULL;
+}
+
+static inline const tent_wait_t *tent_host_wait(const tent_host_api_t *host, const tent_slice_t *slice) {
+  if (slice->opcode == TENT_OP_READ && host->struct_size >= offsetof(tent_host_api_t, wait) + sizeof host->wait &&
+      host->wait)
+    return host->wait(host->ctx, slice);
   return NULL;
 }
 
