@@ -177,8 +177,9 @@ def test_pipeline_replication_chain(procs) -> None:
     # a reader of a partial copy at its source's pace catches up with it and then reads the source's
     # progress word alone (PROGRESS_PROBE) instead of waiting for its oldest batch only
     # (readers whose READs wait at the source, REFHUB_WAIT_READ where every transport can, need no probe)
+    # (at least one of them: a reader whose source finishes before it catches up never needs to probe)
     probes = [rep["stats"]["probes"] for rep in reps if rep["stats"]["sources"][0][1] and not rep["stats"]["wait_read"][0]]
-    assert all(p[0] >= 1 for p in probes), probes
+    assert probes and any(p[0] >= 1 for p in probes), probes
 
 
 @pytest.mark.parametrize("wait_read", ["1", "0"])
