@@ -3,8 +3,9 @@
  *
  * Why: a caller that checks what it received (refhub verifies every byte of a replica) would
  * otherwise read each piece again after it landed, in Python, a second pass over memory (or at
- * best over L2). Folded inside the copy loop, each 64 KiB run is hashed right after it was
- * written, from L1/L2, by the same compiled loop.
+ * best over L2). Folded inside the copy loop (tent_xxh3_copy_update), the hash reads no byte
+ * again: with AVX2 each 64-byte stripe the copy loads is fed to XXH3's accumulators from the same
+ * registers; without it each 64 KiB run is hashed right after it was written, from L1/L2.
  *
  * The contract (executor_abi.h, host->digest): the caller arms a digest on its own thread for
  * one submit (tent_core: ``engine.submit(requests, deadline, digest=d)``); an executor that
@@ -152,7 +153,8 @@ __attribute__((noinline)) XXH_TARGET_SSE2 static void tent_xxh3_update_sse2(XXH3
 
 /* memcpy(dst, src, len) + XXH3_64bits_update(st, dst, len) in one pass (XXH3_update's steps) */
 #define TENT__COPY_UPDATE(NAME, TARGET, FUSED, ACCUMULATE, SCRAMBLE)                                       \
-  __attribute__((noinline)) TARGET static void NAME(XXH3_state_t *st, xxh_u8 *dst, const xxh_u8 *src, size_t len) { \
+  __attribute__((noinline, unused)) TARGET static void NAME(XXH3_state_t *st, xxh_u8 *dst, const xxh_u8 *src,     \
+                                                           size_t len) {                                       \
     const xxh_u8 *const end = src + len;                                                                   \
     const xxh_u8 *const secret = st->extSecret == NULL ? st->customSecret : st->extSecret;                 \
     XXH_ALIGN(64) xxh_u64 acc[8];                                                                          \
