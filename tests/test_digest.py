@@ -168,3 +168,60 @@ def test_one_changed_landed_byte_changes_the_digest() -> None:
     e.land(bad[RUN:], False)
     e.land(bad[:RUN], False)
     assert e.intdigest() != good and good == xxhash.xxh3_64_intdigest(data.tobytes())
+
+
+# ---- copying and folding in one pass (Digest.copy; tent_digest_copy, the shm executor's READ copy) ----
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 9000) | st.integers(9000, 300_000), src_off=st.integers(0, 63), dst_off=st.integers(0, 63),
+       seed=st.integers(0, 2**32 - 1), ways=st.lists(st.sampled_from("cccul"), min_size=1, max_size=12))
+def test_copy_folds_exactly_the_stream_at_any_alignment_and_split(n: int, src_off: int, dst_off: int, seed: int,
+                                                                   ways: list[str]) -> None:
+    """The one-pass copy+hash (AVX2: each stripe loaded once, stored and accumulated) leaves XXH3's state
+    exactly as memcpy + XXH3_64bits_update would: python xxhash's xxh3_64 of the stream, whatever the
+    alignment of source and destination, the lengths, and the cut of the stream into copies, mixed
+    with pieces folded another way (c: Digest.copy, u: copied then update, l: copied then land)."""
+    rng = np.random.default_rng(seed)
+    src_buf = pattern(n + 64, seed % 1000)
+    dst_buf = np.zeros(n + 64, np.uint8)
+    src, dst = src_buf[src_off:src_off + n], dst_buf[dst_off:dst_off + n]
+    base = dst.ctypes.data
+    d = Digest(base, base + n) if n else Digest(base)
+    cuts = sorted({0, n, *(int(x) for x in rng.integers(0, n + 1, len(ways) - 1))})
+    for (a, b), way in zip(zip(cuts[:-1], cuts[1:], strict=True), ways, strict=False):
+        if way == "c":
+            assert d.copy(dst[a:b], src[a:b])
+        else:
+            dst[a:b] = src[a:b]
+            d.update(dst[a:b]) if way == "u" else d.land(dst[a:b])
+    if len(cuts) - 1 > len(ways):  # the pieces the ways did not reach: one copy
+        a = cuts[len(ways)]
+        assert d.copy(dst[a:], src[a:])
+    assert np.array_equal(dst, src)
+    assert (d.next, d.folded) == (base + n, n)
+    assert d.intdigest() == xxhash.xxh3_64_intdigest(src.tobytes())
+
+
+@pytest.mark.parametrize("n", [3, 255, 256, 257, 1024, 1025, 16 * 1024 + 64, RUN + 1, (1 << 20) + 13, (8 << 20) + 3])
+def test_copy_that_closes_a_gap_folds_the_runs_landed_ahead(n: int) -> None:
+    """A copy that continues the stream also folds, in order, the runs that landed ahead of it (the
+    out-of-order land path); a copy anywhere else is a plain copy that folds nothing."""
+    src = pattern(n, n)
+    dst = np.zeros(n, np.uint8)
+    base = dst.ctypes.data
+    d = Digest(base, base + n)
+    k = n // 3
+    dst[2 * k:] = src[2 * k:]
+    d.land(dst[2 * k:], False)  # ahead of the stream: noted
+    assert not d.copy(dst[k:2 * k], src[k:2 * k]) and d.folded == 0  # not where the stream stands
+    assert np.array_equal(dst[k:2 * k], src[k:2 * k])
+    d.land(dst[k:2 * k], False)  # noted as well
+    assert d.copy(dst[:k], src[:k])  # the stream's next bytes: folded, then the noted runs after it
+    assert (d.next, d.folded, d.late) == (base + n, n, n - k)
+    assert d.intdigest() == xxhash.xxh3_64_intdigest(src.tobytes()) and np.array_equal(dst, src)
+    with pytest.raises(ValueError):
+        d.copy(dst[:2], src[:1])

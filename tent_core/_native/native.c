@@ -795,6 +795,26 @@ static PyObject *Digest_land(DigestObject *self, PyObject *args) {
   return PyLong_FromUnsignedLongLong(got);
 }
 
+/* copy(dst, src) -> folded: memcpy src into dst (same length) the way an executor copies a READ
+ * (tent_digest_copy): when dst is where the stream stands, its new bytes are folded in the same pass */
+static PyObject *Digest_copy(DigestObject *self, PyObject *args) {
+  Py_buffer dst, src;
+  if (!PyArg_ParseTuple(args, "w*y*", &dst, &src)) return NULL;
+  if (dst.len != src.len) {
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&src);
+    PyErr_SetString(PyExc_ValueError, "Digest.copy: dst and src differ in length");
+    return NULL;
+  }
+  int folded;
+  Py_BEGIN_ALLOW_THREADS;
+  folded = tent_digest_copy(self->d, dst.buf, src.buf, (size_t)dst.len);
+  Py_END_ALLOW_THREADS;
+  PyBuffer_Release(&dst);
+  PyBuffer_Release(&src);
+  return PyBool_FromLong(folded);
+}
+
 static PyObject *Digest_intdigest(DigestObject *self, PyObject *unused) {
   uint64_t v;
   Py_BEGIN_ALLOW_THREADS; /* waits for a thread hashing now */
@@ -815,6 +835,9 @@ static PyMethodDef Digest_methods[] = {
     {"land", (PyCFunction)Digest_land, METH_VARARGS,
      "land(buffer, wait=True) -> bytes hashed here: the buffer's bytes landed at their address; fold what "
      "continues the stream (with wait, after a thread hashing now)"},
+    {"copy", (PyCFunction)Digest_copy, METH_VARARGS,
+     "copy(dst, src) -> folded: copy src into dst (same length); when dst continues the stream (its address "
+     "is next) its new bytes are folded in the same pass, else a plain copy (False)"},
     {"intdigest", (PyCFunction)Digest_intdigest, METH_NOARGS, "xxh3_64 of the bytes folded so far"},
     {NULL}};
 

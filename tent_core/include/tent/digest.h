@@ -3,8 +3,9 @@
  *
  * Why: a caller that checks what it received (refhub verifies every byte of a replica) would
  * otherwise read each piece again after it landed, in Python, a second pass over memory (or at
- * best over L2). Folded inside the copy loop, each 64 KiB run is hashed right after it was
- * written, from L1/L2, by the same compiled loop.
+ * best over L2). Folded inside the copy loop (tent_xxh3_copy_update), the hash reads no byte
+ * again: with AVX2 each 64-byte stripe the copy loads is fed to XXH3's accumulators from the same
+ * registers; without it each 64 KiB run is hashed right after it was written, from L1/L2.
  *
  * The contract (executor_abi.h, host->digest): the caller arms a digest on its own thread for
  * one submit (tent_core: ``engine.submit(requests, deadline, digest=d)``); an executor that
@@ -82,16 +83,134 @@ __attribute__((noinline)) XXH_TARGET_SSE2 static void tent_xxh3_update_sse2(XXH3
   XXH3_update(st, (const xxh_u8 *)p, n, XXH3_accumulate_sse2, XXH3_scrambleAcc_sse2);
 }
 #endif
+#ifdef TENT_DIGEST_AVX2
+/* ---- one-pass copy + hash: each 64-byte stripe is loaded once into vector registers, stored to the
+ * destination and fed from the same registers to XXH3's accumulate, so the hash's ALU work overlaps
+ * the copy's memory traffic and no second read of the run happens. tent__copy_update mirrors
+ * XXH3_update step for step (the internal buffer, the stripes of the block and the secret offset in
+ * it, the scramble at each block end, the last stripe XXH3 keeps buffered); only the big consume of
+ * the input itself is the fused loop, so the state after it is exactly the one XXH3_update leaves. */
+#define TENT__FUSED_ACC_AVX2(acc, dst, src, secret, nb)                                                    \
+  do {                                                                                                     \
+    __m256i a0 = _mm256_load_si256((const __m256i *)(acc)), a1 = _mm256_load_si256((const __m256i *)(acc) + 1); \
+    const xxh_u8 *s_ = (src), *k_ = (secret);                                                              \
+    xxh_u8 *d_ = (dst);                                                                                    \
+    for (size_t n_ = 0; n_ < (nb); n_++, s_ += 64, d_ += 64, k_ += XXH_SECRET_CONSUME_RATE) {              \
+      __m256i v0 = _mm256_loadu_si256((const __m256i *)s_), v1 = _mm256_loadu_si256((const __m256i *)s_ + 1); \
+      _mm256_storeu_si256((__m256i *)d_, v0);                                                              \
+      _mm256_storeu_si256((__m256i *)d_ + 1, v1);                                                          \
+      __m256i k0 = _mm256_xor_si256(v0, _mm256_loadu_si256((const __m256i *)k_));                          \
+      __m256i k1 = _mm256_xor_si256(v1, _mm256_loadu_si256((const __m256i *)k_ + 1));                      \
+      a0 = _mm256_add_epi64(a0, _mm256_add_epi64(_mm256_mul_epu32(k0, _mm256_srli_epi64(k0, 32)),         \
+                                                 _mm256_shuffle_epi32(v0, _MM_SHUFFLE(1, 0, 3, 2))));      \
+      a1 = _mm256_add_epi64(a1, _mm256_add_epi64(_mm256_mul_epu32(k1, _mm256_srli_epi64(k1, 32)),         \
+                                                 _mm256_shuffle_epi32(v1, _MM_SHUFFLE(1, 0, 3, 2))));      \
+    }                                                                                                      \
+    _mm256_store_si256((__m256i *)(acc), a0);                                                              \
+    _mm256_store_si256((__m256i *)(acc) + 1, a1);                                                          \
+  } while (0)
+
+#define TENT__FUSED_ACC_AVX512(acc, dst, src, secret, nb)                                                  \
+  do {                                                                                                     \
+    __m512i a0 = _mm512_load_si512((const void *)(acc));                                                   \
+    const xxh_u8 *s_ = (src), *k_ = (secret);                                                              \
+    xxh_u8 *d_ = (dst);                                                                                    \
+    for (size_t n_ = 0; n_ < (nb); n_++, s_ += 64, d_ += 64, k_ += XXH_SECRET_CONSUME_RATE) {              \
+      __m512i v0 = _mm512_loadu_si512((const void *)s_);                                                   \
+      _mm512_storeu_si512((void *)d_, v0);                                                                 \
+      __m512i k0 = _mm512_xor_si512(v0, _mm512_loadu_si512((const void *)k_));                             \
+      a0 = _mm512_add_epi64(a0, _mm512_add_epi64(_mm512_mul_epu32(k0, _mm512_srli_epi64(k0, 32)),         \
+                                                 _mm512_shuffle_epi32(v0, (_MM_PERM_ENUM)_MM_SHUFFLE(1, 0, 3, 2)))); \
+    }                                                                                                      \
+    _mm512_store_si512((void *)(acc), a0);                                                                 \
+  } while (0)
+
+/* XXH3_consumeStripes over src, storing each stripe to dst as it is hashed */
+#define TENT__FUSED_CONSUME(FUSED, acc, soFar, perBlock, dst, src, nbStripes, secret, secretLimit, scramble)  \
+  do {                                                                                                     \
+    size_t nb_ = (nbStripes);                                                                              \
+    const xxh_u8 *ks_ = (secret) + *(soFar) * XXH_SECRET_CONSUME_RATE;                                     \
+    if (nb_ >= (perBlock) - *(soFar)) {                                                                    \
+      size_t it_ = (perBlock) - *(soFar);                                                                  \
+      do {                                                                                                 \
+        FUSED(acc, dst, src, ks_, it_);                                                                    \
+        scramble(acc, (secret) + (secretLimit));                                                           \
+        src += it_ * XXH_STRIPE_LEN;                                                                       \
+        dst += it_ * XXH_STRIPE_LEN;                                                                       \
+        nb_ -= it_;                                                                                        \
+        it_ = (perBlock);                                                                                  \
+        ks_ = (secret);                                                                                    \
+      } while (nb_ >= (perBlock));                                                                         \
+      *(soFar) = 0;                                                                                        \
+    }                                                                                                      \
+    if (nb_ > 0) {                                                                                         \
+      FUSED(acc, dst, src, ks_, nb_);                                                                      \
+      src += nb_ * XXH_STRIPE_LEN;                                                                         \
+      dst += nb_ * XXH_STRIPE_LEN;                                                                         \
+      *(soFar) += nb_;                                                                                     \
+    }                                                                                                      \
+  } while (0)
+
+/* memcpy(dst, src, len) + XXH3_64bits_update(st, dst, len) in one pass (XXH3_update's steps) */
+#define TENT__COPY_UPDATE(NAME, TARGET, FUSED, ACCUMULATE, SCRAMBLE)                                       \
+  __attribute__((noinline, unused)) TARGET static void NAME(XXH3_state_t *st, xxh_u8 *dst, const xxh_u8 *src,     \
+                                                           size_t len) {                                       \
+    const xxh_u8 *const end = src + len;                                                                   \
+    const xxh_u8 *const secret = st->extSecret == NULL ? st->customSecret : st->extSecret;                 \
+    XXH_ALIGN(64) xxh_u64 acc[8];                                                                          \
+    st->totalLen += len;                                                                                   \
+    if (len <= XXH3_INTERNALBUFFER_SIZE - st->bufferedSize) {                                              \
+      memcpy(dst, src, len);                                                                               \
+      memcpy(st->buffer + st->bufferedSize, dst, len);                                                     \
+      st->bufferedSize += (XXH32_hash_t)len;                                                               \
+      return;                                                                                              \
+    }                                                                                                      \
+    memcpy(acc, st->acc, sizeof acc);                                                                      \
+    if (st->bufferedSize) {                                                                                \
+      size_t load = XXH3_INTERNALBUFFER_SIZE - st->bufferedSize;                                           \
+      memcpy(dst, src, load);                                                                              \
+      memcpy(st->buffer + st->bufferedSize, dst, load);                                                    \
+      src += load;                                                                                         \
+      dst += load;                                                                                         \
+      XXH3_consumeStripes(acc, &st->nbStripesSoFar, st->nbStripesPerBlock, st->buffer,                     \
+                          XXH3_INTERNALBUFFER_SIZE / XXH_STRIPE_LEN, secret, st->secretLimit, ACCUMULATE, SCRAMBLE); \
+      st->bufferedSize = 0;                                                                                \
+    }                                                                                                      \
+    if (end - src > XXH3_INTERNALBUFFER_SIZE) {                                                            \
+      size_t nb = (size_t)(end - 1 - src) / XXH_STRIPE_LEN;                                                \
+      TENT__FUSED_CONSUME(FUSED, acc, &st->nbStripesSoFar, st->nbStripesPerBlock, dst, src, nb, secret,    \
+                          st->secretLimit, SCRAMBLE);                                                      \
+      memcpy(st->buffer + sizeof(st->buffer) - XXH_STRIPE_LEN, dst - XXH_STRIPE_LEN, XXH_STRIPE_LEN);      \
+    }                                                                                                      \
+    memcpy(dst, src, (size_t)(end - src));                                                                 \
+    memcpy(st->buffer, dst, (size_t)(end - src));                                                          \
+    st->bufferedSize = (XXH32_hash_t)(end - src);                                                          \
+    memcpy(st->acc, acc, sizeof acc);                                                                      \
+  }
+
+TENT__COPY_UPDATE(tent_xxh3_copy_update_avx2, XXH_TARGET_AVX2, TENT__FUSED_ACC_AVX2, XXH3_accumulate_avx2,
+                  XXH3_scrambleAcc_avx2)
+TENT__COPY_UPDATE(tent_xxh3_copy_update_avx512, __attribute__((__target__("avx512f,avx2"))), TENT__FUSED_ACC_AVX512,
+                  XXH3_accumulate_avx512, XXH3_scrambleAcc_avx512)
+#endif
 #ifdef TENT_DIGEST_POP_OPTIONS
 #pragma GCC pop_options
 #undef TENT_DIGEST_POP_OPTIONS
 #endif
 
+#ifdef TENT_DIGEST_AVX2
+/* 2: AVX-512, 1: AVX2, 0: SSE2 */
+static inline int tent_digest_simd(void) {
+  static int simd = -1; /* racy first use is benign: every thread computes the same answer */
+  if (simd < 0) simd = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
+  return simd;
+}
+#endif
+
 /* XXH3_64bits_update on the fastest code path this CPU runs */
 static inline void tent_xxh3_update(XXH3_state_t *st, const void *p, size_t n) {
 #ifdef TENT_DIGEST_AVX2
-  static int simd = -1; /* racy first use is benign: every thread computes the same answer */
-  if (simd < 0) simd = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
+  int simd = tent_digest_simd();
   if (simd == 2)
     tent_xxh3_update_avx512(st, p, n);
   else if (simd == 1)
@@ -107,8 +226,34 @@ static inline void tent_xxh3_update(XXH3_state_t *st, const void *p, size_t n) {
 extern "C" {
 #endif
 
-/* bytes copied then folded at a time: the run is still in L1/L2 when the hash reads it back */
+/* bytes copied then folded at a time where the copy and the hash are two passes (no AVX2): the run
+ * is still in L1/L2 when the hash reads it back */
 #define TENT_DIGEST_RUN (64u << 10)
+
+/* memcpy(dst, src, n), then XXH3_64bits_update(st, dst, n): the same state either way. With AVX2 in
+ * one pass (tent_xxh3_copy_update_avx2: the hash's ALU work hides behind the copy's loads and
+ * stores; bench/tent_bench/refhub/csrc/copy_hash_fused_micro.c measured it at memcpy's CPU cost per
+ * byte, where copy-then-hash cost ~0.02 CPU s/GiB more). The AVX2 loop also where the CPU has
+ * AVX-512: the loop is bound by memory, the 512-bit one measured no faster, and on some CPUs 512-bit
+ * code lowers the clock. */
+static inline void tent_xxh3_copy_update(XXH3_state_t *st, void *dst, const void *src, size_t n) {
+#ifdef TENT_DIGEST_AVX2
+  if (tent_digest_simd() >= 1) {
+    tent_xxh3_copy_update_avx2(st, (xxh_u8 *)dst, (const xxh_u8 *)src, n);
+    return;
+  }
+#endif
+  char *o = (char *)dst;
+  const char *i = (const char *)src;
+  while (n > 0) {
+    size_t run = n < TENT_DIGEST_RUN ? n : TENT_DIGEST_RUN;
+    memcpy(o, i, run);
+    tent_xxh3_update(st, o, run); /* from the copy just written: hot in this core's cache */
+    o += run;
+    i += run;
+    n -= run;
+  }
+}
 
 /* runs landed ahead of the stream that a digest remembers (their bytes are hashed when the gap closes) */
 #define TENT_DIGEST_PENDING 32
@@ -310,19 +455,10 @@ static inline int tent_digest_copy(tent_digest_t *d, void *dst, const void *src,
     memcpy(dst, src, n);
     return 0;
   }
-  char *o = (char *)dst;
-  const char *i = (const char *)src;
-  while (n > 0) {
-    size_t run = n < TENT_DIGEST_RUN ? n : TENT_DIGEST_RUN;
-    memcpy(o, i, run);
-    tent_xxh3_update(&d->state, o, run); /* from the copy just written: hot in this core's cache */
-    o += run;
-    i += run;
-    n -= run;
-  }
+  tent_xxh3_copy_update(&d->state, dst, src, n);
   pthread_mutex_lock(&d->mu);
-  d->folded += (uint64_t)(o - (char *)dst);
-  d->next = (uint64_t)(uintptr_t)o;
+  d->folded += n;
+  d->next = (uint64_t)(uintptr_t)dst + n;
   tent_digest__drain(d);
   pthread_mutex_unlock(&d->mu);
   return 1;
