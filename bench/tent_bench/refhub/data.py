@@ -112,7 +112,10 @@ def _hash_cost_s(res: dict[str, Any]) -> float:
     """What the verified runs paid for the hash: what one-pass copy+hash adds to a plain copy where the
     executor hashed most bytes inside its copy loop, from cache where refhub's lanes hashed each piece
     right after it landed (fused pull), else one pass over the landed bytes from memory."""
-    if res.get("in_copy") and statistics.median(res["in_copy"]) >= 0.5 * res["total"]:
+    moved = res.get("bytes_per_transport") or {}
+    one_pass = moved.get("shm", 0) >= 0.5 * max(1, sum(moved.values()))  # the shm executor's copy loop; a
+    # network transport folds bytes the kernel already copied, right after they land (from cache)
+    if one_pass and res.get("in_copy") and statistics.median(res["in_copy"]) >= 0.5 * res["total"]:
         return statistics.median(res["copy_hash_extra_s"])
     return statistics.median(res["hash_hot_s"] if all(res["fused"]) else res["hash_only_s"])
 
