@@ -156,7 +156,9 @@ def test_retention_offload(procs) -> None:
     assert 2 in lst["versions"] or "2" in lst["versions"]
 
 
-def test_pipeline_replication_chain(procs) -> None:
+def _replicate_chain(procs) -> list[dict]:
+    """A trainer's 32 MB published once, three throttled rollouts replicating it 50 ms apart (so later
+    ones can read an earlier one's partial copy); each verified every byte. Their replies."""
     srv, addr = start_server(hb_timeout=LIVE_HB_TIMEOUT)
     procs.append(srv)
     t = Worker(addr, "trainer", "--size-mb", "32")
@@ -171,6 +173,11 @@ def test_pipeline_replication_chain(procs) -> None:
     reps = [r.read() for r in rs]
     for rep in reps:
         assert rep["ok"] and rep["v"] == 1 and rep["data_ok"], rep
+    return reps
+
+
+def test_pipeline_replication_chain(procs) -> None:
+    reps = _replicate_chain(procs)
     firsts = [rep["stats"]["sources"][0] for rep in reps]
     assert any(partial for _, partial in firsts), firsts  # a still-receiving replica served a prefix
     assert sum(1 for name, _ in firsts if name == "trainer") == 1, firsts  # the trainer served one reader
@@ -189,20 +196,7 @@ def test_pipeline_chain_over_tcp_with_and_without_waiting_reads(procs, monkeypat
     transport to the source can wait); every byte is verified; and the same chain without it."""
     monkeypatch.setenv("TENT_PLUGINS", "tcp")
     monkeypatch.setenv("REFHUB_WAIT_READ", wait_read)
-    srv, addr = start_server(hb_timeout=LIVE_HB_TIMEOUT)
-    procs.append(srv)
-    t = Worker(addr, "trainer", "--size-mb", "32")
-    procs.append(t)
-    t.cmd("fill 1")
-    t.cmd("publish 1")
-    rs = [Worker(addr, f"rollout{i}", "--size-mb", "32", "--throttle-mbps", "150") for i in range(3)]
-    procs.extend(rs)
-    for r in rs:
-        r.send("replicate latest")
-        time.sleep(0.05)
-    reps = [r.read() for r in rs]
-    for rep in reps:
-        assert rep["ok"] and rep["v"] == 1 and rep["data_ok"], rep
+    reps = _replicate_chain(procs)
     partial = [rep["stats"] for rep in reps if rep["stats"]["sources"][0][1]]
     assert partial, [rep["stats"]["sources"] for rep in reps]  # a still-receiving replica served a prefix
     for st in partial:

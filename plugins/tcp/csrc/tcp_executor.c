@@ -797,7 +797,8 @@ static size_t region_upper(const tcp_exec_t *ex, uint64_t addr) {
   return lo;
 }
 
-/* Returns a referenced region or NULL with *status set; `c` (the serving connection) records it.
+/* Returns a referenced region or NULL with *status set; `c` (the serving connection, or NULL)
+ * records it.
  * Candidates are the regions starting at or below addr, newest start first; none starting more
  * than the longest registration below addr can contain it, so (registrations rarely
  * overlapping) the scan stops after one or two. */
@@ -813,7 +814,7 @@ static region_t *region_acquire(tcp_exec_t *ex, sconn_t *c, uint64_t addr, uint6
     if ((r->perm & need) == need) {
       found = r;
       r->refs++;
-      c->cur = r;
+      if (c) c->cur = r;
       break;
     }
   }
@@ -825,23 +826,7 @@ static region_t *region_acquire(tcp_exec_t *ex, sconn_t *c, uint64_t addr, uint6
 /* The region holding a waiting READ's word (8 bytes, readable), referenced, or NULL with *status
  * set. Not the connection's `cur`: unregister finds a parked READ through `dead` (wait_word). */
 static region_t *word_region_acquire(tcp_exec_t *ex, uint64_t addr, int *status) {
-  region_t *found = NULL;
-  int saw_inside = 0;
-  pthread_mutex_lock(&ex->reg_mu);
-  for (size_t i = region_upper(ex, addr); i-- > 0;) {
-    region_t *r = ex->regions[i];
-    if (addr - r->addr > ex->max_region_len) break;
-    if (addr - r->addr > r->len || 8 > r->len - (addr - r->addr)) continue;
-    saw_inside = 1;
-    if (r->perm & PERM_REMOTE_READ) {
-      found = r;
-      r->refs++;
-      break;
-    }
-  }
-  pthread_mutex_unlock(&ex->reg_mu);
-  if (!found) *status = saw_inside ? TENT_E_PERMISSION : TENT_E_BOUNDS;
-  return found;
+  return region_acquire(ex, NULL, addr, 8, PERM_REMOTE_READ, status);
 }
 
 static void word_region_release(tcp_exec_t *ex, region_t *r) {

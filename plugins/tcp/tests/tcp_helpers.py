@@ -182,3 +182,21 @@ def client() -> Iterator[TcpExecutor]:
 
 def connect(ex: TcpExecutor, srv: Server) -> int:
     return ex.add_peer([""] * len(srv.ports), srv.ips, srv.ports)
+
+
+def engine_pair(monkeypatch: pytest.MonkeyPatch, engine: dict[str, Any] | None = None,
+                **tcp: Any) -> Iterator[tuple[Any, Any]]:
+    """Two engines of this process with only the tcp transport (`engine`: engine config, `tcp`: the
+    transport's knobs); skips when tcp did not start; both closed after."""
+    from tent_core.engine import Engine
+
+    monkeypatch.setenv("TENT_PLUGINS", "tcp")
+    cfg: dict[str, Any] = {**(engine or {}), "transports": {"tcp": tcp}}
+    a, b = Engine(cfg), Engine(cfg)
+    try:
+        if "tcp" not in b.transports:
+            pytest.skip("engine did not start the tcp transport")
+        yield a, b
+    finally:
+        b.close()
+        a.close()

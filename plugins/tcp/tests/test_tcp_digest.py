@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from tcp_helpers import engine_pair
 
 from tent_core import READ, Digest, Request
 from tent_core.engine import Engine
@@ -20,27 +21,16 @@ xxhash = pytest.importorskip("xxhash")
 MB = 1 << 20
 
 
-def _engines(monkeypatch: pytest.MonkeyPatch, **tcp: Any) -> Iterator[tuple[Engine, Engine]]:
-    monkeypatch.setenv("TENT_PLUGINS", "tcp")
-    cfg: dict[str, Any] = {"transports": {"tcp": tcp}}
-    a, b = Engine(cfg), Engine(cfg)
-    try:
-        if "tcp" not in b.transports:
-            pytest.skip("engine did not start the tcp transport")
-        yield a, b
-    finally:
-        b.close()
-        a.close()
 
 
 @pytest.fixture
 def pair(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Engine, Engine]]:
-    yield from _engines(monkeypatch)
+    yield from engine_pair(monkeypatch)
 
 
 @pytest.fixture
 def pair_off(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Engine, Engine]]:
-    yield from _engines(monkeypatch, receive_digest=0)
+    yield from engine_pair(monkeypatch, receive_digest=0)
 
 
 def _src_dst(a: Engine, b: Engine, n: int, seed: int) -> tuple[Any, Any, str]:

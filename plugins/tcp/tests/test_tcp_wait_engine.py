@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tcp_helpers import engine_pair
 
 from tent_core import READ, WRITE, InvalidRequestError, NotReadyError, Request, WaitWord
 from tent_core.engine import Engine
@@ -22,23 +23,11 @@ V = 3 << 40
 MASK = (1 << 40) - 1
 
 
-def _engines_with(monkeypatch: pytest.MonkeyPatch, engine: dict[str, Any] | None = None,
-                  **tcp: Any) -> Iterator[tuple[Engine, Engine]]:
-    monkeypatch.setenv("TENT_PLUGINS", "tcp")
-    cfg: dict[str, Any] = {**(engine or {}), "transports": {"tcp": tcp}}
-    a, b = Engine(cfg), Engine(cfg)
-    try:
-        if "tcp" not in b.transports:
-            pytest.skip("engine did not start the tcp transport")
-        yield a, b
-    finally:
-        b.close()
-        a.close()
 
 
 @pytest.fixture
 def pair(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Engine, Engine]]:
-    yield from _engines_with(monkeypatch)
+    yield from engine_pair(monkeypatch)
 
 
 def _word(buf: Any) -> np.ndarray:
@@ -164,7 +153,7 @@ def test_waiting_reads_take_at_most_wait_conns_connections(monkeypatch: pytest.M
     READs parked at the target at once are the connections the initiator gives them."""
     # a progress timeout long enough that the initiator lets them wait (it caps a
     # READ's wait at half of it)
-    engines = _engines_with(monkeypatch, {"slice_timeout_s": 5.0}, wait_conns=wait_conns)
+    engines = engine_pair(monkeypatch, {"slice_timeout_s": 5.0}, wait_conns=wait_conns)
     a, b = next(engines)
     try:
         src, ctrl, dst = a.allocate(4 << 20), a.allocate(64), b.allocate(4 << 20)
