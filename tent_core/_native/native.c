@@ -113,7 +113,10 @@ static void batch_free(batch_t *b) {
   free(b);
 }
 
+static void waits_drop(void);
+
 static void batch_cache_drop(void *unused) { /* thread exit: nothing stays behind */
+  waits_drop();
   while (tl_free) {
     batch_t *b = tl_free;
     tl_free = b->next_free;
@@ -278,6 +281,12 @@ static void *host_digest(void *ctx, const tent_slice_t *s) {
 #define WAIT_ARM_MAX 4096
 static __thread tent_wait_t *tl_waits TLS_IE;
 static __thread uint32_t tl_nwait TLS_IE, tl_wait_cap TLS_IE;
+
+static void waits_drop(void) {
+  free(tl_waits);
+  tl_waits = NULL;
+  tl_nwait = tl_wait_cap = 0;
+}
 
 static const tent_wait_t *host_wait(void *ctx, const tent_slice_t *s) {
   (void)ctx;
@@ -926,6 +935,8 @@ static PyObject *py_wait_arm(PyObject *m, PyObject *arg) {
     }
     tl_waits = w;
     tl_wait_cap = n;
+    /* freed at the thread's exit with its batch cache (batch_cache_drop) */
+    if (!tl_registered && pthread_setspecific(g_batch_cache_key, (void *)1) == 0) tl_registered = 1;
   }
   if (n) memcpy(tl_waits, v.buf, (size_t)n * sizeof(tent_wait_t));
   tl_nwait = n;
