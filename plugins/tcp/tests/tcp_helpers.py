@@ -200,3 +200,14 @@ def engine_pair(monkeypatch: pytest.MonkeyPatch, engine: dict[str, Any] | None =
     finally:
         b.close()
         a.close()
+
+
+def recv_upto(c: Any, n: int) -> bytes:
+    """n bytes from socket `c`, or fewer if the peer closes first."""
+    out = b""
+    while len(out) < n:
+        chunk = c.recv(n - len(out))
+        if not chunk:
+            break
+        out += chunk
+    return out

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tcp_helpers import HERE, Server, pattern
+from tcp_helpers import HERE, Server, pattern, recv_upto
 from tent_tcp.native import TcpExecutor
 
 from tent_core import auth
@@ -79,22 +79,13 @@ def _connect(s: Server, authenticate: bool = True, key: bytes = KEY, rcvbuf: int
     return c
 
 
-def _recv_all(c: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = c.recv(n - len(out))
-        if not chunk:
-            break
-        out += chunk
-    return out
-
 
 def _legit_read(s: Server, region: str = "ro", n: int = 4096) -> bytes:
     c = _connect(s)
     c.sendall(header(0, s.addr(region), n))
-    rsp = _recv_all(c, 24)
+    rsp = recv_upto(c, 24)
     assert len(rsp) == 24 and struct.unpack("<i", rsp[8:12])[0] == 0, rsp
-    data = _recv_all(c, n)
+    data = recv_upto(c, n)
     c.close()
     return data
 
@@ -124,7 +115,7 @@ def test_no_byte_without_authentication(srv: LoggedServer) -> None:
 def test_slow_reader_cannot_hold_unregister(srv: LoggedServer) -> None:
     c = _connect(srv, rcvbuf=4096)
     c.sendall(header(0, srv.addr("rw"), 16 << 20))
-    assert struct.unpack("<i", _recv_all(c, 24)[8:12])[0] == 0
+    assert struct.unpack("<i", recv_upto(c, 24)[8:12])[0] == 0
     stop = threading.Event()
 
     def trickle() -> None:  # reads 1 KiB every 50 ms: always making progress, never finishing

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from tcp_helpers import Server, pattern
+from tcp_helpers import Server, pattern, recv_upto
 
 MAGIC = 0x43544E54
 OK, E_BOUNDS, E_PERMISSION, E_PROTOCOL, E_NOT_READY = 0, -10, -11, -12, -15
@@ -45,23 +45,14 @@ def plain_read(addr: int, n: int, reqid: int = 9) -> bytes:
     return struct.pack("<IHHQQQ", MAGIC, 2, 0, addr, n, reqid)
 
 
-def _recv(c: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = c.recv(n - len(out))
-        if not chunk:
-            break
-        out += chunk
-    return out
-
 
 def answer(c: socket.socket, n: int) -> tuple[int, int, bytes]:
     """(status, request id, payload) of one answer to a READ of n bytes."""
-    h = _recv(c, 24)
+    h = recv_upto(c, 24)
     assert len(h) == 24 and struct.unpack_from("<I", h)[0] == MAGIC, h
     status, reqid = struct.unpack_from("<i", h, 8)[0], struct.unpack_from("<Q", h, 16)[0]
     gap = struct.unpack_from("<H", h, 6)[0]
-    body = _recv(c, gap + n)[gap:] if status == OK else b""
+    body = recv_upto(c, gap + n)[gap:] if status == OK else b""
     return status, reqid, body
 
 
