@@ -445,7 +445,9 @@ def render_staging(text: str) -> str:
     for e in ops.values():
         stages += [k for k, v in e.items() if isinstance(v, dict) and "median_GBps" in v and k not in stages]
     both = any("ratio_both_vs_slower_stage" in e for e in ops.values())
-    header = ["op", *(f"{k} GB/s" for k in stages), "slower stage", "staged / slower stage"] + (["both / slower stage"] if both else [])
+    limit = any("ratio_cpu_bound_limit" in e for e in ops.values())
+    header = (["op", *(f"{k} GB/s" for k in stages), "slower stage", "staged / slower stage"]
+              + (["both / slower stage"] if both else []) + (["CPU-bound limit of staged / slower stage"] if limit else []))
 
     def med(d: dict[str, Any], key: str = "median") -> str:
         return f"{fmt(d[key])} ({fmt(d['min'])}-{fmt(d['max'])})"
@@ -456,6 +458,8 @@ def render_staging(text: str) -> str:
         cells.append(f"**{med(e['ratio_staged_vs_slower_stage'])}**" if "ratio_staged_vs_slower_stage" in e else "-")
         if both:
             cells.append(med(e["ratio_both_vs_slower_stage"]) if "ratio_both_vs_slower_stage" in e else "-")
+        if limit:
+            cells.append(med(e["ratio_cpu_bound_limit"]) if "ratio_cpu_bound_limit" in e else "-")
         rows.append(cells)
     wire = data.get("wire") if isinstance(data.get("wire"), dict) else None
     return (_wire_note(wire["rate_gbit"]) + "\n\n" if wire else "") + table(header, rows)
@@ -479,8 +483,11 @@ def target_staging(text: str) -> str:
     if not vals:
         return ""
     ok = all(v >= 0.8 for v in vals.values())
+    limits = {op: e["ratio_cpu_bound_limit"]["median"] for op, e in ops.items() if "ratio_cpu_bound_limit" in e}
+    why = ("; the CPU-bound limit computed for this run: " + ", ".join(f"{op} {v:.2f}x" for op, v in limits.items())
+           if limits and any(v < 1.0 for v in limits.values()) else "")
     return f"Target staged >= 0.8x its slower stage: **{'met' if ok else 'not met'}** (" + ", ".join(
-        f"{op} {v:.2f}x" for op, v in vals.items()) + ")."  # fmt: skip
+        f"{op} {v:.2f}x" for op, v in vals.items()) + why + ")."  # fmt: skip
 
 
 # ------------------------------------------------------------------ targets (computed from the numbers)

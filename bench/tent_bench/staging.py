@@ -31,6 +31,7 @@ network namespaces joined by one veth pair shaped by tc to RATE (`run_wire`; nee
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -98,7 +99,9 @@ def _target_main(size: int, config: dict[str, Any], host: str = "127.0.0.1") -> 
     print(json.dumps({"engine": eng.engine_id, "chunk": chunk}), flush=True)
     for line in sys.stdin:
         msg = json.loads(line)
-        if msg["cmd"] == "digest":
+        if msg["cmd"] == "cpu":  # this process's CPU seconds, all threads: the CPU-bound limit's input
+            print(json.dumps({"cpu_s": time.process_time()}), flush=True)
+        elif msg["cmd"] == "digest":
             src = dev.download(0, msg["n"]) if msg["segment"] == "dev" else host_buf.array[: msg["n"]]
             print(json.dumps({"sha": hashlib.sha256(src.tobytes()).hexdigest()}), flush=True)
         elif msg["cmd"] == "copy":
@@ -110,6 +113,26 @@ def _target_main(size: int, config: dict[str, Any], host: str = "127.0.0.1") -> 
                 eng.transfer(op, slot, 0, eng.segment_name("dev"), off, ln)
             print(json.dumps({"seconds": time.perf_counter() - t0}), flush=True)
     eng.close()
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def staged_cpu_bound_limit(t_wire: float, t_copy: float, cpu_wire: float, cpu_copy: float, cores: int) -> float:
+    """staged / slower stage at best where both stages run on the same cores: each stage alone had
+    them to itself (its time t, the CPU seconds both processes spent in it), the staged path pays
+    both stages' CPU for the same bytes, so it runs no faster than cores / (cpu_wire + cpu_copy)
+    per transfer, nor than its slower stage. 1.0 where the CPU is not what limits (a shaped wire,
+    a slow device copy)."""
+    slower = max(t_wire, t_copy)
+    if slower <= 0:
+        return 1.0
+    t_cpu = (cpu_wire + cpu_copy) / max(1, cores)
+    return round(min(1.0, slower / max(slower, t_cpu)), 3)
 
 
 def _timed(fn: Any) -> float:
@@ -177,10 +200,12 @@ def run(size: int, rounds: int, copy_ns_per_mib: int = 0, both: bool = False, ch
                 k = len(rows.get(op, []))
                 order = order[k % len(order):] + order[:k % len(order)]  # rotate: no path always goes first
                 for name in order:
+                    cpu0 = time.process_time() + tgt.call(cmd="cpu")["cpu_s"]
                     if name == "copy":
                         out["copy"] = tgt.call(cmd="copy", op=op, n=size)["seconds"]
                     else:
                         out[name] = _timed(steps[name])
+                    out[f"cpu_{name}"] = time.process_time() + tgt.call(cmd="cpu")["cpu_s"] - cpu0
                 return out
 
             for _ in range(rounds):
@@ -191,10 +216,14 @@ def run(size: int, rounds: int, copy_ns_per_mib: int = 0, both: bool = False, ch
     report: dict[str, Any] = {"size": size, "rounds": rounds, "chunk": chunk, "depth": depth,
                               "copy_ns_per_mib": copy_ns_per_mib, "paths": paths, "ops": {}}
     for op, rs in rows.items():
-        gb = {k: [size / r[k] / 1e9 for r in rs] for k in rs[0]}
+        gb = {k: [size / r[k] / 1e9 for r in rs] for k in rs[0] if not k.startswith("cpu_")}
         ratio = [(size / r["staged"]) / min(size / r["wire"], size / r["copy"]) for r in rs]
-        entry = {k: {"median_GBps": statistics.median(v), "min": min(v), "max": max(v)} for k, v in gb.items()}
+        entry: dict[str, Any] = {k: {"median_GBps": statistics.median(v), "min": min(v), "max": max(v)} for k, v in gb.items()}
         entry["ratio_staged_vs_slower_stage"] = {"median": statistics.median(ratio), "min": min(ratio), "max": max(ratio)}
+        entry["cpu_s_per_GiB"] = {k[4:]: statistics.median(r[k] for r in rs) * (1 << 30) / size
+                                  for k in rs[0] if k.startswith("cpu_")}
+        limit = [staged_cpu_bound_limit(r["wire"], r["copy"], r["cpu_wire"], r["cpu_copy"], _cores()) for r in rs]
+        entry["ratio_cpu_bound_limit"] = {"median": statistics.median(limit), "min": min(limit), "max": max(limit)}
         entry["slower_stage"] = "wire" if statistics.median(gb["wire"]) <= statistics.median(gb["copy"]) else "copy"
         if "both" in gb:
             rb = [(size / r["both"]) / min(size / r["wire"], size / r["copy"]) for r in rs]

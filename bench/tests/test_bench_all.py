@@ -244,3 +244,22 @@ def test_a_partial_series_keeps_the_full_series_header_and_marks_what_it_re_ran(
     machine = ba.block_body(doc.read_text(), "machine")
     assert machine is not None and "**Generated** 2026-01-01 00:00 UTC" in machine and "| echo | ok |" in machine
     assert ba.PARTIAL in machine and "| tcp | ok | 60 |" in machine
+
+
+def _staging_json(limit: float | None) -> str:
+    e: dict = {"staged": {"median_GBps": 3.5, "min": 3.2, "max": 3.7}, "wire": {"median_GBps": 7.2, "min": 6.1, "max": 8.1},
+               "copy": {"median_GBps": 14.8, "min": 14.5, "max": 15.1}, "slower_stage": "wire",
+               "ratio_staged_vs_slower_stage": {"median": 0.457, "min": 0.43, "max": 0.6}}
+    if limit is not None:
+        e["ratio_cpu_bound_limit"] = {"median": limit, "min": limit - 0.01, "max": limit + 0.01}
+    return json.dumps({"ops": {"WRITE": e}})
+
+
+def test_staging_target_names_the_cpu_bound_limit_only_where_the_cpu_limits():
+    bound = ba.target_staging(_staging_json(0.62))
+    assert "**not met** (WRITE 0.46x; the CPU-bound limit computed for this run: WRITE 0.62x)" in bound
+    assert "CPU-bound limit of staged" in ba.render_staging(_staging_json(0.62))
+    assert "0.62 (0.61-0.63)" in ba.render_staging(_staging_json(0.62))
+    assert "CPU-bound" not in ba.target_staging(_staging_json(1.0))  # a shaped wire: the CPU is not the limit
+    old = _staging_json(None)  # a report of a build before the limit existed renders as before
+    assert "CPU-bound" not in ba.target_staging(old) + ba.render_staging(old)
