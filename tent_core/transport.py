@@ -149,6 +149,16 @@ class Transport(abc.ABC):
         parked on it look again now. Called often (the engine's ``word_written``): keep it cheap. A
         transport that polls its parked READs' words on a timer may ignore it."""
 
+    def wait_config(self, max_parked: int, max_wait_ms: int) -> Mapping[str, Any] | None:
+        """Entries of this transport's config section (merged over the given one) under which its
+        target parks at most `max_parked` waiting READs at once (more are answered E_NOT_READY at
+        once, never queued) and parks one for up to `max_wait_ms` (no shorter cap of its own, on
+        either side). For the conformance kit's waiting-READ checks: a short cap would turn a READ
+        the kit holds parked on a loaded host into a timed-out one, and the bound is checked by
+        exceeding it. None (the default): no such entries; the kit then runs those checks with the
+        section as given and skips the bound check."""
+        return None
+
     @abc.abstractmethod
     def probe(self) -> Availability:
         """Cheap, side-effect free check: is the hardware/library here?"""

@@ -18,6 +18,7 @@ from tent_core.plugin_manager import discover, instantiate
 
 INSTALLED = sorted(discover().registry.entries)
 MUST_RUN = {"tcp", "shm", "gds"}  # available on any Linux host: the kit must pass there, not skip
+WAIT_CHECKS = {"wait_read_parks", "wait_read_deadline", "wait_read_word_access", "wait_read_malformed", "wait_read_bound"}
 
 
 def kit(name: str, *args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
@@ -44,6 +45,13 @@ def test_installed_transport_conforms(name: str) -> None:
     if name in MUST_RUN:
         assert avail.available, f"{name}: {avail.reason}"
         assert core <= passed, report
+    # waiting READs: optional; checked wherever declared (tcp does), skipped with the reason elsewhere
+    waits = {c["name"]: c for c in report["checks"] if c["name"].startswith("wait_read")}
+    assert set(waits) == WAIT_CHECKS
+    if name == "tcp":
+        assert all(c["status"] == "passed" for c in waits.values()), waits
+    elif name in MUST_RUN:
+        assert all(c["status"] == "skipped" and "Transport.wait_read" in c["detail"] for c in waits.values()), waits
     elif report["reason"]:  # unavailable here, or serving memory kinds the kit does not exercise
         assert report["skipped"] == len(CHECKS) and (avail.available or avail.reason in report["reason"]), report
     else:
@@ -96,6 +104,20 @@ class ClaimsToReachAll(ShmTransport):
         return None
 
 
+class ClaimsToWait(ShmTransport):
+    """Declares waiting READs, but its executor never asks for their conditions (plain READs)."""
+    name = "liar_wait"
+    wait_read = True
+
+
+class ParksWithoutBound(TcpTransport):
+    """Says which config sets the parking bound the kit asks for, but leaves it at 64."""
+    name = "liar_wait_bound"
+
+    def wait_config(self, max_parked, max_wait_ms):
+        return {**super().wait_config(max_parked, max_wait_ms), "wait_max_parked": 64}
+
+
 class ClaimsToReachNone(TcpTransport):
     """Rules out every buffer, yet its executor reaches them."""
     name = "liar_reach_none"
@@ -110,6 +132,8 @@ def tent_register_transports(registry):
     registry.add("liar_revoke", ForgetsToRevoke, abi_version=EXECUTOR_ABI_VERSION)
     registry.add("liar_reach_all", ClaimsToReachAll, abi_version=EXECUTOR_ABI_VERSION)
     registry.add("liar_reach_none", ClaimsToReachNone, abi_version=EXECUTOR_ABI_VERSION)
+    registry.add("liar_wait", ClaimsToWait, abi_version=EXECUTOR_ABI_VERSION)
+    registry.add("liar_wait_bound", ParksWithoutBound, abi_version=EXECUTOR_ABI_VERSION)
 '''
 
 
@@ -149,3 +173,24 @@ def test_kit_catches_false_reachability_claims(liars: dict[str, str]) -> None:
     rc, report = kit("liar_reach_none", "--check", "buffer_reach", env=liars)
     (check,) = report["checks"]
     assert rc == 1 and check["status"] == "failed" and "reached it" in check["detail"], report
+
+
+def test_kit_catches_a_transport_that_claims_waiting_reads_it_does_not_do(liars: dict[str, str]) -> None:
+    """shm answers every READ at once: declaring wait_read, it fails the checks that need a READ to
+    park until its word arrives or to fail at its deadline (the honest shm skips them)."""
+    rc, report = kit("liar_wait", "--check", "wait_read_parks", "--check", "wait_read_deadline", env=liars)
+    status = {c["name"]: c for c in report["checks"]}
+    assert rc == 1 and status["wait_read_parks"]["status"] == "failed", report
+    assert "answered OK while its word was short" in status["wait_read_parks"]["detail"]
+    assert status["wait_read_deadline"]["status"] == "failed" and "OK" in status["wait_read_deadline"]["detail"]
+
+
+def test_kit_catches_parked_reads_beyond_the_bound(liars: dict[str, str]) -> None:
+    """A target that parks more waiting READs than the bound it was configured with (here: the
+    config the transport named leaves the bound at 64) fails the bound check: the READs beyond it
+    are parked, not refused. The honest tcp passes it (test_installed_transport_conforms)."""
+    rc, report = kit("liar_wait_bound", "--check", "wait_read_bound", "--check", "wait_read_parks", env=liars)
+    status = {c["name"]: c for c in report["checks"]}
+    assert rc == 1 and status["wait_read_bound"]["status"] == "failed", report
+    assert "not refused" in status["wait_read_bound"]["detail"]
+    assert status["wait_read_parks"]["status"] == "passed", report  # the rest of it works

@@ -78,6 +78,10 @@ MiB = 1 << 20
 
 _OPS = ("READ", "WRITE")
 _STARTUP_TIMEOUT_S = 60.0
+# The socket target's listener: how often its accept loop looks whether the parent still waits,
+# and its backlog at least (the initiator's streams may connect at once).
+_ACCEPT_POLL_S = 0.2
+_LISTEN_BACKLOG = 128
 _SOCK_CHUNK = 4 * MiB
 # SO_SNDBUF/SO_RCVBUF for the socket baseline.  None (default) keeps the kernel's
 # TCP buffer autotuning (tcp_rmem/tcp_wmem max, 32 MiB / 4 MiB here): setting the
@@ -427,6 +431,20 @@ def _recv(conn, proc, timeout: float, what: str, name: str, log_path: str | None
             raise BaselineError(f"{name}: {what}: timed out after {timeout:.0f}s" + _log_tail(log_path))
 
 
+def _target_error(t_conn) -> str | None:
+    """An error the target child sent while nobody read its pipe (the parent reads the initiator's)."""
+    if t_conn is None:
+        return None
+    try:
+        if t_conn.poll(0):
+            msg = t_conn.recv()
+            if msg and msg[0] in ("error", "unavailable"):
+                return str(msg[1])
+    except (EOFError, OSError):
+        pass
+    return None
+
+
 def _stop_procs(procs) -> None:
     for p in procs:
         p.join(timeout=5)
@@ -490,7 +508,13 @@ def _run_procs(
         n_points = len(sweep.points())
         timeout = _STARTUP_TIMEOUT_S + sweep.row_timeout()  # first row includes start-up
         while True:
-            msg = _recv(i_conn, i_proc, timeout, f"point {len(rows) + 1}/{n_points}", name, log_path)
+            try:
+                msg = _recv(i_conn, i_proc, timeout, f"point {len(rows) + 1}/{n_points}", name, log_path)
+            except BaselineError as e:  # the target's own failure, if it had one, is the cause to report
+                why = _target_error(t_conn)
+                if why:
+                    raise BaselineError(f"{e}\n(the target failed first: {why})") from e
+                raise
             timeout = sweep.row_timeout()
             if msg[0] == "row":
                 rows.append(msg[1])
@@ -581,6 +605,43 @@ def _socket_serve(s: socket.socket, mv: memoryview) -> None:
             raise BaselineError(f"socket target: bad command {cmd!r}")
 
 
+def _parent_gone(conn, parent_pid: int | None) -> bool:
+    """The parent stopped waiting for us: it said stop, closed the pipe, or died."""
+    try:
+        if conn.poll(0):
+            return True
+    except (EOFError, OSError):
+        return True
+    return parent_pid is not None and os.getppid() != parent_pid
+
+
+def _accept_streams(ls: socket.socket, n: int, conn, parent_pid: int | None, sweep: BaselineSweep) -> list[socket.socket]:
+    """Accept the initiator's n streams. The parent starts the initiator only after our "ready" (a
+    spawned interpreter: imports, a prefaulted buffer, then its connects), so however long that
+    takes on a loaded host, the listener stays open until all n arrived or the parent gave up (its
+    own deadlines bound this wait). A fixed accept deadline here used to close the listener first,
+    and the initiator's connect got ECONNREFUSED."""
+    streams: list[socket.socket] = []
+    ls.settimeout(_ACCEPT_POLL_S)
+    try:
+        while len(streams) < n:
+            try:
+                s, _ = ls.accept()
+            except TimeoutError:
+                if _parent_gone(conn, parent_pid):
+                    raise BaselineError(f"socket target: the parent stopped waiting after {len(streams)} of {n} "
+                                        "streams connected") from None  # fmt: skip
+                continue
+            streams.append(s)
+            _tune_socket(s)
+            s.settimeout(_socket_io_timeout(sweep))
+    except BaseException:
+        for s in streams:
+            s.close()
+        raise
+    return streams
+
+
 def _socket_target(conn, sweep: BaselineSweep, info: dict) -> None:
     import threading
 
@@ -589,19 +650,14 @@ def _socket_target(conn, sweep: BaselineSweep, info: dict) -> None:
     mv = memoryview(buf)
     fam = socket.AF_INET6 if ":" in sweep.host else socket.AF_INET
     ls = socket.socket(fam, socket.SOCK_STREAM)
-    streams: list[socket.socket] = []
     try:
         ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         _tune_socket(ls)
         ls.bind((sweep.host, 0))
-        ls.listen(sweep.streams)
-        ls.settimeout(_STARTUP_TIMEOUT_S)
+        # room for every stream at once: connects beyond the backlog wait for a SYN retransmission (1 s+)
+        ls.listen(max(sweep.streams, _LISTEN_BACKLOG))
         conn.send(("ready", {"port": ls.getsockname()[1]}))
-        for _ in range(sweep.streams):
-            s, _ = ls.accept()
-            _tune_socket(s)
-            s.settimeout(_socket_io_timeout(sweep))
-            streams.append(s)
+        streams = _accept_streams(ls, sweep.streams, conn, info.get("parent_pid"), sweep)
     finally:
         ls.close()
     errors: list[BaseException] = []

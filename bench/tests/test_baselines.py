@@ -288,3 +288,95 @@ def test_mooncake_tune_keeps_the_best_setting(monkeypatch):
     knobs = [{}, {"MC_TCP_LANES_PER_PEER": "4"}, {"MC_TCP_LANES_PER_PEER": "8"}, {"MC_TCP_LANES_PER_PEER": "16"}]
     best, rows = baselines.mooncake_tune(_tiny(), knobs)
     assert best == {"MC_TCP_LANES_PER_PEER": "4"} and len(rows) == 6
+
+
+def _run_socket_target(sweep: BaselineSweep, child, errors: list[BaseException]) -> None:
+    import os
+
+    import tent_bench.baselines as bl
+
+    try:
+        bl._socket_target(child, sweep, {"parent_pid": os.getppid()})  # as a child of this process's parent
+    except BaseException as e:  # noqa: BLE001 - the test reads it
+        errors.append(e)
+
+
+def test_socket_target_listens_until_its_initiator_connected(monkeypatch):
+    """The flake of `tent bench --baseline socket` under load (ECONNREFUSED): the target's listener
+    gave up after a fixed accept deadline counted from its "ready", while the initiator (a spawned
+    interpreter: imports, a prefaulted buffer) started only after that "ready". Here the initiator
+    connects after that deadline (shrunk to 0.2 s) has passed, all its streams at once, more of
+    them than the target's old backlog: every one is accepted and served."""
+    import socket
+    import struct
+    import threading
+    import time
+
+    import tent_bench.baselines as bl
+
+    monkeypatch.setattr(bl, "_STARTUP_TIMEOUT_S", 0.2)
+    sweep = dataclasses.replace(_tiny(), block_sizes=[4096], batch_sizes=[1], streams=24)
+    parent, child = mp.Pipe()
+    errors: list[BaseException] = []
+    target = threading.Thread(target=_run_socket_target, args=(sweep, child, errors), daemon=True)
+    target.start()
+    assert parent.poll(60), "the target sent no ready"
+    kind, info = parent.recv()
+    assert kind == "ready"
+    time.sleep(1.0)  # the initiator is slow to start: past the old accept deadline
+    got: list[object] = []
+    hdr = struct.Struct("<c7xQQ40x")
+
+    def stream() -> None:
+        try:
+            with socket.create_connection((sweep.host, info["port"]), timeout=60) as s:
+                s.sendall(hdr.pack(b"R", 0, 16))  # served: the bytes come back
+                data = b""
+                while len(data) < 16:
+                    chunk = s.recv(16 - len(data))
+                    if not chunk:
+                        break
+                    data += chunk
+                got.append(len(data))
+                s.sendall(hdr.pack(b"Q", 0, 0))
+        except OSError as e:
+            got.append(e)
+
+    conns = [threading.Thread(target=stream) for _ in range(sweep.streams)]
+    for c in conns:
+        c.start()
+    for c in conns:
+        c.join(90)
+    target.join(60)
+    assert got == [16] * sweep.streams, got
+    assert not target.is_alive() and not errors, errors
+
+
+def test_socket_target_gives_up_when_its_parent_does():
+    """Without a deadline of its own, the target's accept loop ends when the parent stops waiting
+    (closes the pipe): it does not linger with its listener open."""
+    import threading
+
+    sweep = dataclasses.replace(_tiny(), block_sizes=[4096], batch_sizes=[1])
+    parent, child = mp.Pipe()
+    errors: list[BaseException] = []
+    target = threading.Thread(target=_run_socket_target, args=(sweep, child, errors), daemon=True)
+    target.start()
+    assert parent.poll(60) and parent.recv()[0] == "ready"
+    parent.close()
+    target.join(60)
+    assert not target.is_alive()
+    assert len(errors) == 1 and "parent" in str(errors[0]), errors
+
+
+def test_a_target_error_nobody_read_is_found():
+    """The parent reads the initiator's pipe; a target that failed first left its error in its own,
+    where _run_procs now looks when the initiator fails (the cause, not the initiator's symptom)."""
+    from tent_bench.baselines import _target_error
+
+    parent, child = mp.Pipe()
+    assert _target_error(parent) is None and _target_error(None) is None
+    child.send(("error", "socket_target: TimeoutError: timed out"))
+    assert _target_error(parent) == "socket_target: TimeoutError: timed out"
+    child.close()
+    assert _target_error(parent) is None  # the pipe closed: nothing more to say

@@ -14,7 +14,12 @@ compiled executor through the C ABI:
 - ``all_or_nothing_submit``: a submit() holding an invalid slice takes all or none of them;
 - ``abort_rail``: queued and in-flight slices fail at once, retryably, and the rail recovers;
 - ``release_buffer``: after the target released a buffer, slices into it fail;
-- ``exactly_once_on_close``: close() with slices outstanding reports each exactly once, then nothing.
+- ``exactly_once_on_close``: close() with slices outstanding reports each exactly once, then nothing;
+- ``wait_read_parks``, ``wait_read_deadline``, ``wait_read_word_access``, ``wait_read_malformed``,
+  ``wait_read_bound``: waiting READs (optional, ``Transport.wait_read``) park until the target
+  writes their word and then return the bytes written before it; fail E_NOT_READY at their
+  deadline; have their word checked like any READ; refuse malformed conditions (the target serves
+  on); and are refused beyond the target's parking bound (set through ``Transport.wait_config``).
 
 Every slice is checked to be reported exactly once. A transport that is unavailable here (no
 device, no library) has every check skipped with the reason. Exit status: 0 when nothing failed,

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from .. import _native
-from ..abi import FAILURE_DTYPE, SLICE_DTYPE, Status
+from ..abi import FAILURE_DTYPE, SLICE_DTYPE, WAIT_DTYPE, Status
 from ..executor import _Ops
 from ..memory import MemfdBuffer
 from ..metadata import host_identity
@@ -93,6 +93,19 @@ class Report:
 
 
 # --------------------------------------------------------------------------- slices and their books
+@dataclass(frozen=True)
+class WaitCond:
+    """A waiting READ's condition (tent_wait_t): answer once lo <= *word <= hi, park while
+    floor <= *word < lo, at most wait_ms."""
+
+    word: int  # target-side address
+    floor: int
+    lo: int
+    hi: int
+    wait_ms: int
+    reserved: int = 0
+
+
 @dataclass
 class Slice:
     op: int
@@ -336,6 +349,29 @@ class Session:
         ex = self.transport.executor
         rc = int(self._submit(ex.handle, rec.ctypes.data, len(slices)))
         return rc, batches
+
+    def submit_waiting(self, items: Sequence[tuple[Slice, WaitCond | None]]) -> tuple[list[int], list[Any]]:
+        """Each slice in a submit() of its own through the core's host API, with its wait condition
+        armed the way engine.submit_when arms one (tent_host_wait answers it), but unchecked: the kit
+        sends malformed ones on purpose. Returns (rc per slice, one counter per slice)."""
+        ex = self.transport.executor
+        rcs, batches = [], []
+        for sl, cond in items:
+            b = self.books.new()
+            rec = np.zeros(1, SLICE_DTYPE)
+            rec[0] = (sl.local, sl.remote, sl.length, self.handle if sl.peer is None else sl.peer, 0, 0, sl.op, sl.rail,
+                      NO_STAT_SLOT, 0)  # fmt: skip
+            if cond is not None:
+                row = (sl.local, sl.local + max(1, sl.length), cond.word, cond.floor, cond.lo, cond.hi, cond.wait_ms,
+                       cond.reserved)  # fmt: skip
+                _native.wait_arm(np.array([row], WAIT_DTYPE).tobytes())
+            try:
+                rcs.append(int(_native.submit(ex.ops, ex.handle, b, rec)))
+            finally:
+                if cond is not None:
+                    _native.wait_arm(None)
+            batches.append(b)
+        return rcs, batches
 
     def run(self, slices: Sequence[Slice], deadline_s: float = CHECK_DEADLINE_S) -> list[int]:
         """Submit, wait for every report, check none came twice; the statuses in order."""
@@ -630,6 +666,13 @@ def check_buffer_reach(s: Session) -> str:
             served.append(name)
     n = 4096
     for name in served:
+        if not t.buffers[name]["perm"] & int(Permission.READ):  # WRITE-only: a WRITE lands instead
+            data = pattern(n, 4343)
+            s.arr[:n] = data
+            s.run_ok([Slice(WRITE, s.addr, t.addr(name), n)], f"WRITE of buffer {name!r} (not ruled out)")
+            _expect_bytes(t.read(name, 0, n), data, f"WRITE of buffer {name!r} (read back by the target)")
+            t.call({"op": "fill", "buf": name, "seed": buffer_seed(name)})
+            continue
         s.arr[:n] = 0
         s.run_ok([Slice(READ, s.addr, t.addr(name), n)], f"READ of buffer {name!r} (not ruled out)")
         _expect_bytes(s.arr[:n], t.expected(name, 0, n), f"READ of buffer {name!r}")
@@ -662,10 +705,10 @@ def check_release_buffer(s: Session) -> str:
     return f"after release: {', '.join(_status_name(x) for x in statuses)}"
 
 
-def check_exactly_once_on_close(s: Session, fresh: Callable[[], Session]) -> str:
+def check_exactly_once_on_close(s: Session, kit: Kit) -> str:
     """close() with slices queued and in flight: by the time it returns every slice was reported
     exactly once, and nothing is reported afterwards."""
-    s2 = fresh()
+    s2 = kit.fresh()
     t = s2.target
     n, size = 256, 128 * KiB
     slices = [Slice(READ, s2.addr + (i % 32) * size, t.addr("back") + i * size % BUFFERS["back"][0], size)
@@ -699,6 +742,342 @@ def check_exactly_once_on_close(s: Session, fresh: Callable[[], Session]) -> str
     return f"{n} slices: {ok} OK, {n - ok} failed, all reported once by close()"
 
 
+# --------------------------------------------------------------------------- waiting READs
+# A word as a source advances it: a version in the high bits, the bytes it holds in the low ones
+# (refhub's progress word). Conditions: floor = the version, lo = the version | bytes needed.
+WAIT_V = 5 << 40
+WAIT_MASK = (1 << 40) - 1
+WAIT_LONG_MS = 20_000  # a READ the kit releases itself by writing its word: parks this long at most
+WAIT_SHORT_MS = 300  # a READ whose word never arrives
+WAIT_BOUND = 2  # the parking bound the bound check sets (Transport.wait_config) ...
+WAIT_EXTRA = 2  # ... and the READs it sends beyond it
+WAIT_ROUNDS = 3  # tries of a check whose parked READ may end at its cap before the kit looked again
+PARK_LOOK_S = 0.2  # a READ whose word is short must still be outstanding after this long
+BOUND_REFUSE_S = 10.0  # READs beyond the bound must be answered (refused) within this, never parked
+WORD_OFF = BUFFERS["rw"][0] - 4096  # the words live at the end of "rw", the bytes read at its start
+DATA_OFF = 4096 + 5
+DATA_N = 64 * KiB + 3
+
+
+class WaitEnv:
+    """A target and sessions for the waiting-READ checks, under the transport's
+    :meth:`Transport.wait_config` (a low parking bound, a parking cap the kit outlasts) when it
+    offers one; else the kit's own target and session, as configured."""
+
+    def __init__(self, kit: Kit) -> None:
+        self.kit = kit
+        self.sessions: list[Session] = [kit.main]
+        self.target = kit.main.target
+        self.overlay: dict[str, Any] | None = None
+        self._own: Target | None = None
+        wanted = kit.main.transport.wait_config(WAIT_BOUND, WAIT_LONG_MS)
+        if wanted:
+            self.overlay = dict(wanted)
+            self.config = {**kit.config, **self.overlay}
+            self._own = self.target = Target(kit.name, MemoryKind.HOST, self.config, timeout=kit.start_timeout_s)
+            self.sessions = []
+        else:
+            self.config = kit.config
+
+    def session(self, i: int) -> Session:
+        while len(self.sessions) <= i:
+            sess = Session(self.kit.name, self.kit.entry, self.target, self.config, self.kit.books)
+            self.kit.sessions.append(sess)  # closed with the kit's, before the targets
+            self.sessions.append(sess)
+        return self.sessions[i]
+
+    def word(self) -> int:
+        return self.target.addr("rw") + WORD_OFF
+
+    def set_word(self, value: int, seed: int | None = None, n: int = 0) -> None:
+        """The target writes pattern(n, seed) at DATA_OFF of "rw" (if n), then its word = value."""
+        msg: dict[str, Any] = {"op": "write_word", "buf": "rw", "off": WORD_OFF, "value": value}
+        if n:
+            msg.update(data_off=DATA_OFF, len=n, seed=seed)
+        self.target.call(msg)
+
+    def close(self) -> None:
+        if self._own is not None:
+            self._own.close()
+
+
+class Kit:
+    """What a check may use besides the main session: more sessions against the same target
+    (:meth:`fresh`), and the waiting-READ environment (:meth:`wait_env`, made on first use)."""
+
+    def __init__(self, name: str, entry: TransportEntry, target: Target, config: dict[str, Any], books: Completions,
+                 start_timeout_s: float) -> None:  # fmt: skip
+        self.name, self.entry, self.target, self.config, self.books = name, entry, target, config, books
+        self.start_timeout_s = start_timeout_s
+        self.sessions: list[Session] = []
+        self._wait: WaitEnv | None = None
+
+    @property
+    def main(self) -> Session:
+        return self.sessions[0]
+
+    def fresh(self) -> Session:
+        sess = Session(self.name, self.entry, self.target, self.config, self.books)
+        self.sessions.append(sess)
+        return sess
+
+    def wait_env(self) -> WaitEnv:
+        """The waiting-READ environment; CheckSkipped where the transport does not declare them."""
+        if not self.main.transport.wait_read:
+            raise CheckSkipped("waiting READs are optional and this transport does not declare them (Transport.wait_read)")
+        if self.target.buffers["rw"]["kind"] != MemoryKind.HOST.value:
+            raise CheckSkipped("the waiting-READ checks need host memory at the target (a word it advances)")
+        if self._wait is None:
+            self._wait = WaitEnv(self)
+        return self._wait
+
+    def close(self) -> None:
+        for sess in self.sessions:
+            try:
+                sess.close()
+            except Exception:
+                log.exception("closing a %s session failed", self.name)
+        try:
+            if self._wait is not None:
+                self._wait.close()
+        finally:
+            self.target.close()
+
+
+def _waiting(s: Session, cond: WaitCond, n: int = DATA_N, remote_off: int = DATA_OFF, local_off: int = 0) -> tuple[int, Any]:
+    """Submit one waiting READ of n bytes of "rw" at remote_off; (rc, its counter)."""
+    t = s.target
+    (rc,), (b,) = s.submit_waiting([(Slice(READ, s.addr + local_off, t.addr("rw") + remote_off, n), cond)])
+    if rc != 0:
+        raise CheckFailed(f"submit() of a waiting READ returned {_status_name(rc)}")
+    return rc, b
+
+
+def _cond(env: WaitEnv, need: int, wait_ms: int = WAIT_LONG_MS) -> WaitCond:
+    return WaitCond(env.word(), WAIT_V, WAIT_V | need, WAIT_V | WAIT_MASK, wait_ms)
+
+
+def _serves_on(s: Session, what: str) -> None:
+    """After `what`: a plain READ on the same rail moves exact bytes (the link and the target live)."""
+    t = s.target
+    s.arr[:4096] = 0
+    s.run_ok([Slice(READ, s.addr, t.addr("ro"), 4096)], f"a plain READ after {what}")
+    _expect_bytes(s.arr[:4096], t.expected("ro", 0, 4096), f"a plain READ after {what}")
+
+
+def check_wait_read_parks(s: Session, kit: Kit) -> str:
+    """A waiting READ whose word is short parks (nothing reported, nothing moved) until the target
+    writes the word; then it completes OK with the bytes the target wrote before the word. One
+    whose word is already in range is answered at once."""
+    env = kit.wait_env()
+    ws = env.session(0)
+    n = DATA_N
+    early: list[str] = []
+    try:
+        for rnd in range(WAIT_ROUNDS):
+            seed = 700 + rnd
+            env.set_word(WAIT_V)  # floor: nothing held yet
+            ws.arr[:n] = 0xEE
+            _, b = _waiting(ws, _cond(env, n))
+            (st,) = ws.books.wait([b], PARK_LOOK_S)
+            if st == Status.OK:
+                raise CheckFailed("a waiting READ was answered OK while its word was short of its range")
+            if st is not None and st != Status.E_NOT_READY:
+                raise CheckFailed(f"a waiting READ whose word was short failed with {_status_name(st)} (want it parked)")
+            if not (ws.arr[:n] == 0xEE).all():
+                raise CheckFailed("bytes landed for a waiting READ whose word was short of its range")
+            if st is not None:  # legal at its cap, but the kit asked for WAIT_LONG_MS: look again
+                early.append(f"round {rnd + 1}: E_NOT_READY within {PARK_LOOK_S} s")
+                continue
+            env.set_word(WAIT_V | n, seed, n)  # the bytes land, then the word says so
+            (st,) = ws.books.wait([b])
+            if st is None:
+                raise CheckFailed(f"a parked READ was not answered within {CHECK_DEADLINE_S:.0f} s of its word arriving")
+            if st == Status.E_NOT_READY:
+                early.append(f"round {rnd + 1}: E_NOT_READY as its word arrived")
+                continue
+            if st != Status.OK:
+                raise CheckFailed(f"a parked READ failed with {_status_name(st)} once its word arrived")
+            ws.books.check_no_duplicates([b])
+            _expect_bytes(ws.arr[:n], pattern(n, seed), "a parked READ released by its word")
+            break
+        else:
+            raise CheckFailed(f"a waiting READ asked to park up to {WAIT_LONG_MS} ms ended E_NOT_READY before its word "
+                              f"arrived, {WAIT_ROUNDS} times ({'; '.join(early)})")  # fmt: skip
+        ws.arr[:n] = 0  # its word is in range already: answered as a plain READ
+        _, b = _waiting(ws, _cond(env, n))
+        (st,) = ws.books.wait([b])
+        if st != Status.OK:
+            raise CheckFailed(f"a waiting READ whose word was already in range ended {_status_name(st)}")
+        _expect_bytes(ws.arr[:n], pattern(n, 700 + rnd), "a waiting READ whose word was already in range")
+    finally:
+        env.target.call({"op": "fill", "buf": "rw", "seed": buffer_seed("rw")})
+    return f"{n} bytes parked, then answered as the word arrived" + (f" (after {'; '.join(early)})" if early else "")
+
+
+def check_wait_read_deadline(s: Session, kit: Kit) -> str:
+    """A waiting READ whose word never arrives fails with E_NOT_READY (final, no bytes) at its
+    deadline, not a hang and not a rail error; so does one whose word is above its range or below
+    its floor. The link serves on."""
+    env = kit.wait_env()
+    ws = env.session(0)
+    n = DATA_N
+    far = WAIT_V | WAIT_MASK
+    cases = [("its word never arrives", WAIT_V, WaitCond(env.word(), WAIT_V, far, far, WAIT_SHORT_MS)),
+             ("its word is past its range (another version)", (WAIT_V + (1 << 40)) | 5, _cond(env, n)),
+             ("its word is below its floor", 0, _cond(env, n))]  # fmt: skip
+    took = 0.0
+    try:
+        for i, (what, value, cond) in enumerate(cases):
+            env.set_word(value)
+            ws.arr[:n] = 0xEE
+            t0 = time.monotonic()
+            _, b = _waiting(ws, cond)
+            (st,) = ws.books.wait([b])
+            if st is None:
+                raise CheckFailed(f"a waiting READ ({what}) was not reported within {CHECK_DEADLINE_S:.0f} s")
+            if st != Status.E_NOT_READY:
+                kind = "a retryable rail error" if Status(st).retryable else "not E_NOT_READY"
+                raise CheckFailed(f"a waiting READ ({what}) ended {_status_name(st)}: {kind}")
+            if not (ws.arr[:n] == 0xEE).all():
+                raise CheckFailed(f"a waiting READ ({what}) moved bytes although it failed")
+            if i == 0:
+                took = time.monotonic() - t0
+                # its deadline is the kit's (the transport's cap is no shorter under wait_config)
+                if env.overlay is not None and took < WAIT_SHORT_MS / 1000:
+                    raise CheckFailed(f"a waiting READ asked to wait {WAIT_SHORT_MS} ms ended E_NOT_READY after "
+                                      f"{took * 1000:.0f} ms, before its deadline")  # fmt: skip
+            ws.books.check_no_duplicates([b])
+        _serves_on(ws, "E_NOT_READY answers")
+    finally:
+        env.set_word(WAIT_V)
+    return f"{len(cases)} cases E_NOT_READY; asked to wait {WAIT_SHORT_MS} ms, answered after {took * 1000:.0f} ms"
+
+
+def check_wait_read_word_access(s: Session, kit: Kit) -> str:
+    """A waiting READ's word is checked like any READ: outside registered memory fails with
+    E_BOUNDS, in a buffer without READ permission with E_PERMISSION (where the link claims to
+    refuse those, AccessControl), whatever the word would say; no bytes move, the target serves on."""
+    env = kit.wait_env()
+    ws, t = env.session(0), env.target
+    ac = ws.transport.access_control(ws.link)
+    top = max(int(b["addr"]) + int(b["length"]) for b in t.buffers.values()) & ~7
+    cases = []
+    if ac.bounds:  # (a buffer's end may be where the next one begins: the highest end is past them all)
+        cases += [("just past the highest buffer's end", top, Status.E_BOUNDS),
+                  ("far outside every registered buffer", top + (1 << 30), Status.E_BOUNDS)]  # fmt: skip
+    if ac.permission:
+        cases.append(("in a WRITE-only buffer", t.addr("wo"), Status.E_PERMISSION))
+    if not cases:
+        raise CheckSkipped(f"this link refuses neither bad ranges nor permissions itself: {ac.reason}")
+    n = DATA_N
+    for what, word, want in cases:
+        ws.arr[:n] = 0xEE
+        _, b = _waiting(ws, WaitCond(word, 0, 0, (1 << 64) - 1, WAIT_LONG_MS))  # any value would do
+        (st,) = ws.books.wait([b])
+        if st != want:
+            raise CheckFailed(f"a waiting READ whose word lies {what}: expected {want.name}, got {_status_name(st)}")
+        if not (ws.arr[:n] == 0xEE).all():
+            raise CheckFailed(f"a waiting READ whose word lies {what} moved bytes")
+        ws.books.check_no_duplicates([b])
+    _serves_on(ws, "refused words")
+    skipped = [] if ac.bounds and ac.permission else [f"not claimed: {ac.reason}"]
+    return "; ".join([f"word {w}: {st.name}" for w, _, st in cases] + skipped)
+
+
+def check_wait_read_malformed(s: Session, kit: Kit) -> str:
+    """A malformed condition (word not 8-byte aligned, floor above lo, lo above hi, a wait of 0 ms)
+    is refused at submit or answered E_PROTOCOL, never served, even with a word that would satisfy
+    it; the target serves plain and waiting READs on."""
+    env = kit.wait_env()
+    ws = env.session(0)
+    n = DATA_N
+    w = env.word()
+    v = WAIT_V | n
+    cases = [("a word not 8-byte aligned", WaitCond(w + 3, WAIT_V, WAIT_V | 1, WAIT_V | WAIT_MASK, WAIT_LONG_MS)),
+             ("floor above lo", WaitCond(w, WAIT_V | 2, WAIT_V | 1, WAIT_V | WAIT_MASK, WAIT_LONG_MS)),
+             ("lo above hi", WaitCond(w, WAIT_V, WAIT_V | 2, WAIT_V | 1, WAIT_LONG_MS)),
+             ("a wait of 0 ms", WaitCond(w, WAIT_V, WAIT_V | 1, WAIT_V | WAIT_MASK, 0))]  # fmt: skip
+    outcomes = []
+    try:
+        env.set_word(v, 801, n)  # the bytes are there: only the malformation keeps them back
+        for what, cond in cases:
+            ws.arr[:n] = 0xEE
+            (rc,), (b,) = ws.submit_waiting([(Slice(READ, ws.addr, env.target.addr("rw") + DATA_OFF, n), cond)])
+            if rc != 0:
+                outcomes.append(f"{what}: refused at submit ({_status_name(rc)})")
+            else:
+                (st,) = ws.books.wait([b])
+                if st != Status.E_PROTOCOL:
+                    raise CheckFailed(f"a waiting READ with {what}: expected E_PROTOCOL, got {_status_name(st)}")
+                if not (ws.arr[:n] == 0xEE).all():
+                    raise CheckFailed(f"a waiting READ with {what} moved bytes")
+                ws.books.check_no_duplicates([b])
+                outcomes.append(f"{what}: E_PROTOCOL")
+            _serves_on(ws, f"a condition with {what}")
+        ws.arr[:n] = 0
+        _, b = _waiting(ws, _cond(env, n))
+        (st,) = ws.books.wait([b])
+        if st != Status.OK:
+            raise CheckFailed(f"a valid waiting READ after the malformed ones ended {_status_name(st)}")
+        _expect_bytes(ws.arr[:n], pattern(n, 801), "a valid waiting READ after the malformed ones")
+    finally:
+        env.target.call({"op": "fill", "buf": "rw", "seed": buffer_seed("rw")})
+    return "; ".join(outcomes)
+
+
+def check_wait_read_bound(s: Session, kit: Kit) -> str:
+    """With the target's parking bound set low (Transport.wait_config): that many waiting READs
+    park (from as many sessions); more, sent while they are parked, are answered E_NOT_READY at
+    once, not parked or queued; the parked ones are then answered OK when their word arrives."""
+    env = kit.wait_env()
+    if env.overlay is None:
+        raise CheckSkipped("the transport offers no config that sets its parking bound (Transport.wait_config)")
+    sessions = [env.session(i) for i in range(WAIT_BOUND + WAIT_EXTRA)]
+    firsts, extras = sessions[:WAIT_BOUND], sessions[WAIT_BOUND:]
+    n, seed = DATA_N, 901
+    env.set_word(WAIT_V)
+    parked: list[Any] = []
+    refused: list[Any] = []
+    try:
+        for ws in sessions:
+            ws.arr[:n] = 0xEE
+        for ws in firsts:
+            parked.append(_waiting(ws, _cond(env, n))[1])
+        st = s.books.wait(parked, PARK_LOOK_S)
+        if any(x is not None for x in st):
+            raise CheckFailed(f"of {WAIT_BOUND} waiting READs within the bound, some ended before their word arrived "
+                              f"({[_status_name(x) for x in st]})")  # fmt: skip
+        for ws in extras:
+            refused.append(_waiting(ws, _cond(env, n))[1])
+        st = s.books.wait(refused, BOUND_REFUSE_S)
+        if any(x is None for x in st):
+            raise CheckFailed(f"{sum(x is None for x in st)} of {WAIT_EXTRA} waiting READ(s) beyond the bound of "
+                              f"{WAIT_BOUND} parked ones were not answered within {BOUND_REFUSE_S:.0f} s: parked or "
+                              "queued, not refused")  # fmt: skip
+        if any(x != Status.E_NOT_READY for x in st):
+            raise CheckFailed(f"waiting READs beyond the bound ended {[_status_name(x) for x in st]}, "
+                              "not E_NOT_READY")  # fmt: skip
+        for ws in extras:
+            if not (ws.arr[:n] == 0xEE).all():
+                raise CheckFailed("a waiting READ refused for the bound moved bytes")
+        st = [s.books.status(b) for b in parked]
+        if any(x is not None for x in st):
+            raise CheckFailed(f"parked READs within the bound ended before their word arrived ({[_status_name(x) for x in st]})")
+    finally:  # release whatever is parked, so nothing outlives the check
+        env.set_word(WAIT_V | n, seed, n)
+        final = s.books.wait(parked + refused)
+        env.target.call({"op": "fill", "buf": "rw", "seed": buffer_seed("rw")})
+        env.set_word(WAIT_V)
+    bad = [x for x in final[: len(parked)] if x != Status.OK]
+    if bad:
+        raise CheckFailed(f"parked READs ended {[_status_name(x) for x in bad]} once their word arrived")
+    for ws in firsts:
+        _expect_bytes(ws.arr[:n], pattern(n, seed), "a parked READ within the bound")
+    s.books.check_no_duplicates(parked + refused)
+    return f"bound {WAIT_BOUND} (config {env.overlay}): {WAIT_EXTRA} more refused, {WAIT_BOUND} parked answered OK"
+
+
 CHECKS: dict[str, Callable[..., str]] = {
     "read_write_exact": check_read_write_exact,
     "zero_length": check_zero_length,
@@ -711,7 +1090,14 @@ CHECKS: dict[str, Callable[..., str]] = {
     "buffer_reach": check_buffer_reach,
     "release_buffer": check_release_buffer,
     "exactly_once_on_close": check_exactly_once_on_close,
+    "wait_read_parks": check_wait_read_parks,
+    "wait_read_deadline": check_wait_read_deadline,
+    "wait_read_word_access": check_wait_read_word_access,
+    "wait_read_malformed": check_wait_read_malformed,
+    "wait_read_bound": check_wait_read_bound,
 }
+_TAKES_KIT = {"exactly_once_on_close", "wait_read_parks", "wait_read_deadline", "wait_read_word_access",
+              "wait_read_malformed", "wait_read_bound"}  # fmt: skip
 
 
 def _remote_kind(transport: Transport) -> tuple[MemoryKind | None, str]:
@@ -754,16 +1140,10 @@ def run(name: str, config: dict[str, Any] | None = None, only: Sequence[str] | N
         report.reason = f"the target process failed: {exc}"
         report.checks = [CheckResult(c, "failed", report.reason) for c in selected]
         return report
-    sessions: list[Session] = []
-
-    def fresh() -> Session:
-        sess = Session(name, entry, target, config, books)
-        sessions.append(sess)
-        return sess
-
+    kit = Kit(name, entry, target, config, books, start_timeout_s)
     try:
         try:
-            main = fresh()
+            main = kit.fresh()
         except Exception as exc:
             report.reason = f"could not start and connect the transport: {type(exc).__name__}: {exc}"
             report.checks = [CheckResult(c, "failed", report.reason) for c in selected]
@@ -772,7 +1152,7 @@ def run(name: str, config: dict[str, Any] | None = None, only: Sequence[str] | N
             t0 = time.monotonic()
             try:
                 fn = CHECKS[check]
-                detail = fn(main, fresh) if check == "exactly_once_on_close" else fn(main)
+                detail = fn(main, kit) if check in _TAKES_KIT else fn(main)
                 books.check_no_duplicates(books.all_batches(), CHECK_GRACE_S)  # late reports of any check
                 result = CheckResult(check, "passed", detail)
             except CheckSkipped as exc:
@@ -786,10 +1166,5 @@ def run(name: str, config: dict[str, Any] | None = None, only: Sequence[str] | N
             report.checks.append(result)
             log.info("%s %s: %s", check, result.status, result.detail)
     finally:
-        for sess in sessions:
-            try:
-                sess.close()
-            except Exception:
-                log.exception("closing a %s session failed", name)
-        target.close()
+        kit.close()
     return report

@@ -37,13 +37,15 @@ KiB, MiB = 1024, 1024 * 1024
 # name -> (size, permission). "rw": reads and writes; "ro": registered READ-only; "rel": released
 # by the release_buffer check; "back": a large source for backlogs (close, abort_rail); "plain":
 # host memory the process allocated itself (as engine.register() of a numpy array), not memfd-backed
-# like the others (as engine.allocate()): some transports cannot reach it (buffer_reach check).
+# like the others (as engine.allocate()): some transports cannot reach it (buffer_reach check);
+# "wo": registered WRITE-only (a waiting READ's word there is refused: wait_read_word_access).
 BUFFERS: dict[str, tuple[int, Permission]] = {
     "rw": (4 * MiB, Permission.READ_WRITE),
     "ro": (256 * KiB, Permission.READ),
     "rel": (256 * KiB, Permission.READ_WRITE),
     "back": (16 * MiB, Permission.READ_WRITE),
     "plain": (256 * KiB, Permission.READ_WRITE),
+    "wo": (64 * KiB, Permission.WRITE),
 }
 PLAIN = frozenset({"plain"})
 SEGMENT = "conformance"
@@ -162,6 +164,23 @@ class _Buffer:
         with open(self.path, "rb") as f:
             return os.pread(f.fileno(), n, off)
 
+    def _host(self) -> np.ndarray:
+        arr = self.plain if self.plain is not None else self.mem.array if self.mem is not None else None
+        if arr is None:
+            raise ValueError(f"{self.name}: a file holds no word a waiting READ can wait on")
+        return arr
+
+    def write_word(self, off: int, value: int, data_off: int = 0, data: bytes = b"") -> None:
+        """`data` at `data_off`, then the u64 word at `off` (aligned): as a source's bytes land
+        before its progress word says so."""
+        arr = self._host()
+        if off < 0 or off % 8 or off + 8 > self.size or not 0 <= value < 1 << 64:
+            raise ValueError(f"{self.name}: no aligned word at {off} (or value {value} out of range)")
+        if data_off < 0 or data_off + len(data) > self.size:
+            raise ValueError(f"{self.name}: [{data_off}, {data_off + len(data)}) is outside [0, {self.size})")
+        arr[data_off : data_off + len(data)] = np.frombuffer(data, np.uint8)
+        arr[off : off + 8].view(np.uint64)[0] = value  # one aligned 8-byte store: readers see old or new
+
     def close(self) -> None:
         if self.mem is not None:
             self.mem.close()
@@ -209,6 +228,14 @@ def serve(name: str, kind: MemoryKind, config: dict[str, Any], out: IO[bytes], i
                     send_frame(out, {"ok": True, "data": bufs[cmd["buf"]].read(int(cmd["off"]), int(cmd["len"]))})
                 elif op == "fill":
                     bufs[cmd["buf"]].fill(int(cmd["seed"]))
+                    send_frame(out, {"ok": True})
+                elif op == "write_word":  # the bytes a waiting READ waits for land, then their word says so
+                    b, n = bufs[cmd["buf"]], int(cmd.get("len", 0))
+                    if not 0 <= n <= b.size:
+                        raise ValueError(f"write_word: {n} bytes into a buffer of {b.size}")
+                    data = pattern(n, int(cmd["seed"])).tobytes() if n else b""
+                    b.write_word(int(cmd["off"]), int(cmd["value"]), int(cmd.get("data_off", 0)), data)
+                    transport.word_written()  # parked READs look again now
                     send_frame(out, {"ok": True})
                 elif op == "release":
                     b = bufs[cmd["buf"]]

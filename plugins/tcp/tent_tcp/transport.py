@@ -204,6 +204,11 @@ class TcpTransport(Transport):
         if ex is not None and self.wait_read:
             ex.wait_doorbell()
 
+    def wait_config(self, max_parked: int, max_wait_ms: int) -> dict[str, Any]:
+        # the initiator caps a READ's wait at half its progress timeout: that must not be shorter
+        return {"wait_read": 1, "wait_max_parked": max_parked, "wait_max_ms": max_wait_ms,
+                "slice_timeout_ms": 2 * max_wait_ms + 1000}  # fmt: skip
+
     # ---- discovery -------------------------------------------------------------------
     def probe(self) -> Availability:
         try:
