@@ -3,9 +3,11 @@
 QoS on) with the executor's `qos_bulk_conns` cap off (0) and on (the default), interleaved; with
 `--compare poll`, busy polling off (`busy_poll_us` 0) against the default (adaptive); with
 `--compare nice`, the bulk threads' demotion while small requests are active (`qos_bulk_nice`)
-off, at nice 19 (the default) and under SCHED_IDLE (20).
+off, at nice 19 (the default) and under SCHED_IDLE (20); with `--compare piece`, those threads
+moving their bytes in whole system calls (`qos_bulk_piece` 0) against pieces of 128 KiB (the
+default) and 32 KiB with a yield between two.
 
-    python plugins/tcp/tools/qos_tail_ab.py [--rounds 6] [--count 400] [--compare cap|poll|nice]
+    python plugins/tcp/tools/qos_tail_ab.py [--rounds 6] [--count 400] [--compare cap|poll|nice|side|piece]
 
 Prints each round and the medians (the ratio loaded / idle P99 also its range over the rounds):
 idle and loaded P99 of the HIGH READs, their ratio, and the stream's GB/s.
@@ -27,6 +29,9 @@ COMPARE: dict[str, dict[str, dict[str, Any]]] = {
     "nice": {"bulk nice 0": {"transports": {"tcp": {"qos_bulk_nice": 0}}},
              "bulk nice 19 (default)": {},
              "bulk SCHED_IDLE": {"transports": {"tcp": {"qos_bulk_nice": 20}}}},
+    "piece": {"whole calls": {"transports": {"tcp": {"qos_bulk_piece": 0}}},
+              "pieces 128 KiB (default)": {},
+              "pieces 32 KiB": {"transports": {"tcp": {"qos_bulk_piece": 32 << 10}}}},
     "side": {"bulk nice 0": {"transports": {"tcp": {"qos_bulk_nice": 0}}},
              "initiator only": {"transports": {"tcp": {"qos_serve_nice": 0}}},
              "both sides (default)": {}},
