@@ -5,7 +5,7 @@ QoS on) with the executor's `qos_bulk_conns` cap off (0) and on (the default), i
 `--compare nice`, the bulk threads' demotion while small requests are active (`qos_bulk_nice`)
 off, at nice 19 (the default) and under SCHED_IDLE (20); with `--compare piece`, those threads
 moving their bytes in whole system calls (`qos_bulk_piece` 0) against pieces of 128 KiB (the
-default) and 32 KiB with a yield between two.
+default) with a yield between two, at nice 19 and under SCHED_IDLE.
 
     python plugins/tcp/tools/qos_tail_ab.py [--rounds 6] [--count 400] [--compare cap|poll|nice|side|piece]
 
@@ -31,7 +31,10 @@ COMPARE: dict[str, dict[str, dict[str, Any]]] = {
              "bulk SCHED_IDLE": {"transports": {"tcp": {"qos_bulk_nice": 20}}}},
     "piece": {"whole calls": {"transports": {"tcp": {"qos_bulk_piece": 0}}},
               "pieces 128 KiB (default)": {},
-              "pieces 32 KiB": {"transports": {"tcp": {"qos_bulk_piece": 32 << 10}}}},
+              "pieces, SCHED_IDLE": {"transports": {"tcp": {"qos_bulk_nice": 20}}}},
+    "idle": {"nice 19, pieces": {"transports": {"tcp": {"qos_bulk_nice": 19}}},
+             "SCHED_IDLE, pieces": {"transports": {"tcp": {"qos_bulk_nice": 20}}},
+             "SCHED_IDLE, whole calls": {"transports": {"tcp": {"qos_bulk_nice": 20, "qos_bulk_piece": 0}}}},
     "side": {"bulk nice 0": {"transports": {"tcp": {"qos_bulk_nice": 0}}},
              "initiator only": {"transports": {"tcp": {"qos_serve_nice": 0}}},
              "both sides (default)": {}},
