@@ -280,32 +280,16 @@ static int io_idle(io_watch_t *w, int sending) {
  * request's threads, EEVDF picks a nice-19 thread now and then (it is eligible with no lag) and
  * nothing preempts it until it blocks (no wake-up comes: the small request's thread is already
  * runnable), 150-250 us per 1 MiB slice on the 2-vCPU host of docs/benchmarks.md ("The QoS tail
- * over tcp"). A thread moving bulk at full weight (no small request was active when its request
- * began) watches for small requests between calls of at most QOS_WATCH_BYTES and demotes itself
- * as soon as they start: a burst of small requests beginning beside a stream otherwise waited for
- * every bulk request in flight (up to conns_per_rail of 1 MiB, both sides at full weight: the
- * first requests of the burst took 0.6-1.3 ms there). tl_qos_piece is 0 (whole calls) for every
- * other thread. */
-#define QOS_WATCH_BYTES (256u << 10)
+ * over tcp"). tl_qos_piece is 0 (whole calls) for every other thread. */
 static __thread size_t tl_qos_piece;
 static __thread atomic_ullong *tl_qos_yields; /* the executor's count of such yields */
-static __thread int tl_qos_watch;             /* moving bulk at full weight: look for small requests between calls */
 
-/* The bytes one call may move of `want`, for a thread demoted (`demoted`: in pieces of `piece`,
- * 0 = whole calls) or moving bulk at full weight (`watching`: at most QOS_WATCH_BYTES, so it looks
- * for small requests between calls). Pure (unit-tested through tcp_qos_call_bytes). */
-static size_t qos_call_bytes(int demoted, int watching, size_t piece, size_t want) {
-  size_t cap = demoted ? piece : watching ? QOS_WATCH_BYTES : 0;
-  return cap && want > cap ? cap : want;
-}
+/* How many of `want` bytes one call may move for a thread whose pieces are `piece` bytes (0: no
+ * limit). Pure (unit-tested through tcp_qos_piece). */
+static size_t qos_piece_len(size_t piece, size_t want) { return piece && want > piece ? piece : want; }
 
-static size_t qos_piece_len(size_t want) { return qos_call_bytes(tl_qos_piece != 0, tl_qos_watch, tl_qos_piece, want); }
-static int qos_watch_due(void);
-
-/* Between two calls of a bulk transfer: a watching thread demotes itself if small requests started
- * meanwhile (qos_watch_due); a demoted one yields the core to whoever else is runnable. */
+/* Between two pieces of a demoted bulk transfer: the core goes to whoever else is runnable. */
 static void qos_piece_yield(void) {
-  if (tl_qos_watch && !qos_watch_due()) return;
   if (!tl_qos_piece) return;
   sched_yield();
   if (tl_qos_yields) atomic_fetch_add_explicit(tl_qos_yields, 1, memory_order_relaxed);
@@ -331,7 +315,7 @@ static int iov_within(struct iovec *iov, int n, size_t limit, struct iovec **cut
 static int send_all(int fd, const void *buf, size_t len, int more, io_watch_t *w, int payload) {
   const char *p = buf;
   while (len) {
-    size_t step = qos_piece_len(w && len > PROGRESS_STEP ? PROGRESS_STEP : len);
+    size_t step = qos_piece_len(tl_qos_piece, w && len > PROGRESS_STEP ? PROGRESS_STEP : len);
     ssize_t n = send(fd, p, step, MSG_NOSIGNAL | (more || step < len ? MSG_MORE : 0));
     if (n > 0) {
       p += n;
@@ -362,9 +346,9 @@ typedef struct iov_owner {
  * kernel at most PROGRESS_STEP bytes, so moved payload is reported as it goes, and a call that
  * wakes without sending anything only fails once the clock runs out. */
 static int sendv_all(int fd, struct iovec *iov, int n, io_watch_t *w, const iov_owner_t *own) {
+  /* bytes per call at most: PROGRESS_STEP on a progress clock, a QoS piece while demoted */
+  size_t limit = qos_piece_len(tl_qos_piece, w ? PROGRESS_STEP : SIZE_MAX);
   while (n > 0) {
-    /* bytes per call at most: PROGRESS_STEP on a progress clock, less for QoS (qos_piece_len) */
-    size_t limit = qos_piece_len(w ? PROGRESS_STEP : SIZE_MAX);
     int cnt = n > 1024 ? 1024 : n;
     struct iovec *cut = NULL; /* an entry shortened to keep this call within the limit */
     size_t cut_len = 0;
@@ -411,7 +395,7 @@ static int sendv_all(int fd, struct iovec *iov, int n, io_watch_t *w, const iov_
 static int recv_all(int fd, void *buf, size_t len, io_watch_t *w, int payload) {
   char *p = buf;
   while (len) {
-    size_t step = qos_piece_len(w && len > PROGRESS_STEP ? PROGRESS_STEP : len);
+    size_t step = qos_piece_len(tl_qos_piece, w && len > PROGRESS_STEP ? PROGRESS_STEP : len);
     ssize_t n = recv(fd, p, step, MSG_WAITALL);
     if (n > 0) {
       if (payload) io_landed(w, p, (size_t)n);
@@ -791,24 +775,9 @@ static int qos_thread_set(int level) {
 static void qos_thread_level(tcp_exec_t *ex, int level) {
   tl_qos_piece = level ? (size_t)ex->qos_bulk_piece : 0;
   tl_qos_yields = &ex->qos_yields;
-  tl_qos_watch = 0;
   tl_qos_stuck = qos_thread_set(level) != 0;
   if (tl_qos_stuck)
     slog("qos_bulk_nice: could not move a thread to level %d (now %d): %s", level, tl_qos_level, strerror(errno));
-}
-
-/* What a thread moving bulk at full weight watches (tl_qos_watch): the window of its rail (client)
- * or of its executor's server side (tl_qos_watch_rail NULL). */
-static __thread tcp_exec_t *tl_qos_watch_ex;
-static __thread struct rail *tl_qos_watch_rail;
-
-/* A thread about to move a bulk request at `level` (see qos_bulk_level): at level 0 with pieces on,
- * it watches `r`'s window (NULL: the server side's) between its calls. */
-static void qos_bulk_work(tcp_exec_t *ex, int level, struct rail *r) {
-  qos_thread_level(ex, level);
-  tl_qos_watch = level == 0 && ex->qos_bulk_piece > 0;
-  tl_qos_watch_ex = ex;
-  tl_qos_watch_rail = r;
 }
 
 /* A demoted thread about to sleep: back to its own weight first, so that it wakes up for its next
@@ -825,19 +794,7 @@ static void qos_server_request(tcp_exec_t *ex, int small) {
     return;
   }
   uint64_t until = atomic_load_explicit(&ex->srv_small_until_ms, memory_order_relaxed);
-  qos_bulk_work(ex, qos_bulk_level(ex->qos_bulk_nice, 1, now, until), NULL);
-}
-
-/* A watching thread between two calls: small requests started on what it watches? Then it is
- * demoted now (pieces from here on) and the caller yields. */
-static int qos_watch_due(void) {
-  tcp_exec_t *ex = tl_qos_watch_ex;
-  uint64_t until = tl_qos_watch_rail ? __atomic_load_n(&tl_qos_watch_rail->small_until_ms, __ATOMIC_RELAXED)
-                                     : atomic_load_explicit(&ex->srv_small_until_ms, memory_order_relaxed);
-  int level = qos_bulk_level(ex->qos_bulk_nice, 1, mono_ms(), until);
-  if (!level) return 0;
-  qos_thread_level(ex, level); /* (ends the watch) */
-  return 1;
+  qos_thread_level(ex, qos_bulk_level(ex->qos_bulk_nice, 1, now, until));
 }
 
 /* Whether this process may undo a demotion (lowering a nice value back, or leaving SCHED_IDLE,
@@ -1136,8 +1093,7 @@ static int recv_after_gap(int fd, uint32_t gap, void *dst, size_t len) {
   while (n) {
     struct iovec *cut = NULL; /* a QoS piece (while demoted) */
     size_t cut_len = 0;
-    size_t lim = qos_piece_len(SIZE_MAX);
-    int cnt = lim != SIZE_MAX ? iov_within(v, (int)n, lim, &cut, &cut_len) : (int)n;
+    int cnt = tl_qos_piece ? iov_within(v, (int)n, tl_qos_piece, &cut, &cut_len) : (int)n;
     struct msghdr m = {.msg_iov = v, .msg_iovlen = (size_t)cnt};
     ssize_t k = recvmsg(fd, &m, MSG_WAITALL);
     if (cut) cut->iov_len = cut_len;
@@ -1819,8 +1775,7 @@ static int run_recv_one_read(pipe_run_t *pr) {
   for (;;) {
     struct iovec *cut = NULL; /* a QoS piece (a demoted worker reading a bulk answer) */
     size_t cut_len = 0;
-    size_t lim = qos_piece_len(SIZE_MAX);
-    int cnt = lim != SIZE_MAX ? iov_within(iov, g ? 3 : 2, lim, &cut, &cut_len) : (g ? 3 : 2);
+    int cnt = tl_qos_piece ? iov_within(iov, g ? 3 : 2, tl_qos_piece, &cut, &cut_len) : (g ? 3 : 2);
     n = readv(pr->fd, iov, cnt);
     if (cut) cut->iov_len = cut_len;
     if (n > 0) break;
@@ -1979,7 +1934,7 @@ static int bulk_may_start(tcp_exec_t *ex, rail_t *r) {
   if (ex->qos_bulk_conns <= 0 || r->bulk_busy < ex->qos_bulk_conns || !r->small_until_ms) return 1;
   uint64_t now = mono_ms();
   if (now >= r->small_until_ms) {
-    __atomic_store_n(&r->small_until_ms, 0, __ATOMIC_RELAXED); /* (bulk threads watching it read it unlocked) */
+    r->small_until_ms = 0;
     return 1;
   }
   if (r->small_until_ms > ex->throttle_until_ms) ex->throttle_until_ms = r->small_until_ms;
@@ -2010,8 +1965,7 @@ static int rail_is_ready(tcp_exec_t *ex, rail_t *r) {
 
 /* Small requests were just submitted on `r`: bulk is held back for the QoS window. ex->mu held. */
 static void rail_note_small(tcp_exec_t *ex, rail_t *r, uint64_t now_ms) {
-  if ((ex->qos_bulk_conns > 0 || ex->qos_bulk_nice > 0) && ex->qos_window_ms > 0)
-    __atomic_store_n(&r->small_until_ms, now_ms + (uint64_t)ex->qos_window_ms, __ATOMIC_RELAXED);
+  if ((ex->qos_bulk_conns > 0 || ex->qos_bulk_nice > 0) && ex->qos_window_ms > 0) r->small_until_ms = now_ms + (uint64_t)ex->qos_window_ms;
 }
 
 static void ready_unlink(tcp_exec_t *ex, rail_t *r) {
@@ -2337,13 +2291,9 @@ static void *worker_main(void *arg) {
     rail_update_ready(ex, r);
     if (pr->k > 0 && (r->qs.len > 0 || r->q.len > 0)) pthread_cond_signal(&ex->cv); /* more for another worker */
     pthread_mutex_unlock(&ex->mu);
-    if (ex->qos_bulk_nice && pr->k > 0) {
-      if (small) qos_thread_level(ex, 0);
-      else qos_bulk_work(ex, qos_level, r);
-    }
+    if (ex->qos_bulk_nice && pr->k > 0) qos_thread_level(ex, qos_level);
     for (uint32_t i = 0; i < nskip; i++) finish_chunk(ex, &skipped[i], skip_status[i]);
     if (pr->k > 0) run_exchange(ex, pr);
-    tl_qos_watch = 0; /* (the rail it watched may go once the run is done) */
     pthread_mutex_lock(&ex->mu);
   }
   pthread_mutex_unlock(&ex->mu);
@@ -2530,9 +2480,7 @@ EXPORT int tcp_qos_bulk_level(int knob, int bulk, uint64_t now_ms, uint64_t smal
 
 EXPORT int tcp_qos_bulk_nice(void *self) { return ((tcp_exec_t *)self)->qos_bulk_nice; }
 
-EXPORT uint64_t tcp_qos_call_bytes(int demoted, int watching, uint64_t piece, uint64_t want) {
-  return qos_call_bytes(demoted, watching, (size_t)piece, (size_t)want);
-}
+EXPORT uint64_t tcp_qos_piece(uint64_t piece, uint64_t want) { return qos_piece_len((size_t)piece, (size_t)want); }
 
 EXPORT void tcp_qos_stats(void *self, uint64_t out[1]) { out[0] = atomic_load(&((tcp_exec_t *)self)->qos_yields); }
 

@@ -30,9 +30,8 @@ The executor library (``_executor*.so``) exports the standard ``tent_executor_op
             the level a thread runs its next work at (0 own, 1-19 nice, 20 SCHED_IDLE; tests)
     int     tcp_qos_bulk_nice(void *self);
             the qos_bulk_nice in force (0 when this process may not undo a demotion)
-    uint64_t tcp_qos_call_bytes(int demoted, int watching, uint64_t piece, uint64_t want);
-            bytes of `want` one system call of a bulk thread moves: demoted, in pieces of `piece`
-            (qos_bulk_piece); at full weight, watching for small requests, 256 KiB (tests)
+    uint64_t tcp_qos_piece(uint64_t piece, uint64_t want);
+            bytes one system call of a demoted bulk thread moves of `want` (qos_bulk_piece; tests)
     void    tcp_qos_stats(void *self, uint64_t out[1]);
             out = [yields between the pieces of demoted bulk transfers]
 
@@ -110,8 +109,8 @@ def _bind(cdll: ctypes.CDLL) -> None:
     cdll.tcp_qos_bulk_level.restype = ctypes.c_int
     cdll.tcp_qos_bulk_nice.argtypes = [ctypes.c_void_p]
     cdll.tcp_qos_bulk_nice.restype = ctypes.c_int
-    cdll.tcp_qos_call_bytes.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]
-    cdll.tcp_qos_call_bytes.restype = ctypes.c_uint64
+    cdll.tcp_qos_piece.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
+    cdll.tcp_qos_piece.restype = ctypes.c_uint64
     cdll.tcp_qos_stats.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]
     cdll.tcp_qos_stats.restype = None
     cdll._tent_tcp_bound = True
@@ -284,10 +283,9 @@ def qos_bulk_level(knob: int, bulk: bool, now_ms: int, small_until_ms: int, path
     return int(cdll.tcp_qos_bulk_level(int(knob), int(bulk), int(now_ms), int(small_until_ms)))
 
 
-def qos_call_bytes(demoted: bool, watching: bool, piece: int, want: int, path: str | None = None) -> int:
-    """The executor's QoS piece policy: how many of `want` bytes one system call of a bulk thread
-    moves, demoted (`qos_bulk_piece` = `piece`, 0: all of them) or at full weight and watching for
-    small requests to start (at most 256 KiB between two looks)."""
+def qos_piece(piece: int, want: int, path: str | None = None) -> int:
+    """The executor's QoS piece policy: how many of `want` bytes one system call of a demoted bulk
+    thread moves, for `qos_bulk_piece` = `piece` (0: all of them)."""
     cdll = load_executor_library(path or executor_path()).cdll
     _bind(cdll)
-    return int(cdll.tcp_qos_call_bytes(int(demoted), int(watching), int(piece), int(want)))
+    return int(cdll.tcp_qos_piece(int(piece), int(want)))

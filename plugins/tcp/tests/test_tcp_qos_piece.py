@@ -1,37 +1,29 @@
 """QoS pieces: while small requests are active, the demoted threads moving bulk (both sides) move
 their bytes `qos_bulk_piece` at a time and yield the core between two; bulk alone moves in whole
-calls of at most 256 KiB, looking between two for small requests that started meanwhile (the policy
-as a pure function; the mechanics counted by both executors, the bytes checked)."""
+calls (the policy as a pure function; the mechanics counted by both executors, the bytes checked)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 from tcp_helpers import READ, WRITE, Server, TcpExecutor, connect, pattern, run, submit, wait_result
-from tent_tcp.native import qos_call_bytes
+from tent_tcp.native import qos_piece
 
-from tent_core.abi import HINT_SMALL, StatField
-from tent_core.rails import RAILS
-from tent_core.types import RailInfo
+from tent_core.abi import HINT_SMALL
 
 MiB = 1 << 20
 
 
-def test_policy_cuts_calls_to_pieces_while_demoted_and_to_watch_steps_at_full_weight() -> None:
-    piece = 128 << 10
-    assert qos_call_bytes(True, False, piece, MiB) == piece
-    assert qos_call_bytes(True, False, piece, 100) == 100  # shorter than a piece: whole
-    assert qos_call_bytes(True, False, piece, piece) == piece
-    assert qos_call_bytes(True, False, 0, MiB) == MiB  # pieces off: whole calls
-    assert qos_call_bytes(False, True, piece, MiB) == 256 << 10  # full weight, watching
-    assert qos_call_bytes(False, True, piece, 1000) == 1000
-    assert qos_call_bytes(False, False, piece, MiB) == MiB  # neither (small work, QoS off): whole
-    assert qos_call_bytes(True, True, 1, 5) == 1  # demoted wins
+def test_policy_cuts_calls_to_pieces_only_when_set() -> None:
+    assert qos_piece(128 << 10, MiB) == 128 << 10
+    assert qos_piece(128 << 10, 100) == 100  # shorter than a piece: whole
+    assert qos_piece(128 << 10, 128 << 10) == 128 << 10
+    assert qos_piece(0, MiB) == MiB  # off: whole calls
+    assert qos_piece(1, 5) == 1
 
 
 def _sha(a: np.ndarray) -> str:
@@ -97,63 +89,6 @@ def test_bulk_moves_in_pieces_while_small_requests_are_active_and_whole_after(op
         time.sleep(window_ms / 1000 + 0.2)  # no small request since: both windows closed
         bulk(621)
         assert yields() == during  # bulk alone: whole calls on both sides
-    finally:
-        ex.close()
-        server.close()
-
-
-@pytest.fixture
-def rail_slot() -> Iterator[int]:
-    """A row of the process's rail table: the client's payload bytes handed to the kernel count there."""
-    rail = RAILS.acquire("test-qos-piece", "peer", RailInfo(index=0, name="qos"))
-    yield rail.stat_index
-    RAILS.release(rail)
-
-
-@pytest.mark.skipif(os.nice(0) != 0, reason="the test process must run at nice 0")
-def test_bulk_in_flight_demotes_itself_when_small_requests_start(rail_slot: int) -> None:
-    """One 16 MiB WRITE (one request, whose level both sides decided at its start, with no small
-    request active) and, once its first 4 MiB left (socket buffers of 512 KiB: the target's thread
-    is receiving it, so read its header before), a small READ: both sides' threads moving the WRITE
-    must start yielding before it ends (they look between calls of 256 KiB), its bytes intact."""
-    window_ms = 300
-    cfg = {"threads": 3, "conns_per_rail": 1, "slice_timeout_ms": 30000, "qos_bulk_nice": 19,
-           "qos_window_ms": window_ms, "sockbuf": 256 << 10}  # fmt: skip
-    server = Server(config=";".join(f"{k}={v}" for k, v in cfg.items()))
-    ex = TcpExecutor(cfg)
-    try:
-        if ex.qos_bulk_nice() != 19:
-            pytest.skip("this process may not undo a demotion (CAP_SYS_NICE / RLIMIT_NICE)")
-        peer = connect(ex, server)
-        rw = server.addr("rw")
-        small = np.zeros(4096, np.uint8)
-        n = 16 * MiB
-        warm = pattern(630, n)  # both connections open
-        assert run(ex, [(READ, small.ctypes.data, rw, 4096, peer, 0)], hints=HINT_SMALL).error == 0
-        assert run(ex, [(WRITE, warm.ctypes.data, rw, n, peer, 0)], timeout=60.0).error == 0
-        row = RAILS.row(rail_slot)
-        counted = 0
-        for attempt in range(20):  # an attempt counts when 2 MiB or more were still to go after the small READ
-            time.sleep(window_ms / 1000 + 0.1)  # both windows closed: the WRITE starts at full weight
-            before = (ex.qos_yields(), int(server.cmd(cmd="stats")["qos_yields"]))
-            src = pattern(631 + attempt, n)
-            moved0 = int(row[StatField.BYTES_MOVED])
-            b, t0 = submit(ex, [(WRITE, src.ctypes.data, rw, n, peer, 0)], stat_index=rail_slot)
-            deadline = time.monotonic() + 30.0
-            while int(row[StatField.BYTES_MOVED]) - moved0 < 4 * MiB and time.monotonic() < deadline:
-                pass
-            assert run(ex, [(READ, small.ctypes.data, rw, 4096, peer, 0)], hints=HINT_SMALL).error == 0
-            left = n - (int(row[StatField.BYTES_MOVED]) - moved0)
-            assert wait_result(b, t0, 60.0).error == 0
-            assert server.sha("rw", 0, n) == _sha(src)
-            if left < 2 * MiB:
-                continue  # the host was too slow for this attempt to tell anything
-            after = (ex.qos_yields(), int(server.cmd(cmd="stats")["qos_yields"]))
-            assert after[0] > before[0] and after[1] > before[1], (before, after, left)
-            counted += 1
-            if counted == 3:
-                break
-        assert counted, "no attempt had the small READ answered while 2 MiB of the WRITE were still to go"
     finally:
         ex.close()
         server.close()
