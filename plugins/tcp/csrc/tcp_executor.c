@@ -663,7 +663,8 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
     if (!strcmp(key, "chunk") || !strcmp(key, "pipeline_bytes") || !strcmp(key, "qos_bulk_piece")) {
       char *e = NULL;
       unsigned long long c = strtoull(val, &e, 10);
-      if (e == val || *e) {
+      /* a QoS piece is 0 (off) or a page at least: smaller ones would cost a system call per few bytes */
+      if (e == val || *e || (!strcmp(key, "qos_bulk_piece") && c && c < 4096)) {
         snprintf(err, errlen, "bad value for %s: %s", key, val);
         return -1;
       }

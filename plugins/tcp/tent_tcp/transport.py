@@ -148,7 +148,7 @@ class TcpTransport(Transport):
         # process has neither it is off (logged once).
         "qos_bulk_nice": 19,
         # ... and move their bytes in pieces of this many per system call, yielding the core between
-        # two (0 = whole calls): a demoted thread the scheduler picked while a small request's thread
+        # two (0 = whole calls; else 4096 at least): a demoted thread the scheduler picked while a small request's thread
         # was runnable kept the core until its 1 MiB call blocked (150-250 us on a shared 2-vCPU
         # host), since no wake-up comes to preempt it (docs/benchmarks.md, "The QoS tail over tcp")
         "qos_bulk_piece": 128 << 10,

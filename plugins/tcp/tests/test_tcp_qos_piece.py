@@ -26,6 +26,16 @@ def test_policy_cuts_calls_to_pieces_only_when_set() -> None:
     assert qos_piece(1, 5) == 1
 
 
+def test_a_piece_below_a_page_is_refused() -> None:
+    from tent_core.errors import PluginABIError
+
+    for bad in (1, 4095, "many"):
+        with pytest.raises(PluginABIError, match="qos_bulk_piece"):
+            TcpExecutor({"qos_bulk_piece": bad})
+    for ok in (0, 4096):
+        TcpExecutor({"qos_bulk_piece": ok}).close()
+
+
 def _sha(a: np.ndarray) -> str:
     return hashlib.sha256(a.tobytes()).hexdigest()
 
