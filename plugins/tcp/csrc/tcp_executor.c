@@ -273,16 +273,55 @@ static int io_idle(io_watch_t *w, int sending) {
   return 0;
 }
 
+/* QoS pieces (see "QoS: bulk threads' CPU weight"): while a thread moves bulk demoted (small
+ * requests active), each of its send/recv calls moves at most tl_qos_piece bytes and the thread
+ * yields between them. A demoted thread that the scheduler picked while a small request's thread
+ * was runnable otherwise kept the core for the whole call: on a core shared with the small
+ * request's threads, EEVDF picks a nice-19 thread now and then (it is eligible with no lag) and
+ * nothing preempts it until it blocks (no wake-up comes: the small request's thread is already
+ * runnable), 150-250 us per 1 MiB slice on the 2-vCPU host of docs/benchmarks.md ("The QoS tail
+ * over tcp"). tl_qos_piece is 0 (whole calls) for every other thread. */
+static __thread size_t tl_qos_piece;
+static __thread atomic_ullong *tl_qos_yields; /* the executor's count of such yields */
+
+/* How many of `want` bytes one call may move for a thread whose pieces are `piece` bytes (0: no
+ * limit). Pure (unit-tested through tcp_qos_piece). */
+static size_t qos_piece_len(size_t piece, size_t want) { return piece && want > piece ? piece : want; }
+
+/* Between two pieces of a demoted bulk transfer: the core goes to whoever else is runnable. */
+static void qos_piece_yield(void) {
+  if (!tl_qos_piece) return;
+  sched_yield();
+  if (tl_qos_yields) atomic_fetch_add_explicit(tl_qos_yields, 1, memory_order_relaxed);
+}
+
+/* The leading entries of iov[0..n) one call of at most `limit` bytes takes (>= 1); an entry taken
+ * in part is shortened in place, *cut and *cut_len say which and its length to restore. */
+static int iov_within(struct iovec *iov, int n, size_t limit, struct iovec **cut, size_t *cut_len) {
+  size_t total = 0;
+  int i = 0;
+  *cut = NULL;
+  while (i < n && total + iov[i].iov_len <= limit) total += iov[i++].iov_len;
+  if (i < n && total < limit) {
+    *cut = &iov[i];
+    *cut_len = iov[i].iov_len;
+    iov[i].iov_len = limit - total;
+    i++;
+  }
+  return i;
+}
+
 /* Send all of buf. A call that times out with zero bytes sent = no progress. */
 static int send_all(int fd, const void *buf, size_t len, int more, io_watch_t *w, int payload) {
   const char *p = buf;
   while (len) {
-    size_t step = w && len > PROGRESS_STEP ? PROGRESS_STEP : len;
+    size_t step = qos_piece_len(tl_qos_piece, w && len > PROGRESS_STEP ? PROGRESS_STEP : len);
     ssize_t n = send(fd, p, step, MSG_NOSIGNAL | (more || step < len ? MSG_MORE : 0));
     if (n > 0) {
       p += n;
       len -= (size_t)n;
       io_moved(w, (size_t)n, payload);
+      if (len) qos_piece_yield();
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -307,22 +346,13 @@ typedef struct iov_owner {
  * kernel at most PROGRESS_STEP bytes, so moved payload is reported as it goes, and a call that
  * wakes without sending anything only fails once the clock runs out. */
 static int sendv_all(int fd, struct iovec *iov, int n, io_watch_t *w, const iov_owner_t *own) {
+  /* bytes per call at most: PROGRESS_STEP on a progress clock, a QoS piece while demoted */
+  size_t limit = qos_piece_len(tl_qos_piece, w ? PROGRESS_STEP : SIZE_MAX);
   while (n > 0) {
     int cnt = n > 1024 ? 1024 : n;
-    struct iovec *cut = NULL; /* an entry shortened to keep this call within PROGRESS_STEP */
+    struct iovec *cut = NULL; /* an entry shortened to keep this call within the limit */
     size_t cut_len = 0;
-    if (w) {
-      size_t total = 0;
-      int i = 0;
-      while (i < cnt && total + iov[i].iov_len <= PROGRESS_STEP) total += iov[i++].iov_len;
-      if (i < cnt && total < PROGRESS_STEP) { /* entry i fits in part: shorten it for this call */
-        cut = &iov[i];
-        cut_len = iov[i].iov_len;
-        iov[i].iov_len = PROGRESS_STEP - total;
-        i++;
-      }
-      cnt = i; /* >= 1: an empty prefix leaves total < PROGRESS_STEP, so entry 0 is taken or cut */
-    }
+    if (limit != SIZE_MAX) cnt = iov_within(iov, cnt, limit, &cut, &cut_len);
     int more = cut != NULL || cnt < n;
     struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
     ssize_t k = sendmsg(fd, &m, MSG_NOSIGNAL | (w && more ? MSG_MORE : 0));
@@ -357,6 +387,7 @@ static int sendv_all(int fd, struct iovec *iov, int n, io_watch_t *w, const iov_
       iov->iov_base = (char *)iov->iov_base + left;
       iov->iov_len -= left;
     }
+    if (n > 0) qos_piece_yield();
   }
   return IO_OK;
 }
@@ -364,13 +395,14 @@ static int sendv_all(int fd, struct iovec *iov, int n, io_watch_t *w, const iov_
 static int recv_all(int fd, void *buf, size_t len, io_watch_t *w, int payload) {
   char *p = buf;
   while (len) {
-    size_t step = w && len > PROGRESS_STEP ? PROGRESS_STEP : len;
+    size_t step = qos_piece_len(tl_qos_piece, w && len > PROGRESS_STEP ? PROGRESS_STEP : len);
     ssize_t n = recv(fd, p, step, MSG_WAITALL);
     if (n > 0) {
       if (payload) io_landed(w, p, (size_t)n);
       p += n;
       len -= (size_t)n;
       io_moved(w, (size_t)n, payload);
+      if (len) qos_piece_yield();
       continue;
     }
     if (n == 0) return IO_EOF;
@@ -509,6 +541,8 @@ typedef struct tcp_exec {
   int qos_window_ms;      /* small requests count as active this long after their submit */
   int qos_serve_nice;     /* the server side demotes too (it tells small requests by size) */
   int qos_bulk_nice;      /* bulk threads' nice value while small requests are active (QOS_LEVEL_IDLE: SCHED_IDLE; 0: off) */
+  uint64_t qos_bulk_piece; /* ... and the bytes they move per system call, yielding between (0: whole calls) */
+  atomic_ullong qos_yields; /* yields between such pieces */
   atomic_ullong srv_small_until_ms; /* server side: a small request was served recently (bulk ones demoted until then) */
   int receive_digest;     /* READ answers fold into the digest the caller armed for the slice (tent/digest.h) */
   int wait_read;          /* READs carry the wait condition the caller armed (tent_host_wait) */
@@ -581,6 +615,7 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->qos_bulk_conns = 1;
   ex->qos_window_ms = 5;
   ex->qos_bulk_nice = 19;
+  ex->qos_bulk_piece = 128 << 10;
   ex->qos_serve_nice = 1;
   ex->busy_poll_us = 50; /* the tcp transport passes its own (its config is where the defaults are documented) */
   ex->busy_poll_adaptive = 1;
@@ -625,14 +660,16 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
       ex->auth_on = 1;
       continue;
     }
-    if (!strcmp(key, "chunk") || !strcmp(key, "pipeline_bytes")) {
+    if (!strcmp(key, "chunk") || !strcmp(key, "pipeline_bytes") || !strcmp(key, "qos_bulk_piece")) {
       char *e = NULL;
       unsigned long long c = strtoull(val, &e, 10);
-      if (e == val || *e) {
+      /* a QoS piece is 0 (off) or a page at least: smaller ones would cost a system call per few bytes */
+      if (e == val || *e || (!strcmp(key, "qos_bulk_piece") && c && c < 4096)) {
         snprintf(err, errlen, "bad value for %s: %s", key, val);
         return -1;
       }
       if (!strcmp(key, "chunk")) ex->chunk = c;
+      else if (!strcmp(key, "qos_bulk_piece")) ex->qos_bulk_piece = c;
       else ex->pipeline_bytes = c;
       continue;
     }
@@ -734,8 +771,11 @@ static int qos_thread_set(int level) {
   return 0;
 }
 
-/* A thread of this executor's about to do work at `level`; a refusal is logged (rate limited). */
-static void qos_thread_level(int level) {
+/* A thread of this executor's about to do work at `level`; a refusal is logged (rate limited).
+ * While demoted it moves its bytes in qos_bulk_piece pieces (tl_qos_piece). */
+static void qos_thread_level(tcp_exec_t *ex, int level) {
+  tl_qos_piece = level ? (size_t)ex->qos_bulk_piece : 0;
+  tl_qos_yields = &ex->qos_yields;
   tl_qos_stuck = qos_thread_set(level) != 0;
   if (tl_qos_stuck)
     slog("qos_bulk_nice: could not move a thread to level %d (now %d): %s", level, tl_qos_level, strerror(errno));
@@ -751,11 +791,11 @@ static void qos_server_request(tcp_exec_t *ex, int small) {
   uint64_t now = mono_ms();
   if (small) {
     atomic_store_explicit(&ex->srv_small_until_ms, now + (uint64_t)ex->qos_window_ms, memory_order_relaxed);
-    qos_thread_level(0);
+    qos_thread_level(ex, 0);
     return;
   }
   uint64_t until = atomic_load_explicit(&ex->srv_small_until_ms, memory_order_relaxed);
-  qos_thread_level(qos_bulk_level(ex->qos_bulk_nice, 1, now, until));
+  qos_thread_level(ex, qos_bulk_level(ex->qos_bulk_nice, 1, now, until));
 }
 
 /* Whether this process may undo a demotion (lowering a nice value back, or leaving SCHED_IDLE,
@@ -1052,8 +1092,12 @@ static int recv_after_gap(int fd, uint32_t gap, void *dst, size_t len) {
   struct iovec *v = iov;
   size_t n = len ? 2 : 1;
   while (n) {
-    struct msghdr m = {.msg_iov = v, .msg_iovlen = n};
+    struct iovec *cut = NULL; /* a QoS piece (while demoted) */
+    size_t cut_len = 0;
+    int cnt = tl_qos_piece ? iov_within(v, (int)n, tl_qos_piece, &cut, &cut_len) : (int)n;
+    struct msghdr m = {.msg_iov = v, .msg_iovlen = (size_t)cnt};
     ssize_t k = recvmsg(fd, &m, MSG_WAITALL);
+    if (cut) cut->iov_len = cut_len;
     if (k == 0) return IO_EOF;
     if (k < 0) {
       if (errno == EINTR) continue;
@@ -1061,6 +1105,7 @@ static int recv_after_gap(int fd, uint32_t gap, void *dst, size_t len) {
     }
     while (n && (size_t)k >= v->iov_len) k -= (ssize_t)v->iov_len, v++, n--;
     if (n) v->iov_base = (char *)v->iov_base + k, v->iov_len -= (size_t)k;
+    if (n) qos_piece_yield();
   }
   return IO_OK;
 }
@@ -1185,6 +1230,7 @@ static void *sconn_main(void *arg) {
   tcp_exec_t *ex = c->ex;
   int fd = c->fd;
   uint8_t h[REQ_SIZE];
+  pthread_setname_np(pthread_self(), "tent-tcp-serve"); /* for perf sched / top -H: which thread waits */
   if (ex->auth_on) {
     char why[160];
     int rc = tent_auth_server(fd, ex->auth_key, sizeof ex->auth_key, NULL, 0, ex->auth_timeout_ms, why, sizeof why);
@@ -1212,7 +1258,7 @@ static void *sconn_main(void *arg) {
       atomic_fetch_sub(&ex->bulk_active, 1);
       bulk_held = 0;
     }
-    if (qos_thread_demoted() && mono_ms() >= atomic_load(&ex->srv_small_until_ms)) qos_thread_level(0); /* idle */
+    if (qos_thread_demoted() && mono_ms() >= atomic_load(&ex->srv_small_until_ms)) qos_thread_level(ex, 0); /* idle */
     /* sleep in the header's recv (wait_header) where the socket's timeout ticks at least as often
      * as the idle timeout needs; else in poll, as before */
     int in_recv = ex->slice_timeout_ms <= ex->idle_timeout_ms, have = 0, inq = -1, w;
@@ -1728,7 +1774,11 @@ static int run_recv_one_read(pipe_run_t *pr) {
   ssize_t n;
   int rc = IO_OK, st = TENT_OK;
   for (;;) {
-    n = readv(pr->fd, iov, g ? 3 : 2);
+    struct iovec *cut = NULL; /* a QoS piece (a demoted worker reading a bulk answer) */
+    size_t cut_len = 0;
+    int cnt = tl_qos_piece ? iov_within(iov, g ? 3 : 2, tl_qos_piece, &cut, &cut_len) : (g ? 3 : 2);
+    n = readv(pr->fd, iov, cnt);
+    if (cut) cut->iov_len = cut_len;
     if (n > 0) break;
     if (n == 0) {
       rc = IO_EOF;
@@ -2140,6 +2190,7 @@ static void rails_recheck_locked(tcp_exec_t *ex) {
 
 static void *worker_main(void *arg) {
   tcp_exec_t *ex = arg;
+  pthread_setname_np(pthread_self(), "tent-tcp-work");
   pipe_run_t *pr = malloc(sizeof *pr);
   tent_chunk_t skipped[PIPE_MAX];
   int skip_status[PIPE_MAX];
@@ -2154,7 +2205,7 @@ static void *worker_main(void *arg) {
       ex->rx_head = rx->next;
       if (!ex->rx_head) ex->rx_tail = NULL;
       pthread_mutex_unlock(&ex->mu);
-      if (ex->qos_bulk_nice) qos_thread_level(0); /* small requests' answers */
+      if (ex->qos_bulk_nice) qos_thread_level(ex, 0); /* small requests' answers */
       run_finish(ex, rx, run_recv(ex, rx));
       run_put(ex, rx);
       pthread_mutex_lock(&ex->mu);
@@ -2164,7 +2215,7 @@ static void *worker_main(void *arg) {
     rail_t *r = ex->ready_head;
     if (!r && qos_thread_demoted()) { /* going idle (see qos_thread_demoted) */
       pthread_mutex_unlock(&ex->mu);
-      qos_thread_level(0);
+      qos_thread_level(ex, 0);
       pthread_mutex_lock(&ex->mu);
       continue;
     }
@@ -2241,7 +2292,7 @@ static void *worker_main(void *arg) {
     rail_update_ready(ex, r);
     if (pr->k > 0 && (r->qs.len > 0 || r->q.len > 0)) pthread_cond_signal(&ex->cv); /* more for another worker */
     pthread_mutex_unlock(&ex->mu);
-    if (ex->qos_bulk_nice && pr->k > 0) qos_thread_level(qos_level);
+    if (ex->qos_bulk_nice && pr->k > 0) qos_thread_level(ex, qos_level);
     for (uint32_t i = 0; i < nskip; i++) finish_chunk(ex, &skipped[i], skip_status[i]);
     if (pr->k > 0) run_exchange(ex, pr);
     pthread_mutex_lock(&ex->mu);
@@ -2429,6 +2480,10 @@ EXPORT int tcp_qos_bulk_level(int knob, int bulk, uint64_t now_ms, uint64_t smal
 }
 
 EXPORT int tcp_qos_bulk_nice(void *self) { return ((tcp_exec_t *)self)->qos_bulk_nice; }
+
+EXPORT uint64_t tcp_qos_piece(uint64_t piece, uint64_t want) { return qos_piece_len((size_t)piece, (size_t)want); }
+
+EXPORT void tcp_qos_stats(void *self, uint64_t out[1]) { out[0] = atomic_load(&((tcp_exec_t *)self)->qos_yields); }
 
 /* The process advanced a word that parked READs may wait for: they look again now. Cheap when
  * none is parked (one atomic load). */

@@ -30,6 +30,10 @@ The executor library (``_executor*.so``) exports the standard ``tent_executor_op
             the level a thread runs its next work at (0 own, 1-19 nice, 20 SCHED_IDLE; tests)
     int     tcp_qos_bulk_nice(void *self);
             the qos_bulk_nice in force (0 when this process may not undo a demotion)
+    uint64_t tcp_qos_piece(uint64_t piece, uint64_t want);
+            bytes one system call of a demoted bulk thread moves of `want` (qos_bulk_piece; tests)
+    void    tcp_qos_stats(void *self, uint64_t out[1]);
+            out = [yields between the pieces of demoted bulk transfers]
 
 perm bits: 1 = remote READ allowed, 2 = remote WRITE allowed (same values as tent_core.Permission).
 """
@@ -105,6 +109,10 @@ def _bind(cdll: ctypes.CDLL) -> None:
     cdll.tcp_qos_bulk_level.restype = ctypes.c_int
     cdll.tcp_qos_bulk_nice.argtypes = [ctypes.c_void_p]
     cdll.tcp_qos_bulk_nice.restype = ctypes.c_int
+    cdll.tcp_qos_piece.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
+    cdll.tcp_qos_piece.restype = ctypes.c_uint64
+    cdll.tcp_qos_stats.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]
+    cdll.tcp_qos_stats.restype = None
     cdll._tent_tcp_bound = True
 
 
@@ -228,6 +236,13 @@ class TcpExecutor:
         demotion (no CAP_SYS_NICE, RLIMIT_NICE too low)."""
         return int(self._cdll.tcp_qos_bulk_nice(self._h()))
 
+    def qos_yields(self) -> int:
+        """Yields between the pieces of bulk transfers moved while small requests were active
+        (`qos_bulk_piece`), both sides of this executor."""
+        out = (ctypes.c_uint64 * 1)()
+        self._cdll.tcp_qos_stats(self._h(), out)
+        return int(out[0])
+
     def close(self) -> None:
         with self._lock:
             self.executor.close()
@@ -266,3 +281,11 @@ def qos_bulk_level(knob: int, bulk: bool, now_ms: int, small_until_ms: int, path
     cdll = load_executor_library(path or executor_path()).cdll
     _bind(cdll)
     return int(cdll.tcp_qos_bulk_level(int(knob), int(bulk), int(now_ms), int(small_until_ms)))
+
+
+def qos_piece(piece: int, want: int, path: str | None = None) -> int:
+    """The executor's QoS piece policy: how many of `want` bytes one system call of a demoted bulk
+    thread moves, for `qos_bulk_piece` = `piece` (0: all of them)."""
+    cdll = load_executor_library(path or executor_path()).cdll
+    _bind(cdll)
+    return int(cdll.tcp_qos_piece(int(piece), int(want)))

@@ -29,8 +29,8 @@ log = logging.getLogger(__name__)
 _EXECUTOR_KEYS = (
     "threads", "conns_per_rail", "slice_timeout_ms", "connect_timeout_ms", "sockbuf", "pipeline", "pipeline_bytes",
     "auth_timeout_ms", "max_conns", "idle_timeout_ms", "unregister_timeout_ms", "congestion_ms", "connect_backoff_ms",
-    "qos_bulk_conns", "qos_window_ms", "qos_bulk_nice", "qos_serve_nice", "busy_poll_us", "busy_poll_adaptive",
-    "receive_digest", "wait_read", "wait_max_ms", "wait_max_parked", "wait_conns",
+    "qos_bulk_conns", "qos_window_ms", "qos_bulk_nice", "qos_bulk_piece", "qos_serve_nice", "busy_poll_us",
+    "busy_poll_adaptive", "receive_digest", "wait_read", "wait_max_ms", "wait_max_parked", "wait_conns",
 )
 _ANY = {"", "0.0.0.0", "*"}
 
@@ -147,6 +147,11 @@ class TcpTransport(Transport):
         # stream's GB/s unchanged. Undoing it takes CAP_SYS_NICE or RLIMIT_NICE >= 20: where the
         # process has neither it is off (logged once).
         "qos_bulk_nice": 19,
+        # ... and move their bytes in pieces of this many per system call, yielding the core between
+        # two (0 = whole calls; else 4096 at least): a demoted thread the scheduler picked while a small request's thread
+        # was runnable kept the core until its 1 MiB call blocked (150-250 us on a shared 2-vCPU
+        # host), since no wake-up comes to preempt it (docs/benchmarks.md, "The QoS tail over tcp")
+        "qos_bulk_piece": 128 << 10,
         # 0: only the initiator demotes its bulk threads, the target's connection threads never
         # (where its by-size notion of a small request misfires)
         "qos_serve_nice": 1,

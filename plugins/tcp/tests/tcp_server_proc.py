@@ -9,7 +9,7 @@ JSON commands on stdin, one per line:
     {"cmd": "unregister", "region": name}                     -> {"ok": bool}  (its first registration)
     {"cmd": "register", "region": name, "perm": p}            -> {"id": int}   (one more registration)
     {"cmd": "unregister_id", "id": int[, "timeout_s": t]}     -> {"ok": bool, "secs": float}
-    {"cmd": "stats"}                                          -> server_stats() and log_stats()
+    {"cmd": "stats"}                                          -> server_stats(), log_stats(), qos_yields()
     {"cmd": "poke", "region": name, "off": int, "value": int} -> {"ok": true}  (a u64 store: a progress word)
     {"cmd": "exit"}
 Region contents after start / "fill": pattern(seed, len) (see pattern()).
@@ -79,7 +79,7 @@ def main() -> None:
             a[req["off"] : req["off"] + 8].view(np.uint64)[0] = int(req["value"])
             out = {"ok": True}
         elif cmd == "stats":
-            out = {**ex.server_stats(), "log": ex.log_stats()}
+            out = {**ex.server_stats(), "log": ex.log_stats(), "qos_yields": ex.qos_yields()}
         else:
             out = {"error": f"unknown command {cmd}"}
         print(json.dumps(out), flush=True)
