@@ -79,7 +79,7 @@ from tent_core.request import WaitWord
 
 from .device import DeviceView, StreamHash, checksum_entry, device_view, wsum64_bytes
 from .server import client_auth
-from .window import RequestDelay
+from .window import RequestDelay, full_read_in_order
 
 log = logging.getLogger("refhub.client")
 _rlog = RateLimitedLog(log)
@@ -142,8 +142,16 @@ WAIT_TIMEOUT_S = float(os.environ.get("REFHUB_WAIT_TIMEOUT_S", "0.2"))
 WAIT_PIECE = int(float(os.environ.get("REFHUB_WAIT_PIECE_KB", "256")) * 1024)
 # ... and a reader of a complete copy too (its word already covers everything, so nothing waits): its
 # READs then travel as the waiting ones do, in order on the transport's few waiting connections, so
-# its own progress word (what its pipeline readers wait on) follows its landed bytes closely
-WAIT_FULL = os.environ.get("REFHUB_WAIT_FULL", "0") != "0"
+# its own progress word (what its pipeline readers wait on) follows its landed bytes closely. Spread
+# over all connections they land out of order and the word trails by what is in service at once
+# (WAIT_FULL_SPREAD: the tcp transport's 4 bulk connections x RECV_DIGEST_PIECE): ~67 ms on a
+# 500 Mbit/s link, every later hop of a chain inherits it; but in order costs a fast path ~40%
+# (loopback tcp). "auto": in order while the measured rate makes the spread lag by more than
+# WAIT_FULL_LAG_S (refhub.window.full_read_in_order, re-judged as the rate is measured); "0": never;
+# anything else (as before "auto" was the default): always
+WAIT_FULL = os.environ.get("REFHUB_WAIT_FULL", "auto").strip().lower()
+WAIT_FULL_LAG_S = float(os.environ.get("REFHUB_WAIT_FULL_LAG_S", "0.02"))
+WAIT_FULL_SPREAD = 4 * MB
 # A source whose every path has failed (stopped, or its links cut) is given up after this much silence
 # and the bytes are read from another copy. The engine itself keeps such a request waiting until its
 # deadline (a peer that comes back in time loses nothing), which for a pull is up to 10 s; refhub has
@@ -1611,7 +1619,11 @@ class ShardHandle:
         t_start = time.monotonic()
         avail = total if not partial else 0
         # waiting READs (WAIT_READ): every READ waits at the source for its bytes, so nothing gates issuing
-        waiting = (partial or WAIT_FULL) and WAIT_READ and not any(copyish) and self._can_wait(seg)
+        can_wait = WAIT_READ and not any(copyish) and self._can_wait(seg)
+        waiting = can_wait and (partial or WAIT_FULL not in ("0", "auto"))
+        # a complete copy's reader in order where its measured rate is slow (WAIT_FULL "auto"): judged
+        # from its first completed batch on, until the source turns out not to answer waiting READs
+        full_auto = can_wait and not partial and WAIT_FULL == "auto"
         if waiting:
             avail = total
             st["wait_read"] = True
@@ -1631,8 +1643,11 @@ class ShardHandle:
             # within its deadline even on a slow link), at least WINDOW batches; from a partial copy
             # only PARTIAL_INFLIGHT_S, or a few round trips (what is in flight is bounded by what the
             # source holds anyway)
-            nonlocal batch_bytes, window
+            nonlocal batch_bytes, window, waiting
             rate = st["rate"] = (st["done"] - done0) / max(1e-6, time.monotonic() - t_start)
+            if full_auto:
+                waiting = full_read_in_order(rate, WAIT_FULL_SPREAD, WAIT_FULL_LAG_S)
+                st["wait_read"] = st.get("wait_read", False) or waiting
             if partial:
                 if not thr:
                     batch_bytes = max(PARTIAL_MIN_BATCH, min(BATCH, int(rate * PARTIAL_BATCH_S)))
@@ -1781,7 +1796,7 @@ class ShardHandle:
                     st["wait_retries"] = st.get("wait_retries", 0) + 1
                     self._read([(self._scratch, 0, seg, ref["progress"], 8)], deadline)
                     if self._progress_word(v, 0) < 0:
-                        waiting = False
+                        waiting = full_auto = False
                         avail = st["done"] if partial else total
                     adapt()
         finally:

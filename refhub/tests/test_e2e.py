@@ -189,21 +189,29 @@ def test_pipeline_replication_chain(procs) -> None:
     assert probes and any(p[0] >= 1 for p in probes), probes
 
 
-@pytest.mark.parametrize("wait_read", ["1", "0"])
-def test_pipeline_chain_over_tcp_with_and_without_waiting_reads(procs, monkeypatch, wait_read) -> None:
+@pytest.mark.parametrize("wait_read,wait_full", [("1", "auto"), ("0", "auto"), ("1", "0")])
+def test_pipeline_chain_over_tcp_with_and_without_waiting_reads(procs, monkeypatch, wait_read, wait_full) -> None:
     """Every reader of a partial copy posts READs its source does not hold yet, each waiting at the
     source for the source's progress word (REFHUB_WAIT_READ, engine.submit_when; tcp only, so every
-    transport to the source can wait); every byte is verified; and the same chain without it."""
+    transport to the source can wait); every byte is verified; and the same chain without it. The
+    complete copy's reader, throttled to 150 Mbit/s, sends its READs in order as waiting ones too
+    (REFHUB_WAIT_FULL "auto": at that rate spread READs would make its progress word lag), unless
+    that is off."""
     monkeypatch.setenv("TENT_PLUGINS", "tcp")
     monkeypatch.setenv("REFHUB_WAIT_READ", wait_read)
+    monkeypatch.setenv("REFHUB_WAIT_FULL", wait_full)
     reps = _replicate_chain(procs)
     partial = [rep["stats"] for rep in reps if rep["stats"]["sources"][0][1]]
     assert partial, [rep["stats"]["sources"] for rep in reps]  # a still-receiving replica served a prefix
     for st in partial:
         used, batches, _ = st["wait_read"]
         assert used == (wait_read == "1") and (batches > 0) == used, st["wait_read"]
-    # a full copy's reader never waits
-    assert all(not rep["stats"]["wait_read"][0] for rep in reps if not rep["stats"]["sources"][0][1])
+    full = [rep["stats"] for rep in reps if not rep["stats"]["sources"][0][1]]
+    assert full, [rep["stats"]["sources"] for rep in reps]
+    for st in full:
+        used, batches, _ = st["wait_read"]
+        in_order = wait_read == "1" and wait_full == "auto"
+        assert used == in_order and (batches > 0) == in_order, st["wait_read"]
 
 
 def test_waiting_reads_that_time_out_are_reissued(procs, monkeypatch) -> None:
