@@ -146,8 +146,9 @@ WAIT_PIECE = int(float(os.environ.get("REFHUB_WAIT_PIECE_KB", "256")) * 1024)
 # over all connections they land out of order and the word trails by what is in service at once
 # (WAIT_FULL_SPREAD: the tcp transport's 4 bulk connections x RECV_DIGEST_PIECE): ~67 ms on a
 # 500 Mbit/s link, every later hop of a chain inherits it; but in order costs a fast path ~40%
-# (loopback tcp). "auto": in order while the measured rate makes the spread lag by more than
-# WAIT_FULL_LAG_S (refhub.window.full_read_in_order, re-judged as the rate is measured); "0": never;
+# (loopback tcp). "auto": in order once the server said a reader was routed to this copy (its "serving"
+# event) and while the measured rate makes the spread lag by more than WAIT_FULL_LAG_S
+# (refhub.window.full_read_in_order, re-judged as the rate is measured); "0": never;
 # anything else (as before "auto" was the default): always
 WAIT_FULL = os.environ.get("REFHUB_WAIT_FULL", "auto").strip().lower()
 WAIT_FULL_LAG_S = float(os.environ.get("REFHUB_WAIT_FULL_LAG_S", "0.02"))
@@ -1160,6 +1161,7 @@ class ShardHandle:
             raise RuntimeError("refhub: the progress word must be 8-byte aligned")
         self._word = self._ctrl.array[:8].view(np.uint64)
         self._ring = getattr(engine, "word_written", None)
+        self._serving_v: int | None = None  # the version a reader was routed to our partial copy of (server event)
         # slot 0: synchronous progress reads; slots 1..: the progress word read along with each batch
         self._scratch = engine.allocate(8 * (PROGRESS_SLOTS + 1), segment=f"{self.segment}-scratch")
         self._offloads: list[ShardHandle] = []
@@ -1447,6 +1449,13 @@ class ShardHandle:
         log.info("offloaded %s v%d shard %d to CPU in %.3fs", self.model, version, self.shard, time.monotonic() - t0)
 
     def _on_event(self, ev: dict) -> None:
+        if ev.get("ev") == "serving":  # a reader was routed to our partial copy of this version
+            v = ev.get("version")
+            if isinstance(v, int) and not isinstance(v, bool):
+                self._serving_v = v
+            else:
+                _rlog.warning("bad-event", "ignoring a serving event without a version: %r", ev)
+            return
         if ev.get("ev") == "release" and self.kind == "offload":
             try:
                 self.unpublish()
@@ -1646,7 +1655,7 @@ class ShardHandle:
             nonlocal batch_bytes, window, waiting
             rate = st["rate"] = (st["done"] - done0) / max(1e-6, time.monotonic() - t_start)
             if full_auto:
-                waiting = full_read_in_order(rate, WAIT_FULL_SPREAD, WAIT_FULL_LAG_S)
+                waiting = full_read_in_order(rate, WAIT_FULL_SPREAD, WAIT_FULL_LAG_S, self._serving_v == v)
                 st["wait_read"] = st.get("wait_read", False) or waiting
             if partial:
                 if not thr:
