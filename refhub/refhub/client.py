@@ -1479,6 +1479,9 @@ class ShardHandle:
             self._build_layout()
             if self.state != "published":  # a reader routed here as a partial copy must see no bytes yet
                 self._set_progress(0, 0)
+            # a "serving" event is about this receive only: the server sends it once this request made our
+            # copy a receiving one (the same version may be received again later)
+            self._serving_v = None
             msg = {"op": op, "h": self.hid, "ref": self._ref(), **fields}
             while True:
                 rep = self.conn.request(dict(msg), max(0.1, deadline - time.monotonic()))
