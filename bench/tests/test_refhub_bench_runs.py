@@ -55,6 +55,9 @@ def test_dataplane_checks_every_run_against_junk() -> None:
     assert res["ratio_rounds"]["rounds"] == 2 and len(res["samples"]["refhub"]) == 2, res
     assert 0 < res["cpu_bound_ratio_limit"] <= 1 and 0 < res["cpu_bound_ratio_limit_hash_from_memory"] <= 1, res
     assert all(v > 0 for v in res["cpu_s_per_GiB"].values()) and len(res["cpu_s_per_GiB"]) == 4, res
+    # a lone reader of a complete copy: nobody waits on its progress word, so no batch goes in order
+    # (REFHUB_WAIT_FULL "auto" needs the server's serving event)
+    assert res["in_order_batches"] == "0" or res["in_order_batches"].startswith("0 of"), res
     # the engine's choice between two local processes is the same-host transport, and the result says so
     try:
         import tent_shm  # noqa: F401

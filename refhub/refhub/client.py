@@ -79,7 +79,7 @@ from tent_core.request import WaitWord
 
 from .device import DeviceView, StreamHash, checksum_entry, device_view, wsum64_bytes
 from .server import client_auth
-from .window import RequestDelay
+from .window import RequestDelay, full_read_in_order
 
 log = logging.getLogger("refhub.client")
 _rlog = RateLimitedLog(log)
@@ -142,8 +142,17 @@ WAIT_TIMEOUT_S = float(os.environ.get("REFHUB_WAIT_TIMEOUT_S", "0.2"))
 WAIT_PIECE = int(float(os.environ.get("REFHUB_WAIT_PIECE_KB", "256")) * 1024)
 # ... and a reader of a complete copy too (its word already covers everything, so nothing waits): its
 # READs then travel as the waiting ones do, in order on the transport's few waiting connections, so
-# its own progress word (what its pipeline readers wait on) follows its landed bytes closely
-WAIT_FULL = os.environ.get("REFHUB_WAIT_FULL", "0") != "0"
+# its own progress word (what its pipeline readers wait on) follows its landed bytes closely. Spread
+# over all connections they land out of order and the word trails by what is in service at once
+# (WAIT_FULL_SPREAD: the tcp transport's 4 bulk connections x RECV_DIGEST_PIECE): ~67 ms on a
+# 500 Mbit/s link, every later hop of a chain inherits it; but in order costs a fast path ~40%
+# (loopback tcp). "auto": in order once the server said a reader was routed to this copy (its "serving"
+# event) and while the measured rate makes the spread lag by more than WAIT_FULL_LAG_S
+# (refhub.window.full_read_in_order, re-judged as the rate is measured); "0": never;
+# anything else (as before "auto" was the default): always
+WAIT_FULL = os.environ.get("REFHUB_WAIT_FULL", "auto").strip().lower()
+WAIT_FULL_LAG_S = float(os.environ.get("REFHUB_WAIT_FULL_LAG_S", "0.02"))
+WAIT_FULL_SPREAD = 4 * MB
 # A source whose every path has failed (stopped, or its links cut) is given up after this much silence
 # and the bytes are read from another copy. The engine itself keeps such a request waiting until its
 # deadline (a peer that comes back in time loses nothing), which for a pull is up to 10 s; refhub has
@@ -1152,6 +1161,7 @@ class ShardHandle:
             raise RuntimeError("refhub: the progress word must be 8-byte aligned")
         self._word = self._ctrl.array[:8].view(np.uint64)
         self._ring = getattr(engine, "word_written", None)
+        self._serving_v: int | None = None  # the version a reader was routed to our partial copy of (server event)
         # slot 0: synchronous progress reads; slots 1..: the progress word read along with each batch
         self._scratch = engine.allocate(8 * (PROGRESS_SLOTS + 1), segment=f"{self.segment}-scratch")
         self._offloads: list[ShardHandle] = []
@@ -1439,6 +1449,13 @@ class ShardHandle:
         log.info("offloaded %s v%d shard %d to CPU in %.3fs", self.model, version, self.shard, time.monotonic() - t0)
 
     def _on_event(self, ev: dict) -> None:
+        if ev.get("ev") == "serving":  # a reader was routed to our partial copy of this version
+            v = ev.get("version")
+            if isinstance(v, int) and not isinstance(v, bool):
+                self._serving_v = v
+            else:
+                _rlog.warning("bad-event", "ignoring a serving event without a version: %r", ev)
+            return
         if ev.get("ev") == "release" and self.kind == "offload":
             try:
                 self.unpublish()
@@ -1462,6 +1479,9 @@ class ShardHandle:
             self._build_layout()
             if self.state != "published":  # a reader routed here as a partial copy must see no bytes yet
                 self._set_progress(0, 0)
+            # a "serving" event is about this receive only: the server sends it once this request made our
+            # copy a receiving one (the same version may be received again later)
+            self._serving_v = None
             msg = {"op": op, "h": self.hid, "ref": self._ref(), **fields}
             while True:
                 rep = self.conn.request(dict(msg), max(0.1, deadline - time.monotonic()))
@@ -1611,7 +1631,11 @@ class ShardHandle:
         t_start = time.monotonic()
         avail = total if not partial else 0
         # waiting READs (WAIT_READ): every READ waits at the source for its bytes, so nothing gates issuing
-        waiting = (partial or WAIT_FULL) and WAIT_READ and not any(copyish) and self._can_wait(seg)
+        can_wait = WAIT_READ and not any(copyish) and self._can_wait(seg)
+        waiting = can_wait and (partial or WAIT_FULL not in ("0", "auto"))
+        # a complete copy's reader in order where its measured rate is slow (WAIT_FULL "auto"): judged
+        # from its first completed batch on, until the source turns out not to answer waiting READs
+        full_auto = can_wait and not partial and WAIT_FULL == "auto"
         if waiting:
             avail = total
             st["wait_read"] = True
@@ -1631,8 +1655,11 @@ class ShardHandle:
             # within its deadline even on a slow link), at least WINDOW batches; from a partial copy
             # only PARTIAL_INFLIGHT_S, or a few round trips (what is in flight is bounded by what the
             # source holds anyway)
-            nonlocal batch_bytes, window
+            nonlocal batch_bytes, window, waiting
             rate = st["rate"] = (st["done"] - done0) / max(1e-6, time.monotonic() - t_start)
+            if full_auto:
+                waiting = full_read_in_order(rate, WAIT_FULL_SPREAD, WAIT_FULL_LAG_S, self._serving_v == v)
+                st["wait_read"] = st.get("wait_read", False) or waiting
             if partial:
                 if not thr:
                     batch_bytes = max(PARTIAL_MIN_BATCH, min(BATCH, int(rate * PARTIAL_BATCH_S)))
@@ -1781,7 +1808,7 @@ class ShardHandle:
                     st["wait_retries"] = st.get("wait_retries", 0) + 1
                     self._read([(self._scratch, 0, seg, ref["progress"], 8)], deadline)
                     if self._progress_word(v, 0) < 0:
-                        waiting = False
+                        waiting = full_auto = False
                         avail = st["done"] if partial else total
                     adapt()
         finally:

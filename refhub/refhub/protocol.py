@@ -4,7 +4,10 @@ A request is a msgpack map ``{"op": str, "rid": int, ...fields}``; a frame may a
 array of such maps (a client multiplexing many handles batches them; the replies to one frame come
 back batched per destination too). Replies are maps ``{"rid": int, "ok": bool, ...}``; an error
 reply has ``ok=False``, ``err`` (a short code) and ``msg``. Unsolicited server events are maps
-``{"ev": str, "h": int, ...}`` (e.g. ``release`` of an offload replica).
+``{"ev": str, "h": int, ...}``: ``release`` (``version``) tells an offload replica its copy is no
+longer needed; ``serving`` (``version``) tells a handle still receiving ``version`` that a reader was
+routed to its partial copy (pipeline replication), so its pull keeps its progress word close behind
+its landed bytes (the client's REFHUB_WAIT_FULL "auto"). Clients ignore events they do not know.
 
 Fields per op (name: accepted types, required?):
 """

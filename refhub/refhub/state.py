@@ -777,6 +777,7 @@ class ServerState:
             self._join_holders(h)
             reply = {"rid": rid, "ok": True, "version": v, "src": self._src_info(src, rep), "cross_dc": h.seeding,
                      "checksum": h.model.checksums.get((v, h.shard))}
+            self._tell_serving(src, v, out)
             h.pending = (h.client, reply)
             self._maybe_drained(h, now, out)
             self._gc_txns(rep, now, out)
@@ -856,6 +857,14 @@ class ServerState:
         if was_seeding and not h.seeding:
             self._end_seeding(h.replica, v, now, out)
         out.append((h.client, {"rid": rid, "ok": True, "src": self._src_info(new, h.replica), "cross_dc": h.seeding}))
+        self._tell_serving(new, v, out)
+
+    @staticmethod
+    def _tell_serving(src: Handle, v: int, out: list[Reply]) -> None:
+        """A reader was routed to src's still-receiving copy of v (pipeline replication): src's own pull
+        may then keep the progress word that reader waits on close behind its landed bytes."""
+        if src.state == RECEIVING and src.version == v:
+            out.append((src.client, {"ev": "serving", "h": src.hid, "version": v}))
 
     def _abort_receive(self, h: Handle, reply: tuple[Any, dict] | None, now: float, out: list[Reply]) -> None:
         """h stops receiving; its reply (if any) waits until pipeline readers of its buffer are re-routed."""

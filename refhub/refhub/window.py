@@ -38,3 +38,21 @@ class RequestDelay:
     @property
     def mean_s(self) -> float:
         return self.total_s / self.samples if self.samples else 0.0
+
+
+def full_read_in_order(rate_Bps: float, spread_bytes: int, lag_budget_s: float, serving: bool) -> bool:
+    """Whether a reader of a complete copy should send its READs in order (as waiting READs, on the
+    transport's few waiting connections) rather than spread over all its connections at once.
+
+    Spread READs land out of order, so the contiguous prefix this reader publishes as its progress
+    word (what readers of its partial copy wait on: pipeline replication) trails its landed bytes by
+    about what is in service at once, `spread_bytes`. At its measured rate that costs every later hop
+    of a chain `spread_bytes / rate_Bps` seconds: on a 500 Mbit/s link 4 MiB is ~67 ms, on a fast
+    path ~1 ms. In order, the prefix follows the bytes, but a fast path loses throughput (fewer
+    connections, smaller READs: ~40% on loopback tcp). So in order exactly where a reader waits on
+    this copy's progress word (`serving`: the reference server routed one to it) and the spread would
+    lag by more than `lag_budget_s`; no rate measured yet: not. (The rate alone misjudges a lone fast
+    reader whose process a loaded host descheduled for a while.)"""
+    if not serving or rate_Bps <= 0 or spread_bytes <= 0:
+        return False
+    return spread_bytes / rate_Bps > lag_budget_s

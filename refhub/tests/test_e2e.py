@@ -156,9 +156,9 @@ def test_retention_offload(procs) -> None:
     assert 2 in lst["versions"] or "2" in lst["versions"]
 
 
-def _replicate_chain(procs) -> list[dict]:
+def _replicate_chain(procs) -> tuple[list[dict], list[Worker]]:
     """A trainer's 32 MB published once, three throttled rollouts replicating it 50 ms apart (so later
-    ones can read an earlier one's partial copy); each verified every byte. Their replies."""
+    ones can read an earlier one's partial copy); each verified every byte. Their replies, and them."""
     srv, addr = start_server(hb_timeout=LIVE_HB_TIMEOUT)
     procs.append(srv)
     t = Worker(addr, "trainer", "--size-mb", "32")
@@ -173,11 +173,11 @@ def _replicate_chain(procs) -> list[dict]:
     reps = [r.read() for r in rs]
     for rep in reps:
         assert rep["ok"] and rep["v"] == 1 and rep["data_ok"], rep
-    return reps
+    return reps, rs
 
 
 def test_pipeline_replication_chain(procs) -> None:
-    reps = _replicate_chain(procs)
+    reps, _ = _replicate_chain(procs)
     firsts = [rep["stats"]["sources"][0] for rep in reps]
     assert any(partial for _, partial in firsts), firsts  # a still-receiving replica served a prefix
     assert sum(1 for name, _ in firsts if name == "trainer") == 1, firsts  # the trainer served one reader
@@ -189,21 +189,37 @@ def test_pipeline_replication_chain(procs) -> None:
     assert probes and any(p[0] >= 1 for p in probes), probes
 
 
-@pytest.mark.parametrize("wait_read", ["1", "0"])
-def test_pipeline_chain_over_tcp_with_and_without_waiting_reads(procs, monkeypatch, wait_read) -> None:
+@pytest.mark.parametrize("wait_read,wait_full", [("1", "auto"), ("0", "auto"), ("1", "0")])
+def test_pipeline_chain_over_tcp_with_and_without_waiting_reads(procs, monkeypatch, wait_read, wait_full) -> None:
     """Every reader of a partial copy posts READs its source does not hold yet, each waiting at the
     source for the source's progress word (REFHUB_WAIT_READ, engine.submit_when; tcp only, so every
-    transport to the source can wait); every byte is verified; and the same chain without it."""
+    transport to the source can wait); every byte is verified; and the same chain without it. The
+    complete copy's reader, throttled to 150 Mbit/s, sends its READs in order as waiting ones too
+    (REFHUB_WAIT_FULL "auto": at that rate spread READs would make its progress word lag), unless
+    that is off."""
     monkeypatch.setenv("TENT_PLUGINS", "tcp")
     monkeypatch.setenv("REFHUB_WAIT_READ", wait_read)
-    reps = _replicate_chain(procs)
+    monkeypatch.setenv("REFHUB_WAIT_FULL", wait_full)
+    reps, rs = _replicate_chain(procs)
     partial = [rep["stats"] for rep in reps if rep["stats"]["sources"][0][1]]
     assert partial, [rep["stats"]["sources"] for rep in reps]  # a still-receiving replica served a prefix
     for st in partial:
         used, batches, _ = st["wait_read"]
         assert used == (wait_read == "1") and (batches > 0) == used, st["wait_read"]
-    # a full copy's reader never waits
-    assert all(not rep["stats"]["wait_read"][0] for rep in reps if not rep["stats"]["sources"][0][1])
+    full = [rep["stats"] for rep in reps if not rep["stats"]["sources"][0][1]]
+    assert full, [rep["stats"]["sources"] for rep in reps]
+    for st in full:
+        used, batches, _ = st["wait_read"]
+        in_order = wait_read == "1" and wait_full == "auto"
+        assert used == in_order and (batches > 0) == in_order, st["wait_read"]
+    # the same reader receiving the same version again, alone: nobody waits on its copy (the server
+    # routed no reader to it this time), so it reads in the spread form
+    first = next(r for r, rep in zip(rs, reps, strict=True) if not rep["stats"]["sources"][0][1])
+    for r in rs:
+        assert r.cmd("unpublish")["ok"]
+    again = first.cmd("replicate latest", 60)
+    assert again["ok"] and again["data_ok"] and again["stats"]["sources"][0] == ["trainer", False], again
+    assert not again["stats"]["wait_read"][0], again["stats"]["wait_read"]
 
 
 def test_waiting_reads_that_time_out_are_reissued(procs, monkeypatch) -> None:

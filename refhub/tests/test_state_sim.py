@@ -404,3 +404,30 @@ def test_update_noop_and_relative_versions() -> None:
     assert [r for c, r in out if c == "R"][0]["version"] == 2
     out = s.handle("R", {"op": "replicate", "rid": 4, "h": rh, "version": "latest-1"}, 0)
     assert out[0][1]["err"] == E_UNAVAILABLE  # replica is receiving -> bad_state or unavailable
+
+
+def test_a_partial_copy_is_told_when_a_reader_is_routed_to_it() -> None:
+    """Pipeline replication: the server routes a second reader to the first one's still-receiving copy
+    and tells that copy's handle ("serving"), so its pull keeps the progress word close behind its
+    landed bytes; a complete copy gets no such event, nor does a copy once it is complete."""
+    s = ServerState()
+
+    def opened(client: str, replica: str) -> int:
+        return s.handle(client, {"op": "open", "rid": 1, "model": "m", "replica": replica, "shard": 0,
+                                 "num_shards": 1}, 0)[0][1]["h"]
+
+    th, r1, r2, r3 = opened("T", "t"), opened("R1", "r1"), opened("R2", "r2"), opened("R3", "r3")
+    s.handle("T", {"op": "publish", "rid": 2, "h": th, "version": 1}, 0)
+    out = s.handle("R1", {"op": "replicate", "rid": 2, "h": r1, "version": "latest", "ref": {}}, 0)
+    assert [rep["src"]["h"] for c, rep in out if c == "R1"] == [th]
+    assert not [rep for _, rep in out if "ev" in rep]  # the publisher's copy is complete
+    out = s.handle("R2", {"op": "replicate", "rid": 2, "h": r2, "version": "latest", "ref": {}}, 0)
+    reply = [rep for c, rep in out if c == "R2"][0]
+    assert reply["src"]["h"] == r1 and reply["src"]["partial"], reply
+    assert ("R1", {"ev": "serving", "h": r1, "version": 1}) in out
+    s.handle("R1", {"op": "replicate_done", "rid": 3, "h": r1, "ok": True}, 0)
+    out = s.handle("R3", {"op": "replicate", "rid": 2, "h": r3, "version": "latest", "ref": {}}, 0)
+    reply = [rep for c, rep in out if c == "R3"][0]
+    assert not reply["src"]["partial"], reply
+    assert not [rep for _, rep in out if "ev" in rep]
+    s.check_invariants()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from refhub.window import RequestDelay
+from refhub.window import RequestDelay, full_read_in_order
 
 MB = 1 << 20
 RATE = 60 * MB  # bytes/s, about a 500 Mbit/s link
@@ -34,3 +34,32 @@ def test_ignores_samples_without_a_rate() -> None:
     assert d.observe(0.5, MB, 0.0) is None
     assert d.observe(-1.0, MB, RATE) is None
     assert d.samples == 0 and d.mean_s == 0.0
+
+
+def test_in_order_on_a_slow_link_where_the_spread_would_lag_the_prefix() -> None:
+    # 4 MiB spread over the connections at 60 MB/s: the prefix lags ~70 ms, well over a 20 ms budget
+    assert full_read_in_order(RATE, 4 * MB, 0.02, True)
+
+
+def test_spread_on_a_fast_path_where_the_lag_is_small() -> None:
+    # loopback tcp, ~3.5 GB/s: 4 MiB is ~1.2 ms
+    assert not full_read_in_order(3500 * MB, 4 * MB, 0.02, True)
+
+
+def test_the_budget_sets_the_rate_where_it_turns() -> None:
+    # 4 MiB within 20 ms: the turn is at 200 MiB/s
+    assert full_read_in_order(199 * MB, 4 * MB, 0.02, True)
+    assert not full_read_in_order(201 * MB, 4 * MB, 0.02, True)
+    assert not full_read_in_order(RATE, 4 * MB, 0.1, True)  # ~70 ms is inside a 100 ms budget
+
+
+def test_no_rate_or_nothing_spread_keeps_the_spread_form() -> None:
+    assert not full_read_in_order(0.0, 4 * MB, 0.02, True)
+    assert not full_read_in_order(RATE, 0, 0.02, True)
+
+
+def test_a_copy_no_reader_waits_on_keeps_the_spread_form_at_any_rate() -> None:
+    # a lone reader: nobody waits on its progress word, so order buys nothing (and a loaded host can
+    # make a fast path look slow for a while)
+    assert not full_read_in_order(RATE, 4 * MB, 0.02, False)
+    assert not full_read_in_order(1 * MB, 4 * MB, 0.02, False)

@@ -278,6 +278,7 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
         fused: list[bool] = []
         in_copy: list[int] = []  # per verified run: bytes hashed inside the executor's copy loop
         late: list[int] = []  # ... of those, hashed only when the gap before them closed (tcp: another connection's)
+        in_order: list[tuple[int, int]] = []  # per verified run: batches sent in order as waiting READs, of all
         for i in range(repeat + 1):
             # the order inside a round rotates, so no series always runs first (or right after another)
             order = ["raw_windowed", "raw_one_batch", "unverified", "refhub"]
@@ -303,6 +304,8 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
                     fused.append(bool(st.get("fused")))
                     in_copy.append(int(st.get("digest_in_copy_bytes", 0)))
                     late.append(int(st.get("digest_late_bytes", 0)))
+                    if i:
+                        in_order.append((int((st.get("wait_read") or [False, 0])[1]), int(st.get("batches", 0))))
                 if i:
                     cpu[what].append(run_cpu[0])
             if i == 0:
@@ -339,7 +342,7 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
         h.close()
         q.put({"ok": True, "total": total, "tensors": len(sizes), "stream_items": len(mine), "junk_rounds": seed[0],
                "bytes_per_transport": moved, "failed_slices": failed, "cpu_s": cpu,
-               "fused": fused, "in_copy": in_copy, "late": late, **out})
+               "fused": fused, "in_copy": in_copy, "late": late, "in_order": in_order, **out})
     except Exception as exc:  # reported to the parent
         import traceback
 
@@ -403,6 +406,9 @@ def dataplane(size_mb: float = 1024, repeat: int = 5, tensors: int = 500, transp
         # of the verified bytes, those the transport hashed only when the gap before them closed (they landed
         # ahead of their tensor's stream, on another connection: from another core's cache), median
         "hashed_late": f"{med(res['late']) / res['total']:.0%}" if res.get("late") else "0%",
+        # the verified runs' batches a complete copy's reader sent in order as waiting READs (REFHUB_WAIT_FULL:
+        # "auto" does so only where its measured rate is slow), of all their batches
+        "in_order_batches": "{} of {}".format(*map(sum, zip(*res["in_order"], strict=True))) if res.get("in_order") else "0",
         "raw_GBps_median": round(raw, 3),
         "raw_windowed_GBps_median": round(raw_w, 3),
         "raw_one_batch_GBps_median": round(raw_o, 3),
