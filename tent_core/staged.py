@@ -142,7 +142,7 @@ def _pipeline(engine: LegSubmitter, handle: BatchHandle, req: Request, path: Sta
                 nxt += 1
             if first:
                 off, ln, st, h = first[0]
-                h.wait_sleeping()  # a MiBs leg: polling the counter first would only hold a core its copies need
+                h.wait()
                 first.popleft()
                 try:
                     second.append((st, stage2(off, ln, st)))
@@ -155,7 +155,7 @@ def _pipeline(engine: LegSubmitter, handle: BatchHandle, req: Request, path: Sta
             ):
                 st, h = second.popleft()
                 try:
-                    h.wait_sleeping()
+                    h.wait()
                 finally:
                     pool.release(st)
     finally:

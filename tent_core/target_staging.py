@@ -266,7 +266,8 @@ class TargetStager:
 
     def _run_copy(self, sess: _Session, req: Request, n: int, push: bool) -> dict[str, Any]:
         try:
-            # a chunk's copy takes far longer than the counter's poll: sleep at once, leave the core to it
+            # waited for right after its submit, a chunk's copy (MiBs) outlasts the counter's poll
+            # (wait_spin_us) every time: the poll would only hold a core the copy needs
             self.engine.submit_leg(req, sess.decision, self.config.request_deadline_s).wait_sleeping()
         except errors.TentError as exc:
             return _error_reply(exc)
@@ -339,8 +340,7 @@ class _Step:
     def wait(self, timeout: float) -> bool:
         if self.handle is not None:
             try:
-                # a leg moves MiBs: polling the counter first would only hold a core its threads need
-                return self.handle.wait_sleeping(timeout)
+                return self.handle.wait(timeout)
             except errors.TentError:
                 return True  # result() raises it
         assert self.ctl is not None
