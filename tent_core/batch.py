@@ -264,13 +264,13 @@ class BatchHandle(_native.Batch):
     # often have by the time the application waits); anything else runs `_wait` below.
     wait = _native.Batch.wait_handle
 
-    def _wait(self, timeout: float | None = None) -> bool:
+    def _wait(self, timeout: float | None = None, spin: bool = True) -> bool:
         """Block until the batch finishes. Returns True when it completed; False if
         `timeout` elapsed first (the batch keeps running). Raises a typed error if it
         failed, was cancelled, or its deadline passed (the batch is then cancelled)."""
         now = time.monotonic()
         end = self.deadline if timeout is None else min(self.deadline, now + max(0.0, timeout))
-        done = _native.Batch.wait(self, max(0.0, end - now))
+        done = _native.Batch.wait(self, max(0.0, end - now), spin)
         if done:
             if COMPLETION_HOOK is not None:
                 self._report()
@@ -282,6 +282,12 @@ class BatchHandle(_native.Batch):
                 self._report()
             raise self._deadline_error()
         return False
+
+    def wait_sleeping(self, timeout: float | None = None) -> bool:
+        """wait() that sleeps at once instead of polling the counter first (`wait_spin_us`): for a
+        waiter that knows the batch takes far longer than that poll (a staged path's MiB-sized
+        legs), whose poll would only hold a core the batch's own threads need."""
+        return self._wait(timeout, spin=False)
 
     def __repr__(self) -> str:
         return f"<BatchHandle {self.poll()} requests={self.num_requests} bytes={self.bytes_done}>"

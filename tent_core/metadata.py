@@ -356,6 +356,59 @@ class ControlClient:
             if isinstance(reply, dict) and reply.get("id") == rid:
                 return reply
 
+    # ---- several requests in flight (one owner thread): send now, collect the replies later ---------
+
+    def send(self, msg: dict[str, Any], timeout: float) -> int:
+        """Send one request without waiting for its reply; returns its id, whose reply a later
+        `replies` hands back. For one thread that keeps several requests with the peer at once
+        (target staging's chunk copies) without a thread per request in flight. `timeout` bounds
+        only the authentication of a new connection."""
+        with self._lock:
+            self._next_id += 1
+            rid = self._next_id
+            out = dict(msg, id=rid, v=PROTOCOL_VERSION)
+            sock = self._socket()
+            try:
+                if not self._auth.ready:
+                    self._auth.handshake(sock, max(0.001, timeout), prefix=[b""])
+            except HandshakeTimeout:
+                self._drop_socket()
+                raise PeerUnreachableError(f"engine {self.endpoint} did not answer {out['op']!r} within {timeout:g}s") from None
+            except AuthError as exc:
+                self._drop_socket()
+                raise AuthError(f"engine {self.endpoint}: {exc}") from None
+            sock.send_multipart([b"", *self._auth.wrap(msgpack.packb(out, use_bin_type=True))])
+            return rid
+
+    def replies(self, timeout: float) -> list[dict[str, Any]]:
+        """The replies that have arrived to `send`s, waiting up to `timeout` for the first one
+        (0: only those already here). Each carries its request's ``id``."""
+        out: list[dict[str, Any]] = []
+        with self._lock:
+            sock = self._sock
+            if sock is None or not sock.poll(max(0, int(timeout * 1000))):
+                return out
+            while True:
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    return out
+                body = frames[1:] if frames and frames[0] == b"" else frames
+                try:
+                    payload = self._auth.unwrap(body)
+                except SessionLost as exc:
+                    self._auth.reset()
+                    raise AuthError(f"engine {self.endpoint} dropped our session: {exc}") from None
+                except AuthError as exc:
+                    log.warning("control: dropped a reply from %s that does not authenticate: %s", self.endpoint, exc)
+                    continue
+                try:
+                    reply = msgpack.unpackb(payload, raw=False)
+                except Exception as exc:
+                    raise ProtocolError(f"engine {self.endpoint} sent an undecodable reply") from exc
+                if isinstance(reply, dict):
+                    out.append(reply)
+
     def close(self) -> None:
         with self._lock:
             self._drop_socket()

@@ -266,7 +266,9 @@ class TargetStager:
 
     def _run_copy(self, sess: _Session, req: Request, n: int, push: bool) -> dict[str, Any]:
         try:
-            self.engine.submit_leg(req, sess.decision, self.config.request_deadline_s).wait()
+            # waited for right after its submit, a chunk's copy (MiBs) outlasts the counter's poll
+            # (wait_spin_us) every time: the poll would only hold a core the copy needs
+            self.engine.submit_leg(req, sess.decision, self.config.request_deadline_s).wait_sleeping()
         except errors.TentError as exc:
             return _error_reply(exc)
         finally:
@@ -321,18 +323,19 @@ class TargetStager:
 
 
 class _Step:
-    """One stage of one chunk in flight: a data leg (BatchHandle) or a control call (Future)."""
+    """One stage of one chunk in flight: a data leg (BatchHandle) or a control request (its id on
+    the session's `_Control`)."""
 
-    __slots__ = ("fut", "handle")
+    __slots__ = ("ctl", "handle", "rid")
 
-    def __init__(self, handle: BatchHandle | None = None, fut: Future[dict[str, Any]] | None = None) -> None:
-        self.handle, self.fut = handle, fut
+    def __init__(self, handle: BatchHandle | None = None, ctl: _Control | None = None, rid: int = 0) -> None:
+        self.handle, self.ctl, self.rid = handle, ctl, rid
 
     def done(self) -> bool:
         if self.handle is not None:
             return self.handle.poll() != "pending"
-        assert self.fut is not None
-        return self.fut.done()
+        assert self.ctl is not None
+        return self.ctl.answered(self.rid, 0.0)
 
     def wait(self, timeout: float) -> bool:
         if self.handle is not None:
@@ -340,22 +343,15 @@ class _Step:
                 return self.handle.wait(timeout)
             except errors.TentError:
                 return True  # result() raises it
-        assert self.fut is not None
-        try:
-            self.fut.result(timeout)
-        except TimeoutError:
-            return False
-        except Exception:
-            return True
-        return True
+        assert self.ctl is not None
+        return self.ctl.answered(self.rid, timeout)
 
     def result(self) -> None:
         if self.handle is not None:
             self.handle.wait(0)
             return
-        assert self.fut is not None
-        rep = self.fut.result(0)
-        _raise_for(rep)
+        assert self.ctl is not None
+        _raise_for(self.ctl.take(self.rid))
 
     def cancel(self) -> None:
         if self.handle is not None:
@@ -364,11 +360,8 @@ class _Step:
                 self.handle.wait(5.0)
             except errors.TentError:
                 pass
-        elif self.fut is not None:
-            try:
-                self.fut.result(5.0)
-            except Exception:
-                pass
+        elif self.ctl is not None:
+            self.ctl.forget(self.rid)  # its reply, when it comes, is dropped
 
 
 def _raise_for(rep: Mapping[str, Any]) -> None:
@@ -379,25 +372,51 @@ def _raise_for(rep: Mapping[str, Any]) -> None:
 
 
 class _Control:
-    """Control calls of one staging session on `lanes` connections (each with its thread), so that
-    up to `lanes` copy requests are with the target at once: it queues the next copy of the session
-    before the current one ends, and no round trip separates two copies."""
+    """The control requests of one staging session, on one connection driven by the pipeline's own
+    thread: a chunk's copy request is sent as its leg lands and its reply collected when the
+    pipeline looks, several in flight at once (the target queues the next copy of the session
+    before the current one ends, no round trip between two copies), and no thread hand-off on
+    either end of a request."""
 
-    def __init__(self, endpoint: str, lanes: int = 2) -> None:
-        self.clients = [ControlClient(endpoint) for _ in range(max(1, lanes))]
-        self.threads = [ThreadPoolExecutor(max_workers=1, thread_name_prefix="tent-tstage-ctl") for _ in self.clients]
-        self._next = 0
+    def __init__(self, endpoint: str) -> None:
+        self.client = ControlClient(endpoint)
+        self._replies: dict[int, dict[str, Any]] = {}
+        self._waiting: set[int] = set()
 
-    def call(self, msg: dict[str, Any], timeout: float) -> Future[dict[str, Any]]:
-        i = self._next
-        self._next = (i + 1) % len(self.clients)
-        return self.threads[i].submit(self.clients[i].call, msg, max(0.01, timeout))
+    def call(self, msg: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """One request and its reply (opening and closing the session)."""
+        return self.client.call(msg, max(0.01, timeout))
+
+    def send(self, msg: dict[str, Any], timeout: float) -> int:
+        rid = self.client.send(msg, max(0.01, timeout))
+        self._waiting.add(rid)
+        return rid
+
+    def answered(self, rid: int, timeout: float) -> bool:
+        """Whether `rid`'s reply is here, waiting up to `timeout` for replies to arrive."""
+        if rid in self._replies:
+            return True
+        end = time.monotonic() + timeout
+        while True:
+            for rep in self.client.replies(max(0.0, end - time.monotonic())):
+                r = rep.get("id")
+                if r in self._waiting:
+                    self._waiting.discard(r)
+                    self._replies[r] = rep
+            if rid in self._replies:
+                return True
+            if time.monotonic() >= end:
+                return False
+
+    def take(self, rid: int) -> dict[str, Any]:
+        return self._replies.pop(rid)
+
+    def forget(self, rid: int) -> None:
+        self._waiting.discard(rid)
+        self._replies.pop(rid, None)
 
     def close(self) -> None:
-        for t in self.threads:
-            t.shutdown(wait=True)
-        for c in self.clients:
-            c.close()
+        self.client.close()
 
 
 def run_target_staged(engine: Any, handle: BatchHandle, req: Request, path: TargetStagedPath, pool: Any) -> None:
@@ -427,7 +446,7 @@ def _left(handle: BatchHandle) -> float:
 def _open(ctl: _Control, handle: BatchHandle, msg: dict[str, Any]) -> dict[str, Any]:
     delay = 0.001
     while True:
-        rep = ctl.call(msg, min(_left(handle), 10.0)).result()
+        rep = ctl.call(msg, min(_left(handle), 10.0))
         if rep.get("ok") or not str(rep.get("error", "")).startswith("busy"):
             _raise_for(rep)
             return rep
@@ -439,7 +458,7 @@ def _pipeline(engine: Any, handle: BatchHandle, req: Request, path: TargetStaged
     batch = handle._batch
     write = req.op == OpCode.WRITE
     peer, seg = engine.peers.resolve(req.remote, min(_left(handle), engine.config.control_timeout_s))
-    ctl = _Control(peer.engine_id, lanes=min(2, engine.config.target_staging_depth))
+    ctl = _Control(peer.engine_id)
     sid = 0
     try:
         depth = engine.config.target_staging_depth
@@ -455,7 +474,7 @@ def _pipeline(engine: Any, handle: BatchHandle, req: Request, path: TargetStaged
     finally:
         if sid:
             try:
-                ctl.call({"op": "stage_close", "sid": sid}, 2.0).result(5.0)
+                ctl.call({"op": "stage_close", "sid": sid}, 2.0)
             except Exception as exc:  # the target reclaims the session when its lease runs out
                 log.debug("stage_close to %s failed: %s", peer.engine_id, exc)
         ctl.close()
@@ -482,7 +501,7 @@ def _run_chunks(engine: Any, handle: BatchHandle, req: Request, path: TargetStag
         return _Step(engine.submit_leg(r, local_leg, _left(handle)))
 
     def ctl_op(kind: str, slot: int, off: int, ln: int) -> _Step:
-        return _Step(fut=ctl.call({"op": kind, "sid": sid, "slot": slot, "off": off, "len": ln}, _left(handle)))
+        return _Step(ctl=ctl, rid=ctl.send({"op": kind, "sid": sid, "slot": slot, "off": off, "len": ln}, _left(handle)))
 
     Stage = Callable[[int, int, int, Any], _Step]
     stages: list[Stage]

@@ -60,3 +60,43 @@ def test_bad_values_are_refused(restore_spin) -> None:
 def test_engine_config_sets_the_poll(restore_spin) -> None:
     with Engine({"wait_spin_us": 7}, transports=[]):
         assert _native.set_wait_spin_ns(0) == 7000
+
+
+def test_a_sleeping_wait_does_not_poll(restore_spin) -> None:
+    # a 10 ms poll configured: wait(spin=False) sleeps at once (no CPU), the default polls (CPU);
+    # thread CPU time, not wall time: the scheduler's delays on a loaded machine do not matter
+    _native.set_wait_spin_ns(10_000_000)
+    b = _native.Batch(1)
+
+    def cpu_of(spin: bool) -> float:
+        t0 = time.thread_time()
+        assert b.wait(0.02, spin) is False
+        return time.thread_time() - t0
+
+    sleeping = min(cpu_of(False) for _ in range(5))
+    polling = max(cpu_of(True) for _ in range(5))
+    assert sleeping < 0.003, sleeping
+    assert polling > 0.003, polling  # the check tells the two apart
+    b.fail_slice(Status.E_INTERNAL)
+    assert b.wait(0, False) is True
+
+
+def test_wait_sleeping_returns_and_raises_like_wait() -> None:
+    with Engine({}, transports=["tcp"]) as a, Engine({}, transports=["tcp"]) as b:
+        dst = b.allocate(8 << 20, segment="dst")
+        src = a.allocate(8 << 20)
+        src.array[:] = 7
+        from tent_core.request import Request
+        from tent_core.types import OpCode
+
+        h = a.submit([Request(OpCode.WRITE, src, 0, f"{b.engine_id}/dst", 0, 8 << 20)])
+        assert h.wait_sleeping(30) is True
+        assert int(dst.array[-1]) == 7
+    from tent_core.batch import BatchHandle
+    from tent_core.errors import PermissionDeniedError
+
+    pending = BatchHandle(None, 1, time.monotonic() + 30, 1)
+    assert pending.wait_sleeping(0.01) is False  # the timeout: the batch keeps running
+    pending.fail_slice(Status.E_PERMISSION)
+    with pytest.raises(PermissionDeniedError):  # a failure raises its typed error, as wait() does
+        pending.wait_sleeping(1)

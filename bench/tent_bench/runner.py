@@ -24,10 +24,11 @@ from tent_core.testing import fresh_seed, pattern
 from tent_core.types import MemoryKind, OpCode, Permission
 
 from .baselines import file_point_requests
+from .cpu import cores, process_cpu_s, staged_cpu_bound_limit
 
 log = logging.getLogger(__name__)
 
-KiB, MiB = 1024, 1024 * 1024
+KiB, MiB, GiB = 1024, 1024 * 1024, 1 << 30
 DEFAULT_BLOCKS = [64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
 QUICK_BLOCKS = [64 * KiB, 1 * MiB, 4 * MiB, 64 * MiB]
 
@@ -68,7 +69,7 @@ def target_process(size: int, host: str = "127.0.0.1", config: dict[str, Any] | 
         line = _readline_with_timeout(proc, 60.0)
         if not line:
             raise RuntimeError(f"bench target exited early (rc={proc.poll()})")
-        yield {**json.loads(line), "seed": seed if pattern_fill else None}
+        yield {**json.loads(line), "seed": seed if pattern_fill else None, "pid": proc.pid}
     finally:
         try:
             if proc.stdin:
@@ -410,6 +411,12 @@ def run_staged_path_wire(spec: BenchSpec, path_spec: str, path: str, size: int, 
     return rows
 
 
+def _both_cpu_s(target_pid: int) -> float | None:
+    """CPU seconds of this process and the target process, every thread of each."""
+    other = process_cpu_s(target_pid)
+    return None if other is None else time.process_time() + other
+
+
 def _run_staged_path(spec: BenchSpec, path_spec: str, remote_transport: str, path: str, size: int,
                      target_host: str | None = None, target_prefix: list[str] | None = None) -> list[dict[str, Any]]:
     expect = np.fromfile(path, np.uint8, count=min(size, 16 * MiB))
@@ -427,16 +434,29 @@ def _run_staged_path(spec: BenchSpec, path_spec: str, remote_transport: str, pat
             f = eng.register_file(path, segment="bench-file", perm=Permission.READ)
             local = eng.allocate(size, segment="bench-local")
             own = eng.segment_name("bench-file")
+
+            def timed(lo: Any, rem: str, op: OpCode, block: int, batch: int) -> tuple[float, list[float], float | None]:
+                """run_point, and the CPU seconds per GiB both processes spent in it (warm-up included)."""
+                c0 = _both_cpu_s(target["pid"])
+                g, lat = run_point(eng, lo, rem, op, block, batch, 1, spec.iters, spec.warmup, spec.time_budget_s)
+                c1 = _both_cpu_s(target["pid"])
+                moved = (len(lat) + spec.warmup) * block * batch
+                return g, lat, None if c0 is None or c1 is None else round((c1 - c0) / (moved / GiB), 4)
+
             for block in spec.block_sizes:
                 for batch in spec.batch_sizes:
                     # stage 1 alone: file -> local memory; stage 2 alone: local memory -> remote
-                    g1, l1 = run_point(eng, local, own, OpCode.READ, block, batch, 1, spec.iters, spec.warmup, spec.time_budget_s)
-                    g2, l2 = run_point(eng, local, remote, OpCode.WRITE, block, batch, 1, spec.iters, spec.warmup, spec.time_budget_s)
-                    gs, ls = run_point(eng, f, remote, OpCode.WRITE, block, batch, 1, spec.iters, spec.warmup, spec.time_budget_s)
-                    rows.append(_row(file_transports[0], "READ", block, batch, 1, g1, l1, stage="file->memory"))
-                    rows.append(_row(remote_transport, "WRITE", block, batch, 1, g2, l2, stage="memory->remote"))
+                    g1, l1, c1 = timed(local, own, OpCode.READ, block, batch)
+                    g2, l2, c2 = timed(local, remote, OpCode.WRITE, block, batch)
+                    gs, ls, cs = timed(f, remote, OpCode.WRITE, block, batch)
+                    limit = {} if c1 is None or c2 is None else {
+                        "cpu_bound_limit": staged_cpu_bound_limit(GiB / 1e9 / g1, GiB / 1e9 / g2, c1, c2, cores())}
+                    rows.append(_row(file_transports[0], "READ", block, batch, 1, g1, l1, stage="file->memory",
+                                     cpu_s_per_GiB=c1))
+                    rows.append(_row(remote_transport, "WRITE", block, batch, 1, g2, l2, stage="memory->remote",
+                                     cpu_s_per_GiB=c2))
                     rows.append(_row(path_spec, "WRITE", block, batch, 1, gs, ls, stage="file->remote (staged)",
-                                     x_slower_stage=round(gs / max(min(g1, g2), 1e-9), 3)))  # fmt: skip
+                                     x_slower_stage=round(gs / max(min(g1, g2), 1e-9), 3), cpu_s_per_GiB=cs, **limit))  # fmt: skip
             # every byte of the last staged transfer arrived: read it back from the target and compare
             n = len(expect)
             local.array[:n] = 0

@@ -31,7 +31,6 @@ network namespaces joined by one veth pair shaped by tc to RATE (`run_wire`; nee
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,9 @@ from typing import Any
 
 import click
 import numpy as np
+
+from .cpu import cores as _cores
+from .cpu import staged_cpu_bound_limit
 
 MiB = 1 << 20
 
@@ -113,26 +115,6 @@ def _target_main(size: int, config: dict[str, Any], host: str = "127.0.0.1") -> 
                 eng.transfer(op, slot, 0, eng.segment_name("dev"), off, ln)
             print(json.dumps({"seconds": time.perf_counter() - t0}), flush=True)
     eng.close()
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def staged_cpu_bound_limit(t_wire: float, t_copy: float, cpu_wire: float, cpu_copy: float, cores: int) -> float:
-    """staged / slower stage at best where both stages run on the same cores: each stage alone had
-    them to itself (its time t, the CPU seconds both processes spent in it), the staged path pays
-    both stages' CPU for the same bytes, so it runs no faster than cores / (cpu_wire + cpu_copy)
-    per transfer, nor than its slower stage. 1.0 where the CPU is not what limits (a shaped wire,
-    a slow device copy)."""
-    slower = max(t_wire, t_copy)
-    if slower <= 0:
-        return 1.0
-    t_cpu = (cpu_wire + cpu_copy) / max(1, cores)
-    return round(min(1.0, slower / max(slower, t_cpu)), 3)
 
 
 def _timed(fn: Any) -> float:

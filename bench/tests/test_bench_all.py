@@ -263,3 +263,31 @@ def test_staging_target_names_the_cpu_bound_limit_only_where_the_cpu_limits():
     assert "CPU-bound" not in ba.target_staging(_staging_json(1.0))  # a shaped wire: the CPU is not the limit
     old = _staging_json(None)  # a report of a build before the limit existed renders as before
     assert "CPU-bound" not in ba.target_staging(old) + ba.render_staging(old)
+
+
+def _path_rows(limit: float | None, cpu: bool = True) -> str:
+    def row(stage: str, transport: str, gbps: float, cpu_s: float, **extra: float) -> dict:
+        r = {"engine": "tent", "stage": stage, "transport": transport, "op": "WRITE", "block_size": 64 << 20,
+             "batch_size": 1, "gbps": gbps, "gbps_min": gbps - 0.1, "gbps_max": gbps + 0.1, "rounds": 3, **extra}
+        if cpu:
+            r.update(cpu_s_per_GiB=cpu_s, cpu_s_per_GiB_min=cpu_s - 0.01, cpu_s_per_GiB_max=cpu_s + 0.01)
+        return r
+
+    staged = {"x_slower_stage": 0.609, "x_slower_stage_min": 0.6, "x_slower_stage_max": 0.65}
+    if limit is not None:
+        staged.update(cpu_bound_limit=limit, cpu_bound_limit_min=limit - 0.01, cpu_bound_limit_max=limit + 0.01)
+    return json.dumps([row("file->memory", "gds", 12.8, 0.09), row("memory->remote", "tcp", 6.33, 0.33),
+                       row("file->remote (staged)", "file:tcp", 4.07, 0.55, **staged)])
+
+
+def test_path_target_names_the_cpu_bound_limit_only_where_the_cpu_limits():
+    bound = ba.target_path(_path_rows(0.71))
+    assert bound == ("Target staged >= 0.8x its slower stage: **not met** (0.61x; "
+                     "the CPU-bound limit computed for this run: 0.71x).")  # fmt: skip
+    table = ba.render_path(_path_rows(0.71))
+    assert "CPU s/GiB (both processes)" in table and "CPU-bound limit of x slower stage" in table
+    assert "| 0.55 (0.54-0.56) | 0.71 (0.7-0.72) | 3 |" in table
+    assert "CPU-bound" not in ba.target_path(_path_rows(1.0))  # a shaped wire: the CPU is not the limit
+    old = _path_rows(None, cpu=False)  # a report of a build before the accounting renders as before
+    assert "CPU" not in ba.target_path(old) + ba.render_path(old)
+    assert ba.target_path(old) == "Target staged >= 0.8x its slower stage: **not met** (0.61x)."

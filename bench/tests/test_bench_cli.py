@@ -118,5 +118,14 @@ def test_synthesized_path_bench(tmp_path):
     slower = min(stages["file->memory"]["gbps"], stages["memory->remote"]["gbps"])
     assert stages["file->remote (staged)"]["x_slower_stage"] == pytest.approx(stages["file->remote (staged)"]["gbps"] / slower,
                                                                               rel=2e-3)  # fmt: skip
+    # CPU of both processes per GiB for every stage and the staged path, and the CPU-bound limit
+    # of staged / slower stage computed from the stages' own rows
+    from tent_bench.cpu import cores, staged_cpu_bound_limit
+
+    assert all(r["cpu_s_per_GiB"] > 0 for r in rows), rows
+    s1, s2 = stages["file->memory"], stages["memory->remote"]
+    gib = (1 << 30) / 1e9
+    assert stages["file->remote (staged)"]["cpu_bound_limit"] == pytest.approx(staged_cpu_bound_limit(
+        gib / s1["gbps"], gib / s2["gbps"], s1["cpu_s_per_GiB"], s2["cpu_s_per_GiB"], cores()), abs=2e-3)  # fmt: skip
     bad = tent("bench", "--path", "disk:tcp", "--block-sizes", "4M", "--iters", "1", "--file-dir", str(tmp_path))
     assert bad.returncode != 0 and "file:TRANSPORT" in bad.stderr + bad.stdout

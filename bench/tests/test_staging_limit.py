@@ -1,9 +1,15 @@
-"""The staged path's CPU-bound limit (`tent_bench.staging.staged_cpu_bound_limit`): a pure function."""
+"""The staged paths' CPU accounting (`tent_bench.cpu`): the CPU-bound limit (a pure function) and
+reading a process's CPU seconds."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
-from tent_bench.staging import staged_cpu_bound_limit
+from tent_bench import staging
+from tent_bench.cpu import process_cpu_s, staged_cpu_bound_limit
 
 
 def test_loopback_wire_and_copy_sharing_two_cores():
@@ -24,3 +30,23 @@ def test_one_core_and_degenerate_times():
     assert staged_cpu_bound_limit(1.0, 1.0, 1.0, 1.0, cores=1) == pytest.approx(0.5)
     assert staged_cpu_bound_limit(0.0, 0.0, 0.0, 0.0, cores=2) == 1.0
     assert staged_cpu_bound_limit(1.0, 1.0, 1.0, 1.0, cores=0) == pytest.approx(0.5)  # cores clamped to 1
+
+
+def test_bench_staging_uses_the_shared_limit():
+    assert staging.staged_cpu_bound_limit is staged_cpu_bound_limit
+
+
+def test_process_cpu_s_reads_another_process_and_nothing_for_a_gone_one():
+    # a child that burns CPU until its own clock says 0.3 s, then waits for stdin to close
+    code = "import sys, time\nwhile time.process_time() < 0.3: pass\nprint('ok', flush=True)\nsys.stdin.read()"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ok"
+        got = process_cpu_s(proc.pid)
+        assert got is not None and got >= 0.25  # its 0.3 s, read at clock-tick resolution
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(10)
+    assert process_cpu_s(proc.pid) is None  # reaped: no /proc entry
+    assert process_cpu_s(os.getpid()) is not None

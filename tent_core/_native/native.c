@@ -459,7 +459,8 @@ static atomic_llong g_wait_spin_ns = 0;
 
 static PyObject *Batch_wait(BatchObject *self, PyObject *args) {
   double timeout = -1.0;
-  if (!PyArg_ParseTuple(args, "|d", &timeout)) return NULL;
+  int may_spin = 1; /* 0: a waiter that knows the batch takes far longer than the spin (a MiBs copy) sleeps at once */
+  if (!PyArg_ParseTuple(args, "|dp", &timeout, &may_spin)) return NULL;
   batch_t *b = self->b;
   if (atomic_load(&b->remaining) == 0) {
     handle_untrack(self);
@@ -467,7 +468,7 @@ static PyObject *Batch_wait(BatchObject *self, PyObject *args) {
   }
   int done;
   Py_BEGIN_ALLOW_THREADS;
-  long long spin = atomic_load_explicit(&g_wait_spin_ns, memory_order_relaxed);
+  long long spin = may_spin ? atomic_load_explicit(&g_wait_spin_ns, memory_order_relaxed) : 0;
   if (atomic_load(&b->poll_ops)) {
     /* an executor left work of this batch to its waiter (answers of requests sent inline): this
      * thread reads them as they arrive, in bounded steps, then hands what is left to workers */
@@ -652,7 +653,7 @@ static PyObject *Batch_get_self(BatchObject *self, void *c) {
 }
 
 static PyMethodDef Batch_methods[] = {
-    {"wait", (PyCFunction)Batch_wait, METH_VARARGS, "wait(timeout=-1) -> bool: True when every slice finished"},
+    {"wait", (PyCFunction)Batch_wait, METH_VARARGS, "wait(timeout=-1, spin=True) -> bool: True when every slice finished; spin=False sleeps without polling first"},
     {"cancel", (PyCFunction)Batch_cancel, METH_NOARGS, "mark cancelled; queued slices complete as cancelled"},
     {"fail_slice", (PyCFunction)Batch_fail_slice, METH_VARARGS, "finalize one outstanding slice with an error"},
     {"complete_slice", (PyCFunction)Batch_complete_slice, METH_VARARGS, "finalize one outstanding slice as done"},
