@@ -1044,39 +1044,92 @@ static int drain(int fd, uint64_t len) {
   return rc;
 }
 
-/* A WRITE's payload after its gap: one recvmsg (MSG_WAITALL) for both while it fills them. */
-static int recv_after_gap(int fd, uint32_t gap, void *dst, size_t len) {
-  if (!gap) return recv_all(fd, dst, len, NULL, 0);
+#ifndef TCP_INQ
+#define TCP_INQ 36 /* Linux >= 4.18; older headers */
+#endif
+#ifndef TCP_CM_INQ
+#define TCP_CM_INQ TCP_INQ
+#endif
+
+/* A WRITE's payload after its gap: one recvmsg (MSG_WAITALL) for both while it fills them.
+ * *inq: the bytes still in the socket's receive queue right after it, as the kernel reports them
+ * with TCP_INQ (set on server sockets), or -1 where it does not (or nothing was read): whether
+ * the next request is in already, so that this one's answer may leave with the next one's. */
+static int recv_after_gap(int fd, uint32_t gap, void *dst, size_t len, int *inq) {
   uint8_t skip[GAP_MAX];
   struct iovec iov[2] = {{skip, gap}, {dst, len}};
-  struct iovec *v = iov;
-  size_t n = len ? 2 : 1;
+  struct iovec *v = gap ? iov : iov + 1;
+  size_t n = (gap ? 1u : 0u) + (len ? 1u : 0u);
+  *inq = -1;
   while (n) {
-    struct msghdr m = {.msg_iov = v, .msg_iovlen = n};
+    union {
+      struct cmsghdr align;
+      char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct msghdr m = {.msg_iov = v, .msg_iovlen = n, .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
     ssize_t k = recvmsg(fd, &m, MSG_WAITALL);
     if (k == 0) return IO_EOF;
     if (k < 0) {
       if (errno == EINTR) continue;
       return IO_ERR; /* a timeout (SO_RCVTIMEO) included: the server side has no progress clock */
     }
+    *inq = -1;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm))
+      if (cm->cmsg_level == IPPROTO_TCP && cm->cmsg_type == TCP_CM_INQ && cm->cmsg_len >= CMSG_LEN(sizeof(int)))
+        memcpy(inq, CMSG_DATA(cm), sizeof *inq);
     while (n && (size_t)k >= v->iov_len) k -= (ssize_t)v->iov_len, v++, n--;
     if (n) v->iov_base = (char *)v->iov_base + k, v->iov_len -= (size_t)k;
   }
   return IO_OK;
 }
 
-static int send_response(int fd, int32_t status, uint64_t reqid, int more, uint32_t version, uint32_t gap) {
-  uint8_t h[RSP_SIZE] = {0};
+/* READs answered in one sendmsg at most (the one read plus those already waiting behind it); also
+ * the WRITE answers a connection holds back at most. */
+#define GATHER_READS 16
+
+/* The answers a server connection holds back: a WRITE's while the request after it is in
+ * already (a pipelined run of WRITEs), so that a run's answers leave in one call with the last
+ * one's, or in front of whatever this connection sends next, instead of one send each: each send
+ * on loopback runs the whole transmit and receive path of its segment here, and the initiator
+ * reads a run of WRITEs' answers all at once anyway. A lone WRITE's answer is never held: one is
+ * held only while the next request's header is in already (so the wait for it does not sleep),
+ * and goes out with the next answer (a READ's in the same sendmsg), or before a READ parks. */
+typedef struct {
+  uint8_t h[GATHER_READS][RSP_SIZE];
+  uint32_t n;
+} held_t;
+
+static void rsp_fill(uint8_t *h, int32_t status, uint64_t reqid, uint32_t version, uint32_t gap) {
+  memset(h, 0, RSP_SIZE);
   put32(h, WIRE_MAGIC);
   put16(h + 4, (uint16_t)version);
   put16(h + 6, (uint16_t)gap);
   put32(h + 8, (uint32_t)status);
   put64(h + 16, reqid);
-  return send_all(fd, h, RSP_SIZE, more, NULL, 0);
 }
 
-/* READs answered in one sendmsg at most (the one read plus those already waiting behind it). */
-#define GATHER_READS 16
+/* The held answers, sent now (before a wait, or anything that must not overtake them). */
+static int held_flush(int fd, held_t *held) {
+  if (!held->n) return IO_OK;
+  struct iovec iov = {held->h, held->n * (size_t)RSP_SIZE};
+  held->n = 0;
+  return sendv_all(fd, &iov, 1, NULL, NULL);
+}
+
+/* An answer without payload, behind the held ones; `hold`: it may wait for the next answer. */
+static int send_response(int fd, held_t *held, int32_t status, uint64_t reqid, uint32_t version, uint32_t gap,
+                         int hold) {
+  if (hold && held->n < GATHER_READS) {
+    rsp_fill(held->h[held->n++], status, reqid, version, gap);
+    return IO_OK;
+  }
+  uint8_t h[RSP_SIZE];
+  rsp_fill(h, status, reqid, version, gap);
+  if (!held->n) return send_all(fd, h, RSP_SIZE, 0, NULL, 0);
+  struct iovec iov[2] = {{held->h, held->n * (size_t)RSP_SIZE}, {h, RSP_SIZE}};
+  held->n = 0;
+  return sendv_all(fd, iov, 2, NULL, NULL);
+}
 
 /* A server connection reads its requests through a small buffer: one plain recv takes whatever
  * is in (up to RX_BUF bytes), so a pipelined run of READs (their headers leave in one sendmsg)
@@ -1177,12 +1230,13 @@ static int wait_header(tcp_exec_t *ex, int fd, rxbuf_t *rx) {
  * The headers behind it are those the buffer holds; the socket is looked at again (one recv
  * that does not wait) only where more may be there: `look` (the READ was parked, so more may
  * have come meanwhile), or the last recv filled the buffer. */
-static int send_read_answers(int fd, rxbuf_t *rx, const region_t *r, uint32_t version, uint32_t gap, uint64_t addr,
-                             uint64_t len, uint64_t reqid, int look) {
+static int send_read_answers(int fd, rxbuf_t *rx, held_t *held, const region_t *r, uint32_t version, uint32_t gap,
+                             uint64_t addr, uint64_t len, uint64_t reqid, int look) {
   static const uint8_t zeros[GAP_MAX];
   uint8_t rh[GATHER_READS][RSP_SIZE];
-  struct iovec iov[3 * GATHER_READS];
+  struct iovec iov[1 + 3 * GATHER_READS];
   int n = 0;
+  if (held->n) iov[n++] = (struct iovec){held->h, held->n * (size_t)RSP_SIZE}; /* the WRITE answers before it */
   uint32_t k = 0;
   int gather = len <= SPIN_AFTER_BYTES;
   if (gather && (look || !rx->drained) && rx->len < (GATHER_READS - 1) * REQ_SIZE && rx_recv(fd, rx, MSG_DONTWAIT) < 0)
@@ -1212,6 +1266,7 @@ static int send_read_answers(int fd, rxbuf_t *rx, const region_t *r, uint32_t ve
     bytes += len;
     rx_take(rx, NULL, REQ_SIZE); /* answered with the others */
   }
+  held->n = 0;
   return sendv_all(fd, iov, n, NULL, NULL);
 }
 
@@ -1235,6 +1290,9 @@ static void *sconn_main(void *arg) {
     }
   }
   rxbuf_t rx = {.drained = 1}; /* the requests read and not yet served */
+  held_t held = {.n = 0};      /* WRITE answers held back while the next request was in */
+  int one = 1; /* recv_after_gap learns whether the next request is in (failing: it reports -1, nothing is held) */
+  setsockopt(fd, IPPROTO_TCP, TCP_INQ, &one, sizeof one);
   int spin = 0; /* the last request was small: its client may send the next one at once */
   uint64_t served_ns = 0; /* when the last request's header was in: the server's exchange cycle starts */
   tent_busy_poll_t bp;
@@ -1300,7 +1358,7 @@ static void *sconn_main(void *arg) {
         slog("refused a waiting READ from %s: bad condition (word %#llx, floor %llu, lo %llu, hi %llu, %u ms)", c->who,
              (unsigned long long)word, (unsigned long long)floor, (unsigned long long)lo, (unsigned long long)hi, wait_ms);
         atomic_fetch_add(&ex->waits_refused, 1);
-        if (send_response(fd, TENT_E_PROTOCOL, reqid, 0, version, 0) != IO_OK) break;
+        if (send_response(fd, &held, TENT_E_PROTOCOL, reqid, version, 0, 0) != IO_OK) break;
         continue;
       }
     }
@@ -1314,21 +1372,30 @@ static void *sconn_main(void *arg) {
     if (op == TENT_OP_WRITE) {
       /* the gap and the payload's first bytes may have come with the header */
       uint32_t g = rx_take(&rx, NULL, gap), got = g == gap ? rx_take(&rx, r ? (void *)(uintptr_t)addr : NULL, len) : 0;
+      int inq = -1;
       if (r) {
-        rc = recv_after_gap(fd, gap - g, (char *)(uintptr_t)addr + got, (size_t)(len - got));
+        rc = recv_after_gap(fd, gap - g, (char *)(uintptr_t)addr + got, (size_t)(len - got), &inq);
         region_release(ex, c, r);
       } else {
         rc = drain(fd, gap - g + len - got);
       }
-      if (rc != IO_OK) break;
-      if (send_response(fd, status, reqid, 0, version, gap) != IO_OK) break;
+      if (rc != IO_OK) {
+        held_flush(fd, &held); /* best effort: the WRITEs before it were done */
+        break;
+      }
+      /* held while the next request is in already (in the buffer, or the socket after this payload) */
+      if (send_response(fd, &held, status, reqid, version, gap, rx.len >= REQ_SIZE || inq >= REQ_SIZE) != IO_OK) break;
     } else {
       int look = 0; /* what followed the header may have grown while it was parked: look */
       if (!r) {
-        if (send_response(fd, status, reqid, 0, version, 0) != IO_OK) break;
+        if (send_response(fd, &held, status, reqid, version, 0, 0) != IO_OK) break;
         continue;
       }
       if (waiting) {
+        if (held_flush(fd, &held) != IO_OK) { /* its park may be long: nothing waits behind it */
+          region_release(ex, c, r);
+          break;
+        }
         region_t *wr = word_region_acquire(ex, word, &status);
         if (wr) {
           status = wait_word(ex, r, wr, word, floor, lo, hi, wait_ms);
@@ -1336,12 +1403,12 @@ static void *sconn_main(void *arg) {
         }
         if (status != TENT_OK) {
           region_release(ex, c, r);
-          if (send_response(fd, status, reqid, 0, version, 0) != IO_OK) break;
+          if (send_response(fd, &held, status, reqid, version, 0, 0) != IO_OK) break;
           continue;
         }
         look = 1;
       }
-      rc = send_read_answers(fd, &rx, r, version, gap, addr, len, reqid, look); /* header, gap, payload: one sendmsg */
+      rc = send_read_answers(fd, &rx, &held, r, version, gap, addr, len, reqid, look); /* header, gap, payload: one sendmsg */
       region_release(ex, c, r);
       if (rc != IO_OK) break;
     }

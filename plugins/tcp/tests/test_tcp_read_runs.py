@@ -8,9 +8,10 @@ what goes over the wire or where it lands:
   arrives in two pieces: every answer comes back in order, with its gap and exactly its bytes,
   and the connection serves on;
 - the server reads requests through a small buffer (one recv takes what is in: several headers,
-  a WRITE's gap and the first bytes of its payload): WRITEs, refused WRITEs and READs of what
-  they just wrote, back to back in one send or dribbled in pieces that cut headers, gaps and
-  payloads anywhere, land and answer exactly as sent one at a time;
+  a WRITE's gap and the first bytes of its payload) and holds a WRITE's answer back while the
+  next request is in: runs of WRITEs (refused ones among them), and READs of what they just
+  wrote, back to back in one send or dribbled in pieces that cut headers, gaps and payloads
+  anywhere, land and answer in order exactly as sent one at a time;
 - the client: runs longer than the server gathers, mixed with refusals and WRITEs, land byte for
   byte with the right statuses and counters.
 """
@@ -122,7 +123,8 @@ def _mixed_burst(server: Server, seed: int) -> tuple[list[bytes], list[tuple[int
         reqs.append(REQ.pack(MAGIC, 2, WRITE | gap << 8, rw + base + off, n, reqid) + bytes(gap) + data)
         want.append((reqid, 0, gap, b""))
         region[off : off + n] = data
-        for _ in range(int(rng.integers(0, 4))):  # READs of it, gathered behind one another
+        # the first 20: a run of WRITEs alone (more than a connection holds answers back for)
+        for _ in range(0 if i < 20 else int(rng.integers(0, 4))):  # READs of it, gathered behind one another
             reqid += 1
             lo = int(rng.integers(0, n))
             m, rgap = int(rng.integers(1, n - lo + 1)), int(rng.integers(0, 128))
