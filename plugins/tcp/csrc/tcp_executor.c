@@ -1084,45 +1084,6 @@ static int drain(int fd, uint64_t len) {
   return rc;
 }
 
-/* A WRITE's payload after its gap: one recvmsg (MSG_WAITALL) for both while it fills them. */
-static int recv_after_gap(int fd, uint32_t gap, void *dst, size_t len) {
-  if (!gap) return recv_all(fd, dst, len, NULL, 0);
-  uint8_t skip[GAP_MAX];
-  struct iovec iov[2] = {{skip, gap}, {dst, len}};
-  struct iovec *v = iov;
-  size_t n = len ? 2 : 1;
-  while (n) {
-    struct iovec *cut = NULL; /* a QoS piece (while demoted) */
-    size_t cut_len = 0;
-    int cnt = tl_qos_piece ? iov_within(v, (int)n, tl_qos_piece, &cut, &cut_len) : (int)n;
-    struct msghdr m = {.msg_iov = v, .msg_iovlen = (size_t)cnt};
-    ssize_t k = recvmsg(fd, &m, MSG_WAITALL);
-    if (cut) cut->iov_len = cut_len;
-    if (k == 0) return IO_EOF;
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      return IO_ERR; /* a timeout (SO_RCVTIMEO) included: the server side has no progress clock */
-    }
-    while (n && (size_t)k >= v->iov_len) k -= (ssize_t)v->iov_len, v++, n--;
-    if (n) v->iov_base = (char *)v->iov_base + k, v->iov_len -= (size_t)k;
-    if (n) qos_piece_yield();
-  }
-  return IO_OK;
-}
-
-static int send_response(int fd, int32_t status, uint64_t reqid, int more, uint32_t version, uint32_t gap) {
-  uint8_t h[RSP_SIZE] = {0};
-  put32(h, WIRE_MAGIC);
-  put16(h + 4, (uint16_t)version);
-  put16(h + 6, (uint16_t)gap);
-  put32(h + 8, (uint32_t)status);
-  put64(h + 16, reqid);
-  return send_all(fd, h, RSP_SIZE, more, NULL, 0);
-}
-
-/* READs answered in one sendmsg at most (the one read plus those already waiting behind it). */
-#define GATHER_READS 16
-
 #ifndef TCP_INQ
 #define TCP_INQ 36 /* Linux >= 4.18; older headers */
 #endif
@@ -1130,71 +1091,201 @@ static int send_response(int fd, int32_t status, uint64_t reqid, int more, uint3
 #define TCP_CM_INQ TCP_INQ
 #endif
 
-/* A request header, the whole of it (MSG_WAITALL), like recv_all. *inq: the bytes still in the
- * socket's receive queue right after it, as the kernel reports them with TCP_INQ (set on server
- * sockets), or -1 where it does not: whether a READ has anything behind it to gather without a
- * second system call to look (a MSG_PEEK on an empty socket costs about as much as the recv). */
-static int recv_header(int fd, uint8_t *h, int *inq) {
-  size_t got = 0;
+/* A WRITE's payload after its gap: one recvmsg (MSG_WAITALL) for both while it fills them.
+ * *inq: the bytes still in the socket's receive queue right after it, as the kernel reports them
+ * with TCP_INQ (set on server sockets), or -1 where it does not (or nothing was read): whether
+ * the next request is in already, so that this one's answer may leave with the next one's. */
+static int recv_after_gap(int fd, uint32_t gap, void *dst, size_t len, int *inq) {
+  uint8_t skip[GAP_MAX];
+  struct iovec iov[2] = {{skip, gap}, {dst, len}};
+  struct iovec *v = gap ? iov : iov + 1;
+  size_t n = (gap ? 1u : 0u) + (len ? 1u : 0u);
   *inq = -1;
-  while (got < REQ_SIZE) {
+  while (n) {
     union {
       struct cmsghdr align;
       char buf[CMSG_SPACE(sizeof(int))];
     } ctl;
-    struct iovec iov = {h + got, REQ_SIZE - got};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
-    ssize_t n = recvmsg(fd, &m, MSG_WAITALL);
-    if (n == 0) return IO_EOF;
-    if (n < 0) {
+    struct iovec *cut = NULL; /* a QoS piece (while demoted) */
+    size_t cut_len = 0;
+    int cnt = tl_qos_piece ? iov_within(v, (int)n, tl_qos_piece, &cut, &cut_len) : (int)n;
+    struct msghdr m = {.msg_iov = v, .msg_iovlen = (size_t)cnt, .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
+    ssize_t k = recvmsg(fd, &m, MSG_WAITALL);
+    if (cut) cut->iov_len = cut_len;
+    if (k == 0) return IO_EOF;
+    if (k < 0) {
       if (errno == EINTR) continue;
-      /* SO_RCVTIMEO ran out: before any byte of it, the caller decides; within one, it stalled */
-      return !got && (errno == EAGAIN || errno == EWOULDBLOCK) ? IO_TIMEOUT : IO_ERR;
+      return IO_ERR; /* a timeout (SO_RCVTIMEO) included: the server side has no progress clock */
     }
-    got += (size_t)n;
     *inq = -1;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm))
       if (cm->cmsg_level == IPPROTO_TCP && cm->cmsg_type == TCP_CM_INQ && cm->cmsg_len >= CMSG_LEN(sizeof(int)))
         memcpy(inq, CMSG_DATA(cm), sizeof *inq);
+    while (n && (size_t)k >= v->iov_len) k -= (ssize_t)v->iov_len, v++, n--;
+    if (n) v->iov_base = (char *)v->iov_base + k, v->iov_len -= (size_t)k;
+    if (n) qos_piece_yield();
   }
   return IO_OK;
 }
 
-/* Answer a READ of [addr, addr + len) in region `r` (referenced by the caller), together with the
- * READs already complete in the socket buffer behind it that fall in the same region: the
- * initiator sends a batch's requests to a connection as one pipelined run, and answering them one
- * sendmsg each cost a poll, a recv and a sendmsg per request on this side, and an answer at a time
- * on the other. The answers go out in one sendmsg (the kernel still pushes each full segment as it
- * fills, so the first answer leaves as early as before); their bytes are the same as answered one
- * by one, so the gaps the initiator chose still hold. Anything else behind it (a WRITE, a READ
- * outside the region, a header still arriving, a malformed one) is left to the main loop. */
+/* READs answered in one sendmsg at most (the one read plus those already waiting behind it); also
+ * the WRITE answers a connection holds back at most. */
+#define GATHER_READS 16
+
+/* The answers a server connection holds back: a WRITE's while the request after it is in
+ * already (a pipelined run of WRITEs), so that a run's answers leave in one call with the last
+ * one's, or in front of whatever this connection sends next, instead of one send each: each send
+ * on loopback runs the whole transmit and receive path of its segment here, and the initiator
+ * reads a run of WRITEs' answers all at once anyway. A lone WRITE's answer is never held: one is
+ * held only while the next request's header is in already (so the wait for it does not sleep),
+ * and goes out with the next answer (a READ's in the same sendmsg), or before a READ parks. */
+typedef struct {
+  uint8_t h[GATHER_READS][RSP_SIZE];
+  uint32_t n;
+} held_t;
+
+static void rsp_fill(uint8_t *h, int32_t status, uint64_t reqid, uint32_t version, uint32_t gap) {
+  memset(h, 0, RSP_SIZE);
+  put32(h, WIRE_MAGIC);
+  put16(h + 4, (uint16_t)version);
+  put16(h + 6, (uint16_t)gap);
+  put32(h + 8, (uint32_t)status);
+  put64(h + 16, reqid);
+}
+
+/* The held answers, sent now (before a wait, or anything that must not overtake them). */
+static int held_flush(int fd, held_t *held) {
+  if (!held->n) return IO_OK;
+  struct iovec iov = {held->h, held->n * (size_t)RSP_SIZE};
+  held->n = 0;
+  return sendv_all(fd, &iov, 1, NULL, NULL);
+}
+
+/* An answer without payload, behind the held ones; `hold`: it may wait for the next answer. */
+static int send_response(int fd, held_t *held, int32_t status, uint64_t reqid, uint32_t version, uint32_t gap,
+                         int hold) {
+  if (hold && held->n < GATHER_READS) {
+    rsp_fill(held->h[held->n++], status, reqid, version, gap);
+    return IO_OK;
+  }
+  uint8_t h[RSP_SIZE];
+  rsp_fill(h, status, reqid, version, gap);
+  if (!held->n) return send_all(fd, h, RSP_SIZE, 0, NULL, 0);
+  struct iovec iov[2] = {{held->h, held->n * (size_t)RSP_SIZE}, {h, RSP_SIZE}};
+  held->n = 0;
+  return sendv_all(fd, iov, 2, NULL, NULL);
+}
+
+/* A server connection reads its requests through a small buffer: one plain recv takes whatever
+ * is in (up to RX_BUF bytes), so a pipelined run of READs (their headers leave in one sendmsg)
+ * costs one call for all of its headers, and a lone request one recv without the ancillary data
+ * (TCP_INQ) a look behind it needed before (a recvmsg of the header with TCP_INQ, then a
+ * MSG_PEEK and a recv of the READs behind it: three calls per run, and the cmsg's cost on every
+ * request). What it reads past a header belongs to the requests after it: a WRITE's gap and the
+ * first bytes of its payload are taken from the buffer (a memcpy of at most RX_BUF bytes), the
+ * rest lands in place with recv as before, at the same offsets in the stream, so the gap the
+ * initiator chose still keeps the kernel's copy clear of 4K aliasing. */
+#define RX_BUF (GATHER_READS * REQ_SIZE)
+
+typedef struct {
+  uint8_t b[RX_BUF];
+  uint32_t off, len; /* the bytes read but not yet taken: b[off, off + len) */
+  int drained;       /* the last recv took all the socket had (it returned less than it could) */
+} rxbuf_t;
+
+/* Take up to n buffered bytes into dst (NULL: drop them); returns how many. */
+static uint32_t rx_take(rxbuf_t *rx, void *dst, uint64_t n) {
+  uint32_t k = n < rx->len ? (uint32_t)n : rx->len;
+  if (dst && k) memcpy(dst, rx->b + rx->off, k);
+  rx->off += k;
+  rx->len -= k;
+  if (!rx->len) rx->off = 0;
+  return k;
+}
+
+/* One recv into the buffer's free room (flags: 0 or MSG_DONTWAIT): bytes read, 0 none (EAGAIN,
+ * a timeout included), or IO_EOF / IO_ERR as a negative number. */
+static ssize_t rx_recv(int fd, rxbuf_t *rx, int flags) {
+  if (rx->off) { /* what is left is less than a header, or a few of them: cheap to move */
+    memmove(rx->b, rx->b + rx->off, rx->len);
+    rx->off = 0;
+  }
+  size_t room = RX_BUF - rx->len;
+  for (;;) {
+    ssize_t n = recv(fd, rx->b + rx->len, room, flags);
+    if (n > 0) {
+      rx->len += (uint32_t)n;
+      rx->drained = (size_t)n < room;
+      return n;
+    }
+    if (n == 0) return -IO_EOF;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      rx->drained = 1;
+      return 0;
+    }
+    return -IO_ERR;
+  }
+}
+
+/* A whole request header in the buffer, read if need be (like recv_all: the socket's timeout,
+ * SO_RCVTIMEO, ticks). IO_TIMEOUT: it ran out before any byte of the header (the caller
+ * decides); within one, the header stalled (IO_ERR). */
+static int rx_header(int fd, rxbuf_t *rx) {
+  while (rx->len < REQ_SIZE) {
+    ssize_t n = rx_recv(fd, rx, 0);
+    if (n < 0) return (int)-n;
+    if (n == 0) return rx->len ? IO_ERR : IO_TIMEOUT;
+  }
+  return IO_OK;
+}
+
+/* n bytes into dst (NULL: dropped): those buffered, then the rest from the socket. */
+static int rx_read(int fd, rxbuf_t *rx, void *dst, uint64_t n) {
+  uint32_t k = rx_take(rx, dst, n);
+  if (k == n) return IO_OK;
+  return dst ? recv_all(fd, (char *)dst + k, n - k, NULL, 0) : drain(fd, n - k);
+}
+
 /* A server connection's sleeping wait for its next request: in the recv of the header itself,
  * not in a poll before it. Waking a thread in recv costs a system call less than waking it in
  * poll and then calling recv, and its timeout is the socket's (SO_RCVTIMEO, slice_timeout_ms: a
  * timer-wheel tick, not an hrtimer armed per wait): about 1 us of a 64 KiB round trip here
  * (docs/benchmarks.md). The executor's stop wakes it with shutdown(), as it wakes every server
- * connection. Returns 1 with the header in h, 0 closed (or stopping, or a stalled header), -1
- * idle for idle_timeout_ms (checked every slice_timeout_ms). */
-static int wait_header(tcp_exec_t *ex, int fd, uint8_t *h, int *inq) {
+ * connection. Returns 1 with the header in the buffer, 0 closed (or stopping, or a stalled
+ * header), -1 idle for idle_timeout_ms (checked every slice_timeout_ms). */
+static int wait_header(tcp_exec_t *ex, int fd, rxbuf_t *rx) {
   uint64_t since = mono_ms();
   for (;;) {
-    int rc = recv_header(fd, h, inq);
+    int rc = rx_header(fd, rx);
     if (rc == IO_OK) return 1;
     if (rc != IO_TIMEOUT || __atomic_load_n(&ex->stopping, __ATOMIC_RELAXED)) return 0;
     if (mono_ms() - since >= (uint64_t)ex->idle_timeout_ms) return -1;
   }
 }
 
-static int send_read_answers(int fd, const region_t *r, uint32_t version, uint32_t gap, uint64_t addr, uint64_t len,
-                             uint64_t reqid, int inq) {
+/* Answer a READ of [addr, addr + len) in region `r` (referenced by the caller), together with the
+ * READs already complete behind it that fall in the same region: the initiator sends a batch's
+ * requests to a connection as one pipelined run, and answering them one sendmsg each cost a
+ * wait, a recv and a sendmsg per request on this side, and an answer at a time on the other.
+ * The answers go out in one sendmsg (the kernel still pushes each full segment as it fills, so
+ * the first answer leaves as early as before); their bytes are the same as answered one by one,
+ * so the gaps the initiator chose still hold. Anything else behind it (a WRITE, a READ outside
+ * the region, a header still arriving, a malformed one) stays in the buffer for the main loop.
+ * The headers behind it are those the buffer holds; the socket is looked at again (one recv
+ * that does not wait) only where more may be there: `look` (the READ was parked, so more may
+ * have come meanwhile), or the last recv filled the buffer. */
+static int send_read_answers(int fd, rxbuf_t *rx, held_t *held, const region_t *r, uint32_t version, uint32_t gap,
+                             uint64_t addr, uint64_t len, uint64_t reqid, int look) {
   static const uint8_t zeros[GAP_MAX];
-  uint8_t more[(GATHER_READS - 1) * REQ_SIZE];
   uint8_t rh[GATHER_READS][RSP_SIZE];
-  struct iovec iov[3 * GATHER_READS];
+  struct iovec iov[1 + 3 * GATHER_READS];
   int n = 0;
-  uint32_t k = 0, extra = 0;
-  /* a lone request (inq: nothing whole behind its header as it was read) skips the look */
-  ssize_t got = len <= SPIN_AFTER_BYTES && (inq < 0 || inq >= REQ_SIZE) ? recv(fd, more, sizeof more, MSG_PEEK | MSG_DONTWAIT) : 0;
+  if (held->n) iov[n++] = (struct iovec){held->h, held->n * (size_t)RSP_SIZE}; /* the WRITE answers before it */
+  uint32_t k = 0;
+  int gather = len <= SPIN_AFTER_BYTES;
+  if (gather && (look || !rx->drained) && rx->len < (GATHER_READS - 1) * REQ_SIZE && rx_recv(fd, rx, MSG_DONTWAIT) < 0)
+    return IO_ERR; /* broken: its answer could not be read either */
   uint64_t bytes = len;
   for (;;) {
     memset(rh[k], 0, RSP_SIZE);
@@ -1205,8 +1296,8 @@ static int send_read_answers(int fd, const region_t *r, uint32_t version, uint32
     iov[n++] = (struct iovec){rh[k], RSP_SIZE};
     if (gap) iov[n++] = (struct iovec){(void *)zeros, gap};
     if (len) iov[n++] = (struct iovec){(void *)(uintptr_t)addr, (size_t)len};
-    if (++k == GATHER_READS || got < (ssize_t)((extra + 1) * REQ_SIZE)) break;
-    const uint8_t *h = more + extra * REQ_SIZE; /* the next request, whole in the buffer */
+    if (!gather || ++k == GATHER_READS || rx->len < REQ_SIZE) break;
+    const uint8_t *h = rx->b + rx->off; /* the next request, whole in the buffer */
     uint32_t op = get16(h + 6);
     version = get16(h + 4);
     if (get32(h) != WIRE_MAGIC || version != WIRE_VERSION_GAP || (op & 0xff) != TENT_OP_READ) break;
@@ -1218,10 +1309,9 @@ static int send_read_answers(int fd, const region_t *r, uint32_t version, uint32
         addr - r->addr > r->len || len > r->len - (addr - r->addr))
       break;
     bytes += len;
-    extra++;
+    rx_take(rx, NULL, REQ_SIZE); /* answered with the others */
   }
-  if (extra && recv(fd, more, extra * REQ_SIZE, MSG_DONTWAIT) != (ssize_t)(extra * REQ_SIZE))
-    return IO_ERR; /* peeked whole: cannot come short */
+  held->n = 0;
   return sendv_all(fd, iov, n, NULL, NULL);
 }
 
@@ -1245,7 +1335,9 @@ static void *sconn_main(void *arg) {
       return NULL;
     }
   }
-  int one = 1; /* recv_header learns what follows a header (failing, it reports -1: always look) */
+  rxbuf_t rx = {.drained = 1}; /* the requests read and not yet served */
+  held_t held = {.n = 0};      /* WRITE answers held back while the next request was in */
+  int one = 1; /* recv_after_gap learns whether the next request is in (failing: it reports -1, nothing is held) */
   setsockopt(fd, IPPROTO_TCP, TCP_INQ, &one, sizeof one);
   int spin = 0; /* the last request was small: its client may send the next one at once */
   uint64_t served_ns = 0; /* when the last request's header was in: the server's exchange cycle starts */
@@ -1261,13 +1353,15 @@ static void *sconn_main(void *arg) {
     if (qos_thread_demoted() && mono_ms() >= atomic_load(&ex->srv_small_until_ms)) qos_thread_level(ex, 0); /* idle */
     /* sleep in the header's recv (wait_header) where the socket's timeout ticks at least as often
      * as the idle timeout needs; else in poll, as before */
-    int in_recv = ex->slice_timeout_ms <= ex->idle_timeout_ms, have = 0, inq = -1, w;
-    if (spin) {
+    int in_recv = ex->slice_timeout_ms <= ex->idle_timeout_ms, w;
+    if (rx.len >= REQ_SIZE) {
+      w = 1; /* the next request came in with the last one's read: no wait */
+    } else if (spin) {
       uint64_t t0 = mono_ns();
       uint32_t budget = busy_poll_claim(ex, &bp, t0);
       int lost = 0;
       if (spin_readable(fd, budget, &lost)) w = 1;
-      else if (in_recv) have = (w = wait_header(ex, fd, h, &inq)) > 0;
+      else if (in_recv) w = wait_header(ex, fd, &rx);
       else w = wait_readable(ex, fd, ex->idle_timeout_ms);
       if (w > 0) {
         uint64_t now = mono_ns();
@@ -1275,14 +1369,15 @@ static void *sconn_main(void *arg) {
       }
       else if (budget) atomic_fetch_sub(&ex->polling_now, 1); /* the slot only: no outcome */
     } else if (in_recv) {
-      have = (w = wait_header(ex, fd, h, &inq)) > 0;
+      w = wait_header(ex, fd, &rx);
     } else {
       w = wait_readable(ex, fd, ex->idle_timeout_ms);
     }
     if (w < 0) atomic_fetch_add(&ex->idle_closed, 1); /* idle too long: the client reconnects when it needs to */
     if (w <= 0) break;
-    int rc = have ? IO_OK : recv_header(fd, h, &inq);
-    if (rc != IO_OK) break; /* peer closed / stalled mid-header */
+    int rc = rx_header(fd, &rx); /* buffered already, unless the wait was a poll */
+    if (rc != IO_OK) break;      /* peer closed / stalled mid-header */
+    rx_take(&rx, h, REQ_SIZE);
     served_ns = ex->busy_poll_us ? mono_ns() : 0;
     uint32_t version = get16(h + 4);
     if (get32(h) != WIRE_MAGIC || (version != WIRE_VERSION && version != WIRE_VERSION_GAP)) {
@@ -1302,15 +1397,14 @@ static void *sconn_main(void *arg) {
     uint64_t word = 0, floor = 0, lo = 0, hi = 0;
     uint32_t wait_ms = 0;
     if (waiting) {
-      if (recv_all(fd, ext, WAIT_EXT_SIZE, NULL, 0) != IO_OK) break;
-      if (inq >= 0) inq = inq >= WAIT_EXT_SIZE ? inq - WAIT_EXT_SIZE : 0; /* what follows the condition */
+      if (rx_read(fd, &rx, ext, WAIT_EXT_SIZE) != IO_OK) break;
       op = TENT_OP_READ;
       word = get64(ext), floor = get64(ext + 8), lo = get64(ext + 16), hi = get64(ext + 24), wait_ms = get32(ext + 32);
       if ((word & 7u) || !(floor <= lo && lo <= hi) || !wait_ms || get32(ext + 36)) {
         slog("refused a waiting READ from %s: bad condition (word %#llx, floor %llu, lo %llu, hi %llu, %u ms)", c->who,
              (unsigned long long)word, (unsigned long long)floor, (unsigned long long)lo, (unsigned long long)hi, wait_ms);
         atomic_fetch_add(&ex->waits_refused, 1);
-        if (send_response(fd, TENT_E_PROTOCOL, reqid, 0, version, 0) != IO_OK) break;
+        if (send_response(fd, &held, TENT_E_PROTOCOL, reqid, version, 0, 0) != IO_OK) break;
         continue;
       }
     }
@@ -1322,20 +1416,32 @@ static void *sconn_main(void *arg) {
     }
     region_t *r = region_acquire(ex, c, addr, len, op == TENT_OP_READ ? PERM_REMOTE_READ : PERM_REMOTE_WRITE, &status);
     if (op == TENT_OP_WRITE) {
+      /* the gap and the payload's first bytes may have come with the header */
+      uint32_t g = rx_take(&rx, NULL, gap), got = g == gap ? rx_take(&rx, r ? (void *)(uintptr_t)addr : NULL, len) : 0;
+      int inq = -1;
       if (r) {
-        rc = recv_after_gap(fd, gap, (void *)(uintptr_t)addr, (size_t)len);
+        rc = recv_after_gap(fd, gap - g, (char *)(uintptr_t)addr + got, (size_t)(len - got), &inq);
         region_release(ex, c, r);
       } else {
-        rc = drain(fd, gap + len);
+        rc = drain(fd, gap - g + len - got);
       }
-      if (rc != IO_OK) break;
-      if (send_response(fd, status, reqid, 0, version, gap) != IO_OK) break;
+      if (rc != IO_OK) {
+        held_flush(fd, &held); /* best effort: the WRITEs before it were done */
+        break;
+      }
+      /* held while the next request is in already (in the buffer, or the socket after this payload) */
+      if (send_response(fd, &held, status, reqid, version, gap, rx.len >= REQ_SIZE || inq >= REQ_SIZE) != IO_OK) break;
     } else {
+      int look = 0; /* what followed the header may have grown while it was parked: look */
       if (!r) {
-        if (send_response(fd, status, reqid, 0, version, 0) != IO_OK) break;
+        if (send_response(fd, &held, status, reqid, version, 0, 0) != IO_OK) break;
         continue;
       }
       if (waiting) {
+        if (held_flush(fd, &held) != IO_OK) { /* its park may be long: nothing waits behind it */
+          region_release(ex, c, r);
+          break;
+        }
         region_t *wr = word_region_acquire(ex, word, &status);
         if (wr) {
           status = wait_word(ex, r, wr, word, floor, lo, hi, wait_ms);
@@ -1343,12 +1449,12 @@ static void *sconn_main(void *arg) {
         }
         if (status != TENT_OK) {
           region_release(ex, c, r);
-          if (send_response(fd, status, reqid, 0, version, 0) != IO_OK) break;
+          if (send_response(fd, &held, status, reqid, version, 0, 0) != IO_OK) break;
           continue;
         }
-        inq = -1; /* what followed the header may have grown while it was parked: look */
+        look = 1;
       }
-      rc = send_read_answers(fd, r, version, gap, addr, len, reqid, inq); /* header, gap, payload: one sendmsg */
+      rc = send_read_answers(fd, &rx, &held, r, version, gap, addr, len, reqid, look); /* header, gap, payload: one sendmsg */
       region_release(ex, c, r);
       if (rc != IO_OK) break;
     }

@@ -7,12 +7,18 @@ what goes over the wire or where it lands:
   regions, with a refused READ, a WRITE and a version-1 READ among them, and a header that
   arrives in two pieces: every answer comes back in order, with its gap and exactly its bytes,
   and the connection serves on;
+- the server reads requests through a small buffer (one recv takes what is in: several headers,
+  a WRITE's gap and the first bytes of its payload) and holds a WRITE's answer back while the
+  next request is in: runs of WRITEs (refused ones among them), and READs of what they just
+  wrote, back to back in one send or dribbled in pieces that cut headers, gaps and payloads
+  anywhere, land and answer in order exactly as sent one at a time;
 - the client: runs longer than the server gathers, mixed with refusals and WRITEs, land byte for
   byte with the right statuses and counters.
 """
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import struct
 import time
@@ -89,6 +95,70 @@ def test_server_answers_a_burst_of_reads_in_order_byte_for_byte(server: Server) 
         c.sendall(b"".join(cut)[3 * REQ.size + 9 :])
         assert RSP.unpack(_recv_exact(c, RSP.size))[5] == 5003
         assert _recv_exact(c, 5 + 4096)[5:] == ro_bytes[192 : 192 + 4096]
+
+
+def _mixed_burst(server: Server, seed: int) -> tuple[list[bytes], list[tuple[int, int, int, bytes]], bytes]:
+    """Requests back to back: WRITEs of 1 B-100 KiB with every kind of gap (some refused: no
+    permission, out of bounds), each followed by READs of what it just wrote. Returns the
+    requests, the answers expected (reqid, status sign, gap, payload) and what the WRITEs leave
+    in rw[8 MiB, 9 MiB)."""
+    rw, rw_len = server.addr("rw"), server.regions["rw"][1]
+    ro = server.addr("ro")
+    base = 8 << 20
+    region = bytearray(pattern(1, 16 << 20).tobytes()[base : base + (1 << 20)])
+    rng = np.random.default_rng(seed)
+    reqs: list[bytes] = []
+    want: list[tuple[int, int, int, bytes]] = []
+    reqid = 7000
+    for i in range(60):
+        n = int(rng.choice([1, 7, 31, 32, 33, 400, 480, 481, 512, 4096, int(rng.integers(1, 100 << 10))]))
+        gap, off = int(rng.integers(0, 128)), int(rng.integers(0, (1 << 20) - n))
+        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        reqid += 1
+        if i % 9 == 4:  # refused: its gap and payload are read and dropped, the connection serves on
+            addr = ro + off if i % 2 else rw + rw_len - n // 2
+            reqs.append(REQ.pack(MAGIC, 2, WRITE | gap << 8, addr, n, reqid) + bytes(gap) + data)
+            want.append((reqid, -1, gap, b""))
+            continue
+        reqs.append(REQ.pack(MAGIC, 2, WRITE | gap << 8, rw + base + off, n, reqid) + bytes(gap) + data)
+        want.append((reqid, 0, gap, b""))
+        region[off : off + n] = data
+        # the first 20: a run of WRITEs alone (more than a connection holds answers back for)
+        for _ in range(0 if i < 20 else int(rng.integers(0, 4))):  # READs of it, gathered behind one another
+            reqid += 1
+            lo = int(rng.integers(0, n))
+            m, rgap = int(rng.integers(1, n - lo + 1)), int(rng.integers(0, 128))
+            reqs.append(REQ.pack(MAGIC, 2, READ | rgap << 8, rw + base + off + lo, m, reqid))
+            want.append((reqid, 0, rgap, data[lo : lo + m]))
+    return reqs, want, bytes(region)
+
+
+@pytest.mark.parametrize("dribble", [False, True])
+def test_server_takes_writes_and_reads_of_them_back_to_back(server: Server, dribble: bool) -> None:
+    reqs, want, region = _mixed_burst(server, 31 + dribble)
+    burst = b"".join(reqs)
+    with socket.create_connection(("127.0.0.1", server.ports[0]), timeout=10) as c:
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if not dribble:
+            c.sendall(burst)
+        else:  # pieces that cut headers, gaps and payloads anywhere, each its own segment
+            rng, at = np.random.default_rng(5), 0
+            while at < len(burst):
+                step = int(rng.choice([1, 5, 20, 31, 33, 100, 511, 513, 3000]))
+                c.sendall(burst[at : at + step])
+                at += step
+                if at < 40_000:
+                    time.sleep(0.0005)
+        for reqid, sign, gap, payload in want:
+            magic, v, echoed, status, _, rid = RSP.unpack(_recv_exact(c, RSP.size))
+            assert (magic, v, rid) == (MAGIC, 2, reqid)
+            if sign < 0:
+                assert status < 0, reqid
+                continue
+            assert status == 0 and echoed == gap, (reqid, status, echoed, gap)
+            if payload:
+                assert _recv_exact(c, gap + len(payload)) == bytes(gap) + payload, reqid
+    assert server.sha("rw", 8 << 20, 1 << 20) == hashlib.sha256(region).hexdigest()
 
 
 @pytest.mark.parametrize("inline", [False, True])
