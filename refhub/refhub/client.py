@@ -200,6 +200,10 @@ RECV_DIGEST = os.environ.get("REFHUB_RECV_DIGEST", "1") != "0"
 # what lands ahead of the stream is hashed later, from another core's cache (measured: ~45-80% of the
 # bytes with 4-16 MiB of one tensor per batch, ~3-9% in turns)
 RECV_DIGEST_PIECE = int(float(os.environ.get("REFHUB_RECV_DIGEST_PIECE_KB", "1024")) * 1024)
+# ... and a tensor whose digest the transport folded whole is compared on the pulling thread when
+# its last batch lands (a C call: no hop to a verify lane, no lane thread competing for the GIL with
+# the submits); the lanes keep what the transport did not fold. 0: every check in the lanes.
+INLINE_CHECK = os.environ.get("REFHUB_INLINE_CHECK", "1") != "0"
 # Reading a partial copy, every batch also reads the source's progress word (into its own slot): each
 # completion brings a fresh view of what the source holds, without a blocking round trip that would
 # queue behind the batches on the wire and stall this reader's own progress (and its readers' after it).
@@ -923,14 +927,13 @@ class _Verifier:
         self.cursor = [0] * len(self.spans)
         self.hashed = 0
         self.streamed: set[str] = set()
+        bases: dict[str, int] = {}
         if host and _xxhash is not None and STREAM_VERIFY:
-            pos = 0
-            for name, _, _, nb in mine:
-                it = handle.items.get(name)
-                if it is not None and it.arr is not None and not isinstance(self.exp[name], list):
-                    self.spans[len(self.streamed) % len(self.spans)].append((pos, pos + nb, name, it.arr.reshape(-1).view(np.uint8)))
+            for pos, end, name, flat, base in handle._host_spans():
+                if not isinstance(self.exp[name], list):
+                    self.spans[len(self.streamed) % len(self.spans)].append((pos, end, name, flat))
                     self.streamed.add(name)
-                pos += nb
+                    bases[name] = base
         self.lane_s = [0.0] * len(self.spans)
         self.next_lane = 0
         # per streamed tensor, the running digest its READs are armed with (RECV_DIGEST): the transport
@@ -947,9 +950,11 @@ class _Verifier:
             from tent_core import Digest
 
             for spans in self.spans:
-                for start, end, name, flat in spans:
-                    base = int(flat.ctypes.data)
-                    self.digests[name] = Digest(base, base + (end - start))
+                for start, end, name, _ in spans:
+                    self.digests[name] = Digest(bases[name], bases[name] + (end - start))
+        # per lane, its last queued job: while none is pending, this thread may move the lane's cursor
+        self.lane_last: list[Any] = [None] * len(self.spans)
+        self.checked_here = 0  # tensors compared on this thread (their digests complete: INLINE_CHECK)
 
     def digests_for(self, names: list[str]) -> list | None:
         """The digests to arm a batch with that READs (parts of) these tensors (None: none)."""
@@ -995,11 +1000,17 @@ class _Verifier:
         mismatch surfaces at a later advance or at finish), else here."""
         if self.streamed and done > self.hashed:
             a, self.hashed = self.hashed, done
+            inline = INLINE_CHECK and bool(self.digests) and self.arm
             for w, spans in enumerate(self.spans):
+                if inline:
+                    self._check_folded(w, done)
                 c = self.cursor[w]
-                if c < len(spans) and spans[c][0] < done and spans[-1][1] > a:
+                # (inline: a tensor still landing is the transport's to fold; the lane gets only a
+                # complete one that was not folded whole)
+                if c < len(spans) and spans[c][0] < done and spans[-1][1] > a and (not inline or spans[c][1] <= done):
                     if self.lanes:
-                        self.pending.append(self.lanes[w].submit(self._hash_range, w, a, done))
+                        self.lane_last[w] = self.lanes[w].submit(self._hash_range, w, a, done)
+                        self.pending.append(self.lane_last[w])
                     else:
                         self._hash_range(w, a, done)
         while self.i < len(self.checks) and self.checks[self.i][0] <= done:
@@ -1014,6 +1025,27 @@ class _Verifier:
                 self._check(name, 0)
         while self.pending and self.pending[0].done():
             self.pending.popleft().result()
+
+    def _check_folded(self, w: int, done: int) -> None:
+        """Compare, on this thread, lane w's tensors that the prefix [0, done) completes and whose digests
+        the transport folded whole (every batch armed: the usual case), while no job of the lane is
+        pending. A tensor still being folded (another thread drains its notes), or not folded whole
+        (a piece retried elsewhere), stops it: the lane folds the rest from the landed bytes."""
+        last = self.lane_last[w]
+        if last is not None and not last.done():
+            return  # the lane owns its cursor until its queued jobs ran
+        spans = self.spans[w]
+        while self.cursor[w] < len(spans):
+            start, end, name, _ = spans[self.cursor[w]]
+            if end > done:
+                break
+            d = self.digests[name]
+            if d.folded != end - start:
+                break
+            self.cursor[w] += 1
+            self.checked_here += 1
+            if d.intdigest() != self.exp[name]:  # type: ignore[index]
+                raise ChecksumError("checksum", f"v{self.v} shard {self.h.shard}: end-to-end checksum mismatch in {name!r}")
 
     def finish(self) -> None:
         """Wait for the checks still running (their time counts as `wait_s`); raises a mismatch."""
@@ -1341,6 +1373,23 @@ class ShardHandle:
             self._pack = self.engine.allocate(size, segment=self.segment)
         self._layout_dirty = False
 
+    def _host_spans(self) -> list[tuple[int, int, str, np.ndarray, int]]:
+        """(stream start, end, name, flat uint8 view, its address) of each large host tensor in stream
+        order, once per layout (a pull's verifier needs them before its first READ)."""
+        memo = self.__dict__.get("_spans_memo")
+        if memo is not None and memo[0] == self._layout_gen:
+            return memo[1]
+        out = []
+        pos = 0
+        for name, _, _, nb in self._stream():
+            it = self.items.get(name)
+            if it is not None and it.arr is not None:
+                flat = it.arr.reshape(-1).view(np.uint8)
+                out.append((pos, pos + nb, name, flat, int(flat.ctypes.data)))
+            pos += nb
+        self._spans_memo = (self._layout_gen, out)
+        return out
+
     def _stream(self) -> list[tuple[str, Any, int, int]]:
         """The byte stream served to readers: [(name, LocalBuffer or None for copy mode, offset, nbytes)]."""
         memo = self._stream_memo
@@ -1607,6 +1656,9 @@ class ShardHandle:
                       # of those, bytes that landed ahead of their tensor's stream (another connection's), hashed
                       # when the gap closed: from another core's cache (RECV_DIGEST_PIECE keeps it small)
                       "digest_late_bytes": int(st.get("digest_late", 0)),
+                      # tensors compared on the pulling thread, their digests folded whole by the transport
+                      # (INLINE_CHECK); the others in the verify lanes
+                      "digest_checked_inline": ver.checked_here,
                       # what the link waited for this reader's requests, per batch: mean, largest (refhub.window)
                       "request_delay_s": [round(st["delay"].mean_s, 4), round(st["delay"].max_s, 4)] if "delay" in st
                       else None}
@@ -1838,6 +1890,11 @@ class ShardHandle:
         # a tensor is copied and hashed by one lane, in order: one much larger than a lane's share
         # would leave the other cores idle while it finishes (the windowed pull spreads it over all)
         if large and max(large) * FUSED_MAX_SHARE * n_lanes > sum(large):
+            return False
+        # no transport of this engine completes a READ inside submit (tcp alone): the probe below could
+        # only fail, after the pack and a 1 MiB READ each waited for alone, before the window started
+        # (~4 ms of a 1 GiB replicate over loopback tcp, none of it overlapped: docs/benchmarks.md)
+        if not any(getattr(t, "inline_completes_bytes", 0) > 0 for t in getattr(self.engine, "transports", {}).values()):
             return False
         if mine[k0][0] == "__pack__":
             name, lb, loff, nb = mine[k0]

@@ -556,6 +556,9 @@ def test_tcp_pull_folds_every_large_byte_where_it_lands(tcp_pair, monkeypatch) -
         assert r.stats["verified"] and not r.stats["fused"]
         # every large tensor's bytes folded by the receiving threads, none by the lanes
         assert r.stats["digest_in_copy_bytes"] == LARGE
+        # ... and compared on the pulling thread, each once its last batch landed (no lane hop)
+        if C.INLINE_CHECK:
+            assert r.stats["digest_checked_inline"] == sum(1 for n in FUSED_SIZES if n >= C.TINY)
         assert 0 <= r.stats["digest_late_bytes"] <= LARGE
         # a batch's READs: pieces of at most RECV_DIGEST_PIECE, each tensor's in stream order, the
         # tensors taking turns (no two pieces of one tensor back to back while another has pieces left)
@@ -582,12 +585,31 @@ def test_tcp_pull_without_receive_digest_hashes_in_the_lanes(tcp_pair, monkeypat
     assert all((a == b).all() for a, b in zip(src, dst, strict=True))
 
 
-@pytest.mark.parametrize("recv_digest", [True, False])
+def test_tcp_only_engine_skips_the_fused_probe(tcp_pair, monkeypatch) -> None:
+    """No transport of a tcp-only engine completes a READ inside submit: the pull goes straight to the
+    window (no pack READ alone, no probe READ waited for before it), and verifies every byte."""
+    monkeypatch.setattr(C, "FUSED_VERIFY", True)
+    p, r, src, dst = tcp_pair(FUSED_SIZES, 12)
+    alone: list[list] = []
+    real_read = r._read
+
+    def read(reqs, deadline):
+        alone.append(reqs)
+        return real_read(reqs, deadline)
+
+    monkeypatch.setattr(r, "_read", read)
+    assert r.replicate(1, timeout=30) == 1
+    assert r.stats["verified"] and not r.stats["fused"] and alone == []
+    assert all((a == b).all() for a, b in zip(src, dst, strict=True))
+
+
+@pytest.mark.parametrize("recv_digest,inline_check", [(True, True), (True, False), (False, True)])
 @pytest.mark.parametrize("where", [0, 7 * MB + 11, 9 * MB - 2])  # first, middle, last byte of t5
-def test_tcp_pull_rejects_a_mutated_source(tcp_pair, monkeypatch, recv_digest, where) -> None:
+def test_tcp_pull_rejects_a_mutated_source(tcp_pair, monkeypatch, recv_digest, inline_check, where) -> None:
     if C._xxhash is None:
         pytest.skip("the digest is xxh3_64")
     monkeypatch.setattr(C, "RECV_DIGEST", recv_digest)
+    monkeypatch.setattr(C, "INLINE_CHECK", inline_check)
     p, r, src, dst = tcp_pair(FUSED_SIZES, 10)
     src[5][where] ^= 0x40  # after publish: one byte no longer matches the announced checksum
     with pytest.raises(C.ChecksumError, match="t5"):
