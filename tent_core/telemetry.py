@@ -34,12 +34,13 @@ rail can carry (each is conservative for a different reason, so the largest is t
   inflight / tau would then claim up to burst-size times the real rate;
 * goodput while busy: with service telemetry, bytes moved during intervals the rail was serving the
   whole time, over those intervals, once they add up to half a window (a shorter busy time carries
-  over to the next window, and that window folds no per-slice sample: see `_roll_window`). Without it (completions only), bytes completed from one
-  completion to a later one while the rail held work the whole time, over the time between the
-  two, summed over spans of at least `rate_span_completions` completions and one window (shorter
-  ones carry over to the next window), so that a slow rail whose slices take longer than a window
-  is measured at its rate, not at "one slice per window". While such a span is open the per-slice
-  sample is left out (its latency includes the queue).
+  over to the next window, and that window folds no per-slice sample: see `_roll_window`).
+  Without it (completions only), bytes completed from one completion to a later one while the
+  rail held work the whole time, over the time between the two, summed over spans of at least
+  `rate_span_completions` completions and one window (shorter ones carry over to the next window),
+  so that a slow rail whose slices take longer than a window is measured at its rate, not at
+  "one slice per window". While such a span is open the per-slice sample is left out (its latency
+  includes the queue).
 
 Within a measurement window the largest sample is kept (the "cleanest path condition": application
 load and idle gaps only ever make samples smaller), clamped to the nominal rate when it is known, and
