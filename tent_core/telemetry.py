@@ -33,12 +33,14 @@ rail can carry (each is conservative for a different reason, so the largest is t
   completes early slices after short waits with the whole burst still queued behind them, and
   inflight / tau would then claim up to burst-size times the real rate;
 * goodput while busy: with service telemetry, bytes moved during intervals the rail was serving the
-  whole time, over those intervals. Without it (completions only), bytes completed from one
-  completion to a later one while the rail held work the whole time, over the time between the
-  two, summed over spans of at least `rate_span_completions` completions and one window (shorter
-  ones carry over to the next window), so that a slow rail whose slices take longer than a window
-  is measured at its rate, not at "one slice per window". While such a span is open the per-slice
-  sample is left out (its latency includes the queue).
+  whole time, over those intervals, once they add up to half a window (a shorter busy time carries
+  over to the next window, and that window folds no per-slice sample: see `_roll_window`).
+  Without it (completions only), bytes completed from one completion to a later one while the
+  rail held work the whole time, over the time between the two, summed over spans of at least
+  `rate_span_completions` completions and one window (shorter ones carry over to the next window),
+  so that a slow rail whose slices take longer than a window is measured at its rate, not at
+  "one slice per window". While such a span is open the per-slice sample is left out (its latency
+  includes the queue).
 
 Within a measurement window the largest sample is kept (the "cleanest path condition": application
 load and idle gaps only ever make samples smaller), clamped to the nominal rate when it is known, and
@@ -310,7 +312,6 @@ class RailTelemetry:
 
     def _roll_window(self, now_ns: int) -> None:
         peak = self._peak
-        window = now_ns - self._window_start_ns
         busy_rate = 0.0
         if not self._reports_service:
             # completions only: the busy spans so far, the open one up to its latest completion
@@ -328,10 +329,19 @@ class RailTelemetry:
                 # slices queued behind each other, so one slice's latency understates the rate:
                 # only Little's law counts until the spans hold enough completions
                 peak = self._peak_little
-        else:
-            if self._busy_ns * 2 >= window > 0:
-                busy_rate = self._busy_bytes / (self._busy_ns * _NS)
+        elif self._busy_ns * 2 >= self._window_ns:
+            busy_rate = self._busy_bytes / (self._busy_ns * _NS)
             self._busy_bytes = self._busy_ns = 0
+        elif self._busy_ns > 0 or self.service_rate_ns:
+            # Served for less than half a window (a request's first or last slices, or a short
+            # request): too little to tell a rate, so the busy time carries over to the next
+            # window. The per-slice samples are left out once the rail has shown a busy rate:
+            # their latency runs from submit, so slices submitted in a burst queue behind each
+            # other, and a rail serving k slices at once shows 1/k of its rate per slice. Folded
+            # in, they read a 1 Gbit/s rail (two connections) anywhere from 0.45 to 0.95 Gbit/s at
+            # each request's start, after whichever window the previous request ended in, and the
+            # spray followed those estimates (docs/benchmarks.md, open loop).
+            peak = 0.0
         if busy_rate > 0:
             self._prev_service = (self.service_rate_Bps, self.service_rate_ns)
             self.service_rate_Bps = busy_rate

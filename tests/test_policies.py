@@ -267,6 +267,69 @@ def test_service_rate_counts_bytes_as_they_move():
     assert r.bandwidth_Bps == pytest.approx(rate, rel=0.02)
 
 
+class _Burst:
+    """One rail served by the executor's service telemetry, driven tick by tick: `serve` moves bytes
+    at a rate while serving, `idle` ticks with nothing served, `complete` finishes slices whose
+    latency ran from the burst's submit (queued behind each other)."""
+
+    def __init__(self, tel: RailTelemetry) -> None:
+        self.tel, self.t, self.moved, self.done_b, self.done_s, self.lat = tel, 0, 0, 0, 0, 0
+        self.tel.observe(row(), 0)
+
+    def _obs(self, serving: int) -> None:
+        self.tel.observe(row(inflight_b=8 * MiB if serving else 0, inflight_s=8 if serving else 0,
+                             done_b=self.done_b, done_s=self.done_s, lat_sum=self.lat, last_done=self.t,
+                             serving=serving, progress=self.t if serving else 1, moved=self.moved), self.t)
+
+    def serve(self, rate: float, ms: int) -> None:
+        for _ in range(ms // 10):
+            self.t += 10 * MS
+            self.moved += int(rate * 0.01)
+            self._obs(2)
+
+    def idle(self, ms: int) -> None:
+        for _ in range(ms // 10):
+            self.t += 10 * MS
+            self._obs(0)
+
+    def complete(self, slices: int, latency_ms: int) -> None:
+        self.done_b += slices * MiB
+        self.done_s += slices
+        self.lat += slices * latency_ms * MS
+
+
+def test_partial_busy_windows_carry_over_and_queued_slices_do_not_drag_the_rate():
+    """Open loop, lone requests: each rail serves a burst of slices for part of a window, then idles.
+    The busy time of a window too short to tell a rate carries over; the burst's slices, whose
+    latencies include their wait behind each other, must not pull a rail's estimate below its rate
+    (they read 1 Gbit/s rails anywhere from 0.45 to 0.95 Gbit/s at each request's start)."""
+    cfg = SchedulerConfig(bandwidth_window_s=0.05, ewma_alpha=1.0)
+    b = _Burst(RailTelemetry(0, 1 * GBIT, config=cfg))  # nominal 125 MB/s
+    b.serve(100e6, 60)
+    b.idle(40)  # the window rolled while serving: a busy rate
+    assert b.tel.bandwidth_Bps == pytest.approx(100e6, rel=0.02)
+    b.serve(100e6, 20)  # the tail of a request: 20 ms busy in this window
+    b.complete(8, 80)  # 8 slices queued behind each other: 1 MiB / 80 ms = 13 MB/s each
+    b.idle(40)
+    assert b.tel.bandwidth_Bps == pytest.approx(100e6, rel=0.02)  # the queued slices do not count
+    b.serve(60e6, 20)  # the next request: 20 + 20 ms of service at last
+    b.idle(40)
+    # carried over: (2 MB + 1.2 MB) over 40 ms of service (one tick of each burst is its edge)
+    assert b.tel.bandwidth_Bps == pytest.approx((2e6 + 1.2e6) / 0.04, rel=0.15)
+    assert b.tel.service_rate_Bps == b.tel.bandwidth_Bps
+
+
+def test_per_slice_samples_still_count_before_any_busy_rate():
+    """A rail that never served long enough for a busy rate (small requests only) is still measured
+    by its slices, as before."""
+    cfg = SchedulerConfig(bandwidth_window_s=0.05, ewma_alpha=1.0)
+    b = _Burst(RailTelemetry(0, 1 * GBIT, config=cfg))
+    b.complete(4, 20)  # 1 MiB / 20 ms = 52 MB/s
+    b.idle(60)
+    assert b.tel.service_rate_Bps == 0.0
+    assert b.tel.bandwidth_Bps == pytest.approx(MiB / 0.02, rel=0.02)
+
+
 # ---- slice scheduler -----------------------------------------------------------------------------
 
 
