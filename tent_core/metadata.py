@@ -340,21 +340,25 @@ class ControlClient:
                 # drop the socket: a late reply must not be read as the next call's answer
                 self._drop_socket()
                 raise PeerUnreachableError(f"engine {self.endpoint} did not answer {op!r} within {timeout:g}s")
-            frames = sock.recv_multipart()
-            body = frames[1:] if frames and frames[0] == b"" else frames
-            try:
-                payload = self._auth.unwrap(body)
-            except SessionLost:
-                raise
-            except AuthError as exc:
-                log.warning("control: dropped a reply from %s that does not authenticate: %s", self.endpoint, exc)
-                continue
-            try:
-                reply = msgpack.unpackb(payload, raw=False)
-            except Exception as exc:
-                raise ProtocolError(f"engine {self.endpoint} sent an undecodable reply") from exc
+            reply = self._decode(sock.recv_multipart())
             if isinstance(reply, dict) and reply.get("id") == rid:
                 return reply
+
+    def _decode(self, frames: list[bytes]) -> Any:
+        """A reply's message; None for one that does not authenticate (dropped, logged). A lost
+        session (SessionLost) is the caller's to handle."""
+        body = frames[1:] if frames and frames[0] == b"" else frames
+        try:
+            payload = self._auth.unwrap(body)
+        except SessionLost:
+            raise
+        except AuthError as exc:
+            log.warning("control: dropped a reply from %s that does not authenticate: %s", self.endpoint, exc)
+            return None
+        try:
+            return msgpack.unpackb(payload, raw=False)
+        except Exception as exc:
+            raise ProtocolError(f"engine {self.endpoint} sent an undecodable reply") from exc
 
     # ---- several requests in flight (one owner thread): send now, collect the replies later ---------
 
@@ -393,19 +397,11 @@ class ControlClient:
                     frames = sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     return out
-                body = frames[1:] if frames and frames[0] == b"" else frames
                 try:
-                    payload = self._auth.unwrap(body)
+                    reply = self._decode(frames)
                 except SessionLost as exc:
                     self._auth.reset()
                     raise AuthError(f"engine {self.endpoint} dropped our session: {exc}") from None
-                except AuthError as exc:
-                    log.warning("control: dropped a reply from %s that does not authenticate: %s", self.endpoint, exc)
-                    continue
-                try:
-                    reply = msgpack.unpackb(payload, raw=False)
-                except Exception as exc:
-                    raise ProtocolError(f"engine {self.endpoint} sent an undecodable reply") from exc
                 if isinstance(reply, dict):
                     out.append(reply)
 
