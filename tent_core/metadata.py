@@ -309,25 +309,14 @@ class ControlClient:
         with self._lock:
             deadline = time.monotonic() + timeout
             for attempt in range(2):
-                self._next_id += 1
-                rid = self._next_id
-                out = dict(msg, id=rid, v=PROTOCOL_VERSION)
-                sock = self._socket()
                 try:
-                    if not self._auth.ready:
-                        self._auth.handshake(sock, max(0.001, deadline - time.monotonic()), prefix=[b""])
-                    sock.send_multipart([b"", *self._auth.wrap(msgpack.packb(out, use_bin_type=True))])
-                    return self._await(sock, rid, out["op"], deadline, timeout)
-                except HandshakeTimeout:
-                    self._drop_socket()
-                    raise PeerUnreachableError(
-                        f"engine {self.endpoint} did not answer {out['op']!r} within {timeout:g}s"
-                    ) from None
+                    sock, rid = self._post(msg, deadline - time.monotonic(), timeout)
+                    return self._await(sock, rid, msg["op"], deadline, timeout)
                 except SessionLost as exc:
                     self._auth.reset()
                     if attempt == 0 and self._auth.enabled:
                         continue  # the server dropped our session (restart, eviction): authenticate again
-                    raise AuthError(f"engine {self.endpoint} refused {out['op']!r}: {exc}") from None
+                    raise AuthError(f"engine {self.endpoint} refused {msg['op']!r}: {exc}") from None
                 except AuthError as exc:
                     self._drop_socket()
                     raise AuthError(f"engine {self.endpoint}: {exc}") from None
@@ -368,21 +357,27 @@ class ControlClient:
         (target staging's chunk copies) without a thread per request in flight. `timeout` bounds
         only the authentication of a new connection."""
         with self._lock:
-            self._next_id += 1
-            rid = self._next_id
-            out = dict(msg, id=rid, v=PROTOCOL_VERSION)
-            sock = self._socket()
             try:
-                if not self._auth.ready:
-                    self._auth.handshake(sock, max(0.001, timeout), prefix=[b""])
-            except HandshakeTimeout:
-                self._drop_socket()
-                raise PeerUnreachableError(f"engine {self.endpoint} did not answer {out['op']!r} within {timeout:g}s") from None
+                return self._post(msg, timeout, timeout)[1]
             except AuthError as exc:
                 self._drop_socket()
                 raise AuthError(f"engine {self.endpoint}: {exc}") from None
-            sock.send_multipart([b"", *self._auth.wrap(msgpack.packb(out, use_bin_type=True))])
-            return rid
+
+    def _post(self, msg: dict[str, Any], handshake_s: float, timeout: float) -> tuple[zmq.Socket, int]:
+        """(Under the lock.) Send one request, authenticating a new connection first (within
+        `handshake_s`); its socket and id."""
+        self._next_id += 1
+        rid = self._next_id
+        out = dict(msg, id=rid, v=PROTOCOL_VERSION)
+        sock = self._socket()
+        try:
+            if not self._auth.ready:
+                self._auth.handshake(sock, max(0.001, handshake_s), prefix=[b""])
+        except HandshakeTimeout:
+            self._drop_socket()
+            raise PeerUnreachableError(f"engine {self.endpoint} did not answer {out['op']!r} within {timeout:g}s") from None
+        sock.send_multipart([b"", *self._auth.wrap(msgpack.packb(out, use_bin_type=True))])
+        return sock, rid
 
     def replies(self, timeout: float) -> list[dict[str, Any]]:
         """The replies that have arrived to `send`s, waiting up to `timeout` for the first one
