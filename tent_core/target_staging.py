@@ -39,14 +39,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import devices, errors
 from .batch import BatchHandle, status_of
 from .config import EngineConfig
-from .metadata import ControlClient
+from .metadata import BatchReply, ControlClient
 from .path_planner import chunk_plan
 from .policy_rules import RequestTraits
 from .request import LocalBuffer, Request
@@ -104,7 +103,7 @@ def _error_reply(exc: BaseException) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------- target
 
 
-@dataclass
+@dataclass(eq=False)  # kept in sets: identity
 class _Session:
     sid: int
     initiator: str
@@ -119,9 +118,48 @@ class _Session:
     pending: int = 0
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # the session's copies run one after another, in arrival order (one device queue per session);
-    # the initiator keeps several requests in flight so the next copy is queued before one ends
-    copier: ThreadPoolExecutor | None = None
+    # copies submitted and not yet finalized (`_CopyReply.done`): close() waits for them
+    copies: set[_CopyReply] = field(default_factory=set)
+
+
+class _CopyReply(BatchReply):
+    """One chunk's device copy, submitted by the control thread that received its request and
+    replied by that thread once the copy's batch finishes: the device's completion (a simdev stream
+    worker, a CUDA/ACL callback thread) signals the control server's eventfd, so a chunk costs no
+    hand-off to a copier thread and back. The copy runs as the device runs it, asynchronously (DMA
+    on a real GPU). The initiator reuses a slot only after an ok reply, sent once the copy finished;
+    an error reply fails its transfer, and the session's slots go back to the pool only once every
+    copy of it has finished on the device, also one whose reply went out at its deadline."""
+
+    __slots__ = ("failure", "finished", "n", "push", "sess", "stager")
+
+    def __init__(self, stager: TargetStager, sess: _Session, handle: BatchHandle, n: int, push: bool) -> None:
+        super().__init__(handle)
+        self.stager, self.sess, self.n, self.push = stager, sess, n, push
+        self.finished = False
+        self.failure: errors.TentError | None = None
+
+    def done(self) -> bool:
+        handle: BatchHandle = self.batch
+        if handle.remaining == 0 or self.finished:
+            self.stager._copy_finished(self)
+            return True
+        if self.failure is not None:
+            return True
+        if handle.poll() == "pending":  # poll() also cancels a copy past its deadline
+            return False
+        if handle.remaining == 0:
+            self.stager._copy_finished(self)
+            return True
+        # past its deadline with slices still on the device: the initiator hears of it now, the slot
+        # stays the session's until the device lets go of it (TargetStager._sweep)
+        self.failure = handle._deadline_error()
+        return True
+
+    def reply(self) -> dict[str, Any]:
+        if self.failure is not None:
+            return _error_reply(self.failure)
+        return {"ok": True}
 
 
 class TargetStager:
@@ -142,6 +180,8 @@ class TargetStager:
         self.chunk = config.target_staging_chunk_bytes
         self._lock = threading.Lock()
         self._sessions: dict[int, _Session] = {}
+        # closed sessions whose copies outlived their deadline on the device: slots return once it lets go
+        self._draining: set[_Session] = set()
         self._free: list[LocalBuffer] = []
         self._made = 0
         self._sids = itertools.count(1)
@@ -161,7 +201,7 @@ class TargetStager:
 
     # ---- control messages ---------------------------------------------------------------------
 
-    def handle(self, msg: Mapping[str, Any]) -> dict[str, Any] | Future[dict[str, Any]]:
+    def handle(self, msg: Mapping[str, Any]) -> dict[str, Any] | BatchReply:
         op = msg["op"]
         try:
             if op == "stage_open":
@@ -207,7 +247,6 @@ class TargetStager:
             raise errors.TransferError(f"busy: every staging slot of {self.engine_id} is in use")
         sess = _Session(next(self._sids), str(msg.get("from", "?")), seg, offset, length, write, kind, decision, slots,
                         time.monotonic() + max(1.0, lease))
-        sess.copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tent-tstage-{sess.sid}")
         with self._lock:
             self._sessions[sess.sid] = sess
         self.stats["sessions"] += 1
@@ -244,7 +283,7 @@ class TargetStager:
             raise errors.InvalidRequestError(f"no staging session {sid} on {self.engine_id} (closed or expired)")
         return sess
 
-    def _copy(self, msg: Mapping[str, Any], push: bool) -> Future[dict[str, Any]]:
+    def _copy(self, msg: Mapping[str, Any], push: bool) -> _CopyReply:
         sess = self._session(_int(msg, "sid", 1))
         slot = _int(msg, "slot", 0, len(sess.slots) - 1)
         off, n = _int(msg, "off"), _int(msg, "len", 1, self.chunk)
@@ -255,26 +294,38 @@ class TargetStager:
         req = Request(OpCode.WRITE if push else OpCode.READ, sess.slots[slot], 0, f"{self.engine_id}/{sess.seg}",
                       sess.offset + off, n)
         with sess.lock:
+            if sess.closed:
+                raise errors.InvalidRequestError(f"staging session {sess.sid} is closed")
             sess.pending += 1
             sess.expires = time.monotonic() + self.config.target_staging_lease_s
-        assert sess.copier is not None
         try:
-            return sess.copier.submit(self._run_copy, sess, req, n, push)
-        except RuntimeError:  # the session closed meanwhile
+            handle = self.engine.submit_leg(req, sess.decision, self.config.request_deadline_s)
+        except BaseException:
             self._copy_done(sess)
-            raise errors.InvalidRequestError(f"staging session {sess.sid} is closed") from None
+            raise
+        # an executor that may leave work to a waiter: nobody waits on this batch, its workers run it
+        handle.kick()
+        copy = _CopyReply(self, sess, handle, n, push)
+        with sess.lock:
+            sess.copies.add(copy)
+        return copy
 
-    def _run_copy(self, sess: _Session, req: Request, n: int, push: bool) -> dict[str, Any]:
+    def _copy_finished(self, copy: _CopyReply) -> None:
+        """A copy's batch finished (done or failed): count it and let its session go on. Once per copy,
+        from whichever thread saw it finish first (the control thread, or close())."""
+        sess = copy.sess
+        with sess.lock:
+            if copy.finished:
+                return
+            copy.finished = True
+            sess.copies.discard(copy)
         try:
-            # waited for right after its submit, a chunk's copy (MiBs) outlasts the counter's poll
-            # (wait_spin_us) every time: the poll would only hold a core the copy needs
-            self.engine.submit_leg(req, sess.decision, self.config.request_deadline_s).wait_sleeping()
+            copy.batch.wait(0)  # raises the copy's typed error
         except errors.TentError as exc:
-            return _error_reply(exc)
-        finally:
-            self._copy_done(sess)
-        self.stats["pushed_bytes" if push else "pulled_bytes"] += n
-        return {"ok": True}
+            copy.failure = copy.failure or exc
+        if copy.failure is None:
+            self.stats["pushed_bytes" if copy.push else "pulled_bytes"] += copy.n
+        self._copy_done(sess)
 
     def _copy_done(self, sess: _Session) -> None:
         with sess.lock:
@@ -294,15 +345,29 @@ class TargetStager:
             release = sess.pending == 0
         if release:
             self._release_slots(sess)
+        else:
+            with self._lock:
+                self._draining.add(sess)
 
     def _release_slots(self, sess: _Session) -> None:
         with self._lock:
             self._free.extend(sess.slots)
+            self._draining.discard(sess)
         sess.slots = []
-        if sess.copier is not None:
-            sess.copier.shutdown(wait=False)  # idle: every copy of the session has finished
+
+    def _sweep(self) -> None:
+        """Finalize copies whose reply went out at their deadline and that the device has let go of
+        since: their slots can be leased again."""
+        with self._lock:
+            sessions = [*self._sessions.values(), *self._draining]
+        for sess in sessions:
+            with sess.lock:
+                overdue = [c for c in sess.copies if c.failure is not None and c.batch.remaining == 0]
+            for copy in overdue:
+                self._copy_finished(copy)
 
     def _reap(self) -> None:
+        self._sweep()
         now = time.monotonic()
         with self._lock:
             expired = [s.sid for s in self._sessions.values() if s.expires < now and s.pending == 0]
@@ -315,8 +380,14 @@ class TargetStager:
             self._closed = True
             sessions = list(self._sessions.values())
         for sess in sessions:  # copies in flight finish (each bounded by the request deadline)
-            if sess.copier is not None:
-                sess.copier.shutdown(wait=True)
+            with sess.lock:
+                copies = list(sess.copies)
+            for copy in copies:
+                try:
+                    copy.batch.wait_sleeping()
+                except errors.TentError:
+                    pass
+                copy.done()
 
 
 # ---------------------------------------------------------------------------------------- initiator
