@@ -502,6 +502,8 @@ def run_target_staged(engine: Any, handle: BatchHandle, req: Request, path: Targ
             log.debug("target-staged transfer failed: %s", exc)
         else:
             log.exception("target-staged transfer crashed")
+        if handle.failure_detail is None:  # the wait raises the status's type with this text (the target's error)
+            handle.failure_detail = str(exc)
         batch.fail_slice(status_of(exc))
         return
     batch.complete_slice(req.length)
