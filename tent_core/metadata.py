@@ -185,7 +185,13 @@ class ControlServer:
     def _flush_deferred(self) -> None:
         still = []
         for ident, rid, fut in self._deferred:
-            if fut.done():
+            try:
+                ready = fut.done()
+            except Exception as exc:  # a BatchReply's own code: keep serving, the caller hears of it
+                log.exception("control: a deferred reply failed")
+                self._send_reply(ident, {"ok": False, "error": f"internal: {type(exc).__name__}: {exc}", "id": rid})
+                continue
+            if ready:
                 self._send_reply(ident, _deferred_reply(fut, rid))
             else:
                 still.append((ident, rid, fut))
