@@ -378,7 +378,7 @@ class TargetStager:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            sessions = list(self._sessions.values())
+            sessions = [*self._sessions.values(), *self._draining]
         for sess in sessions:  # copies in flight finish (each bounded by the request deadline)
             with sess.lock:
                 copies = list(sess.copies)
