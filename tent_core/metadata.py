@@ -173,6 +173,8 @@ class ControlServer:
                 self._send_reply(ident, {"ok": False, "error": "engine closing", "id": rid})
             self._deferred = []
             self._sock.close(0)
+            # the eventfd closes once no armed batch holds it any more (now, unless copies still run)
+            del self._notifier, notifier
             os.close(wake_r)
             os.close(wake_w)
 
