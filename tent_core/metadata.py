@@ -218,7 +218,7 @@ class ControlServer:
                 return
             self._deferred.append((ident, reply.rid, reply.future))
             if isinstance(reply.future, BatchReply):
-                reply.future.batch.notify(self._notifier)
+                reply.future.arm(self._notifier)
             else:
                 reply.future.add_done_callback(self._wake)
             return
@@ -274,6 +274,11 @@ class BatchReply:
 
     def __init__(self, batch: Any) -> None:
         self.batch = batch
+
+    def arm(self, notifier: Any) -> None:
+        """Called once by the server: signal `notifier` when the reply is ready (a subclass whose
+        batch starts later arms it then)."""
+        self.batch.notify(notifier)
 
     def done(self) -> bool:
         return bool(self.batch.remaining == 0)

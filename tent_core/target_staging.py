@@ -120,27 +120,44 @@ class _Session:
     lock: threading.Lock = field(default_factory=threading.Lock)
     # copies submitted and not yet finalized (`_CopyReply.done`): close() waits for them
     copies: set[_CopyReply] = field(default_factory=set)
+    # the session's copies run one after another, in arrival order (one device queue per session, as
+    # one CUDA stream would): `running` on the device, the next ones waiting here
+    running: _CopyReply | None = None
+    queue: deque[_CopyReply] = field(default_factory=deque)
 
 
 class _CopyReply(BatchReply):
-    """One chunk's device copy, submitted by the control thread that received its request and
-    replied by that thread once the copy's batch finishes: the device's completion (a simdev stream
-    worker, a CUDA/ACL callback thread) signals the control server's eventfd, so a chunk costs no
-    hand-off to a copier thread and back. The copy runs as the device runs it, asynchronously (DMA
-    on a real GPU). The initiator reuses a slot only after an ok reply, sent once the copy finished;
-    an error reply fails its transfer, and the session's slots go back to the pool only once every
-    copy of it has finished on the device, also one whose reply went out at its deadline."""
+    """One chunk's device copy, submitted by the control thread (on arrival, or when the session's
+    previous copy finishes) and replied by that thread once the copy's batch finishes: the device's
+    completion (a simdev stream worker, a CUDA/ACL callback thread) signals the control server's
+    eventfd, so a chunk costs no hand-off to a copier thread and back. The copy runs as the device
+    runs it, asynchronously (DMA on a real GPU). The initiator reuses a slot only after an ok reply,
+    sent once the copy finished; an error reply fails its transfer, and the session's slots go back
+    to the pool only once every copy of it has finished on the device, also one whose reply went out
+    at its deadline."""
 
-    __slots__ = ("failure", "finished", "n", "push", "sess", "stager")
+    __slots__ = ("failure", "finished", "n", "notifier", "push", "queued_until", "req", "sess", "stager")
 
-    def __init__(self, stager: TargetStager, sess: _Session, handle: BatchHandle, n: int, push: bool) -> None:
-        super().__init__(handle)
-        self.stager, self.sess, self.n, self.push = stager, sess, n, push
+    def __init__(self, stager: TargetStager, sess: _Session, req: Request, n: int, push: bool) -> None:
+        super().__init__(None)  # the batch: once submitted
+        self.stager, self.sess, self.req, self.n, self.push = stager, sess, req, n, push
         self.finished = False
         self.failure: errors.TentError | None = None
+        self.notifier: Any = None
+        self.queued_until = time.monotonic() + stager.config.request_deadline_s
+
+    def arm(self, notifier: Any) -> None:
+        self.notifier = notifier
+        if self.batch is not None:
+            self.batch.notify(notifier)
 
     def done(self) -> bool:
-        handle: BatchHandle = self.batch
+        handle: BatchHandle | None = self.batch
+        if handle is None:  # waiting for the session's previous copy
+            if self.failure is None and time.monotonic() >= self.queued_until:
+                self.stager._drop_queued(self, errors.DeadlineExceededError(
+                    "the copy waited for the session's previous one past its deadline"))
+            return self.failure is not None
         if handle.remaining == 0 or self.finished:
             self.stager._copy_finished(self)
             return True
@@ -152,7 +169,7 @@ class _CopyReply(BatchReply):
             self.stager._copy_finished(self)
             return True
         # past its deadline with slices still on the device: the initiator hears of it now, the slot
-        # stays the session's until the device lets go of it (TargetStager._sweep)
+        # (and the session's device queue) stays taken until the device lets go of it (TargetStager._sweep)
         self.failure = handle._deadline_error()
         return True
 
@@ -293,22 +310,48 @@ class TargetStager:
             raise errors.InvalidRequestError(f"staging session {sess.sid} is a {'WRITE' if sess.write else 'READ'} session")
         req = Request(OpCode.WRITE if push else OpCode.READ, sess.slots[slot], 0, f"{self.engine_id}/{sess.seg}",
                       sess.offset + off, n)
+        copy = _CopyReply(self, sess, req, n, push)
         with sess.lock:
             if sess.closed:
                 raise errors.InvalidRequestError(f"staging session {sess.sid} is closed")
             sess.pending += 1
             sess.expires = time.monotonic() + self.config.target_staging_lease_s
+            if sess.running is not None:
+                sess.queue.append(copy)
+                return copy
+            sess.running = copy
+        self._start(copy)
+        if copy.finished and copy.failure is not None:
+            raise copy.failure  # not submitted (the range went away...): replied at once
+        return copy
+
+    def _start(self, copy: _CopyReply) -> None:
+        """Submit the session's running copy (on the control thread); a copy that cannot be submitted
+        is finished with its error, and the next one starts."""
         try:
-            handle = self.engine.submit_leg(req, sess.decision, self.config.request_deadline_s)
-        except BaseException:
-            self._copy_done(sess)
-            raise
+            handle = self.engine.submit_leg(copy.req, copy.sess.decision, self.config.request_deadline_s)
+        except errors.TentError as exc:
+            copy.failure = exc
+            self._copy_finished(copy)
+            return
+        copy.batch = handle
+        with copy.sess.lock:
+            copy.sess.copies.add(copy)
+        if copy.notifier is not None:
+            handle.notify(copy.notifier)
         # an executor that may leave work to a waiter: nobody waits on this batch, its workers run it
         handle.kick()
-        copy = _CopyReply(self, sess, handle, n, push)
+
+    def _drop_queued(self, copy: _CopyReply, why: errors.TentError) -> None:
+        """A copy that never reached the device (queue deadline, session closed): fails, no slot held."""
+        sess = copy.sess
         with sess.lock:
-            sess.copies.add(copy)
-        return copy
+            if copy.finished or copy not in sess.queue:
+                return
+            sess.queue.remove(copy)
+            copy.finished = True
+            copy.failure = why
+        self._copy_done(sess)
 
     def _copy_finished(self, copy: _CopyReply) -> None:
         """A copy's batch finished (done or failed): count it and let its session go on. Once per copy,
@@ -319,13 +362,19 @@ class TargetStager:
                 return
             copy.finished = True
             sess.copies.discard(copy)
-        try:
-            copy.batch.wait(0)  # raises the copy's typed error
-        except errors.TentError as exc:
-            copy.failure = copy.failure or exc
+            nxt = None
+            if sess.running is copy:
+                sess.running = nxt = sess.queue.popleft() if sess.queue and not sess.closed else None
+        if copy.batch is not None:
+            try:
+                copy.batch.wait(0)  # raises the copy's typed error
+            except errors.TentError as exc:
+                copy.failure = copy.failure or exc
         if copy.failure is None:
             self.stats["pushed_bytes" if copy.push else "pulled_bytes"] += copy.n
         self._copy_done(sess)
+        if nxt is not None:
+            self._start(nxt)
 
     def _copy_done(self, sess: _Session) -> None:
         with sess.lock:
@@ -342,6 +391,10 @@ class TargetStager:
         log.debug("staging session %d of %s: %s", sid, sess.initiator, reason)
         with sess.lock:
             sess.closed = True
+            queued = list(sess.queue)
+        for copy in queued:  # never reached the device: failed now, their replies go out
+            self._drop_queued(copy, errors.InvalidRequestError(f"staging session {sid} is closed"))
+        with sess.lock:
             release = sess.pending == 0
         if release:
             self._release_slots(sess)
