@@ -288,7 +288,7 @@ class Engine:
                     **(part or {})}
         if op == "ping":
             return {"ok": True}
-        if op in STAGE_OPS:  # target-side staging (a Future for copies: replied when they are done)
+        if op in STAGE_OPS:  # target-side staging (a BatchReply for copies: replied when they are done)
             return self._stager.handle(msg)
         if op == "transport":  # a transport's own handshake (e.g. RDMA QPs), routed by name
             name = msg.get("transport")

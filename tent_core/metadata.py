@@ -11,9 +11,11 @@ an unauthenticated caller gets a refusal and nothing else (no pid, no addresses,
 Bounded: requests over `control_max_request_bytes` drop the connection (ZMQ_MAXMSGSIZE), each
 peer's reply queue holds `control_send_hwm` messages, handshakes and sessions are capped.
 
-A handler may return a `concurrent.futures.Future` instead of a reply (target staging's copies):
-the server keeps serving and sends the future's result when it completes (at most
-`MAX_DEFERRED` replies outstanding; beyond that a request is refused as busy).
+A handler may return a `concurrent.futures.Future` or a `BatchReply` instead of a reply: the
+server keeps serving and sends the reply when the future or the batch completes (at most
+`MAX_DEFERRED` replies outstanding; beyond that a request is refused as busy). A `BatchReply`
+(target staging's copies) needs no thread of its own: the thread that finishes its batch signals
+the server's eventfd (`_native.Notifier`) and the serving thread builds and sends the reply.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 import msgpack
 import zmq
 
+from . import _native
 from .auth import AuthError, ClusterAuth, HandshakeTimeout, SessionLost, ZmqClientAuth, ZmqServerAuth, default_auth
 from .config import EngineConfig
 from .errors import PeerUnreachableError, ProtocolError
@@ -88,7 +91,7 @@ class ControlServer:
         self,
         host: str,
         port: int,
-        handler: Callable[[dict[str, Any]], dict[str, Any] | Future[dict[str, Any]]],
+        handler: Callable[[dict[str, Any]], dict[str, Any] | Future[dict[str, Any]] | BatchReply],
         *,
         auth: ClusterAuth | None = FROM_ENV,
         max_request_bytes: int = _DEFAULTS.control_max_request_bytes,
@@ -133,7 +136,9 @@ class ControlServer:
         poller.register(self._sock, zmq.POLLIN)
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # deferred replies ready
         poller.register(wake_r, zmq.POLLIN)
-        self._deferred: list[tuple[bytes, Any, Future[dict[str, Any]]]] = []
+        notifier = self._notifier = _native.Notifier()  # batches of BatchReplies finished
+        poller.register(notifier.fileno(), zmq.POLLIN)
+        self._deferred: list[tuple[bytes, Any, Future[dict[str, Any]] | BatchReply]] = []
         self._wake_w = wake_w
         last_expire = time.monotonic()
         try:
@@ -148,6 +153,9 @@ class ControlServer:
                         os.read(wake_r, 4096)
                     except OSError:
                         pass
+                if notifier.fileno() in events:
+                    notifier.drain()
+                # every tick too: a BatchReply's done() also enforces its batch's deadline
                 if self._deferred:
                     self._flush_deferred()
                 if self._sock not in events:
@@ -165,6 +173,8 @@ class ControlServer:
                 self._send_reply(ident, {"ok": False, "error": "engine closing", "id": rid})
             self._deferred = []
             self._sock.close(0)
+            # the eventfd closes once no armed batch holds it any more (now, unless copies still run)
+            del self._notifier, notifier
             os.close(wake_r)
             os.close(wake_w)
 
@@ -177,7 +187,13 @@ class ControlServer:
     def _flush_deferred(self) -> None:
         still = []
         for ident, rid, fut in self._deferred:
-            if fut.done():
+            try:
+                ready = fut.done()
+            except Exception as exc:  # a BatchReply's own code: keep serving, the caller hears of it
+                log.exception("control: a deferred reply failed")
+                self._send_reply(ident, {"ok": False, "error": f"internal: {type(exc).__name__}: {exc}", "id": rid})
+                continue
+            if ready:
                 self._send_reply(ident, _deferred_reply(fut, rid))
             else:
                 still.append((ident, rid, fut))
@@ -201,7 +217,10 @@ class ControlServer:
                 self._send_reply(ident, {"ok": False, "error": "busy: too many replies outstanding", "id": reply.rid})
                 return
             self._deferred.append((ident, reply.rid, reply.future))
-            reply.future.add_done_callback(self._wake)
+            if isinstance(reply.future, BatchReply):
+                reply.future.arm(self._notifier)
+            else:
+                reply.future.add_done_callback(self._wake)
             return
         self._send_reply(ident, reply)
 
@@ -234,7 +253,7 @@ class ControlServer:
                 log.exception("control: handler failed for %.40r", msg.get("op"))
             reply = {"ok": False, "error": f"internal: {type(exc).__name__}: {exc}"}
         rid = rid if isinstance(rid, int) else None
-        if isinstance(reply, Future):
+        if isinstance(reply, (Future, BatchReply)):
             return _Deferred(reply, rid)
         reply["id"] = rid
         return reply
@@ -244,16 +263,40 @@ class ControlServer:
         self._thread.join(timeout=2)
 
 
+class BatchReply:
+    """A reply deferred until `batch` (a `_native.Batch`, e.g. a BatchHandle) finishes. The server
+    arms the batch with its notifier, so the thread that finishes the batch wakes the serving thread
+    directly. Subclasses give `reply()`, called once on the serving thread after `done()` answered
+    True; `done()` never blocks, and the server also asks it every poll tick (100 ms), so a subclass
+    can end a batch that outlives its deadline there."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch
+
+    def arm(self, notifier: Any) -> None:
+        """Called once by the server: signal `notifier` when the reply is ready (a subclass whose
+        batch starts later arms it then)."""
+        self.batch.notify(notifier)
+
+    def done(self) -> bool:
+        return bool(self.batch.remaining == 0)
+
+    def reply(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
 class _Deferred:
     __slots__ = ("future", "rid")
 
-    def __init__(self, future: Future[dict[str, Any]], rid: Any) -> None:
+    def __init__(self, future: Future[dict[str, Any]] | BatchReply, rid: Any) -> None:
         self.future, self.rid = future, rid
 
 
-def _deferred_reply(fut: Future[dict[str, Any]], rid: Any) -> dict[str, Any]:
+def _deferred_reply(fut: Future[dict[str, Any]] | BatchReply, rid: Any) -> dict[str, Any]:
     try:
-        reply = dict(fut.result(0))
+        reply = dict(fut.reply() if isinstance(fut, BatchReply) else fut.result(0))
     except Exception as exc:
         log.exception("control: a deferred reply failed")
         reply = {"ok": False, "error": f"internal: {type(exc).__name__}: {exc}"}

@@ -39,14 +39,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import devices, errors
 from .batch import BatchHandle, status_of
 from .config import EngineConfig
-from .metadata import ControlClient
+from .metadata import BatchReply, ControlClient
 from .path_planner import chunk_plan
 from .policy_rules import RequestTraits
 from .request import LocalBuffer, Request
@@ -104,7 +103,7 @@ def _error_reply(exc: BaseException) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------- target
 
 
-@dataclass
+@dataclass(eq=False)  # kept in sets: identity
 class _Session:
     sid: int
     initiator: str
@@ -119,9 +118,65 @@ class _Session:
     pending: int = 0
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # the session's copies run one after another, in arrival order (one device queue per session);
-    # the initiator keeps several requests in flight so the next copy is queued before one ends
-    copier: ThreadPoolExecutor | None = None
+    # copies submitted and not yet finalized (`_CopyReply.done`): close() waits for them
+    copies: set[_CopyReply] = field(default_factory=set)
+    # the session's copies run one after another, in arrival order (one device queue per session, as
+    # one CUDA stream would): `running` on the device, the next ones waiting here
+    running: _CopyReply | None = None
+    queue: deque[_CopyReply] = field(default_factory=deque)
+
+
+class _CopyReply(BatchReply):
+    """One chunk's device copy, submitted by the control thread (on arrival, or when the session's
+    previous copy finishes) and replied by that thread once the copy's batch finishes: the device's
+    completion (a simdev stream worker, a CUDA/ACL callback thread) signals the control server's
+    eventfd, so a chunk costs no hand-off to a copier thread and back. The copy runs as the device
+    runs it, asynchronously (DMA on a real GPU). The initiator reuses a slot only after an ok reply,
+    sent once the copy finished; an error reply fails its transfer, and the session's slots go back
+    to the pool only once every copy of it has finished on the device, also one whose reply went out
+    at its deadline."""
+
+    __slots__ = ("failure", "finished", "n", "notifier", "push", "queued_until", "req", "sess", "stager")
+
+    def __init__(self, stager: TargetStager, sess: _Session, req: Request, n: int, push: bool) -> None:
+        super().__init__(None)  # the batch: once submitted
+        self.stager, self.sess, self.req, self.n, self.push = stager, sess, req, n, push
+        self.finished = False
+        self.failure: errors.TentError | None = None
+        self.notifier: Any = None
+        self.queued_until = time.monotonic() + stager.config.request_deadline_s
+
+    def arm(self, notifier: Any) -> None:
+        self.notifier = notifier
+        if self.batch is not None:
+            self.batch.notify(notifier)
+
+    def done(self) -> bool:
+        handle: BatchHandle | None = self.batch
+        if handle is None:  # waiting for the session's previous copy
+            if self.failure is None and time.monotonic() >= self.queued_until:
+                self.stager._drop_queued(self, errors.DeadlineExceededError(
+                    "the copy waited for the session's previous one past its deadline"))
+            return self.failure is not None
+        if handle.remaining == 0 or self.finished:
+            self.stager._copy_finished(self)
+            return True
+        if self.failure is not None:
+            return True
+        if handle.poll() == "pending":  # poll() also cancels a copy past its deadline
+            return False
+        if handle.remaining == 0:
+            self.stager._copy_finished(self)
+            return True
+        # past its deadline with slices still on the device: the initiator hears of it now, the slot
+        # (and the session's device queue) stays taken until the device lets go of it (TargetStager._sweep)
+        self.failure = handle._deadline_error()
+        return True
+
+    def reply(self) -> dict[str, Any]:
+        if self.failure is not None:
+            return _error_reply(self.failure)
+        return {"ok": True}
 
 
 class TargetStager:
@@ -142,6 +197,8 @@ class TargetStager:
         self.chunk = config.target_staging_chunk_bytes
         self._lock = threading.Lock()
         self._sessions: dict[int, _Session] = {}
+        # closed sessions whose copies outlived their deadline on the device: slots return once it lets go
+        self._draining: set[_Session] = set()
         self._free: list[LocalBuffer] = []
         self._made = 0
         self._sids = itertools.count(1)
@@ -161,7 +218,7 @@ class TargetStager:
 
     # ---- control messages ---------------------------------------------------------------------
 
-    def handle(self, msg: Mapping[str, Any]) -> dict[str, Any] | Future[dict[str, Any]]:
+    def handle(self, msg: Mapping[str, Any]) -> dict[str, Any] | BatchReply:
         op = msg["op"]
         try:
             if op == "stage_open":
@@ -207,7 +264,6 @@ class TargetStager:
             raise errors.TransferError(f"busy: every staging slot of {self.engine_id} is in use")
         sess = _Session(next(self._sids), str(msg.get("from", "?")), seg, offset, length, write, kind, decision, slots,
                         time.monotonic() + max(1.0, lease))
-        sess.copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tent-tstage-{sess.sid}")
         with self._lock:
             self._sessions[sess.sid] = sess
         self.stats["sessions"] += 1
@@ -244,7 +300,7 @@ class TargetStager:
             raise errors.InvalidRequestError(f"no staging session {sid} on {self.engine_id} (closed or expired)")
         return sess
 
-    def _copy(self, msg: Mapping[str, Any], push: bool) -> Future[dict[str, Any]]:
+    def _copy(self, msg: Mapping[str, Any], push: bool) -> _CopyReply:
         sess = self._session(_int(msg, "sid", 1))
         slot = _int(msg, "slot", 0, len(sess.slots) - 1)
         off, n = _int(msg, "off"), _int(msg, "len", 1, self.chunk)
@@ -254,27 +310,71 @@ class TargetStager:
             raise errors.InvalidRequestError(f"staging session {sess.sid} is a {'WRITE' if sess.write else 'READ'} session")
         req = Request(OpCode.WRITE if push else OpCode.READ, sess.slots[slot], 0, f"{self.engine_id}/{sess.seg}",
                       sess.offset + off, n)
+        copy = _CopyReply(self, sess, req, n, push)
         with sess.lock:
+            if sess.closed:
+                raise errors.InvalidRequestError(f"staging session {sess.sid} is closed")
             sess.pending += 1
             sess.expires = time.monotonic() + self.config.target_staging_lease_s
-        assert sess.copier is not None
-        try:
-            return sess.copier.submit(self._run_copy, sess, req, n, push)
-        except RuntimeError:  # the session closed meanwhile
-            self._copy_done(sess)
-            raise errors.InvalidRequestError(f"staging session {sess.sid} is closed") from None
+            if sess.running is not None:
+                sess.queue.append(copy)
+                return copy
+            sess.running = copy
+        self._start(copy)
+        if copy.finished and copy.failure is not None:
+            raise copy.failure  # not submitted (the range went away...): replied at once
+        return copy
 
-    def _run_copy(self, sess: _Session, req: Request, n: int, push: bool) -> dict[str, Any]:
+    def _start(self, copy: _CopyReply) -> None:
+        """Submit the session's running copy (on the control thread); a copy that cannot be submitted
+        is finished with its error, and the next one starts."""
         try:
-            # waited for right after its submit, a chunk's copy (MiBs) outlasts the counter's poll
-            # (wait_spin_us) every time: the poll would only hold a core the copy needs
-            self.engine.submit_leg(req, sess.decision, self.config.request_deadline_s).wait_sleeping()
+            handle = self.engine.submit_leg(copy.req, copy.sess.decision, self.config.request_deadline_s)
         except errors.TentError as exc:
-            return _error_reply(exc)
-        finally:
-            self._copy_done(sess)
-        self.stats["pushed_bytes" if push else "pulled_bytes"] += n
-        return {"ok": True}
+            copy.failure = exc
+            self._copy_finished(copy)
+            return
+        copy.batch = handle
+        with copy.sess.lock:
+            copy.sess.copies.add(copy)
+        if copy.notifier is not None:
+            handle.notify(copy.notifier)
+        # an executor that may leave work to a waiter: nobody waits on this batch, its workers run it
+        handle.kick()
+
+    def _drop_queued(self, copy: _CopyReply, why: errors.TentError) -> None:
+        """A copy that never reached the device (queue deadline, session closed): fails, no slot held."""
+        sess = copy.sess
+        with sess.lock:
+            if copy.finished or copy not in sess.queue:
+                return
+            sess.queue.remove(copy)
+            copy.finished = True
+            copy.failure = why
+        self._copy_done(sess)
+
+    def _copy_finished(self, copy: _CopyReply) -> None:
+        """A copy's batch finished (done or failed): count it and let its session go on. Once per copy,
+        from whichever thread saw it finish first (the control thread, or close())."""
+        sess = copy.sess
+        with sess.lock:
+            if copy.finished:
+                return
+            copy.finished = True
+            sess.copies.discard(copy)
+            nxt = None
+            if sess.running is copy:
+                sess.running = nxt = sess.queue.popleft() if sess.queue and not sess.closed else None
+        if copy.batch is not None:
+            try:
+                copy.batch.wait(0)  # raises the copy's typed error
+            except errors.TentError as exc:
+                copy.failure = copy.failure or exc
+        if copy.failure is None:
+            self.stats["pushed_bytes" if copy.push else "pulled_bytes"] += copy.n
+        self._copy_done(sess)
+        if nxt is not None:
+            self._start(nxt)
 
     def _copy_done(self, sess: _Session) -> None:
         with sess.lock:
@@ -291,18 +391,36 @@ class TargetStager:
         log.debug("staging session %d of %s: %s", sid, sess.initiator, reason)
         with sess.lock:
             sess.closed = True
+            queued = list(sess.queue)
+        for copy in queued:  # never reached the device: failed now, their replies go out
+            self._drop_queued(copy, errors.InvalidRequestError(f"staging session {sid} is closed"))
+        with sess.lock:
             release = sess.pending == 0
         if release:
             self._release_slots(sess)
+        else:
+            with self._lock:
+                self._draining.add(sess)
 
     def _release_slots(self, sess: _Session) -> None:
         with self._lock:
             self._free.extend(sess.slots)
+            self._draining.discard(sess)
         sess.slots = []
-        if sess.copier is not None:
-            sess.copier.shutdown(wait=False)  # idle: every copy of the session has finished
+
+    def _sweep(self) -> None:
+        """Finalize copies whose reply went out at their deadline and that the device has let go of
+        since: their slots can be leased again."""
+        with self._lock:
+            sessions = [*self._sessions.values(), *self._draining]
+        for sess in sessions:
+            with sess.lock:
+                overdue = [c for c in sess.copies if c.failure is not None and c.batch.remaining == 0]
+            for copy in overdue:
+                self._copy_finished(copy)
 
     def _reap(self) -> None:
+        self._sweep()
         now = time.monotonic()
         with self._lock:
             expired = [s.sid for s in self._sessions.values() if s.expires < now and s.pending == 0]
@@ -313,10 +431,16 @@ class TargetStager:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            sessions = list(self._sessions.values())
+            sessions = [*self._sessions.values(), *self._draining]
         for sess in sessions:  # copies in flight finish (each bounded by the request deadline)
-            if sess.copier is not None:
-                sess.copier.shutdown(wait=True)
+            with sess.lock:
+                copies = list(sess.copies)
+            for copy in copies:
+                try:
+                    copy.batch.wait_sleeping()
+                except errors.TentError:
+                    pass
+                copy.done()
 
 
 # ---------------------------------------------------------------------------------------- initiator
@@ -431,6 +555,8 @@ def run_target_staged(engine: Any, handle: BatchHandle, req: Request, path: Targ
             log.debug("target-staged transfer failed: %s", exc)
         else:
             log.exception("target-staged transfer crashed")
+        if handle.failure_detail is None:  # the wait raises the status's type with this text (the target's error)
+            handle.failure_detail = str(exc)
         batch.fail_slice(status_of(exc))
         return
     batch.complete_slice(req.length)

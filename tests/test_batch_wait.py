@@ -100,3 +100,53 @@ def test_wait_sleeping_returns_and_raises_like_wait() -> None:
     pending.fail_slice(Status.E_PERMISSION)
     with pytest.raises(PermissionDeniedError):  # a failure raises its typed error, as wait() does
         pending.wait_sleeping(1)
+
+
+def test_notify_signals_the_eventfd_once_when_the_batch_finishes() -> None:
+    """Batch.notify: the thread that finishes the batch signals the notifier (a serving thread
+    polls its fd); armed after the batch finished, it signals at once; a failed batch too."""
+    import select
+
+    n = _native.Notifier()
+
+    def readable() -> bool:
+        return bool(select.select([n.fileno()], [], [], 0)[0])
+
+    b = _native.Batch(2)
+    b.notify(n)
+    b.complete_slice(1)
+    assert not readable()
+    t = threading.Thread(target=b.complete_slice, args=(1,))
+    t.start()
+    t.join(10)
+    assert readable() and n.drain() == 1 and not readable()
+    done = _native.Batch(1)
+    done.complete_slice(0)
+    done.notify(n)
+    assert n.drain() == 1
+    failed = _native.Batch(1)
+    failed.notify(n)
+    failed.fail_slice(Status.E_BOUNDS)
+    assert n.drain() == 1 and failed.error == Status.E_BOUNDS
+    with pytest.raises(TypeError):
+        b.notify(object())
+
+
+def test_a_batch_keeps_its_notifier_open_after_the_owner_drops_it() -> None:
+    """The eventfd lives until the last armed batch lets go of it: a finisher never writes to a
+    closed descriptor (whose number another file may have taken)."""
+    import os
+
+    n = _native.Notifier()
+    fd = n.fileno()
+    b = _native.Batch(1)
+    b.notify(n)
+    del n
+    os.fstat(fd)  # still open: the batch holds it
+    r, w = os.pipe()  # nothing else can take the number while the batch holds it
+    try:
+        assert fd not in (r, w)
+    finally:
+        os.close(r)
+        os.close(w)
+    b.complete_slice(0)  # signals and lets go (closes it); not checked: another thread may reuse the number

@@ -22,6 +22,7 @@ from tent_core import (
     OutOfBoundsError,
     PermissionDeniedError,
     Request,
+    TentError,
 )
 from tent_core.metadata import ControlClient
 from tent_core.simdev import SimArray, SimDevicePlugin
@@ -238,3 +239,65 @@ def test_memory_a_transport_keeps_local_is_reached_through_staging():
                 eng.submit([Request(WRITE, lb, 0, p.seg("devro"), 0, 4096)])
     finally:
         p.close()
+
+
+# A target whose device copies outlast its request deadline: 1 MiB takes 3 s on its one stream, a
+# copy may take 0.3 s. The copy's reply goes out at the deadline, its slot stays leased until the
+# device lets go of it.
+SLOW = {"transports": {"simdev": {"ipc": False, "streams": 1, "copy_ns_per_mib": 3_000_000_000}},
+        "target_staging_chunk_bytes": 1 << 20, "target_staging_slots": 2, "target_staging_depth": 2,
+        "target_staging_lease_s": 2.0, "request_deadline_s": 0.3}
+
+
+@pytest.fixture(scope="module")
+def slow_peer():
+    p = SimPeer(size=4 << 20, config=SLOW, transports=["tcp", "simdev"])
+    yield p
+    p.close()
+
+
+def _open(c: ControlClient, depth: int) -> dict:
+    return c.call({"op": "stage_open", "seg": "dev", "offset": 0, "length": 2 << 20, "write": True, "depth": depth}, 10)
+
+
+def test_a_copy_past_its_deadline_fails_and_its_slot_waits_for_the_device(slow_peer):
+    c = ControlClient(slow_peer.engine_id)
+    try:
+        rep = _open(c, 2)
+        assert rep["ok"] and len(rep["slots"]) == 2  # every slot of the target
+        sid = rep["sid"]
+        before = slow_peer.stats()["staging"]
+        # the first copy runs (3 s), the second waits behind it on the stream: both miss 0.3 s
+        rids = [c.send({"op": "stage_push", "sid": sid, "slot": i, "off": i << 20, "len": 1 << 20}, 10) for i in range(2)]
+        got: dict[int, dict] = {}
+        end = time.monotonic() + 20
+        while len(got) < 2 and time.monotonic() < end:
+            for r in c.replies(max(0.0, end - time.monotonic())):
+                got[r["id"]] = r
+        assert sorted(got) == sorted(rids)
+        for r in got.values():
+            assert not r["ok"] and r["code"] == "DeadlineExceededError", r
+        assert c.call({"op": "stage_close", "sid": sid}, 10)["ok"]
+        # the device still copies into the first slot: no slot is leased again before it is done
+        busy = _open(c, 1)
+        assert not busy["ok"] and busy["error"].startswith("busy"), busy
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            again = _open(c, 2)
+            if again["ok"]:
+                break
+            assert again["error"].startswith("busy"), again
+            time.sleep(0.2)
+        assert again["ok"] and len(again["slots"]) == 2  # both back once the device let go
+        assert c.call({"op": "stage_close", "sid": again["sid"]}, 10)["ok"]
+        after = slow_peer.stats()["staging"]
+        assert after["pushed_bytes"] == before["pushed_bytes"]  # a failed copy is not counted as moved
+        assert c.call({"op": "ping"}, 10)["ok"]
+    finally:
+        c.close()
+
+
+def test_a_failing_target_copy_fails_the_transfer_with_its_error(host_engine, slow_peer):
+    buf = host_engine.allocate(2 << 20)
+    with pytest.raises(TentError, match="target staging: .*missed its 0.3s deadline"):
+        host_engine.transfer(WRITE, buf, 0, slow_peer.seg("dev"), 0, 2 << 20, timeout=60)

@@ -72,6 +72,29 @@ static inline int64_t *slot_current(uint32_t i) {
   return st;
 }
 
+/* ---- completion notifier: an eventfd a finishing batch signals itself ----
+ * A serving thread that owns replies deferred until batches finish (target staging's copies) polls
+ * the fd with its sockets: the thread that finishes a batch wakes it directly, no waiter thread in
+ * between. Reference-counted: a batch armed with it holds a reference until it signals or is freed,
+ * so the fd is never closed (and its number reused) while a finisher may still write to it. */
+typedef struct notifier {
+  atomic_int refs;
+  int fd;
+} notifier_t;
+
+static void notifier_unref(notifier_t *n) {
+  if (atomic_fetch_sub(&n->refs, 1) == 1) {
+    close(n->fd);
+    free(n);
+  }
+}
+
+static void notifier_signal(notifier_t *n) {
+  uint64_t one = 1;
+  ssize_t r = write(n->fd, &one, sizeof one); /* EAGAIN: the counter is saturated, the reader is due anyway */
+  (void)r;
+}
+
 /* ---- batch ---- */
 typedef struct batch {
   atomic_int refs;
@@ -93,6 +116,8 @@ typedef struct batch {
    * from another thread (a retry) still waits at the target. Set before its slices are handed over */
   tent_wait_t *waits;
   uint32_t nwaits;
+  /* signalled once when remaining reaches 0 (Batch.notify); taken by whoever sees that first */
+  _Atomic(notifier_t *) notify;
 } batch_t;
 
 /* Finished batches are kept for reuse by the thread that let go of the last reference: a submit
@@ -127,6 +152,8 @@ static void batch_cache_drop(void *unused) { /* thread exit: nothing stays behin
 
 static void batch_unref(batch_t *b) {
   if (atomic_fetch_sub(&b->refs, 1) == 1) {
+    notifier_t *n = atomic_exchange(&b->notify, NULL); /* armed and never finished: nobody waits any more */
+    if (n) notifier_unref(n);
     free(b->waits);
     b->waits = NULL;
     b->nwaits = 0;
@@ -149,6 +176,12 @@ static void batch_finish_one(batch_t *b) {
       pthread_mutex_lock(&b->mu);
       pthread_cond_broadcast(&b->cv);
       pthread_mutex_unlock(&b->mu);
+    }
+    /* seq_cst against Batch.notify's exchange-then-load: exactly one side takes the notifier */
+    notifier_t *n = atomic_load(&b->notify) ? atomic_exchange(&b->notify, NULL) : NULL;
+    if (n) {
+      notifier_signal(n);
+      notifier_unref(n);
     }
     batch_unref(b); /* the in-flight reference */
   }
@@ -624,6 +657,83 @@ static PyObject *Batch_wait_handle(BatchObject *self, PyObject *const *args, Py_
   return r;
 }
 
+/* ---- Python Notifier type ---- */
+typedef struct {
+  PyObject_HEAD notifier_t *n;
+} NotifierObject;
+
+static PyTypeObject NotifierType;
+
+static PyObject *Notifier_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+  if (!PyArg_ParseTuple(args, ":Notifier")) return NULL;
+  NotifierObject *self = (NotifierObject *)type->tp_alloc(type, 0);
+  if (!self) return NULL;
+  notifier_t *n = calloc(1, sizeof(notifier_t));
+  if (!n) {
+    Py_DECREF(self);
+    return PyErr_NoMemory();
+  }
+  n->fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (n->fd < 0) {
+    free(n);
+    Py_DECREF(self);
+    return PyErr_SetFromErrno(PyExc_OSError);
+  }
+  atomic_store(&n->refs, 1);
+  self->n = n;
+  return (PyObject *)self;
+}
+
+static void Notifier_dealloc(NotifierObject *self) {
+  if (self->n) notifier_unref(self->n); /* armed batches keep the fd open until they let go */
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Notifier_drain(NotifierObject *self, PyObject *unused) {
+  uint64_t v = 0;
+  ssize_t r = read(self->n->fd, &v, sizeof v);
+  return PyLong_FromUnsignedLongLong(r == (ssize_t)sizeof v ? v : 0);
+}
+
+static PyObject *Notifier_fileno(NotifierObject *self, PyObject *unused) { return PyLong_FromLong(self->n->fd); }
+
+static PyMethodDef Notifier_methods[] = {
+    {"fileno", (PyCFunction)Notifier_fileno, METH_NOARGS, "the eventfd: readable once an armed batch finished"},
+    {"drain", (PyCFunction)Notifier_drain, METH_NOARGS, "reset the eventfd; returns how many signals it held (never blocks)"},
+    {NULL}};
+
+static PyTypeObject NotifierType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tent_core._native.Notifier",
+    .tp_basicsize = sizeof(NotifierObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = Notifier_new,
+    .tp_dealloc = (destructor)Notifier_dealloc,
+    .tp_methods = Notifier_methods,
+    .tp_doc = "Notifier(): an eventfd that batches armed with Batch.notify signal when they finish",
+};
+
+/* notify(notifier): signal it once when this batch finishes (at once when it has). One notifier per
+ * batch: arming another replaces it. */
+static PyObject *Batch_notify(BatchObject *self, PyObject *arg) {
+  if (!PyObject_TypeCheck(arg, &NotifierType)) {
+    PyErr_SetString(PyExc_TypeError, "notify(Notifier)");
+    return NULL;
+  }
+  notifier_t *n = ((NotifierObject *)arg)->n;
+  batch_t *b = self->b;
+  atomic_fetch_add(&n->refs, 1);
+  notifier_t *old = atomic_exchange(&b->notify, n);
+  if (old) notifier_unref(old);
+  if (atomic_load(&b->remaining) <= 0) { /* finished already, or before the finisher saw it armed */
+    notifier_t *m = atomic_exchange(&b->notify, NULL);
+    if (m) {
+      notifier_signal(m);
+      notifier_unref(m);
+    }
+  }
+  Py_RETURN_NONE;
+}
+
 /* kick(): work an executor left to this batch's waiter goes on without one (see progress() in
  * executor_abi.h): for non-blocking polls of the handle and the progress thread's sweep. */
 static PyObject *Batch_kick(BatchObject *self, PyObject *unused) {
@@ -659,6 +769,7 @@ static PyMethodDef Batch_methods[] = {
     {"complete_slice", (PyCFunction)Batch_complete_slice, METH_VARARGS, "finalize one outstanding slice as done"},
     {"note_retry", (PyCFunction)Batch_note_retry, METH_NOARGS, "count one retry"},
     {"kick", (PyCFunction)Batch_kick, METH_NOARGS, "hand work left to a waiter over to the executor's workers"},
+    {"notify", (PyCFunction)Batch_notify, METH_O, "notify(Notifier): signal its eventfd once when this batch finishes"},
     {"wait_handle", (PyCFunction)(void (*)(void))Batch_wait_handle, METH_FASTCALL | METH_KEYWORDS,
      "wait_handle(timeout=None): True at once for a batch finished without error, else self._wait(timeout)"},
     {NULL}};
@@ -2216,7 +2327,7 @@ static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_native", "tent_core
 
 PyMODINIT_FUNC PyInit__native(void) {
   if (PyType_Ready(&BatchType) < 0 || PyType_Ready(&RemoteSegmentType) < 0 || PyType_Ready(&FastEntryType) < 0 ||
-      PyType_Ready(&FastPathType) < 0 || PyType_Ready(&DigestType) < 0)
+      PyType_Ready(&FastPathType) < 0 || PyType_Ready(&DigestType) < 0 || PyType_Ready(&NotifierType) < 0)
     return NULL;
   if (!s_op) {
     s_op = PyUnicode_InternFromString("op");
@@ -2251,6 +2362,8 @@ PyMODINIT_FUNC PyInit__native(void) {
   PyModule_AddObject(m, "FastPath", (PyObject *)&FastPathType);
   Py_INCREF(&DigestType);
   PyModule_AddObject(m, "Digest", (PyObject *)&DigestType);
+  Py_INCREF(&NotifierType);
+  PyModule_AddObject(m, "Notifier", (PyObject *)&NotifierType);
   PyModule_AddIntConstant(m, "WAIT_SIZE", (long)sizeof(tent_wait_t));
   PyModule_AddIntConstant(m, "EXECUTOR_ABI_VERSION", TENT_EXECUTOR_ABI_VERSION);
   PyModule_AddIntConstant(m, "SLICE_SIZE", sizeof(tent_slice_t));
