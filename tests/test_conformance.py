@@ -118,6 +118,14 @@ class ParksWithoutBound(TcpTransport):
         return {**super().wait_config(max_parked, max_wait_ms), "wait_max_parked": 64}
 
 
+class WaitsWithoutConfig(TcpTransport):
+    """Honest waiting READs, but no config entries that set the parking bound (wait_config: None)."""
+    name = "wait_no_config"
+
+    def wait_config(self, max_parked, max_wait_ms):
+        return None
+
+
 class ClaimsToReachNone(TcpTransport):
     """Rules out every buffer, yet its executor reaches them."""
     name = "liar_reach_none"
@@ -134,6 +142,7 @@ def tent_register_transports(registry):
     registry.add("liar_reach_none", ClaimsToReachNone, abi_version=EXECUTOR_ABI_VERSION)
     registry.add("liar_wait", ClaimsToWait, abi_version=EXECUTOR_ABI_VERSION)
     registry.add("liar_wait_bound", ParksWithoutBound, abi_version=EXECUTOR_ABI_VERSION)
+    registry.add("wait_no_config", WaitsWithoutConfig, abi_version=EXECUTOR_ABI_VERSION)
 '''
 
 
@@ -194,3 +203,15 @@ def test_kit_catches_parked_reads_beyond_the_bound(liars: dict[str, str]) -> Non
     assert rc == 1 and status["wait_read_bound"]["status"] == "failed", report
     assert "not refused" in status["wait_read_bound"]["detail"]
     assert status["wait_read_parks"]["status"] == "passed", report  # the rest of it works
+
+
+def test_waiting_reads_without_wait_config_run_as_configured(liars: dict[str, str]) -> None:
+    """A transport that declares waiting READs but names no config for the parking bound: the kit
+    runs the waiting-READ checks against the section as given (and they pass, tcp's executor is
+    honest) and skips only the bound check, saying why."""
+    rc, report = kit("wait_no_config", *(f"--check={c}" for c in sorted(WAIT_CHECKS)), env=liars)
+    status = {c["name"]: c for c in report["checks"]}
+    assert rc == 0 and set(status) == WAIT_CHECKS, report
+    assert status["wait_read_bound"]["status"] == "skipped", report
+    assert "Transport.wait_config" in status["wait_read_bound"]["detail"]
+    assert all(status[c]["status"] == "passed" for c in WAIT_CHECKS - {"wait_read_bound"}), report
