@@ -127,6 +127,13 @@ class TcpTransport(Transport):
         "congestion_ms": 0,
         # SO_SNDBUF/SO_RCVBUF per connection (0 = kernel autotuning)
         "sockbuf": 4 << 20,
+        # congestion control of connections to a loopback peer (127/8), both sides: the first of
+        # these names the kernel accepts ("" = the host's, as for every other peer). Loopback has
+        # no bottleneck to pace for, but a pacing one (BBR, some hosts' default) paces there too,
+        # skb by skb behind hrtimers: a batch's 1 MiB of READ answers in one sendmsg, 16 x 64 KiB
+        # READ batches 3.99 -> 5.53 GB/s, WRITE 2.80 -> 4.70 (docs/benchmarks.md, "tcp batches and
+        # the host's congestion control"). reno: what an unprivileged process may always pick.
+        "loopback_congestion": "cubic,reno",
         # slices of small requests (the engine's small_request_bytes; the core hints them) have their
         # own queue and an express connection slot per rail (they never wait behind large ones to
         # the same peer), and are pipelined when several wait
@@ -242,6 +249,7 @@ class TcpTransport(Transport):
             # one), so no rail starves and a small request's answer is read while large ones move
             cfg["threads"] = max(4, (int(cfg["conns_per_rail"]) + 1) * max(1, len(rails)))
         exec_cfg: dict[str, Any] = {k: int(cfg[k]) for k in _EXECUTOR_KEYS}
+        exec_cfg["loopback_congestion"] = str(cfg["loopback_congestion"] or "")
         self.inline_bytes = max(0, int(cfg["inline_bytes"]))
         self.receive_digest = bool(int(cfg["receive_digest"]))
         self.wait_read = bool(int(cfg["wait_read"]))
