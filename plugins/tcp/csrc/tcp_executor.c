@@ -748,8 +748,8 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
  * `loopback_congestion` the kernel accepts. Loopback has no bottleneck to pace for, yet a pacing
  * congestion control (BBR, the default of some hosts) paces every skb there too: with no fq qdisc
  * TCP paces internally, so a 1 MiB burst of answers (a batch of 16 x 64 KiB READs gathered in one
- * sendmsg) leaves skb by skb behind hrtimers instead of back to back (docs/benchmarks.md, "tcp
- * batches and the host's congestion control"). Other peers keep the host's choice. A name the
+ * sendmsg) leaves skb by skb instead of back to back (docs/benchmarks.md, "tcp batches and the
+ * host's congestion control"). Other peers keep the host's choice. A name the
  * kernel refuses (not built, or not in tcp_allowed_congestion_control for an unprivileged
  * process) is skipped; when all are, the host's stays (logged once). */
 static int ipv4_is_loopback(struct in_addr a) { return (ntohl(a.s_addr) >> 24) == 127; }
