@@ -257,6 +257,8 @@ class TcpTransport(Transport):
         # the bare-limit benchmark polls under the same rule (tent_bench.small)
         self.busy_poll_us = int(cfg["busy_poll_us"])
         self.busy_poll_adaptive = int(cfg["busy_poll_adaptive"])
+        # ... and takes the same congestion control on loopback
+        self.loopback_congestion = str(cfg["loopback_congestion"] or "")
         if ctx.auth is not None:
             # every data connection runs the handshake of tent_core.auth (tent/auth.h) with this key
             exec_cfg["auth_key"] = ctx.auth.key("tcp").hex()
