@@ -131,9 +131,9 @@ class TcpTransport(Transport):
         # these names the kernel accepts ("" = the host's, as for every other peer). Loopback has
         # no bottleneck to pace for, but a pacing one (BBR, some hosts' default) paces there too,
         # skb by skb: a batch's 1 MiB of READ answers in one sendmsg. 16 x 64 KiB batches against
-        # main on a 2-vCPU host: READ 2.86 -> 5.06 GB/s, WRITE 2.52 -> 4.56 (docs/benchmarks.md,
-        # "tcp batches and the host's congestion control"). reno: what an unprivileged process may
-        # always pick.
+        # main on a 2-vCPU host, three runs: WRITE 1.95x / 1.40x / 2.02x, READ 1.28x / 0.96x /
+        # 1.21x (docs/benchmarks.md, "tcp batches and the host's congestion control"); one request
+        # at a time unchanged. reno: what an unprivileged process may always pick.
         "loopback_congestion": "cubic,reno",
         # slices of small requests (the engine's small_request_bytes; the core hints them) have their
         # own queue and an express connection slot per rail (they never wait behind large ones to
