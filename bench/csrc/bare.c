@@ -28,6 +28,13 @@
  *       recv: every time, or with `adaptive` under the tcp executor's rule (tent/busy_poll.h,
  *       the same code), as the engine's server connections do.
  *   tcp_poll_stats() -> dict: the last tcp() loop's busy-poll outcomes on the client side.
+ *   tcp_congestion(names) -> str
+ *       from now on every socket of this module (tcp_serve's listener, and so the connections it
+ *       accepts; tcp() and tcp_batch()'s connections) takes the first congestion control of the
+ *       comma-separated `names` the kernel accepts ("" = the host's), as the engine's tcp
+ *       transport gives its loopback connections (`loopback_congestion`): the bare loop and the
+ *       engine then move their bytes under the same one. Returns the name a probe socket took
+ *       ("" for the host's).
  *   tcp_calls(op, block, count) -> bytes
  *       the socket calls of `count` tcp() exchanges alone, made by one thread on both ends of one
  *       loopback connection (tuned as tcp()'s), so that no thread ever waits or is woken: what a
@@ -304,7 +311,17 @@ static int recv_all(int fd, void *p, size_t n) {
   return 0;
 }
 
+static char g_cc[4][16]; /* tcp_congestion(): names in order of preference */
+static int g_ncc;
+
+static const char *apply_cc(int fd) {
+  for (int i = 0; i < g_ncc; i++)
+    if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, g_cc[i], (socklen_t)strlen(g_cc[i])) == 0) return g_cc[i];
+  return "";
+}
+
 static void nodelay(int fd) {
+  apply_cc(fd);
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   int buf = 4 << 20;
@@ -420,6 +437,7 @@ static PyObject *py_tcp_serve(PyObject *m, PyObject *args) {
   }
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
+  apply_cc(fd); /* set by setsockopt on the listener, the accepted connections keep it */
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   int buf = 4 << 20;
   setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
@@ -734,7 +752,34 @@ static PyObject *py_tcp_calls(PyObject *m, PyObject *args) {
   return res;
 }
 
+static PyObject *py_tcp_congestion(PyObject *m, PyObject *args) {
+  const char *names;
+  if (!PyArg_ParseTuple(args, "s", &names)) return NULL;
+  char cc[4][16] = {{0}};
+  int n = 0;
+  for (const char *p = names; *p;) {
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    if (!len || len >= sizeof cc[0] || n >= 4) {
+      PyErr_Format(PyExc_ValueError, "tcp_congestion: bad list %R (at most 4 names of 1-15 characters)", args);
+      return NULL;
+    }
+    memcpy(cc[n], p, len);
+    cc[n++][len] = 0;
+    p = e ? e + 1 : p + len;
+  }
+  memcpy(g_cc, cc, sizeof cc);
+  g_ncc = n;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return PyErr_SetFromErrno(PyExc_OSError);
+  const char *took = apply_cc(fd);
+  close(fd);
+  return PyUnicode_FromString(took);
+}
+
 static PyMethodDef methods[] = {
+    {"tcp_congestion", py_tcp_congestion, METH_VARARGS,
+     "tcp_congestion(names): this module's sockets take the first of these congestion controls the kernel accepts"},
     {"cma", (PyCFunction)(void (*)(void))py_cma, METH_VARARGS | METH_KEYWORDS,
      "cma(pid, op, local, remote, block, count, threads=1, piece=0) -> per-request seconds (float64 bytes)"},
     {"memcpy", (PyCFunction)(void (*)(void))py_memcpy, METH_VARARGS | METH_KEYWORDS,

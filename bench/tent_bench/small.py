@@ -279,12 +279,14 @@ def _bare_one(eng: Engine, t: Target, transport: str, op: str, block: int, count
         )
     if transport == "tcp":
         # both ends on the engine's buffers (the same memory, the same copies), polling before they
-        # sleep under the engine's rule (the same code: tent/busy_poll.h), or never
+        # sleep under the engine's rule (the same code: tent/busy_poll.h), or never, under the
+        # congestion control the engine gives its loopback connections (tcp loopback_congestion)
         tcp = eng.transports["tcp"]
         spin_us, adaptive = int(getattr(tcp, "busy_poll_us", 0)), int(getattr(tcp, "busy_poll_adaptive", 0))
         if sleep:
             spin_us, adaptive = 0, 0
         port = int(t.info["bare_tcp_sleep_port" if sleep else "bare_tcp_port"])
+        _bare.tcp_congestion(str(getattr(tcp, "loopback_congestion", "")))  # as the engine's loopback connections
         if batch > 1:  # shared out over as many connections as the engine shares an inline batch
             conns = min(TCP_INLINE_RUNS, int(getattr(tcp, "conns_per_rail", 4)) + 1)
             return lambda: np.frombuffer(
@@ -640,7 +642,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     notes = [f"- bare Python, shm mode {m}: {f}" for m, f in forms]
     if any("bare_sleep_gbps" in r for r in ones):
         notes.append("- bare C: both ends poll before they sleep under the tcp transport's rule (busy_poll_us, "
-                     "busy_poll_adaptive); bare C sleeping: the same loop always sleeping in the kernel")  # fmt: skip
+                     "busy_poll_adaptive), on the congestion control it gives loopback connections (loopback_congestion); "
+                     "bare C sleeping: the same loop always sleeping in the kernel")  # fmt: skip
     if notes:
         out[-1:-1] = [""] + notes
     table("Batches, one in flight", ["transport", "op", "batch", "tent GB/s", "bare GB/s", "x bare", "tent P50 / P99 us"], [
@@ -655,7 +658,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     if conns:
         bare_notes.append(f"- bare, tcp: the bare C request loop with the batch shared out over {'/'.join(map(str, conns))} "
                           "connections as the engine shares it (one pipelined run each, sent in one writev; the "
-                          "answers read connection by connection, polling under the engine's rule)")  # fmt: skip
+                          "answers read connection by connection, polling under the engine's rule, on its loopback "
+                          "congestion control)")  # fmt: skip
     if bare_notes and out and out[-1] == "" and sel("batches"):
         out[-1:-1] = [""] + bare_notes
     table("shm, several MiB one at a time vs two threads copying 1 MiB pieces", ["op", "size", "tent GB/s", "bare GB/s", "x bare"], [

@@ -67,9 +67,11 @@ def main(argv: list[str] | None = None) -> int:
                 eng.register(arr[i * PAGE : (i + 1) * PAGE], segment=name)
             used[name] = n
         # the bare server serves the same memory, polling for the next request under the engine's
-        # rule (tcp busy_poll_us, busy_poll_adaptive: the same code); a second one always sleeps
+        # rule (tcp busy_poll_us, busy_poll_adaptive: the same code), under the congestion control
+        # the engine gives loopback connections; a second one always sleeps
         tcp = eng.transports.get("tcp")
         spin_us, adaptive = int(getattr(tcp, "busy_poll_us", 0)), int(getattr(tcp, "busy_poll_adaptive", 0))
+        _bare.tcp_congestion(str(getattr(tcp, "loopback_congestion", "")))  # the engine's, on loopback
         port = _bare.tcp_serve(args.host, buf.addr, args.size, spin_us, adaptive)
         sleep_port = _bare.tcp_serve(args.host, buf.addr, args.size, 0, 0)
         print(json.dumps({"engine": eng.engine_id, "segment": eng.segment_name("bench"), "pid": os.getpid(),

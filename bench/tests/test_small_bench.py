@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -78,6 +81,40 @@ def test_bare_tcp_batch_moves_each_request_s_own_bytes() -> None:
     assert np.array_equal(remote[28 * KiB :], small.fill(1 << 20, seed=11)[28 * KiB :])
     with pytest.raises(ValueError):
         _bare.tcp_batch("127.0.0.1", port, 0, 64 * KiB, 16, 1, 4, 0)  # no local buffer
+
+
+def _ccs(port: int) -> list[str]:
+    """The congestion control of every established socket with `port` at either end (ss -ti)."""
+    out = subprocess.run(["ss", "-tinH", "state", "established", f"( sport = :{port} or dport = :{port} )"],
+                         capture_output=True, text=True, timeout=10, check=True).stdout  # fmt: skip
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    return [info.split()[0] for info in lines[1::2]]
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+def test_bare_tcp_takes_the_congestion_control_it_is_given() -> None:
+    """tcp_congestion: the listener (so the connections it accepts) and the client's connections
+    take the first name the kernel accepts, as the engine's loopback connections do; the bytes
+    still arrive."""
+    assert _bare.tcp_congestion("nosuchcc,reno") == "reno"
+    try:
+        remote = np.random.default_rng(7).integers(0, 256, 4 * 64 * KiB, dtype=np.uint8)
+        local = np.zeros_like(remote)
+        port = _bare.tcp_serve("127.0.0.1", remote.ctypes.data, remote.nbytes)
+        t = threading.Thread(target=_bare.tcp_batch, args=("127.0.0.1", port, 0, 64 * KiB, 4, 3000, 2, local.ctypes.data))
+        t.start()
+        seen: list[str] = []
+        deadline = time.monotonic() + 20
+        while t.is_alive() and time.monotonic() < deadline and len(seen) < 4:
+            seen = _ccs(port)
+        t.join(120)
+        assert not t.is_alive()
+        assert len(seen) >= 4 and set(seen) == {"reno"}, seen  # both ends of both connections
+        assert np.array_equal(local, remote)
+    finally:
+        assert _bare.tcp_congestion("") == ""  # the host's again, for the other tests
+    with pytest.raises(ValueError, match="tcp_congestion"):
+        _bare.tcp_congestion("reno,,cubic")
 
 
 def test_one_at_a_time_rows_next_to_the_bare_limit() -> None:

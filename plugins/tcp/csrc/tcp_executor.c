@@ -159,6 +159,8 @@
 #define PIPE_MAX 64 /* requests in one pipelined run at most */
 #define SPIN_AFTER_BYTES (256u << 10) /* a server connection polls for the next request after ones up to this long */
 #define PIPE_BYTES_MAX (1u << 20) /* payload of the READ answers one sendmsg gathers at most */
+#define LO_CC_MAX 4         /* names in loopback_congestion at most */
+#define TCP_CA_NAME_LEN 16  /* the kernel's TCP_CA_NAME_MAX */
 #define BULK_QUIET_MS 5 /* nobody polls while bulk moves, nor this long after it stopped */
 #define QOS_LEVEL_IDLE 20 /* qos_bulk_nice 20: SCHED_IDLE rather than a nice value */
 #define WIRE_OP_READ_WAIT 2u /* a READ answered once a word reaches a range (see above) */
@@ -535,6 +537,11 @@ typedef struct tcp_exec {
   uint8_t auth_key[32];
   int auth_timeout_ms, max_conns, idle_timeout_ms, unregister_timeout_ms;
   int congestion_ms;      /* a send stalled this long is reported as congestion */
+  /* congestion control for connections between loopback addresses, in order of preference (the
+   * first the kernel accepts; none: the host's); see loopback_cc() */
+  char lo_cc[LO_CC_MAX][TCP_CA_NAME_LEN];
+  int n_lo_cc;
+  atomic_int lo_cc_refused; /* every name was refused once: logged once */
   int connect_backoff_ms; /* after a failed connect, a rail without connections fails fast this long */
   int tick_ms;            /* client sockets wake this often to check their progress clock */
   int qos_bulk_conns;     /* bulk connections a rail runs at most while small requests are active (0: no cap) */
@@ -605,6 +612,24 @@ static void rail_update_ready(struct tcp_exec *ex, rail_t *r);
 
 /* ------------------------------------------------------------------ config */
 
+/* "cubic,reno" -> names[0..*n): comma-separated congestion control names ("" = none). Pure: -1 on
+ * a malformed list (a name empty, too long, or with a character no kernel module name has). */
+static int parse_cc_list(const char *val, char names[][TCP_CA_NAME_LEN], int *n) {
+  *n = 0;
+  if (!*val) return 0;
+  for (const char *p = val;;) {
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    if (!len || len >= TCP_CA_NAME_LEN || *n >= LO_CC_MAX) return -1;
+    for (size_t i = 0; i < len; i++)
+      if (!((p[i] >= 'a' && p[i] <= 'z') || (p[i] >= '0' && p[i] <= '9') || p[i] == '_')) return -1;
+    memcpy(names[*n], p, len);
+    names[(*n)++][len] = 0;
+    if (!e) return 0;
+    p = e + 1;
+  }
+}
+
 static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errlen) {
   ex->nthreads = 4;
   ex->conns_per_rail = 2;
@@ -634,6 +659,7 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->wait_max_parked = 64;
   ex->wait_conns = 2;
   ex->unregister_timeout_ms = 5000;
+  ex->n_lo_cc = 0; /* the tcp transport passes its own (its config is where the default is documented) */
   char key[64], val[256];
   for (const char *c = cfg; tent_config_next(&c, key, sizeof key, val, sizeof val);) {
     char *end = NULL;
@@ -658,6 +684,14 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
         ex->auth_key[i] = (uint8_t)b;
       }
       ex->auth_on = 1;
+      continue;
+    }
+    if (!strcmp(key, "loopback_congestion")) {
+      if (parse_cc_list(val, ex->lo_cc, &ex->n_lo_cc) != 0) {
+        snprintf(err, errlen, "bad value for loopback_congestion: '%s' (comma-separated congestion control names, "
+                 "at most %d, each 1-%d of [a-z0-9_])", val, LO_CC_MAX, TCP_CA_NAME_LEN - 1);
+        return -1;
+      }
       continue;
     }
     if (!strcmp(key, "chunk") || !strcmp(key, "pipeline_bytes") || !strcmp(key, "qos_bulk_piece")) {
@@ -708,6 +742,25 @@ static int parse_config(tcp_exec_t *ex, const char *cfg, char *err, size_t errle
   ex->tick_ms = ex->congestion_ms / 2 > 5 ? ex->congestion_ms / 2 : 5;
   if (ex->tick_ms > ex->slice_timeout_ms) ex->tick_ms = ex->slice_timeout_ms;
   return 0;
+}
+
+/* A connection whose peer is a loopback address (127/8) gets the first congestion control of
+ * `loopback_congestion` the kernel accepts. Loopback has no bottleneck to pace for, yet a pacing
+ * congestion control (BBR, the default of some hosts) paces every skb there too: with no fq qdisc
+ * TCP paces internally, so a 1 MiB burst of answers (a batch of 16 x 64 KiB READs gathered in one
+ * sendmsg) leaves skb by skb instead of back to back (docs/benchmarks.md, "tcp batches and the
+ * host's congestion control"). Other peers keep the host's choice. A name the
+ * kernel refuses (not built, or not in tcp_allowed_congestion_control for an unprivileged
+ * process) is skipped; when all are, the host's stays (logged once). */
+static int ipv4_is_loopback(struct in_addr a) { return (ntohl(a.s_addr) >> 24) == 127; }
+
+static void loopback_cc(tcp_exec_t *ex, int fd, struct in_addr peer) {
+  if (!ex->n_lo_cc || !ipv4_is_loopback(peer)) return;
+  for (int i = 0; i < ex->n_lo_cc; i++)
+    if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, ex->lo_cc[i], (socklen_t)strlen(ex->lo_cc[i])) == 0) return;
+  if (!atomic_exchange(&ex->lo_cc_refused, 1))
+    slog("loopback_congestion: the kernel refused every name (%s%s): loopback connections keep the host's", ex->lo_cc[0],
+         ex->n_lo_cc > 1 ? ", ..." : "");
 }
 
 /* ------------------------------------------------------------------ QoS: bulk threads' CPU weight */
@@ -1530,6 +1583,7 @@ static void *accept_main(void *arg) {
       continue;
     }
     tune_socket(fd, ex->sockbuf);
+    loopback_cc(ex, fd, from.sin_addr);
     set_timeouts(fd, ex->slice_timeout_ms);
     sconn_t *c = calloc(1, sizeof *c);
     if (!c) {
@@ -1609,6 +1663,7 @@ static int rail_connect(tcp_exec_t *ex, rail_t *r) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return -1;
   tune_socket(fd, ex->sockbuf);
+  loopback_cc(ex, fd, r->remote.sin_addr);
   if (r->local.sin_addr.s_addr && bind(fd, (const struct sockaddr *)&r->local, sizeof r->local) < 0) {
     close(fd);
     return -1;
