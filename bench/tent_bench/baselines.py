@@ -47,6 +47,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import importlib.util
+import ipaddress
 import json
 import mmap
 import multiprocessing as mp
@@ -571,6 +572,29 @@ def _tune_socket(s: socket.socket) -> None:
                     pass
     if s.family in (socket.AF_INET, socket.AF_INET6):
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _loopback_congestion(s)
+
+
+def _loopback_congestion(s: socket.socket) -> None:
+    """A connected stream to a loopback peer takes the congestion control the tcp transport gives its
+    own loopback connections (its loopback_congestion default: the first name the kernel accepts),
+    so the baseline is not paced by a host default (BBR) the engine avoids there."""
+    try:
+        host = s.getpeername()[0]
+    except OSError:
+        return  # not connected (the listener): its accepted streams are set one by one
+    if not ipaddress.ip_address(host).is_loopback:
+        return
+    try:
+        from tent_tcp.transport import TcpTransport
+    except ImportError:
+        return  # no tcp transport here: nothing to match
+    for name in str(TcpTransport.config_keys["loopback_congestion"] or "").split(","):
+        try:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
+            return
+        except OSError:
+            continue
 
 
 def _recv_exact_into(s: socket.socket, mv: memoryview) -> None:

@@ -14,6 +14,7 @@ from tent_bench.baselines import (
     BaselineSweep,
     BaselineUnavailable,
     _Slots,
+    _tune_socket,
     available_baselines,
     run_baseline,
 )
@@ -380,3 +381,39 @@ def test_a_target_error_nobody_read_is_found():
     assert _target_error(parent) == "socket_target: TimeoutError: timed out"
     child.close()
     assert _target_error(parent) is None  # the pipe closed: nothing more to say
+
+
+def test_socket_streams_on_loopback_take_the_engines_congestion_control():
+    """The socket baseline's loopback streams run the congestion control the tcp transport gives its
+    own loopback connections (not a pacing host default the engine avoids there)."""
+    import socket
+
+    tcp = pytest.importorskip("tent_tcp.transport")
+    names = [n for n in str(tcp.TcpTransport.config_keys["loopback_congestion"]).split(",") if n]
+    if not names:
+        pytest.skip("the tcp transport keeps the host's congestion control on loopback")
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(1)
+    with ls, socket.create_connection(ls.getsockname(), timeout=10) as c:
+        a, _ = ls.accept()
+        with a:
+            accepted = set()
+            for s in (c, a):
+                _tune_socket(s)
+                got = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
+                accepted.add(got)
+            probe = socket.socket()
+            with probe:
+                first = next((n for n in names if _accepts(probe, n)), None)
+            assert first is not None and accepted == {first}, (accepted, names)
+
+
+def _accepts(s, name: str) -> bool:
+    import socket
+
+    try:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
+        return True
+    except OSError:
+        return False
