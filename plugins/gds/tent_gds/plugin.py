@@ -205,6 +205,9 @@ class GdsTransport(Transport):
         # blocking (preadv2/pwritev2 RWF_NOWAIT: page-cache hits); what would block goes to the workers
         "nowait": True,
         "direct": False,  # an O_DIRECT fd per file, used for 4096-aligned pieces
+        # buffered WRITEs longer than chunk are cut into pieces for several workers like READs
+        # (default: one worker writes each such slice in order; the kernel serializes writers per file)
+        "split_writes": False,
         "cufile": "auto",  # "auto" (cuFile when it works), "on" (start fails without it), "off"
         "cufile_lib": None,  # path of libcufile (default: TENT_CUFILE, the nvidia-cufile wheel, the loader path)
         "cuda_lib": None,  # path of the CUDA driver library (default: libcuda.so.1 on the loader path)
@@ -272,6 +275,7 @@ class GdsTransport(Transport):
             "chunk": int(cfg["chunk"]),
             "direct": int(self._direct),
             "nowait": int(bool(cfg["nowait"])),
+            "split_writes": int(bool(cfg["split_writes"])),
             "cufile": cufile,
             "cufile_lib": find_cufile_library(cfg["cufile_lib"]) or "",
             "cuda_lib": str(cfg["cuda_lib"] or ""),
@@ -314,9 +318,10 @@ class GdsTransport(Transport):
 
     def stats(self) -> dict[str, int]:
         """Executor counters: bytes moved direct / buffered, I/O requests, slices ok / failed; the
-        submitting thread's non-blocking I/Os and the slices it finished (``nowait_ios`` / ``nowait_slices``)."""
+        submitting thread's non-blocking I/Os and the slices it finished (``nowait_ios`` / ``nowait_slices``);
+        buffered WRITE slices one worker wrote whole (``whole_writes``)."""
         assert self._lib is not None
-        out = (ctypes.c_uint64 * 13)()
+        out = (ctypes.c_uint64 * 14)()
         self._lib.stats(self.executor.handle, out)
         keys = (
             "direct_bytes",
@@ -332,6 +337,7 @@ class GdsTransport(Transport):
             "waiter_pieces",
             "nowait_ios",
             "nowait_slices",
+            "whole_writes",
         )
         st = {k: int(out[i]) for i, k in enumerate(keys)}
         st["ordered_chunks"] = int(self._lib.ordered(self.executor.handle))

@@ -350,6 +350,76 @@ def test_uring_buffered_writes_the_filesystem_would_block_run_on_the_worker(wher
         f.unlink(missing_ok=True)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("where", ["tmp_path", "/dev/shm"])
+def test_buffered_write_slices_have_one_writer(engine: str, where: str, tmp_path: Path) -> None:
+    """The kernel serializes buffered writes to one file, so a buffered WRITE slice longer than a
+    chunk is queued whole and one worker writes it in order (stat whole_writes), in chunk-sized
+    requests; slices up to a chunk, READs, O_DIRECT executors and split_writes=1 are cut as before.
+    Every byte lands where it belongs, at odd offsets and lengths, next to READs in one batch."""
+    directory = tmp_path if where == "tmp_path" else Path(where)
+    if not directory.is_dir():
+        pytest.skip(f"no {where}")
+    size, piece = 16 << 20, 1 << 20
+    f = directory / f"gds-whole-{os.getpid()}.bin"
+    for cfg, whole in (({}, True), ({"split_writes": 1}, False), ({"direct": 1}, False)):
+        tr = make_transport(engine=engine, threads=2, queue_depth=8, chunk=piece, **cfg)
+        try:
+            old = pattern(size, 40)
+            make_file(f, old)
+            h = tr.connect(peer(), [rbuf(BASE, f)]).handle
+            src = aligned(size)
+            src[:] = pattern(size, 41)
+            dst = aligned(size)
+            # two long WRITEs (odd start and length), a short one, and a READ of a range none touches
+            writes = [
+                (5, 4096 + 5, 3 * piece + 7),
+                (6 * piece + 11, 6 * piece + 11, 5 * piece + 4093),
+                (13 * piece, 13 * piece, 4096 + 1),
+            ]
+            read = (15 * piece, piece)
+            s0 = tr.stats()
+            b = many(tr, [(WRITE, src.ctypes.data + lo, BASE + fo, n) for lo, fo, n in writes]
+                     + [(READ, dst.ctypes.data + read[0], BASE + read[0], read[1])], h)  # fmt: skip
+            assert b.error == 0 and b.bytes_done == sum(n for _, _, n in writes) + read[1]
+            s1 = tr.stats()
+            want = old.copy()
+            for lo, fo, n in writes:
+                want[fo : fo + n] = src[lo : lo + n]
+            assert np.array_equal(np.fromfile(f, np.uint8), want)
+            assert np.array_equal(dst[read[0] : read[0] + read[1]], old[read[0] : read[0] + read[1]])
+            assert s1["whole_writes"] - s0["whole_writes"] == (2 if whole else 0)
+            assert s1["slices_ok"] - s0["slices_ok"] == 4
+        finally:
+            tr.close()
+            f.unlink(missing_ok=True)
+
+
+def test_whole_write_cancelled_and_out_of_bounds(tmp_path: Path) -> None:
+    """A WRITE kept whole fails like a cut one: past the file's end it is E_BOUNDS with the file
+    untouched, into a read-only registration E_PERMISSION, and a cancelled batch's is E_CANCELLED."""
+    size, piece = 4 << 20, 1 << 20
+    tr = make_transport(threads=2, queue_depth=8, chunk=piece)
+    try:
+        old = pattern(size, 42)
+        f = make_file(tmp_path / "whole-errors.bin", old)
+        ro = make_file(tmp_path / "whole-ro.bin", old)
+        h = tr.connect(peer(), [rbuf(BASE, f), rbuf(BASE + (1 << 40), ro, perm=Permission.READ)]).handle
+        src = aligned(size)
+        src[:] = pattern(size, 43)
+        assert one(tr, WRITE, src.ctypes.data, BASE + piece, size, h) == E_BOUNDS
+        assert one(tr, WRITE, src.ctypes.data, BASE + (1 << 40), 2 * piece, h) == E_PERMISSION
+        assert np.array_equal(np.fromfile(f, np.uint8), old) and np.array_equal(np.fromfile(ro, np.uint8), old)
+        b = _native.Batch(1)
+        b.cancel()
+        ex = tr.executor
+        assert _native.submit_one(ex.ops, ex.handle, b, WRITE, src.ctypes.data, BASE, 2 * piece, h, 0, 1, 0) == 0
+        assert b.wait(30) and int(b.error) == E_CANCELLED
+        assert tr.stats()["whole_writes"] == 3
+    finally:
+        tr.close()
+
+
 # ------------------------------------------------------------------ O_DIRECT
 @pytest.mark.parametrize("engine", ENGINES)
 def test_direct_aligned_and_unaligned(engine: str, tmp_path: Path) -> None:

@@ -112,9 +112,11 @@ static inline uint64_t tent_cq_parts(uint64_t len, uint64_t chunk, uint32_t max_
  * single one, for callers that work through the queue themselves and workers that wake the next
  * while work is left). TENT_OK, or TENT_E_INTERNAL with nothing queued (out of memory, or *stop
  * already set). */
-static inline int tent_cq_submit_ex(tent_chunk_queue_t *q, pthread_mutex_t *mu, pthread_cond_t *cv, const int *stop,
-                                    const tent_slice_t *slices, uint32_t n, uint64_t chunk, uint32_t max_parts,
-                                    int wake_one) {
+/* tent_cq_submit_ex with a chunk size per slice: slice i is cut into pieces of chunks[i] bytes
+ * (0: one piece) when `chunks` is not NULL, else of `chunk` bytes like tent_cq_submit_ex. */
+static inline int tent_cq_submit_each(tent_chunk_queue_t *q, pthread_mutex_t *mu, pthread_cond_t *cv, const int *stop,
+                                      const tent_slice_t *slices, uint32_t n, uint64_t chunk, const uint64_t *chunks,
+                                      uint32_t max_parts, int wake_one) {
   if (n == 0) return TENT_OK;
   tent_job_t **jobs = malloc(n * sizeof *jobs); /* made outside the lock */
   uint64_t *plan = malloc(2 * (size_t)n * sizeof *plan); /* parts, per */
@@ -122,7 +124,7 @@ static inline int tent_cq_submit_ex(tent_chunk_queue_t *q, pthread_mutex_t *mu, 
   uint32_t made = 0;
   int rc = jobs && plan ? TENT_OK : TENT_E_INTERNAL;
   for (; rc == TENT_OK && made < n; made++) {
-    plan[2 * made] = tent_cq_parts(slices[made].length, chunk, max_parts, &plan[2 * made + 1]);
+    plan[2 * made] = tent_cq_parts(slices[made].length, chunks ? chunks[made] : chunk, max_parts, &plan[2 * made + 1]);
     total += plan[2 * made];
     jobs[made] = tent_job_new(&slices[made], (uint32_t)plan[2 * made]);
     if (!jobs[made]) rc = TENT_E_INTERNAL;
@@ -145,6 +147,12 @@ static inline int tent_cq_submit_ex(tent_chunk_queue_t *q, pthread_mutex_t *mu, 
   free(jobs);
   free(plan);
   return rc;
+}
+
+static inline int tent_cq_submit_ex(tent_chunk_queue_t *q, pthread_mutex_t *mu, pthread_cond_t *cv, const int *stop,
+                                    const tent_slice_t *slices, uint32_t n, uint64_t chunk, uint32_t max_parts,
+                                    int wake_one) {
+  return tent_cq_submit_each(q, mu, cv, stop, slices, n, chunk, NULL, max_parts, wake_one);
 }
 
 static inline int tent_cq_submit(tent_chunk_queue_t *q, pthread_mutex_t *mu, pthread_cond_t *cv, const int *stop,
