@@ -330,8 +330,21 @@ static const tent_wait_t *host_wait(void *ctx, const tent_slice_t *s) {
   return NULL;
 }
 
+/* An executor about to sleep inside submit_inline (host_block_begin/end): the GIL goes if this
+ * thread holds it (exec_submit_gil may have released it already, with a digest armed). */
+static void *host_block_begin(void *ctx) {
+  (void)ctx;
+  return PyGILState_Check() ? (void *)PyEval_SaveThread() : NULL;
+}
+
+static void host_block_end(void *ctx, void *token) {
+  (void)ctx;
+  if (token) PyEval_RestoreThread((PyThreadState *)token);
+}
+
 static tent_host_api_t g_host = {TENT_EXECUTOR_ABI_VERSION, sizeof(tent_host_api_t), NULL, host_complete,
-                                 host_is_cancelled, host_note, host_digest, host_wait};
+                                 host_is_cancelled, host_note, host_digest, host_wait,
+                                 host_block_begin, host_block_end};
 
 /* ---- Python Batch type ---- */
 typedef struct {

@@ -17,6 +17,9 @@ piece up to ``inline_bytes`` is first tried by the submitting thread without blo
 inside submit, with no hand-off to a worker and no wake-up; whatever would block goes to the
 workers (and the batch's waiter). That thread holds the GIL while it copies (like the shm
 transport's inline copies): Python threads submitting at once take turns for those copies.
+Where the filesystem refuses non-blocking buffered writes (ext4), a WRITE up to
+``inline_write_bytes`` is written by the submitting thread with a plain pwrite instead, the GIL
+let go around it (it may sleep on the file's lock or dirty-page throttling).
 
 GPU memory <-> file goes through cuFile (GPUDirect Storage, the library KvikIO wraps) when
 libcufile, a CUDA driver and a device are present: the transport then also serves
@@ -204,6 +207,9 @@ class GdsTransport(Transport):
         # the submitting thread first tries its (first) slice up to inline_bytes itself, without
         # blocking (preadv2/pwritev2 RWF_NOWAIT: page-cache hits); what would block goes to the workers
         "nowait": True,
+        # WRITEs up to this long to a file whose filesystem refuses non-blocking buffered writes (ext4)
+        # are written by the submitting thread with a plain pwrite, without the GIL (0: the workers do)
+        "inline_write_bytes": 1 << 20,
         "direct": False,  # an O_DIRECT fd per file, used for 4096-aligned pieces
         # buffered WRITEs longer than chunk are cut into pieces for several workers like READs
         # (default: one worker writes each such slice in order; the kernel serializes writers per file)
@@ -275,6 +281,7 @@ class GdsTransport(Transport):
             "chunk": int(cfg["chunk"]),
             "direct": int(self._direct),
             "nowait": int(bool(cfg["nowait"])),
+            "inline_write_bytes": max(0, int(cfg["inline_write_bytes"])),
             "split_writes": int(bool(cfg["split_writes"])),
             "cufile": cufile,
             "cufile_lib": find_cufile_library(cfg["cufile_lib"]) or "",
@@ -319,9 +326,10 @@ class GdsTransport(Transport):
     def stats(self) -> dict[str, int]:
         """Executor counters: bytes moved direct / buffered, I/O requests, slices ok / failed; the
         submitting thread's non-blocking I/Os and the slices it finished (``nowait_ios`` / ``nowait_slices``);
-        buffered WRITE slices one worker wrote whole (``whole_writes``)."""
+        buffered WRITE slices one worker wrote whole (``whole_writes``); WRITE slices the submitting thread
+        wrote with a blocking pwrite (``inline_writes``, ``inline_write_bytes``)."""
         assert self._lib is not None
-        out = (ctypes.c_uint64 * 14)()
+        out = (ctypes.c_uint64 * 15)()
         self._lib.stats(self.executor.handle, out)
         keys = (
             "direct_bytes",
@@ -338,6 +346,7 @@ class GdsTransport(Transport):
             "nowait_ios",
             "nowait_slices",
             "whole_writes",
+            "inline_writes",
         )
         st = {k: int(out[i]) for i, k in enumerate(keys)}
         st["ordered_chunks"] = int(self._lib.ordered(self.executor.handle))

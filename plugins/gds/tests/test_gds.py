@@ -758,19 +758,21 @@ def test_submitting_thread_errors_typed(tmp_path: Path) -> None:
         tr.close()
 
 
+@pytest.mark.parametrize("inline_write", [0, 1 << 20])
 @pytest.mark.parametrize("where", ["tmp_path", "/dev/shm"])
-def test_submitting_thread_writes_where_the_filesystem_allows(where: str, tmp_path: Path) -> None:
+def test_submitting_thread_writes_where_the_filesystem_allows(where: str, inline_write: int, tmp_path: Path) -> None:
     """A WRITE of one piece is the submitting thread's where the filesystem takes buffered writes
     without blocking (tmpfs, XFS); where it refuses RWF_NOWAIT (ext4) the file remembers that and
-    its writes go to the workers / the waiter. Several slices in one call: the first may be the
-    caller's, the others are queued. Every byte lands either way."""
+    its writes up to inline_write_bytes are the submitting thread's plain pwrites (0: they go to
+    the workers / the waiter). Several slices in one call: the first may be the caller's, the
+    others are queued. Every byte lands either way."""
     directory = tmp_path if where == "tmp_path" else Path(where)
     if not directory.is_dir():
         pytest.skip(f"no {where}")
     nowait = _nowait_writes(directory)
     size, piece = 4 << 20, 1 << 20
     f = directory / f"gds-nowait-{os.getpid()}.bin"
-    tr = make_transport(threads=2, chunk=piece)
+    tr = make_transport(threads=2, chunk=piece, inline_write_bytes=inline_write)
     try:
         make_file(f, size)
         h = tr.connect(peer(), [rbuf(BASE, f)]).handle
@@ -796,11 +798,98 @@ def test_submitting_thread_writes_where_the_filesystem_allows(where: str, tmp_pa
         assert s1["slices_ok"] - s0["slices_ok"] == 6
         if nowait:
             assert s1["nowait_slices"] - s0["nowait_slices"] >= 4  # each call's first slice
+            assert s1["inline_writes"] == s0["inline_writes"]
+        elif inline_write:  # refused (EOPNOTSUPP, remembered): each call's first slice, pwritten
+            assert s1["nowait_slices"] - s0["nowait_slices"] == 4 and s1["inline_writes"] - s0["inline_writes"] == 4
         else:  # the first try learned EOPNOTSUPP; nothing after it tried again
             assert s1["nowait_slices"] == s0["nowait_slices"] and s1["nowait_ios"] == s0["nowait_ios"]
+            assert s1["inline_writes"] == s0["inline_writes"]
     finally:
         tr.close()
         f.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("where", ["tmp_path", "/dev/shm"])
+def test_submitting_thread_write_errors_typed(where: str, tmp_path: Path) -> None:
+    """The submitting thread's WRITEs (RWF_NOWAIT or, where refused, a plain pwrite) report their
+    errors like any slice and touch nothing they must not: past the registered length (E_BOUNDS),
+    a read-only file (E_PERMISSION), a batch cancelled before its submit (E_CANCELLED); longer
+    than inline_write_bytes goes to the workers. Non-repeating patterns, every byte checked."""
+    directory = tmp_path if where == "tmp_path" else Path(where)
+    if not directory.is_dir():
+        pytest.skip(f"no {where}")
+    size = 1 << 20
+    f = make_file(directory / f"gds-werr-{os.getpid()}.bin", tpattern(size, 61))
+    ro = make_file(directory / f"gds-wro-{os.getpid()}.bin", tpattern(8192, 62))
+    tr = make_transport(threads=1, chunk=1 << 20, inline_write_bytes=64 << 10)
+    try:
+        h = tr.connect(peer(), [rbuf(BASE, f), rbuf(BASE + (1 << 40), ro, perm=Permission.READ)]).handle
+        src = tpattern(size + 4096, 63)
+        want = tpattern(size, 61)
+
+        def inline(local: int, remote: int, n: int, b: Any = None) -> int:
+            if b is None:
+                b = _one_inline(tr, WRITE, local, remote, n, h, 30)
+            else:
+                ex = tr.executor
+                assert _native.submit_one(ex.ops, ex.handle, b, WRITE, local, remote, n, h, 0, 1, 0, True) == 0
+            assert b.wait(30)
+            return int(b.error)
+
+        s0 = tr.stats()
+        assert inline(src.ctypes.data + 7, BASE + 4097, 60000) == 0  # learns the filesystem, then writes
+        want[4097 : 4097 + 60000] = src[7 : 7 + 60000]
+        assert inline(src.ctypes.data + 3, BASE + size - 4096, 8192) == E_BOUNDS  # past the end: untouched
+        assert inline(src.ctypes.data, BASE + (1 << 40), 4096) == E_PERMISSION
+        c = _native.Batch(1)
+        c.cancel()
+        assert inline(src.ctypes.data + 11, BASE, 4096, c) == E_CANCELLED
+        assert inline(src.ctypes.data + 1, BASE + 70000, 65537) == 0  # over inline_write_bytes: a worker's
+        want[70000 : 70000 + 65537] = src[1 : 1 + 65537]
+        assert inline(src.ctypes.data + 5, BASE + 200001, 65536) == 0
+        want[200001 : 200001 + 65536] = src[5 : 5 + 65536]
+        assert np.array_equal(np.fromfile(f, np.uint8), want)
+        assert ro.read_bytes() == tpattern(8192, 62).tobytes()
+        s1 = tr.stats()
+        if not _nowait_writes(directory):
+            assert s1["inline_writes"] - s0["inline_writes"] == 2
+        assert s1["nowait_slices"] - s0["nowait_slices"] == 2
+    finally:
+        tr.close()
+        f.unlink(missing_ok=True)
+        ro.unlink(missing_ok=True)
+
+
+def test_engine_writes_on_the_submitting_thread(tmp_path: Path) -> None:
+    """Through the engine with the defaults, on this machine's tmp directory: a 1 MiB WRITE is done
+    inside submit (the handle finished when submit returns) whether the filesystem takes
+    RWF_NOWAIT or not; a deadline far off does not change that; `inline_write_bytes` 0 on a
+    refusing filesystem leaves it to workers and waiter. Bytes checked after each."""
+    from tent_core.engine import Engine, Request
+    from tent_core.types import OpCode
+
+    nowait = _nowait_writes(tmp_path)
+    for inline_write in (1 << 20, 0):
+        fpath = make_file(tmp_path / f"w{inline_write}.bin", 4 << 20)
+        want = np.zeros(4 << 20, np.uint8)
+        with Engine({"transports": {"gds": {"inline_write_bytes": inline_write}}}, transports=["gds"]) as eng:
+            eng.register_file(str(fpath), segment="f")
+            local = eng.allocate(1 << 20, segment="l")
+            done_at_submit = 0
+            for i in range(8):
+                local.array[:] = tpattern(1 << 20, 100 + i)
+                k = (i * 3) % 4
+                h = eng.submit([Request(OpCode.WRITE, local, 0, eng.segment_name("f"), k << 20, 1 << 20)], deadline=30.0)
+                done_at_submit += h.remaining == 0
+                h.wait()
+                want[k << 20 : (k + 1) << 20] = local.array
+            assert np.array_equal(np.fromfile(fpath, np.uint8), want)
+            st = eng.transports["gds"].stats()
+            if nowait or inline_write:
+                assert st["nowait_slices"] == 8 and done_at_submit == 8
+            else:
+                assert st["nowait_slices"] == 0 and st["inline_writes"] == 0
+            assert st["inline_writes"] == (0 if nowait or not inline_write else 8)
 
 
 def test_engine_reads_on_the_submitting_thread(tmp_path: Path) -> None:

@@ -170,6 +170,13 @@ typedef struct tent_host_api {
    * submitting thread inside submit/submit_inline only. Appended after `digest`: call it through
    * tent_host_wait(). */
   const tent_wait_t *(*wait)(void *ctx, const tent_slice_t *slice);
+  /* Around work inside submit_inline that may sleep (a buffered file write waiting on the inode's
+   * lock or dirty-page throttling): block_begin lets go of what the submitting thread holds that
+   * other threads need (the Python GIL when this thread holds it) and returns a token, NULL when it
+   * let go of nothing; block_end(token) takes it back. Submitting thread only, always paired, no
+   * host call in between. Appended after `wait`: call them through tent_host_block_begin/end. */
+  void *(*block_begin)(void *ctx);
+  void (*block_end)(void *ctx, void *token);
 } tent_host_api_t;
 
 static inline void tent_host_note(const tent_host_api_t *host, const tent_slice_t *slice, int32_t event,
@@ -190,6 +197,17 @@ static inline const tent_wait_t *tent_host_wait(const tent_host_api_t *host, con
       host->wait)
     return host->wait(host->ctx, slice);
   return NULL;
+}
+
+static inline void *tent_host_block_begin(const tent_host_api_t *host) {
+  if (host->struct_size >= offsetof(tent_host_api_t, block_end) + sizeof host->block_end && host->block_begin &&
+      host->block_end)
+    return host->block_begin(host->ctx);
+  return NULL;
+}
+
+static inline void tent_host_block_end(const tent_host_api_t *host, void *token) {
+  if (token) host->block_end(host->ctx, token);
 }
 
 typedef struct tent_executor_ops {
