@@ -331,10 +331,19 @@ static const tent_wait_t *host_wait(void *ctx, const tent_slice_t *s) {
 }
 
 /* An executor about to sleep inside submit_inline (host_block_begin/end): the GIL goes if this
- * thread holds it (exec_submit_gil may have released it already, with a digest armed). */
+ * thread holds it (exec_submit_gil may have released it already, with a digest armed; a thread
+ * the core's C code runs has none). PyGILState_Check alone answers 1 for every thread once a
+ * subinterpreter exists, so the thread's own state must also be the running one. */
 static void *host_block_begin(void *ctx) {
   (void)ctx;
-  return PyGILState_Check() ? (void *)PyEval_SaveThread() : NULL;
+#if PY_VERSION_HEX >= 0x030D0000
+  PyThreadState *running = PyThreadState_GetUnchecked();
+#else
+  PyThreadState *running = _PyThreadState_UncheckedGet();
+#endif
+  PyThreadState *mine = PyGILState_GetThisThreadState();
+  if (!running || running != mine || !PyGILState_Check()) return NULL;
+  return (void *)PyEval_SaveThread();
 }
 
 static void host_block_end(void *ctx, void *token) {
