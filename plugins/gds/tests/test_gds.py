@@ -6,6 +6,8 @@ import errno
 import hashlib
 import os
 import select
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -858,6 +860,67 @@ def test_submitting_thread_write_errors_typed(where: str, tmp_path: Path) -> Non
         tr.close()
         f.unlink(missing_ok=True)
         ro.unlink(missing_ok=True)
+
+
+def test_submitting_thread_write_lets_go_of_the_gil(tmp_path: Path) -> None:
+    """Where RWF_NOWAIT is refused, the submitting thread's pwrite may sleep (here on the inode's
+    lock, held by another thread's 256 MiB pwrite to the same file): the GIL is let go meanwhile,
+    so another Python thread runs in the middle of that submit call. Attempts where the call did
+    not sleep (the big write not yet or no longer holding the lock) are not judged; any sleeping
+    one with the other thread running inside it passes (the OS may starve that thread in one)."""
+    if _nowait_writes(tmp_path):
+        pytest.skip("this filesystem takes RWF_NOWAIT buffered writes: nothing is pwritten inline")
+    big, piece = 256 << 20, 1 << 20
+    f = make_file(tmp_path / "gil.bin", big + piece)
+    tr = make_transport(threads=1, chunk=piece)
+    fd = os.open(f, os.O_WRONLY)
+    ticks: list[float] = []
+    stop = threading.Event()
+
+    def ticker() -> None:
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+
+    old_switch = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
+    tk = threading.Thread(target=ticker, daemon=True)
+    tk.start()
+    judged, ran_inside = 0, 0
+    try:
+        h = tr.connect(peer(), [rbuf(BASE, f)]).handle
+        blob = memoryview(bytes(big))
+        for attempt in range(12):
+            src = tpattern(piece, 80 + attempt)
+            holder = threading.Thread(target=os.pwrite, args=(fd, blob, 0))
+            holder.start()
+            time.sleep(0.003)
+            t0 = time.perf_counter()
+            b = _one_inline(tr, WRITE, src.ctypes.data, BASE + big, piece, h, 30)
+            t1 = time.perf_counter()
+            assert b.wait(30) and b.error == 0
+            holder.join(30)
+            with open(f, "rb") as fh:
+                fh.seek(big)
+                assert fh.read(piece) == src.tobytes()
+            d = t1 - t0
+            if d < 0.02:
+                continue
+            judged += 1
+            lo, hi = t0 + 0.3 * d, t1 - 0.3 * d
+            ran_inside += any(lo <= t <= hi for t in ticks[-200000:])
+            ticks.clear()
+            if ran_inside or judged >= 5:
+                break
+        assert tr.stats()["inline_writes"] >= 1
+        if not judged:
+            pytest.skip("no submit call slept on the inode's lock (the big write was always done first)")
+        assert ran_inside, f"another Python thread never ran inside {judged} sleeping submit calls"
+    finally:
+        stop.set()
+        tk.join(10)
+        sys.setswitchinterval(old_switch)
+        os.close(fd)
+        tr.close()
 
 
 def test_engine_writes_on_the_submitting_thread(tmp_path: Path) -> None:
