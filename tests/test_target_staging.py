@@ -299,5 +299,7 @@ def test_a_copy_past_its_deadline_fails_and_its_slot_waits_for_the_device(slow_p
 
 def test_a_failing_target_copy_fails_the_transfer_with_its_error(host_engine, slow_peer):
     buf = host_engine.allocate(2 << 20)
-    with pytest.raises(TentError, match="target staging: .*missed its 0.3s deadline"):
+    # chunk 0's copy misses its deadline on the device, chunk 1's waiting behind it in the session's
+    # queue; both replies come at ~0.3 s and the pipeline raises whichever it sees first
+    with pytest.raises(TentError, match="target staging: .*(missed its 0.3s deadline|waited for the session's previous one)"):
         host_engine.transfer(WRITE, buf, 0, slow_peer.seg("dev"), 0, 2 << 20, timeout=60)
