@@ -46,7 +46,7 @@ from . import _native, devices, errors
 from .batch import BatchHandle, status_of
 from .config import EngineConfig
 from .metadata import BatchReply, ControlClient
-from .path_planner import chunk_plan
+from .path_planner import chunk_plan, pipeline_chunk
 from .policy_rules import RequestTraits
 from .request import LocalBuffer, Request
 from .routing import Decision, Router, TargetStagedPath
@@ -205,7 +205,7 @@ class TargetStager:
         self._made = 0
         self._sids = itertools.count(1)
         self._closed = False
-        self.stats = {"sessions": 0, "pushed_bytes": 0, "pulled_bytes": 0, "refused": 0, "expired": 0}
+        self.stats = {"sessions": 0, "pushed_bytes": 0, "pulled_bytes": 0, "copies": 0, "refused": 0, "expired": 0}
 
     def offer(self) -> dict[str, Any]:
         """What peers read in `describe` (PeerInfo.staging); empty when this engine stages nothing."""
@@ -374,6 +374,7 @@ class TargetStager:
                 copy.failure = copy.failure or exc
         if copy.failure is None:
             self.stats["pushed_bytes" if copy.push else "pulled_bytes"] += copy.n
+            self.stats["copies"] += 1
         self._copy_done(sess)
         if nxt is not None:
             self._start(nxt)
@@ -600,7 +601,9 @@ def _pipeline(engine: Any, handle: BatchHandle, req: Request, path: TargetStaged
         rep = _open(ctl, handle, {"op": "stage_open", "seg": seg, "offset": req.remote_offset, "length": req.length,
                                   "write": write, "depth": depth, "deadline_s": _left(handle), "from": engine.engine_id})
         sid = int(rep["sid"])
-        chunk = min(int(rep["slot_bytes"]), path.chunk or int(rep["slot_bytes"]))
+        cfg = engine.config
+        chunk = pipeline_chunk(req.length, min(int(rep["slot_bytes"]), path.chunk or int(rep["slot_bytes"])),
+                               cfg.target_staging_min_chunk_bytes, cfg.target_staging_chunks)
         if path.local_staged:
             chunk = min(chunk, pool.chunk_bytes)
         stage_seg = f"{peer.engine_id}/{rep['segment']}"
