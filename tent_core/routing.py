@@ -462,14 +462,16 @@ class Router:
             out += [Candidate("target-staged", None, reason=why), Candidate("both-staged", None, reason=why)]
             return out
         target_stage = ("target copy", trate, ov + rtt)
-        tchunk = pipeline_chunk(size, tchunk, *self.target_chunking)  # what the pipeline will cut `size` into
+        # priced with the chunks the pipeline will cut `size` into; the path carries the slot (its largest
+        # chunk): it is kept for every later request of its class, whatever their sizes
+        tprice = pipeline_chunk(size, tchunk, *self.target_chunking)
         wire = self.ranked(lk, MemoryKind.HOST, same, reachable)
         if wire:
             out.append(priced(
                 "target-staged",
                 lambda: TargetStagedPath(op, lk, rk, lk, self._apply_rule(wire, rule), (), tchunk, rule),
                 [(wire[0], self._rate(wire[0], same), ov), target_stage],
-                tchunk,
+                tprice,
             ))
         else:
             out.append(Candidate("target-staged", None, reason=f"no transport moves {lk.value}<->host to the peer"))
@@ -490,7 +492,7 @@ class Router:
                                          self._apply_rule(local, rule), chunk, rule),
                 [(f"{local[0]} (local copy)", self._rate(local[0], True), ov),
                  (hwire[0], self._rate(hwire[0], same), ov), target_stage],
-                chunk,
+                min(tprice, self.staging_chunk),
             ))
         return out
 

@@ -314,7 +314,10 @@ def test_a_large_request_moves_in_fewer_larger_chunks_up_to_the_slot():
     m = 1 << 20
     size = 48 * m
     p = SimPeer(size=size, config=WIDE, transports=["tcp", "simdev"])
-    eng = Engine({"target_staging_min_chunk_bytes": m, "target_staging_chunks": 4}, transports=["tcp"])
+    # a small reference size: the router's cached path must not fix every later request's chunk at
+    # the one it priced (1 MiB here)
+    eng = Engine({"target_staging_min_chunk_bytes": m, "target_staging_chunks": 4,
+                  "path_cost": {"reference_bytes": 4 * m}}, transports=["tcp"])
     try:
         buf = eng.allocate(size)
         buf.array[:] = pattern(size, seed=88)
