@@ -104,6 +104,9 @@ def _target_main(size: int, config: dict[str, Any], host: str = "127.0.0.1") -> 
         msg = json.loads(line)
         if msg["cmd"] == "cpu":  # this process's CPU seconds, all threads: the CPU-bound limit's input
             print(json.dumps({"cpu_s": time.process_time()}), flush=True)
+        elif msg["cmd"] == "threads":  # names of the Python threads by kernel id (staging_threads)
+            ids = {str(t.native_id): t.name for t in threading.enumerate() if t.native_id is not None}
+            print(json.dumps({"threads": ids}), flush=True)
         elif msg["cmd"] == "digest":
             src = dev.download(0, msg["n"]) if msg["segment"] == "dev" else host_buf.array[: msg["n"]]
             print(json.dumps({"sha": hashlib.sha256(src.tobytes()).hexdigest()}), flush=True)
