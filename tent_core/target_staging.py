@@ -464,7 +464,7 @@ class _Step:
         if self.handle is not None:
             return self.handle.poll() != "pending"
         assert self.ctl is not None
-        return self.rid in self.ctl._replies
+        return self.ctl.has(self.rid)
 
     def wait(self, timeout: float) -> bool:
         if self.handle is not None:
@@ -541,6 +541,10 @@ class _Control:
             if r in self._waiting:
                 self._waiting.discard(r)
                 self._replies[r] = rep
+
+    def has(self, rid: int) -> bool:
+        """Whether `rid`'s reply was collected already (reads nothing)."""
+        return rid in self._replies
 
     def take(self, rid: int) -> dict[str, Any]:
         return self._replies.pop(rid)
