@@ -352,8 +352,17 @@ class EngineConfig:
     # slots and its device memory for peers that cannot reach that memory directly. Off: peers see no
     # staging offer and such requests fail with NoPathError.
     target_staging: bool = True
-    target_staging_chunk_bytes: int = 4 * MiB
-    # Staging slots (each one chunk of pinned host memory) shared by every session, made on demand.
+    # The staging slot's size, the largest chunk of a target-staged request. A request is cut into
+    # about target_staging_chunks chunks (path_planner.pipeline_chunk), no smaller than
+    # target_staging_min_chunk_bytes: each chunk costs a control exchange and a submit per leg on both
+    # ends (~0.5 ms of CPU per chunk on a 2-core host), so a large request moves in 16 MiB chunks
+    # (docs/benchmarks.md, "Target-side staging": 4 -> 16 MiB cut the staged path's CPU beyond its
+    # stages' from ~0.24 to ~0.07-0.13 s/GiB), while a small one keeps enough chunks to overlap.
+    target_staging_chunk_bytes: int = 16 * MiB
+    target_staging_min_chunk_bytes: int = 4 * MiB
+    target_staging_chunks: int = 8
+    # Staging slots (each target_staging_chunk_bytes of pinned host memory: 256 MiB at most with the
+    # defaults) shared by every session, made on demand.
     target_staging_slots: int = 16
     # Slots one session (one staged request) holds at most: how many chunks it keeps in flight.
     target_staging_depth: int = 4
@@ -376,6 +385,8 @@ class EngineConfig:
             raise ValueError(f"require_auth must be one of {REQUIRE_AUTH_MODES}, not {self.require_auth!r}")
         if self.control_max_request_bytes < 4096 or self.control_max_reply_bytes < 4096 or self.control_send_hwm < 1:
             raise ValueError("control_max_*_bytes must be >= 4096 and control_send_hwm >= 1")
+        if self.target_staging_chunk_bytes < 1 or self.target_staging_min_chunk_bytes < 1 or self.target_staging_chunks < 1:
+            raise ValueError("target_staging_chunk_bytes, target_staging_min_chunk_bytes and target_staging_chunks must be >= 1")
 
 
 _SECTIONS: dict[str, type] = {

@@ -122,7 +122,7 @@ class Engine:
         self._wait_transports = [t for t in self.transports.values() if getattr(t, "wait_read", False)]
         self.router = Router(
             self._profiles, rules, RetryLimits(cfg.max_retries_per_slice, cfg.max_transport_failovers), cfg.path_cost,
-            cfg.staging_chunk_bytes,
+            cfg.staging_chunk_bytes, (cfg.target_staging_min_chunk_bytes, cfg.target_staging_chunks),
         )
         self.scheduler = SliceScheduler(cfg.scheduler, qos=PrioritySlots(cfg.qos) if cfg.qos.enabled else None)
         self.monitor = RailMonitor(cfg.health)

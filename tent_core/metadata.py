@@ -329,6 +329,8 @@ class ControlClient:
         self._lock = threading.Lock()
         self._sock: zmq.Socket | None = None
         self._next_id = 0
+        self._poller: zmq.Poller | None = None  # `replies` with a wake_fd: the socket and that fd
+        self._poller_key: tuple[int, int] | None = None
 
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
@@ -346,6 +348,7 @@ class ControlClient:
         if self._sock is not None:
             self._sock.close(0)
             self._sock = None
+        self._poller = self._poller_key = None
         self._auth.reset()
 
     def call(self, msg: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -422,14 +425,31 @@ class ControlClient:
         sock.send_multipart([b"", *self._auth.wrap(msgpack.packb(out, use_bin_type=True))])
         return sock, rid
 
-    def replies(self, timeout: float) -> list[dict[str, Any]]:
+    def replies(self, timeout: float, wake_fd: int | None = None) -> list[dict[str, Any]]:
         """The replies that have arrived to `send`s, waiting up to `timeout` for the first one
-        (0: only those already here). Each carries its request's ``id``."""
+        (0: only those already here). Each carries its request's ``id``. With `wake_fd`, the wait
+        also ends once that descriptor is readable (a `_native.Notifier` that the caller's batches
+        signal), so one thread sleeps on its replies and its data legs at once; the caller drains it."""
         out: list[dict[str, Any]] = []
         with self._lock:
             sock = self._sock
-            if sock is None or not sock.poll(max(0, int(timeout * 1000))):
+            if sock is None:
                 return out
+            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # nothing queued: wait (or not) for it
+                if timeout <= 0:
+                    return out
+                ms = max(1, int(timeout * 1000 + 0.999))  # a sub-millisecond wait must not become a busy poll
+                if wake_fd is None:
+                    if not sock.poll(ms):
+                        return out
+                else:
+                    if self._poller is None or self._poller_key != (id(sock), wake_fd):
+                        self._poller = zmq.Poller()
+                        self._poller.register(sock, zmq.POLLIN)
+                        self._poller.register(wake_fd, zmq.POLLIN)
+                        self._poller_key = (id(sock), wake_fd)
+                    if sock not in dict(self._poller.poll(ms)):
+                        return out
             while True:
                 try:
                     frames = sock.recv_multipart(zmq.NOBLOCK)
@@ -442,6 +462,8 @@ class ControlClient:
                     raise AuthError(f"engine {self.endpoint} dropped our session: {exc}") from None
                 if isinstance(reply, dict):
                     out.append(reply)
+                if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # no exception to end the drain
+                    return out
 
     def close(self) -> None:
         with self._lock:

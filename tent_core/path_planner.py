@@ -2,14 +2,15 @@
 
 Planning a synthesized path is a routing decision and lives in `tent_core.routing` (`Router.plan`,
 `StagedPath`); `plan_staged_path` is kept here as the plain-function form of it. `chunk_plan` cuts
-a staged request into the chunks the pipeline in `tent_core.staged` moves.
+a staged request into the chunks the pipeline in `tent_core.staged` moves; `pipeline_chunk` (from
+`tent_core.routing`, which prices paths with it) sizes the chunks of a target-staged request.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from .routing import Router, StagedPath
+from .routing import Router, StagedPath, pipeline_chunk
 from .types import CapabilityProfile, MemoryKind, OpCode
 
 
@@ -32,4 +33,4 @@ def chunk_plan(length: int, chunk: int) -> list[tuple[int, int]]:
     return [(off, min(chunk, length - off)) for off in range(0, length, chunk)]
 
 
-__all__ = ["StagedPath", "chunk_plan", "plan_staged_path"]
+__all__ = ["StagedPath", "chunk_plan", "pipeline_chunk", "plan_staged_path"]

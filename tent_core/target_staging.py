@@ -42,11 +42,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import devices, errors
+from . import _native, devices, errors
 from .batch import BatchHandle, status_of
 from .config import EngineConfig
 from .metadata import BatchReply, ControlClient
-from .path_planner import chunk_plan
+from .path_planner import chunk_plan, pipeline_chunk
 from .policy_rules import RequestTraits
 from .request import LocalBuffer, Request
 from .routing import Decision, Router, TargetStagedPath
@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 STAGE_SEGMENT = "_tent_tstage"
 STAGE_OPS = ("stage_open", "stage_push", "stage_pull", "stage_close")
 _MAX_LEN = 1 << 62
+# the initiator's pipeline sleeps at most this long between two looks at its batch's cancel flag
+_WAKE_CAP_S = 0.02
 
 # typed errors a stager reply can name (by class name) and the initiator re-raises
 _ERRORS: dict[str, type[errors.TentError]] = {
@@ -203,7 +205,7 @@ class TargetStager:
         self._made = 0
         self._sids = itertools.count(1)
         self._closed = False
-        self.stats = {"sessions": 0, "pushed_bytes": 0, "pulled_bytes": 0, "refused": 0, "expired": 0}
+        self.stats = {"sessions": 0, "pushed_bytes": 0, "pulled_bytes": 0, "copies": 0, "refused": 0, "expired": 0}
 
     def offer(self) -> dict[str, Any]:
         """What peers read in `describe` (PeerInfo.staging); empty when this engine stages nothing."""
@@ -372,6 +374,7 @@ class TargetStager:
                 copy.failure = copy.failure or exc
         if copy.failure is None:
             self.stats["pushed_bytes" if copy.push else "pulled_bytes"] += copy.n
+            self.stats["copies"] += 1
         self._copy_done(sess)
         if nxt is not None:
             self._start(nxt)
@@ -456,10 +459,12 @@ class _Step:
         self.handle, self.ctl, self.rid = handle, ctl, rid
 
     def done(self) -> bool:
+        """Never blocks, never reads the connection: the pipeline collects replies only in its wait
+        (`_Control.collect`), so none lands behind a step it already looked at in this pass."""
         if self.handle is not None:
             return self.handle.poll() != "pending"
         assert self.ctl is not None
-        return self.ctl.answered(self.rid, 0.0)
+        return self.ctl.has(self.rid)
 
     def wait(self, timeout: float) -> bool:
         if self.handle is not None:
@@ -522,15 +527,24 @@ class _Control:
             return True
         end = time.monotonic() + timeout
         while True:
-            for rep in self.client.replies(max(0.0, end - time.monotonic())):
-                r = rep.get("id")
-                if r in self._waiting:
-                    self._waiting.discard(r)
-                    self._replies[r] = rep
+            self.collect(max(0.0, end - time.monotonic()))
             if rid in self._replies:
                 return True
             if time.monotonic() >= end:
                 return False
+
+    def collect(self, timeout: float, wake_fd: int | None = None) -> None:
+        """Keep the replies that arrived, waiting up to `timeout` for the first one or, with
+        `wake_fd`, for that descriptor to turn readable (a data leg finished)."""
+        for rep in self.client.replies(timeout, wake_fd):
+            r = rep.get("id")
+            if r in self._waiting:
+                self._waiting.discard(r)
+                self._replies[r] = rep
+
+    def has(self, rid: int) -> bool:
+        """Whether `rid`'s reply was collected already (reads nothing)."""
+        return rid in self._replies
 
     def take(self, rid: int) -> dict[str, Any]:
         return self._replies.pop(rid)
@@ -591,7 +605,9 @@ def _pipeline(engine: Any, handle: BatchHandle, req: Request, path: TargetStaged
         rep = _open(ctl, handle, {"op": "stage_open", "seg": seg, "offset": req.remote_offset, "length": req.length,
                                   "write": write, "depth": depth, "deadline_s": _left(handle), "from": engine.engine_id})
         sid = int(rep["sid"])
-        chunk = min(int(rep["slot_bytes"]), path.chunk or int(rep["slot_bytes"]))
+        cfg = engine.config
+        chunk = pipeline_chunk(req.length, min(int(rep["slot_bytes"]), path.chunk or int(rep["slot_bytes"])),
+                               cfg.target_staging_min_chunk_bytes, cfg.target_staging_chunks)
         if path.local_staged:
             chunk = min(chunk, pool.chunk_bytes)
         stage_seg = f"{peer.engine_id}/{rep['segment']}"
@@ -617,14 +633,23 @@ def _run_chunks(engine: Any, handle: BatchHandle, req: Request, path: TargetStag
     wire, local_leg = path.wire_leg, path.local_leg
     prio, tag = req.priority, req.tag
 
+    # The pipeline's one sleep: until a control reply arrives or a data leg finishes (each leg is
+    # armed to signal this eventfd), whichever is first; no poll of a leg's counter, no sleep on one
+    # step while another is already done.
+    notifier = _native.Notifier()
+    wake = notifier.fileno()
+
+    def leg(r: Request, decision: Decision) -> _Step:
+        h = engine.submit_leg(r, decision, _left(handle))
+        h.notify(notifier)
+        return _Step(h)
+
     def wire_op(op: OpCode, buf: LocalBuffer, boff: int, slot: int, ln: int) -> _Step:
-        r = Request(op, buf, boff, stage_seg, slots[slot], ln, prio, tag)
-        return _Step(engine.submit_leg(r, wire, _left(handle)))
+        return leg(Request(op, buf, boff, stage_seg, slots[slot], ln, prio, tag), wire)
 
     def local_op(op: OpCode, st: LocalBuffer, off: int, ln: int) -> _Step:
         # READ: local device -> staging; WRITE: staging -> local device
-        r = Request(op, st, 0, self_seg, local_base + off, ln, prio, tag)
-        return _Step(engine.submit_leg(r, local_leg, _left(handle)))
+        return leg(Request(op, st, 0, self_seg, local_base + off, ln, prio, tag), local_leg)
 
     def ctl_op(kind: str, slot: int, off: int, ln: int) -> _Step:
         return _Step(ctl=ctl, rid=ctl.send({"op": kind, "sid": sid, "slot": slot, "off": off, "len": ln}, _left(handle)))
@@ -690,8 +715,9 @@ def _run_chunks(engine: Any, handle: BatchHandle, req: Request, path: TargetStag
                 if ent[3] is not None:
                     pool.release(ent[3])
             if not moved and inflight:
-                head = next(e for e in inflight if e[5] is not None)
-                head[5].wait(min(0.002, max(0.0, handle.deadline - time.monotonic())))
+                # capped so that a cancel (which signals nothing here) is seen soon
+                ctl.collect(min(_WAKE_CAP_S, max(0.0, handle.deadline - time.monotonic())), wake)
+                notifier.drain()  # before the next pass looks: a leg finishing after it signals again
     finally:
         for ent in inflight:
             if ent[5] is not None:

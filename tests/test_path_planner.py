@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from tent_core.path_planner import chunk_plan, plan_staged_path
+from tent_core.path_planner import chunk_plan, pipeline_chunk, plan_staged_path
 from tent_core.routing import explain_no_path, rank_transports
 from tent_core.types import CapabilityProfile, MemoryKind, OpCode
 
@@ -70,3 +70,22 @@ def test_chunk_plan_covers_exactly():
         assert all(b[0] == a[0] + a[1] for a, b in itertools.pairwise(chunks))
     with pytest.raises(ValueError):
         chunk_plan(10, 0)
+
+
+def test_pipeline_chunk_sizes_chunks_per_request_within_its_bounds():
+    M = 1 << 20
+    # about 8 chunks, rounded up to 1 MiB, between the smallest chunk (4 MiB) and the slot (16 MiB)
+    assert pipeline_chunk(512 * M, 16 * M, 4 * M, 8) == 16 * M
+    assert pipeline_chunk(64 * M, 16 * M, 4 * M, 8) == 8 * M
+    assert pipeline_chunk(100 * M, 16 * M, 4 * M, 8) == 13 * M  # 12.5 MiB rounded up
+    assert pipeline_chunk(32 * M, 16 * M, 4 * M, 8) == 4 * M
+    assert pipeline_chunk(1, 16 * M, 4 * M, 8) == 4 * M
+    assert pipeline_chunk(0, 16 * M, 4 * M, 8) == 4 * M
+    # the slot bounds every chunk, also below the smallest chunk
+    assert pipeline_chunk(512 * M, M, 4 * M, 8) == M
+    # alignment of the per-request size
+    assert pipeline_chunk(10 * M, 64 * M, 1, 4, align=4096) == 10 * M // 4  # 2.5 MiB: aligned already
+    assert pipeline_chunk(10 * M + 4, 64 * M, 1, 4, align=4096) == 10 * M // 4 + 4096  # one byte over: next page
+    for bad in ((M, 0, M, 8), (M, M, 0, 8), (M, M, M, 0)):
+        with pytest.raises(ValueError):
+            pipeline_chunk(*bad)

@@ -90,25 +90,32 @@ def _target_main(size: int, config: dict[str, Any], host: str = "127.0.0.1") -> 
     import hashlib
 
     from tent_core import READ, WRITE, Engine
+    from tent_core.path_planner import pipeline_chunk
     from tent_core.simdev import SimArray, SimDevicePlugin
 
     eng = Engine(config, host=host, transports=["tcp", "simdev"], plugins=[SimDevicePlugin()])
     dev = SimArray(size)
     eng.register(dev, segment="dev")
     host_buf = eng.allocate(size, segment="host")
-    chunk = eng.config.target_staging_chunk_bytes
-    slot = eng.allocate(chunk, segment="bench-slot")
-    print(json.dumps({"engine": eng.engine_id, "chunk": chunk}), flush=True)
+    cfg = eng.config
+    slot = eng.allocate(cfg.target_staging_chunk_bytes, segment="bench-slot")
+    print(json.dumps({"engine": eng.engine_id, "chunk": cfg.target_staging_chunk_bytes}), flush=True)
     for line in sys.stdin:
         msg = json.loads(line)
         if msg["cmd"] == "cpu":  # this process's CPU seconds, all threads: the CPU-bound limit's input
             print(json.dumps({"cpu_s": time.process_time()}), flush=True)
+        elif msg["cmd"] == "threads":  # names of the Python threads by kernel id (staging_threads)
+            ids = {str(t.native_id): t.name for t in threading.enumerate() if t.native_id is not None}
+            print(json.dumps({"threads": ids}), flush=True)
         elif msg["cmd"] == "digest":
             src = dev.download(0, msg["n"]) if msg["segment"] == "dev" else host_buf.array[: msg["n"]]
             print(json.dumps({"sha": hashlib.sha256(src.tobytes()).hexdigest()}), flush=True)
         elif msg["cmd"] == "copy":
             # stage 2 alone: the target's slot <-> device copies, chunk after chunk, as staging does them
             n, op = msg["n"], READ if msg["op"] == "READ" else WRITE
+            # the chunks the staged path cuts n bytes into (the initiator's settings are the same)
+            chunk = pipeline_chunk(n, cfg.target_staging_chunk_bytes, cfg.target_staging_min_chunk_bytes,
+                                   cfg.target_staging_chunks)
             t0 = time.perf_counter()
             for off in range(0, n, chunk):
                 ln = min(chunk, n - off)
@@ -123,11 +130,13 @@ def _timed(fn: Any) -> float:
     return time.perf_counter() - t0
 
 
-def run(size: int, rounds: int, copy_ns_per_mib: int = 0, both: bool = False, chunk: int = 4 * MiB,
+def run(size: int, rounds: int, copy_ns_per_mib: int = 0, both: bool = False, chunk: int | None = None,
         depth: int = 4, host: str = "127.0.0.1", target_host: str = "127.0.0.1",
         target_prefix: list[str] | None = None) -> dict[str, Any]:
     """Loopback by default; `run_wire` calls it inside a fabric namespace with the target in the
-    other one (`target_prefix` starts it there, both engines bound to their fabric addresses)."""
+    other one (`target_prefix` starts it there, both engines bound to their fabric addresses).
+    `chunk`: every chunk of the staged path that long; None: the engine's own chunking (sized per
+    request, `path_planner.pipeline_chunk`)."""
     import hashlib
 
     from tent_core import READ, WRITE, Engine
@@ -135,8 +144,16 @@ def run(size: int, rounds: int, copy_ns_per_mib: int = 0, both: bool = False, ch
     from tent_core.testing import pattern
 
     sim = {"ipc": False, "copy_ns_per_mib": copy_ns_per_mib}
-    common = {"target_staging_chunk_bytes": chunk, "target_staging_depth": depth, "staging_chunk_bytes": chunk,
-              "target_staging_slots": max(16, 2 * depth), "staging_buffers": 2 * depth}
+    from tent_core.config import load_config
+    from tent_core.path_planner import pipeline_chunk
+
+    common: dict[str, Any] = {"target_staging_depth": depth, "target_staging_slots": max(16, 2 * depth),
+                              "staging_buffers": 2 * depth}
+    if chunk:
+        common.update(target_staging_chunk_bytes=chunk, target_staging_min_chunk_bytes=chunk, staging_chunk_bytes=chunk)
+    cfg = load_config(common)
+    used_chunk = pipeline_chunk(size, cfg.target_staging_chunk_bytes, cfg.target_staging_min_chunk_bytes,
+                                cfg.target_staging_chunks)
     tgt = _Target(size, {**common, "transports": {"simdev": sim}}, target_host, target_prefix)
     rows: dict[str, list[dict[str, float]]] = {}
     try:
@@ -195,7 +212,7 @@ def run(size: int, rounds: int, copy_ns_per_mib: int = 0, both: bool = False, ch
                     rows.setdefault(op, []).append(measure(op))
     finally:
         tgt.close()
-    report: dict[str, Any] = {"size": size, "rounds": rounds, "chunk": chunk, "depth": depth,
+    report: dict[str, Any] = {"size": size, "rounds": rounds, "chunk": used_chunk, "depth": depth,
                               "copy_ns_per_mib": copy_ns_per_mib, "paths": paths, "ops": {}}
     for op, rs in rows.items():
         gb = {k: [size / r[k] / 1e9 for r in rs] for k in rs[0] if not k.startswith("cpu_")}
@@ -214,7 +231,7 @@ def run(size: int, rounds: int, copy_ns_per_mib: int = 0, both: bool = False, ch
     return report
 
 
-def run_wire(size: int, rounds: int, rate: str, copy_ns_per_mib: int = 0, both: bool = False, chunk: int = 4 * MiB,
+def run_wire(size: int, rounds: int, rate: str, copy_ns_per_mib: int = 0, both: bool = False, chunk: int | None = None,
              depth: int = 4, shaper: str = "tbf", timeout_s: float = 1800.0) -> dict[str, Any]:
     """The same measurement over a real wire: the initiator in one network namespace, the target in
     another, joined by one veth pair shaped to `rate` (tc, both directions; addresses from
@@ -240,7 +257,8 @@ def run_wire(size: int, rounds: int, rate: str, copy_ns_per_mib: int = 0, both: 
 @click.command("bench-staging")
 @click.option("--size", default="256M", show_default=True, help="Bytes per transfer (e.g. 64M, 1G).")
 @click.option("--rounds", default=7, show_default=True, type=click.IntRange(1, 100), help="Interleaved rounds.")
-@click.option("--chunk", default="4M", show_default=True, help="Staging chunk.")
+@click.option("--chunk", default=None, help="Every staging chunk this long (e.g. 4M); default: the engine's chunking, "
+              "sized per request (target_staging_chunk_bytes / _min_chunk_bytes / _chunks).")
 @click.option("--depth", default=4, show_default=True, type=click.IntRange(1, 64), help="Chunks in flight per request.")
 @click.option("--copy-ns-per-mib", default=0, show_default=True, type=click.IntRange(0),
               help="Extra cost of each simulated device copy per MiB (makes the copy the slower stage).")
@@ -249,16 +267,16 @@ def run_wire(size: int, rounds: int, rate: str, copy_ns_per_mib: int = 0, both: 
               help="Over a real wire: initiator and target in two network namespaces joined by a veth pair "
                    "shaped to RATE (e.g. 2gbit). Needs root.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def main(size: str, rounds: int, chunk: str, depth: int, copy_ns_per_mib: int, both: bool, wire_rate: str | None,
+def main(size: str, rounds: int, chunk: str | None, depth: int, copy_ns_per_mib: int, both: bool, wire_rate: str | None,
          as_json: bool) -> None:
     """A target-staged path's throughput against its slower stage (interleaved rounds, median, spread)."""
     if wire_rate:
         try:
-            rep = run_wire(_parse_size(size), rounds, wire_rate, copy_ns_per_mib, both, _parse_size(chunk), depth)
+            rep = run_wire(_parse_size(size), rounds, wire_rate, copy_ns_per_mib, both, _parse_size(chunk) if chunk else None, depth)
         except (RuntimeError, ValueError) as exc:  # no root / netns, a bad rate
             raise click.ClickException(str(exc)) from exc
     else:
-        rep = run(_parse_size(size), rounds, copy_ns_per_mib, both, _parse_size(chunk), depth)
+        rep = run(_parse_size(size), rounds, copy_ns_per_mib, both, _parse_size(chunk) if chunk else None, depth)
     if as_json:
         click.echo(json.dumps(rep, indent=2))
         return
