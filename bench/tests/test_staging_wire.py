@@ -27,7 +27,10 @@ def _fabric() -> None:
 
 
 def _namespaces() -> set[str]:
-    return set(fabric.list_namespaces())
+    """This process's fabric namespaces (default_prefix: "t<base36 pid>-..."): another run's, made
+    while this test runs, are not its leftovers."""
+    mine = fabric.default_prefix().rsplit("-", 1)[0] + "-"
+    return {n for n in fabric.list_namespaces() if n.startswith(mine)}
 
 
 def test_bench_staging_over_a_shaped_wire_end_to_end() -> None:
