@@ -319,6 +319,33 @@ def test_partial_busy_windows_carry_over_and_queued_slices_do_not_drag_the_rate(
     assert b.tel.service_rate_Bps == b.tel.bandwidth_Bps
 
 
+def test_a_request_landing_on_a_draining_burst_does_not_inflate_a_served_rail():
+    """Open loop at 1.2 Gbit/s: a half-rate rail (60 MB/s of a nominal 125) drains one request's
+    burst of 1 MiB slices when the next request's slices land on top. The slices completing then
+    waited only ~35 ms (the first of their burst) while 16 MiB count as queued: inflight / latency
+    read 450 MB/s, clamped to the nominal, and the estimate swung to 0.6-0.8 Gbit/s in every other
+    window. With service telemetry only the goodput while busy counts."""
+    cfg = SchedulerConfig(bandwidth_window_s=0.05, ewma_alpha=0.5)
+    r = RailTelemetry(0, 1 * GBIT, config=cfg)
+    rate = 60e6
+    r.observe(row(), 0)
+    inflight, done_b, done_s, lat, moved = 9 * MiB, 0, 0, 0, 0
+    for k in range(1, 61):  # 600 ms of 10 ms ticks, serving all along
+        t = k * 10 * MS
+        moved += int(rate * 0.01)
+        if k % 2 == 0:  # a 1 MiB slice completes every ~17 ms: one per two ticks, ~35 ms after its start
+            done_b += MiB
+            done_s += 1
+            lat += 35 * MS
+            inflight -= MiB
+        if k % 15 == 0:  # the next request's share lands while the burst drains
+            inflight += 9 * MiB
+        r.observe(row(inflight_b=inflight, inflight_s=inflight // MiB, done_b=done_b, done_s=done_s, lat_sum=lat,
+                      last_done=t, serving=2, progress=t, moved=moved), t)
+        if k >= 25:  # the nominal prior has faded (EWMA)
+            assert r.bandwidth_Bps == pytest.approx(rate, rel=0.05), (k, r.bandwidth_Bps)
+
+
 def test_per_slice_samples_still_count_before_any_busy_rate():
     """A rail that never served long enough for a busy rate (small requests only) is still measured
     by its slices, as before."""
