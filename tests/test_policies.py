@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from tent_core.config import EngineConfig, QosConfig, RailHealthConfig, SchedulerConfig, load_config
 from tent_core.qos import PrioritySlots, SharedRailLoad
 from tent_core.rail_monitor import RailMonitor, RailState
+from tent_core.recovery import shared_load_key
 from tent_core.slice_scheduler import NoRailError, SliceScheduler, spray_shares
 from tent_core.telemetry import RailTelemetry, slowness, stalled
 from tent_core.types import Priority
@@ -824,6 +825,25 @@ def test_monitor_jitter_spreads_heartbeats():
         gaps.append(m.resume_at(0) - t)
     assert all(0.1 - 1e-9 <= g <= 0.3 + 1e-9 for g in gaps)
     assert max(gaps) - min(gaps) > 0.1  # really spread, not one fixed period
+
+
+def test_shared_load_keys_keep_network_namespaces_apart(tmp_path):
+    """Namespaces share /dev/shm and reuse addresses (every benchmark fabric's rail 0 is
+    198.18.0.1 -> 198.18.0.2): another namespace's load on the same addresses is not ours."""
+    name = f"t{uuid.uuid4().hex[:8]}"
+    other, me = SharedRailLoad(name, directory=str(tmp_path)), SharedRailLoad(name, directory=str(tmp_path))
+    try:
+        rail = "198.18.0.1->198.18.0.2:40123"
+        mine = shared_load_key("tcp", rail)
+        assert shared_load_key("tcp", "198.18.0.1->198.18.0.2:40777") == mine  # the remote port is not the path
+        other.set(shared_load_key("tcp", rail, netns="4026532999"), 64 * MiB)  # a fabric in another namespace
+        assert me.others(mine) == 0
+        other.set(mine, 3 * MiB)  # a process in this namespace on the same NICs
+        assert me.others(mine) == 3 * MiB
+    finally:
+        other.close()
+        me.close()
+        other.unlink()
 
 
 def test_shared_load_recycles_idle_names_when_full(tmp_path):
