@@ -68,6 +68,27 @@ _REROUTED = int(Status.E_REROUTED)
 _SHARED_LOADS: dict[str, Any] = {}  # table name -> the process's SharedRailLoad of it (False: unavailable)
 
 
+def _netns_id() -> str:
+    """This process's network namespace (the inode of /proc/self/ns/net), "" where unknown."""
+    try:
+        return str(os.stat("/proc/self/ns/net").st_ino)
+    except OSError:
+        return ""
+
+
+_NETNS = _netns_id()
+
+
+def shared_load_key(transport: str, rail_name: str, netns: str = _NETNS) -> str:
+    """The shared load table's key of a rail: the physical path (transport, local address -> remote
+    address, not the remote port: engines of different processes talking through the same NICs
+    share it) within one network namespace. Namespaces on one host share /dev/shm but not NICs, and
+    they reuse addresses: every benchmark fabric's rail i is 198.18.i.1 -> 198.18.i.2, so without the
+    namespace another fabric's (or a --wire bench's) traffic read as load on our rail 0 and the
+    spray left it idle for seconds (docs/benchmarks.md, open loop)."""
+    return f"{transport}:{netns}:{rail_name.rsplit(':', 1)[0]}"
+
+
 class Recovery:
     """Failure handling and rail health for one engine; see the module docstring."""
 
@@ -458,9 +479,7 @@ class Recovery:
     # ---- host-wide load sharing -------------------------------------------------------------------
 
     def _share_load(self, shared: SharedRailLoad, rail: Rail) -> None:
-        # the physical path (transport, local address -> remote address), not the remote port:
-        # engines of different processes talking through the same NICs share it
-        key = f"{rail.transport}:{rail.info.name.rsplit(':', 1)[0]}"
+        key = shared_load_key(rail.transport, rail.info.name)
         try:
             shared.set(key, rail.telemetry.inflight_bytes)
             rail.telemetry.set_external(shared.others(key))

@@ -31,7 +31,9 @@ rail can carry (each is conservative for a different reason, so the largest is t
   the queue), kept conservative by using the smaller of the two inflight snapshots. Only while the
   queue holds or grows: a burst draining away (slices all submitted at once, as one large batch is)
   completes early slices after short waits with the whole burst still queued behind them, and
-  inflight / tau would then claim up to burst-size times the real rate;
+  inflight / tau would then claim up to burst-size times the real rate. Only for executors without
+  service telemetry: a new request landing on a draining burst passes that guard and reads the
+  same multiple, and the goodput while busy (below) measures a queued rail directly;
 * goodput while busy: with service telemetry, bytes moved during intervals the rail was serving the
   whole time, over those intervals, once they add up to half a window (a shorter busy time carries
   over to the next window, and that window folds no per-slice sample: see `_roll_window`).
@@ -261,7 +263,13 @@ class RailTelemetry:
             a = self._alpha
             self.latency_s = mean_lat_s if self.latency_s <= 0 else (1 - a) * self.latency_s + a * mean_lat_s
             sample = (d_bytes / d_slices) / mean_lat_s  # one slice at a time
-            if infl_b >= prev_infl:  # queued slices (Little's law), not a draining burst
+            # Little's law only without service telemetry, which measures a queued rail directly.
+            # The guard below cannot tell a draining burst from one with a new request on top: the
+            # burst's first slices complete after short waits while the new request's bytes count
+            # as queued, and inflight / latency claimed 2x a half-rate rail's rate (capped at its
+            # nominal 1 Gbit/s) in every other window of the open loop, so the spray gave it the
+            # share of a fast rail and the request ended 100 ms after the others.
+            if infl_b >= prev_infl and not self._reports_service:
                 little = min(prev_infl, infl_b) / mean_lat_s
                 if little > self._peak_little:
                     self._peak_little = little

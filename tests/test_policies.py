@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from tent_core.config import EngineConfig, QosConfig, RailHealthConfig, SchedulerConfig, load_config
 from tent_core.qos import PrioritySlots, SharedRailLoad
 from tent_core.rail_monitor import RailMonitor, RailState
-from tent_core.slice_scheduler import NoRailError, SliceScheduler
+from tent_core.recovery import shared_load_key
+from tent_core.slice_scheduler import NoRailError, SliceScheduler, spray_shares
 from tent_core.telemetry import RailTelemetry, slowness, stalled
 from tent_core.types import Priority
 
@@ -317,6 +318,33 @@ def test_partial_busy_windows_carry_over_and_queued_slices_do_not_drag_the_rate(
     # carried over: (2 MB + 1.2 MB) over 40 ms of service (one tick of each burst is its edge)
     assert b.tel.bandwidth_Bps == pytest.approx((2e6 + 1.2e6) / 0.04, rel=0.15)
     assert b.tel.service_rate_Bps == b.tel.bandwidth_Bps
+
+
+def test_a_request_landing_on_a_draining_burst_does_not_inflate_a_served_rail():
+    """Open loop at 1.2 Gbit/s: a half-rate rail (60 MB/s of a nominal 125) drains one request's
+    burst of 1 MiB slices when the next request's slices land on top. The slices completing then
+    waited only ~35 ms (the first of their burst) while 16 MiB count as queued: inflight / latency
+    read 450 MB/s, clamped to the nominal, and the estimate swung to 0.6-0.8 Gbit/s in every other
+    window. With service telemetry only the goodput while busy counts."""
+    cfg = SchedulerConfig(bandwidth_window_s=0.05, ewma_alpha=0.5)
+    r = RailTelemetry(0, 1 * GBIT, config=cfg)
+    rate = 60e6
+    r.observe(row(), 0)
+    inflight, done_b, done_s, lat, moved = 9 * MiB, 0, 0, 0, 0
+    for k in range(1, 61):  # 600 ms of 10 ms ticks, serving all along
+        t = k * 10 * MS
+        moved += int(rate * 0.01)
+        if k % 2 == 0:  # a 1 MiB slice completes every ~17 ms: one per two ticks, ~35 ms after its start
+            done_b += MiB
+            done_s += 1
+            lat += 35 * MS
+            inflight -= MiB
+        if k % 15 == 0:  # the next request's share lands while the burst drains
+            inflight += 9 * MiB
+        r.observe(row(inflight_b=inflight, inflight_s=inflight // MiB, done_b=done_b, done_s=done_s, lat_sum=lat,
+                      last_done=t, serving=2, progress=t, moved=moved), t)
+        if k >= 25:  # the nominal prior has faded (EWMA)
+            assert r.bandwidth_Bps == pytest.approx(rate, rel=0.05), (k, r.bandwidth_Bps)
 
 
 def test_per_slice_samples_still_count_before_any_busy_rate():
@@ -712,6 +740,69 @@ def test_spray_water_fills_by_rate_when_queues_are_level():
     assert all(abs(share[i] - 1 / 3.5) < 0.03 for i in range(3)), share
 
 
+def _finish_s(rails, plan):
+    """Predicted finish time of each rail given a plan (its queue, then its share, at its rate)."""
+    given = {}
+    for r, _, ln in plan:
+        given[r] = given.get(r, 0) + ln
+    return {r: (rails[r].inflight_bytes + b) / rails[r].bandwidth_Bps for r, b in given.items()}
+
+
+def test_spray_rails_finish_a_lone_request_together():
+    """64 MiB over 1, 1, 1, 0.5 Gbit/s: byte shares, not whole 1 MiB slices, so no rail ends a
+    slice after the others (whole slices went 19/18/18/9: the first rail 8.7 ms behind)."""
+    s = SliceScheduler(SchedulerConfig(probe_every=0))
+    rails = rails_at(1, 1, 1, 0.5)
+    plan = s.plan(64 * MiB, rails, Priority.MID)
+    check_cover(plan, 64 * MiB)
+    assert len(plan) <= 64 and all(ln >= 64 * KiB for _, _, ln in plan)
+    finish = _finish_s(rails, plan)
+    assert set(finish) == {0, 1, 2, 3}
+    floor = 64 * MiB / sum(r.bandwidth_Bps for r in rails)
+    assert max(finish.values()) - floor < 0.0001, finish  # within 4 KiB of the ideal split
+    # slices of one rail differ by at most one alignment unit, and the rails stay interleaved
+    for r in range(4):
+        lens = [ln for q, _, ln in plan if q == r]
+        assert max(lens) - min(lens) <= 4 * KiB
+    assert [r for r, _, _ in plan][:4] == [0, 1, 2, 3]
+    # the plan's bytes are what the rails' pending counts grew by (up to the request's last 4 KiB)
+    assert sum(r.pending_bytes for r in rails) == 64 * MiB
+
+
+def test_spray_fills_queues_to_one_finish_time():
+    """A rail with queued work gets less, a rail busy beyond the common finish gets nothing."""
+    s = SliceScheduler(SchedulerConfig(probe_every=0))
+    rails = rails_at(1, 1, 1, 0.5)
+    rails[0].inflight_bytes = int(rails[0].bandwidth_Bps * 0.200)  # 200 ms queued
+    rails[1].inflight_bytes = int(rails[1].bandwidth_Bps * 0.030)
+    plan = s.plan(32 * MiB, rails, Priority.MID)
+    check_cover(plan, 32 * MiB)
+    finish = _finish_s(rails, plan)
+    assert 0 not in finish  # its queue alone ends after the others finish this request
+    assert max(finish.values()) - min(finish.values()) < 0.0002, finish
+    assert max(finish.values()) < 0.200
+
+
+def test_spray_shares_level_min_share_and_rounding():
+    al = 4 * KiB
+    # equal free times: shares follow the rates and sum to the aligned length
+    got = spray_shares(10 * MiB + 123, [(0.0, 2.0), (0.0, 1.0), (0.0, 1.0)], 64 * KiB, al)
+    assert sum(got) == (10 * MiB + 123) // al * al and all(g % al == 0 for g in got)
+    assert got[0] == pytest.approx(5 * MiB, abs=al) and got[1] == pytest.approx(2.5 * MiB, abs=al)
+    # a rail free only at 1 s (others at 0, rate 1 MB/s each, 1 MB to place): level 0.5 s
+    got = spray_shares(1_000_000, [(0.0, 1e6), (0.0, 1e6), (1.0, 1e6)], 4096, 4096)
+    assert got[2] == 0 and got[0] == pytest.approx(500_000, abs=4096)
+    # a share under min_bytes is left out and the rest fills up without it
+    got = spray_shares(1 * MiB, [(0.0, 1e9), (0.0, 1e9), (0.0, 1e7)], 64 * KiB, al)
+    assert got[2] == 0 and sum(got) == MiB and got[0] == got[1]
+    # every share would be small: one rail takes it all
+    got = spray_shares(96 * KiB, [(0.0, 1.0), (0.0, 1.0)], 64 * KiB, al)
+    assert sorted(got) == [0, 96 * KiB]
+    # no usable rate at all: an even split rather than nothing
+    got = spray_shares(8 * MiB, [(float("inf"), 0.0), (float("inf"), 0.0)], 64 * KiB, al)
+    assert got == [4 * MiB, 4 * MiB]
+
+
 def test_retries_go_to_the_least_loaded_healthy_rail():
     rails = rails_at(1, 1, 1, 1)
     rails[1].inflight_bytes = 64 * MiB
@@ -734,6 +825,25 @@ def test_monitor_jitter_spreads_heartbeats():
         gaps.append(m.resume_at(0) - t)
     assert all(0.1 - 1e-9 <= g <= 0.3 + 1e-9 for g in gaps)
     assert max(gaps) - min(gaps) > 0.1  # really spread, not one fixed period
+
+
+def test_shared_load_keys_keep_network_namespaces_apart(tmp_path):
+    """Namespaces share /dev/shm and reuse addresses (every benchmark fabric's rail 0 is
+    198.18.0.1 -> 198.18.0.2): another namespace's load on the same addresses is not ours."""
+    name = f"t{uuid.uuid4().hex[:8]}"
+    other, me = SharedRailLoad(name, directory=str(tmp_path)), SharedRailLoad(name, directory=str(tmp_path))
+    try:
+        rail = "198.18.0.1->198.18.0.2:40123"
+        mine = shared_load_key("tcp", rail)
+        assert shared_load_key("tcp", "198.18.0.1->198.18.0.2:40777") == mine  # the remote port is not the path
+        other.set(shared_load_key("tcp", rail, netns="4026532999"), 64 * MiB)  # a fabric in another namespace
+        assert me.others(mine) == 0
+        other.set(mine, 3 * MiB)  # a process in this namespace on the same NICs
+        assert me.others(mine) == 3 * MiB
+    finally:
+        other.close()
+        me.close()
+        other.unlink()
 
 
 def test_shared_load_recycles_idle_names_when_full(tmp_path):

@@ -240,12 +240,14 @@ def _open_point(eng: Engine, local: LocalBuffer, remote: str, op: OpCode, block:
     warm = {"t": t0, "left": OPEN_LOOP_WARMUP}
     t_next, end, k = t0, t0 + duration_s, 0
     arrivals: list[float] = []
+    seen: list[dict[str, list[Any]]] = []
     total = None if requests is None else requests + OPEN_LOOP_WARMUP
     while (t_next < end if total is None else k < total) and not errors:
         now = time.monotonic()
         if now < t_next:
             time.sleep(t_next - now)
         off = (k % slots) * block
+        seen.append(_rail_view(eng))  # what the plan of this request saw
         h = eng.submit([Request(op, local, off, remote, off, block)], deadline=120)
         arrivals.append(t_next)
         with cv:
@@ -265,7 +267,13 @@ def _open_point(eng: Engine, local: LocalBuffer, remote: str, op: OpCode, block:
     span = (timed[-1] - arrivals[OPEN_LOOP_WARMUP - 1]) if len(timed) >= 1 and OPEN_LOOP_WARMUP >= 1 else 0.0
     realized = len(timed) * block * 8 / span / 1e9 if span > 0 else 0.0
     extra = {"offered_gbit": offered_gbit, "realized_gbit": round(realized, 4), "arrival_seed": arrival_seed,
-             "requests": len(timed)}  # fmt: skip
+             "requests": len(timed),
+             # per timed request, in arrival order (the waiter takes them in submit order): which
+             # requests make the tail, against an ideal queue fed the same arrivals
+             "latencies_ms": [round(x * 1e3, 2) for x in lat],
+             "arrivals_s": [round(t - arrivals[0], 4) for t in arrivals],
+             "est_gbit_at_submit": [v["rail_est_gbit"] for v in seen],
+             "state_at_submit": [v["rail_state"] for v in seen]}  # fmt: skip
     return len(lat) * block / max(t1 - warm["t"], 1e-9) / 1e9, lat, (warm["t"], t_next), extra
 
 
