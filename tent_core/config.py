@@ -349,10 +349,12 @@ class EngineConfig:
     # smaller than staging_min_chunk_bytes, no larger than staging_chunk_bytes, the size of each
     # pooled buffer. Buffers are made on demand, staging_buffers at most: an engine registers at most
     # staging_buffers * staging_chunk_bytes of staging (128 MiB with the defaults), shared by its
-    # staging_workers driver threads. A 64 MiB request moves in 8 MiB chunks, a 4 MiB one in one.
+    # staging_workers driver threads. A 64 MiB request moves in 16 MiB chunks (4 buffers), a 4 MiB
+    # one in one chunk. 4 chunks, not the target's 8: on the path-buffered benchmark both beat fixed
+    # 4 MiB chunks, and 4 made half the buffers and cost less CPU (docs/benchmarks.md, path-buffered).
     staging_chunk_bytes: int = 16 * MiB
     staging_min_chunk_bytes: int = 4 * MiB
-    staging_chunks: int = 8
+    staging_chunks: int = 4
     staging_buffers: int = 8
     staging_workers: int = 4
     # Target-side staging (tent_core.target_staging): this engine copies between its own host staging

@@ -89,15 +89,16 @@ def test_no_path_at_all_is_a_clear_error(peer, tmp_path):
     [
         (4096, 4 * MiB, 1),  # small: one chunk (of 4096 bytes)
         (4 * MiB, 4 * MiB, 1),
-        (10 * MiB, 4 * MiB, 3),  # below 8 chunks of the smallest chunk: the smallest chunk wins
-        (40 * MiB, 5 * MiB, 8),
-        (64 * MiB, 8 * MiB, 8),  # the path-buffered benchmark's block: 8 chunks, not 16 of 4 MiB
-        (64 * MiB + 1, 9 * MiB, 8),  # rounded up to whole MiB: the tail chunk is short
+        (10 * MiB, 4 * MiB, 3),  # below 4 chunks of the smallest chunk: the smallest chunk wins
+        (40 * MiB, 10 * MiB, 4),
+        (64 * MiB, 16 * MiB, 4),  # the path-buffered benchmark's block: 4 chunks, not 16 of 4 MiB
+        (64 * MiB + 1, 16 * MiB, 5),  # capped at the buffer: the tail chunk is 1 byte
+        (48 * MiB + 1, 13 * MiB, 4),  # rounded up to whole MiB: the tail chunk is short
         (1 << 30, 16 * MiB, 64),  # large: capped at the buffer, fewer submits per GiB
     ],
 )
 def test_initiator_staging_sizes_chunks_per_request(length, chunk, count):
-    """The defaults cut a request into about 8 chunks, 4 MiB at least, a pooled buffer (16 MiB) at most."""
+    """The defaults cut a request into about 4 chunks, 4 MiB at least, a pooled buffer (16 MiB) at most."""
     cfg = EngineConfig()
     pool = StagingPool(None, cfg.staging_chunk_bytes, cfg.staging_buffers,  # type: ignore[arg-type]
                        cfg.staging_min_chunk_bytes, cfg.staging_chunks)  # fmt: skip
