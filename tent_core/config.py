@@ -344,8 +344,17 @@ class EngineConfig:
     # rail, several pipelined on one connection). Slices of larger requests never carry it, however
     # short a spray cuts them. 0 = no request is small.
     small_request_bytes: int = 256 * KiB
-    # Synthesized paths (e.g. file -> staging -> TCP): chunk size, pooled staging buffers, driver threads.
-    staging_chunk_bytes: int = 4 * MiB
+    # Synthesized paths (e.g. file -> staging -> TCP), the initiator's own staging: a request is cut
+    # like a target-staged one (path_planner.pipeline_chunk) into about staging_chunks chunks, no
+    # smaller than staging_min_chunk_bytes, no larger than staging_chunk_bytes, the size of each
+    # pooled buffer. Buffers are made on demand, staging_buffers at most: an engine registers at most
+    # staging_buffers * staging_chunk_bytes of staging (128 MiB with the defaults), shared by its
+    # staging_workers driver threads. A 64 MiB request moves in 16 MiB chunks (4 buffers), a 4 MiB
+    # one in one chunk. 4 chunks, not the target's 8: on the path-buffered benchmark both beat fixed
+    # 4 MiB chunks, and 4 made half the buffers and cost less CPU (docs/benchmarks.md, path-buffered).
+    staging_chunk_bytes: int = 16 * MiB
+    staging_min_chunk_bytes: int = 4 * MiB
+    staging_chunks: int = 4
     staging_buffers: int = 8
     staging_workers: int = 4
     # Target-side staging (tent_core.target_staging): this engine copies between its own host staging
@@ -387,6 +396,8 @@ class EngineConfig:
             raise ValueError("control_max_*_bytes must be >= 4096 and control_send_hwm >= 1")
         if self.target_staging_chunk_bytes < 1 or self.target_staging_min_chunk_bytes < 1 or self.target_staging_chunks < 1:
             raise ValueError("target_staging_chunk_bytes, target_staging_min_chunk_bytes and target_staging_chunks must be >= 1")
+        if self.staging_chunk_bytes < 1 or self.staging_min_chunk_bytes < 1 or self.staging_chunks < 1 or self.staging_buffers < 1:
+            raise ValueError("staging_chunk_bytes, staging_min_chunk_bytes, staging_chunks and staging_buffers must be >= 1")
 
 
 _SECTIONS: dict[str, type] = {

@@ -392,7 +392,9 @@ class Submitter:
     def _staging_pool(self) -> StagingPool:
         with self._lock:
             if self.staging is None:
-                self.staging = StagingPool(self, self.config.staging_chunk_bytes, self.config.staging_buffers)
+                cfg = self.config
+                self.staging = StagingPool(self, cfg.staging_chunk_bytes, cfg.staging_buffers,
+                                           cfg.staging_min_chunk_bytes, cfg.staging_chunks)
             return self.staging
 
     def close(self) -> None:

@@ -123,6 +123,7 @@ class Engine:
         self.router = Router(
             self._profiles, rules, RetryLimits(cfg.max_retries_per_slice, cfg.max_transport_failovers), cfg.path_cost,
             cfg.staging_chunk_bytes, (cfg.target_staging_min_chunk_bytes, cfg.target_staging_chunks),
+            (cfg.staging_min_chunk_bytes, cfg.staging_chunks),
         )
         self.scheduler = SliceScheduler(cfg.scheduler, qos=PrioritySlots(cfg.qos) if cfg.qos.enabled else None)
         self.monitor = RailMonitor(cfg.health)

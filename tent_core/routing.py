@@ -297,12 +297,16 @@ class Router:
         cost: PathCostConfig | None = None,
         staging_chunk: int = 4 << 20,
         target_chunking: tuple[int, int] = (4 << 20, 8),
+        staging_chunking: tuple[int, int] | None = None,
     ) -> None:
         self.profiles = dict(profiles)
         self.rules = tuple(rules)
         self.limits = limits or RetryLimits()
         self.cost = cost or PathCostConfig()
-        self.staging_chunk = staging_chunk  # the initiator's own staging chunk
+        self.staging_chunk = staging_chunk  # the initiator's own staging buffer: its largest chunk
+        # (smallest chunk, chunks per request) of an initiator-staged request; by default every
+        # chunk is a whole buffer
+        self.staging_chunking = staging_chunking or (staging_chunk, 8)
         # (smallest chunk, chunks per request) of a target-staged request (path_planner.pipeline_chunk)
         self.target_chunking = target_chunking
         self._ranked: dict[tuple[MemoryKind, MemoryKind, bool, frozenset[str]], tuple[str, ...]] = {}
@@ -438,7 +442,7 @@ class Router:
                        else f"no transport moves host<->{rk.value} to the peer")
                 out.append(Candidate("initiator-staged", None, reason=why))
             else:
-                chunk = self.staging_chunk
+                chunk = pipeline_chunk(size, self.staging_chunk, *self.staging_chunking)  # as staged.py cuts it
                 out.append(priced(
                     "initiator-staged",
                     lambda: StagedPath(self._apply_rule(local, rule)[0], self._apply_rule(remote, rule)[0], op,

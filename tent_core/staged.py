@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from . import errors
 from .batch import BatchHandle, status_of
-from .path_planner import chunk_plan
+from .path_planner import chunk_plan, pipeline_chunk
 from .request import LocalBuffer, Request
 from .routing import Decision, StagedPath
 from .types import OpCode, Permission
@@ -37,12 +37,21 @@ class LegSubmitter(Protocol):
 
 
 class StagingPool:
-    """A bounded pool of pre-faulted host buffers, registered lazily, local-only (no remote access)."""
+    """A bounded pool of pre-faulted host buffers, registered lazily, local-only (no remote access).
 
-    def __init__(self, engine: LegSubmitter, chunk_bytes: int, count: int) -> None:
+    Every buffer is `chunk_bytes` long, the largest chunk; a request is cut into chunks sized for
+    it (`chunk_for`), so a small one keeps several chunks in flight and a large one pays fewer
+    per-chunk submits. At most `count` buffers are ever made: `count * chunk_bytes` bounds the
+    staging memory an engine registers."""
+
+    def __init__(self, engine: LegSubmitter, chunk_bytes: int, count: int,
+                 min_chunk: int | None = None, chunks: int = 8) -> None:  # fmt: skip
         self.engine = engine
         self.chunk_bytes = chunk_bytes
         self.count = count
+        # (smallest chunk, chunks per request) for pipeline_chunk; by default every chunk is a buffer's
+        self.min_chunk = chunk_bytes if min_chunk is None else min_chunk
+        self.chunks = chunks
         self._free: queue.Queue[LocalBuffer] = queue.Queue()
         self._made = 0
         self._lock = threading.Lock()
@@ -60,6 +69,10 @@ class StagingPool:
             return self._free.get(timeout=max(0.0, timeout))
         except queue.Empty:
             return None
+
+    def chunk_for(self, length: int) -> int:
+        """The chunk a `length`-byte request moves in (never more than a buffer holds)."""
+        return pipeline_chunk(length, self.chunk_bytes, self.min_chunk, self.chunks)
 
     def try_acquire(self) -> LocalBuffer | None:
         return self.acquire(0.0)
@@ -100,7 +113,7 @@ def _pipeline(engine: LegSubmitter, handle: BatchHandle, req: Request, path: Sta
     batch = handle._batch
     self_seg = engine.segment_name(req.local.segment)
     local_base = req.local.offset + req.local_offset  # the local buffer seen as our own segment
-    chunks = chunk_plan(req.length, pool.chunk_bytes)
+    chunks = chunk_plan(req.length, pool.chunk_for(req.length))
     write = req.op == OpCode.WRITE
 
     local_leg, remote_leg = path.local_leg, path.remote_leg

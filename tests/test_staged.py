@@ -3,12 +3,22 @@ host staging buffers and TCP, with checksums; one batch handle, cancellation, no
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from peers import Peer, sha
 
-from tent_core import READ, READ_ONLY, WRITE, CancelledError, Engine, NoPathError, Request
+from tent_core import READ, READ_ONLY, WRITE, CancelledError, Engine, NoPathError, Request, _native
+from tent_core.batch import BatchHandle
+from tent_core.config import EngineConfig
+from tent_core.path_planner import chunk_plan
+from tent_core.routing import StagedPath
+from tent_core.staged import StagingPool, run_staged
 from tent_core.testing import pattern
+from tent_core.types import MemoryKind, OpCode
+
+MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +82,76 @@ def test_no_path_at_all_is_a_clear_error(peer, tmp_path):
         f = eng.register_file(path)
         with pytest.raises(NoPathError, match="file"):
             eng.submit([Request(WRITE, f, 0, peer.seg("rw"), 0, 4096)])
+
+
+@pytest.mark.parametrize(
+    ("length", "chunk", "count"),
+    [
+        (4096, 4 * MiB, 1),  # small: one chunk (of 4096 bytes)
+        (4 * MiB, 4 * MiB, 1),
+        (10 * MiB, 4 * MiB, 3),  # below 4 chunks of the smallest chunk: the smallest chunk wins
+        (40 * MiB, 10 * MiB, 4),
+        (64 * MiB, 16 * MiB, 4),  # the path-buffered benchmark's block: 4 chunks, not 16 of 4 MiB
+        (64 * MiB + 1, 16 * MiB, 5),  # capped at the buffer: the tail chunk is 1 byte
+        (48 * MiB + 1, 13 * MiB, 4),  # rounded up to whole MiB: the tail chunk is short
+        (1 << 30, 16 * MiB, 64),  # large: capped at the buffer, fewer submits per GiB
+    ],
+)
+def test_initiator_staging_sizes_chunks_per_request(length, chunk, count):
+    """The defaults cut a request into about 4 chunks, 4 MiB at least, a pooled buffer (16 MiB) at most."""
+    cfg = EngineConfig()
+    pool = StagingPool(None, cfg.staging_chunk_bytes, cfg.staging_buffers,  # type: ignore[arg-type]
+                       cfg.staging_min_chunk_bytes, cfg.staging_chunks)  # fmt: skip
+    assert pool.chunk_for(length) == chunk
+    assert len(chunk_plan(length, pool.chunk_for(length))) == count
+    assert cfg.staging_buffers * cfg.staging_chunk_bytes == 128 * MiB  # the documented bound on staging memory
+    # an explicit chunk size with no smallest chunk keeps every chunk a whole buffer, as before
+    assert StagingPool(None, MiB, 4).chunk_for(length) == MiB  # type: ignore[arg-type]
+
+
+class _Counting:
+    """The engine's own leg submitter, counting the first-stage legs (file -> staging) per request."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.reads: list[int] = []
+
+    def submit_leg(self, request, decision, deadline):
+        if request.op == OpCode.READ:
+            self.reads.append(request.length)
+        return self.inner.submit_leg(request, decision, deadline)
+
+    def segment_name(self, segment):
+        return self.inner.segment_name(segment)
+
+    def allocate(self, size, segment, perm):
+        return self.inner.allocate(size, segment, perm)
+
+
+@pytest.mark.parametrize(("n", "chunks"), [(3 * MiB + 5, 4), (45 * MiB + 3, 8)])
+def test_staged_file_to_tcp_moves_per_request_chunks(peer, tmp_path, n, chunks):
+    """file -> pooled staging -> tcp with chunks sized per request (at most 8 MiB, at least 1 MiB,
+    about 8 per request): a small request keeps 1 MiB chunks, a large one moves in 6 MiB chunks, both
+    land byte for byte (a non-repeating pattern), and no more buffers are made than the pool allows."""
+    data = pattern(n, seed=11 + chunks)
+    data.tofile(tmp_path / "w.bin")
+    with Engine({"staging_chunk_bytes": 8 * MiB, "staging_min_chunk_bytes": MiB, "staging_chunks": 8,
+                 "staging_buffers": 3}, transports=["gds", "tcp"]) as eng:  # fmt: skip
+        f = eng.register_file(tmp_path / "w.bin", segment="ckpt")
+        sub = _Counting(eng._submitter)
+        pool = StagingPool(sub, 8 * MiB, 3, MiB, 8)
+        path = StagedPath("gds", "tcp", OpCode.WRITE, local_kind=MemoryKind.FILE, remote_kind=MemoryKind.HOST)
+        handle = BatchHandle(eng, _native.Batch(1), time.monotonic() + 60, 1)
+        run_staged(sub, handle, Request(WRITE, f, 0, peer.seg("rw"), 17, n), path, pool)
+        assert handle.wait(60) and handle.poll() == "done"
+        assert peer.digest("rw", 17, n) == sha(data)
+        want = pool.chunk_for(n)
+        assert sub.reads == [c for _, c in chunk_plan(n, want)] and len(sub.reads) == chunks
+        assert pool._made <= 3
+        # the engine's own pool cuts the same way when the request goes through submit()
+        back = eng.register_file(tmp_path / "back.bin", segment="ckpt", size=n)
+        h = eng.submit([Request(READ, back, 0, peer.seg("rw"), 17, n)])
+        assert h.wait(60) and h.poll() == "done"
+        assert sha(np.fromfile(tmp_path / "back.bin", np.uint8)) == sha(data)
+        assert eng._submitter.staging.chunk_for(n) == want and eng._submitter.staging._made <= 3
+    peer.call(cmd="fill", segment="rw", seed=0)
