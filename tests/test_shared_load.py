@@ -42,7 +42,9 @@ def test_other_process_load_steers_spraying():
         with Engine(cfg, transports=["tcp"]) as eng:
             local = eng.allocate(64 << 20)
             eng.read(local, peer.seg("rw"), 8 << 20)  # connect both rails
-            pump = subprocess.Popen([sys.executable, "-c", PUMP, peer.seg("rw"), "6", table], stdout=subprocess.PIPE, text=True)
+            # pumps until killed below (60 s at most): on a loaded host our reads may start seconds late,
+            # and a pump that had stopped by then left rail 0 idle (a flake under load)
+            pump = subprocess.Popen([sys.executable, "-c", PUMP, peer.seg("rw"), "60", table], stdout=subprocess.PIPE, text=True)
             assert pump.stdout is not None and pump.stdout.readline().strip() == "pumping"
             rails = {r.info.index: r for p in eng.peers.peers() for rt in p.routes.values() for r in rt.rails}
             deadline = time.monotonic() + 4
@@ -56,6 +58,7 @@ def test_other_process_load_steers_spraying():
             for _ in range(6):
                 eng.submit([Request(READ, local, 0, peer.seg("rw"), 0, 32 << 20)]).wait()
             after = {i: r["bytes"] for i, r in ((r["index"], r) for r in eng.rail_stats())}
+            assert pump.poll() is None, "the other process stopped loading rail 0 before our reads ended"
             moved = {i: after[i] - before[i] for i in after}
             assert moved[1] > moved[0], moved  # the busier (shared) rail got less of our traffic
     finally:
