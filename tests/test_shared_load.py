@@ -25,8 +25,15 @@ PUMP = textwrap.dedent(
         buf = eng.allocate(32 << 20)
         end = time.monotonic() + seconds
         print("pumping", flush=True)
+        # two batches in flight, so rail 0 never goes idle between them (a snapshot of the shared
+        # table taken between two waited batches read no load at all)
+        batch = lambda: eng.submit([Request(READ, buf, i << 23, seg, i << 23, 8 << 20) for i in range(4)])
+        held = batch()
         while time.monotonic() < end:
-            eng.submit([Request(READ, buf, i << 23, seg, i << 23, 8 << 20) for i in range(4)]).wait()
+            nxt = batch()
+            held.wait()
+            held = nxt
+        held.wait()
     """
 )
 
@@ -55,12 +62,17 @@ def test_other_process_load_steers_spraying():
             assert seen > 0, "the other process's load on rail 0 never showed up"
             assert rails[1].telemetry.external_bytes == 0
             before = {i: r["bytes"] for i, r in ((r["index"], r) for r in eng.rail_stats())}
-            for _ in range(6):
-                eng.submit([Request(READ, local, 0, peer.seg("rw"), 0, 32 << 20)]).wait()
+            # the first request after the load shows up: what it moved was planned from the shared
+            # load alone. Later ones also fold this engine's own rate samples, and a fresh rail's first
+            # samples can read its queued slices' latency as its rate (0.03-0.14 GB/s for a rail that
+            # moved 32 MiB in ~20 ms, seen here in ~1 of 8 runs); with probes off (above) that rail is
+            # then starved for the rest of the test: an estimator question of its own, not this one
+            eng.submit([Request(READ, local, 0, peer.seg("rw"), 0, 32 << 20)]).wait()
             after = {i: r["bytes"] for i, r in ((r["index"], r) for r in eng.rail_stats())}
             assert pump.poll() is None, "the other process stopped loading rail 0 before our reads ended"
             moved = {i: after[i] - before[i] for i in after}
-            assert moved[1] > moved[0], moved  # the busier (shared) rail got less of our traffic
+            # the busier (shared) rail got much less of our traffic (an even split fails this)
+            assert 3 * moved[0] <= moved[1], moved
     finally:
         if pump is not None:
             pump.kill()
