@@ -289,9 +289,11 @@ def main() -> None:
             row[f"{api}_spread"] = [round(min(vals), 3), round(max(vals), 3)]
         ratios = [f / n for f, n in zip(by["facade"], by["native"], strict=True) if n > 0]
         row["facade_x_native"] = round(statistics.median(ratios), 3)
+        row["facade_x_native_spread"] = [round(min(ratios), 3), round(max(ratios), 3)]
         if "mooncake" in by:
             mr = [f / m for f, m in zip(by["facade"], by["mooncake"], strict=True) if m > 0]
             row["facade_x_mooncake"] = round(statistics.median(mr), 3)
+            row["facade_x_mooncake_spread"] = [round(min(mr), 3), round(max(mr), 3)]
         rows.append(row)
     if a.json:
         print(json.dumps(rows, indent=2))

@@ -14,7 +14,17 @@ def test_facade_bench_smoke() -> None:
     )
     assert out.returncode == 0, out.stderr[-4000:]
     rows = json.loads(out.stdout)
-    assert len(rows) == 4
+    assert {(r["op"], r["block"], r["batch"]) for r in rows} == {(op, b, n) for op in ("READ", "WRITE")
+                                                                  for b, n in ((65536, 4), (4096, 1))}
     for r in rows:
-        assert r["facade_gbps"] > 0 and r["native_gbps"] > 0 and r["facade_x_native"] > 0
-        assert len(r["facade_spread"]) == 2
+        assert r["rounds"] == 2
+        # every rate is the median of its rounds, inside their min-max
+        for api in ("facade", "native"):
+            lo, hi = r[f"{api}_spread"]
+            assert 0 < lo <= r[f"{api}_gbps"] <= hi, (api, r)
+        # the ratio is the median of the per-round ratios, not a ratio of the medians; its spread brackets it
+        rlo, rhi = r["facade_x_native_spread"]
+        assert 0 < rlo <= r["facade_x_native"] <= rhi, r
+        # each per-round ratio is some round's facade over the same round's native: within the rates' extremes
+        assert r["facade_spread"][0] / r["native_spread"][1] <= rlo * 1.001
+        assert rhi <= r["facade_spread"][1] / r["native_spread"][0] * 1.001
