@@ -207,16 +207,21 @@ def render_burst(text: str) -> str:
                ("gloo_chain", "gloo send/recv chain"), ("gloo_async", "gloo async broadcast"), ("ray", "Ray")]
     present = [(k, t) for k, t in systems if any(r.get(f"{k}_per_receiver_s") is not None for r in data["rows"])]
     n1 = next((r.get("pipeline_per_receiver_s") for r in data["rows"] if r.get("n") == 1), None)
+    def cell(r: Row, k: str) -> str:
+        v, rng = r.get(f"{k}_per_receiver_s"), r.get(f"{k}_per_receiver_range_s")
+        if v is None or not rng or (data.get("rounds") or 1) <= 1:
+            return fmt(v)
+        return f"{fmt(v)} ({fmt(rng[0])}-{fmt(rng[1])})"
+
     rows = []
     for r in data["rows"]:
         pipe = r.get("pipeline_per_receiver_s")
         x = f"**{pipe / n1:.3f}**" if pipe and n1 else ""
-        rows.append([str(r["n"])] + [fmt(r.get(f"{k}_per_receiver_s")) for k, _ in present[:1]] + [x]
-                    + [fmt(r.get(f"{k}_per_receiver_s")) for k, _ in present[1:]])
+        rows.append([str(r["n"])] + [cell(r, k) for k, _ in present[:1]] + [x] + [cell(r, k) for k, _ in present[1:]])
     per_n = table(["N", present[0][1], "x N=1"] + [t for _, t in present[1:]], rows)
     ideal = data.get("ideal_one_transfer_s")
-    out = [head, "", f"Per receiver, seconds (median of {data.get('rounds')} interleaved rounds; the ideal single "
-           f"transfer is {ideal} s):", "", per_n]
+    out = [head, "", f"Per receiver, seconds (median of {data.get('rounds')} interleaved rounds, min-max in parentheses; "
+           f"the ideal single transfer is {ideal} s):", "", per_n]
     far = {r["n"]: r["pipeline_per_receiver_s"] / n1 for r in data["rows"] if r.get("n", 0) >= 4 and n1}
     if far:
         met = all(v <= 1.1 for v in far.values())
@@ -244,6 +249,61 @@ def render_server(text: str) -> str:
             "on the same cores); median (min-max) over the rounds:")  # fmt: skip
     return "\n".join([head, "", table(["clients", "sockets", "shards", "frames", "ops/s", "mean latency ms",
                                         "server CPU", "replicas failed (missed heartbeats)", "error replies"], rows)])
+
+
+def _median_range(v: Any, rng: Any) -> str:
+    """`median (min-max)` from a median and a [min, max] pair; just the median without the pair."""
+    if v is None:
+        return "-"
+    if isinstance(rng, (list, tuple)) and len(rng) == 2:
+        return f"{fmt(v)} ({fmt(rng[0])}-{fmt(rng[1])})"
+    return fmt(v)
+
+
+def render_compat(text: str) -> str:
+    """`scripts/bench-compat.sh --json`: per point the medians of the rounds with their min-max, GB/s and
+    the per-round ratios (facade / native, facade / Mooncake)."""
+    data = parse_json_output(text)
+    if not isinstance(data, list) or not data or not all(isinstance(r, dict) and "facade_gbps" in r for r in data):
+        return render_generic(text)
+    moon = any(r.get("mooncake_gbps") is not None for r in data)
+    header = ["op", "block", "batch", "rounds", "facade GB/s", "native GB/s"] + (["mooncake GB/s"] if moon else []) + \
+        ["facade / native"] + (["facade / mooncake"] if moon else [])
+    rows = []
+    for r in data:
+        cells = [str(r.get("op")), human(int(r["block"])), str(r.get("batch")), str(r.get("rounds")),
+                 _median_range(r.get("facade_gbps"), r.get("facade_spread")),
+                 _median_range(r.get("native_gbps"), r.get("native_spread"))]  # fmt: skip
+        if moon:
+            cells.append(_median_range(r.get("mooncake_gbps"), r.get("mooncake_spread")))
+        cells.append(f"**{_median_range(r.get('facade_x_native'), r.get('facade_x_native_spread'))}**")
+        if moon:
+            cells.append(_median_range(r.get("facade_x_mooncake"), r.get("facade_x_mooncake_spread")))
+        rows.append(cells)
+    return ("GB/s: median of the rounds (min-max); ratios: median of the per-round ratios (min-max).\n\n"
+            + table(header, rows))
+
+
+def render_dataplane(text: str) -> str:
+    """`refhub bench dataplane --json`: the run's facts (generic), then refhub against the raw engine per
+    round, median (min-max): the verified replicate's GB/s, raw's and the per-round ratio."""
+    data = parse_json_output(text)
+    if isinstance(data, list):
+        data = data[-1] if data else None
+    head = render_generic(text)
+    if not isinstance(data, dict) or not isinstance(data.get("ratio_rounds"), dict):
+        return head
+
+    def rng(d: Any) -> str:
+        if not isinstance(d, dict) or "median" not in d:
+            return "-"
+        return _median_range(d["median"], [d.get("min"), d.get("max")] if "min" in d else None)
+
+    rr = data["ratio_rounds"]
+    rows = [["refhub replicate (verified)", rng(data.get("refhub_GBps")), f"**{rng(rr)}**"],
+            ["raw engine READs", rng(data.get("raw_GBps")), "1"]]
+    return "\n\n".join([head, f"Per round, median (min-max) of {rr.get('rounds')} interleaved rounds:",
+                          table(["series", "GB/s", "x raw (per round)"], rows)])
 
 
 FAILOVER_CASES = {"none": "no failure", "kill": "SIGKILL", "stop": "SIGSTOP (silent)", "cut": "link cut (silent)"}
@@ -657,7 +717,7 @@ def default_steps() -> list[Step]:
         Step("auth", ["scripts/bench-auth.sh"], needs=("scripts/bench-auth.sh",), covers=("scripts/bench-auth.sh",),
              env={"ROUNDS": "5"}, quick_env={"ROUNDS": "1", "BUDGET": "0.2"}),  # fmt: skip
         Step("compat", ["scripts/bench-compat.sh", "--json"], needs=("scripts/bench-compat.sh",),
-             covers=("scripts/bench-compat.sh",),
+             covers=("scripts/bench-compat.sh",), render=render_compat,
              env={"ROUNDS": "5"}, quick_env={"ROUNDS": "1", "DURATION": "0.2"}),  # fmt: skip
         Step("staging-copy", [TENT, "bench-staging", "--size", "512M", "--rounds", "5", "--copy-ns-per-mib", "1500000",
                               "--both", "--json"],
@@ -676,10 +736,11 @@ def default_steps() -> list[Step]:
              render_path, target_path, needs_root=True),  # fmt: skip
         # refhub's benchmarks, as scripts/bench-refhub.sh runs them, one block per table
         Step("refhub-dataplane-shm", [REFHUB, "bench", "dataplane", "--json"],
-             [REFHUB, "bench", "dataplane", "--json", "--quick"], target=target_dataplane, covers=REFHUB_SCRIPTS),  # fmt: skip
-        Step("refhub-dataplane-tcp", [REFHUB, "bench", "dataplane", "--json", "--transport", "tcp"],
-             [REFHUB, "bench", "dataplane", "--json", "--transport", "tcp", "--quick"], target=target_dataplane,
+             [REFHUB, "bench", "dataplane", "--json", "--quick"], render=render_dataplane, target=target_dataplane,
              covers=REFHUB_SCRIPTS),  # fmt: skip
+        Step("refhub-dataplane-tcp", [REFHUB, "bench", "dataplane", "--json", "--transport", "tcp"],
+             [REFHUB, "bench", "dataplane", "--json", "--transport", "tcp", "--quick"], render=render_dataplane,
+             target=target_dataplane, covers=REFHUB_SCRIPTS),  # fmt: skip
         Step("refhub-server", [REFHUB, "bench", "server-sweep", "--json"],
              [REFHUB, "bench", "server-sweep", "--json", "--quick"], render=render_server, covers=REFHUB_SCRIPTS,
              timeout_s=900),  # fmt: skip

@@ -291,3 +291,42 @@ def test_path_target_names_the_cpu_bound_limit_only_where_the_cpu_limits():
     old = _path_rows(None, cpu=False)  # a report of a build before the accounting renders as before
     assert "CPU" not in ba.target_path(old) + ba.render_path(old)
     assert ba.target_path(old) == "Target staged >= 0.8x its slower stage: **not met** (0.61x)."
+
+
+def test_burst_rendering_shows_each_systems_spread_over_the_rounds():
+    def row(n: int, pipe: float) -> dict:
+        return {"n": n, "pipeline_per_receiver_s": pipe, "pipeline_per_receiver_range_s": [pipe - 0.01, pipe + 0.02],
+                "ray_per_receiver_s": 1.5 * n, "ray_per_receiver_range_s": [1.4 * n, 1.6 * n]}
+
+    data = {"bench": "burst", "rounds": 3, "ideal_one_transfer_s": 1.0, "rows": [row(1, 1.0), row(4, 1.05)]}
+    out = ba.render_burst(json.dumps(data))
+    assert "| 4 | 1.05 (1.04-1.07) | **1.050** | 6 (5.6-6.4) |" in out, out
+    assert "min-max in parentheses" in out
+    data["rounds"] = 1  # one round has no spread to show
+    assert "| 4 | 1.05 | **1.050** | 6 |" in ba.render_burst(json.dumps(data))
+
+
+def test_compat_rendering_gives_medians_and_spread_of_rates_and_per_round_ratios():
+    rows = [{"op": "READ", "block": 65536, "batch": 32, "rounds": 5, "facade_gbps": 3.19, "facade_spread": [3.0, 3.3],
+             "native_gbps": 3.29, "native_spread": [3.1, 3.4], "mooncake_gbps": 1.19, "mooncake_spread": [1.1, 1.25],
+             "facade_x_native": 0.971, "facade_x_native_spread": [0.95, 0.99], "facade_x_mooncake": 2.85,
+             "facade_x_mooncake_spread": [2.6, 3.0]}]  # fmt: skip
+    out = ba.render_compat(json.dumps(rows))
+    assert "| READ | 64 KiB | 32 | 5 | 3.19 (3-3.3) | 3.29 (3.1-3.4) | 1.19 (1.1-1.25) | **0.971 (0.95-0.99)** | 2.85 (2.6-3) |" \
+        in out, out
+    assert "median of the per-round ratios (min-max)" in out
+    del rows[0]["mooncake_gbps"], rows[0]["facade_x_mooncake"]  # no Mooncake installed: no columns for it
+    assert "mooncake" not in ba.render_compat(json.dumps(rows)).split("\n")[2]
+    compat = next(s for s in ba.default_steps() if s.name == "compat")
+    assert compat.render is ba.render_compat
+
+
+def test_dataplane_rendering_gives_the_per_round_ratio_with_its_spread():
+    data = {"bench": "dataplane", "ratio": 0.997, "ratio_rounds": {"median": 0.997, "min": 0.95, "max": 1.04, "rounds": 5},
+            "refhub_GBps": {"median": 15.1, "min": 14.2, "max": 15.9}, "raw_GBps": {"median": 15.2, "min": 14.0, "max": 16.1}}
+    out = ba.render_dataplane(json.dumps(data))
+    assert "| refhub replicate (verified) | 15.1 (14.2-15.9) | **0.997 (0.95-1.04)** |" in out, out
+    assert "| raw engine READs | 15.2 (14-16.1) | 1 |" in out and "of 5 interleaved rounds" in out
+    assert "| dataplane | 0.997 |" in out  # the run's facts stay in the first table
+    for name in ("refhub-dataplane-shm", "refhub-dataplane-tcp"):
+        assert next(s for s in ba.default_steps() if s.name == name).render is ba.render_dataplane

@@ -465,6 +465,8 @@ def burst(ns: list[int], size_mb: float = 128, tensors: int = 32, rate: str = "1
             row[f"{name}_s"] = tot["median"]
             row[f"{name}_per_receiver_s"] = round(tot["median"] / n, 3)
             row[f"{name}_spread"] = tot["spread"]
+            # per receiver, the fastest and slowest round: the table's "median (min-max)"
+            row[f"{name}_per_receiver_range_s"] = [round(tot["min"] / n, 3), round(tot["max"] / n, 3)]
             if name == "pipeline":
                 row["pipeline_from_publisher"] = got[-1]["from_publisher"]
                 row["pipeline_receivers"] = got[-1]["receivers"]
