@@ -3,7 +3,8 @@
 Every scenario runs the engine and what it is compared with *interleaved*: round after round,
 one then the other (the order flips every round), so a noisy neighbour hurts both alike; each
 figure is the median over the rounds with the lowest and highest round beside it. Byte checks
-before timing use a pattern that never repeats (`small_target.fill`).
+before timing use a pattern that never repeats (`small_target.fill`, i.e. `tent_core.testing.pattern`),
+with a fresh seed per target process (per round where a round starts its own target).
 
 Two bare copies stand next to the engine for small shm requests, one at a time: the *physical
 limit*, a C loop (`tent_bench._bare`) with no interpreter between two copies, and *issue 17's
@@ -47,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from tent_core import Engine, NoPathError, OpCode, PeerUnreachableError, Priority, Request
+from tent_core.testing import fresh_seed
 
 from . import _bare
 from .small_target import PAGE, fill
@@ -69,6 +71,11 @@ class Target:
     @property
     def segment(self) -> str:
         return str(self.info["segment"])
+
+    @property
+    def seed(self) -> int:
+        """The seed of the pattern the target's buffer holds (fresh per target)."""
+        return int(self.info["seed"])
 
     def seg(self, name: str) -> str:
         return f"{self.info['engine']}/{name}"
@@ -94,7 +101,8 @@ def _readline(proc: subprocess.Popen[str], timeout: float) -> str:
 @contextmanager
 def target(size: int, config: dict[str, Any] | None = None, few: int = 0, many: int = 0) -> Iterator[Target]:
     """`python -m tent_bench.small_target` in its own process; always stopped."""
-    argv = [sys.executable, "-m", "tent_bench.small_target", "--size", str(size), "--few", str(few), "--many", str(many)]
+    argv = [sys.executable, "-m", "tent_bench.small_target", "--size", str(size), "--few", str(few), "--many", str(many),
+            "--seed", str(fresh_seed())]
     if config:
         argv += ["--config", json.dumps(config)]
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -234,19 +242,22 @@ def _ratio(a: list[dict[str, Any]], b: list[dict[str, Any]], key: str = "gbps", 
     return {f"{prefix}ratio": r["med"], f"{prefix}ratio_lo": r["lo"], f"{prefix}ratio_hi": r["hi"]}
 
 
-def _verify(eng: Engine, local: Any, remote: str, n: int) -> None:
-    """READ the target's pattern; WRITE another, READ it back; restore. Never-repeating bytes."""
+def _verify(eng: Engine, local: Any, remote: str, n: int, seed: int) -> None:
+    """READ the target's pattern (`seed`); WRITE one of a fresh seed, READ it back; restore. Every check
+    reads into a zeroed buffer, and no two checks expect the same stream: a copy that moved nothing,
+    or moved stale or misplaced bytes, fails."""
     local.array[:n] = 0
     eng.read(local, remote, n)
-    if not np.array_equal(local.array[:n], fill(n)):
+    if not np.array_equal(local.array[:n], fill(n, seed)):
         raise RuntimeError("small bench: READ returned wrong bytes")
-    local.array[:n] = fill(n, seed=5)
+    other = fresh_seed()
+    local.array[:n] = fill(n, other)
     eng.write(local, remote, n)
     local.array[:n] = 0
     eng.read(local, remote, n)
-    if not np.array_equal(local.array[:n], fill(n, seed=5)):
+    if not np.array_equal(local.array[:n], fill(n, other)):
         raise RuntimeError("small bench: WRITE then READ returned wrong bytes")
-    local.array[:n] = fill(n)
+    local.array[:n] = fill(n, seed)
     eng.write(local, remote, n)
 
 
@@ -316,7 +327,7 @@ def one_at_a_time(transport: str, sizes: list[int], ops: list[str], rounds: int,
     size = max(sizes)
     with target(size, config) as t, Engine(config, transports=[transport]) as eng:
         local = eng.allocate(size, segment="small-local")
-        _verify(eng, local, t.segment, size)
+        _verify(eng, local, t.segment, size, t.seed)
         for op in ops:
             for block in sizes:
                 count = _counts(block, budget)
@@ -358,7 +369,7 @@ def batches(transport: str, n: int, block: int, ops: list[str], rounds: int, bud
     rows = []
     with target(n * block, config) as t, Engine(config, transports=[transport]) as eng:
         local = eng.allocate(n * block, segment="small-local")
-        _verify(eng, local, t.segment, n * block)
+        _verify(eng, local, t.segment, n * block, t.seed)
         for op in ops:
             count = _counts(n * block, budget, 50, 2000)
             reqs = [Request(OPS[op], local, i * block, t.segment, i * block, block) for i in range(n)]
@@ -387,7 +398,7 @@ def large(sizes: list[int], ops: list[str], rounds: int, budget: int,
     size = max(sizes)
     with target(size, config) as t, Engine(config, transports=["shm"]) as eng:
         local = eng.allocate(size, segment="small-local")
-        _verify(eng, local, t.segment, min(size, 8 * MiB))
+        _verify(eng, local, t.segment, min(size, 8 * MiB), t.seed)
         for op in ops:
             for block in sizes:
                 count = _counts(block, budget, 10, 500)
@@ -411,11 +422,12 @@ def two_engines(rounds: int, budget: int, n: int = 16, block: int = 64 * KiB, op
     with target(n * block, config) as t, Engine(config, transports=["tcp"]) as eng, \
             Engine(config, transports=["tcp"]) as tgt, Engine(config, transports=["tcp"]) as ini:  # fmt: skip
         local = eng.allocate(n * block, segment="small-local")
-        _verify(eng, local, t.segment, n * block)
+        _verify(eng, local, t.segment, n * block, t.seed)
         tbuf = tgt.allocate(n * block, segment="bench")
-        tbuf.array[:] = fill(n * block)  # type: ignore[index]
+        tseed = fresh_seed()
+        tbuf.array[:] = fill(n * block, tseed)  # type: ignore[index]
         ilocal = ini.allocate(n * block, segment="small-local")
-        _verify(ini, ilocal, tgt.segment_name("bench"), n * block)
+        _verify(ini, ilocal, tgt.segment_name("bench"), n * block, tseed)
         two = [Request(OPS[op], local, i * block, t.segment, i * block, block) for i in range(n)]
         one = [Request(OPS[op], ilocal, i * block, tgt.segment_name("bench"), i * block, block) for i in range(n)]
         engine_loop(eng, two, 10)
@@ -484,7 +496,7 @@ def qos_tail(transport: str, rounds: int, count: int = 400, block: int = 64 * Ki
     cfg = {**(config or {}), "qos": {**((config or {}).get("qos") or {}), "enabled": True}}
     with target(stream + block, cfg) as t, Engine(cfg, transports=[transport]) as eng:
         local = eng.allocate(stream + block, segment="small-local")
-        _verify(eng, local, t.segment, block)
+        _verify(eng, local, t.segment, block, t.seed)
         mouse = [Request(OpCode.READ, local, stream, t.segment, stream, block, Priority.HIGH)]
         elephant = [Request(OpCode.WRITE, local, 0, t.segment, 0, stream, Priority.LOW)]
         engine_loop(eng, mouse, 20)

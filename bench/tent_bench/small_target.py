@@ -1,10 +1,11 @@
 """The target of the small-request benchmarks (`tent_bench.small`): an engine and the bare limits'
 servers in one process, driven over stdin/stdout (JSON lines).
 
-    python -m tent_bench.small_target --size BYTES [--config JSON] [--few N] [--many N]
+    python -m tent_bench.small_target --size BYTES [--config JSON] [--few N] [--many N] [--seed S]
 
-Prints {"engine", "segment", "pid", "addr", "size", "bare_tcp_port", "bare_tcp_sleep_port", "transports"} once ready:
-segment "bench" holds one engine-allocated buffer of `size` bytes at `addr`; with --few/--many,
+Prints {"engine", "segment", "pid", "addr", "size", "seed", "bare_tcp_port", "bare_tcp_sleep_port", "transports"} once ready:
+segment "bench" holds one engine-allocated buffer of `size` bytes at `addr`, filled with
+fill(size, seed); with --few/--many,
 segments "few" and "many" hold that many registered 4 KiB buffers. Commands:
     {"cmd": "register", "segment": name} -> {"ok": true, "offset": o}   one more 4 KiB buffer
     {"cmd": "quit"}
@@ -21,6 +22,7 @@ import sys
 import numpy as np
 
 from tent_core.engine import Engine
+from tent_core.testing import pattern
 
 from . import _bare
 
@@ -28,16 +30,9 @@ PAGE = 4096
 
 
 def fill(n: int, seed: int = 0) -> np.ndarray:
-    """Bytes that never repeat: 8-byte word i is splitmix64(i + seed * 2**40), a bijection of u64,
-    so no two words of one buffer (up to 8 TiB) are equal and a shifted, stale or misplaced
-    slice of any length >= 8 bytes cannot pass a byte check."""
-    x = np.arange((n + 7) // 8, dtype=np.uint64) + np.uint64((seed << 40) & (2**64 - 1))
-    with np.errstate(over="ignore"):
-        x = x + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x = x ^ (x >> np.uint64(31))
-    return x.view(np.uint8)[:n]
+    """The bytes the small benchmarks check: `tent_core.testing.pattern(n, seed)`, one 64-bit word per
+    position mixed with the seed (never repeats; a prefix of a longer fill is the same bytes)."""
+    return pattern(n, seed)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default=None, help="JSON engine config")
     ap.add_argument("--few", type=int, default=0, help="4 KiB buffers in segment 'few'")
     ap.add_argument("--many", type=int, default=0, help="4 KiB buffers in segment 'many'")
+    ap.add_argument("--seed", type=int, default=0, help="the buffer holds fill(size, seed): a fresh one per target")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     cfg = json.loads(args.config) if args.config else None
@@ -54,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     with Engine(cfg, host=args.host) as eng:
         buf = eng.allocate(args.size, segment="bench")
         assert buf.array is not None
-        buf.array[:] = fill(args.size)  # the initiator checks bytes against it before timing
+        buf.array[:] = fill(args.size, args.seed)  # the initiator checks bytes against it before timing
         backing: dict[str, np.ndarray] = {}
         used: dict[str, int] = {}
         for name, n in (("few", args.few), ("many", args.many)):
@@ -75,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         port = _bare.tcp_serve(args.host, buf.addr, args.size, spin_us, adaptive)
         sleep_port = _bare.tcp_serve(args.host, buf.addr, args.size, 0, 0)
         print(json.dumps({"engine": eng.engine_id, "segment": eng.segment_name("bench"), "pid": os.getpid(),
-                          "addr": buf.addr, "size": args.size, "bare_tcp_port": port, "bare_tcp_sleep_port": sleep_port,
+                          "addr": buf.addr, "size": args.size, "seed": args.seed, "bare_tcp_port": port, "bare_tcp_sleep_port": sleep_port,
                           "transports": sorted(eng.transports)}), flush=True)  # fmt: skip
         for line in sys.stdin:
             msg = json.loads(line)

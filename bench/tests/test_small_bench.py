@@ -149,11 +149,11 @@ def test_python_baselines_copy_the_bytes() -> None:
         cfg = {"transports": {"shm": {"mode": mode}}}
         with small.target(n, cfg) as t, Engine(cfg, transports=["shm"]) as eng:
             local = eng.allocate(n, segment="small-local")
-            small._verify(eng, local, t.segment, n)  # connects, and leaves the target's pattern in place
+            small._verify(eng, local, t.segment, n, t.seed)  # connects, and leaves the target's pattern in place
             local.array[:] = 0
             got_mode, loop = small._python_one(eng, t, "READ", n, 2, local.addr)
             assert got_mode == mode and len(loop()) == 2
-            assert np.array_equal(local.array, small.fill(n))
+            assert np.array_equal(local.array, small.fill(n, t.seed))
             local.array[:] = small.fill(n, seed=9)
             _, loop = small._python_one(eng, t, "WRITE", n, 2, local.addr)
             loop()
@@ -194,6 +194,20 @@ def test_many_buffers_and_large_rows() -> None:
         ("WRITE", 1 << 20, 2, 1 << 20), ("WRITE", 2 << 20, 2, 1 << 20)]  # fmt: skip
     md = small.markdown(mb + lg)
     assert "| tcp | 4 / 64 |" in md and "| WRITE | 2 MiB |" in md
+
+
+def test_each_target_holds_its_own_pattern_and_a_wrong_one_fails_the_check() -> None:
+    """A fresh seed per target process: bytes left from another target (another round) cannot verify."""
+    from tent_core import Engine
+
+    n = 64 * KiB
+    with small.target(n) as a, small.target(n) as b, Engine(transports=["tcp"]) as eng:
+        assert a.seed != b.seed
+        local = eng.allocate(n, segment="small-local")
+        small._verify(eng, local, a.segment, n, a.seed)
+        small._verify(eng, local, b.segment, n, b.seed)
+        with pytest.raises(RuntimeError, match="READ returned wrong bytes"):
+            small._verify(eng, local, b.segment, n, a.seed)  # b's bytes checked against a's stream
 
 
 def test_fill_never_repeats_within_a_buffer() -> None:
