@@ -216,19 +216,37 @@ def _min_bytes(text: str | None, quick: bool) -> int:
     return 0 if text.strip() == "0" else parse_size(text)  # 0: exactly --iters requests
 
 
+def _transport_setting(config: dict[str, Any] | None, transport: str, key: str, absent: Any) -> Any:
+    """`key` of `transport`'s section under `config`, else the default its plugin publishes
+    (`Transport.config_keys`, the one place it lives): the baselines follow the engine's shape even
+    where a plugin's default changes. `absent` where the plugin is not installed (then no engine
+    row of that transport is measured to compare with)."""
+    section = ((config or {}).get("transports") or {}).get(transport) or {}
+    if key in section:
+        return section[key]
+    from tent_core.plugin_manager import discover
+
+    entry = discover().registry.entries.get(transport)
+    return absent if entry is None else entry.factory().config_keys[key]
+
+
 def _file_parallelism(config: dict[str, Any] | None) -> dict[str, int]:
     """The gds executor's shape under `config` (worker threads, I/Os in flight per worker, piece
     size): fio's settings are swept within it."""
-    g = ((config or {}).get("transports") or {}).get("gds") or {}
-    return {"threads": int(g.get("threads", 2)), "depth": int(g.get("queue_depth", 16)),
-            "piece_bytes": int(g.get("chunk", 1 << 20)) or (1 << 20)}  # fmt: skip
+    from .baselines import BaselineSweep as D
+
+    return {"threads": int(_transport_setting(config, "gds", "threads", D.threads)),
+            "depth": int(_transport_setting(config, "gds", "queue_depth", D.depth)),
+            "piece_bytes": int(_transport_setting(config, "gds", "chunk", D.piece_bytes)) or D.piece_bytes}  # fmt: skip
 
 
 def _parallelism(config: dict[str, Any] | None) -> tuple[int, int]:
     """(shm executor threads, tcp connections per rail) of the engine under `config`: the
     baselines get the same parallelism."""
-    t = ((config or {}).get("transports") or {})
-    return int((t.get("shm") or {}).get("threads", 2)), int((t.get("tcp") or {}).get("conns_per_rail", 4))
+    from .baselines import BaselineSweep as D
+
+    return (int(_transport_setting(config, "shm", "threads", D.threads)),
+            int(_transport_setting(config, "tcp", "conns_per_rail", D.streams)))
 
 
 def _local_rounds(spec: Any, baselines: list[str], nrounds: int, path_spec: str | None, file_dir: str,

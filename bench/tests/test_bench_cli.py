@@ -129,3 +129,19 @@ def test_synthesized_path_bench(tmp_path):
         gib / s1["gbps"], gib / s2["gbps"], s1["cpu_s_per_GiB"], s2["cpu_s_per_GiB"], cores()), abs=2e-3)  # fmt: skip
     bad = tent("bench", "--path", "disk:tcp", "--block-sizes", "4M", "--iters", "1", "--file-dir", str(tmp_path))
     assert bad.returncode != 0 and "file:TRANSPORT" in bad.stderr + bad.stdout
+
+
+def test_baselines_take_the_parallelism_the_plugins_publish():
+    """cma/memcpy threads, socket streams and fio's bounds come from the transports' own defaults
+    (`config_keys`), or from the config both sides run with: never a copy of them that could drift."""
+    from tent_bench import cli
+    from tent_gds.plugin import GdsTransport
+    from tent_shm.plugin import ShmTransport
+    from tent_tcp.transport import TcpTransport
+
+    shm, tcp, gds = ShmTransport.config_keys, TcpTransport.config_keys, GdsTransport.config_keys
+    assert cli._parallelism(None) == (shm["threads"], tcp["conns_per_rail"])
+    assert cli._parallelism({"transports": {"shm": {"threads": 3}, "tcp": {"conns_per_rail": 6}}}) == (3, 6)
+    assert cli._file_parallelism(None) == {"threads": gds["threads"], "depth": gds["queue_depth"],
+                                           "piece_bytes": gds["chunk"]}  # fmt: skip
+    assert cli._file_parallelism({"transports": {"gds": {"queue_depth": 4}}})["depth"] == 4
