@@ -718,12 +718,17 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
             floor = 0.8 if r["block"] == 64 * KiB else 0.9
             forms = [("submit().wait()", r.get("python_ratio")), ("run()", r.get("run_python_ratio"))]
             forms = [(n, v) for n, v in forms if v is not None]
-            if not forms:  # no Python copy timed: judge against the C loop
-                forms = [("submit().wait()", r["ratio"]), ("run()", r.get("run_ratio", r["ratio"]))]
+            c_forms = [("submit().wait()", r["ratio"]), ("run()", r.get("run_ratio", r["ratio"]))]
+            # issue 17's baseline is the copy called from Python (its table's "bare process_vm_readv from
+            # Python"); the C loop, the physical limit, is named beside it so the verdict says which bar it is
+            judged = "from Python (issue 17's baseline)" if forms else "in C"
+            c_figs = "" if not forms else "; against the bare C loop: " + ", ".join(f"{n} {v:.2f}x" for n, v in c_forms)
+            forms = forms or c_forms
             figs = ", ".join(f"{n} {v:.2f}x" for n, v in forms)
             met = [v >= floor for _, v in forms]
             word = "**met**" if all(met) else ("**met with run() only**" if len(met) > 1 and met[-1] else "**not met**")
-            out.append(f"shm {r['op']} {_size(r['block'])} one at a time >= {floor}x the bare copy: {word} ({figs})")
+            out.append(f"shm {r['op']} {_size(r['block'])} one at a time >= {floor}x the bare copy {judged}: {word} "
+                       f"({figs}{c_figs})")
         elif sc == "one_at_a_time" and r["transport"] == "tcp" and r["block"] in (64 * KiB, 256 * KiB):
             floor = 2.5 if r["block"] == 64 * KiB else 6.0
             best = max(r["tent_gbps"], r.get("run_gbps", 0.0))
