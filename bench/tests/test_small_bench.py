@@ -174,8 +174,16 @@ def test_scenarios_through_the_command_line() -> None:
     assert kinds == {"batches", "two_engines", "submit_cost"}
     for b in (r for r in rows if r["scenario"] == "batches"):  # tcp batches next to the bare batch loop
         assert b["bare_gbps"] > 0 and b["ratio"] > 0 and b["bare_conns"] == 4
-    te = next(r for r in rows if r["scenario"] == "two_engines")
-    assert te["one_process_gbps"] > 0 and te["two_processes_gbps"] > 0
+    te = {r["op"]: r for r in rows if r["scenario"] == "two_engines"}
+    assert set(te) == {"READ", "WRITE"}  # both ops, each its own row and verdict
+    for r in te.values():
+        assert (r["batch"], r["block"], r["rounds"]) == (16, 64 * KiB, 1)
+        # one round: the ratio is that round's one-process rate over its two-process rate
+        assert r["ratio"] == pytest.approx(r["one_process_gbps"] / r["two_processes_gbps"], rel=1e-6)
+        assert r["one_process_p50_us"] <= r["one_process_p99_us"]
+    assert [v for v in small.targets(list(te.values()))] == [
+        f"two engines in one process >= 0.8x two processes ({op}): {small._verdict(te[op]['ratio'] >= 0.8)} "
+        f"({te[op]['ratio']:.2f}x)" for op in te]
     costs = {r["variant"]: r["cpu_us"] for r in rows if r["scenario"] == "submit_cost"}
     assert set(costs) == {"fast path", "fast path, no inline", "planner"} and all(v > 0 for v in costs.values())
 
