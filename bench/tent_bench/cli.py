@@ -108,7 +108,8 @@ def human(n: int) -> str:
               help="--fabric sweep: open loop at these offered loads (Gbit/s) instead of closed-loop submitters.")
 @click.option("--rounds", default=None, type=click.IntRange(1, 100),
               help="Rounds, the engine and every baseline (or policy) once per round in rotating order; "
-                   "medians and min-max are reported [default: 3; 1 with --quick].")
+                   "medians and min-max are reported [default: 3; 1 with --quick and sizes or baselines given; "
+                   "--quick alone: its small-request sweep, 3].")
 @click.option("--seeds", default=None, type=click.IntRange(1, 100),
               help="--offered-load: arrival processes (seeds) per load and policy [default: 3].")
 def bench(
@@ -161,7 +162,7 @@ def bench(
         return
     threads = threads or 1
     if quick and not (block_sizes or batch_sizes or baseline or path_spec or submit_cost or iters or threads > 1):
-        _bench_quick(as_json, _csv(transports), [o.upper() for o in _csv(ops)], _load_config_arg(config_src))
+        _bench_quick(as_json, _csv(transports), [o.upper() for o in _csv(ops)], _load_config_arg(config_src), rounds or 3)
         return
     if wire_rate and not path_spec:
         raise click.UsageError("--wire only applies with --path (for the multi-rail fabric use --fabric)")
@@ -331,9 +332,10 @@ def _local_rounds(spec: Any, baselines: list[str], nrounds: int, path_spec: str 
     return rows
 
 
-def _bench_quick(as_json: bool, transports: list[str], ops: list[str], config: dict[str, Any] | None) -> None:
+def _bench_quick(as_json: bool, transports: list[str], ops: list[str], config: dict[str, Any] | None,
+                 rounds: int = 3) -> None:  # fmt: skip
     """`tent bench --quick`: the small-request sweep (tent_bench.small.one_at_a_time) on the
-    same-host transports, each size interleaved with its bare limit for three rounds."""
+    same-host transports, each size interleaved with its bare limit for `rounds` rounds."""
     from tent_core.plugin_manager import discover, instantiate
 
     from . import small
@@ -351,12 +353,12 @@ def _bench_quick(as_json: bool, transports: list[str], ops: list[str], config: d
     err = Console(stderr=True)
     rows: list[dict[str, Any]] = []
     for t in wanted:
-        err.print(f"[dim]{t}: {', '.join(human(b) for b in small.QUICK_SIZES)}, 3 interleaved rounds...[/]")
-        rows += small.one_at_a_time(t, small.QUICK_SIZES, ops, 3, 8 * MiB, config)
+        err.print(f"[dim]{t}: {', '.join(human(b) for b in small.QUICK_SIZES)}, {rounds} interleaved rounds...[/]")
+        rows += small.one_at_a_time(t, small.QUICK_SIZES, ops, rounds, 8 * MiB, config)
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
-    table = Table(title="tent bench --quick: one request at a time vs the bare limit (median of 3 interleaved rounds)")
+    table = Table(title=f"tent bench --quick: one request at a time vs the bare limit (median of {rounds} interleaved rounds)")
     for c in ("transport", "op", "size", "tent GB/s", "run() GB/s", "bare GB/s", "x bare", "run() x bare", "python GB/s",
               "run() x python", "tent p50 us", "p99 us", "p99.9 us", "bare p50 us"):  # fmt: skip
         table.add_column(c, justify="left" if c in ("transport", "op") else "right")

@@ -235,7 +235,11 @@ def test_tent_bench_quick_sweeps_small_sizes_next_to_the_bare_limit() -> None:
     assert [(r["transport"], r["op"], r["block"]) for r in rows] == [("shm", "READ", b) for b in small.QUICK_SIZES]
     assert small.QUICK_SIZES[0] == 4 * KiB and small.QUICK_SIZES[-1] == 1024 * KiB
     for r in rows:
-        assert r["rounds"] == 3 and r["bare_gbps"] > 0 and r["tent_p50_us"] <= r["tent_p99_us"]
+        assert r["rounds"] == 3 and r["bare_gbps"] > 0 and r["tent_p50_us"] <= r["tent_p99_us"] <= r["tent_p999_us"]
+    one = subprocess.run([tent, "bench", "--quick", "--json", "--transport", "shm", "--ops", "WRITE", "--rounds", "1"],
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert {r["rounds"] for r in json.loads(one.stdout)} == {1}  # --rounds is taken, not ignored
     bad = subprocess.run([tent, "bench", "--quick", "--ops", "COPY"], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "READ and/or WRITE" in bad.stderr
 
