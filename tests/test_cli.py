@@ -13,9 +13,32 @@ def tent(*args: str, timeout: float = 240, env: dict[str, str] | None = None) ->
                           env=env)  # fmt: skip
 
 
+def _plugin_rows(table: str) -> dict[str, list[str]]:
+    """name -> [distribution, version, status, reason (first line)] from the `tent plugins` table."""
+    rows = {}
+    for ln in table.splitlines():
+        cells = [c.strip() for c in ln.strip().strip("│").split("│")]
+        if len(cells) == 5 and cells[0] and cells[0] != "name":
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
 def test_plugins_table():
+    from importlib.metadata import version
+
+    from tent_core.plugin_manager import discover, instantiate
+
     out = tent("plugins")
-    assert out.returncode == 0 and "tcp" in out.stdout and "available" in out.stdout
+    assert out.returncode == 0, out.stderr
+    rows = _plugin_rows(out.stdout)
+    # one row per installed transport, each with its distribution, version and the probe's verdict
+    entries = discover().registry.entries
+    assert set(rows) == set(entries), (rows, sorted(entries))
+    assert rows["tcp"][:3] == ["tent-tcp", version("tent-tcp"), "available"]
+    for name, (_, _, status, reason) in rows.items():
+        avail = instantiate(entries[name])[1]
+        assert status == ("available" if avail.available else "unavailable"), (name, status)
+        assert avail.available or reason, f"{name} is unavailable without a reason"
 
 
 def _contributor(tmp_path: Path, name: str, target: str, module: str = "") -> dict[str, str]:
