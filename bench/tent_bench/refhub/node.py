@@ -160,9 +160,10 @@ def run_gloo(spec: dict) -> None:
             emit({"ok": True, "skipped": True})
             continue
         g = groups[n]
-        junk = int(msg.get("junk", 1))
-        for a in arrs if rank else []:
-            a[:] = junk & 0xFF  # the previous round's bytes must not verify this one
+        if rank:  # the previous round's bytes must not verify this one (as refhub's receivers: junk_fill)
+            from .rounds import junk_fill
+
+            junk_fill(arrs, int(msg.get("junk", 1)))  # in place: the torch tensors share these arrays
         dist.barrier(group=g)
         t0 = time.monotonic()
         if form == "async":
