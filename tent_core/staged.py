@@ -24,6 +24,12 @@ log = logging.getLogger(__name__)
 
 STAGING_SEGMENT = "_tent_staging"
 
+# Debug hook: when set, called as TRACE(event, chunk index, chunk bytes) at each leg's submit and
+# observed end ("stage1_submit"/"stage1_done": source -> staging; "stage2_submit"/"stage2_done":
+# staging -> destination) and once per request ("begin"/"end",
+# index -1). For measuring the pipeline (tent_bench.path_trace); None in normal use.
+TRACE: Any = None
+
 
 class LegSubmitter(Protocol):
     """What the pipeline needs from the engine: submitting one leg with a fixed Decision, naming
@@ -132,9 +138,12 @@ def _pipeline(engine: LegSubmitter, handle: BatchHandle, req: Request, path: Sta
         r = Request(OpCode.WRITE, st, 0, self_seg, local_base + off, ln, req.priority, req.tag)  # staging -> local
         return engine.submit_leg(r, local_leg, _left(handle))
 
+    trace = TRACE
     first: deque[tuple[int, int, LocalBuffer, Any]] = deque()
-    second: deque[tuple[LocalBuffer, Any]] = deque()
+    second: deque[tuple[int, int, LocalBuffer, Any]] = deque()
     nxt = 0
+    if trace is not None:
+        trace("begin", -1, req.length)
     try:
         while nxt < len(chunks) or first or second:
             if batch.cancelled:
@@ -148,35 +157,44 @@ def _pipeline(engine: LegSubmitter, handle: BatchHandle, req: Request, path: Sta
                     break
                 off, ln = chunks[nxt]
                 try:
-                    first.append((off, ln, st, stage1(off, ln, st)))
+                    if trace is not None:
+                        trace("stage1_submit", nxt, ln)
+                    first.append((nxt, ln, st, stage1(off, ln, st)))
                 except BaseException:
                     pool.release(st)
                     raise
                 nxt += 1
             if first:
-                off, ln, st, h = first[0]
+                i, ln, st, h = first[0]
                 h.wait()
                 first.popleft()
+                if trace is not None:
+                    trace("stage1_done", i, ln)
+                    trace("stage2_submit", i, ln)
                 try:
-                    second.append((st, stage2(off, ln, st)))
+                    second.append((i, ln, st, stage2(chunks[i][0], ln, st)))
                 except BaseException:
                     pool.release(st)
                     raise
             # retire finished second stages; block on the oldest only when nothing else can move
             while second and (
-                second[0][1].poll() != "pending" or (not first and (nxt >= len(chunks) or pool.exhausted()))
+                second[0][3].poll() != "pending" or (not first and (nxt >= len(chunks) or pool.exhausted()))
             ):
-                st, h = second.popleft()
+                i, ln, st, h = second.popleft()
                 try:
                     h.wait()
                 finally:
                     pool.release(st)
+                if trace is not None:
+                    trace("stage2_done", i, ln)
+        if trace is not None:
+            trace("end", -1, req.length)
     finally:
         for _, _, st, h in first:
             h.cancel()
             _drain(h)
             pool.release(st)
-        for st, h in second:
+        for _, _, st, h in second:
             h.cancel()
             _drain(h)
             pool.release(st)

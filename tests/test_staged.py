@@ -155,3 +155,33 @@ def test_staged_file_to_tcp_moves_per_request_chunks(peer, tmp_path, n, chunks):
         assert sha(np.fromfile(tmp_path / "back.bin", np.uint8)) == sha(data)
         assert eng._submitter.staging.chunk_for(n) == want and eng._submitter.staging._made <= 3
     peer.call(cmd="fill", segment="rw", seed=0)
+
+
+def test_staged_trace_hook_shows_the_legs_of_every_chunk_overlapping(peer, tmp_path):
+    """`tent_core.staged.TRACE` (the hook tent_bench.path_trace measures the pipeline with) sees each
+    chunk's legs in order, and chunk 1's first stage starts before chunk 0's second stage ends: the
+    file leg of the next chunk runs beside the tcp leg of this one, not after it."""
+    from tent_core import staged
+
+    n = 6 * MiB + 7
+    data = pattern(n, seed=23)
+    data.tofile(tmp_path / "t.bin")
+    events: list[tuple[str, int, int]] = []
+    with Engine({"staging_chunk_bytes": 2 * MiB, "staging_min_chunk_bytes": MiB, "staging_chunks": 4,
+                 "staging_buffers": 3}, transports=["gds", "tcp"]) as eng:  # fmt: skip
+        f = eng.register_file(tmp_path / "t.bin", segment="ckpt")
+        staged.TRACE = lambda ev, i, ln: events.append((ev, i, ln))
+        try:
+            assert eng.submit([Request(WRITE, f, 0, peer.seg("rw"), 0, n)]).wait(60)
+        finally:
+            staged.TRACE = None
+        assert peer.digest("rw", 0, n) == sha(data)
+        chunks = chunk_plan(n, eng._submitter.staging.chunk_for(n))
+    assert len(chunks) >= 3 and events[0] == ("begin", -1, n) and events[-1] == ("end", -1, n)
+    names = ["stage1_submit", "stage1_done", "stage2_submit", "stage2_done"]
+    for i, (_, ln) in enumerate(chunks):
+        seen = [k for k, e in enumerate(events) if e[1] == i]
+        assert [events[k] for k in seen] == [(name, i, ln) for name in names]
+    at = {(e[0], e[1]): k for k, e in enumerate(events)}
+    assert at[("stage1_submit", 1)] < at[("stage2_done", 0)]
+    peer.call(cmd="fill", segment="rw", seed=0)
