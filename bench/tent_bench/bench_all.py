@@ -390,6 +390,13 @@ def render_local(text: str) -> str:
                 f"{s.get('ioengine')} j{s.get('numjobs')} d{s.get('iodepth')} {fmt(t['gbps'])}")
         notes.append("fio's settings (I/O engine, jobs, depth) swept before the rounds, GB/s, the fastest per point kept: "
                      + "; ".join(f"{op} {human(bs)}: {', '.join(v)}" for (op, bs), v in sweep.items()))  # fmt: skip
+    skew = [r for r in data if isinstance(r, dict) and r.get("engine") == "fio" and r.get("fio_job_start_skew_ms_max") is not None]
+    if skew:
+        notes.append("fio's rate is its bytes over the span of all its jobs' I/Os (fio's own figure divides by its longest "
+                     "job's runtime); per point, its jobs' start skew (max over the rounds) and its own figure / the span's: "
+                     + ", ".join(f"{r['op']} {human(r['block_size'])} {fmt(r['fio_job_start_skew_ms_max'])} ms, "
+                                 f"{fmt(r['fio_reported_gbps'] / r['gbps']) if r.get('fio_reported_gbps') and r.get('gbps') else '-'}"
+                                 for r in skew))  # fmt: skip
     sub = next((r for r in data if isinstance(r, dict) and r.get("kind") == "submit_cost"), None)
     if sub:
         notes.append(f"submit() of one 64 KiB request: median {fmt(sub.get('median_us'))} us, P99 {fmt(sub.get('p99_us'))} us; "
