@@ -283,20 +283,30 @@ class Submitter:
                 )
         notes.append((route, decision, local, local + length))
         if len(rails) == 1:
-            step = route.transport.split_bytes
-            if step <= 0 or length <= step:
-                plan.append((route, rails[0], op, local, raddr, length, hint))
-            else:
-                for off in range(0, length, step):
-                    plan.append((route, rails[0], op, local + off, raddr + off, min(step, length - off), hint))
+            self._one_rail(plan, route, rails[0], op, local, raddr, length, hint)
             return rails
         now = time.monotonic()
         weights: list[float] | None = [self.monitor.weight(r.slot, now) for r in rails]
         if not any(weights):  # type: ignore[arg-type]
             weights = None  # every rail paused: try them all rather than fail; retries sort it out
-        for idx, off, ln in self.scheduler.plan(length, [r.telemetry for r in rails], prio, weights):
+        slices = self.scheduler.plan(length, [r.telemetry for r in rails], prio, weights)
+        if len(slices) == 1:  # a mouse: cut as on a single-rail route, not per min_slice_bytes
+            self._one_rail(plan, route, rails[slices[0][0]], op, local, raddr, length, hint)
+            return rails
+        for idx, off, ln in slices:
             plan.append((route, rails[idx], op, local + off, raddr + off, ln, hint))
         return rails
+
+    @staticmethod
+    def _one_rail(plan: list[Slice], route: Route, rail: Rail, op: OpCode, local: int, raddr: int, length: int,
+                  hint: int) -> None:
+        """A piece bound for one rail: whole, or in the transport's `split_bytes` slices when longer."""
+        step = route.transport.split_bytes
+        if step <= 0 or length <= step:
+            plan.append((route, rail, op, local, raddr, length, hint))
+        else:
+            for off in range(0, length, step):
+                plan.append((route, rail, op, local + off, raddr + off, min(step, length - off), hint))
 
     def _hint(self, request_length: int) -> int:
         """The executor hints of a request's slices (see abi.HINT_SMALL)."""
