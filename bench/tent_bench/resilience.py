@@ -90,12 +90,12 @@ def scenarios(quick: bool = False) -> list[Scenario]:
     q = 0.6 if quick else 1.0
     t = 1.5  # when the fault strikes
     cut, cut_deadline = (3, 1.5) if quick else (4, 2.0)  # links cut for longer than the requests' deadline
-    tail = 4.0 if quick else 2.5  # after the fault, time for the recovery the row reports
+    tail = 4.0 if quick else 2.0  # after the fault, time for the recovery the row reports
     return [
-        Scenario("no-fault", "no fault", duration_s=4.0 if quick else 5.0),
-        Scenario("all-down-1s", "all 4 rails down for 1 s (10 s deadline)", duration_s=t + 1 + (3 if quick else 2.5),
+        Scenario("no-fault", "no fault", duration_s=4.0),
+        Scenario("all-down-1s", "all 4 rails down for 1 s (10 s deadline)", duration_s=t + 1 + (3 if quick else 2),
                  fault=";".join([f"down {i} at {t}s" for i in range(4)] + [f"up {i} at {t + 1}s" for i in range(4)])),
-        Scenario("two-down", "rails 0 and 1 down for 2 s, then back", duration_s=t + 2 + (2.5 if quick else 2.0),
+        Scenario("two-down", "rails 0 and 1 down for 2 s, then back", duration_s=t + 2 + (2.5 if quick else 1.5),
                  fault=f"down 0 at {t}s; down 1 at {t}s; up 0 at {t + 2}s; up 1 at {t + 2}s"),
         Scenario("rail-5pct", "rail 3 at 5% of its rate for 3 s", duration_s=t + 3 + 1.5,
                  fault=f"degrade 3:0.05 at {t}s; restore 3 at {t + 3}s"),
@@ -508,9 +508,12 @@ def _m(r: dict[str, Any], key: str, unit: str = "") -> str:
     lo, hi = r.get(f"{key}_min"), r.get(f"{key}_max")
     if isinstance(v, float) and v.is_integer() and key in ("app_errors", "slice_errors", "fail_fast_count", "retries"):
         v, lo, hi = int(v), None if lo is None else int(lo), None if hi is None else int(hi)
+    per = r.get(f"{key}_rounds")
+    # a figure some rounds did not have (e.g. no completion before the run ended) says in how many it was
+    some = f" [{sum(x is not None for x in per)} of {len(per)} rounds]" if per and None in per else ""
     if lo is None or hi is None or lo == hi:
-        return _f(v, unit)
-    return f"{_f(v)} ({_f(lo)}-{_f(hi)}){unit}"
+        return _f(v, unit) + some
+    return f"{_f(v)} ({_f(lo)}-{_f(hi)}){unit}{some}"
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:

@@ -189,6 +189,7 @@ def test_summarize_rounds_median_spread_and_totals():
     assert k["rounds"] == 3 and k["app_errors"] == 460 and (k["app_errors_min"], k["app_errors_max"]) == (420, 500)
     assert k["first_ok_ms"] == 3000.0 and k["first_ok_ms_rounds"] == [2600.0, 4600.0, 3000.0]
     assert k["recovered_ms"] == 400.0 and k["recovered_ms_rounds"] == [300.0, None, 500.0]  # rounds that have it
+    assert "verified completions again 400 (300-500) ms [2 of 3 rounds] after" in rs.markdown([k])
     assert k["bytes_verified_total"] == 255 * MiB and k["bytes_requested_total"] == 300 * MiB
     assert not k["all_verified"] and out["n"]["all_verified"]
     assert k["error_kinds"] == ["PeerSilentError", "PeerUnreachableError"] and k["first_error"] == "PeerUnreachableError"
