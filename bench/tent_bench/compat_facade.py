@@ -11,8 +11,8 @@ process drives it two ways **on the same TENT engine, connections and buffers**:
 With ``--mooncake`` a second pair of processes runs the real Mooncake (``mooncake-transfer-engine``,
 TCP, P2P handshake) through the same calls on the same sizes, at its best knob setting: before the
 rounds, every setting of ``tent_bench.baselines.MOONCAKE_KNOBS`` (lanes per peer, slice size,
-connection pool: the tcp block's sweep) runs every point once and the one with the best geometric
-mean GB/s is kept (``--no-tune``: its defaults); the JSON ends with a ``mooncake_tuning`` record. Per round every engine runs every point
+connection pool: the tcp block's sweep) runs every point twice, the settings interleaved point by
+point, and the one with the best geometric mean GB/s is kept (``--no-tune``: its defaults); the JSON ends with a ``mooncake_tuning`` record. Per round every engine runs every point
 (the order of engines rotates each round); a point runs for ``--duration`` seconds. The table gives the
 median GB/s of the rounds, the spread (min-max) and ``facade / native`` computed per round, then the
 median. Within a point and round, facade and native alternate in ``--slices`` short turns (A B B A ...),
@@ -226,38 +226,53 @@ def _pair(kind: str, env: dict[str, str]) -> tuple[Proc, Proc]:
 
 
 def tune_mooncake(base_env: dict[str, str], ops: list[str], points: list[tuple[int, int]], duration: float,
-                  knobs: list[dict[str, str]]) -> tuple[dict[str, str], dict[str, Any]]:  # fmt: skip
-    """Mooncake's TCP knob sweep (tent_bench.baselines.MOONCAKE_KNOBS, as the tcp block's): every
-    setting runs every point once through the same calls, in its own process pair; the setting
-    with the best geometric mean GB/s (baselines.knob_score) is the one the rounds use."""
+                  knobs: list[dict[str, str]], passes: int = 2) -> tuple[dict[str, str], dict[str, Any]]:  # fmt: skip
+    """Mooncake's TCP knob sweep (tent_bench.baselines.MOONCAKE_KNOBS, as the tcp block's): one
+    process pair per setting, all alive at once; every point runs under every setting back to back
+    (the settings' order rotating per point and pass, so a change of load on a shared host hits
+    them alike), `passes` times. The setting with the best geometric mean GB/s over every sample
+    (baselines.knob_score) is the one the rounds use."""
     from .baselines import knob_score
+    from .rounds import round_order
 
-    settings: list[dict[str, Any]] = []
-    for env in knobs:
-        entry: dict[str, Any] = {"mooncake_env": dict(env)}
-        try:
-            t, i = _pair("mooncake", {**base_env, **MOONCAKE_ENV, **env})
-        except (RuntimeError, OSError) as exc:  # a setting this build rejects is not the best one
-            entry["error"] = str(exc)
-            settings.append(entry)
-            continue
-        try:
-            got: dict[str, float] = {}
+    settings: list[dict[str, Any]] = [{"mooncake_env": dict(env)} for env in knobs]
+    pairs: dict[int, tuple[Proc, Proc]] = {}
+    try:
+        for k, env in enumerate(knobs):
+            try:
+                pairs[k] = _pair("mooncake", {**base_env, **MOONCAKE_ENV, **env})
+            except (RuntimeError, OSError) as exc:  # a setting this build rejects is not the best one
+                settings[k]["error"] = str(exc)
+        samples: dict[int, dict[str, list[float]]] = {k: {} for k in pairs}
+        n = 0
+        for _ in range(passes):
             for op in ops:
                 for block, batch in points:
-                    i.send({"apis": ["facade"], "op": op, "block": block, "batch": batch, "duration": duration, "slices": 1})
-                    got[f"{op} {block}x{batch}"] = round(i.read(timeout=duration * 40 + 60)["facade"], 4)
-            i.send({"quit": True})
-            entry["points_gbps"] = got
-            entry["score_gbps"] = round(knob_score(list(got.values())), 4)
-        except (RuntimeError, OSError, KeyError) as exc:
-            entry["error"] = str(exc)
-        finally:
+                    for k in round_order(list(pairs), n):
+                        if "error" in settings[k]:
+                            continue
+                        _t, i = pairs[k]
+                        try:
+                            i.send({"apis": ["facade"], "op": op, "block": block, "batch": batch, "duration": duration,
+                                    "slices": 1})  # fmt: skip
+                            got = i.read(timeout=duration * 40 + 60)["facade"]
+                        except (RuntimeError, OSError, KeyError) as exc:
+                            settings[k]["error"] = str(exc)
+                            continue
+                        samples[k].setdefault(f"{op} {block}x{batch}", []).append(round(got, 4))
+                    n += 1
+        for k, by_point in samples.items():
+            if "error" not in settings[k] and by_point:
+                settings[k]["points_gbps"] = by_point
+                settings[k]["score_gbps"] = round(knob_score([g for v in by_point.values() for g in v]), 4)
+            print(f"mooncake knobs {knobs[k] or 'defaults'}: {settings[k].get('score_gbps', settings[k].get('error'))}",
+                  file=sys.stderr)  # fmt: skip
+    finally:
+        for t, i in pairs.values():
             i.close()
             t.close()
-        print(f"mooncake knobs {env or 'defaults'}: {entry.get('score_gbps', entry.get('error'))}", file=sys.stderr)
-        settings.append(entry)
-    return best_setting(settings), {"kind": "mooncake_tuning", "settings": settings, "duration_s": duration}
+    tuning = {"kind": "mooncake_tuning", "settings": settings, "duration_s": duration, "passes": passes}
+    return best_setting(settings), tuning
 
 
 def best_setting(settings: list[dict[str, Any]]) -> dict[str, str]:
