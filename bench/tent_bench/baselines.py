@@ -60,7 +60,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -1047,6 +1047,14 @@ MOONCAKE_KNOBS: list[dict[str, str]] = [
 ]
 
 
+def knob_score(gbps: Sequence[float]) -> float:
+    """How a knob setting ranks in a sweep: the geometric mean GB/s over its points (every point
+    counts alike, small blocks as much as large ones)."""
+    if not gbps:
+        raise ValueError("no points")
+    return float(np.exp(np.mean([np.log(max(float(g), 1e-9)) for g in gbps])))
+
+
 def mooncake_tune(sweep: BaselineSweep, knobs: list[dict[str, str]] | None = None) -> tuple[dict[str, str], list[dict]]:
     """Run the sweep once under every knob setting; return the setting with the best geometric
     mean GB/s over the sweep's points, and every row (each with its `mooncake_env`)."""
@@ -1062,7 +1070,7 @@ def mooncake_tune(sweep: BaselineSweep, knobs: list[dict[str, str]] | None = Non
             errors.append(f"{env}: {e}")
             continue
         rows += got
-        score = float(np.exp(np.mean([np.log(max(r["gbps"], 1e-9)) for r in got])))
+        score = knob_score([r["gbps"] for r in got])
         if best is None or score > best[0]:
             best = (score, env)
     if best is None:

@@ -438,8 +438,10 @@ def _bench_fabric(
     spec.rounds = rounds or (1 if quick else 3)
     if quick:
         spec.block_sizes, spec.budget_s = [1 * MiB, 64 * MiB], 1.5
-        spec.mixed_duration_s = 2.0
+        spec.mixed_duration_s, spec.lone_s = 2.0, 1.0
     else:
+        # --mixed: each variant runs once per round; shorter runs keep 3 rounds near one 4 s run's time
+        spec.mixed_duration_s, spec.lone_s = 2.0, 1.0
         spec.block_sizes, spec.budget_s = [256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB], 3.0
     if block_sizes:
         spec.block_sizes = [parse_size(s) for s in _csv(block_sizes)]
