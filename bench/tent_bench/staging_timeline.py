@@ -87,13 +87,15 @@ def analyze(op: str, t0: int, t1: int, events: list[list[Any]]) -> dict[str, Any
     }
 
 
-def run(size: int, iters: int, ops: list[str], chunk: int | None, depth: int) -> dict[str, Any]:
+def run(size: int, iters: int, ops: list[str], chunk: int | None, depth: int,
+        config: dict[str, Any] | None = None) -> dict[str, Any]:
     from tent_core import READ, WRITE, Engine, target_staging
     from tent_core.testing import pattern
 
     common: dict[str, Any] = {"target_staging_depth": depth, "target_staging_slots": max(16, 2 * depth)}
     if chunk:
         common.update(target_staging_chunk_bytes=chunk, target_staging_min_chunk_bytes=chunk)
+    common.update(config or {})
     tgt = _Target(size, {**common, "transports": {"simdev": {"ipc": False}}})
     out: dict[str, Any] = {"size": size, "iters": iters, "chunk": chunk, "depth": depth, "transfers": []}
     try:
@@ -131,12 +133,15 @@ def run(size: int, iters: int, ops: list[str], chunk: int | None, depth: int) ->
 @click.option("--op", "ops", default="WRITE,READ", show_default=True, help="WRITE, READ or both (comma-separated).")
 @click.option("--chunk", default=None, help="Every staging chunk this long (e.g. 4M); default: the engine's chunking.")
 @click.option("--depth", default=4, show_default=True, type=click.IntRange(1, 64), help="Chunks in flight.")
+@click.option("--config", "config", default="{}", show_default=True,
+              help="More engine settings for both ends, JSON (e.g. '{\"target_staging_chunks\": 4}').")
 @click.option("--chunks", "per_chunk", is_flag=True, help="Also every chunk's events (ms since the transfer began).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def main(size: str, iters: int, ops: str, chunk: str | None, depth: int, per_chunk: bool, as_json: bool) -> None:
+def main(size: str, iters: int, ops: str, chunk: str | None, depth: int, config: str, per_chunk: bool,
+         as_json: bool) -> None:
     """The chunk timeline of target-staged transfers: stage overlap and the steps of each chunk."""
     rep = run(_parse_size(size), iters, [o.strip().upper() for o in ops.split(",") if o.strip()],
-              _parse_size(chunk) if chunk else None, depth)
+              _parse_size(chunk) if chunk else None, depth, json.loads(config))
     if as_json:
         click.echo(json.dumps(rep, indent=2))
         return
