@@ -375,12 +375,6 @@ class EngineConfig:
     target_staging_slots: int = 16
     # Slots one session (one staged request) holds at most: how many chunks it keeps in flight.
     target_staging_depth: int = 4
-    # Bytes of one WRITE session on the wire at once, at most (at least one chunk; the rest of its
-    # slots hold chunks waiting for, or in, the target's device copy): legs that share the wire all
-    # land late, so with all `depth` legs at once the first device copy starts only once ~depth
-    # chunks crossed (docs/benchmarks.md, "Target-side staging", the chunk timeline). 32 MiB: two
-    # 16 MiB legs of a large request; a smaller request's 4 MiB chunks keep every slot on the wire.
-    target_staging_wire_bytes: int = 32 * MiB
     # A session idle this long (its initiator vanished) is closed and its slots reclaimed.
     target_staging_lease_s: float = 30.0
     # Administrator policy rules (tent_core.policy_rules): first match restricts/orders transports and rails.
@@ -400,8 +394,6 @@ class EngineConfig:
             raise ValueError(f"require_auth must be one of {REQUIRE_AUTH_MODES}, not {self.require_auth!r}")
         if self.control_max_request_bytes < 4096 or self.control_max_reply_bytes < 4096 or self.control_send_hwm < 1:
             raise ValueError("control_max_*_bytes must be >= 4096 and control_send_hwm >= 1")
-        if self.target_staging_wire_bytes < 1:
-            raise ValueError("target_staging_wire_bytes must be >= 1")
         if self.target_staging_chunk_bytes < 1 or self.target_staging_min_chunk_bytes < 1 or self.target_staging_chunks < 1:
             raise ValueError("target_staging_chunk_bytes, target_staging_min_chunk_bytes and target_staging_chunks must be >= 1")
         if self.staging_chunk_bytes < 1 or self.staging_min_chunk_bytes < 1 or self.staging_chunks < 1 or self.staging_buffers < 1:

@@ -687,8 +687,6 @@ def _run_chunks(engine: Any, handle: BatchHandle, req: Request, path: TargetStag
                   lambda off, ln, s, st: wire_op(OpCode.READ, req.local, req.local_offset + off, s, ln)]
 
     chunks = chunk_plan(req.length, chunk)
-    # a plain WRITE starts each chunk with its wire leg: at most this many of them at once
-    wire_cap = max(1, engine.config.target_staging_wire_bytes // chunk) if write and not path.local_staged else len(slots)
     free_slots = deque(range(len(slots)))
     inflight: deque[list[Any]] = deque()  # [offset, length, slot, staging buffer, stage index, step]
     nxt = 0
@@ -697,7 +695,7 @@ def _run_chunks(engine: Any, handle: BatchHandle, req: Request, path: TargetStag
             if batch.cancelled:
                 raise errors.CancelledError("target-staged transfer cancelled")
             left = _left(handle)
-            while nxt < len(chunks) and free_slots and sum(1 for e in inflight if e[4] == 0) < wire_cap:
+            while nxt < len(chunks) and free_slots:
                 st = None
                 if path.local_staged:
                     st = pool.try_acquire() if inflight else pool.acquire(left)
