@@ -43,6 +43,15 @@ rail can carry (each is conservative for a different reason, so the largest is t
   so that a slow rail whose slices take longer than a window is measured at its rate, not at
   "one slice per window". While such a span is open the per-slice sample is left out (its latency
   includes the queue).
+* bytes moved over the time they took: with service telemetry, the bytes counted as they moved
+  during the observation intervals in which any moved, over those intervals' total length (each
+  interval's bytes moved within it, so the rail carries at least that; idle edges only lower it).
+  It counts only where the per-slice sample would count alone, in a window of a rail that has not
+  yet shown a busy rate and served no two consecutive snapshots: a request that fits between two
+  of them (a 32 MiB read of ~40 ms on loopback, whose health ticks came 43 ms apart on a loaded
+  host) left the queue-inclusive per-slice sample, 512 KiB over ~17 ms of mean latency = 0.03
+  GB/s, to replace the prior of a fresh rail that had moved 30 MiB in those 43 ms; with probes off
+  the spray then gave that rail nothing, so nothing ever measured it again.
 
 Within a measurement window the largest sample is kept (the "cleanest path condition": application
 load and idle gaps only ever make samples smaller), clamped to the nominal rate when it is known, and
@@ -132,6 +141,8 @@ class RailTelemetry:
         "_peak_little",
         "_busy_bytes",
         "_busy_ns",
+        "_moved_bytes",
+        "_moved_ns",
         "_nominal_Bps",
         "_measured",
         "_span_need",
@@ -190,6 +201,8 @@ class RailTelemetry:
         self._peak_little = 0.0  # the Little's-law part of _peak
         self._busy_bytes = 0
         self._busy_ns = 0
+        self._moved_bytes = 0  # this window: bytes moved in the intervals in which any moved,
+        self._moved_ns = 0  # and those intervals' length (service telemetry only)
         self._measured = False  # a window produced a sample (the prior is gone)
         # completion spans (executors without service telemetry): (ns, bytes_done, slices_done) of
         # the completion that opened the current busy span, and of the latest one in it
@@ -283,9 +296,13 @@ class RailTelemetry:
         # its rate within one window even when its slices take longer than that.
         dt = now_ns - self._prev_ns
         if self._reports_service:
+            moved = cur[BYTES_MOVED] - prev[BYTES_MOVED]
             if prev[SERVING] > 0 and cur[SERVING] > 0 and dt > 0:
-                self._busy_bytes += cur[BYTES_MOVED] - prev[BYTES_MOVED]
+                self._busy_bytes += moved
                 self._busy_ns += dt
+            if moved > 0 and dt > 0:
+                self._moved_bytes += moved
+                self._moved_ns += dt
         else:
             self._follow_completions(prev, cur, prev_infl, infl_b)
 
@@ -350,6 +367,14 @@ class RailTelemetry:
             # each request's start, after whichever window the previous request ended in, and the
             # spray followed those estimates (docs/benchmarks.md, open loop).
             peak = 0.0
+        elif self._moved_ns > 0:
+            # No busy rate yet and no busy interval: the per-slice samples (queue included) would
+            # count alone, and for a fresh rail whose nominal rate is unknown they replace the prior
+            # outright. The bytes moved over the intervals they moved in are a lower bound too, and
+            # far closer when a burst's slices queued behind each other (module docstring).
+            moved_rate = self._moved_bytes / (self._moved_ns * _NS)
+            if moved_rate > peak:
+                peak = moved_rate
         if busy_rate > 0:
             self._prev_service = (self.service_rate_Bps, self.service_rate_ns)
             self.service_rate_Bps = busy_rate
@@ -365,6 +390,7 @@ class RailTelemetry:
                 self.bandwidth_Bps = (1 - a) * self.bandwidth_Bps + a * peak
             self._measured = True
         self._peak = self._peak_little = 0.0
+        self._moved_bytes = self._moved_ns = 0
         self._window_start_ns = now_ns
 
     def add_pending(self, nbytes: int, now_ns: int = 0) -> None:

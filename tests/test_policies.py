@@ -358,6 +358,33 @@ def test_per_slice_samples_still_count_before_any_busy_rate():
     assert b.tel.bandwidth_Bps == pytest.approx(MiB / 0.02, rel=0.02)
 
 
+def test_a_burst_between_two_snapshots_does_not_starve_a_fresh_rail():
+    """A fresh rail (nominal rate unknown) serves a whole 32 MiB request of 64 slices submitted at
+    once between two health ticks that came 43 ms apart (seen on a loaded host, tests/
+    test_shared_load.py): no interval was busy at both ends, so only the per-slice sample counted,
+    and the slices' latencies include their wait behind each other (512 KiB over ~16 ms = 0.03
+    GB/s). It replaced the prior, and the spray (probes off) then gave the rail nothing, so nothing
+    measured it again. The bytes moved over the time they took (30 MiB in 43 ms) must bound it."""
+    cfg = SchedulerConfig(probe_every=0)
+    tel = RailTelemetry(1, 0.0, config=cfg)  # loopback: no nominal rate
+    size = 512 * KiB
+    tel.observe(row(progress=1), 0)
+    # 10 ms: three slices done (each waited ~8 ms), four in service, 2 MiB moved
+    tel.observe(row(inflight_b=61 * size, inflight_s=61, done_b=3 * size, done_s=3, lat_sum=3 * 8 * MS,
+                    last_done=9 * MS, serving=4, progress=10 * MS, moved=2 * MiB), 10 * MS)
+    # 53 ms (the next tick, late): all 64 done, mean latency ~16 ms from submit, 32 MiB moved
+    tel.observe(row(done_b=64 * size, done_s=64, lat_sum=1035 * MS, last_done=41 * MS, progress=41 * MS,
+                    moved=32 * MiB), 53 * MS)
+    per_slice = size / (1035 / 64 * 1e-3)
+    assert max(size / (8e-3), per_slice) < 70e6  # the window's per-slice samples: what the estimate was
+    assert tel.bandwidth_Bps >= 32 * MiB / 0.053 * 0.99  # 32 MiB in the two intervals, 53 ms long
+    # a sibling measured at 1 GB/s: the fresh rail keeps a share in proportion to its bound
+    sibling = RailTelemetry(0, 0.0, config=cfg)
+    sibling.bandwidth_Bps = 1e9
+    shares = spray_shares(32 * MiB, SliceScheduler._rates([sibling, tel], [0, 1], None), 64 * KiB, 4 * KiB)
+    assert shares[1] >= 32 * MiB // 3, shares
+
+
 # ---- slice scheduler -----------------------------------------------------------------------------
 
 
