@@ -55,8 +55,9 @@ rail can carry (each is conservative for a different reason, so the largest is t
 
 Within a measurement window the largest sample is kept (the "cleanest path condition": application
 load and idle gaps only ever make samples smaller), clamped to the nominal rate when it is known, and
-the window peaks are EWMA-smoothed (when the nominal rate is unknown, the first measured window
-replaces the made-up prior instead). A rail that stops completing anything produces no samples, so
+the window peaks are EWMA-smoothed (when the nominal rate is unknown, the first window that measured
+a rate over bytes and time, busy goodput or bytes moved, replaces the made-up prior instead; one whose
+best sample is a per-slice latency, queue included, moves it only as far as the EWMA does). A rail that stops completing anything produces no samples, so
 its estimate does not move; its queue A grows instead and with it its cost, and `is_stalled` says so
 explicitly (a downed veth gives no socket error: traffic just stops). `service_rate_Bps` is the rate
 of the last window in which the rail was busy serving, for comparing a rail with its siblings.
@@ -203,7 +204,7 @@ class RailTelemetry:
         self._busy_ns = 0
         self._moved_bytes = 0  # this window: bytes moved in the intervals in which any moved,
         self._moved_ns = 0  # and those intervals' length (service telemetry only)
-        self._measured = False  # a window produced a sample (the prior is gone)
+        self._measured = False  # a window measured a rate over bytes and time (the prior is gone)
         # completion spans (executors without service telemetry): (ns, bytes_done, slices_done) of
         # the completion that opened the current busy span, and of the latest one in it
         self._span_need = cfg.rate_span_completions
@@ -338,6 +339,10 @@ class RailTelemetry:
     def _roll_window(self, now_ns: int) -> None:
         peak = self._peak
         busy_rate = 0.0
+        # the window's best sample is a rate over bytes and time (busy goodput, bytes moved), not
+        # slices' queue-inclusive latencies alone; an executor without service telemetry has only
+        # completions, so its samples all count as such
+        rated = not self._reports_service
         if not self._reports_service:
             # completions only: the busy spans so far, the open one up to its latest completion
             # (which anchors the rest of it); spans too short to tell a rate carry over
@@ -373,22 +378,29 @@ class RailTelemetry:
             # outright. The bytes moved over the intervals they moved in are a lower bound too, and
             # far closer when a burst's slices queued behind each other (module docstring).
             moved_rate = self._moved_bytes / (self._moved_ns * _NS)
-            if moved_rate > peak:
+            if moved_rate >= peak:
                 peak = moved_rate
+                rated = True
         if busy_rate > 0:
             self._prev_service = (self.service_rate_Bps, self.service_rate_ns)
             self.service_rate_Bps = busy_rate
             self.service_rate_ns = now_ns
-            if busy_rate > peak:
+            if busy_rate >= peak:
                 peak = busy_rate
+                rated = True
         if peak > 0:
             peak = min(max(peak, self._lo), self._hi)
-            if not self._measured and not self._nominal_Bps:
+            if not self._measured and not self._nominal_Bps and rated:
                 self.bandwidth_Bps = peak  # the prior was made up: nothing to average with
             else:
+                # Per-slice samples alone move a made-up prior only part of the way: the tail of a
+                # burst that waited behind the rest (and for its connection) read 0.02 GB/s on a
+                # fresh loopback rail while the window's bytes told nothing, and replacing the
+                # prior with it left that rail out of the next request's spray.
                 a = self._alpha
                 self.bandwidth_Bps = (1 - a) * self.bandwidth_Bps + a * peak
-            self._measured = True
+            if rated:
+                self._measured = True
         self._peak = self._peak_little = 0.0
         self._moved_bytes = self._moved_ns = 0
         self._window_start_ns = now_ns

@@ -385,6 +385,40 @@ def test_a_burst_between_two_snapshots_does_not_starve_a_fresh_rail():
     assert shares[1] >= 32 * MiB // 3, shares
 
 
+def test_a_burst_tail_alone_does_not_replace_a_fresh_rails_prior():
+    """A fresh rail (nominal rate unknown) first observed at the tail of the connecting read: three
+    128 KiB slices left, which waited behind the rest and for the connection (16 ms for the three)
+    and moved their last few KiB. The per-slice sample (0.024 GB/s) is all the window says, and
+    nothing in it tells a slow rail from queued slices. It replaced the prior, and the next request
+    (its sibling loaded by another process) gave the rail 1 MiB of 32. It moves the prior as far as
+    the EWMA does; the first rate over bytes and time then replaces what is left of the prior."""
+    cfg = SchedulerConfig(probe_every=0)
+    tel = RailTelemetry(1, 0.0, config=cfg)
+    size = 128 * KiB
+    tel.observe(row(inflight_b=3 * size, inflight_s=3, done_b=29 * size, done_s=29, lat_sum=115 * MS,
+                    serving=3, progress=36 * MS, moved=4 * MiB - 4 * KiB), 36 * MS)
+    tel.observe(row(done_b=32 * size, done_s=32, lat_sum=131 * MS, last_done=40 * MS, progress=40 * MS,
+                    moved=4 * MiB), 47 * MS)
+    tel.observe(row(done_b=32 * size, done_s=32, lat_sum=131 * MS, last_done=40 * MS, progress=40 * MS,
+                    moved=4 * MiB), 87 * MS)  # the window rolls
+    per_slice = size / (16e-3 / 3)
+    prior = cfg.default_bandwidth_Bps
+    assert tel.bandwidth_Bps == pytest.approx((prior + per_slice) / 2, rel=0.01)
+    # the next request: the sibling (unmeasured, its prior) holds 64 MiB of another process's reads
+    sibling = RailTelemetry(0, 0.0, config=cfg)
+    sibling.set_external(64 * MiB)
+    shares = spray_shares(32 * MiB, SliceScheduler._rates([sibling, tel], [0, 1], None), 64 * KiB, 4 * KiB)
+    assert 3 * shares[0] <= shares[1], shares
+    # a window that measures the rail by bytes over time replaces what is left of the prior
+    t, moved = 87 * MS, 4 * MiB
+    for _ in range(6):  # 60 ms serving at 800 MB/s
+        t += 10 * MS
+        moved += 8_000_000
+        tel.observe(row(inflight_b=8 * MiB, inflight_s=16, done_b=32 * size, done_s=32, lat_sum=131 * MS,
+                        serving=4, progress=t, moved=moved), t)
+    assert tel.bandwidth_Bps == pytest.approx(800e6, rel=0.01)
+
+
 # ---- slice scheduler -----------------------------------------------------------------------------
 
 
