@@ -65,6 +65,7 @@ of the last window in which the rail was busy serving, for comparing a rail with
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -84,6 +85,9 @@ PROGRESS_NS = int(StatField.PROGRESS_NS)
 BYTES_MOVED = int(StatField.BYTES_MOVED)
 CONGESTION = int(StatField.CONGESTION)
 ROW_FIELDS = STAT_FIELDS
+# progress stamps kept per rail for `RailTelemetry.moving_since`: at the health tick (10 ms) these
+# reach back over 0.6 s of steady movement, past `RailHealthConfig.stall_cut_s`
+PROGRESS_HISTORY = 64
 
 _NS = 1e-9
 
@@ -122,6 +126,7 @@ class RailTelemetry:
         "last_complete_ns",
         "serving",
         "progress_ns",
+        "_progress_seen",
         "bytes_moved",
         "service_rate_Bps",
         "service_rate_ns",
@@ -189,6 +194,9 @@ class RailTelemetry:
         self.last_complete_ns = 0
         self.serving = 0
         self.progress_ns = 0
+        # the distinct progress stamps observe() saw, newest last: whether this rail kept moving
+        # tick after tick or only resumed after a gap (see `moving_since`)
+        self._progress_seen: deque[int] = deque(maxlen=PROGRESS_HISTORY)
         self.bytes_moved = 0
         self.service_rate_Bps = 0.0  # rate of the last busy window (0: none yet)
         self.service_rate_ns = 0  # when it was measured
@@ -245,6 +253,8 @@ class RailTelemetry:
         self.errors = cur[ERRORS]
         self.last_complete_ns = cur[LAST_COMPLETE_NS]
         self.serving = cur[SERVING]
+        if cur[PROGRESS_NS] and cur[PROGRESS_NS] != self.progress_ns:
+            self._progress_seen.append(cur[PROGRESS_NS])
         self.progress_ns = cur[PROGRESS_NS]
         self.bytes_moved = cur[BYTES_MOVED]
         if cur[PROGRESS_NS] and not self._reports_service:
@@ -444,6 +454,20 @@ class RailTelemetry:
             return 0.0
         return max(0.0, (now_ns - self.progress_ns) * _NS)
 
+    def moving_since(self, gap_ns: float) -> int:
+        """Start of this rail's current run of progress: the earliest stamp reached from the latest
+        through observed stamps at most `gap_ns` apart (the oldest one kept, when the run reaches
+        back past `PROGRESS_HISTORY` of them). 0 when no progress was seen."""
+        seen = self._progress_seen
+        if not seen:
+            return 0
+        start = seen[-1]
+        for stamp in reversed(seen):
+            if start - stamp > gap_ns:
+                break
+            start = stamp
+        return start
+
     def is_stalled(self, now_ns: int, min_s: float) -> bool:
         """True if the rail looks dead: serving and silent for longer than `min_s`."""
         return self.stall_s(now_ns) > min_s
@@ -470,21 +494,29 @@ class RailTelemetry:
 
 def stalled(rails: Sequence[RailTelemetry], now_ns: int, stall_s: float) -> list[int]:
     """Positions of the rails (siblings: one peer, one transport) that serve work but moved no byte
-    for `stall_s` while some sibling kept moving bytes: within that time, and more than `stall_s`
-    after the silent rail's last byte. When every rail went silent (the peer, or our own CPU, is
-    the suspect, not a rail) nothing is returned, the executors' progress timeouts and the peer's
+    for `stall_s` while some sibling kept moving bytes through that silence: moving within the last
+    `stall_s`, and tick after tick (no gap of its own as long as `stall_s`) for more than `stall_s`
+    of the silent rail's silence. When every rail went silent (the peer, or our own CPU, is the
+    suspect, not a rail) nothing is returned, the executors' progress timeouts and the peer's
     liveness checks take over; rails rarely fall silent at the same instant (a whole peer stops,
     and one rail's sender runs a scheduling delay later than its sibling's), and only a sibling
-    still moving `stall_s` after the silence began tells a broken rail from a stopped peer."""
+    still moving `stall_s` after the silence began tells a broken rail from a stopped peer. Nor do
+    they resume at the same instant: when the whole process stood still (a loaded two-core host
+    descheduled it for 150 ms), the rail whose sender got a core first looked "moving" beside a
+    sibling whose sender had not yet run, and that sibling was paused; a sibling's progress counts
+    only from where its own last gap ended."""
     limit_ns = stall_s * 1e9
     silent = [i for i, r in enumerate(rails) if r.serving > 0 and r.progress_ns and now_ns - r.progress_ns > limit_ns]
     if not silent:
         return silent
-    moving = [r.progress_ns for i, r in enumerate(rails) if i not in silent and r.progress_ns and now_ns - r.progress_ns <= limit_ns]
+    moving = [
+        (r.progress_ns, r.moving_since(limit_ns))
+        for i, r in enumerate(rails)
+        if i not in silent and r.progress_ns and now_ns - r.progress_ns <= limit_ns
+    ]
     if not moving:
         return []
-    latest = max(moving)
-    return [i for i in silent if latest - rails[i].progress_ns > limit_ns]
+    return [i for i in silent if any(p - max(since, rails[i].progress_ns) > limit_ns for p, since in moving)]
 
 
 def slowness(rails: Sequence[RailTelemetry], now_ns: int, window_s: float) -> dict[int, float]:

@@ -178,39 +178,67 @@ def _serving(tel: RailTelemetry, t: int, progress: int, moved: int = 0, serving:
 
 
 def test_stalled_needs_a_sibling_that_moves():
-    rails = rails_at(1, 1, 1)
     t = 10_000 * MS
-    for r in rails:
-        _serving(r, t - 500 * MS, t - 500 * MS)
-    _serving(rails[0], t, t - 150 * MS)  # silent 150 ms
-    _serving(rails[1], t, t - 2 * MS)  # moving
-    _serving(rails[2], t, t - 30 * MS)  # a short gap is not a stall
+    rails = rails_at(1, 1, 1)
+    # rail 0 silent 150 ms, rail 1 moving all along, rail 2 silent for 30 ms (a short gap is not a stall)
+    _ticks(rails, t - 500 * MS, t, [t - 150 * MS, t, t - 30 * MS])
     assert stalled(rails, t, 0.1) == [0]
     # every rail silent: the peer (or our CPU) is suspect, not a rail
-    _serving(rails[1], t, t - 150 * MS)
-    _serving(rails[2], t, t - 150 * MS)
+    rails = rails_at(1, 1, 1)
+    _ticks(rails, t - 500 * MS, t, [t - 150 * MS, t - 150 * MS, t - 150 * MS])
     assert stalled(rails, t, 0.1) == []
     # a rail with nothing in service is never stalled (queued work is load)
+    rails = rails_at(1, 1, 1)
+    _ticks(rails, t - 500 * MS, t, [t - 900 * MS, t, t])
     _serving(rails[0], t, t - 900 * MS, serving=0)
-    _serving(rails[1], t, t - 1 * MS)
-    _serving(rails[2], t, t - 1 * MS)
     assert stalled(rails, t, 0.1) == []
 
 
 def test_stalled_ignores_a_sibling_that_stopped_a_little_later():
     """A whole peer stops: its rails fall silent a scheduling delay apart (60 ms here). The later
     one's last bytes are recent, but it stopped too: no rail is stalled, whatever the cut window."""
-    rails = rails_at(1, 1)
     t = 10_000 * MS
-    for r in rails:
-        _serving(r, t - 500 * MS, t - 500 * MS)
-    _serving(rails[0], t, t - 320 * MS)  # silent past the cut window
-    _serving(rails[1], t, t - 260 * MS)  # stopped 60 ms later
+    rails = rails_at(1, 1)
+    _ticks(rails, t - 800 * MS, t, [t - 320 * MS, t - 260 * MS])  # rail 0 silent past the cut window
     assert stalled(rails, t, 0.1) == []
     assert stalled(rails, t, 0.3) == []
     # a sibling still moving long after the silence began: that rail is broken, not the peer
-    _serving(rails[1], t, t - 5 * MS)
+    rails = rails_at(1, 1)
+    _ticks(rails, t - 800 * MS, t, [t - 320 * MS, t])
     assert stalled(rails, t, 0.1) == [0] and stalled(rails, t, 0.3) == [0]
+
+
+def _ticks(rails: list[RailTelemetry], t_from: int, t_to: int, stops: list[int]) -> None:
+    """Health ticks every 10 ms over [t_from, t_to]: rail i moves bytes up to stops[i], then falls
+    silent (still serving)."""
+    for t in range(t_from, t_to + 1, 10 * MS):
+        for r, stop in zip(rails, stops, strict=True):
+            _serving(r, t, min(t - MS, stop))
+
+
+def test_a_sibling_that_resumed_after_the_whole_process_stood_still_is_no_witness():
+    """Two cores, a loaded host: the whole process (executor threads and health thread alike) is
+    descheduled for 150 ms. When it runs again, one rail's sender gets a core first and stamps its
+    progress; the health tick then sees that rail "moving" and its sibling, whose sender has not run
+    yet, silent for 150 ms. Only a sibling that kept moving through the silence (no gap of its own as
+    long as the limit) tells a broken rail; one that merely resumed first is no witness."""
+    rails = rails_at(1, 1)
+    t0 = 10_000 * MS
+    _ticks(rails, t0 - 500 * MS, t0, [t0, t0])  # both moving, observed every tick
+    t = t0 + 150 * MS  # no tick ran in between: the process was descheduled
+    _serving(rails[1], t, t - MS)  # rail 1's sender ran first
+    _serving(rails[0], t, t0 - MS)  # rail 0's has not yet
+    assert stalled(rails, t, 0.1) == []
+    # the same if the health thread did run (and saw both silent) while the senders did not
+    rails = rails_at(1, 1)
+    _ticks(rails, t0 - 500 * MS, t0 + 140 * MS, [t0, t0])
+    _ticks(rails, t0 + 150 * MS, t0 + 150 * MS, [t0, t0 + 150 * MS])
+    assert stalled(rails, t0 + 150 * MS, 0.1) == []
+    # rail 1 keeps moving, tick after tick, while rail 0 stays silent: now rail 0 is broken
+    _ticks(rails, t0 + 160 * MS, t0 + 240 * MS, [t0, t0 + 240 * MS])
+    assert stalled(rails, t0 + 240 * MS, 0.1) == []  # 90 ms of steady progress: not yet
+    _ticks(rails, t0 + 250 * MS, t0 + 260 * MS, [t0, t0 + 260 * MS])
+    assert stalled(rails, t0 + 260 * MS, 0.1) == [0]
 
 
 def test_slowness_from_fresh_service_rates_only():
