@@ -45,7 +45,8 @@ rail can carry (each is conservative for a different reason, so the largest is t
   includes the queue).
 * bytes moved over the time they took: with service telemetry, the bytes counted as they moved
   during the observation intervals in which any moved, over those intervals' total length (each
-  interval's bytes moved within it, so the rail carries at least that; idle edges only lower it).
+  interval's bytes moved within it, so the rail carries at least that; idle edges only lower it;
+  an interval at whose end the rail served nothing counts up to its last progress stamp).
   It counts only where the per-slice sample would count alone, in a window of a rail that has not
   yet shown a busy rate and served no two consecutive snapshots: a request that fits between two
   of them (a 32 MiB read of ~40 ms on loopback, whose health ticks came 43 ms apart on a loaded
@@ -312,8 +313,11 @@ class RailTelemetry:
                 self._busy_bytes += moved
                 self._busy_ns += dt
             if moved > 0 and dt > 0:
+                # a rail that served nothing at the snapshot moved its last byte at its progress
+                # stamp: the rest of the interval (a late tick) was idle
+                end = cur[PROGRESS_NS]
                 self._moved_bytes += moved
-                self._moved_ns += dt
+                self._moved_ns += end - self._prev_ns if cur[SERVING] <= 0 and self._prev_ns < end <= now_ns else dt
         else:
             self._follow_completions(prev, cur, prev_infl, infl_b)
 
