@@ -43,16 +43,17 @@ rail can carry (each is conservative for a different reason, so the largest is t
   so that a slow rail whose slices take longer than a window is measured at its rate, not at
   "one slice per window". While such a span is open the per-slice sample is left out (its latency
   includes the queue).
-* bytes moved over the time they took: with service telemetry, the bytes counted as they moved
-  during the observation intervals in which any moved, over those intervals' total length (each
-  interval's bytes moved within it, so the rail carries at least that; idle edges only lower it;
-  an interval at whose end the rail served nothing counts up to its last progress stamp).
-  It counts only where the per-slice sample would count alone, in a window of a rail that has not
-  yet shown a busy rate and served no two consecutive snapshots: a request that fits between two
-  of them (a 32 MiB read of ~40 ms on loopback, whose health ticks came 43 ms apart on a loaded
-  host) left the queue-inclusive per-slice sample, 512 KiB over ~17 ms of mean latency = 0.03
-  GB/s, to replace the prior of a fresh rail that had moved 30 MiB in those 43 ms; with probes off
-  the spray then gave that rail nothing, so nothing ever measured it again.
+* goodput while holding work: bytes completed from a snapshot at which the rail held nothing (so
+  every one of them was submitted after it) to the next such snapshot, over that time (up to the
+  last completion); idle time at either end only lowers it. Counted only where the per-slice
+  sample would count alone, in a window of a rail (with service telemetry) that has not yet shown
+  a busy rate and served no two consecutive snapshots: a request that fits between two of them (a
+  32 MiB read of ~40 ms on loopback, whose health ticks came 43 ms apart on a loaded host) left the
+  queue-inclusive per-slice sample, 512 KiB over ~17 ms of mean latency = 0.03 GB/s, to replace the
+  prior of a fresh rail that had moved 30 MiB in those 43 ms; with probes off the spray then gave
+  that rail nothing, so nothing ever measured it again. (Bytes counted as they move, over the
+  intervals they moved in, are no such bound: they are counted at the socket, and a receiver that
+  drains a buffer filled while it waited for a core read 2.2 GB/s for a ~1 GB/s loopback rail.)
 
 Within a measurement window the largest sample is kept (the "cleanest path condition": application
 load and idle gaps only ever make samples smaller), clamped to the nominal rate when it is known, and
@@ -148,8 +149,10 @@ class RailTelemetry:
         "_peak_little",
         "_busy_bytes",
         "_busy_ns",
-        "_moved_bytes",
-        "_moved_ns",
+        "_held_from",
+        "_holding",
+        "_held_bytes",
+        "_held_ns",
         "_nominal_Bps",
         "_measured",
         "_span_need",
@@ -211,8 +214,12 @@ class RailTelemetry:
         self._peak_little = 0.0  # the Little's-law part of _peak
         self._busy_bytes = 0
         self._busy_ns = 0
-        self._moved_bytes = 0  # this window: bytes moved in the intervals in which any moved,
-        self._moved_ns = 0  # and those intervals' length (service telemetry only)
+        # goodput while holding work: (ns, bytes_done) of the last snapshot at which the rail held
+        # nothing, whether it held work at a snapshot since, and this window's closed periods
+        self._held_from: tuple[int, int] | None = None
+        self._holding = False
+        self._held_bytes = 0
+        self._held_ns = 0
         self._measured = False  # a window measured a rate over bytes and time (the prior is gone)
         # completion spans (executors without service telemetry): (ns, bytes_done, slices_done) of
         # the completion that opened the current busy span, and of the latest one in it
@@ -262,6 +269,7 @@ class RailTelemetry:
             self._reports_service = True  # from now on busy time is service time: drop the spans
             self._anchor = self._span_end = None
             self._busy_bytes = self._busy_ns = self._busy_slices = 0
+        self._follow_holding(cur, now_ns)
         if prev is None:
             self._prev = cur
             self._prev_ns = now_ns
@@ -308,16 +316,9 @@ class RailTelemetry:
         # its rate within one window even when its slices take longer than that.
         dt = now_ns - self._prev_ns
         if self._reports_service:
-            moved = cur[BYTES_MOVED] - prev[BYTES_MOVED]
             if prev[SERVING] > 0 and cur[SERVING] > 0 and dt > 0:
-                self._busy_bytes += moved
+                self._busy_bytes += cur[BYTES_MOVED] - prev[BYTES_MOVED]
                 self._busy_ns += dt
-            if moved > 0 and dt > 0:
-                # a rail that served nothing at the snapshot moved its last byte at its progress
-                # stamp: the rest of the interval (a late tick) was idle
-                end = cur[PROGRESS_NS]
-                self._moved_bytes += moved
-                self._moved_ns += end - self._prev_ns if cur[SERVING] <= 0 and self._prev_ns < end <= now_ns else dt
         else:
             self._follow_completions(prev, cur, prev_infl, infl_b)
 
@@ -326,6 +327,23 @@ class RailTelemetry:
         self._prev = cur
         self._prev_ns = now_ns
         return Delta(d_bytes, d_slices, d_errors, d_congestion)
+
+    def _follow_holding(self, cur: tuple[int, ...], now_ns: int) -> None:
+        """Periods from a snapshot at which the rail held nothing to the next one, with work held at
+        a snapshot in between: what completed in one was all submitted within it."""
+        if cur[INFLIGHT_SLICES] > 0 or cur[INFLIGHT_BYTES] > 0:
+            self._holding = self._held_from is not None
+            return
+        if self._holding and self._held_from is not None:
+            start_ns, start_done = self._held_from
+            last = cur[LAST_COMPLETE_NS]
+            end = last if start_ns < last <= now_ns else now_ns
+            done = cur[BYTES_DONE] - start_done
+            if done > 0 and end > start_ns:
+                self._held_bytes += done
+                self._held_ns += end - start_ns
+        self._held_from = (now_ns, cur[BYTES_DONE])
+        self._holding = False
 
     def _follow_completions(self, prev: tuple[int, ...], cur: tuple[int, ...], prev_infl: int, infl_b: int) -> None:
         """Completion spans: open one at a completion after which the rail still holds work, extend
@@ -386,14 +404,14 @@ class RailTelemetry:
             # each request's start, after whichever window the previous request ended in, and the
             # spray followed those estimates (docs/benchmarks.md, open loop).
             peak = 0.0
-        elif self._moved_ns > 0:
+        elif self._held_ns > 0:
             # No busy rate yet and no busy interval: the per-slice samples (queue included) would
             # count alone, and for a fresh rail whose nominal rate is unknown they replace the prior
-            # outright. The bytes moved over the intervals they moved in are a lower bound too, and
-            # far closer when a burst's slices queued behind each other (module docstring).
-            moved_rate = self._moved_bytes / (self._moved_ns * _NS)
-            if moved_rate >= peak:
-                peak = moved_rate
+            # outright. The goodput while holding work is a lower bound too, and far closer when a
+            # burst's slices queued behind each other (module docstring).
+            held_rate = self._held_bytes / (self._held_ns * _NS)
+            if held_rate >= peak:
+                peak = held_rate
                 rated = True
         if busy_rate > 0:
             self._prev_service = (self.service_rate_Bps, self.service_rate_ns)
@@ -416,7 +434,7 @@ class RailTelemetry:
             if rated:
                 self._measured = True
         self._peak = self._peak_little = 0.0
-        self._moved_bytes = self._moved_ns = 0
+        self._held_bytes = self._held_ns = 0
         self._window_start_ns = now_ns
 
     def add_pending(self, nbytes: int, now_ns: int = 0) -> None:
