@@ -58,11 +58,12 @@ rail can carry (each is conservative for a different reason, so the largest is t
 Within a measurement window the largest sample is kept (the "cleanest path condition": application
 load and idle gaps only ever make samples smaller), clamped to the nominal rate when it is known, and
 the window peaks are EWMA-smoothed (when the nominal rate is unknown, the first window that measured
-a rate over bytes and time, busy goodput or bytes moved, replaces the made-up prior instead; one whose
-best sample is a per-slice latency, queue included, moves it only as far as the EWMA does). A rail that stops completing anything produces no samples, so
-its estimate does not move; its queue A grows instead and with it its cost, and `is_stalled` says so
-explicitly (a downed veth gives no socket error: traffic just stops). `service_rate_Bps` is the rate
-of the last window in which the rail was busy serving, for comparing a rail with its siblings.
+a rate over bytes and time, either goodput, replaces the made-up prior instead; one whose best
+sample is a per-slice latency, queue included, moves it only as far as the EWMA does). A rail that
+stops completing anything produces no samples, so its estimate does not move; its queue A grows
+instead and with it its cost, and `is_stalled` says so explicitly (a downed veth gives no socket
+error: traffic just stops). `service_rate_Bps` is the rate of the last window in which the rail
+was busy serving, for comparing a rail with its siblings.
 """
 
 from __future__ import annotations
@@ -371,7 +372,7 @@ class RailTelemetry:
     def _roll_window(self, now_ns: int) -> None:
         peak = self._peak
         busy_rate = 0.0
-        # the window's best sample is a rate over bytes and time (busy goodput, bytes moved), not
+        # the window's best sample is a rate over bytes and time (either goodput), not
         # slices' queue-inclusive latencies alone; an executor without service telemetry has only
         # completions, so its samples all count as such
         rated = not self._reports_service
@@ -523,10 +524,10 @@ def stalled(rails: Sequence[RailTelemetry], now_ns: int, stall_s: float) -> list
     liveness checks take over; rails rarely fall silent at the same instant (a whole peer stops,
     and one rail's sender runs a scheduling delay later than its sibling's), and only a sibling
     still moving `stall_s` after the silence began tells a broken rail from a stopped peer. Nor do
-    they resume at the same instant: when the whole process stood still (a loaded two-core host
-    descheduled it for 150 ms), the rail whose sender got a core first looked "moving" beside a
-    sibling whose sender had not yet run, and that sibling was paused; a sibling's progress counts
-    only from where its own last gap ended."""
+    they resume at the same instant: when the whole process stood still for 150 ms (SIGSTOP in the
+    reproduction; a loaded two-core host deschedules it so), the rail whose thread got a core first
+    looked "moving" beside a sibling whose thread had not yet run, and that sibling was paused now
+    and then; a sibling's progress counts only from where its own last gap ended."""
     limit_ns = stall_s * 1e9
     silent = [i for i, r in enumerate(rails) if r.serving > 0 and r.progress_ns and now_ns - r.progress_ns > limit_ns]
     if not silent:
