@@ -66,7 +66,7 @@ def test_other_process_load_steers_spraying():
             # load alone. Later ones also fold this engine's own rate samples (an unmeasured rail keeps
             # its made-up prior beside a measured one). A fresh rail's first window used to read its
             # queued slices' latency as its rate (0.01-0.05 GB/s for a rail that moves ~1 GB/s: the
-            # unloaded rail in about half the runs of this scenario), which with probes off (above)
+            # unloaded rail in 44 of 72 runs of this scenario), which with probes off (above)
             # could starve it: see tests/test_policies.py,
             # test_a_burst_between_two_snapshots_does_not_starve_a_fresh_rail and the next test
             eng.submit([Request(READ, local, 0, peer.seg("rw"), 0, 32 << 20)]).wait()
