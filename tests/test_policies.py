@@ -16,7 +16,7 @@ from tent_core.qos import PrioritySlots, SharedRailLoad
 from tent_core.rail_monitor import RailMonitor, RailState
 from tent_core.recovery import shared_load_key
 from tent_core.slice_scheduler import NoRailError, SliceScheduler, spray_shares
-from tent_core.telemetry import RailTelemetry, slowness, stalled
+from tent_core.telemetry import RailTelemetry, recovered_bandwidth, slowness, stalled
 from tent_core.types import Priority
 
 KiB = 1024
@@ -446,6 +446,153 @@ def test_a_burst_tail_alone_does_not_replace_a_fresh_rails_prior():
         tel.observe(row(inflight_b=8 * MiB, inflight_s=16, done_b=32 * size, done_s=32, lat_sum=131 * MS,
                         serving=4, progress=t, moved=moved), t)
     assert tel.bandwidth_Bps == pytest.approx(800e6, rel=0.01)
+
+
+def _starve(tel: RailTelemetry, t: int, windows: int = 12) -> int:
+    """Drive `tel` to a low estimate: one 64 KiB slice per 50 ms window, each 50 ms from submit
+    (a descheduled sender), so every window's only sample is 1.3 MB/s. Returns the time after."""
+    done = lat = 0
+    tel.observe(row(), t)
+    for k in range(windows):
+        t += 50 * MS
+        done += 64 * KiB
+        lat += 50 * MS
+        tel.observe(row(done_b=done, done_s=k + 1, lat_sum=lat, last_done=t), t)
+    return t
+
+
+def _idle(tel: RailTelemetry, t: int) -> None:
+    """An idle tick: the rail's counters as they stand, nothing held."""
+    tel.observe(row(done_b=tel.bytes_done, done_s=tel.slices_done, lat_sum=tel._prev[5] if tel._prev else 0,
+                    last_done=tel.last_complete_ns), t)
+
+
+def test_a_starved_idle_rail_gets_traffic_again_after_the_stale_time():
+    """A rail read far below its siblings in a bad moment gets nothing from the spray with probes off
+    (elephants by water-filling, mice to the cheapest rail), so nothing measures it again. Idle and
+    unconfirmed for `bandwidth_stale_s`, its estimate climbs back to its nominal rate within as long
+    again, and both an elephant and the mice reach it again."""
+    stale_s = 0.5
+    cfg = SchedulerConfig(probe_every=0, bandwidth_stale_s=stale_s)
+    rails = rails_at(10, 10, 10, cfg=cfg)
+    t0 = _starve(rails[2], 0)
+    for r in rails[:2]:
+        r.observe(row(), 0)
+    low = rails[2].bandwidth_Bps
+    assert low < 1.25e9 / 100, low
+    s = SliceScheduler(cfg)
+    plan = s.plan(32 * MiB, rails, now_ns=t0)
+    check_cover(plan, 32 * MiB)
+    assert all(r != 2 for r, _, _ in plan)
+    assert all(s.plan(256 * KiB, rails, now_ns=t0)[0][0] != 2 for _ in range(6))
+    # idle from t0 on: health ticks every 10 ms; a plan every 100 ms
+    t = t0
+    reached = None
+    while t < t0 + int(4 * stale_s * 1e9):
+        t += 10 * MS
+        for r in rails:
+            _idle(r, t)
+        if (t - t0) % (100 * MS) == 0:
+            if t - t0 <= stale_s * 1e9:
+                assert rails[2].bandwidth_Bps == low  # the estimate holds for the stale time
+            if any(r == 2 for r, _, _ in s.plan(32 * MiB, rails, now_ns=t)):
+                reached = t
+                break
+    assert reached is not None and reached - t0 <= 2 * stale_s * 1e9 + 10 * MS, reached
+    assert low < rails[2].bandwidth_Bps <= 1.25e9
+    # the mice reach it too once it is back at its prior (siblings at theirs)
+    t += int(2 * stale_s * 1e9)
+    for r in rails:
+        _idle(r, t)  # the elephant's slices above were never taken: their pending bytes expire
+    assert rails[2].bandwidth_Bps == pytest.approx(1.25e9)
+    assert any(s.plan(256 * KiB, rails, now_ns=t)[0][0] == 2 for _ in range(6))
+
+
+def test_a_slow_rail_that_keeps_being_measured_is_not_pulled_up():
+    """A rail that really carries 100 MB/s of its nominal 1.25 GB/s, and keeps serving, confirms its
+    low estimate every window: far past the stale time it stays at its rate. Idle for a while, it
+    climbs toward the prior; the next window that measures it pulls it down again."""
+    cfg = SchedulerConfig(probe_every=0, bandwidth_stale_s=0.5)
+    tel = RailTelemetry(0, 10 * GBIT, config=cfg)
+    t = moved = 0
+    tel.observe(row(serving=1, progress=1), t)
+    seen = []
+    for _ in range(500):  # 5 s of 10 ms ticks, serving at 100 MB/s the whole time
+        t += 10 * MS
+        moved += 1_000_000
+        tel.observe(row(inflight_b=8 * MiB, inflight_s=8, serving=2, progress=t, moved=moved), t)
+        if t >= 1_000 * MS:
+            seen.append(tel.bandwidth_Bps)
+    assert max(seen) == pytest.approx(100e6, rel=0.02) and min(seen) == pytest.approx(100e6, rel=0.02)
+    # done and idle for 2 s: it climbs (nothing confirms the low rate), to at most its prior
+    done_b = moved
+    idle_row = row(done_b=done_b, done_s=8, lat_sum=80 * MS, last_done=t, progress=t, moved=moved)
+    t_idle = t
+    while t < t_idle + 2_000 * MS:
+        t += 10 * MS
+        tel.observe(idle_row, t)
+    climbed = tel.bandwidth_Bps
+    assert 100e6 < climbed <= 1.25e9
+    # measured again at 100 MB/s: its fresh samples bring it back down
+    for _ in range(40):
+        t += 10 * MS
+        moved += 1_000_000
+        tel.observe(row(inflight_b=8 * MiB, inflight_s=8, done_b=done_b, done_s=8, lat_sum=80 * MS,
+                        last_done=t_idle, serving=2, progress=t, moved=moved), t)
+    assert tel.bandwidth_Bps == pytest.approx(100e6, rel=0.05)
+
+
+def test_an_idle_rails_estimate_stays_bounded_by_its_prior():
+    """No request ever comes: the estimates of a starved rail, an unmeasured one and a rail measured
+    above the made-up prior (nominal rate unknown) stay finite, never pass the prior, and the last
+    one is not pulled down to it (samples are lower bounds)."""
+    cfg = SchedulerConfig(probe_every=0, bandwidth_stale_s=2.0)
+    starved = RailTelemetry(0, 10 * GBIT, config=cfg)
+    t = _starve(starved, 0)
+    fresh = RailTelemetry(1, 0.0, config=cfg)
+    fast = RailTelemetry(2, 0.0, config=cfg)
+    fast.observe(row(serving=1, progress=1), t)
+    moved = 0
+    for _ in range(10):  # 100 ms serving at 3 GB/s (loopback)
+        t += 10 * MS
+        moved += 30_000_000
+        fast.observe(row(inflight_b=8 * MiB, inflight_s=8, serving=2, progress=t, moved=moved), t)
+    fast_bw = fast.bandwidth_Bps
+    assert fast_bw == pytest.approx(3e9, rel=0.01)
+    last = [starved.bandwidth_Bps, fresh.bandwidth_Bps, fast_bw]
+    for e in range(0, 12):  # idle ticks reaching 10^11 s past the last sample
+        t += 10**e * 1_000_000_000
+        _idle(starved, t)
+        fresh.observe(row(), t)
+        fast.observe(row(done_b=0, progress=t - 10**e * 1_000_000_000, moved=moved), t)
+        now = [starved.bandwidth_Bps, fresh.bandwidth_Bps, fast.bandwidth_Bps]
+        assert all(a <= b for a, b in zip(last, now, strict=True)), (last, now)  # no drift down
+        last = now
+    assert last == [pytest.approx(1.25e9), cfg.default_bandwidth_Bps, fast_bw]
+
+
+def test_a_rail_holding_work_it_does_not_complete_does_not_climb():
+    """A stalled rail (serving, nothing moves) produces no samples, yet holds work: its estimate is
+    not stale but stuck, and its queue prices it; it must not climb back into the spray."""
+    cfg = SchedulerConfig(probe_every=0, bandwidth_stale_s=0.5)
+    tel = RailTelemetry(0, 10 * GBIT, config=cfg)
+    t = _starve(tel, 0)
+    low = tel.bandwidth_Bps
+    for _ in range(300):  # 3 s: 4 MiB held, serving, no byte moved
+        t += 10 * MS
+        tel.observe(row(inflight_b=4 * MiB, inflight_s=8, done_b=tel.bytes_done, done_s=tel.slices_done,
+                        lat_sum=tel._prev[5], last_done=tel.last_complete_ns, serving=2, progress=1), t)
+    assert tel.bandwidth_Bps == low
+
+
+@given(
+    st.floats(1e3, 1e11), st.floats(1e3, 1e11), st.floats(0, 1e12), st.floats(0, 1e3),
+)
+def test_recovered_bandwidth_stays_between_estimate_and_prior(confirmed, prior, idle_s, stale_s):
+    b = recovered_bandwidth(confirmed, prior, idle_s, stale_s)
+    assert min(confirmed, prior) <= b <= max(confirmed, prior)
+    assert b >= confirmed  # only ever raises
+    assert recovered_bandwidth(confirmed, prior, idle_s * 2 + 1, stale_s) >= b  # never falls back
 
 
 # ---- slice scheduler -----------------------------------------------------------------------------
