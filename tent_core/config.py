@@ -97,12 +97,12 @@ class SchedulerConfig:
     # Every probe_every-th large request is sprayed evenly over all admitted rails so idle rails
     # get fresh bandwidth samples (C++: every 100th multi-slice call).
     probe_every: int = 100
-    # A rail's bandwidth estimate that no fresh sample confirmed for this long, while the rail held
-    # no work, climbs back toward its prior (nominal rate, else default_bandwidth_Bps) over as long
-    # again, geometrically, and never past it: samples are lower bounds, and a low one from a bad
-    # moment (a descheduled sender, a cold connection) otherwise starves the rail for good, since
-    # the spray gives a slow-looking rail nothing and so nothing measures it again (probes off, or
-    # mice only). A rail measured low again falls back by its fresh samples. 0 disables.
+    # A rail whose bandwidth estimate no fresh sample confirmed for this long, while it held no
+    # work, gets one slice of the next large request or the next small one, so it is measured
+    # again: samples are lower bounds, and a low one from a bad moment (a descheduled sender, a
+    # cold connection) otherwise starves the rail for good, as the spray gives a slow-looking rail
+    # nothing (probes off, or mice only). A rail that really is slow costs one slice per this time.
+    # 0 disables.
     bandwidth_stale_s: float = 2.0
     # Topology penalties by affinity tier (0 = same PCIe/NUMA domain). C++ `numa_penalties`.
     tier_penalties: tuple[float, ...] = (1.0, 5.0, 10.0)

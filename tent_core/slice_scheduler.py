@@ -25,6 +25,12 @@ Rail choice, policy "spray" (TENT):
    alignment unit within one), dealt in a smooth interleaved order so every rail works along the
    whole buffer. Every `probe_every`-th elephant is sprayed evenly instead (whole slices), so idle
    rails get fresh samples.
+5. Stale rails: a rail whose estimate no sample confirmed for `bandwidth_stale_s` while it held no
+   work (`RailTelemetry.unconfirmed_s`) gets the next mouse, or one slice (`min_slice_bytes`) of
+   the next elephant that water-filling left it out of, taken from the largest share. Without it
+   a rail read low in a bad moment is never given anything, so never measured again, whenever
+   probes are off or only mice come (telemetry.py); the slice given marks it confirmed until its
+   sample is folded, so one probe per stale time (plus a window), whatever the request rate.
 
 Baselines for benchmarks: "round_robin" (slices dealt in turn, starting rail rotating per request),
 "single" (everything on the first admitted rail), "stripe" (n equal contiguous parts, one per rail).
@@ -71,6 +77,8 @@ class SliceScheduler:
         self._rr = 0  # mice / round_robin / stripe cursor
         self._elephants = 0  # probe counter
         self.probes = 0
+        self.stale_probes = 0  # slices or mice given to stale rails
+        self._stale_s = self.config.bandwidth_stale_s
 
     # ---- slicing --------------------------------------------------------------------------------
 
@@ -134,8 +142,12 @@ class SliceScheduler:
             rails[r].add_pending(length, stamp)
             return out
         if policy == "spray":
+            stale = stale_rails(rails, cand, stamp, self._stale_s) if self._stale_s else []
             if length < self._theta:
                 r = self._pick_near_best(length, rails, cand, weights)
+                if stale and r not in stale:
+                    r = stale[0]
+                    self.stale_probes += 1
                 out = self._uniform(r, n, size, length)
                 rails[r].add_pending(length, stamp)
                 return out
@@ -146,6 +158,8 @@ class SliceScheduler:
                 order = self._interleave(cand, self._even_counts(n, len(cand)))
             else:
                 shares = spray_shares(length, self._rates(rails, cand, weights), self._min, self._align)
+                if stale:
+                    self.stale_probes += give_stale_slices(shares, [cand.index(r) for r in stale], self._min)
                 out = self._cut(cand, shares, n, length)
                 for r, b in zip(cand, shares, strict=True):
                     if b:
@@ -302,6 +316,29 @@ class SliceScheduler:
             if best is not None:
                 return best
         return None
+
+
+def stale_rails(rails: Sequence[RailTelemetry], cand: Sequence[int], now_ns: int, stale_s: float) -> list[int]:
+    """The candidates whose estimate no sample confirmed for more than `stale_s` while they held
+    no work, longest unconfirmed first."""
+    ages = [(rails[i].unconfirmed_s(now_ns), i) for i in cand]
+    return [i for age, i in sorted(ages, key=lambda a: -a[0]) if age > stale_s]
+
+
+def give_stale_slices(shares: list[int], stale: Sequence[int], slice_bytes: int) -> int:
+    """Give each position in `stale` whose share is 0 `slice_bytes`, taken from the largest share
+    while that keeps at least as much (in place; the total is unchanged). Returns how many got one."""
+    given = 0
+    for j in stale:
+        if shares[j]:
+            continue
+        top = max(range(len(shares)), key=shares.__getitem__)
+        if shares[top] < 2 * slice_bytes:
+            break
+        shares[top] -= slice_bytes
+        shares[j] = slice_bytes
+        given += 1
+    return given
 
 
 def spray_shares(length: int, rails: Sequence[tuple[float, float]], min_bytes: int, align: int) -> list[int]:

@@ -65,16 +65,19 @@ instead and with it its cost, and `is_stalled` says so explicitly (a downed veth
 error: traffic just stops). `service_rate_Bps` is the rate of the last window in which the rail
 was busy serving, for comparing a rail with its siblings.
 
-A low estimate is no life sentence. Samples are lower bounds, and one from a bad moment (a sender
-descheduled on a loaded host, a cold connection) can leave a rail looking far slower than its
-siblings; the spray then gives it nothing (water-filling by cost; mice go to the cheapest rails)
-and nothing ever measures it again when probes are off or traffic is mice only (probes spray only
-every `probe_every`-th elephant). So an estimate that no fresh window confirmed for
-`SchedulerConfig.bandwidth_stale_s`, while the rail held no work, climbs back toward its prior
-(the nominal rate, else `default_bandwidth_Bps`) over as long again, geometrically, and stops
-there (`recovered_bandwidth`): the idle rail's cost falls until it gets traffic and is re-measured,
-and the fresh samples of a rail that really is slow pull it down again. Work held counts as
-confirmation: a rail that holds work and completes nothing is a stall, priced by its queue.
+A low estimate is no life sentence, yet only a sample moves it. Samples are lower bounds, and one
+from a bad moment (a sender descheduled on a loaded host, a cold connection) can leave a rail
+looking far slower than its siblings; the spray then gives it nothing (water-filling by cost; mice
+go to the cheapest rails) and nothing ever measures it again when probes are off or traffic is
+mice only (probes spray only every `probe_every`-th elephant). `unconfirmed_s` says for how long
+no window's sample confirmed the estimate while the rail held no work, and the scheduler gives a
+rail unconfirmed for `SchedulerConfig.bandwidth_stale_s` one slice of the next elephant or the next
+mouse (slice_scheduler.py): a rail that was only unlucky is measured again and rejoins the spray,
+one that really is slow costs one slice per stale time and keeps its low estimate. Letting the
+estimate itself climb back toward the prior instead was tried: the estimate is then made up, not
+measured: a 1 MB/s rail (tc-shaped, tests/test_telemetry_completions.py) idle for 4 s while its
+sibling drained was back at the 10 Gbit/s prior, where the next elephant's water-filling would
+have given it nearly all its bytes.
 """
 
 from __future__ import annotations
@@ -167,10 +170,7 @@ class RailTelemetry:
         "_held_ns",
         "_nominal_Bps",
         "_measured",
-        "_prior_Bps",
-        "_stale_ns",
         "_confirmed_ns",
-        "_confirmed_Bps",
         "_span_need",
         "_busy_slices",
         "_anchor",
@@ -203,13 +203,8 @@ class RailTelemetry:
             self._lo = cfg.unknown_bandwidth_floor_Bps
             self._hi = float("inf")
         self.bandwidth_Bps = self._nominal_Bps or cfg.default_bandwidth_Bps
-        # what an unconfirmed estimate climbs back to (`recovered_bandwidth`), never past the cap
-        self._prior_Bps = min(self.bandwidth_Bps, self._hi)
-        self._stale_ns = int(cfg.bandwidth_stale_s * 1e9)
-        # when a fresh sample (or work held) last confirmed the estimate, and the estimate then;
-        # -1: not observed yet
+        # when a window's sample (or work held) last confirmed the estimate; -1: not observed yet
         self._confirmed_ns = -1
-        self._confirmed_Bps = self.bandwidth_Bps
         self.latency_s = 0.0
         self.inflight_bytes = 0
         self.inflight_slices = 0
@@ -297,7 +292,7 @@ class RailTelemetry:
             self._prev = cur
             self._prev_ns = now_ns
             self._window_start_ns = now_ns
-            self._recover(now_ns)
+            self._follow_confirmation(now_ns, False)
             return Delta(0, 0, 0)
 
         d_bytes = cur[BYTES_DONE] - prev[BYTES_DONE]
@@ -348,27 +343,24 @@ class RailTelemetry:
 
         if now_ns - self._window_start_ns >= self._window_ns:
             self._roll_window(now_ns)
-        self._recover(now_ns)
+        self._follow_confirmation(now_ns, d_slices > 0)
         self._prev = cur
         self._prev_ns = now_ns
         return Delta(d_bytes, d_slices, d_errors, d_congestion)
 
-    def _recover(self, now_ns: int) -> None:
-        """An idle rail's estimate that no fresh sample confirmed for `bandwidth_stale_s` climbs
-        back toward its prior (`recovered_bandwidth`). Work held confirms it: a rail that holds
-        work and completes nothing is a stall, and its queue, not a rising estimate, sets its cost."""
-        if self._confirmed_ns < 0 or self.inflight_slices > 0 or self.inflight_bytes > 0 or self.serving > 0 or self.pending_bytes > 0:
-            self._confirm(now_ns)
-            return
-        idle_ns = now_ns - self._confirmed_ns
-        if self._stale_ns and idle_ns > self._stale_ns:
-            b = recovered_bandwidth(self._confirmed_Bps, self._prior_Bps, idle_ns * _NS, self._stale_ns * _NS)
-            if b > self.bandwidth_Bps:
-                self.bandwidth_Bps = b
-
-    def _confirm(self, now_ns: int) -> None:
-        self._confirmed_ns = now_ns
-        self._confirmed_Bps = self.bandwidth_Bps
+    def _follow_confirmation(self, now_ns: int, completed: bool) -> None:
+        """A completion (its sample waits in the open window) or work held confirms the estimate as
+        a window's sample does: the rail is not left out, and a rail that holds work and completes
+        nothing is a stall, priced by its queue."""
+        if (
+            completed
+            or self._confirmed_ns < 0
+            or self.inflight_slices > 0
+            or self.inflight_bytes > 0
+            or self.serving > 0
+            or self.pending_bytes > 0
+        ):
+            self._confirmed_ns = now_ns
 
     def _follow_holding(self, cur: tuple[int, ...], now_ns: int) -> None:
         """Periods from a snapshot at which the rail held nothing to the next one, with work held at
@@ -475,7 +467,7 @@ class RailTelemetry:
                 self.bandwidth_Bps = (1 - a) * self.bandwidth_Bps + a * peak
             if rated:
                 self._measured = True
-            self._confirm(now_ns)
+            self._confirmed_ns = now_ns
         self._peak = self._peak_little = 0.0
         self._held_bytes = self._held_ns = 0
         self._window_start_ns = now_ns
@@ -494,7 +486,6 @@ class RailTelemetry:
         """Forget the estimate (paper: a re-admitted rail's cost is reset) and start from nominal."""
         if self._nominal_Bps > 0:
             self.bandwidth_Bps = self._nominal_Bps
-        self._confirmed_Bps = self.bandwidth_Bps
         self._peak = 0.0
         self.pending_bytes = 0
 
@@ -534,6 +525,16 @@ class RailTelemetry:
             start = stamp
         return start
 
+    def unconfirmed_s(self, now_ns: int) -> float:
+        """Seconds since a sample last confirmed this rail's estimate, while it held no work (0
+        while it holds or was just given some, or before it was first observed)."""
+        if self._confirmed_ns < 0 or self.inflight_slices > 0 or self.inflight_bytes > 0 or self.serving > 0:
+            return 0.0
+        last = self._confirmed_ns
+        if self.pending_bytes > 0 and self._pending_ns > last:
+            last = self._pending_ns
+        return max(0.0, (now_ns - last) * _NS)
+
     def is_stalled(self, now_ns: int, min_s: float) -> bool:
         """True if the rail looks dead: serving and silent for longer than `min_s`."""
         return self.stall_s(now_ns) > min_s
@@ -556,20 +557,6 @@ class RailTelemetry:
             f"RailTelemetry({self.name!r}, slot={self.slot}, B={self.bandwidth_Bps * 8 / 1e9:.3f}Gbit/s, "
             f"A={self.queued_bytes}, lat={self.latency_s * 1e3:.2f}ms, P={self.penalty})"
         )
-
-
-def recovered_bandwidth(confirmed_Bps: float, prior_Bps: float, idle_s: float, stale_s: float) -> float:
-    """The estimate of a rail idle and unconfirmed for `idle_s` whose last fresh sample left it at
-    `confirmed_Bps`: unchanged for `stale_s`, then rising geometrically (estimates span orders of
-    magnitude: 0.02 GB/s from a queued burst's tail beside 1 GB/s) to `prior_Bps` over `stale_s`
-    more, and held there. Only ever raises an estimate below the prior; one above it (a measured
-    rail whose nominal rate is unknown, beside a made-up prior) stays, as samples are lower bounds."""
-    if stale_s <= 0 or idle_s <= stale_s or confirmed_Bps >= prior_Bps:
-        return confirmed_Bps
-    if confirmed_Bps <= 0:
-        return prior_Bps
-    f = min(1.0, (idle_s - stale_s) / stale_s)
-    return min(prior_Bps, confirmed_Bps * (prior_Bps / confirmed_Bps) ** f)
 
 
 def stalled(rails: Sequence[RailTelemetry], now_ns: int, stall_s: float) -> list[int]:

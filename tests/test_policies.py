@@ -15,8 +15,8 @@ from tent_core.config import EngineConfig, QosConfig, RailHealthConfig, Schedule
 from tent_core.qos import PrioritySlots, SharedRailLoad
 from tent_core.rail_monitor import RailMonitor, RailState
 from tent_core.recovery import shared_load_key
-from tent_core.slice_scheduler import NoRailError, SliceScheduler, spray_shares
-from tent_core.telemetry import RailTelemetry, recovered_bandwidth, slowness, stalled
+from tent_core.slice_scheduler import NoRailError, SliceScheduler, give_stale_slices, spray_shares, stale_rails
+from tent_core.telemetry import RailTelemetry, slowness, stalled
 from tent_core.types import Priority
 
 KiB = 1024
@@ -467,11 +467,17 @@ def _idle(tel: RailTelemetry, t: int) -> None:
                     last_done=tel.last_complete_ns), t)
 
 
+def _plan_reaches(s: SliceScheduler, rails: list[RailTelemetry], length: int, rail: int, t: int) -> bool:
+    plan = s.plan(length, rails, now_ns=t)
+    check_cover(plan, length)
+    return any(r == rail for r, _, _ in plan)
+
+
 def test_a_starved_idle_rail_gets_traffic_again_after_the_stale_time():
     """A rail read far below its siblings in a bad moment gets nothing from the spray with probes off
     (elephants by water-filling, mice to the cheapest rail), so nothing measures it again. Idle and
-    unconfirmed for `bandwidth_stale_s`, its estimate climbs back to its nominal rate within as long
-    again, and both an elephant and the mice reach it again."""
+    unconfirmed for `bandwidth_stale_s`, it gets one slice of the next elephant; measured at its
+    real rate, it rejoins the spray. Then, with mice only, the same for the next mouse."""
     stale_s = 0.5
     cfg = SchedulerConfig(probe_every=0, bandwidth_stale_s=stale_s)
     rails = rails_at(10, 10, 10, cfg=cfg)
@@ -481,99 +487,132 @@ def test_a_starved_idle_rail_gets_traffic_again_after_the_stale_time():
     low = rails[2].bandwidth_Bps
     assert low < 1.25e9 / 100, low
     s = SliceScheduler(cfg)
-    plan = s.plan(32 * MiB, rails, now_ns=t0)
-    check_cover(plan, 32 * MiB)
-    assert all(r != 2 for r, _, _ in plan)
-    assert all(s.plan(256 * KiB, rails, now_ns=t0)[0][0] != 2 for _ in range(6))
-    # idle from t0 on: health ticks every 10 ms; a plan every 100 ms
+    assert not _plan_reaches(s, rails, 32 * MiB, 2, t0)
+    assert not any(_plan_reaches(s, rails, 256 * KiB, 2, t0) for _ in range(6))
+    # idle from t0 on: health ticks every 10 ms, an elephant every 100 ms (its slices never taken:
+    # the siblings' pending bytes expire, as when they complete between ticks)
     t = t0
     reached = None
     while t < t0 + int(4 * stale_s * 1e9):
         t += 10 * MS
         for r in rails:
             _idle(r, t)
-        if (t - t0) % (100 * MS) == 0:
-            if t - t0 <= stale_s * 1e9:
-                assert rails[2].bandwidth_Bps == low  # the estimate holds for the stale time
-            if any(r == 2 for r, _, _ in s.plan(32 * MiB, rails, now_ns=t)):
-                reached = t
-                break
-    assert reached is not None and reached - t0 <= 2 * stale_s * 1e9 + 10 * MS, reached
-    assert low < rails[2].bandwidth_Bps <= 1.25e9
-    # the mice reach it too once it is back at its prior (siblings at theirs)
-    t += int(2 * stale_s * 1e9)
+        if (t - t0) % (100 * MS) == 0 and _plan_reaches(s, rails, 32 * MiB, 2, t):
+            reached = t
+            break
+    assert reached is not None and stale_s * 1e9 < reached - t0 <= stale_s * 1e9 + 100 * MS, reached
+    assert rails[2].bandwidth_Bps == low and s.stale_probes == 1
+    assert rails[2].pending_bytes == cfg.min_slice_bytes  # one slice, taken from a sibling's share
+    # it is done in 0.1 ms (the rail is fine): the window's sample lifts the estimate half way (EWMA),
+    # the next elephant gives the rail a share by it
+    t += 40 * MS
+    done, n, lat = rails[2].bytes_done + 64 * KiB, rails[2].slices_done + 1, rails[2]._prev[5] + MS // 10
+    rails[2].observe(row(done_b=done, done_s=n, lat_sum=lat, last_done=t - 39 * MS), t)
+    t += 10 * MS
     for r in rails:
-        _idle(r, t)  # the elephant's slices above were never taken: their pending bytes expire
-    assert rails[2].bandwidth_Bps == pytest.approx(1.25e9)
-    assert any(s.plan(256 * KiB, rails, now_ns=t)[0][0] == 2 for _ in range(6))
+        _idle(r, t)
+    assert rails[2].bandwidth_Bps > 100 * low
+    plan = s.plan(32 * MiB, rails, now_ns=t)
+    assert sum(ln for r, _, ln in plan if r == 2) >= 2 * MiB and s.stale_probes == 1
+    # mice only: starved again, it gets one mouse after the stale time, then none till measured
+    rails[2] = RailTelemetry(2, 10 * GBIT, config=cfg)
+    t = _starve(rails[2], t)
+    for r in rails:
+        r.pending_bytes = 0  # the elephant above completed
+        _idle(r, t)
+    t0, reached = t, None
+    while t < t0 + int(4 * stale_s * 1e9):
+        t += 10 * MS
+        for r in rails:
+            _idle(r, t)
+        if _plan_reaches(s, rails, 256 * KiB, 2, t):
+            reached = t
+            break
+    assert reached is not None and reached - t0 <= stale_s * 1e9 + 10 * MS, reached
+    assert not any(_plan_reaches(s, rails, 256 * KiB, 2, t) for _ in range(6))
 
 
-def test_a_slow_rail_that_keeps_being_measured_is_not_pulled_up():
-    """A rail that really carries 100 MB/s of its nominal 1.25 GB/s, and keeps serving, confirms its
-    low estimate every window: far past the stale time it stays at its rate. Idle for a while, it
-    climbs toward the prior; the next window that measures it pulls it down again."""
+class _Served:
+    """Counters of a rail whose assigned bytes (its pending bytes) complete within the next tick at
+    `rate`, as one slice each time."""
+
+    def __init__(self, tel: RailTelemetry, rate: float) -> None:
+        self.tel, self.rate = tel, rate
+        self.done = self.n = self.lat = self.last = 0
+
+    def tick(self, t: int) -> int:
+        got = self.tel.pending_bytes
+        if got:
+            self.done += got
+            self.n += 1
+            self.lat += int(got / self.rate * 1e9)
+            self.last = t - MS
+        self.tel.observe(row(done_b=self.done, done_s=self.n, lat_sum=self.lat, last_done=self.last), t)
+        return got
+
+
+def test_a_slow_rail_keeps_its_low_estimate():
+    """A rail that really carries 100 MB/s of its nominal 1.25 GB/s, beside a sibling at 1.25 GB/s,
+    with mice only (256 KiB every 10 ms): the mice go to the sibling, and the slow rail gets one
+    mouse per stale time. Measured slow each time, its estimate stays at its rate; it is not pulled
+    up, and the mice do not drift to it."""
     cfg = SchedulerConfig(probe_every=0, bandwidth_stale_s=0.5)
-    tel = RailTelemetry(0, 10 * GBIT, config=cfg)
-    t = moved = 0
-    tel.observe(row(serving=1, progress=1), t)
-    seen = []
-    for _ in range(500):  # 5 s of 10 ms ticks, serving at 100 MB/s the whole time
+    slow, fast = _Served(RailTelemetry(0, 10 * GBIT, config=cfg), 100e6), _Served(RailTelemetry(1, 10 * GBIT, config=cfg), 1.25e9)
+    rails = [slow.tel, fast.tel]
+    s = SliceScheduler(cfg)
+    t = 0
+    for r in rails:
+        r.observe(row(), t)
+    for _ in range(60):  # measure both: an elephant every 10 ms for 0.6 s
         t += 10 * MS
-        moved += 1_000_000
-        tel.observe(row(inflight_b=8 * MiB, inflight_s=8, serving=2, progress=t, moved=moved), t)
-        if t >= 1_000 * MS:
-            seen.append(tel.bandwidth_Bps)
-    assert max(seen) == pytest.approx(100e6, rel=0.02) and min(seen) == pytest.approx(100e6, rel=0.02)
-    # done and idle for 2 s: it climbs (nothing confirms the low rate), to at most its prior
-    done_b = moved
-    idle_row = row(done_b=done_b, done_s=8, lat_sum=80 * MS, last_done=t, progress=t, moved=moved)
-    t_idle = t
-    while t < t_idle + 2_000 * MS:
+        slow.tick(t)
+        fast.tick(t)
+        s.plan(4 * MiB, rails, now_ns=t)
+    assert slow.tel.bandwidth_Bps == pytest.approx(100e6, rel=0.02)
+    given = []
+    for _ in range(500):  # 5 s of mice
         t += 10 * MS
-        tel.observe(idle_row, t)
-    climbed = tel.bandwidth_Bps
-    assert 100e6 < climbed <= 1.25e9
-    # measured again at 100 MB/s: its fresh samples bring it back down
-    for _ in range(40):
-        t += 10 * MS
-        moved += 1_000_000
-        tel.observe(row(inflight_b=8 * MiB, inflight_s=8, done_b=done_b, done_s=8, lat_sum=80 * MS,
-                        last_done=t_idle, serving=2, progress=t, moved=moved), t)
-    assert tel.bandwidth_Bps == pytest.approx(100e6, rel=0.05)
+        if slow.tick(t):
+            given.append(t)
+        fast.tick(t)
+        s.plan(256 * KiB, rails, now_ns=t)
+        assert slow.tel.bandwidth_Bps == pytest.approx(100e6, rel=0.02)
+    gaps = [b - a for a, b in zip(given, given[1:], strict=False)]
+    assert 8 <= len(given) <= 10 and all(0.5e9 < g <= 0.5e9 + 60 * MS for g in gaps), given  # from the window that folds the sample
 
 
-def test_an_idle_rails_estimate_stays_bounded_by_its_prior():
+def test_an_idle_rails_estimate_does_not_move_without_samples():
     """No request ever comes: the estimates of a starved rail, an unmeasured one and a rail measured
-    above the made-up prior (nominal rate unknown) stay finite, never pass the prior, and the last
-    one is not pulled down to it (samples are lower bounds)."""
+    above the made-up prior (nominal rate unknown) stay exactly where samples left them, however
+    long; only their unconfirmed time grows (finite, from the last sample)."""
     cfg = SchedulerConfig(probe_every=0, bandwidth_stale_s=2.0)
     starved = RailTelemetry(0, 10 * GBIT, config=cfg)
     t = _starve(starved, 0)
     fresh = RailTelemetry(1, 0.0, config=cfg)
     fast = RailTelemetry(2, 0.0, config=cfg)
+    fresh.observe(row(), t)
     fast.observe(row(serving=1, progress=1), t)
     moved = 0
     for _ in range(10):  # 100 ms serving at 3 GB/s (loopback)
         t += 10 * MS
         moved += 30_000_000
         fast.observe(row(inflight_b=8 * MiB, inflight_s=8, serving=2, progress=t, moved=moved), t)
-    fast_bw = fast.bandwidth_Bps
-    assert fast_bw == pytest.approx(3e9, rel=0.01)
-    last = [starved.bandwidth_Bps, fresh.bandwidth_Bps, fast_bw]
-    for e in range(0, 12):  # idle ticks reaching 10^11 s past the last sample
+    t_last = t
+    before = [starved.bandwidth_Bps, fresh.bandwidth_Bps, fast.bandwidth_Bps]
+    assert before[2] == pytest.approx(3e9, rel=0.01)
+    for e in range(12):  # idle ticks reaching 10^11 s past the last sample
         t += 10**e * 1_000_000_000
         _idle(starved, t)
         fresh.observe(row(), t)
-        fast.observe(row(done_b=0, progress=t - 10**e * 1_000_000_000, moved=moved), t)
-        now = [starved.bandwidth_Bps, fresh.bandwidth_Bps, fast.bandwidth_Bps]
-        assert all(a <= b for a, b in zip(last, now, strict=True)), (last, now)  # no drift down
-        last = now
-    assert last == [pytest.approx(1.25e9), cfg.default_bandwidth_Bps, fast_bw]
+        fast.observe(row(progress=t_last, moved=moved), t)
+        assert [starved.bandwidth_Bps, fresh.bandwidth_Bps, fast.bandwidth_Bps] == before
+    assert fast.unconfirmed_s(t) == pytest.approx((t - t_last) * 1e-9)
+    assert fresh.unconfirmed_s(t) == pytest.approx((t - t_last + 100 * MS) * 1e-9)
 
 
-def test_a_rail_holding_work_it_does_not_complete_does_not_climb():
+def test_a_rail_holding_work_it_does_not_complete_is_not_stale():
     """A stalled rail (serving, nothing moves) produces no samples, yet holds work: its estimate is
-    not stale but stuck, and its queue prices it; it must not climb back into the spray."""
+    stuck, not stale, and its queue prices it; no stale probe piles more onto it."""
     cfg = SchedulerConfig(probe_every=0, bandwidth_stale_s=0.5)
     tel = RailTelemetry(0, 10 * GBIT, config=cfg)
     t = _starve(tel, 0)
@@ -582,17 +621,23 @@ def test_a_rail_holding_work_it_does_not_complete_does_not_climb():
         t += 10 * MS
         tel.observe(row(inflight_b=4 * MiB, inflight_s=8, done_b=tel.bytes_done, done_s=tel.slices_done,
                         lat_sum=tel._prev[5], last_done=tel.last_complete_ns, serving=2, progress=1), t)
-    assert tel.bandwidth_Bps == low
+    assert tel.bandwidth_Bps == low and tel.unconfirmed_s(t) == 0
+    sibling = RailTelemetry(1, 10 * GBIT, config=cfg)
+    sibling.observe(row(), 0)
+    assert stale_rails([tel, sibling], [0, 1], t, 0.5) == [1]  # the idle sibling, never sampled
 
 
-@given(
-    st.floats(1e3, 1e11), st.floats(1e3, 1e11), st.floats(0, 1e12), st.floats(0, 1e3),
-)
-def test_recovered_bandwidth_stays_between_estimate_and_prior(confirmed, prior, idle_s, stale_s):
-    b = recovered_bandwidth(confirmed, prior, idle_s, stale_s)
-    assert min(confirmed, prior) <= b <= max(confirmed, prior)
-    assert b >= confirmed  # only ever raises
-    assert recovered_bandwidth(confirmed, prior, idle_s * 2 + 1, stale_s) >= b  # never falls back
+@given(st.lists(st.integers(0, 64), min_size=1, max_size=8), st.data())
+def test_give_stale_slices_keeps_the_total_and_fills_empty_stale_shares(units, data):
+    shares = [u * 64 * KiB for u in units]
+    stale = data.draw(st.lists(st.integers(0, len(shares) - 1), unique=True))
+    before = list(shares)
+    given = give_stale_slices(shares, stale, 64 * KiB)
+    assert sum(shares) == sum(before) and min(shares) >= 0
+    got = [j for j in stale if before[j] == 0 and shares[j] == 64 * KiB]
+    assert given == len(got)
+    if max(before) >= 2 * 64 * KiB * (1 + len(stale)):  # room for all: every empty stale share filled
+        assert all(shares[j] for j in stale)
 
 
 # ---- slice scheduler -----------------------------------------------------------------------------
