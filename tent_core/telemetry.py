@@ -74,8 +74,8 @@ no window's sample confirmed the estimate while the rail held no work, and the s
 rail unconfirmed for `SchedulerConfig.bandwidth_stale_s` one slice of the next elephant or the next
 mouse (slice_scheduler.py): a rail that was only unlucky is measured again and rejoins the spray,
 one that really is slow costs one slice per stale time and keeps its low estimate. Letting the
-estimate itself climb back toward the prior instead was tried: the estimate is then made up, not
-measured: a 1 MB/s rail (tc-shaped, tests/test_telemetry_completions.py) idle for 4 s while its
+estimate itself climb back toward the prior instead was tried, and it makes the estimate up: a
+1 MB/s rail (tc-shaped, tests/test_telemetry_completions.py) idle for 4 s while its
 sibling drained was back at the 10 Gbit/s prior, where the next elephant's water-filling would
 have given it nearly all its bytes.
 """

@@ -467,6 +467,22 @@ def _idle(tel: RailTelemetry, t: int) -> None:
                     last_done=tel.last_complete_ns), t)
 
 
+def test_bandwidth_stale_s_default_and_validation():
+    assert SchedulerConfig().bandwidth_stale_s == 2.0
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="bandwidth_stale_s"):
+            SchedulerConfig(bandwidth_stale_s=bad)
+    # 0 turns the stale probes off: a starved rail stays starved
+    cfg = SchedulerConfig(probe_every=0, bandwidth_stale_s=0)
+    rails = rails_at(10, 10, cfg=cfg)
+    t = _starve(rails[1], 0)
+    rails[0].observe(row(), 0)
+    t += 60_000 * MS
+    for r in rails:
+        _idle(r, t)
+    assert not _plan_reaches(SliceScheduler(cfg), rails, 32 * MiB, 1, t)
+
+
 def _plan_reaches(s: SliceScheduler, rails: list[RailTelemetry], length: int, rail: int, t: int) -> bool:
     plan = s.plan(length, rails, now_ns=t)
     check_cover(plan, length)
