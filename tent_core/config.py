@@ -99,6 +99,13 @@ class SchedulerConfig:
     # Every probe_every-th large request is sprayed evenly over all admitted rails so idle rails
     # get fresh bandwidth samples (C++: every 100th multi-slice call).
     probe_every: int = 100
+    # A rail whose bandwidth estimate no fresh sample confirmed for this long, while it held no
+    # work, gets one slice of the next large request or the next small one, so it is measured
+    # again: samples are lower bounds, and a low one from a bad moment (a descheduled sender, a
+    # cold connection) otherwise starves the rail for good, as the spray gives a slow-looking rail
+    # nothing (probes off, or mice only). A rail that really is slow costs one slice per this time
+    # (as the probe_every probes do: 512 KiB of a 32 MiB request, 0.5 s on a 1 MB/s rail). 0: off.
+    bandwidth_stale_s: float = 2.0
     # Topology penalties by affinity tier (0 = same PCIe/NUMA domain). C++ `numa_penalties`.
     tier_penalties: tuple[float, ...] = (1.0, 5.0, 10.0)
     # Bytes a plan assigned but telemetry has not yet seen are forgotten after this long, so a lost
@@ -121,6 +128,8 @@ class SchedulerConfig:
             raise ValueError("unknown_bandwidth_floor_Bps must be > 0 and rate_span_completions >= 1")
         if self.gamma < 0 or self.probe_every < 0:
             raise ValueError("gamma and probe_every must be >= 0")
+        if not self.bandwidth_stale_s >= 0:  # also refuses NaN
+            raise ValueError("bandwidth_stale_s must be >= 0")
 
     def tier_penalty(self, tier: int) -> float:
         """Penalty for affinity tier `tier`; tiers past the table get the last (worst) value."""

@@ -32,6 +32,14 @@ Rail choice, policy "spray" (TENT):
    alignment unit within one), dealt in a smooth interleaved order so every rail works along the
    whole buffer. Every `probe_every`-th elephant is sprayed evenly instead (whole slices), so idle
    rails get fresh samples.
+5. Stale rails: a rail whose estimate no sample confirmed for `bandwidth_stale_s` while it held no
+   work (`RailTelemetry.unconfirmed_s`) gets the next mouse, or one slice (of the request's slice
+   size) of the next elephant that water-filling left it out of, taken from the largest share: a
+   64 KiB slice alone read 0.1 GB/s for a ~2 GB/s loopback rail (its latency is mostly overhead),
+   a 512 KiB one is closer, and one sample moves the estimate half way (EWMA). Without it
+   a rail read low in a bad moment is never given anything, so never measured again, whenever
+   probes are off or only mice come (telemetry.py); the slice given marks it confirmed until its
+   sample is folded, so one probe per stale time (plus a window), whatever the request rate.
 
 Baselines for benchmarks: "round_robin" (slices dealt in turn, starting rail rotating per request),
 "single" (everything on the first admitted rail), "stripe" (n equal contiguous parts, one per rail).
@@ -78,6 +86,8 @@ class SliceScheduler:
         self._rr = 0  # mice / round_robin / stripe cursor
         self._elephants = 0  # probe counter
         self.probes = 0
+        self.stale_probes = 0  # slices or mice given to stale rails
+        self._stale_s = self.config.bandwidth_stale_s
 
     # ---- slicing --------------------------------------------------------------------------------
 
@@ -139,6 +149,11 @@ class SliceScheduler:
             # several messages on the same rail (issue 17); the caller cuts it by the transport's
             # split size, as it does every request on a single-rail route.
             r = cand[0] if len(cand) == 1 else self._pick_near_best(length, rails, cand, weights)
+            if len(cand) > 1 and self._stale_s:
+                stale = stale_rails(rails, cand, stamp, self._stale_s)
+                if stale and r not in stale:  # one mouse re-measures a rail nothing else reaches
+                    r = stale[0]
+                    self.stale_probes += 1
             rails[r].add_pending(length, stamp)
             return [(r, 0, length)]
         n, size = self.slice_sizes(length)
@@ -148,6 +163,7 @@ class SliceScheduler:
             rails[r].add_pending(length, stamp)
             return out
         if policy == "spray":
+            stale = stale_rails(rails, cand, stamp, self._stale_s) if self._stale_s else []
             self._elephants += 1
             pe = self.config.probe_every
             if pe and self._elephants % pe == 0:
@@ -155,6 +171,8 @@ class SliceScheduler:
                 order = self._interleave(cand, self._even_counts(n, len(cand)))
             else:
                 shares = spray_shares(length, self._rates(rails, cand, weights), self._min, self._align)
+                if stale:
+                    self.stale_probes += give_stale_slices(shares, [cand.index(r) for r in stale], size)
                 out = self._cut(cand, shares, n, length)
                 for r, b in zip(cand, shares, strict=True):
                     if b:
@@ -311,6 +329,29 @@ class SliceScheduler:
             if best is not None:
                 return best
         return None
+
+
+def stale_rails(rails: Sequence[RailTelemetry], cand: Sequence[int], now_ns: int, stale_s: float) -> list[int]:
+    """The candidates whose estimate no sample confirmed for more than `stale_s` while they held
+    no work, longest unconfirmed first."""
+    ages = [(rails[i].unconfirmed_s(now_ns), i) for i in cand]
+    return [i for age, i in sorted(ages, key=lambda a: -a[0]) if age > stale_s]
+
+
+def give_stale_slices(shares: list[int], stale: Sequence[int], slice_bytes: int) -> int:
+    """Give each position in `stale` whose share is 0 `slice_bytes`, taken from the largest share
+    while that keeps at least as much (in place; the total is unchanged). Returns how many got one."""
+    given = 0
+    for j in stale:
+        if shares[j]:
+            continue
+        top = max(range(len(shares)), key=shares.__getitem__)
+        if shares[top] < 2 * slice_bytes:
+            break
+        shares[top] -= slice_bytes
+        shares[j] = slice_bytes
+        given += 1
+    return given
 
 
 def spray_shares(length: int, rails: Sequence[tuple[float, float]], min_bytes: int, align: int) -> list[int]:

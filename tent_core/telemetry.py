@@ -43,18 +43,46 @@ rail can carry (each is conservative for a different reason, so the largest is t
   so that a slow rail whose slices take longer than a window is measured at its rate, not at
   "one slice per window". While such a span is open the per-slice sample is left out (its latency
   includes the queue).
+* goodput while holding work: bytes completed from a snapshot at which the rail held nothing (so
+  every one of them was submitted after it) to the next such snapshot, over that time (up to the
+  last completion); idle time at either end only lowers it. Counted only where the per-slice
+  sample would count alone, in a window of a rail (with service telemetry) that has not yet shown
+  a busy rate and served no two consecutive snapshots: a request that fits between two of them (a
+  32 MiB read of ~40 ms on loopback, whose health ticks came 43 ms apart on a loaded host) left the
+  queue-inclusive per-slice sample, 512 KiB over ~17 ms of mean latency = 0.03 GB/s, to replace the
+  prior of a fresh rail that had moved 30 MiB in those 43 ms; with probes off the spray then gave
+  that rail nothing, so nothing ever measured it again. (Bytes counted as they move, over the
+  intervals they moved in, are no such bound: they are counted at the socket, and a receiver that
+  drains a buffer filled while it waited for a core read 2.2 GB/s for a ~1 GB/s loopback rail.)
 
 Within a measurement window the largest sample is kept (the "cleanest path condition": application
 load and idle gaps only ever make samples smaller), clamped to the nominal rate when it is known, and
-the window peaks are EWMA-smoothed (when the nominal rate is unknown, the first measured window
-replaces the made-up prior instead). A rail that stops completing anything produces no samples, so
-its estimate does not move; its queue A grows instead and with it its cost, and `is_stalled` says so
-explicitly (a downed veth gives no socket error: traffic just stops). `service_rate_Bps` is the rate
-of the last window in which the rail was busy serving, for comparing a rail with its siblings.
+the window peaks are EWMA-smoothed (when the nominal rate is unknown, the first window that measured
+a rate over bytes and time, either goodput, replaces the made-up prior instead; one whose best
+sample is a per-slice latency, queue included, moves it only as far as the EWMA does). A rail that
+stops completing anything produces no samples, so its estimate does not move; its queue A grows
+instead and with it its cost, and `is_stalled` says so explicitly (a downed veth gives no socket
+error: traffic just stops). `service_rate_Bps` is the rate of the last window in which the rail
+was busy serving, for comparing a rail with its siblings.
+
+A low estimate is no life sentence, yet only a sample moves it. Samples are lower bounds, and one
+from a bad moment (a sender descheduled on a loaded host, a cold connection) can leave a rail
+looking far slower than its siblings; the spray then gives it nothing (water-filling by cost; mice
+go to the cheapest rails) and nothing ever measures it again when probes are off or traffic is
+mice only (probes spray only every `probe_every`-th elephant). `unconfirmed_s` says for how long
+no window's sample confirmed the estimate while the rail held no work, and the scheduler gives a
+rail unconfirmed for `SchedulerConfig.bandwidth_stale_s` one slice of the next elephant or the next
+mouse (slice_scheduler.py): a rail that was only unlucky is measured again and rejoins the spray,
+one that really is slow costs one slice per stale time and keeps its low estimate. Letting the
+estimate itself climb back toward the prior instead was tried, and it makes the estimate up: a
+1 MB/s rail (tc-shaped, tests/test_telemetry_completions.py) idle for 4 s while its
+sibling drained was back at the 10 Gbit/s prior, where the next elephant's water-filling would
+have given it nearly all its bytes.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -74,6 +102,9 @@ PROGRESS_NS = int(StatField.PROGRESS_NS)
 BYTES_MOVED = int(StatField.BYTES_MOVED)
 CONGESTION = int(StatField.CONGESTION)
 ROW_FIELDS = STAT_FIELDS
+# progress stamps kept per rail for `RailTelemetry.moving_since`: at the health tick (10 ms) these
+# reach back over 0.6 s of steady movement, past `RailHealthConfig.stall_cut_s`
+PROGRESS_HISTORY = 64
 
 _NS = 1e-9
 
@@ -112,6 +143,7 @@ class RailTelemetry:
         "last_complete_ns",
         "serving",
         "progress_ns",
+        "_progress_seen",
         "bytes_moved",
         "service_rate_Bps",
         "service_rate_ns",
@@ -132,8 +164,13 @@ class RailTelemetry:
         "_peak_little",
         "_busy_bytes",
         "_busy_ns",
+        "_held_from",
+        "_holding",
+        "_held_bytes",
+        "_held_ns",
         "_nominal_Bps",
         "_measured",
+        "_confirmed_ns",
         "_span_need",
         "_busy_slices",
         "_anchor",
@@ -166,6 +203,8 @@ class RailTelemetry:
             self._lo = cfg.unknown_bandwidth_floor_Bps
             self._hi = float("inf")
         self.bandwidth_Bps = self._nominal_Bps or cfg.default_bandwidth_Bps
+        # when a window's sample (or work held) last confirmed the estimate; -1: not observed yet
+        self._confirmed_ns = -1
         self.latency_s = 0.0
         self.inflight_bytes = 0
         self.inflight_slices = 0
@@ -177,6 +216,9 @@ class RailTelemetry:
         self.last_complete_ns = 0
         self.serving = 0
         self.progress_ns = 0
+        # the distinct progress stamps observe() saw, newest last: whether this rail kept moving
+        # tick after tick or only resumed after a gap (see `moving_since`)
+        self._progress_seen: deque[int] = deque(maxlen=PROGRESS_HISTORY)
         self.bytes_moved = 0
         self.service_rate_Bps = 0.0  # rate of the last busy window (0: none yet)
         self.service_rate_ns = 0  # when it was measured
@@ -190,7 +232,13 @@ class RailTelemetry:
         self._peak_little = 0.0  # the Little's-law part of _peak
         self._busy_bytes = 0
         self._busy_ns = 0
-        self._measured = False  # a window produced a sample (the prior is gone)
+        # goodput while holding work: (ns, bytes_done) of the last snapshot at which the rail held
+        # nothing, whether it held work at a snapshot since, and this window's closed periods
+        self._held_from: tuple[int, int] | None = None
+        self._holding = False
+        self._held_bytes = 0
+        self._held_ns = 0
+        self._measured = False  # a window measured a rate over bytes and time (the prior is gone)
         # completion spans (executors without service telemetry): (ns, bytes_done, slices_done) of
         # the completion that opened the current busy span, and of the latest one in it
         self._span_need = cfg.rate_span_completions
@@ -231,16 +279,20 @@ class RailTelemetry:
         self.errors = cur[ERRORS]
         self.last_complete_ns = cur[LAST_COMPLETE_NS]
         self.serving = cur[SERVING]
+        if cur[PROGRESS_NS] and cur[PROGRESS_NS] != self.progress_ns:
+            self._progress_seen.append(cur[PROGRESS_NS])
         self.progress_ns = cur[PROGRESS_NS]
         self.bytes_moved = cur[BYTES_MOVED]
         if cur[PROGRESS_NS] and not self._reports_service:
             self._reports_service = True  # from now on busy time is service time: drop the spans
             self._anchor = self._span_end = None
             self._busy_bytes = self._busy_ns = self._busy_slices = 0
+        self._follow_holding(cur, now_ns)
         if prev is None:
             self._prev = cur
             self._prev_ns = now_ns
             self._window_start_ns = now_ns
+            self._follow_confirmation(now_ns, False)
             return Delta(0, 0, 0)
 
         d_bytes = cur[BYTES_DONE] - prev[BYTES_DONE]
@@ -291,9 +343,41 @@ class RailTelemetry:
 
         if now_ns - self._window_start_ns >= self._window_ns:
             self._roll_window(now_ns)
+        self._follow_confirmation(now_ns, d_slices > 0)
         self._prev = cur
         self._prev_ns = now_ns
         return Delta(d_bytes, d_slices, d_errors, d_congestion)
+
+    def _follow_confirmation(self, now_ns: int, completed: bool) -> None:
+        """A completion (its sample waits in the open window) or work held confirms the estimate as
+        a window's sample does: the rail is not left out, and a rail that holds work and completes
+        nothing is a stall, priced by its queue."""
+        if (
+            completed
+            or self._confirmed_ns < 0
+            or self.inflight_slices > 0
+            or self.inflight_bytes > 0
+            or self.serving > 0
+            or self.pending_bytes > 0
+        ):
+            self._confirmed_ns = now_ns
+
+    def _follow_holding(self, cur: tuple[int, ...], now_ns: int) -> None:
+        """Periods from a snapshot at which the rail held nothing to the next one, with work held at
+        a snapshot in between: what completed in one was all submitted within it."""
+        if cur[INFLIGHT_SLICES] > 0 or cur[INFLIGHT_BYTES] > 0:
+            self._holding = self._held_from is not None
+            return
+        if self._holding and self._held_from is not None:
+            start_ns, start_done = self._held_from
+            last = cur[LAST_COMPLETE_NS]
+            end = last if start_ns < last <= now_ns else now_ns
+            done = cur[BYTES_DONE] - start_done
+            if done > 0 and end > start_ns:
+                self._held_bytes += done
+                self._held_ns += end - start_ns
+        self._held_from = (now_ns, cur[BYTES_DONE])
+        self._holding = False
 
     def _follow_completions(self, prev: tuple[int, ...], cur: tuple[int, ...], prev_infl: int, infl_b: int) -> None:
         """Completion spans: open one at a completion after which the rail still holds work, extend
@@ -321,6 +405,10 @@ class RailTelemetry:
     def _roll_window(self, now_ns: int) -> None:
         peak = self._peak
         busy_rate = 0.0
+        # the window's best sample is a rate over bytes and time (either goodput), not
+        # slices' queue-inclusive latencies alone; an executor without service telemetry has only
+        # completions, so its samples all count as such
+        rated = not self._reports_service
         if not self._reports_service:
             # completions only: the busy spans so far, the open one up to its latest completion
             # (which anchors the rest of it); spans too short to tell a rate carry over
@@ -350,21 +438,38 @@ class RailTelemetry:
             # each request's start, after whichever window the previous request ended in, and the
             # spray followed those estimates (docs/benchmarks.md, open loop).
             peak = 0.0
+        elif self._held_ns > 0:
+            # No busy rate yet and no busy interval: the per-slice samples (queue included) would
+            # count alone, and for a fresh rail whose nominal rate is unknown they replace the prior
+            # outright. The goodput while holding work is a lower bound too, and far closer when a
+            # burst's slices queued behind each other (module docstring).
+            held_rate = self._held_bytes / (self._held_ns * _NS)
+            if held_rate >= peak:
+                peak = held_rate
+                rated = True
         if busy_rate > 0:
             self._prev_service = (self.service_rate_Bps, self.service_rate_ns)
             self.service_rate_Bps = busy_rate
             self.service_rate_ns = now_ns
-            if busy_rate > peak:
+            if busy_rate >= peak:
                 peak = busy_rate
+                rated = True
         if peak > 0:
             peak = min(max(peak, self._lo), self._hi)
-            if not self._measured and not self._nominal_Bps:
+            if not self._measured and not self._nominal_Bps and rated:
                 self.bandwidth_Bps = peak  # the prior was made up: nothing to average with
             else:
+                # Per-slice samples alone move a made-up prior only part of the way: the tail of a
+                # burst that waited behind the rest (and for its connection) read 0.02 GB/s on a
+                # fresh loopback rail while the window's bytes told nothing, and replacing the
+                # prior with it left that rail out of the next request's spray.
                 a = self._alpha
                 self.bandwidth_Bps = (1 - a) * self.bandwidth_Bps + a * peak
-            self._measured = True
+            if rated:
+                self._measured = True
+            self._confirmed_ns = now_ns
         self._peak = self._peak_little = 0.0
+        self._held_bytes = self._held_ns = 0
         self._window_start_ns = now_ns
 
     def add_pending(self, nbytes: int, now_ns: int = 0) -> None:
@@ -406,6 +511,30 @@ class RailTelemetry:
             return 0.0
         return max(0.0, (now_ns - self.progress_ns) * _NS)
 
+    def moving_since(self, gap_ns: float) -> int:
+        """Start of this rail's current run of progress: the earliest stamp reached from the latest
+        through observed stamps at most `gap_ns` apart (the oldest one kept, when the run reaches
+        back past `PROGRESS_HISTORY` of them). 0 when no progress was seen."""
+        seen = self._progress_seen
+        if not seen:
+            return 0
+        start = seen[-1]
+        for stamp in reversed(seen):
+            if start - stamp > gap_ns:
+                break
+            start = stamp
+        return start
+
+    def unconfirmed_s(self, now_ns: int) -> float:
+        """Seconds since a sample last confirmed this rail's estimate, while it held no work (0
+        while it holds or was just given some, or before it was first observed)."""
+        if self._confirmed_ns < 0 or self.inflight_slices > 0 or self.inflight_bytes > 0 or self.serving > 0:
+            return 0.0
+        last = self._confirmed_ns
+        if self.pending_bytes > 0 and self._pending_ns > last:
+            last = self._pending_ns
+        return max(0.0, (now_ns - last) * _NS)
+
     def is_stalled(self, now_ns: int, min_s: float) -> bool:
         """True if the rail looks dead: serving and silent for longer than `min_s`."""
         return self.stall_s(now_ns) > min_s
@@ -432,21 +561,29 @@ class RailTelemetry:
 
 def stalled(rails: Sequence[RailTelemetry], now_ns: int, stall_s: float) -> list[int]:
     """Positions of the rails (siblings: one peer, one transport) that serve work but moved no byte
-    for `stall_s` while some sibling kept moving bytes: within that time, and more than `stall_s`
-    after the silent rail's last byte. When every rail went silent (the peer, or our own CPU, is
-    the suspect, not a rail) nothing is returned, the executors' progress timeouts and the peer's
+    for `stall_s` while some sibling kept moving bytes through that silence: moving within the last
+    `stall_s`, and tick after tick (no gap of its own as long as `stall_s`) for more than `stall_s`
+    of the silent rail's silence. When every rail went silent (the peer, or our own CPU, is the
+    suspect, not a rail) nothing is returned, the executors' progress timeouts and the peer's
     liveness checks take over; rails rarely fall silent at the same instant (a whole peer stops,
     and one rail's sender runs a scheduling delay later than its sibling's), and only a sibling
-    still moving `stall_s` after the silence began tells a broken rail from a stopped peer."""
+    still moving `stall_s` after the silence began tells a broken rail from a stopped peer. Nor do
+    they resume at the same instant: when the whole process stood still for 150 ms (SIGSTOP in the
+    reproduction; a loaded two-core host deschedules it so), the rail whose thread got a core first
+    looked "moving" beside a sibling whose thread had not yet run, and that sibling was paused now
+    and then; a sibling's progress counts only from where its own last gap ended."""
     limit_ns = stall_s * 1e9
     silent = [i for i, r in enumerate(rails) if r.serving > 0 and r.progress_ns and now_ns - r.progress_ns > limit_ns]
     if not silent:
         return silent
-    moving = [r.progress_ns for i, r in enumerate(rails) if i not in silent and r.progress_ns and now_ns - r.progress_ns <= limit_ns]
+    moving = [
+        (r.progress_ns, r.moving_since(limit_ns))
+        for i, r in enumerate(rails)
+        if i not in silent and r.progress_ns and now_ns - r.progress_ns <= limit_ns
+    ]
     if not moving:
         return []
-    latest = max(moving)
-    return [i for i in silent if latest - rails[i].progress_ns > limit_ns]
+    return [i for i in silent if any(p - max(since, rails[i].progress_ns) > limit_ns for p, since in moving)]
 
 
 def slowness(rails: Sequence[RailTelemetry], now_ns: int, window_s: float) -> dict[int, float]:

@@ -15,7 +15,7 @@ from tent_core.config import EngineConfig, QosConfig, RailHealthConfig, Schedule
 from tent_core.qos import PrioritySlots, SharedRailLoad
 from tent_core.rail_monitor import RailMonitor, RailState
 from tent_core.recovery import shared_load_key
-from tent_core.slice_scheduler import NoRailError, SliceScheduler, spray_shares
+from tent_core.slice_scheduler import NoRailError, SliceScheduler, give_stale_slices, spray_shares, stale_rails
 from tent_core.telemetry import RailTelemetry, slowness, stalled
 from tent_core.types import Priority
 
@@ -178,39 +178,67 @@ def _serving(tel: RailTelemetry, t: int, progress: int, moved: int = 0, serving:
 
 
 def test_stalled_needs_a_sibling_that_moves():
-    rails = rails_at(1, 1, 1)
     t = 10_000 * MS
-    for r in rails:
-        _serving(r, t - 500 * MS, t - 500 * MS)
-    _serving(rails[0], t, t - 150 * MS)  # silent 150 ms
-    _serving(rails[1], t, t - 2 * MS)  # moving
-    _serving(rails[2], t, t - 30 * MS)  # a short gap is not a stall
+    rails = rails_at(1, 1, 1)
+    # rail 0 silent 150 ms, rail 1 moving all along, rail 2 silent for 30 ms (a short gap is not a stall)
+    _ticks(rails, t - 500 * MS, t, [t - 150 * MS, t, t - 30 * MS])
     assert stalled(rails, t, 0.1) == [0]
     # every rail silent: the peer (or our CPU) is suspect, not a rail
-    _serving(rails[1], t, t - 150 * MS)
-    _serving(rails[2], t, t - 150 * MS)
+    rails = rails_at(1, 1, 1)
+    _ticks(rails, t - 500 * MS, t, [t - 150 * MS, t - 150 * MS, t - 150 * MS])
     assert stalled(rails, t, 0.1) == []
     # a rail with nothing in service is never stalled (queued work is load)
+    rails = rails_at(1, 1, 1)
+    _ticks(rails, t - 500 * MS, t, [t - 900 * MS, t, t])
     _serving(rails[0], t, t - 900 * MS, serving=0)
-    _serving(rails[1], t, t - 1 * MS)
-    _serving(rails[2], t, t - 1 * MS)
     assert stalled(rails, t, 0.1) == []
 
 
 def test_stalled_ignores_a_sibling_that_stopped_a_little_later():
     """A whole peer stops: its rails fall silent a scheduling delay apart (60 ms here). The later
     one's last bytes are recent, but it stopped too: no rail is stalled, whatever the cut window."""
-    rails = rails_at(1, 1)
     t = 10_000 * MS
-    for r in rails:
-        _serving(r, t - 500 * MS, t - 500 * MS)
-    _serving(rails[0], t, t - 320 * MS)  # silent past the cut window
-    _serving(rails[1], t, t - 260 * MS)  # stopped 60 ms later
+    rails = rails_at(1, 1)
+    _ticks(rails, t - 800 * MS, t, [t - 320 * MS, t - 260 * MS])  # rail 0 silent past the cut window
     assert stalled(rails, t, 0.1) == []
     assert stalled(rails, t, 0.3) == []
     # a sibling still moving long after the silence began: that rail is broken, not the peer
-    _serving(rails[1], t, t - 5 * MS)
+    rails = rails_at(1, 1)
+    _ticks(rails, t - 800 * MS, t, [t - 320 * MS, t])
     assert stalled(rails, t, 0.1) == [0] and stalled(rails, t, 0.3) == [0]
+
+
+def _ticks(rails: list[RailTelemetry], t_from: int, t_to: int, stops: list[int]) -> None:
+    """Health ticks every 10 ms over [t_from, t_to]: rail i moves bytes up to stops[i], then falls
+    silent (still serving)."""
+    for t in range(t_from, t_to + 1, 10 * MS):
+        for r, stop in zip(rails, stops, strict=True):
+            _serving(r, t, min(t - MS, stop))
+
+
+def test_a_sibling_that_resumed_after_the_whole_process_stood_still_is_no_witness():
+    """Two cores, a loaded host: the whole process (executor threads and health thread alike) is
+    descheduled for 150 ms. When it runs again, one rail's sender gets a core first and stamps its
+    progress; the health tick then sees that rail "moving" and its sibling, whose sender has not run
+    yet, silent for 150 ms. Only a sibling that kept moving through the silence (no gap of its own as
+    long as the limit) tells a broken rail; one that merely resumed first is no witness."""
+    rails = rails_at(1, 1)
+    t0 = 10_000 * MS
+    _ticks(rails, t0 - 500 * MS, t0, [t0, t0])  # both moving, observed every tick
+    t = t0 + 150 * MS  # no tick ran in between: the process was descheduled
+    _serving(rails[1], t, t - MS)  # rail 1's sender ran first
+    _serving(rails[0], t, t0 - MS)  # rail 0's has not yet
+    assert stalled(rails, t, 0.1) == []
+    # the same if the health thread did run (and saw both silent) while the senders did not
+    rails = rails_at(1, 1)
+    _ticks(rails, t0 - 500 * MS, t0 + 140 * MS, [t0, t0])
+    _ticks(rails, t0 + 150 * MS, t0 + 150 * MS, [t0, t0 + 150 * MS])
+    assert stalled(rails, t0 + 150 * MS, 0.1) == []
+    # rail 1 keeps moving, tick after tick, while rail 0 stays silent: now rail 0 is broken
+    _ticks(rails, t0 + 160 * MS, t0 + 240 * MS, [t0, t0 + 240 * MS])
+    assert stalled(rails, t0 + 240 * MS, 0.1) == []  # 90 ms of steady progress: not yet
+    _ticks(rails, t0 + 250 * MS, t0 + 260 * MS, [t0, t0 + 260 * MS])
+    assert stalled(rails, t0 + 260 * MS, 0.1) == [0]
 
 
 def test_slowness_from_fresh_service_rates_only():
@@ -356,6 +384,277 @@ def test_per_slice_samples_still_count_before_any_busy_rate():
     b.idle(60)
     assert b.tel.service_rate_Bps == 0.0
     assert b.tel.bandwidth_Bps == pytest.approx(MiB / 0.02, rel=0.02)
+
+
+def test_a_burst_between_two_snapshots_does_not_starve_a_fresh_rail():
+    """A fresh rail (nominal rate unknown) serves a whole 32 MiB request of 64 slices submitted at
+    once between two health ticks that came 43 ms apart (seen on a loaded host, tests/
+    test_shared_load.py): no interval was busy at both ends, so only the per-slice sample counted,
+    and the slices' latencies include their wait behind each other (512 KiB over ~16 ms = 0.03
+    GB/s). It replaced the prior, and the spray (probes off) then gave the rail nothing, so nothing
+    measured it again. What completed while it held work, over that time, must bound it."""
+    cfg = SchedulerConfig(probe_every=0)
+    tel = RailTelemetry(1, 0.0, config=cfg)  # loopback: no nominal rate
+    size = 512 * KiB
+    tel.observe(row(progress=1), 0)
+    # 10 ms: three slices done (each waited ~8 ms), four in service, 2 MiB moved
+    tel.observe(row(inflight_b=61 * size, inflight_s=61, done_b=3 * size, done_s=3, lat_sum=3 * 8 * MS,
+                    last_done=9 * MS, serving=4, progress=10 * MS, moved=2 * MiB), 10 * MS)
+    # 53 ms (the next tick, late): all 64 done, mean latency ~16 ms from submit, 32 MiB moved
+    tel.observe(row(done_b=64 * size, done_s=64, lat_sum=1035 * MS, last_done=41 * MS, progress=41 * MS,
+                    moved=32 * MiB), 53 * MS)
+    per_slice = size / (1035 / 64 * 1e-3)
+    assert max(size / (8e-3), per_slice) < 70e6  # the window's per-slice samples: what the estimate was
+    # it held nothing at 0 and at 53 ms: 32 MiB completed in between, the last at 41 ms
+    assert tel.bandwidth_Bps == pytest.approx(32 * MiB / 0.041, rel=0.01)
+    # a sibling measured at 1 GB/s: the fresh rail keeps a share in proportion to its bound
+    sibling = RailTelemetry(0, 0.0, config=cfg)
+    sibling.bandwidth_Bps = 1e9
+    shares = spray_shares(32 * MiB, SliceScheduler._rates([sibling, tel], [0, 1], None), 64 * KiB, 4 * KiB)
+    assert shares[1] >= 32 * MiB // 3, shares
+
+
+def test_a_burst_tail_alone_does_not_replace_a_fresh_rails_prior():
+    """A fresh rail (nominal rate unknown) first observed at the tail of the connecting read: three
+    128 KiB slices left, which waited behind the rest and for the connection (16 ms for the three)
+    and moved their last few KiB. The per-slice sample (0.024 GB/s) is all the window says, and
+    nothing in it tells a slow rail from queued slices. It replaced the prior, and the next request
+    (its sibling loaded by another process) gave the rail 1 MiB of 32. It moves the prior as far as
+    the EWMA does; the first rate over bytes and time then replaces what is left of the prior."""
+    cfg = SchedulerConfig(probe_every=0)
+    tel = RailTelemetry(1, 0.0, config=cfg)
+    size = 128 * KiB
+    tel.observe(row(inflight_b=3 * size, inflight_s=3, done_b=29 * size, done_s=29, lat_sum=115 * MS,
+                    serving=3, progress=36 * MS, moved=4 * MiB - 4 * KiB), 36 * MS)
+    tel.observe(row(done_b=32 * size, done_s=32, lat_sum=131 * MS, last_done=40 * MS, progress=40 * MS,
+                    moved=4 * MiB), 47 * MS)
+    tel.observe(row(done_b=32 * size, done_s=32, lat_sum=131 * MS, last_done=40 * MS, progress=40 * MS,
+                    moved=4 * MiB), 87 * MS)  # the window rolls
+    per_slice = size / (16e-3 / 3)
+    prior = cfg.default_bandwidth_Bps
+    assert tel.bandwidth_Bps == pytest.approx((prior + per_slice) / 2, rel=0.01)
+    # the next request: the sibling (unmeasured, its prior) holds 64 MiB of another process's reads
+    sibling = RailTelemetry(0, 0.0, config=cfg)
+    sibling.set_external(64 * MiB)
+    shares = spray_shares(32 * MiB, SliceScheduler._rates([sibling, tel], [0, 1], None), 64 * KiB, 4 * KiB)
+    assert 3 * shares[0] <= shares[1], shares
+    # a window that measures the rail by bytes over time replaces what is left of the prior
+    t, moved = 87 * MS, 4 * MiB
+    for _ in range(6):  # 60 ms serving at 800 MB/s
+        t += 10 * MS
+        moved += 8_000_000
+        tel.observe(row(inflight_b=8 * MiB, inflight_s=16, done_b=32 * size, done_s=32, lat_sum=131 * MS,
+                        serving=4, progress=t, moved=moved), t)
+    assert tel.bandwidth_Bps == pytest.approx(800e6, rel=0.01)
+
+
+def _starve(tel: RailTelemetry, t: int, windows: int = 12) -> int:
+    """Drive `tel` to a low estimate: one 64 KiB slice per 50 ms window, each 50 ms from submit
+    (a descheduled sender), so every window's only sample is 1.3 MB/s. Returns the time after."""
+    done = lat = 0
+    tel.observe(row(), t)
+    for k in range(windows):
+        t += 50 * MS
+        done += 64 * KiB
+        lat += 50 * MS
+        tel.observe(row(done_b=done, done_s=k + 1, lat_sum=lat, last_done=t), t)
+    return t
+
+
+def _idle(tel: RailTelemetry, t: int) -> None:
+    """An idle tick: the rail's counters as they stand, nothing held."""
+    tel.observe(row(done_b=tel.bytes_done, done_s=tel.slices_done, lat_sum=tel._prev[5] if tel._prev else 0,
+                    last_done=tel.last_complete_ns), t)
+
+
+def test_bandwidth_stale_s_default_and_validation():
+    assert SchedulerConfig().bandwidth_stale_s == 2.0
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="bandwidth_stale_s"):
+            SchedulerConfig(bandwidth_stale_s=bad)
+    # 0 turns the stale probes off: a starved rail stays starved
+    cfg = SchedulerConfig(probe_every=0, bandwidth_stale_s=0)
+    rails = rails_at(10, 10, cfg=cfg)
+    t = _starve(rails[1], 0)
+    rails[0].observe(row(), 0)
+    t += 60_000 * MS
+    for r in rails:
+        _idle(r, t)
+    assert not _plan_reaches(SliceScheduler(cfg), rails, 32 * MiB, 1, t)
+
+
+def _plan_reaches(s: SliceScheduler, rails: list[RailTelemetry], length: int, rail: int, t: int) -> bool:
+    plan = s.plan(length, rails, now_ns=t)
+    check_cover(plan, length)
+    return any(r == rail for r, _, _ in plan)
+
+
+def test_a_starved_idle_rail_gets_traffic_again_after_the_stale_time():
+    """A rail read far below its siblings in a bad moment gets nothing from the spray with probes off
+    (elephants by water-filling, mice to the cheapest rail), so nothing measures it again. Idle and
+    unconfirmed for `bandwidth_stale_s`, it gets one slice of the next elephant; measured near its
+    real rate, it rejoins the spray. Then, with mice only, the same for the next mouse."""
+    stale_s = 0.5
+    cfg = SchedulerConfig(probe_every=0, bandwidth_stale_s=stale_s)
+    rails = rails_at(10, 10, 10, cfg=cfg)
+    t0 = _starve(rails[2], 0)
+    for r in rails[:2]:
+        r.observe(row(), 0)
+    low = rails[2].bandwidth_Bps
+    assert low < 1.25e9 / 100, low
+    s = SliceScheduler(cfg)
+    assert not _plan_reaches(s, rails, 32 * MiB, 2, t0)
+    assert not any(_plan_reaches(s, rails, 256 * KiB, 2, t0) for _ in range(6))
+    # idle from t0 on: health ticks every 10 ms, an elephant every 100 ms (its slices never taken:
+    # the siblings' pending bytes expire, as when they complete between ticks)
+    t = t0
+    reached = None
+    while t < t0 + int(4 * stale_s * 1e9):
+        t += 10 * MS
+        for r in rails:
+            _idle(r, t)
+        if (t - t0) % (100 * MS) == 0 and _plan_reaches(s, rails, 32 * MiB, 2, t):
+            reached = t
+            break
+    assert reached is not None and stale_s * 1e9 < reached - t0 <= stale_s * 1e9 + 100 * MS, reached
+    assert rails[2].bandwidth_Bps == low and s.stale_probes == 1
+    piece = s.slice_sizes(32 * MiB)[1]
+    assert piece == 512 * KiB and rails[2].pending_bytes == piece  # one slice, from a sibling's share
+    # it is done in 0.5 ms (the rail is fine): the window's sample lifts the estimate half way (EWMA),
+    # the next elephant gives the rail a share by it
+    t += 40 * MS
+    done, n, lat = rails[2].bytes_done + piece, rails[2].slices_done + 1, rails[2]._prev[5] + MS // 2
+    rails[2].observe(row(done_b=done, done_s=n, lat_sum=lat, last_done=t - 39 * MS), t)
+    t += 10 * MS
+    for r in rails:
+        _idle(r, t)
+    assert rails[2].bandwidth_Bps > 100 * low
+    plan = s.plan(32 * MiB, rails, now_ns=t)
+    assert sum(ln for r, _, ln in plan if r == 2) >= 4 * MiB and s.stale_probes == 1
+    # mice only: starved again, it gets one mouse after the stale time, then none till measured
+    rails[2] = RailTelemetry(2, 10 * GBIT, config=cfg)
+    t = _starve(rails[2], t)
+    for r in rails:
+        r.pending_bytes = 0  # the elephant above completed
+        _idle(r, t)
+    t0, reached = t, None
+    while t < t0 + int(4 * stale_s * 1e9):
+        t += 10 * MS
+        for r in rails:
+            _idle(r, t)
+        if _plan_reaches(s, rails, 256 * KiB, 2, t):
+            reached = t
+            break
+    assert reached is not None and reached - t0 <= stale_s * 1e9 + 10 * MS, reached
+    assert not any(_plan_reaches(s, rails, 256 * KiB, 2, t) for _ in range(6))
+
+
+class _Served:
+    """Counters of a rail whose assigned bytes (its pending bytes) complete within the next tick at
+    `rate`, as one slice each time."""
+
+    def __init__(self, tel: RailTelemetry, rate: float) -> None:
+        self.tel, self.rate = tel, rate
+        self.done = self.n = self.lat = self.last = 0
+
+    def tick(self, t: int) -> int:
+        got = self.tel.pending_bytes
+        if got:
+            self.done += got
+            self.n += 1
+            self.lat += int(got / self.rate * 1e9)
+            self.last = t - MS
+        self.tel.observe(row(done_b=self.done, done_s=self.n, lat_sum=self.lat, last_done=self.last), t)
+        return got
+
+
+def test_a_slow_rail_keeps_its_low_estimate():
+    """A rail that really carries 100 MB/s of its nominal 1.25 GB/s, beside a sibling at 1.25 GB/s,
+    with mice only (256 KiB every 10 ms): the mice go to the sibling, and the slow rail gets one
+    mouse per stale time. Measured slow each time, its estimate stays at its rate; it is not pulled
+    up, and the mice do not drift to it."""
+    cfg = SchedulerConfig(probe_every=0, bandwidth_stale_s=0.5)
+    slow, fast = _Served(RailTelemetry(0, 10 * GBIT, config=cfg), 100e6), _Served(RailTelemetry(1, 10 * GBIT, config=cfg), 1.25e9)
+    rails = [slow.tel, fast.tel]
+    s = SliceScheduler(cfg)
+    t = 0
+    for r in rails:
+        r.observe(row(), t)
+    for _ in range(60):  # measure both: an elephant every 10 ms for 0.6 s
+        t += 10 * MS
+        slow.tick(t)
+        fast.tick(t)
+        s.plan(4 * MiB, rails, now_ns=t)
+    assert slow.tel.bandwidth_Bps == pytest.approx(100e6, rel=0.02)
+    given = []
+    for _ in range(500):  # 5 s of mice
+        t += 10 * MS
+        if slow.tick(t):
+            given.append(t)
+        fast.tick(t)
+        s.plan(256 * KiB, rails, now_ns=t)
+        assert slow.tel.bandwidth_Bps == pytest.approx(100e6, rel=0.02)
+    gaps = [b - a for a, b in zip(given, given[1:], strict=False)]
+    assert 8 <= len(given) <= 10 and all(0.5e9 < g <= 0.5e9 + 60 * MS for g in gaps), given  # from the window that folds the sample
+
+
+def test_an_idle_rails_estimate_does_not_move_without_samples():
+    """No request ever comes: the estimates of a starved rail, an unmeasured one and a rail measured
+    above the made-up prior (nominal rate unknown) stay exactly where samples left them, however
+    long; only their unconfirmed time grows (finite, from the last sample)."""
+    cfg = SchedulerConfig(probe_every=0, bandwidth_stale_s=2.0)
+    starved = RailTelemetry(0, 10 * GBIT, config=cfg)
+    t = _starve(starved, 0)
+    fresh = RailTelemetry(1, 0.0, config=cfg)
+    fast = RailTelemetry(2, 0.0, config=cfg)
+    fresh.observe(row(), t)
+    fast.observe(row(serving=1, progress=1), t)
+    moved = 0
+    for _ in range(10):  # 100 ms serving at 3 GB/s (loopback)
+        t += 10 * MS
+        moved += 30_000_000
+        fast.observe(row(inflight_b=8 * MiB, inflight_s=8, serving=2, progress=t, moved=moved), t)
+    t_last = t
+    before = [starved.bandwidth_Bps, fresh.bandwidth_Bps, fast.bandwidth_Bps]
+    assert before[2] == pytest.approx(3e9, rel=0.01)
+    for e in range(12):  # idle ticks reaching 10^11 s past the last sample
+        t += 10**e * 1_000_000_000
+        _idle(starved, t)
+        fresh.observe(row(), t)
+        fast.observe(row(progress=t_last, moved=moved), t)
+        assert [starved.bandwidth_Bps, fresh.bandwidth_Bps, fast.bandwidth_Bps] == before
+    assert fast.unconfirmed_s(t) == pytest.approx((t - t_last) * 1e-9)
+    assert fresh.unconfirmed_s(t) == pytest.approx((t - t_last + 100 * MS) * 1e-9)
+
+
+def test_a_rail_holding_work_it_does_not_complete_is_not_stale():
+    """A stalled rail (serving, nothing moves) produces no samples, yet holds work: its estimate is
+    stuck, not stale, and its queue prices it; no stale probe piles more onto it."""
+    cfg = SchedulerConfig(probe_every=0, bandwidth_stale_s=0.5)
+    tel = RailTelemetry(0, 10 * GBIT, config=cfg)
+    t = _starve(tel, 0)
+    low = tel.bandwidth_Bps
+    for _ in range(300):  # 3 s: 4 MiB held, serving, no byte moved
+        t += 10 * MS
+        tel.observe(row(inflight_b=4 * MiB, inflight_s=8, done_b=tel.bytes_done, done_s=tel.slices_done,
+                        lat_sum=tel._prev[5], last_done=tel.last_complete_ns, serving=2, progress=1), t)
+    assert tel.bandwidth_Bps == low and tel.unconfirmed_s(t) == 0
+    sibling = RailTelemetry(1, 10 * GBIT, config=cfg)
+    sibling.observe(row(), 0)
+    assert stale_rails([tel, sibling], [0, 1], t, 0.5) == [1]  # the idle sibling, never sampled
+
+
+@given(st.lists(st.integers(0, 64), min_size=1, max_size=8), st.data())
+def test_give_stale_slices_keeps_the_total_and_fills_empty_stale_shares(units, data):
+    shares = [u * 64 * KiB for u in units]
+    stale = data.draw(st.lists(st.integers(0, len(shares) - 1), unique=True))
+    before = list(shares)
+    given = give_stale_slices(shares, stale, 64 * KiB)
+    assert sum(shares) == sum(before) and min(shares) >= 0
+    got = [j for j in stale if before[j] == 0 and shares[j] == 64 * KiB]
+    assert given == len(got)
+    if max(before) >= 2 * 64 * KiB * (1 + len(stale)):  # room for all: every empty stale share filled
+        assert all(shares[j] for j in stale)
 
 
 # ---- slice scheduler -----------------------------------------------------------------------------

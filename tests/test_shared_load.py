@@ -63,10 +63,12 @@ def test_other_process_load_steers_spraying():
             assert rails[1].telemetry.external_bytes == 0
             before = {i: r["bytes"] for i, r in ((r["index"], r) for r in eng.rail_stats())}
             # the first request after the load shows up: what it moved was planned from the shared
-            # load alone. Later ones also fold this engine's own rate samples, and a fresh rail's first
-            # samples can read its queued slices' latency as its rate (0.03-0.14 GB/s for a rail that
-            # moved 32 MiB in ~20 ms, seen here in ~1 of 8 runs); with probes off (above) that rail is
-            # then starved for the rest of the test: an estimator question of its own, not this one
+            # load alone. Later ones also fold this engine's own rate samples (an unmeasured rail keeps
+            # its made-up prior beside a measured one). A fresh rail's first window used to read its
+            # queued slices' latency as its rate (0.01-0.05 GB/s for a rail that moves ~1 GB/s: the
+            # unloaded rail in 44 of 72 runs of this scenario), which with probes off (above)
+            # could starve it: see tests/test_policies.py,
+            # test_a_burst_between_two_snapshots_does_not_starve_a_fresh_rail and the next test
             eng.submit([Request(READ, local, 0, peer.seg("rw"), 0, 32 << 20)]).wait()
             after = {i: r["bytes"] for i, r in ((r["index"], r) for r in eng.rail_stats())}
             assert pump.poll() is None, "the other process stopped loading rail 0 before our reads ended"
