@@ -192,6 +192,8 @@ class FileMappings:
     def _file(self, buf: LocalBuffer) -> _File:
         f = self._files.get(id(buf))
         if f is None:
+            if not buf.registered:  # forgotten: no fd is opened for it again
+                raise errors.NotRegisteredError("the file is no longer registered")
             path = buf.info.path if buf.info is not None else None
             if not path:
                 raise errors.InvalidRequestError("a mapped path needs a registered file")
