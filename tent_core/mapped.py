@@ -27,6 +27,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -262,9 +263,11 @@ class MappedSubmitter(Protocol):
     def submit_leg(self, request: Request, decision: Decision, deadline: float) -> BatchHandle: ...
 
 
-def run_mapped(engine: Any, handle: BatchHandle, req: Request, path: MappedPath, pool: Any) -> None:
+def run_mapped(engine: Any, handle: BatchHandle, req: Request, path: MappedPath, pool: Any,
+               run_staged: Callable[..., None]) -> None:
     """Drive one mapped request to completion; finalizes exactly one unit of `handle`'s batch. Falls
-    back to the staged path (`path.fallback`) when the file cannot be mapped."""
+    back to the staged path (`path.fallback`, run by `run_staged`: `tent_core.staged.run_staged`)
+    when the file cannot be mapped."""
     batch = handle._batch
     try:
         _send(engine, handle, req, path)
@@ -274,8 +277,6 @@ def run_mapped(engine: Any, handle: BatchHandle, req: Request, path: MappedPath,
             batch.fail_slice(status_of(exc))
             return
         log.warning("%s; staging it instead", exc)
-        from .staged import run_staged
-
         run_staged(engine, handle, req, path.fallback, pool)
         return
     except BaseException as exc:  # every outcome must finalize the unit

@@ -101,7 +101,7 @@ def run_staged(engine: LegSubmitter, handle: BatchHandle, req: Request, path: St
     if isinstance(path, MappedPath):
         from .mapped import run_mapped
 
-        run_mapped(engine, handle, req, path, pool)
+        run_mapped(engine, handle, req, path, pool, run_staged)
         return
     if not isinstance(path, StagedPath):
         from .target_staging import run_target_staged

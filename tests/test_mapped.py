@@ -226,3 +226,21 @@ def test_mapping_never_outlives_the_engine(peer, tmp_path):
     assert maps.stats() == {"files": 0, "windows": 0, "mapped_bytes": 0}
     assert np.array_equal(np.fromfile(tmp_path / "e.bin", np.uint8), data)
     peer.call(cmd="fill", segment="rw", seed=0)
+
+
+def test_a_file_that_cannot_be_mapped_takes_the_staged_path(peer, tmp_path):
+    """The mapped path opens the file by its path on first use; gds opened it when it connected.
+    Unlinked in between, the file cannot be mapped: the request falls back to the staged path,
+    which reads through gds's open fd, and lands byte for byte."""
+    n = 3 * MiB + 5
+    data = pattern(n, seed=random.randrange(1 << 30))
+    data.tofile(tmp_path / "u.bin")
+    with _engine() as eng:
+        f = eng.register_file(tmp_path / "u.bin", segment="ckpt")
+        local = eng.allocate(n)
+        assert eng.submit([Request(READ, local, 0, eng.segment_name("ckpt"), 0, n)]).wait(60)  # gds opens it
+        os.unlink(tmp_path / "u.bin")
+        assert eng.submit([Request(WRITE, f, 0, peer.seg("rw"), 0, n)]).wait(60)
+        assert peer.digest("rw", 0, n) == sha(data)
+        assert eng._submitter.staging._made > 0 and eng._submitter.mappings.stats()["windows"] == 0
+    peer.call(cmd="fill", segment="rw", seed=0)
