@@ -57,15 +57,17 @@ REQUIRE_AUTH_MODES = ("non_loopback", "always", "never")
 class SchedulerConfig:
     """Phase 2: slicing and rail selection (paper section 4.2, Algorithm 1)."""
 
-    # Slices are at least this long (paper: 64 KB amortizes per-slice overhead while still
-    # limiting head-of-line blocking on a slow rail). C++ `block_size`.
+    # Slices of a sprayed request are at least this long (paper: 64 KB amortizes per-slice
+    # overhead while still limiting head-of-line blocking on a slow rail). C++ `block_size`.
+    # Mice are not cut by it (see small_request_threshold).
     min_slice_bytes: int = 64 * KiB
     # Large requests get fewer, bigger slices instead of unbounded slice counts. C++ `max_slice_count`.
     max_slices_per_request: int = 64
     # Slice boundaries are multiples of this (page alignment keeps O_DIRECT/GPU copies happy).
     slice_align_bytes: int = 4 * KiB
-    # Mice/elephant threshold theta: below it, a request goes to one near-best rail (latency);
-    # at or above it, it is sprayed (throughput). C++ sprays from ~1-2 MiB (>= 16/32 slices).
+    # Mice/elephant threshold theta: below it, a request goes whole to one near-best rail, one
+    # slice (latency; cut only by the transport's split_bytes, as on a single-rail route); at or
+    # above it, it is sliced and sprayed (throughput). C++ sprays from ~1-2 MiB (>= 16/32 slices).
     small_request_threshold: int = 1 * MiB
     # Mice pick round robin among rails whose cost is within (1 + gamma) of the best.
     gamma: float = 0.1

@@ -6,7 +6,8 @@ permission checked against the peer's registered buffers), gets the plan of the 
 (a `routing.Decision`, or a `StagedPath` when no transport serves the memory kinds directly),
 takes the Decision's first usable route, restricts its rails by the rule, cuts the piece into
 slices with the `SliceScheduler` (phase 2) and hands all slices of a transport to its executor in
-one native call. Each piece's (route, Decision) is recorded on the batch handle for recovery.
+one native call. A piece bound for one rail (a one-rail route, or a mouse, which the scheduler
+leaves whole) is cut only by the transport's `split_bytes`, alike on either kind of route. Each piece's (route, Decision) is recorded on the batch handle for recovery.
 Staged requests run in a small thread pool (`tent_core.staged`), their legs submitted through
 `submit_leg` with the leg's own Decision.
 
@@ -21,7 +22,9 @@ fast path, which repeats the checks made here (local range, remote buffer bounds
 memory kind, by bisection of the peer's buffer table), slices it the same way and calls the
 executor, all in C. Any miss, a stale entry (the generation moves on whenever peers, routes or
 local buffers change) or anything that is not plainly valid falls back to this planner, which
-raises the precise error or plans the request and caches it.
+raises the precise error or plans the request and caches it. A request on a route of several
+rails is never cached, mice included: its rail is the scheduler's choice per request (health,
+QoS slots, the load each rail holds), which a fixed entry would bypass.
 """
 
 from __future__ import annotations
@@ -308,20 +311,30 @@ class Submitter:
                 )
         notes.append((route, decision, local, local + length))
         if len(rails) == 1:
-            step = route.transport.split_bytes
-            if step <= 0 or length <= step:
-                plan.append((route, rails[0], op, local, raddr, length, hint))
-            else:
-                for off in range(0, length, step):
-                    plan.append((route, rails[0], op, local + off, raddr + off, min(step, length - off), hint))
+            self._one_rail(plan, route, rails[0], op, local, raddr, length, hint)
             return rails
         now = time.monotonic()
         weights: list[float] | None = [self.monitor.weight(r.slot, now) for r in rails]
         if not any(weights):  # type: ignore[arg-type]
             weights = None  # every rail paused: try them all rather than fail; retries sort it out
-        for idx, off, ln in self.scheduler.plan(length, [r.telemetry for r in rails], prio, weights):
+        slices = self.scheduler.plan(length, [r.telemetry for r in rails], prio, weights)
+        if len(slices) == 1:  # a mouse: cut as on a single-rail route, not per min_slice_bytes
+            self._one_rail(plan, route, rails[slices[0][0]], op, local, raddr, length, hint)
+            return rails
+        for idx, off, ln in slices:
             plan.append((route, rails[idx], op, local + off, raddr + off, ln, hint))
         return rails
+
+    @staticmethod
+    def _one_rail(plan: list[Slice], route: Route, rail: Rail, op: OpCode, local: int, raddr: int, length: int,
+                  hint: int) -> None:
+        """A piece bound for one rail: whole, or in the transport's `split_bytes` slices when longer."""
+        step = route.transport.split_bytes
+        if step <= 0 or length <= step:
+            plan.append((route, rail, op, local, raddr, length, hint))
+        else:
+            for off in range(0, length, step):
+                plan.append((route, rail, op, local + off, raddr + off, min(step, length - off), hint))
 
     def _hint(self, request_length: int) -> int:
         """The executor hints of a request's slices (see abi.HINT_SMALL)."""

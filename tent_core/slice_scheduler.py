@@ -8,16 +8,23 @@ Slicing (as the C++ `submitTransferTasks`, minus its 64 KiB round-up, which coul
 short tail): `n = clamp(length // min_slice_bytes, 1, max_slices_per_request)` slices of
 `s = align_down(length / n)` bytes, the last one taking the remainder. Every slice is therefore at
 least `min_slice_bytes` (only a request shorter than that is a single short slice), large requests
-get fewer, bigger slices, and boundaries are `slice_align_bytes` aligned.
+get fewer, bigger slices, and boundaries are `slice_align_bytes` aligned. This applies to what is
+spread over rails (elephants) and to the baseline policies; under "spray" a mouse is not sliced
+(step 3 below).
 
 Rail choice, policy "spray" (TENT):
 
 1. QoS filter: rails with weight 0 (PAUSED) are out; if a `PrioritySlots` is attached, rails whose
    current slot refuses `priority` are out too, unless that leaves none.
 2. Cost: `RailTelemetry.predicted_cost(length)` per rail, t = (b0 + b1 (A + L) / B) P.
-3. Mice (`length < small_request_threshold`): all slices on one rail, chosen round robin among the
-   rails within (1 + gamma) of the best cost *divided by their health weight* (a DEGRADED rail
-   looks twice as expensive). Latency matters, one rail avoids cross-rail skew.
+3. Mice (`length < small_request_threshold`): one slice, the whole request, on one rail, chosen
+   round robin among the rails within (1 + gamma) of the best cost *divided by their health
+   weight* (a DEGRADED rail looks twice as expensive); the only admitted rail when there is one.
+   Latency matters, one rail avoids cross-rail skew, and cutting a request bound for one rail into
+   `min_slice_bytes` pieces only turns it into several messages on that rail (a 256 KiB request
+   was four 64 KiB ones). The submitter cuts a one-slice plan by the transport's `split_bytes`
+   exactly as it cuts a request on a single-rail route, so a mouse is planned alike on one rail
+   or many (over tcp, whose split is 1 MiB = the default threshold, it stays one slice).
 4. Elephants: water-filling in bytes (Algorithm 1's greedy form, continuous): each rail gets the
    bytes that make it finish at one common predicted time, counting what it already holds, so the
    rails end a request together instead of one slice apart (`spray_shares`). A rail's share is cut
@@ -127,6 +134,13 @@ class SliceScheduler:
         policy = self._policy
         stamp = time.monotonic_ns() if now_ns is None else now_ns
 
+        if policy == "spray" and length < self._theta:
+            # a mouse: whole, on one rail. Cut into min_slice_bytes pieces it would only become
+            # several messages on the same rail (issue 17); the caller cuts it by the transport's
+            # split size, as it does every request on a single-rail route.
+            r = cand[0] if len(cand) == 1 else self._pick_near_best(length, rails, cand, weights)
+            rails[r].add_pending(length, stamp)
+            return [(r, 0, length)]
         n, size = self.slice_sizes(length)
         if len(cand) == 1 or policy == "single":
             r = cand[0]
@@ -134,11 +148,6 @@ class SliceScheduler:
             rails[r].add_pending(length, stamp)
             return out
         if policy == "spray":
-            if length < self._theta:
-                r = self._pick_near_best(length, rails, cand, weights)
-                out = self._uniform(r, n, size, length)
-                rails[r].add_pending(length, stamp)
-                return out
             self._elephants += 1
             pe = self.config.probe_every
             if pe and self._elephants % pe == 0:

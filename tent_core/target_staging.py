@@ -60,6 +60,18 @@ _MAX_LEN = 1 << 62
 # the initiator's pipeline sleeps at most this long between two looks at its batch's cancel flag
 _WAKE_CAP_S = 0.02
 
+# The chunk timeline, for diagnosis only (`python -m tent_bench.staging_timeline`): None (off, the
+# default), or a list that both halves append (time.monotonic_ns(), event, chunk offset[, stage])
+# to: the initiator "submit" / "done" for each stage of each chunk and "sleep" for each wait of its
+# pipeline, the target "arrive" / "start" / "finish" for each chunk's device copy.
+TIMELINE: list[tuple[Any, ...]] | None = None
+
+
+def _mark(*event: Any) -> None:
+    timeline = TIMELINE
+    if timeline is not None:
+        timeline.append((time.monotonic_ns(), *event))
+
 # typed errors a stager reply can name (by class name) and the initiator re-raises
 _ERRORS: dict[str, type[errors.TentError]] = {
     cls.__name__: cls
@@ -313,6 +325,7 @@ class TargetStager:
         req = Request(OpCode.WRITE if push else OpCode.READ, sess.slots[slot], 0, f"{self.engine_id}/{sess.seg}",
                       sess.offset + off, n)
         copy = _CopyReply(self, sess, req, n, push)
+        _mark("arrive", off)
         with sess.lock:
             if sess.closed:
                 raise errors.InvalidRequestError(f"staging session {sess.sid} is closed")
@@ -330,6 +343,7 @@ class TargetStager:
     def _start(self, copy: _CopyReply) -> None:
         """Submit the session's running copy (on the control thread); a copy that cannot be submitted
         is finished with its error, and the next one starts."""
+        _mark("start", copy.req.remote_offset - copy.sess.offset)
         try:
             handle = self.engine.submit_leg(copy.req, copy.sess.decision, self.config.request_deadline_s)
         except errors.TentError as exc:
@@ -363,6 +377,7 @@ class TargetStager:
             if copy.finished:
                 return
             copy.finished = True
+            _mark("finish", copy.req.remote_offset - sess.offset)
             sess.copies.discard(copy)
             nxt = None
             if sess.running is copy:
@@ -693,6 +708,7 @@ def _run_chunks(engine: Any, handle: BatchHandle, req: Request, path: TargetStag
                 ent = [off, ln, slot, st, 0, None]
                 inflight.append(ent)
                 nxt += 1
+                _mark("submit", off, 0)
                 ent[5] = stages[0](off, ln, slot, st)
             moved = False
             for ent in inflight:
@@ -700,6 +716,7 @@ def _run_chunks(engine: Any, handle: BatchHandle, req: Request, path: TargetStag
                 if step is None or not step.done():
                     continue
                 step.result()  # raises the stage's error
+                _mark("done", ent[0], ent[4])
                 ent[4] += 1
                 ent[5] = stages[ent[4]](ent[0], ent[1], ent[2], ent[3]) if ent[4] < len(stages) else None
                 moved = True
@@ -716,6 +733,7 @@ def _run_chunks(engine: Any, handle: BatchHandle, req: Request, path: TargetStag
                     pool.release(ent[3])
             if not moved and inflight:
                 # capped so that a cancel (which signals nothing here) is seen soon
+                _mark("sleep", 0)
                 ctl.collect(min(_WAKE_CAP_S, max(0.0, handle.deadline - time.monotonic())), wake)
                 notifier.drain()  # before the next pass looks: a leg finishing after it signals again
     finally:

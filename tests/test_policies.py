@@ -457,9 +457,58 @@ def test_mice_round_robin_among_near_best():
             x.pending_bytes = 0
     assert set(picks) == {0, 1, 2}
     assert max(picks.count(i) for i in range(3)) - min(picks.count(i) for i in range(3)) <= 1
-    # one mouse of 512 KiB: several slices, all on a single rail
+    # one mouse of 512 KiB: one slice, the whole request, on one rail (no 64 KiB cutting)
     plan = s.plan(512 * KiB, rails, Priority.HIGH)
-    assert len({r for r, _, _ in plan}) == 1 and len(plan) == 8
+    assert len(plan) == 1 and plan[0][1:] == (0, 512 * KiB)
+
+
+@pytest.mark.parametrize("length", [64 * KiB, 64 * KiB + 1, 256 * KiB, 1 * MiB - 4096, 1 * MiB - 1])
+def test_a_mouse_on_a_multi_rail_route_is_one_slice_on_one_rail(length):
+    s = SliceScheduler(SchedulerConfig(probe_every=0))
+    rails = rails_at(1, 1)
+    used = set()
+    for _ in range(4):
+        plan = s.plan(length, rails, Priority.HIGH)
+        assert len(plan) == 1 and plan[0][1:] == (0, length)
+        r = plan[0][0]
+        used.add(r)
+        # the whole request is accounted on the rail it went to, nothing on the other
+        assert rails[r].pending_bytes == length and rails[1 - r].pending_bytes == 0
+        for x in rails:
+            x.pending_bytes = 0
+    assert used == {0, 1}  # still round robin among near-best rails
+
+
+def test_a_mouse_is_one_slice_whatever_rails_admit_it():
+    # health weights leaving one rail, QoS slots, a degraded rail: still one slice, on an admitted rail
+    s = SliceScheduler(SchedulerConfig(probe_every=0))
+    for weights in ([0.0, 1.0, 0.0], [1.0, 0.5, 0.0], [0.5, 0.5, 0.5]):
+        plan = s.plan(256 * KiB, rails_at(1, 1, 1), Priority.HIGH, weights)
+        assert len(plan) == 1 and plan[0][1:] == (0, 256 * KiB) and weights[plan[0][0]] > 0
+    slots = PrioritySlots(QosConfig(rotation_interval_us=200))
+    q = SliceScheduler(SchedulerConfig(probe_every=0), qos=slots)
+    t0 = 10_000_000_000
+    q.plan(64 * MiB, rails_at(1, 1, 1, 1), Priority.HIGH, now_ns=t0)  # HIGH active: LOW held to its slots
+    plan = q.plan(512 * KiB, rails_at(1, 1, 1, 1), Priority.LOW, now_ns=t0 + 1)
+    assert len(plan) == 1 and plan[0][0] in slots.admitted(4, Priority.LOW, t0 + 1)
+
+
+def test_elephants_and_baselines_are_still_sliced():
+    # the threshold, not the slice size, decides: an elephant is cut in min_slice_bytes multiples and
+    # sprayed; baseline policies keep cutting every request (they model other engines)
+    s = SliceScheduler(SchedulerConfig(probe_every=0))
+    at = s.plan(1 * MiB, rails_at(1, 1), Priority.HIGH)
+    assert len(at) == 16 and {r for r, _, _ in at} == {0, 1} and all(ln == 64 * KiB for _, _, ln in at)
+    big = s.plan(64 * MiB, rails_at(1, 1), Priority.HIGH)
+    assert len(big) == 64 and {r for r, _, _ in big} == {0, 1}
+    one = s.plan(8 * MiB, rails_at(1, 1), Priority.HIGH, [1.0, 0.0])  # one admitted rail: as before
+    assert len(one) == 64 and {r for r, _, _ in one} == {0}
+    for policy in ("round_robin", "stripe", "single"):
+        plan = SliceScheduler(SchedulerConfig(policy=policy)).plan(256 * KiB, rails_at(1, 1), Priority.HIGH)
+        assert len(plan) == 4 and all(ln == 64 * KiB for _, _, ln in plan), policy
+    smaller = SliceScheduler(SchedulerConfig(small_request_threshold=128 * KiB, probe_every=0))
+    plan = smaller.plan(256 * KiB, rails_at(1, 1), Priority.HIGH)
+    assert len(plan) == 4 and {r for r, _, _ in plan} == {0, 1}  # 256 KiB is an elephant there
 
 
 def test_mice_elephant_threshold():

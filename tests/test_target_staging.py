@@ -338,3 +338,57 @@ def test_a_large_request_moves_in_fewer_larger_chunks_up_to_the_slot():
     finally:
         eng.close()
         p.close()
+
+
+def test_the_chunk_timeline_records_each_chunk_of_both_halves_in_order():
+    """`target_staging.TIMELINE` (the diagnosis tool's hook): with both halves in this process, every
+    chunk's stages at the initiator and its device copy at the target appear once each, in the order
+    the pipeline runs them; off (None), nothing is recorded."""
+    from tent_core import target_staging
+
+    m = 1 << 20
+    size = 12 * m
+    target = Engine({**NO_IPC, "target_staging_chunk_bytes": 2 * m, "target_staging_slots": 4,
+                     "target_staging_depth": 2}, transports=["tcp", "simdev"], plugins=[SimDevicePlugin()])
+    eng = Engine({"target_staging_min_chunk_bytes": 2 * m}, transports=["tcp"])
+    try:
+        dev = SimArray(size)
+        target.register(dev, segment="dev")
+        seg = f"{target.engine_id}/dev"
+        buf = eng.allocate(size)
+        buf.array[:] = pattern(size, seed=5)
+        eng.transfer(WRITE, buf, 0, seg, 0, size, timeout=60)  # connections and sessions: before recording
+        for op, push_stage in ((WRITE, 1), (READ, 0)):
+            target_staging.TIMELINE = []
+            try:
+                out = eng.allocate(size)
+                eng.transfer(op, buf if op == WRITE else out, 0, seg, 0, size, timeout=60)
+                events = list(target_staging.TIMELINE)
+            finally:
+                target_staging.TIMELINE = None
+            if op == READ:
+                assert np.array_equal(out.array, buf.array)
+            at: dict[tuple, int] = {}
+            assert any(ev[1] == "sleep" for ev in events)  # the pipeline waited at least once
+            for ev in events:
+                if ev[1] == "sleep":
+                    continue
+                key = ev[1:]
+                assert key not in at, f"{key} recorded twice"
+                at[key] = ev[0]
+            offsets = sorted(k[1] for k in at if k[0] == "arrive")
+            assert offsets == list(range(0, size, 2 * m))  # six chunks, each copied once at the target
+            for off in offsets:
+                # WRITE: the wire leg, then the copy request; READ: the copy request, then the wire leg
+                order = [("submit", off, 0), ("done", off, 0), ("arrive", off), ("start", off), ("finish", off),
+                         ("done", off, 1)]
+                if push_stage == 0:
+                    order = [("submit", off, 0), ("arrive", off), ("start", off), ("finish", off), ("done", off, 0),
+                             ("done", off, 1)]
+                times = [at[k] for k in order]
+                assert times == sorted(times), f"chunk {off}: {order} at {times}"
+        eng.transfer(WRITE, buf, 0, seg, 0, size, timeout=60)
+        assert target_staging.TIMELINE is None
+    finally:
+        eng.close()
+        target.close()

@@ -260,30 +260,6 @@ def _median_range(v: Any, rng: Any) -> str:
     return fmt(v)
 
 
-def render_compat(text: str) -> str:
-    """`scripts/bench-compat.sh --json`: per point the medians of the rounds with their min-max, GB/s and
-    the per-round ratios (facade / native, facade / Mooncake)."""
-    data = parse_json_output(text)
-    if not isinstance(data, list) or not data or not all(isinstance(r, dict) and "facade_gbps" in r for r in data):
-        return render_generic(text)
-    moon = any(r.get("mooncake_gbps") is not None for r in data)
-    header = ["op", "block", "batch", "rounds", "facade GB/s", "native GB/s"] + (["mooncake GB/s"] if moon else []) + \
-        ["facade / native"] + (["facade / mooncake"] if moon else [])
-    rows = []
-    for r in data:
-        cells = [str(r.get("op")), human(int(r["block"])), str(r.get("batch")), str(r.get("rounds")),
-                 _median_range(r.get("facade_gbps"), r.get("facade_spread")),
-                 _median_range(r.get("native_gbps"), r.get("native_spread"))]  # fmt: skip
-        if moon:
-            cells.append(_median_range(r.get("mooncake_gbps"), r.get("mooncake_spread")))
-        cells.append(f"**{_median_range(r.get('facade_x_native'), r.get('facade_x_native_spread'))}**")
-        if moon:
-            cells.append(_median_range(r.get("facade_x_mooncake"), r.get("facade_x_mooncake_spread")))
-        rows.append(cells)
-    return ("GB/s: median of the rounds (min-max); ratios: median of the per-round ratios (min-max).\n\n"
-            + table(header, rows))
-
-
 def render_dataplane(text: str) -> str:
     """`refhub bench dataplane --json`: the run's facts (generic), then refhub against the raw engine per
     round, median (min-max): the verified replicate's GB/s, raw's and the per-round ratio."""
@@ -390,6 +366,13 @@ def render_local(text: str) -> str:
                 f"{s.get('ioengine')} j{s.get('numjobs')} d{s.get('iodepth')} {fmt(t['gbps'])}")
         notes.append("fio's settings (I/O engine, jobs, depth) swept before the rounds, GB/s, the fastest per point kept: "
                      + "; ".join(f"{op} {human(bs)}: {', '.join(v)}" for (op, bs), v in sweep.items()))  # fmt: skip
+    skew = [r for r in data if isinstance(r, dict) and r.get("engine") == "fio" and r.get("fio_job_start_skew_ms_max") is not None]
+    if skew:
+        notes.append("fio's rate is its bytes over the span of all its jobs' I/Os (fio's own figure divides by its longest "
+                     "job's runtime); per point, its jobs' start skew (max over the rounds) and its own figure / the span's: "
+                     + ", ".join(f"{r['op']} {human(r['block_size'])} {fmt(r['fio_job_start_skew_ms_max'])} ms, "
+                                 f"{fmt(r['fio_reported_gbps'] / r['gbps']) if r.get('fio_reported_gbps') and r.get('gbps') else '-'}"
+                                 for r in skew))  # fmt: skip
     sub = next((r for r in data if isinstance(r, dict) and r.get("kind") == "submit_cost"), None)
     if sub:
         notes.append(f"submit() of one 64 KiB request: median {fmt(sub.get('median_us'))} us, P99 {fmt(sub.get('p99_us'))} us; "
@@ -466,14 +449,70 @@ def render_fault(text: str) -> str:
 
 
 def render_mixed(text: str) -> str:
+    """`tent bench --fabric --mixed --json`: per QoS variant the median (min-max) over the rounds,
+    with each variant's per-round ratio to qos=off (tent_bench.fabric_bench.qos_markdown)."""
+    from .fabric_bench import qos_markdown
+
     data = parse_json_output(text)
-    rows = [r for r in data or [] if isinstance(r, dict) and r.get("kind") == "mixed"]
+    rows = [r for r in data or [] if isinstance(r, dict)] if isinstance(data, list) else []
+    return qos_markdown(rows).strip() or render_generic(text)
+
+
+def render_resilience(text: str) -> str:
+    """`scripts/bench-resilience.sh --json`: the fault scenarios, then the QoS variants, every figure
+    the median (min-max) of the rounds (tent_bench.resilience.markdown, fabric_bench.qos_markdown)."""
+    from .fabric_bench import qos_markdown
+    from .resilience import markdown
+
+    data = parse_json_output(text)
+    if not isinstance(data, dict) or not isinstance(data.get("resilience"), dict):
+        return render_generic(text)
+    res = data["resilience"]
+    out = [markdown(res.get("rows") or []).strip()]
+    qos = qos_markdown(data.get("qos") or []).strip()
+    if qos:
+        out += ["QoS (the table of the QoS section above, from the same run):", qos]
+    return "\n\n".join(out)
+
+
+def render_compat(text: str) -> str:
+    """`scripts/bench-compat.sh --json`: facade, native and Mooncake GB/s as median (min-max) of the
+    rounds, the per-round ratios, and the Mooncake knob setting its sweep chose."""
+    data = parse_json_output(text)
+    if not isinstance(data, list) or not data or not all(isinstance(r, dict) for r in data):
+        return render_generic(text)
+    rows = [r for r in data if "facade_gbps" in r]
+    tuning = next((r for r in data if r.get("kind") == "mooncake_tuning"), None)
     if not rows:
         return render_generic(text)
-    return table(["run", "mice completed", "mice P50 ms", "mice P99 ms", "idle mice P50 / P99 ms", "elephants Gbit/s"],
-                 [[r["label"], fmt(r.get("mice_count")), fmt(r["mice_p50_us"] / 1e3), fmt(r["mice_p99_us"] / 1e3),
-                   f"{fmt(r['mice_idle_p50_us'] / 1e3)} / {fmt(r['mice_idle_p99_us'] / 1e3)}", fmt(r.get("elephant_gbit"))]
-                  for r in rows])  # fmt: skip
+
+    def med(r: Row, key: str) -> str:
+        v, sp = r.get(key), r.get(key.removesuffix("_gbps") + "_spread" if key.endswith("_gbps") else f"{key}_spread")
+        if v is None:
+            return "-"
+        return f"{fmt(v)} ({fmt(sp[0])}-{fmt(sp[1])})" if isinstance(sp, list) and len(sp) == 2 else fmt(v)
+
+    moon = any("mooncake_gbps" in r for r in rows)
+    header = ["op", "block", "batch", "facade GB/s", "native GB/s", "facade / native"]
+    header += ["Mooncake GB/s", "facade / Mooncake"] if moon else []
+    out = []
+    for r in rows:
+        cells = [r["op"], human(r["block"]), str(r["batch"]), med(r, "facade_gbps"), med(r, "native_gbps"),
+                 f"**{med(r, 'facade_x_native')}**"]  # fmt: skip
+        if moon:
+            cells += [med(r, "mooncake_gbps"), f"**{med(r, 'facade_x_mooncake')}**"]
+        out.append(cells)
+    head = f"Median (min-max) of {rows[0].get('rounds')} rounds; ratios computed within each round."
+    notes = []
+    if tuning:
+        chosen = tuning.get("chosen") or {}
+        notes.append("Mooncake ran with the best setting of its knob sweep (before the rounds, the same points, "
+                     "geometric mean GB/s): " + (", ".join(f"`{k}={v}`" for k, v in chosen.items()) or "its defaults"))  # fmt: skip
+        notes.append("Sweep (geometric mean GB/s per setting): " + "; ".join(
+            f"{' '.join(f'{k}={v}' for k, v in (t.get('mooncake_env') or {}).items()) or 'defaults'}: "
+            + (fmt(t['score_gbps']) if t.get("score_gbps") is not None else f"failed ({t.get('error', '?')})")
+            for t in tuning.get("settings", [])))  # fmt: skip
+    return "\n\n".join([head, table(header, out)] + (["\n".join(f"- {n}" for n in notes)] if notes else []))
 
 
 def render_tail(text: str) -> str:
@@ -708,7 +747,8 @@ def default_steps() -> list[Step]:
                             "docs/timeline-flap.png"],
              [*fab, "--fault", "flap 1 every 300ms from 1s until 3s", "--duration", "4"],
              render_fault, needs_root=True, covers=FABRIC_SCRIPTS, opt_in=True),  # fmt: skip
-        Step("resilience", ["scripts/bench-resilience.sh"], needs=("scripts/bench-resilience.sh",), needs_root=True,
+        Step("resilience", ["scripts/bench-resilience.sh", "--json"], ["scripts/bench-resilience.sh", "--quick", "--json"],
+             render_resilience, needs=("scripts/bench-resilience.sh",), needs_root=True,
              covers=("scripts/bench-resilience.sh",), timeout_s=900),  # fmt: skip
         Step("small-peer", [*b, "--transport", "tcp", "--block-sizes", "64K,256K", "--iters", "2000", "--rounds", "5",
                             "--baseline", "mooncake"],
@@ -718,9 +758,9 @@ def default_steps() -> list[Step]:
              render=render_small, quick_env={"ROUNDS": "1", "BUDGET": "8M"}),  # fmt: skip
         Step("auth", ["scripts/bench-auth.sh"], needs=("scripts/bench-auth.sh",), covers=("scripts/bench-auth.sh",),
              env={"ROUNDS": "5"}, quick_env={"ROUNDS": "1", "BUDGET": "0.2"}),  # fmt: skip
-        Step("compat", ["scripts/bench-compat.sh", "--json"], needs=("scripts/bench-compat.sh",),
-             covers=("scripts/bench-compat.sh",), render=render_compat,
-             env={"ROUNDS": "5"}, quick_env={"ROUNDS": "1", "DURATION": "0.2"}),  # fmt: skip
+        Step("compat", ["scripts/bench-compat.sh", "--json"], render=render_compat, needs=("scripts/bench-compat.sh",),
+             covers=("scripts/bench-compat.sh",),
+             env={"ROUNDS": "5"}, quick_env={"ROUNDS": "1", "DURATION": "0.2", "TUNE_DURATION": "0.1"}),  # fmt: skip
         Step("staging-copy", [TENT, "bench-staging", "--size", "512M", "--rounds", "5", "--copy-ns-per-mib", "1500000",
                               "--both", "--json"],
              [TENT, "bench-staging", "--size", "32M", "--rounds", "1", "--copy-ns-per-mib", "1500000", "--json"],

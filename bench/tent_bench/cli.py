@@ -322,7 +322,7 @@ def _local_rounds(spec: Any, baselines: list[str], nrounds: int, path_spec: str 
             contenders.append((name, run))
         per_round = rd.run_rounds(contenders, nrounds,
                                   skipped=lambda n, why: err.print(f"[yellow]baseline {n} unavailable: {why}[/]"))  # fmt: skip
-    metrics = (*rd.METRICS, "x_slower_stage", "cpu_s_per_GiB", "cpu_bound_limit") if path_spec else (*rd.METRICS, "cpu_s_per_gb")
+    metrics = (*rd.METRICS, "x_slower_stage", "cpu_s_per_GiB", "cpu_bound_limit") if path_spec else (*rd.METRICS, "cpu_s_per_gb", "fio_reported_gbps", "fio_job_start_skew_ms")
     rows = rd.summarize(per_round, metrics=metrics)
     if tuning:
         rows.append({"kind": "mooncake_tuning", "rows": tuning, "chosen": next(
@@ -438,8 +438,10 @@ def _bench_fabric(
     spec.rounds = rounds or (1 if quick else 3)
     if quick:
         spec.block_sizes, spec.budget_s = [1 * MiB, 64 * MiB], 1.5
-        spec.mixed_duration_s = 2.0
+        spec.mixed_duration_s, spec.lone_s = 2.0, 1.0
     else:
+        # --mixed: each variant runs once per round; shorter runs keep 3 rounds near one 4 s run's time
+        spec.mixed_duration_s, spec.lone_s = 2.0, 1.0
         spec.block_sizes, spec.budget_s = [256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB], 3.0
     if block_sizes:
         spec.block_sizes = [parse_size(s) for s in _csv(block_sizes)]

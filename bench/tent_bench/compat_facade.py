@@ -9,7 +9,10 @@ process drives it two ways **on the same TENT engine, connections and buffers**:
   batch as an application would.
 
 With ``--mooncake`` a second pair of processes runs the real Mooncake (``mooncake-transfer-engine``,
-TCP, P2P handshake) through the same calls on the same sizes. Per round every engine runs every point
+TCP, P2P handshake) through the same calls on the same sizes, at its best knob setting: before the
+rounds, every setting of ``tent_bench.baselines.MOONCAKE_KNOBS`` (lanes per peer, slice size,
+connection pool: the tcp block's sweep) runs every point twice, the settings interleaved point by
+point, and the one with the best geometric mean GB/s is kept (``--no-tune``: its defaults); the JSON ends with a ``mooncake_tuning`` record. Per round every engine runs every point
 (the order of engines rotates each round); a point runs for ``--duration`` seconds. The table gives the
 median GB/s of the rounds, the spread (min-max) and ``facade / native`` computed per round, then the
 median. Within a point and round, facade and native alternate in ``--slices`` short turns (A B B A ...),
@@ -222,6 +225,64 @@ def _pair(kind: str, env: dict[str, str]) -> tuple[Proc, Proc]:
     return target, init
 
 
+def tune_mooncake(base_env: dict[str, str], ops: list[str], points: list[tuple[int, int]], duration: float,
+                  knobs: list[dict[str, str]], passes: int = 2) -> tuple[dict[str, str], dict[str, Any]]:  # fmt: skip
+    """Mooncake's TCP knob sweep (tent_bench.baselines.MOONCAKE_KNOBS, as the tcp block's): one
+    process pair per setting, all alive at once; every point runs under every setting back to back
+    (the settings' order rotating per point and pass, so a change of load on a shared host hits
+    them alike), `passes` times. The setting with the best geometric mean GB/s over every sample
+    (baselines.knob_score) is the one the rounds use."""
+    from .baselines import knob_score
+    from .rounds import round_order
+
+    settings: list[dict[str, Any]] = [{"mooncake_env": dict(env)} for env in knobs]
+    pairs: dict[int, tuple[Proc, Proc]] = {}
+    try:
+        for k, env in enumerate(knobs):
+            try:
+                pairs[k] = _pair("mooncake", {**base_env, **MOONCAKE_ENV, **env})
+            except (RuntimeError, OSError) as exc:  # a setting this build rejects is not the best one
+                settings[k]["error"] = str(exc)
+        samples: dict[int, dict[str, list[float]]] = {k: {} for k in pairs}
+        n = 0
+        for _ in range(passes):
+            for op in ops:
+                for block, batch in points:
+                    for k in round_order(list(pairs), n):
+                        if "error" in settings[k]:
+                            continue
+                        _t, i = pairs[k]
+                        try:
+                            i.send({"apis": ["facade"], "op": op, "block": block, "batch": batch, "duration": duration,
+                                    "slices": 1})  # fmt: skip
+                            got = i.read(timeout=duration * 40 + 60)["facade"]
+                        except (RuntimeError, OSError, KeyError) as exc:
+                            settings[k]["error"] = str(exc)
+                            continue
+                        samples[k].setdefault(f"{op} {block}x{batch}", []).append(round(got, 4))
+                    n += 1
+        for k, by_point in samples.items():
+            if "error" not in settings[k] and by_point:
+                settings[k]["points_gbps"] = by_point
+                settings[k]["score_gbps"] = round(knob_score([g for v in by_point.values() for g in v]), 4)
+            print(f"mooncake knobs {knobs[k] or 'defaults'}: {settings[k].get('score_gbps', settings[k].get('error'))}",
+                  file=sys.stderr)  # fmt: skip
+    finally:
+        for t, i in pairs.values():
+            i.close()
+            t.close()
+    tuning = {"kind": "mooncake_tuning", "settings": settings, "duration_s": duration, "passes": passes}
+    return best_setting(settings), tuning
+
+
+def best_setting(settings: list[dict[str, Any]]) -> dict[str, str]:
+    """The `mooncake_env` of the entry with the highest `score_gbps` (entries that failed have none)."""
+    ran = [s for s in settings if s.get("score_gbps") is not None]
+    if not ran:
+        raise RuntimeError("mooncake: no knob setting ran: " + "; ".join(str(s.get("error")) for s in settings))
+    return dict(max(ran, key=lambda s: s["score_gbps"])["mooncake_env"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--role", choices=["target", "initiator"], help=argparse.SUPPRESS)
@@ -235,6 +296,8 @@ def main() -> None:
     ap.add_argument("--points", default=None, help="BLOCK:BATCH,... e.g. 65536:32,4194304:8")
     ap.add_argument("--mooncake", action="store_true", help="also the real Mooncake (make bench-deps)")
     ap.add_argument("--force-tcp", action="store_true", help="TENT restricted to TCP (MC_FORCE_TCP), as Mooncake here")
+    ap.add_argument("--no-tune", action="store_true", help="--mooncake: its default knobs, no sweep")
+    ap.add_argument("--tune-duration", type=float, default=0.25, help="seconds per point and knob setting in the sweep")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     if a.role == "target":
@@ -251,12 +314,24 @@ def main() -> None:
     tent_env = dict(base_env, **({"MC_FORCE_TCP": "1"} if a.force_tcp else {}))
     procs: list[Proc] = []
     workers: dict[str, Proc] = {}
+    tuning: dict[str, Any] | None = None
+    moon_env: dict[str, str] = {}
+    moon_base = base_env
+    if a.mooncake:
+        from .baselines import MOONCAKE_KNOBS
+
+        knob_names = {k for env in MOONCAKE_KNOBS for k in env}
+        moon_base = {k: v for k, v in base_env.items() if k not in knob_names}  # the chosen setting alone decides
+        if not a.no_tune:
+            # Mooncake at its best on this machine, as every baseline (issue 14): its knobs swept first
+            moon_env, tuning = tune_mooncake(moon_base, ops, points, a.tune_duration, MOONCAKE_KNOBS)
+            tuning["chosen"] = moon_env
     try:
         t, i = _pair("tent", tent_env)
         procs += [t, i]
         workers["facade"] = workers["native"] = i
         if a.mooncake:
-            t, i = _pair("mooncake", {**base_env, **MOONCAKE_ENV})
+            t, i = _pair("mooncake", {**moon_base, **MOONCAKE_ENV, **moon_env})
             procs += [t, i]
             workers["mooncake"] = i
         # the TENT worker alternates facade and native in short turns within each point; the
@@ -294,10 +369,13 @@ def main() -> None:
             mr = [f / m for f, m in zip(by["facade"], by["mooncake"], strict=True) if m > 0]
             row["facade_x_mooncake"] = round(statistics.median(mr), 3)
             row["facade_x_mooncake_spread"] = [round(min(mr), 3), round(max(mr), 3)]
+            row["mooncake_env"] = moon_env
         rows.append(row)
     if a.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(rows + ([tuning] if tuning else []), indent=2))
         return
+    if tuning:
+        print(f"Mooncake knobs (best of its sweep): {moon_env or 'defaults'}")
     hdr = ["op", "block", "batch", "facade GB/s", "native GB/s", "facade/native"] + (["Mooncake GB/s", "facade/Mooncake"] if a.mooncake else [])
     print(" | ".join(hdr))
     for r in rows:

@@ -193,6 +193,7 @@ class FabricBenchSpec:
     mouse_bytes: int = 64 * KiB
     mouse_interval_ms: float = 5.0
     mixed_duration_s: float = 4.0
+    lone_s: float = 2.0  # each lone LOW / MID flow (measured before the mice, per variant and round)
     # engine knobs for fabric runs (progress timeout short: a downed veth gives no socket error)
     slice_timeout_ms: int = 100
     connect_timeout_ms: int = 100
@@ -639,6 +640,7 @@ def run_fabric_bench(spec: FabricBenchSpec, progress: Callable[[str], None] | No
                       "degrade": spec.degrade, "mode": mode, **_rail_info(fab)}  # fmt: skip
         rows.append(fabric_row)
         sweep_rows: list[dict[str, Any]] = []
+        mixed_rows: list[dict[str, Any]] = []
         # (policy, label, config overlay, sweep overlay): sweeps repeat per round / per arrival seed,
         # the policies' order rotating, so each ratio compares runs taken side by side
         variants: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [(p, p, {}, {}) for p in spec.policies]
@@ -653,15 +655,19 @@ def run_fabric_bench(spec: FabricBenchSpec, progress: Callable[[str], None] | No
         if mode == "mixed":
             sw = qos_switch()
             fabric_row["qos_switch"] = f"qos.{sw}" if sw else None
-            variants = []
+            base: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = []
             for p in spec.policies:
                 if sw:
-                    variants += [(p, f"{p} qos=off", {"qos": {sw: False}}, {}), (p, f"{p} qos=on", {"qos": {sw: True}}, {})]
+                    base += [(p, f"{p} qos=off", {"qos": {sw: False}}, {}), (p, f"{p} qos=on", {"qos": {sw: True}}, {})]
                     if any(f.name == "active_window_us" for f in dataclasses.fields(QosConfig)):
                         # the C++ rotation: slots enforced whether or not a higher priority is active
-                        variants.append((p, f"{p} qos=on, always", {"qos": {sw: True, "active_window_us": 0}}, {}))
+                        base.append((p, f"{p} qos=on, always", {"qos": {sw: True, "active_window_us": 0}}, {}))
                 else:
-                    variants.append((p, f"{p} (no qos switch in the engine config)", {}, {}))
+                    base.append((p, f"{p} (no qos switch in the engine config)", {}, {}))
+            # every variant once per round, the order rotating, so QoS on and off run side by side
+            by_label = {v[1]: v for v in base}
+            variants = [(*by_label[lab][:3], {"round": r}) for r in range(spec.rounds)
+                        for lab in round_order(list(by_label), r)]  # fmt: skip
         for policy, label, extra, sweep_extra in variants:
             _reset_rails(fab, spec.degrade)
             ws = _base_spec(fab, spec, remote, policy, seed)
@@ -740,20 +746,24 @@ def run_fabric_bench(spec: FabricBenchSpec, progress: Callable[[str], None] | No
             else:
                 ws["mode"] = "mixed"
                 ws["mixed"] = {"block": spec.verify_block, "elephants": spec.threads, "mouse_bytes": spec.mouse_bytes,
-                               "mouse_interval_ms": spec.mouse_interval_ms, "duration_s": spec.mixed_duration_s}  # fmt: skip
+                               "mouse_interval_ms": spec.mouse_interval_ms, "duration_s": spec.mixed_duration_s,
+                               "lone_s": spec.lone_s}  # fmt: skip
                 with _worker(fab, ws) as w:
                     ready = w.expect("ready", 90)
                     res = w.expect("result", spec.mixed_duration_s + 120)
                 _dump(f"mixed-{label}", res)
                 tl = build_timeline(res["samples"], ready["t"], ready["t"] + spec.mixed_duration_s + 1.0, fab.rails)
-                rows.append({
-                    "kind": "mixed", "policy": policy, "label": label, "qos": extra.get("qos"), **info,
-                    "mouse_bytes": spec.mouse_bytes, "elephant_bytes": spec.verify_block, "elephants": spec.threads,
+                mixed_rows.append({
+                    "kind": "mixed_round", "policy": policy, "label": label, "qos": extra.get("qos"), **info,
+                    "round": sweep_extra["round"], "mouse_bytes": spec.mouse_bytes, "elephant_bytes": spec.verify_block,
+                    "elephants": spec.threads, "mixed_duration_s": spec.mixed_duration_s, "lone_s": spec.lone_s,
                     **{k: res[k] for k in ("mice_idle_p50_us", "mice_idle_p99_us", "mice_p50_us", "mice_p99_us",
                                            "mice_count", "elephant_gbit", "elephant_errors", "lone_low_gbit",
                                            "lone_mid_gbit") if k in res},
                 })  # fmt: skip
-                panels.append({"label": f"mixed, {label}: {spec.fabric} {_degrade_text(spec.degrade)}", "timeline": tl})
+                if sweep_extra["round"] == 0:  # one timeline panel per variant
+                    panels.append({"label": f"mixed, {label}: {spec.fabric} {_degrade_text(spec.degrade)}", "timeline": tl})
+        rows += mixed_rows + summarize_mixed(mixed_rows)
         rows += summarize_policies(sweep_rows)
         _add_policy_ratios(rows)
         if spec.timeline:
@@ -763,6 +773,72 @@ def run_fabric_bench(spec: FabricBenchSpec, progress: Callable[[str], None] | No
                 title += f' --fault "{spec.fault}"'
             plot_timelines(spec.timeline, panels, title)
     return rows
+
+
+MIXED_METRICS = ("mice_count", "mice_p50_us", "mice_p99_us", "mice_idle_p50_us", "mice_idle_p99_us", "elephant_gbit",
+                 "lone_low_gbit", "lone_mid_gbit")  # fmt: skip
+# per-round ratios of every QoS variant to "qos=off" of the same policy and round
+MIXED_RATIOS = ("mice_p50_us", "mice_p99_us", "elephant_gbit", "lone_low_gbit", "lone_mid_gbit")
+
+
+def summarize_mixed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One `kind="mixed"` row per variant (label), in first-run order: every figure the median over
+    the rounds with `<figure>_min`, `<figure>_max` and `<figure>_rounds`; for every variant but
+    "qos=off", `<figure>_vs_off` is the median (with min-max) of its per-round ratio to qos=off of
+    the same policy in the same round (runs taken side by side, not minutes apart)."""
+    by_label: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_label.setdefault(r["label"], []).append(r)
+    off = {(r["policy"], r["round"]): r for r in rows if r["label"].endswith("qos=off")}
+    out = []
+    for label, members in by_label.items():
+        agg = {k: v for k, v in members[0].items() if k not in MIXED_METRICS and k not in ("round", "elephant_errors")}
+        agg.update(kind="mixed", rounds=len(members), elephant_errors=[e for m in members for e in m.get("elephant_errors", [])][:5])
+        for m in MIXED_METRICS:
+            vals = [float(r[m]) for r in members if r.get(m) is not None]
+            if not vals:
+                continue
+            med, lo, hi = spread(vals)
+            agg[m], agg[f"{m}_min"], agg[f"{m}_max"] = round(med, 4), round(lo, 4), round(hi, 4)
+            agg[f"{m}_rounds"] = [r.get(m) for r in members]
+        if not label.endswith("qos=off"):
+            for m in MIXED_RATIOS:
+                ratios = [float(r[m]) / float(b[m]) for r in members
+                          if (b := off.get((r["policy"], r["round"]))) is not None and r.get(m) is not None and b.get(m)]  # fmt: skip
+                if ratios:
+                    med, lo, hi = spread(ratios)
+                    agg[f"{m}_vs_off"], agg[f"{m}_vs_off_min"], agg[f"{m}_vs_off_max"] = round(med, 4), round(lo, 4), round(hi, 4)
+        out.append(agg)
+    return out
+
+
+def _med(r: dict[str, Any], key: str, scale: float = 1.0) -> str:
+    """`median (min-max)` of a summarized figure; just the median when every round agreed or one ran."""
+    v = r.get(key)
+    if v is None:
+        return "-"
+    lo, hi = r.get(f"{key}_min"), r.get(f"{key}_max")
+    f = lambda x: f"{x * scale:.3g}"  # noqa: E731
+    return f(v) if lo is None or hi is None or lo == hi else f"{f(v)} ({f(lo)}-{f(hi)})"
+
+
+def qos_markdown(rows: list[dict[str, Any]]) -> str:
+    """The QoS table of docs/benchmarks.md from the `kind="mixed"` summary rows: medians over the
+    rounds with their min-max, and each QoS variant's per-round ratio to qos=off."""
+    summ = [r for r in rows if r.get("kind") == "mixed"]
+    if not summ:
+        return ""
+    rounds = max(r.get("rounds", 1) for r in summ)
+    lines = [f"Median (min-max) of {rounds} rounds, the variants interleaved in every round (order rotating); "
+             "`x off`: the per-round ratio to qos=off, median (min-max).", "",
+             "| QoS | mice completed | mice P50 ms | mice P99 ms | mice P99 x off | idle mice P50 ms | elephants Gbit/s "
+             "| elephants x off | lone LOW flow Gbit/s | lone MID flow Gbit/s |",
+             "|" + "---|" * 10]  # fmt: skip
+    for r in summ:
+        lines.append(f"| {r['label']} | {_med(r, 'mice_count')} | {_med(r, 'mice_p50_us', 1e-3)} | {_med(r, 'mice_p99_us', 1e-3)} "
+                     f"| {_med(r, 'mice_p99_us_vs_off')} | {_med(r, 'mice_idle_p50_us', 1e-3)} | {_med(r, 'elephant_gbit')} "
+                     f"| {_med(r, 'elephant_gbit_vs_off')} | {_med(r, 'lone_low_gbit')} | {_med(r, 'lone_mid_gbit')} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 SWEEP_METRICS = ("gbit", "gbps", "p50_us", "p99_us", "realized_gbit", "x_nominal", "x_actual")
@@ -845,5 +921,7 @@ __all__ = [
     "parse_degrade",
     "parse_fault",
     "plot_timelines",
+    "qos_markdown",
     "run_fabric_bench",
+    "summarize_mixed",
 ]

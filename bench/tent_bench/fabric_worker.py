@@ -482,10 +482,10 @@ def run_mixed(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, 
             nxt += interval
             time.sleep(max(0.0, nxt - time.monotonic()))
 
-    def lone(prio: Priority, seconds: float) -> float:
+    def lone(prio: Priority, seconds: float, quiet: float) -> float:
         """One elephant flow alone on the fabric (a checkpoint or weight sync): Gbit/s. It starts
-        after a quiet second, so no earlier request of a higher priority counts as active."""
-        time.sleep(mx.get("quiet_s", 1.2))
+        after a quiet spell, so no earlier request of a higher priority counts as active."""
+        time.sleep(quiet)
         end, moved = time.monotonic() + seconds, 0
         t0 = time.monotonic()
         while time.monotonic() < end:
@@ -495,8 +495,10 @@ def run_mixed(eng: Engine, spec: dict[str, Any], sampler: Sampler) -> dict[str, 
 
     # first, before any HIGH traffic: what QoS costs a flow that has the fabric to itself
     lone_s = mx.get("lone_s", 2.0)
-    lone_low = lone(Priority.LOW, lone_s) if lone_s > 0 else None
-    lone_mid = lone(Priority.MID, lone_s) if lone_s > 0 else None
+    quiet = mx.get("quiet_s", 1.2)  # past the QoS active window (1 s) of the warm-up's MID requests
+    lone_low = lone(Priority.LOW, lone_s, quiet) if lone_s > 0 else None
+    # only LOW ran since: nothing of a higher priority than MID can count as active
+    lone_mid = lone(Priority.MID, lone_s, mx.get("mid_quiet_s", 0.2)) if lone_s > 0 else None
     idle: list[float] = []
     mice(mx.get("idle_s", 0.5), idle)
     emit({"event": "ready", "t": time.monotonic()})

@@ -1,6 +1,6 @@
 """The resilience benchmark (issue 12): every fault scenario of docs/benchmarks.md in one run.
 
-    python -m tent_bench.resilience [--json OUT] [--markdown OUT] [--scenarios a,b,...] [--quick]
+    python -m tent_bench.resilience [--rounds 3] [--json OUT] [--markdown OUT] [--scenarios a,b,...] [--quick]
 
 needs root (network namespaces). One 4 x 1 Gbit/s fabric (`tent_bench.testbed.Fabric`, TBF-shaped
 veth rails between two namespaces) and one target engine in node 1 serve every scenario but the
@@ -23,6 +23,9 @@ outcome, reported by the worker), beside the wire bytes of node 0's rail interfa
   typed error a dead, stopped or cut-off peer gives (`first_error`, `first_error_ms`), how fast
   later requests fail (`fail_fast_max_ms`) and how soon requests succeed after the peer returns or
   its links come back (`recovered_ms`).
+
+Every scenario runs once per round (`--rounds`, default 3; the order rotating from round to
+round) and the report gives each figure's median over the rounds with its min-max (`summarize`).
 
 Every wait is bounded; the fabric and every process are torn down on any exit.
 """
@@ -48,6 +51,7 @@ from tent_core.testing import fresh_seed
 
 from .fabric_bench import FaultInjector, Worker, parse_fault
 from .fabric_worker import OFFSET_SLOTS, OFFSET_STEP
+from .rounds import round_order, spread
 from .testbed.fabric import Fabric
 
 log = logging.getLogger(__name__)
@@ -78,27 +82,32 @@ class Scenario:
 
 
 def scenarios(quick: bool = False) -> list[Scenario]:
-    """The scenarios of docs/benchmarks.md, in run order; `quick` shortens them for the tests."""
+    """The scenarios of docs/benchmarks.md, in run order; `quick` shortens them for the tests.
+
+    Every scenario runs once per round (three by default), so the full form keeps only what its
+    figures need: 1.5 s of steady state before the fault and, after it ends, time for the
+    recovery it measures (the restart of a killed target takes ~2.5-4 s here)."""
     q = 0.6 if quick else 1.0
-    t = 1.5 if quick else 2.0  # when the fault strikes
+    t = 1.5  # when the fault strikes
     cut, cut_deadline = (3, 1.5) if quick else (4, 2.0)  # links cut for longer than the requests' deadline
+    tail = 4.0 if quick else 2.0  # after the fault, time for the recovery the row reports
     return [
-        Scenario("no-fault", "no fault", duration_s=4.0 if quick else 8.0),
-        Scenario("all-down-1s", "all 4 rails down for 1 s (10 s deadline)", duration_s=t + 4,
+        Scenario("no-fault", "no fault", duration_s=4.0),
+        Scenario("all-down-1s", "all 4 rails down for 1 s (10 s deadline)", duration_s=t + 1 + (3 if quick else 2),
                  fault=";".join([f"down {i} at {t}s" for i in range(4)] + [f"up {i} at {t + 1}s" for i in range(4)])),
-        Scenario("two-down", "rails 0 and 1 down for 2 s, then back", duration_s=t + 4.5,
+        Scenario("two-down", "rails 0 and 1 down for 2 s, then back", duration_s=t + 2 + (2.5 if quick else 1.5),
                  fault=f"down 0 at {t}s; down 1 at {t}s; up 0 at {t + 2}s; up 1 at {t + 2}s"),
-        Scenario("rail-5pct", "rail 3 at 5% of its rate for 3 s", duration_s=t + 5 * q + 1.5,
-                 fault=f"degrade 3:0.05 at {t}s; restore 3 at {t + 5 * q}s"),
-        Scenario("flap-50ms", "rail 1 down/up every 50 ms for 3 s", duration_s=t + 3 * q + 1.5,
+        Scenario("rail-5pct", "rail 3 at 5% of its rate for 3 s", duration_s=t + 3 + 1.5,
+                 fault=f"degrade 3:0.05 at {t}s; restore 3 at {t + 3}s"),
+        Scenario("flap-50ms", f"rail 1 down/up every 50 ms for {3 * q:g} s", duration_s=t + 3 * q + (1.5 if quick else 1.0),
                  fault=f"flap 1 every 50ms from {t}s until {t + 3 * q}s"),
-        Scenario("peer-kill", "target SIGKILLed, restarted 2 s later", duration_s=t + 8, deadline_s=10.0,
+        Scenario("peer-kill", "target SIGKILLed, restarted 2 s later", duration_s=t + (8 if quick else 7), deadline_s=10.0,
                  peer="kill", peer_at=t, peer_back=t + 2, errors_expected=True),
         Scenario("peer-stop", f"target SIGSTOPped for {3 if quick else 4} s ({1.5 if quick else 2} s deadline), then SIGCONT",
-                 duration_s=t + (5 if quick else 8), deadline_s=1.5 if quick else 2.0, peer="stop", peer_at=t,
+                 duration_s=t + (5 if quick else 4 + tail), deadline_s=1.5 if quick else 2.0, peer="stop", peer_at=t,
                  peer_back=t + (3 if quick else 4), errors_expected=True),
-        Scenario("link-cut", f"all 4 rails cut for {cut} s ({cut_deadline} s deadline), then back", duration_s=t + cut + 4,
-                 deadline_s=cut_deadline, errors_expected=True,
+        Scenario("link-cut", f"all 4 rails cut for {cut} s ({cut_deadline} s deadline), then back",
+                 duration_s=t + cut + tail, deadline_s=cut_deadline, errors_expected=True,
                  fault=";".join([f"down {i} at {t}s" for i in range(4)] + [f"up {i} at {t + cut}s" for i in range(4)])),
         Scenario("fresh", "fresh fabric: first transfer while rails 1-3 still come up", fresh=True, deadline_s=60.0),
     ]
@@ -391,15 +400,21 @@ def run_fresh(sc: Scenario, log_level: int = logging.WARNING) -> dict[str, Any]:
 
 
 def run(selected: Sequence[Scenario], say: Callable[[str], None] = lambda _m: None,
-        log_level: int = logging.WARNING) -> list[dict[str, Any]]:  # fmt: skip
-    """Run `selected` in order; one shared fabric and target for all but the fresh-fabric one."""
+        log_level: int = logging.WARNING, rounds: int = 1) -> list[dict[str, Any]]:  # fmt: skip
+    """Run `selected` once per round (rows tagged with "round"), the scenarios' order rotating from
+    round to round; one shared fabric and target for all but the fresh-fabric one, which builds
+    its own every round."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     ok, why = Fabric.available()
     if not ok:
         raise RuntimeError(f"the resilience benchmark needs root and ip netns: {why}")
     rows: list[dict[str, Any]] = []
     shared = [s for s in selected if not s.fresh]
-    if shared:
-        with ExitStack() as stack:
+    with ExitStack() as stack:
+        fab: Fabric | None = None
+        target: Target | None = None
+        if shared:
             fab = Fabric(nodes=2, rails=RAILS, rate=RATE)
             stack.callback(fab.close)
             say(f"building fabric {RAILS}x{RATE} ({fab.prefix})")
@@ -407,19 +422,70 @@ def run(selected: Sequence[Scenario], say: Callable[[str], None] = lambda _m: No
             target = Target(fab, BLOCK + OFFSET_STEP * OFFSET_SLOTS)
             stack.callback(target.close)
             target.start()
-            for sc in shared:
-                say(f"{sc.key}: {sc.title}")
+        by_key = {s.key: s for s in shared}
+        for r in range(rounds):
+            for key in round_order(list(by_key), r):
+                sc = by_key[key]
+                assert fab is not None and target is not None
+                say(f"round {r + 1}/{rounds} {sc.key}: {sc.title}")
                 for i in range(fab.rails):  # every scenario starts from a clean fabric
                     fab.up(i)
                     fab.restore(i)
                 if target.proc is None or target.proc.poll() is not None:
                     target.start()
-                rows.append(run_scenario(fab, target, sc, log_level))
-    for sc in selected:
-        if sc.fresh:
-            say(f"{sc.key}: {sc.title}")
-            rows.append(run_fresh(sc, log_level))
+                rows.append({**run_scenario(fab, target, sc, log_level), "round": r})
+            for sc in selected:
+                if sc.fresh:
+                    say(f"round {r + 1}/{rounds} {sc.key}: {sc.title}")
+                    rows.append({**run_fresh(sc, log_level), "round": r})
     return rows
+
+
+# figures a row may carry, each summarized over the rounds as median and min-max
+FIGURES = ("app_errors", "slice_errors", "bytes_verified", "requests_ok", "steady_gbit", "steady_p99_ms",
+           "steady_max_ms", "fault_gbit", "fault_wire_gbit", "around_p99_ms", "around_max_ms", "first_ok_ms",
+           "max_gap_ms", "degraded_ms", "healthy_again_ms", "degraded_gbit", "x_three_rails", "first_error_ms",
+           "first_error_wait_ms", "fail_fast_count", "fail_fast_p50_ms", "fail_fast_max_ms", "late_error_ms",
+           "recovered_ms", "ok_after_back", "first_transfer_ms", "retries")  # fmt: skip
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per scenario (first-run order) from the per-round rows: every figure of FIGURES the
+    median over the rounds that have it, with `<figure>_min`, `<figure>_max` and `<figure>_rounds`
+    (per round, None where that round had none); `all_verified` only if every round's bytes were,
+    `corrupt` / `hung_threads` / bytes summed over the rounds, error kinds of every round."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault(r["scenario"], []).append(r)
+    out = []
+    for members in by.values():
+        first = members[0]
+        agg: dict[str, Any] = {k: first.get(k) for k in ("scenario", "title", "deadline_s", "errors_expected")}
+        agg["rounds"] = len(members)
+        for f in FIGURES:
+            per = [m.get(f) for m in members]
+            vals = [float(v) for v in per if v is not None]
+            if not vals:
+                continue
+            med, lo, hi = spread(vals)
+            agg[f], agg[f"{f}_min"], agg[f"{f}_max"] = round(med, 3), round(lo, 3), round(hi, 3)
+            agg[f"{f}_rounds"] = per
+        agg["all_verified"] = all(bool(m.get("all_verified")) for m in members)
+        for f in ("corrupt", "hung_threads", "bytes_requested", "bytes_verified"):
+            agg[f"{f}_total"] = sum(int(m.get(f) or 0) for m in members)
+        kinds: list[str] = []
+        for m in members:
+            kinds += [k for k in m.get("error_kinds", []) if k not in kinds]
+        agg["error_kinds"] = sorted(kinds)
+        firsts = [m["first_error"] for m in members if m.get("first_error")]
+        if firsts:
+            agg["first_error"] = max(set(firsts), key=firsts.count)
+            agg["first_errors"] = firsts
+        errs = [m["error"] for m in members if m.get("error")]
+        if errs:
+            agg["error"] = errs[0]
+        out.append(agg)
+    return out
 
 
 # ------------------------------------------------------------------ report
@@ -433,39 +499,61 @@ def _f(x: Any, unit: str = "") -> str:
     return f"{x}{unit}"
 
 
+def _m(r: dict[str, Any], key: str, unit: str = "") -> str:
+    """A figure as `median (min-max)` over the rounds (just the value for one round, or when
+    every round agreed)."""
+    v = r.get(key)
+    if v is None:
+        return "-"
+    lo, hi = r.get(f"{key}_min"), r.get(f"{key}_max")
+    if isinstance(v, float) and v.is_integer() and key in ("app_errors", "slice_errors", "fail_fast_count", "retries"):
+        v, lo, hi = int(v), None if lo is None else int(lo), None if hi is None else int(hi)
+    per = r.get(f"{key}_rounds")
+    # a figure some rounds did not have (e.g. no completion before the run ended) says in how many it was
+    some = f" [{sum(x is not None for x in per)} of {len(per)} rounds]" if per and None in per else ""
+    if lo is None or hi is None or lo == hi:
+        return _f(v, unit) + some
+    return f"{_f(v)} ({_f(lo)}-{_f(hi)}){unit}{some}"
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
-    """One table, one row per scenario (docs/benchmarks.md)."""
+    """One table, one row per scenario (docs/benchmarks.md): for summarized rows (`summarize`)
+    every figure is the median over the rounds with its min-max."""
+    rounds = max((int(r.get("rounds", 1)) for r in rows), default=1)
     head = ("| scenario | app errors | bytes verified | slice errors | steady Gbit/s | during fault: verified / wire "
             "Gbit/s | latency around fault: P99 / max ms (steady P99) | first verified completion after fault | "
             "longest gap without a completion | notes |")  # fmt: skip
-    lines = [head, "|" + "---|" * 10]
+    lines = ([f"Median (min-max) of {rounds} rounds, every scenario once per round (order rotating).", ""]
+             if rounds > 1 else []) + [head, "|" + "---|" * 10]  # fmt: skip
     for r in rows:
         notes = []
         if r.get("degraded_ms") is not None:
-            notes.append(f"DEGRADED {_f(r['degraded_ms'], ' ms')} after the fault, HEALTHY {_f(r.get('healthy_again_ms'), ' ms')} "
+            notes.append(f"DEGRADED {_m(r, 'degraded_ms', ' ms')} after the fault, HEALTHY {_m(r, 'healthy_again_ms', ' ms')} "
                          "after the restore")  # fmt: skip
         if r.get("x_three_rails") is not None:
-            notes.append(f"{_f(r['x_three_rails'])}x what the 3 healthy rails can carry ({3 * RAIL_LIMIT_GBIT:.2f} Gbit/s)")
+            notes.append(f"{_m(r, 'x_three_rails')}x what the 3 healthy rails can carry ({3 * RAIL_LIMIT_GBIT:.2f} Gbit/s)")
         if r.get("errors_expected") and r.get("error_kinds"):
             notes.append("errors: " + ", ".join(f"`{k}`" for k in r["error_kinds"]))
         if r.get("first_error"):
-            notes.append(f"first error `{r['first_error']}` {_f(r.get('first_error_ms'), ' ms')} after the fault "
-                         f"(deadline {_f(r['deadline_s'])} s); the {r.get('fail_fast_count', 0)} requests after it fail in "
-                         f"{_f(r.get('fail_fast_p50_ms'), ' ms')} (median; max {_f(r.get('fail_fast_max_ms'), ' ms')}); "
-                         f"verified completions again {_f(r.get('recovered_ms'), ' ms')} after the fault ended")  # fmt: skip
+            notes.append(f"first error `{r['first_error']}` {_m(r, 'first_error_ms', ' ms')} after the fault "
+                         f"(deadline {_f(r['deadline_s'])} s); the {_m(r, 'fail_fast_count')} requests after it fail in "
+                         f"{_m(r, 'fail_fast_p50_ms', ' ms')} (median; max {_m(r, 'fail_fast_max_ms', ' ms')}); "
+                         f"verified completions again {_m(r, 'recovered_ms', ' ms')} after the fault ended")  # fmt: skip
         if r.get("first_transfer_ms") is not None:
-            notes.append(f"first transfer {_f(r['first_transfer_ms'], ' ms')} ({r.get('retries', 0)} retried slices)"
+            notes.append(f"first transfer {_m(r, 'first_transfer_ms', ' ms')} ({_m(r, 'retries')} retried slices)"
                          + (f"; error: {r['error']}" if r.get("error") else ""))  # fmt: skip
         verified = "all" if r.get("all_verified") else "NO"
-        if r.get("bytes_verified") is not None:
-            verified = f"{r['bytes_verified'] / MiB:,.0f} MiB, {verified}"
-        app = str(r["app_errors"]) + (" (typed, expected)" if r.get("errors_expected") and r["app_errors"] else "")
-        fault = (f"{_f(r.get('fault_gbit'))} / {_f(r.get('fault_wire_gbit'))}" if "fault_gbit" in r else "-")
-        lat = (f"{_f(r.get('around_p99_ms'))} / {_f(r.get('around_max_ms'))} ({_f(r.get('steady_p99_ms'))})"
-               if "around_max_ms" in r else f"- ({_f(r.get('steady_p99_ms'))})")  # fmt: skip
+        total = r.get("bytes_verified_total", r.get("bytes_verified"))
+        if total is not None:
+            verified = f"{total / MiB:,.0f} MiB" + (f" in {r['rounds']} rounds" if r.get("rounds", 1) > 1 else "") + f", {verified}"
+        app = _m(r, "app_errors") + (" (typed, expected)" if r.get("errors_expected") and r.get("app_errors_max", r["app_errors"]) else "")
+        fault = (f"{_m(r, 'fault_gbit')} / {_m(r, 'fault_wire_gbit')}" if "fault_gbit" in r else "-")
+        lat = (f"{_m(r, 'around_p99_ms')} / {_m(r, 'around_max_ms')} ({_m(r, 'steady_p99_ms')})"
+               if "around_max_ms" in r else f"- ({_m(r, 'steady_p99_ms')})")  # fmt: skip
         lines.append(
-            f"| {r['title']} | {app} | {verified} | {r.get('slice_errors', 0)} | {_f(r.get('steady_gbit'))} | {fault} | "
-            f"{lat} | {_f(r.get('first_ok_ms'), ' ms')} | {_f(r.get('max_gap_ms'), ' ms')} | {'; '.join(notes) or '-'} |"
+            f"| {r['title']} | {app} | {verified} | {_m(r, 'slice_errors') if 'slice_errors' in r else 0} | "
+            f"{_m(r, 'steady_gbit')} | {fault} | {lat} | {_m(r, 'first_ok_ms', ' ms')} | {_m(r, 'max_gap_ms', ' ms')} | "
+            f"{'; '.join(notes) or '-'} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -475,6 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenarios", default="", help="comma-separated keys (default: all): "
                     + ", ".join(s.key for s in scenarios()))  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="shorter scenarios (the tests use these)")
+    ap.add_argument("--rounds", type=int, default=3, help="every scenario once per round (default 3)")
     ap.add_argument("--json", default=None, help="write the rows as JSON here")
     ap.add_argument("--markdown", default=None, help="write the table here ('-': stdout)")
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -487,12 +576,16 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown scenario(s) {sorted(unknown)}; known: {[s.key for s in every]}")
     selected = [s for s in every if not keys or s.key in keys]
-    rows = run(selected, say=lambda m: print(f"== {m}", file=sys.stderr, flush=True),
-               log_level=logging.INFO if args.verbose else logging.WARNING)  # fmt: skip
-    meta = {"fabric": f"{RAILS}x{RATE}", "block": BLOCK, "threads": THREADS, "scenarios": [asdict(s) for s in selected]}
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
+    per_round = run(selected, say=lambda m: print(f"== {m}", file=sys.stderr, flush=True),
+                    log_level=logging.INFO if args.verbose else logging.WARNING, rounds=args.rounds)  # fmt: skip
+    rows = summarize(per_round)
+    meta = {"fabric": f"{RAILS}x{RATE}", "block": BLOCK, "threads": THREADS, "rounds": args.rounds,
+            "scenarios": [asdict(s) for s in selected]}  # fmt: skip
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"meta": meta, "rows": rows}, fh, indent=1)
+            json.dump({"meta": meta, "rows": rows, "per_round": per_round}, fh, indent=1)
     table = markdown(rows)
     if args.markdown == "-" or not (args.json or args.markdown):
         sys.stdout.write(table)

@@ -107,6 +107,12 @@ def _target_main(size: int, config: dict[str, Any], host: str = "127.0.0.1") -> 
         elif msg["cmd"] == "threads":  # names of the Python threads by kernel id (staging_threads)
             ids = {str(t.native_id): t.name for t in threading.enumerate() if t.native_id is not None}
             print(json.dumps({"threads": ids}), flush=True)
+        elif msg["cmd"] == "timeline":  # target staging's chunk events (staging_timeline): on, or off and read
+            from tent_core import target_staging
+
+            events = target_staging.TIMELINE or []
+            target_staging.TIMELINE = [] if msg["on"] else None
+            print(json.dumps({"events": events}), flush=True)
         elif msg["cmd"] == "digest":
             src = dev.download(0, msg["n"]) if msg["segment"] == "dev" else host_buf.array[: msg["n"]]
             print(json.dumps({"sha": hashlib.sha256(src.tobytes()).hexdigest()}), flush=True)

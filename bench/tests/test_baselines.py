@@ -216,6 +216,49 @@ def test_fio_moves_the_engines_bytes():
             assert opt["ioengine"] == setting["ioengine"] and int(opt["iodepth"]) == setting["iodepth"]
 
 
+def test_fio_rate_spans_every_jobs_ios():
+    from tent_bench.baselines import BaselineError, fio_span
+
+    # two jobs, the second starting 100 ms late: each ran 400 ms by its own clock, 500 ms in all
+    # (fio's own figure would divide by 400 ms); log lines: end ms since the epoch, latency ns, ...
+    job1 = [f"{1000 + 100 * k}, 100000000, 1, 1048576, 0, 0\n" for k in range(1, 5)]
+    job2 = [f"{1100 + 100 * k}, 100000000, 1, 1048576, 0, 0\n" for k in range(1, 5)]
+    span, skew = fio_span([job1, job2])
+    assert span == pytest.approx(0.5) and skew == pytest.approx(0.1)
+    assert fio_span([job1]) == (pytest.approx(0.4), 0.0)
+    # sub-millisecond latencies: the first I/O started before its end's millisecond
+    assert fio_span([["1000, 250000, 1, 4096, 0, 0\n", "1003, 250000, 1, 4096, 0, 0\n"]])[0] == pytest.approx(0.00325)
+    with pytest.raises(BaselineError, match="no latency log"):
+        fio_span([])
+    with pytest.raises(BaselineError, match="empty"):
+        fio_span([job1, []])
+
+
+def test_fio_run_reports_its_rate_over_the_span_of_its_ios(tmp_path, monkeypatch):
+    import os
+    import shutil
+    import tempfile
+
+    from tent_bench.baselines import _fio_run
+
+    if shutil.which("fio") is None:
+        pytest.skip("fio not installed")
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where fio's logs go
+    f = tmp_path / "data"
+    f.write_bytes(np.random.default_rng(1).integers(0, 256, 8 << 20, dtype=np.uint8).tobytes())
+    for op, setting in (("WRITE", {"ioengine": "libaio", "numjobs": 2, "iodepth": 4}),
+                        ("READ", {"ioengine": "psync", "numjobs": 2, "iodepth": 1})):  # fmt: skip
+        row = _fio_run(shutil.which("fio"), str(f), op, 8 << 20, 32, setting)
+        assert row["bytes"] == 32 * (8 << 20) and row["fio_job_start_skew_ms"] >= 0
+        # the span covers every job's runtime, so the rate is never above fio's own figure (the
+        # logs' millisecond stamps allow a little rounding)
+        span_s = row["bytes"] / (row["gbps"] * 1e9)
+        assert span_s >= row["runtime_ms"] / 1e3 - 2e-3
+        assert row["gbps"] > 0 and row["fio_reported_gbps"] > 0
+    assert os.listdir(tmp_path / "tmp") == []  # fio's logs removed
+
+
 def test_fio_settings_stay_within_the_executors_parallelism():
     from tent_bench.baselines import FIO_ENGINES, fio_settings
 

@@ -80,7 +80,7 @@ def test_render_local_names_fios_sweep_and_our_cpu():
         {"engine": "tent", "transport": "gds", "op": "WRITE", "block_size": ms, "batch_size": 1, "gbps": 9.0, "rounds": 5,
          "x_fio": 0.9, "cpu_s_per_gb": 0.125},
         {"engine": "fio", "transport": "psync", "op": "WRITE", "block_size": ms, "batch_size": 1, "gbps": 10.0, "rounds": 5,
-         "cpu_s_per_gb": 0.1},
+         "cpu_s_per_gb": 0.1, "fio_reported_gbps": 10.5, "fio_job_start_skew_ms": 1.0, "fio_job_start_skew_ms_max": 4.0},
         {"kind": "fio_tuning", "chosen": {f"WRITE {ms}": {"ioengine": "psync", "numjobs": 1, "iodepth": 1}}, "rows": [
             {"op": "WRITE", "block_size": ms, "gbps": 10.5, "fio_setting": {"ioengine": "psync", "numjobs": 1, "iodepth": 1}},
             {"op": "WRITE", "block_size": ms, "gbps": 7.25, "fio_setting": {"ioengine": "io_uring", "numjobs": 1, "iodepth": 1}}]},
@@ -89,6 +89,7 @@ def test_render_local_names_fios_sweep_and_our_cpu():
     assert "| gds | WRITE | 1 MiB | 9 | 10 | **0.9** |" in text
     assert "WRITE 1 MiB: psync j1 d1 10.5, io_uring j1 d1 7.25" in text
     assert "CPU seconds per GB" in text and "WRITE 1 MiB tent 0.125 / fio 0.1" in text
+    assert "its jobs' start skew (max over the rounds) and its own figure / the span's: WRITE 1 MiB 4 ms, 1.05" in text
 
 
 def test_tail_target_is_computed_from_the_numbers():
@@ -315,21 +316,6 @@ def test_burst_rendering_shows_each_systems_spread_over_the_rounds():
     assert "| 4 | 1.05 | **1.050** | 6 |" in ba.render_burst(json.dumps(data))
 
 
-def test_compat_rendering_gives_medians_and_spread_of_rates_and_per_round_ratios():
-    rows = [{"op": "READ", "block": 65536, "batch": 32, "rounds": 5, "facade_gbps": 3.19, "facade_spread": [3.0, 3.3],
-             "native_gbps": 3.29, "native_spread": [3.1, 3.4], "mooncake_gbps": 1.19, "mooncake_spread": [1.1, 1.25],
-             "facade_x_native": 0.971, "facade_x_native_spread": [0.95, 0.99], "facade_x_mooncake": 2.85,
-             "facade_x_mooncake_spread": [2.6, 3.0]}]  # fmt: skip
-    out = ba.render_compat(json.dumps(rows))
-    assert "| READ | 64 KiB | 32 | 5 | 3.19 (3-3.3) | 3.29 (3.1-3.4) | 1.19 (1.1-1.25) | **0.971 (0.95-0.99)** | 2.85 (2.6-3) |" \
-        in out, out
-    assert "median of the per-round ratios (min-max)" in out
-    del rows[0]["mooncake_gbps"], rows[0]["facade_x_mooncake"]  # no Mooncake installed: no columns for it
-    assert "mooncake" not in ba.render_compat(json.dumps(rows)).split("\n")[2]
-    compat = next(s for s in ba.default_steps() if s.name == "compat")
-    assert compat.render is ba.render_compat
-
-
 def test_dataplane_rendering_gives_the_per_round_ratio_with_its_spread():
     data = {"bench": "dataplane", "ratio": 0.997, "ratio_rounds": {"median": 0.997, "min": 0.95, "max": 1.04, "rounds": 5},
             "refhub_GBps": {"median": 15.1, "min": 14.2, "max": 15.9}, "raw_GBps": {"median": 15.2, "min": 14.0, "max": 16.1}}
@@ -362,3 +348,44 @@ def test_every_block_names_its_series_and_a_skipped_step_is_listed(tmp_path):
     assert "old figures" in text and "the series of 2020-01-01 00:00 UTC (commit abc)" in text  # kept, with its stamp
     machine = text.split("<!-- bench-all:begin machine -->")[1].split("<!-- bench-all:end machine -->")[0]
     assert f"| gone | skipped | 0 | skipped by --skip; {ba.KEPT_NOTE} |" in machine, machine
+
+
+def test_resilience_rendering_shows_medians_and_spread_of_both_tables():
+    """`scripts/bench-resilience.sh --json`: the fault table and the QoS table, median (min-max)."""
+    res = {"meta": {"rounds": 3}, "rows": [
+        {"scenario": "all-down-1s", "title": "all 4 rails down for 1 s", "rounds": 3, "deadline_s": 10.0, "app_errors": 0.0,
+         "app_errors_min": 0.0, "app_errors_max": 0.0, "bytes_verified_total": 3 * 2048 << 20, "all_verified": True,
+         "slice_errors": 21.0, "slice_errors_min": 5.0, "slice_errors_max": 116.0, "steady_gbit": 3.48,
+         "steady_gbit_min": 3.4, "steady_gbit_max": 3.5, "max_gap_ms": 1460.0, "max_gap_ms_min": 1100.0,
+         "max_gap_ms_max": 1476.0, "fault_gbit": 0.1, "fault_gbit_min": 0.0, "fault_gbit_max": 0.13}]}  # fmt: skip
+    qos = [{"kind": "mixed_round", "label": "spray qos=off"},
+           {"kind": "mixed", "label": "spray qos=off", "rounds": 3, "mice_count": 9, "mice_count_min": 5, "mice_count_max": 12,
+            "mice_p50_us": 438e3, "mice_p50_us_min": 400e3, "mice_p50_us_max": 500e3},
+           {"kind": "mixed", "label": "spray qos=on", "rounds": 3, "mice_count": 398, "mice_count_min": 398,
+            "mice_count_max": 398, "mice_p99_us_vs_off": 0.41, "mice_p99_us_vs_off_min": 0.2,
+            "mice_p99_us_vs_off_max": 0.6}]  # fmt: skip
+    out = ba.render_resilience(json.dumps({"resilience": res, "qos": qos}))
+    assert "| all 4 rails down for 1 s | 0 | 6,144 MiB in 3 rounds, all | 21 (5-116) | 3.48 (3.4-3.5) |" in out
+    assert "1,460 (1,100-1,476) ms" in out
+    assert "| spray qos=off | 9 (5-12) | 438 (400-500) |" in out and "| spray qos=on | 398 |" in out
+    assert "0.41 (0.2-0.6)" in out
+    fault_tab, qos_tab = out.index("| scenario |"), out.index("| QoS |")
+    assert fault_tab < out.index("QoS (the table") < qos_tab  # two tables, text between them
+    assert ba.render_resilience("not json at all") == ba.render_generic("not json at all")
+
+
+def test_compat_rendering_shows_spread_ratios_and_the_chosen_mooncake_knobs():
+    rows = [{"op": "READ", "block": 65536, "batch": 32, "rounds": 5, "facade_gbps": 3.19, "facade_spread": [3.0, 3.3],
+             "native_gbps": 3.29, "native_spread": [3.1, 3.4], "mooncake_gbps": 2.1, "mooncake_spread": [1.9, 2.2],
+             "facade_x_native": 0.971, "facade_x_native_spread": [0.95, 0.99], "facade_x_mooncake": 1.52,
+             "facade_x_mooncake_spread": [1.4, 1.7]},
+            {"kind": "mooncake_tuning", "chosen": {"MC_TCP_LANES_PER_PEER": "4"}, "settings": [
+                {"mooncake_env": {}, "score_gbps": 1.1},
+                {"mooncake_env": {"MC_TCP_LANES_PER_PEER": "4"}, "score_gbps": 1.9},
+                {"mooncake_env": {"MC_TCP_LANES_PER_PEER": "8"}, "error": "worker did not answer"}]}]  # fmt: skip
+    out = ba.render_compat(json.dumps(rows))
+    assert "| READ | 64 KiB | 32 | 3.19 (3-3.3) | 3.29 (3.1-3.4) | **0.971 (0.95-0.99)** | 2.1 (1.9-2.2) | **1.52 (1.4-1.7)** |" in out
+    assert "best setting of its knob sweep" in out and "`MC_TCP_LANES_PER_PEER=4`" in out
+    assert "defaults: 1.1; MC_TCP_LANES_PER_PEER=4: 1.9; MC_TCP_LANES_PER_PEER=8: failed (worker did not answer)" in out
+    assert "Median (min-max) of 5 rounds" in out
+    assert ba.render_compat(json.dumps(rows[:1])).count("knob") == 0  # no sweep (--no-tune): nothing claimed

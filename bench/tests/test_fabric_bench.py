@@ -130,3 +130,56 @@ def test_offered_load_reports_the_realized_load_over_several_seeds():
     ratios = [a / b for a, b in zip(s["p99_us_rounds"], rr["p99_us_rounds"], strict=True)]
     assert s["p99_vs_round_robin"] == pytest.approx(statistics.median(ratios), rel=1e-3, abs=1e-3)
     assert s["requests"] == 12
+
+
+def _mixed(label: str, r: int, p50: float, p99: float, el: float, low: float, count: int = 400) -> dict:
+    return {"kind": "mixed_round", "policy": "spray", "label": label, "round": r, "mice_count": count,
+            "mice_p50_us": p50, "mice_p99_us": p99, "mice_idle_p50_us": 200.0, "mice_idle_p99_us": 300.0,
+            "elephant_gbit": el, "lone_low_gbit": low, "lone_mid_gbit": 3.5, "elephant_errors": []}  # fmt: skip
+
+
+def test_summarize_mixed_medians_spread_and_per_round_ratios_to_qos_off():
+    """Per variant the median and min-max over the rounds; ratios to qos=off within each round,
+    then their median (not the ratio of the medians: 0.5/2 and 0.25 here differ)."""
+    rows = [_mixed("spray qos=off", 0, 400e3, 800e3, 3.6, 3.5), _mixed("spray qos=on", 0, 500.0, 400e3, 3.0, 3.4),
+            _mixed("spray qos=on", 1, 600.0, 100e3, 3.3, 3.6), _mixed("spray qos=off", 1, 420e3, 200e3, 3.5, 3.6),
+            _mixed("spray qos=off", 2, 450e3, 500e3, 3.4, 3.3), _mixed("spray qos=on", 2, 700.0, 300e3, 3.1, 3.5, 390)]  # fmt: skip
+    out = {r["label"]: r for r in fb.summarize_mixed(rows)}
+    assert list(out) == ["spray qos=off", "spray qos=on"]
+    on, off = out["spray qos=on"], out["spray qos=off"]
+    assert on["kind"] == "mixed" and on["rounds"] == off["rounds"] == 3
+    assert on["mice_p50_us"] == 600.0 and on["mice_p50_us_min"] == 500.0 and on["mice_p50_us_max"] == 700.0
+    assert on["mice_count"] == 400 and on["mice_count_min"] == 390 and on["mice_p50_us_rounds"] == [500.0, 600.0, 700.0]
+    # per round: 400/800, 100/200, 300/500 -> 0.5, 0.5, 0.6
+    assert on["mice_p99_us_vs_off"] == pytest.approx(0.5) and on["mice_p99_us_vs_off_max"] == pytest.approx(0.6)
+    assert on["elephant_gbit_vs_off"] == pytest.approx(3.1 / 3.4, abs=1e-4)  # 0.833, 0.943, 0.912: the middle one
+    assert on["elephant_gbit_vs_off_min"] == pytest.approx(3.0 / 3.6, abs=1e-4)
+    assert "mice_p99_us_vs_off" not in off
+    table = fb.qos_markdown(fb.summarize_mixed(rows))
+    assert "| spray qos=on | 400 (390-400) | 0.6 (0.5-0.7) |" in table and "Median (min-max) of 3 rounds" in table
+
+
+def test_mixed_runs_every_qos_variant_once_per_round_and_summarizes_them():
+    """`--mixed` over 2 rounds on a real fabric: one row per variant and round, the order rotating,
+    and summary rows whose medians and ratios are those of the per-round rows."""
+    _require_fabric()
+    import statistics
+
+    spec = fb.FabricBenchSpec(fabric="2x200mbit", policies=["spray"], mixed=True, rounds=2, verify_block=4 * MiB,
+                              threads=2, mixed_duration_s=1.0, lone_s=0.3)  # fmt: skip
+    rows = fb.run_fabric_bench(spec)
+    per = [r for r in rows if r.get("kind") == "mixed_round"]
+    summ = {r["label"]: r for r in rows if r.get("kind") == "mixed"}
+    labels = list(summ)
+    assert len(labels) >= 2 and labels[0].endswith("qos=off")
+    assert [r["label"] for r in per] == labels + labels[1:] + labels[:1]  # round 1 rotated by one
+    for label, s in summ.items():
+        mine = [r for r in per if r["label"] == label]
+        assert s["rounds"] == 2 and [r["round"] for r in mine] == [0, 1]
+        assert s["mice_count"] == statistics.median(r["mice_count"] for r in mine) and s["mice_count_min"] >= 1
+        assert s["mice_p50_us_min"] <= s["mice_p50_us"] <= s["mice_p50_us_max"]
+        assert s["elephant_errors"] == [] and s["lone_low_gbit_rounds"] == [r["lone_low_gbit"] for r in mine]
+        if not label.endswith("qos=off"):
+            off = [r for r in per if r["label"] == labels[0]]
+            ratios = [a["mice_p99_us"] / b["mice_p99_us"] for a, b in zip(mine, off, strict=True)]
+            assert s["mice_p99_us_vs_off"] == pytest.approx(statistics.median(ratios), rel=1e-3)

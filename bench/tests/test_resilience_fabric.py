@@ -165,3 +165,36 @@ def test_analyze_degraded_rail_and_peer_errors():
     assert r["recovered_ms"] == pytest.approx(300.0) and r["all_verified"]
     table = rs.markdown([r])
     assert "PeerUnreachableError" in table and "(typed, expected)" in table
+
+
+def test_summarize_rounds_median_spread_and_totals():
+    """Per scenario: each figure's median and min-max over the rounds that have it; bytes and
+    corruption summed; verified only if every round was; the table shows `median (min-max)`."""
+    base = {"scenario": "k", "title": "kill", "deadline_s": 10.0, "errors_expected": True, "corrupt": 0, "hung_threads": 0,
+            "bytes_requested": 100 * MiB, "all_verified": True, "error_kinds": ["PeerUnreachableError"]}  # fmt: skip
+    rows = [
+        {**base, "round": 0, "app_errors": 500, "bytes_verified": 90 * MiB, "slice_errors": 3, "first_ok_ms": 2600.0,
+         "recovered_ms": 300.0, "first_error": "PeerUnreachableError", "first_error_ms": 30.0},
+        {**base, "round": 1, "app_errors": 420, "bytes_verified": 80 * MiB, "slice_errors": 9, "first_ok_ms": 4600.0,
+         "recovered_ms": None, "first_error": "PeerUnreachableError", "first_error_ms": 25.0},
+        {**base, "round": 2, "app_errors": 460, "bytes_verified": 85 * MiB, "slice_errors": 0, "first_ok_ms": 3000.0,
+         "recovered_ms": 500.0, "first_error": "PeerSilentError", "first_error_ms": 40.0, "all_verified": False,
+         "error_kinds": ["PeerSilentError"]},
+        {"scenario": "n", "title": "no fault", "deadline_s": 10.0, "round": 0, "app_errors": 0, "slice_errors": 0,
+         "bytes_verified": 10 * MiB, "bytes_requested": 10 * MiB, "all_verified": True, "steady_gbit": 3.7},
+    ]  # fmt: skip
+    out = {r["scenario"]: r for r in rs.summarize(rows)}
+    assert list(out) == ["k", "n"]
+    k = out["k"]
+    assert k["rounds"] == 3 and k["app_errors"] == 460 and (k["app_errors_min"], k["app_errors_max"]) == (420, 500)
+    assert k["first_ok_ms"] == 3000.0 and k["first_ok_ms_rounds"] == [2600.0, 4600.0, 3000.0]
+    assert k["recovered_ms"] == 400.0 and k["recovered_ms_rounds"] == [300.0, None, 500.0]  # rounds that have it
+    assert "verified completions again 400 (300-500) ms [2 of 3 rounds] after" in rs.markdown([k])
+    assert k["bytes_verified_total"] == 255 * MiB and k["bytes_requested_total"] == 300 * MiB
+    assert not k["all_verified"] and out["n"]["all_verified"]
+    assert k["error_kinds"] == ["PeerSilentError", "PeerUnreachableError"] and k["first_error"] == "PeerUnreachableError"
+    assert out["n"]["rounds"] == 1 and out["n"]["steady_gbit"] == 3.7 and "first_ok_ms" not in out["n"]
+    table = rs.markdown(rs.summarize(rows))
+    assert "Median (min-max) of 3 rounds" in table
+    assert "| kill | 460 (420-500) (typed, expected) | 255 MiB in 3 rounds, NO | 3 (0-9) |" in table
+    assert "3,000 (2,600-4,600) ms" in table and "| no fault | 0 | 10 MiB, all | 0 | 3.7 |" in table
