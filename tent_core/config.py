@@ -368,6 +368,17 @@ class EngineConfig:
     staging_chunks: int = 4
     staging_buffers: int = 8
     staging_workers: int = 4
+    # Mapped paths (tent_core.mapped): a WRITE from a registered file whose file transport reads
+    # through the page cache (CapabilityProfile.page_cache_files) to remote memory a transport that
+    # copies its sends in the kernel (CapabilityProfile.kernel_copy_sends) reaches is sent straight
+    # from a read-only shared mapping of the file: one copy per side instead of the staged path's
+    # page cache -> staging copy (docs/benchmarks.md, path-buffered). False: such requests stay
+    # staged. A request is mapped in windows of at most mapped_window_bytes (page aligned), each
+    # window mapped once per registered file and kept while the file stays registered, at most
+    # mapped_cache_bytes of windows per engine (least recently used unmapped first).
+    mapped_paths: bool = True
+    mapped_window_bytes: int = 256 * MiB
+    mapped_cache_bytes: int = 1024 * MiB
     # Target-side staging (tent_core.target_staging): this engine copies between its own host staging
     # slots and its device memory for peers that cannot reach that memory directly. Off: peers see no
     # staging offer and such requests fail with NoPathError.
@@ -409,6 +420,8 @@ class EngineConfig:
             raise ValueError("target_staging_chunk_bytes, target_staging_min_chunk_bytes and target_staging_chunks must be >= 1")
         if self.staging_chunk_bytes < 1 or self.staging_min_chunk_bytes < 1 or self.staging_chunks < 1 or self.staging_buffers < 1:
             raise ValueError("staging_chunk_bytes, staging_min_chunk_bytes, staging_chunks and staging_buffers must be >= 1")
+        if self.mapped_window_bytes < 4096 or self.mapped_window_bytes % 4096 or self.mapped_cache_bytes < 0:
+            raise ValueError("mapped_window_bytes must be a positive multiple of 4096 and mapped_cache_bytes >= 0")
 
 
 _SECTIONS: dict[str, type] = {

@@ -42,6 +42,7 @@ from . import _native, errors
 from .abi import HINT_SMALL, SLICE_DTYPE
 from .batch import BatchHandle
 from .config import EngineConfig
+from .mapped import FileMappings
 from .ordering import Orderer, OrderSpec
 from .ordering import collect as collect_order
 from .peers import Peer, PeerDirectory, Route
@@ -107,6 +108,7 @@ class Submitter:
         self.fast: Any = None  # the engine's _native.FastPath, when the plan cache is on
         # (engine id, segment) -> (the peer's buffer list it was made from, RemoteSegment)
         self._rsegs: dict[tuple[str, str], tuple[list[Any], Any]] = {}
+        self._mappings: FileMappings | None = None  # made on the first mapped request
         self.orderer: Orderer | None = None  # stream-ordered batches (tent_core.ordering), made on first use
 
     # ---- LegSubmitter (staged pipelines) ----------------------------------------------------------
@@ -116,6 +118,29 @@ class Submitter:
 
     def allocate(self, size: int, segment: str, perm: Permission) -> LocalBuffer:
         return self.segments.allocate(size, segment, perm)
+
+    # ---- MappedHost / MappedSubmitter (mapped paths) ------------------------------------------------
+
+    @property
+    def mappings(self) -> FileMappings:
+        with self._lock:
+            if self._mappings is None:
+                self._mappings = FileMappings(self, self.config.mapped_window_bytes, self.config.mapped_cache_bytes)
+            return self._mappings
+
+    def register_host(self, addr: int, length: int, segment: str) -> LocalBuffer:
+        # no peer may touch it: only this engine's transports send from it
+        return self.segments.register((addr, length), segment, Permission.NONE)
+
+    def unregister_host(self, buf: LocalBuffer) -> None:
+        self.segments.unregister(buf)
+
+    def forget(self, buf: LocalBuffer) -> None:
+        """`buf` is being unregistered: drop what was made for it (its file mappings)."""
+        with self._lock:
+            maps = self._mappings
+        if maps is not None and buf.kind == MemoryKind.FILE:
+            maps.forget(buf)
 
     def submit_leg(self, request: Request, decision: Decision, deadline: float) -> BatchHandle:
         """One leg of a staged path, routed by `decision` (never resolved again)."""
@@ -419,6 +444,10 @@ class Submitter:
             orderer.close()  # held batches fail (cancelled); signals fire as batches end
         if workers is not None:
             workers.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            maps, self._mappings = self._mappings, None
+        if maps is not None:
+            maps.close()
 
 
 __all__ = ["Submitter"]

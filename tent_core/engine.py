@@ -123,7 +123,7 @@ class Engine:
         self.router = Router(
             self._profiles, rules, RetryLimits(cfg.max_retries_per_slice, cfg.max_transport_failovers), cfg.path_cost,
             cfg.staging_chunk_bytes, (cfg.target_staging_min_chunk_bytes, cfg.target_staging_chunks),
-            (cfg.staging_min_chunk_bytes, cfg.staging_chunks),
+            (cfg.staging_min_chunk_bytes, cfg.staging_chunks), mapped=cfg.mapped_paths,
         )
         self.scheduler = SliceScheduler(cfg.scheduler, qos=PrioritySlots(cfg.qos) if cfg.qos.enabled else None)
         self.monitor = RailMonitor(cfg.health)
@@ -251,6 +251,7 @@ class Engine:
         """After return, no peer can touch the buffer through this engine's transports."""
         if self._fast is not None:
             self._fast.invalidate()  # cached plans naming the buffer are gone before it is
+        self._submitter.forget(buf)  # its mappings (tent_core.mapped), unmapped once no request uses them
         self._segments.unregister(buf)
 
     def segment_name(self, segment: str = "default") -> str:

@@ -20,7 +20,10 @@ later choice for that request derives from the same Decision:
   `TargetStagedPath` through the *target's* host staging (the target engine copies between its
   staging slots and its device memory; `tent_core.target_staging`), or both at once. Each leg
   carries its own Decision (the rule of the original request, the transports the planner chose
-  first), so legs never re-resolve or lose the request's tag;
+  first), so legs never re-resolve or lose the request's tag; or a `MappedPath`: a WRITE from a
+  file sent straight from a read-only mapping of it (`tent_core.mapped`), where the file transport
+  reads through the page cache and the wire copies its sends in the kernel (both declared in
+  their CapabilityProfile), the staged path its fallback;
 * choosing among them (`candidates`, `plan`): every path that can serve the request is priced by
   `path_cost` (a pipeline of stages: per-chunk time of each stage, the slowest bounds the rest) from
   the transports' advertised rates; the cheapest wins, the direct path on a tie. `explain` returns
@@ -233,9 +236,42 @@ class TargetStagedPath:
         return leg
 
 
-Path = Decision | StagedPath | TargetStagedPath
+@dataclass(frozen=True)
+class MappedPath:
+    """A WRITE from a local file sent straight from a read-only shared mapping of it
+    (`tent_core.mapped`): the file's range is mapped, exposed to the wire transport as host memory and
+    sent in one request per mapping window; no staging copy. Planned only where the file transport
+    reads through the page cache (the mapping shows what it would read) and the wire transports copy
+    their sends in the kernel (a page truncated away fails the send instead of the process).
 
-PATH_KINDS = ("direct", "initiator-staged", "target-staged", "both-staged")
+    `wire_order` are the wire's transports (host <-> `remote_kind`), best first; `file_stage` the
+    file transport the staged path would read with (the one whose page-cache reads the mapping
+    stands in for); `fallback` that staged path, taken when the file cannot be mapped."""
+
+    op: OpCode
+    file_stage: str
+    wire_order: tuple[str, ...]
+    remote_kind: MemoryKind = MemoryKind.HOST
+    rule: Rule | None = None
+    fallback: StagedPath | None = None
+    _legs: dict[str, Decision] = field(default_factory=dict, compare=False, repr=False)
+
+    def describe(self) -> str:
+        return f"local file --mmap (read-only)--> mapping --{self.wire_order[0]}--> remote {self.remote_kind.value}"
+
+    @property
+    def wire_leg(self) -> Decision:
+        """Routing of the one leg: the mapping (host memory) -> the peer's buffer."""
+        leg = self._legs.get("wire")
+        if leg is None:
+            leg = self._legs["wire"] = Decision(MemoryKind.HOST, self.remote_kind, self.wire_order, self.rule)
+        return leg
+
+
+Path = Decision | StagedPath | TargetStagedPath | MappedPath
+
+# also the order that breaks a tie of cost (direct first)
+PATH_KINDS = ("direct", "mapped", "initiator-staged", "target-staged", "both-staged")
 
 
 def path_kind(path: Path) -> str:
@@ -243,6 +279,8 @@ def path_kind(path: Path) -> str:
         return "direct"
     if isinstance(path, StagedPath):
         return "initiator-staged"
+    if isinstance(path, MappedPath):
+        return "mapped"
     return "both-staged" if path.local_staged else "target-staged"
 
 
@@ -298,6 +336,7 @@ class Router:
         staging_chunk: int = 4 << 20,
         target_chunking: tuple[int, int] = (4 << 20, 8),
         staging_chunking: tuple[int, int] | None = None,
+        mapped: bool = True,
     ) -> None:
         self.profiles = dict(profiles)
         self.rules = tuple(rules)
@@ -309,6 +348,7 @@ class Router:
         self.staging_chunking = staging_chunking or (staging_chunk, 8)
         # (smallest chunk, chunks per request) of a target-staged request (path_planner.pipeline_chunk)
         self.target_chunking = target_chunking
+        self.mapped = mapped  # plan MappedPaths (EngineConfig.mapped_paths)
         self._ranked: dict[tuple[MemoryKind, MemoryKind, bool, frozenset[str]], tuple[str, ...]] = {}
 
     # ---- first choice ----------------------------------------------------------------------
@@ -405,7 +445,7 @@ class Router:
         excluded: Mapping[str, str] | None = None,
     ) -> list[Candidate]:
         """Every way to serve the request, priced for `nbytes` (default: the cost model's reference
-        size), in the order direct, initiator-staged, target-staged, both-staged. Pure: the peer's
+        size), in the order direct, initiator-staged, mapped, target-staged, both-staged. Pure: the peer's
         staging offer (`remote_staging`: kinds, chunk, per-kind rates) comes in as data."""
         if rule is True:
             rule = self.match(traits)
@@ -451,6 +491,8 @@ class Router:
                      (remote[0], self._rate(remote[0], same), ov)],
                     chunk,
                 ))
+
+        out.append(self._mapped_candidate(traits, reachable, local_reachable, op, rule, out, priced, size))
 
         # target-staged and both-staged
         offer = remote_staging or {}
@@ -499,6 +541,52 @@ class Router:
                 min(tprice, self.staging_chunk),
             ))
         return out
+
+    def mapped_block(self, traits: RequestTraits, reachable: Collection[str], local_reachable: Collection[str],
+                     op: OpCode, rule: Rule | None) -> tuple[str, tuple[str, ...], tuple[str, ...]] | str:
+        """(file transport, its order after the rule, wire transports after the rule) of a mapped
+        path for the request, or why there is none. See `MappedPath`."""
+        lk, rk, same = traits.local_kind, traits.remote_kind, traits.same_host
+        if not self.mapped:
+            return "off (mapped_paths = false)"
+        if lk != MemoryKind.FILE:
+            return f"n/a: local memory is {lk.value}, not a file"
+        if op != OpCode.WRITE:
+            # a READ would land in a writable shared mapping: written back by the kernel when it
+            # pleases, past the file transport, with no error reported to the request
+            return "n/a: only a WRITE (file -> remote) is sent from a mapping; a READ into the file is staged"
+        files = self.ranked(MemoryKind.HOST, MemoryKind.FILE, True, local_reachable)
+        if not files:
+            return "no local transport reads the file"
+        files = self._apply_rule(files, rule)
+        if not self.profiles[files[0]].page_cache_files:
+            return f"{files[0]} does not read the file through the page cache (e.g. O_DIRECT): a mapping would not stand in for it"
+        wire = self.ranked(MemoryKind.HOST, rk, same, reachable)
+        if not wire:
+            return f"no transport moves host<->{rk.value} to the peer"
+        safe = tuple(t for t in wire if self.profiles[t].kernel_copy_sends)
+        if not safe:
+            return (f"no transport to the peer copies its sends in the kernel ({', '.join(wire)} may copy a mapped "
+                    "page in user space, where a truncated file would kill the process)")
+        return files[0], files, self._apply_rule(safe, rule)
+
+    def _mapped_candidate(self, traits: RequestTraits, reachable: Collection[str], local_reachable: Collection[str],
+                          op: OpCode, rule: Rule | None, so_far: Sequence[Candidate], priced: Any, size: int) -> Candidate:
+        try:
+            block = self.mapped_block(traits, reachable, local_reachable, op, rule)
+        except PolicyRejectedError as exc:
+            return Candidate("mapped", None, reason=f"policy: {exc}")
+        if isinstance(block, str):
+            return Candidate("mapped", None, reason=block)
+        file_stage, _, wire = block
+        staged = next((c.path for c in so_far if c.kind == "initiator-staged" and c.viable), None)
+        return priced(
+            "mapped",
+            lambda: MappedPath(op, file_stage, wire, traits.remote_kind, rule,
+                               staged if isinstance(staged, StagedPath) else None),
+            [(wire[0], self._rate(wire[0], traits.same_host), self.cost.leg_overhead_s)],
+            size,
+        )
 
     def plan_staged(
         self,
@@ -578,6 +666,7 @@ __all__ = [
     "Candidate",
     "Decision",
     "Hop",
+    "MappedPath",
     "Path",
     "TargetStagedPath",
     "describe_path",

@@ -17,7 +17,7 @@ from . import errors
 from .batch import BatchHandle, status_of
 from .path_planner import chunk_plan, pipeline_chunk
 from .request import LocalBuffer, Request
-from .routing import Decision, StagedPath
+from .routing import Decision, MappedPath, StagedPath
 from .types import OpCode, Permission
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,13 @@ def run_staged(engine: LegSubmitter, handle: BatchHandle, req: Request, path: St
 
     Each leg is routed by the path's own Decisions (`path.local_leg`, `path.remote_leg`): the
     transports the planner chose, under the original request's rule, with its priority and tag.
-    A TargetStagedPath runs through the target's staging instead (`tent_core.target_staging`)."""
+    A TargetStagedPath runs through the target's staging instead (`tent_core.target_staging`), a
+    MappedPath from a mapping of the file (`tent_core.mapped`)."""
+    if isinstance(path, MappedPath):
+        from .mapped import run_mapped
+
+        run_mapped(engine, handle, req, path, pool, run_staged)
+        return
     if not isinstance(path, StagedPath):
         from .target_staging import run_target_staged
 

@@ -81,6 +81,14 @@ class CapabilityProfile:
     # Typical rate of one request through this transport, for comparing paths by cost (direct vs
     # staged: tent_core.routing.path_cost). 0 = unknown: the planner assumes a default by locality.
     bandwidth_gbps: float = 0.0
+    # A file transport whose reads go through the page cache: a read-only shared mapping of a file it
+    # serves shows the bytes it would read, so the core may send from such a mapping instead of
+    # staging (tent_core.mapped). False where it reads around the cache (O_DIRECT).
+    page_cache_files: bool = False
+    # Its sends from host memory copy in the kernel (send/sendmsg), never in user space: a source
+    # page that vanished (a mapped file truncated under it) fails the call with EFAULT instead of
+    # killing the process with SIGBUS, so a file mapping may be its source.
+    kernel_copy_sends: bool = False
 
     def serves(self, local: MemoryKind, remote: MemoryKind, same_host: bool) -> bool:
         if same_host and not self.same_host:

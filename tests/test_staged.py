@@ -168,7 +168,7 @@ def test_staged_trace_hook_shows_the_legs_of_every_chunk_overlapping(peer, tmp_p
     data.tofile(tmp_path / "t.bin")
     events: list[tuple[str, int, int]] = []
     with Engine({"staging_chunk_bytes": 2 * MiB, "staging_min_chunk_bytes": MiB, "staging_chunks": 4,
-                 "staging_buffers": 3}, transports=["gds", "tcp"]) as eng:  # fmt: skip
+                 "staging_buffers": 3, "mapped_paths": False}, transports=["gds", "tcp"]) as eng:  # fmt: skip
         f = eng.register_file(tmp_path / "t.bin", segment="ckpt")
         staged.TRACE = lambda ev, i, ln: events.append((ev, i, ln))
         try:

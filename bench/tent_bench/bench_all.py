@@ -582,7 +582,9 @@ def target_path(text: str) -> str:
     limits = [r["cpu_bound_limit"] for r in rows if "cpu_bound_limit" in r]
     why = ("; the CPU-bound limit computed for this run: " + ", ".join(f"{v:.2f}x" for v in limits)
            if limits and any(v < 1.0 for v in limits) else "")
-    return f"Target staged >= 0.8x its slower stage: **{'met' if all(v >= 0.8 for v in vals) else 'not met'}** (" + ", ".join(
+    paths = sorted({str(r.get("path", "initiator-staged")) for r in rows})
+    what = "staged" if paths == ["initiator-staged"] else f"file->remote ({', '.join(paths)} path)"
+    return f"Target {what} >= 0.8x its slower stage: **{'met' if all(v >= 0.8 for v in vals) else 'not met'}** (" + ", ".join(
         f"{v:.2f}x" for v in vals) + why + ")."  # fmt: skip
 
 

@@ -10,8 +10,11 @@ file -> remote memory through the staged pipeline with `tent_core.staged.TRACE` 
 - every thread's user and system CPU and context switches (both processes, from /proc) for the
   staged transfers and for each stage alone (file -> memory; memory -> remote), per GiB moved;
 - with `--mapped`, one more case: the file mapped read-only (mmap, MAP_SHARED) and registered as
-  host memory, tcp sending straight from the page cache: what a file-source path that skips the
-  staging copy could reach (no such path exists in the engine; this measures its potential).
+  host memory, tcp sending straight from the page cache (what the engine's mapped path,
+  `tent_core.mapped`, sends from, without its per-request window lookup).
+
+The engine here runs with `mapped_paths` off, so the file -> remote case is the staged pipeline
+this tool traces (with it on, the engine would send that case from a mapping of the file).
 
 A leg's "done" is when the pipeline thread saw it (it waits for the oldest stage 1 at once; stage
 2s are polled or waited for), so it is an upper bound of the leg's real end.
@@ -72,7 +75,7 @@ def run(size: int, iters: int, config: dict[str, Any], file_dir: str, mapped: bo
         probe = Engine(config)
         ftr = [n for n, p in probe._profiles.items() if p.serves(MemoryKind.HOST, MemoryKind.FILE, True)][0]
         probe.close()
-        with Engine(config, transports=[ftr, "tcp"]) as eng:
+        with Engine({**config, "mapped_paths": False}, transports=[ftr, "tcp"]) as eng:
             f = eng.register_file(path, segment="bench-file", perm=Permission.READ)
             local = eng.allocate(size, segment="bench-local")
             own = eng.segment_name("bench-file")

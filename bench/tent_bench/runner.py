@@ -372,8 +372,10 @@ def _row(transport: str, op: str, block: int, batch: int, threads: int, gbps: fl
 
 
 def run_staged_path(spec: BenchSpec, path_spec: str, file_dir: str) -> list[dict[str, Any]]:
-    """`--path file:tcp`: a file here -> memory in another process, through a synthesized path
-    (file -> host staging -> remote transport), next to each stage alone, in one run.
+    """`--path file:tcp`: a file here -> memory in another process, through the path the engine
+    synthesizes (file -> host staging -> remote transport, or the remote transport straight from a
+    read-only mapping of the file: `tent_core.mapped`; the row's `path` and `route` name it), next
+    to each stage alone, in one run.
 
     Rows: the staged transfer ("file:tcp"), stage 1 alone (file -> local memory) and stage 2 alone
     (local memory -> remote memory). `x_slower_stage` = staged / min(stage 1, stage 2).
@@ -445,6 +447,9 @@ def _run_staged_path(spec: BenchSpec, path_spec: str, remote_transport: str, pat
 
             for block in spec.block_sizes:
                 for batch in spec.batch_sizes:
+                    # the path the engine plans for the file -> remote request (mapped or staged)
+                    ex = eng.explain(Request(OpCode.WRITE, f, 0, remote, 0, block))
+                    label = "staged" if ex.chosen == "initiator-staged" else ex.chosen
                     # stage 1 alone: file -> local memory; stage 2 alone: local memory -> remote
                     g1, l1, c1 = timed(local, own, OpCode.READ, block, batch)
                     g2, l2, c2 = timed(local, remote, OpCode.WRITE, block, batch)
@@ -455,8 +460,9 @@ def _run_staged_path(spec: BenchSpec, path_spec: str, remote_transport: str, pat
                                      cpu_s_per_GiB=c1))
                     rows.append(_row(remote_transport, "WRITE", block, batch, 1, g2, l2, stage="memory->remote",
                                      cpu_s_per_GiB=c2))
-                    rows.append(_row(path_spec, "WRITE", block, batch, 1, gs, ls, stage="file->remote (staged)",
-                                     x_slower_stage=round(gs / max(min(g1, g2), 1e-9), 3), cpu_s_per_GiB=cs, **limit))  # fmt: skip
+                    rows.append(_row(path_spec, "WRITE", block, batch, 1, gs, ls, stage=f"file->remote ({label})",
+                                     x_slower_stage=round(gs / max(min(g1, g2), 1e-9), 3), cpu_s_per_GiB=cs,
+                                     path=ex.chosen, route=ex.route, **limit))  # fmt: skip
             # every byte of the last staged transfer arrived: read it back from the target and compare
             n = len(expect)
             local.array[:n] = 0

@@ -295,6 +295,14 @@ def test_path_target_names_the_cpu_bound_limit_only_where_the_cpu_limits():
     assert ba.target_path(old) == "Target staged >= 0.8x its slower stage: **not met** (0.61x)."
 
 
+def test_path_target_names_the_path_the_engine_took():
+    rows = json.loads(_path_rows(1.0))
+    rows[2].update(stage="file->remote (mapped)", path="mapped", route="local file --mmap (read-only)--> mapping --tcp--> remote host")
+    text = json.dumps(rows)
+    assert ba.target_path(text) == "Target file->remote (mapped path) >= 0.8x its slower stage: **not met** (0.61x)."
+    assert "| file->remote (mapped) | file:tcp |" in ba.render_path(text)
+
+
 def test_burst_rendering_shows_each_systems_spread_over_the_rounds():
     def row(n: int, pipe: float) -> dict:
         return {"n": n, "pipeline_per_receiver_s": pipe, "pipeline_per_receiver_range_s": [pipe - 0.01, pipe + 0.02],

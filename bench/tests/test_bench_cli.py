@@ -114,7 +114,11 @@ def test_synthesized_path_bench(tmp_path):
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     stages = {r["stage"]: r for r in rows}
-    assert set(stages) == {"file->memory", "memory->remote", "file->remote (staged)"}
+    # the engine sends a page-cache file to tcp from a mapping of it (tent_core.mapped); the row names it
+    assert set(stages) == {"file->memory", "memory->remote", "file->remote (mapped)"}
+    path = stages.pop("file->remote (mapped)")
+    stages["file->remote (staged)"] = path
+    assert path["path"] == "mapped" and "mmap" in path["route"] and "tcp" in path["route"], path
     slower = min(stages["file->memory"]["gbps"], stages["memory->remote"]["gbps"])
     assert stages["file->remote (staged)"]["x_slower_stage"] == pytest.approx(stages["file->remote (staged)"]["gbps"] / slower,
                                                                               rel=2e-3)  # fmt: skip
@@ -127,6 +131,12 @@ def test_synthesized_path_bench(tmp_path):
     gib = (1 << 30) / 1e9
     assert stages["file->remote (staged)"]["cpu_bound_limit"] == pytest.approx(staged_cpu_bound_limit(
         gib / s1["gbps"], gib / s2["gbps"], s1["cpu_s_per_GiB"], s2["cpu_s_per_GiB"], cores()), abs=2e-3)  # fmt: skip
+    # with mapped paths off the same command runs the staged pipeline, and says so
+    off = tent("bench", "--path", "file:tcp", "--block-sizes", "4M", "--iters", "2", "--file-dir", str(tmp_path), "--json",
+               "--rounds", "1", "--config", '{"mapped_paths": false}')  # fmt: skip
+    assert off.returncode == 0, off.stderr
+    staged = [r for r in json.loads(off.stdout) if r["stage"].startswith("file->remote")]
+    assert [(r["stage"], r["path"]) for r in staged] == [("file->remote (staged)", "initiator-staged")], staged
     bad = tent("bench", "--path", "disk:tcp", "--block-sizes", "4M", "--iters", "1", "--file-dir", str(tmp_path))
     assert bad.returncode != 0 and "file:TRANSPORT" in bad.stderr + bad.stdout
 

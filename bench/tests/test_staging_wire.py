@@ -56,10 +56,11 @@ def test_path_bench_over_a_shaped_wire_end_to_end(tmp_path) -> None:
                             wire="500mbit")
     rows = runner.run_staged_path(spec, "file:tcp", str(tmp_path))  # raises if the target's bytes differ
     by_stage = {r["stage"]: r for r in rows}
-    assert set(by_stage) == {"file->memory", "memory->remote", "file->remote (staged)"}, rows
+    # the path the engine planned (mapped: tcp from a mapping of the file), named by the row
+    assert set(by_stage) == {"file->memory", "memory->remote", "file->remote (mapped)"}, rows
     assert all(r["wire_gbit"] == RATE_GBIT for r in rows), rows
     assert 0 < by_stage["memory->remote"]["gbps"] <= CEILING_GBPS, rows
-    staged = by_stage["file->remote (staged)"]
+    staged = by_stage["file->remote (mapped)"]
     assert 0 < staged["gbps"] <= CEILING_GBPS and staged["x_slower_stage"] > 0, rows
     assert all(r["cpu_s_per_GiB"] > 0 for r in rows) and 0 < staged["cpu_bound_limit"] <= 1.0, rows
     assert _namespaces() <= before

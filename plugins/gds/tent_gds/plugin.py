@@ -249,7 +249,11 @@ class GdsTransport(Transport):
         pairs = {(MemoryKind.HOST, MemoryKind.FILE)}
         if self._cufile_active:
             pairs.add((MemoryKind.CUDA, MemoryKind.FILE))
-        return CapabilityProfile(kind_pairs=frozenset(pairs), same_host=True, cross_host=False, rank=20)
+        # buffered reads only: with an O_DIRECT fd (direct=1, or cuFile's) a read goes around the page
+        # cache, and a mapping of the file would fault it in instead (and pollute the cache the
+        # application asked to avoid)
+        return CapabilityProfile(kind_pairs=frozenset(pairs), same_host=True, cross_host=False, rank=20,
+                                 page_cache_files=not (self._direct or self._cufile_active))
 
     @property
     def cufile_active(self) -> bool:

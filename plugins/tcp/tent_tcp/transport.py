@@ -236,6 +236,8 @@ class TcpTransport(Transport):
             same_host=True,
             cross_host=True,
             rank=50,
+            # payload leaves by sendmsg from the caller's memory (sendv_all): the kernel copies it
+            kernel_copy_sends=True,
         )
 
     # ---- lifecycle ---------------------------------------------------------------------
