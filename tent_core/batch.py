@@ -61,6 +61,23 @@ def status_error(status: int, context: str = "", detail: str | None = None) -> e
     return cls(f"{text}{' (' + context + ')' if context else ''} [status {status}]")
 
 
+def time_left(handle: BatchHandle, what: str) -> float:
+    """Seconds left before `handle`'s deadline, for a leg a composite transfer (staged, mapped)
+    submits on its behalf; DeadlineExceededError naming `what` once none is."""
+    left = handle.deadline - time.monotonic()
+    if left <= 0:
+        raise errors.DeadlineExceededError(f"{what} missed its deadline")
+    return left
+
+
+def drain_quietly(h: Any, timeout: float = 5.0) -> None:
+    """Wait out a cancelled leg so its buffers can be reused; its own error is already moot."""
+    try:
+        h.wait(timeout)
+    except errors.TentError:
+        pass
+
+
 def status_of(exc: BaseException) -> int:
     """The status to finalize a unit of work with when Python code failed it with `exc`."""
     for cls, code in _ERROR_STATUS:

@@ -25,14 +25,13 @@ import ctypes
 import logging
 import os
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import errors
-from .batch import BatchHandle, status_of
+from .batch import BatchHandle, drain_quietly, status_of, time_left
 from .request import LocalBuffer, Request
 from .routing import Decision, MappedPath
 from .types import OpCode
@@ -304,7 +303,7 @@ def _send(engine: MappedSubmitter, handle: BatchHandle, req: Request, path: Mapp
         done = 0
         for w, off, n in pieces:
             r = Request(OpCode.WRITE, w.host, off, req.remote, req.remote_offset + done, n, req.priority, req.tag)
-            legs.append(engine.submit_leg(r, path.wire_leg, _left(handle)))
+            legs.append(engine.submit_leg(r, path.wire_leg, time_left(handle, "mapped transfer")))
             done += n
         end = req.local_offset + req.length
         try:
@@ -324,7 +323,7 @@ def _send(engine: MappedSubmitter, handle: BatchHandle, req: Request, path: Mapp
             raise
     finally:
         for h in legs:
-            _drain(h)
+            drain_quietly(h)
         maps.release(pieces)
 
 
@@ -341,18 +340,6 @@ def _check_size(maps: FileMappings, req: Request, end: int, exc: BaseException |
             f"[{req.local_offset}, {end}) was sent from its mapping" + (f": {exc}" if exc else "")) from exc
 
 
-def _left(handle: BatchHandle) -> float:
-    left = handle.deadline - time.monotonic()
-    if left <= 0:
-        raise errors.DeadlineExceededError("mapped transfer missed its deadline")
-    return left
-
-
-def _drain(h: Any) -> None:
-    try:
-        h.wait(5.0)
-    except errors.TentError:
-        pass
 
 
 __all__ = ["MAPPED_SEGMENT", "TRACE", "FileMappings", "MapError", "Window", "run_mapped"]

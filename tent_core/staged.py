@@ -9,12 +9,11 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections import deque
 from typing import Any, Protocol
 
 from . import errors
-from .batch import BatchHandle, status_of
+from .batch import BatchHandle, drain_quietly, status_of, time_left
 from .path_planner import chunk_plan, pipeline_chunk
 from .request import LocalBuffer, Request
 from .routing import Decision, MappedPath, StagedPath
@@ -133,16 +132,16 @@ def _pipeline(engine: LegSubmitter, handle: BatchHandle, req: Request, path: Sta
     def stage1(off: int, ln: int, st: LocalBuffer) -> Any:
         if write:  # local -> staging
             r = Request(OpCode.READ, st, 0, self_seg, local_base + off, ln, req.priority, req.tag)
-            return engine.submit_leg(r, local_leg, _left(handle))
+            return engine.submit_leg(r, local_leg, time_left(handle, "staged transfer"))
         r = Request(OpCode.READ, st, 0, req.remote, req.remote_offset + off, ln, req.priority, req.tag)  # remote -> staging
-        return engine.submit_leg(r, remote_leg, _left(handle))
+        return engine.submit_leg(r, remote_leg, time_left(handle, "staged transfer"))
 
     def stage2(off: int, ln: int, st: LocalBuffer) -> Any:
         if write:  # staging -> remote
             r = Request(OpCode.WRITE, st, 0, req.remote, req.remote_offset + off, ln, req.priority, req.tag)
-            return engine.submit_leg(r, remote_leg, _left(handle))
+            return engine.submit_leg(r, remote_leg, time_left(handle, "staged transfer"))
         r = Request(OpCode.WRITE, st, 0, self_seg, local_base + off, ln, req.priority, req.tag)  # staging -> local
-        return engine.submit_leg(r, local_leg, _left(handle))
+        return engine.submit_leg(r, local_leg, time_left(handle, "staged transfer"))
 
     trace = TRACE
     first: deque[tuple[int, int, LocalBuffer, Any]] = deque()
@@ -156,7 +155,7 @@ def _pipeline(engine: LegSubmitter, handle: BatchHandle, req: Request, path: Sta
                 raise errors.CancelledError("staged transfer cancelled")
             # keep the first stage fed while staging buffers are free
             while nxt < len(chunks):
-                st = pool.try_acquire() if (first or second) else pool.acquire(_left(handle))
+                st = pool.try_acquire() if (first or second) else pool.acquire(time_left(handle, "staged transfer"))
                 if st is None:
                     if not (first or second):
                         raise errors.DeadlineExceededError("no staging buffer became free before the deadline")
@@ -198,23 +197,11 @@ def _pipeline(engine: LegSubmitter, handle: BatchHandle, req: Request, path: Sta
     finally:
         for _, _, st, h in first:
             h.cancel()
-            _drain(h)
+            drain_quietly(h)
             pool.release(st)
         for _, _, st, h in second:
             h.cancel()
-            _drain(h)
+            drain_quietly(h)
             pool.release(st)
 
 
-def _left(handle: BatchHandle) -> float:
-    left = handle.deadline - time.monotonic()
-    if left <= 0:
-        raise errors.DeadlineExceededError("staged transfer missed its deadline")
-    return left
-
-
-def _drain(h: Any) -> None:
-    try:
-        h.wait(5.0)
-    except errors.TentError:
-        pass

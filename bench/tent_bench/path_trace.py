@@ -36,7 +36,7 @@ from typing import Any
 import click
 
 from .staging import _parse_size
-from .staging_threads import delta, thread_cpu
+from .staging_threads import delta, echo_run, thread_cpu
 
 GiB = 1 << 30
 
@@ -156,15 +156,7 @@ def main(size: str, iters: int, config_json: str, file_dir: str | None, mapped: 
         click.echo(json.dumps(rep, indent=2))
         return
     for r in rep["runs"]:
-        gib, mib = r["gib"], r["gib"] * 1024
-        total = sum(t["user_s"] + t["sys_s"] for side in ("initiator", "target") for t in r[side])
-        click.echo(f"{r['case']}: {gib / r['seconds'] * 1.073741824:.2f} GB/s, {total / gib:.3f} CPU s/GiB")
-        for side in ("initiator", "target"):
-            for t in sorted(r[side], key=lambda t: -(t["user_s"] + t["sys_s"])):
-                cpu = t["user_s"] + t["sys_s"]
-                if cpu > 0:
-                    click.echo(f"  {side:9} {t['thread']:32} {cpu / gib:.3f} s/GiB (user {t['user_s'] / gib:.3f}, "
-                               f"sys {t['sys_s'] / gib:.3f})  {t['switches'] / mib:.2f} switches/MiB")
+        echo_run(r["case"], r)
     click.echo("staged, per chunk (ms from the request's start, median): " + ", ".join(f"{k} {v}" for k, v in rep["chunks"].items()))
     click.echo("staged, per request (ms, median): " + ", ".join(f"{k} {v}" for k, v in rep["phases_ms"].items()))
     click.echo("staged, per request (ms, mean): " + ", ".join(f"{k} {v}" for k, v in rep["phases_mean_ms"].items()))

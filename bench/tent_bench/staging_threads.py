@@ -107,15 +107,20 @@ def main(size: str, iters: int, ops: str, chunk: str | None, as_json: bool) -> N
         click.echo(json.dumps(rep, indent=2))
         return
     for r in rep["runs"]:
-        gib, mib = r["gib"], r["gib"] * 1024
-        total = sum(t["user_s"] + t["sys_s"] for side in ("initiator", "target") for t in r[side])
-        click.echo(f"{r['op']} {r['path']}: {gib / r['seconds'] * 1.073741824:.2f} GB/s, {total / gib:.3f} CPU s/GiB")
-        for side in ("initiator", "target"):
-            for t in sorted(r[side], key=lambda t: -(t["user_s"] + t["sys_s"])):
-                cpu = t["user_s"] + t["sys_s"]
-                if cpu > 0:
-                    click.echo(f"  {side:9} {t['thread']:32} {cpu / gib:.3f} s/GiB (user {t['user_s'] / gib:.3f}, "
-                               f"sys {t['sys_s'] / gib:.3f})  {t['switches'] / mib:.2f} switches/MiB")
+        echo_run(f"{r['op']} {r['path']}", r)
+
+
+def echo_run(label: str, r: dict[str, Any]) -> None:
+    """One run's rate and CPU per GiB, then each thread of both processes, busiest first."""
+    gib, mib = r["gib"], r["gib"] * 1024
+    total = sum(t["user_s"] + t["sys_s"] for side in ("initiator", "target") for t in r[side])
+    click.echo(f"{label}: {gib / r['seconds'] * 1.073741824:.2f} GB/s, {total / gib:.3f} CPU s/GiB")
+    for side in ("initiator", "target"):
+        for t in sorted(r[side], key=lambda t: -(t["user_s"] + t["sys_s"])):
+            cpu = t["user_s"] + t["sys_s"]
+            if cpu > 0:
+                click.echo(f"  {side:9} {t['thread']:32} {cpu / gib:.3f} s/GiB (user {t['user_s'] / gib:.3f}, "
+                           f"sys {t['sys_s'] / gib:.3f})  {t['switches'] / mib:.2f} switches/MiB")
 
 
 if __name__ == "__main__":
