@@ -454,7 +454,9 @@ def _run_staged_path(spec: BenchSpec, path_spec: str, remote_transport: str, pat
                     g1, l1, c1 = timed(local, own, OpCode.READ, block, batch)
                     g2, l2, c2 = timed(local, remote, OpCode.WRITE, block, batch)
                     gs, ls, cs = timed(f, remote, OpCode.WRITE, block, batch)
-                    limit = {} if c1 is None or c2 is None else {
+                    # the limit is the staged pipeline's (it pays both stages' CPU); a mapped path pays
+                    # only the wire stage's, so that limit says nothing about it
+                    limit = {} if c1 is None or c2 is None or ex.chosen == "mapped" else {
                         "cpu_bound_limit": staged_cpu_bound_limit(GiB / 1e9 / g1, GiB / 1e9 / g2, c1, c2, cores())}
                     rows.append(_row(file_transports[0], "READ", block, batch, 1, g1, l1, stage="file->memory",
                                      cpu_s_per_GiB=c1))

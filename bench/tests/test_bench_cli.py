@@ -122,21 +122,23 @@ def test_synthesized_path_bench(tmp_path):
     slower = min(stages["file->memory"]["gbps"], stages["memory->remote"]["gbps"])
     assert stages["file->remote (staged)"]["x_slower_stage"] == pytest.approx(stages["file->remote (staged)"]["gbps"] / slower,
                                                                               rel=2e-3)  # fmt: skip
-    # CPU of both processes per GiB for every stage and the staged path, and the CPU-bound limit
-    # of staged / slower stage computed from the stages' own rows
+    assert all(r["cpu_s_per_GiB"] > 0 for r in rows), rows
+    # the staged pipeline's CPU-bound limit is no bound on a path without the staging copy: not given
+    assert "cpu_bound_limit" not in path, path
+    # with mapped paths off the same command runs the staged pipeline, says so, and gives the
+    # CPU-bound limit of staged / slower stage computed from the stages' own rows
     from tent_bench.cpu import cores, staged_cpu_bound_limit
 
-    assert all(r["cpu_s_per_GiB"] > 0 for r in rows), rows
-    s1, s2 = stages["file->memory"], stages["memory->remote"]
-    gib = (1 << 30) / 1e9
-    assert stages["file->remote (staged)"]["cpu_bound_limit"] == pytest.approx(staged_cpu_bound_limit(
-        gib / s1["gbps"], gib / s2["gbps"], s1["cpu_s_per_GiB"], s2["cpu_s_per_GiB"], cores()), abs=2e-3)  # fmt: skip
-    # with mapped paths off the same command runs the staged pipeline, and says so
     off = tent("bench", "--path", "file:tcp", "--block-sizes", "4M", "--iters", "2", "--file-dir", str(tmp_path), "--json",
                "--rounds", "1", "--config", '{"mapped_paths": false}')  # fmt: skip
     assert off.returncode == 0, off.stderr
-    staged = [r for r in json.loads(off.stdout) if r["stage"].startswith("file->remote")]
+    rows = json.loads(off.stdout)
+    staged = [r for r in rows if r["stage"].startswith("file->remote")]
     assert [(r["stage"], r["path"]) for r in staged] == [("file->remote (staged)", "initiator-staged")], staged
+    s1, s2 = ({r["stage"]: r for r in rows}[k] for k in ("file->memory", "memory->remote"))
+    gib = (1 << 30) / 1e9
+    assert staged[0]["cpu_bound_limit"] == pytest.approx(staged_cpu_bound_limit(
+        gib / s1["gbps"], gib / s2["gbps"], s1["cpu_s_per_GiB"], s2["cpu_s_per_GiB"], cores()), abs=2e-3)  # fmt: skip
     bad = tent("bench", "--path", "disk:tcp", "--block-sizes", "4M", "--iters", "1", "--file-dir", str(tmp_path))
     assert bad.returncode != 0 and "file:TRANSPORT" in bad.stderr + bad.stdout
 
