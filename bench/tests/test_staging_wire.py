@@ -62,7 +62,8 @@ def test_path_bench_over_a_shaped_wire_end_to_end(tmp_path) -> None:
     assert 0 < by_stage["memory->remote"]["gbps"] <= CEILING_GBPS, rows
     staged = by_stage["file->remote (mapped)"]
     assert 0 < staged["gbps"] <= CEILING_GBPS and staged["x_slower_stage"] > 0, rows
-    assert all(r["cpu_s_per_GiB"] > 0 for r in rows) and 0 < staged["cpu_bound_limit"] <= 1.0, rows
+    # the staged pipeline's CPU-bound limit is no bound on the mapped path (no staging copy): not given
+    assert all(r["cpu_s_per_GiB"] > 0 for r in rows) and "cpu_bound_limit" not in staged, rows
     assert _namespaces() <= before
     assert not list(tmp_path.iterdir())  # the benchmark's file is removed too
 
