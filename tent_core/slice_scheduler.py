@@ -55,6 +55,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection, Sequence
+from typing import NamedTuple
 
 from .config import SchedulerConfig
 from .qos import PrioritySlots
@@ -148,12 +149,15 @@ class SliceScheduler:
             # a mouse: whole, on one rail. Cut into min_slice_bytes pieces it would only become
             # several messages on the same rail (issue 17); the caller cuts it by the transport's
             # split size, as it does every request on a single-rail route.
-            r = cand[0] if len(cand) == 1 else self._pick_near_best(length, rails, cand, weights)
-            if len(cand) > 1 and self._stale_s:
-                stale = stale_rails(rails, cand, stamp, self._stale_s)
-                if stale and r not in stale:  # one mouse re-measures a rail nothing else reaches
-                    r = stale[0]
+            if len(cand) == 1:
+                r = cand[0]
+            else:
+                views = [mouse_view(rails[i], 1.0 if weights is None else weights[i]) for i in cand]
+                pos, flags = pick_mouse(views, length, self._rr + 1, self.config, stamp)
+                self._rr += 1
+                if flags & MOUSE_STALE:
                     self.stale_probes += 1
+                r = cand[pos]
             rails[r].add_pending(length, stamp)
             return [(r, 0, length)]
         n, size = self.slice_sizes(length)
@@ -216,19 +220,6 @@ class SliceScheduler:
         out = [(r, j * size, size) for j in range(n - 1)]
         out.append((r, (n - 1) * size, length - (n - 1) * size))
         return out
-
-    def _pick_near_best(
-        self, length: int, rails: Sequence[RailTelemetry], cand: list[int], weights: Sequence[float] | None
-    ) -> int:
-        """Round robin among rails whose (health-weighted) cost is within (1+gamma) of the best."""
-        if weights is None:
-            costs = [rails[i].predicted_cost(length) for i in cand]
-        else:
-            costs = [rails[i].predicted_cost(length) / weights[i] for i in cand]
-        limit = min(costs) * self._tol
-        near = [i for i, c in zip(cand, costs, strict=True) if c <= limit]
-        self._rr += 1
-        return near[self._rr % len(near)]
 
     @staticmethod
     def _even_counts(n: int, k: int) -> list[int]:
@@ -331,6 +322,77 @@ class SliceScheduler:
         return None
 
 
+class MouseView(NamedTuple):
+    """What the mouse policy reads of one rail: plain numbers, as the native fast path keeps them
+    per rail (`_native.FastPath.rail_publish`), so that both decide alike (`pick_mouse`)."""
+
+    queued_bytes: int  # A of the cost model: in flight + assigned + other processes' load
+    bandwidth_Bps: float
+    penalty: float
+    weight: float  # health weight (RailMonitor.weight); 0: excluded
+    confirmed_ns: int  # when a sample last confirmed the estimate (-1: never observed)
+    busy: bool  # held work at the last observation (in flight or serving)
+    pending_bytes: int  # assigned by plans, not yet seen by the executor
+    pending_ns: int  # when a plan last assigned some
+
+
+MOUSE_RR = 1  # pick_mouse flags: the round-robin cursor was used (several near-best rails were looked at)
+MOUSE_STALE = 2  # the mouse went to a stale rail to re-measure it
+
+
+def mouse_view(tel: RailTelemetry, weight: float) -> MouseView:
+    """A rail's telemetry as the mouse policy reads it."""
+    return MouseView(
+        tel.queued_bytes, tel.bandwidth_Bps, tel.penalty, weight, tel._confirmed_ns,
+        tel.inflight_slices > 0 or tel.inflight_bytes > 0 or tel.serving > 0, tel.pending_bytes, tel._pending_ns,
+    )
+
+
+def pick_mouse(views: Sequence[MouseView], length: int, rr: int, config: SchedulerConfig, now_ns: int) -> tuple[int, int]:
+    """The rail (position in `views`) of a mouse of `length` bytes, and MOUSE_* flags; -1 when every
+    rail is excluded (weight 0). Pure; the native fast path (`_native.mouse_pick`) computes the same
+    from the same numbers, float operation for float operation (tests/test_mouse_policy.py).
+
+    Among the admitted rails (weight > 0): round robin (`rr`, the cursor after the caller's
+    increment) among those whose predicted cost (b0 + b1 (A + L) / B) P, divided by the health
+    weight, is within (1 + gamma) of the best; then, when `bandwidth_stale_s` is set and more than
+    one rail is admitted, a rail unconfirmed for longer than that (`RailTelemetry.unconfirmed_s`)
+    takes the mouse instead, the longest unconfirmed first, unless the pick is stale itself."""
+    cand = [j for j, v in enumerate(views) if v.weight > 0]
+    if not cand:
+        return -1, 0
+    if len(cand) == 1:
+        return cand[0], 0
+    b0, b1 = config.b0_s, config.b1
+    costs = [(b0 + b1 * (views[j].queued_bytes + length) / views[j].bandwidth_Bps) * views[j].penalty / views[j].weight
+             for j in cand]
+    limit = min(costs) * (1.0 + config.gamma)
+    near = [j for j, c in zip(cand, costs, strict=True) if c <= limit]
+    r = near[rr % len(near)]
+    flags = MOUSE_RR
+    stale_s = config.bandwidth_stale_s
+    if stale_s:
+        best_age, best = 0.0, -1
+        r_stale = False
+        for j in cand:
+            v = views[j]
+            if v.confirmed_ns < 0 or v.busy:
+                continue
+            last = v.confirmed_ns
+            if v.pending_bytes > 0 and v.pending_ns > last:
+                last = v.pending_ns
+            age = max(0.0, (now_ns - last) * 1e-9)
+            if age > stale_s:
+                if j == r:
+                    r_stale = True
+                if age > best_age:
+                    best_age, best = age, j
+        if best >= 0 and not r_stale:  # one mouse re-measures a rail nothing else reaches
+            r = best
+            flags |= MOUSE_STALE
+    return r, flags
+
+
 def stale_rails(rails: Sequence[RailTelemetry], cand: Sequence[int], now_ns: int, stale_s: float) -> list[int]:
     """The candidates whose estimate no sample confirmed for more than `stale_s` while they held
     no work, longest unconfirmed first."""
@@ -410,4 +472,4 @@ def _level(length: int, rails: Sequence[tuple[float, float]]) -> list[float]:
     return [max(0.0, (level - free) * rate) for free, rate in rails]
 
 
-__all__ = ["NoRailError", "Plan", "SliceScheduler", "spray_shares"]
+__all__ = ["MOUSE_RR", "MOUSE_STALE", "MouseView", "NoRailError", "Plan", "SliceScheduler", "mouse_view", "pick_mouse", "spray_shares"]

@@ -1432,6 +1432,122 @@ static PyTypeObject RemoteSegmentType = {
     .tp_doc = "RemoteSegment(rows of (offset, addr, length, perm, kind)): a peer segment for the fast path",
 };
 
+/* ---- the mouse policy of a route of several rails (slice_scheduler.pick_mouse, in C) -------------
+ * A mouse (a request below small_request_threshold) goes whole to one rail. Its choice, per request:
+ * among the admitted rails (health weight > 0), round robin among those whose predicted cost
+ * (b0 + b1 (A + L) / B) P / weight is within (1 + gamma) of the best; then a rail no sample
+ * confirmed for bandwidth_stale_s while it held no work takes it instead (the longest unconfirmed
+ * first) unless the pick is stale itself. Every float operation is the Python one's, in its order
+ * (C11, so no contraction into fused multiply-adds): both decide alike from the same numbers
+ * (tests/test_mouse_policy.py compares them on random rail states). */
+#define MOUSE_RR 1
+#define MOUSE_STALE 2
+#define FAST_MAX_RAILS 16
+
+typedef struct {
+  int64_t queued; /* A: in flight + assigned + other processes' load, bytes */
+  double bw, penalty, weight;
+  int64_t confirmed_ns; /* < 0: never observed */
+  int busy;
+  int64_t pending, pending_ns;
+} mouse_view_t;
+
+typedef struct {
+  double b0, b1, gamma, stale_s;
+} mouse_policy_t;
+
+static int mouse_pick(const mouse_view_t *v, int n, int64_t length, uint64_t rr, const mouse_policy_t *p,
+                      int64_t now, int *flags) {
+  int cand[FAST_MAX_RAILS], near[FAST_MAX_RAILS], nc = 0, nn = 0;
+  double costs[FAST_MAX_RAILS];
+  *flags = 0;
+  for (int j = 0; j < n && j < FAST_MAX_RAILS; j++)
+    if (v[j].weight > 0) cand[nc++] = j;
+  if (nc == 0) return -1;
+  if (nc == 1) return cand[0];
+  double best = 0;
+  for (int k = 0; k < nc; k++) {
+    const mouse_view_t *x = &v[cand[k]];
+    costs[k] = (p->b0 + p->b1 * (double)(x->queued + length) / x->bw) * x->penalty / x->weight;
+    if (k == 0 || costs[k] < best) best = costs[k];
+  }
+  double limit = best * (1.0 + p->gamma);
+  for (int k = 0; k < nc; k++)
+    if (costs[k] <= limit) near[nn++] = cand[k];
+  int r = near[rr % (uint64_t)nn];
+  *flags = MOUSE_RR;
+  if (p->stale_s != 0) {
+    double best_age = 0.0;
+    int stale = -1, r_stale = 0;
+    for (int k = 0; k < nc; k++) {
+      const mouse_view_t *x = &v[cand[k]];
+      if (x->confirmed_ns < 0 || x->busy) continue;
+      int64_t last = x->confirmed_ns;
+      if (x->pending > 0 && x->pending_ns > last) last = x->pending_ns;
+      double age = (double)(now - last) * 1e-9;
+      if (!(age > 0.0)) age = 0.0;
+      if (age > p->stale_s) {
+        if (cand[k] == r) r_stale = 1;
+        if (age > best_age) {
+          best_age = age;
+          stale = cand[k];
+        }
+      }
+    }
+    if (stale >= 0 && !r_stale) {
+      r = stale;
+      *flags |= MOUSE_STALE;
+    }
+  }
+  return r;
+}
+
+/* mouse_pick(views, length, rr, (b0, b1, gamma, stale_s), now_ns) -> (position or -1, flags): the
+ * fast path's choice on views given as tuples (slice_scheduler.MouseView's fields), for tests. */
+static PyObject *py_mouse_pick(PyObject *m, PyObject *args) {
+  PyObject *views;
+  long long length, now;
+  unsigned long long rr;
+  mouse_policy_t pol;
+  if (!PyArg_ParseTuple(args, "OLK(dddd)L", &views, &length, &rr, &pol.b0, &pol.b1, &pol.gamma, &pol.stale_s, &now))
+    return NULL;
+  PyObject *seq = PySequence_Fast(views, "views must be a sequence");
+  if (!seq) return NULL;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  if (n > FAST_MAX_RAILS) {
+    Py_DECREF(seq);
+    return PyErr_Format(PyExc_ValueError, "at most %d rails", FAST_MAX_RAILS);
+  }
+  mouse_view_t v[FAST_MAX_RAILS];
+  for (Py_ssize_t j = 0; j < n; j++) {
+    int busy;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, j), "LdddLpLL", &v[j].queued, &v[j].bw, &v[j].penalty,
+                          &v[j].weight, &v[j].confirmed_ns, &busy, &v[j].pending, &v[j].pending_ns)) {
+      Py_DECREF(seq);
+      return NULL;
+    }
+    v[j].busy = busy;
+  }
+  Py_DECREF(seq);
+  int flags;
+  int r = mouse_pick(v, (int)n, length, rr, &pol, now, &flags);
+  return Py_BuildValue("(ii)", r, flags);
+}
+
+/* The per-rail state the fast path's mouse choice reads, one row per telemetry slot, published by
+ * the engine (FastPath.rail_publish: at each health tick, when a plan is cached, when a slice
+ * fails) from the rail's telemetry and health. `added` is what the fast path itself gave the rail
+ * since: the health tick folds it into the telemetry's pending bytes (rail_added) and publishes
+ * again with it taken off, so no byte is counted twice or lost in between. */
+typedef struct {
+  uint64_t stat_index; /* the rail holding the slot when it was published (0: never) */
+  int64_t base;        /* in flight + other processes' load */
+  int64_t pending, pending_ns, confirmed_ns;
+  int64_t added, added_ns;
+  double bw, penalty, weight;
+  int busy;
+} rail_row_t;
+
 /* FastEntry: the cached plan of one class of requests (remote segment, local buffer, op, priority,
  * tag): where the bytes go (one transport, one rail) and how they are cut. Valid while the fast
  * path's generation is the one it was made under. */
@@ -1448,20 +1564,50 @@ typedef struct {
   uint64_t split;      /* cut requests longer than this into slices of this size (0: never) */
   uint64_t inline_max; /* slices up to this long may run on the caller's thread (0: never) */
   PyObject *route, *decision;
+  /* a route of several rails (mice only): the candidates (rail index, stat index), chosen per
+   * request by mouse_pick over the FastPath's rail rows; nrails 0: the one rail above */
+  int nrails;
+  uint32_t rails_idx[FAST_MAX_RAILS];
+  uint64_t rails_slot[FAST_MAX_RAILS];
 } FastEntryObject;
 
 static PyObject *FastEntry_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"gen", "local", "laddr", "llen", "rseg", "rkind", "perm", "opcode", "ops", "executor",
-                           "link", "rail", "slot", "split", "inline_max", "route", "decision", NULL};
+                           "link", "rail", "slot", "split", "inline_max", "route", "decision", "rails", NULL};
   unsigned long long gen, laddr, llen, ops, exec, link, slot, split, inline_max;
-  PyObject *local, *route, *decision;
+  PyObject *local, *route, *decision, *rails = Py_None;
   RemoteSegmentObject *rseg;
   int rkind;
   unsigned int perm, opcode, rail;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "KOKKO!iIIKKKIKKKOO", kwlist, &gen, &local, &laddr, &llen,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "KOKKO!iIIKKKIKKKOO|O", kwlist, &gen, &local, &laddr, &llen,
                                    &RemoteSegmentType, &rseg, &rkind, &perm, &opcode, &ops, &exec, &link, &rail,
-                                   &slot, &split, &inline_max, &route, &decision))
+                                   &slot, &split, &inline_max, &route, &decision, &rails))
     return NULL;
+  uint32_t ridx[FAST_MAX_RAILS];
+  uint64_t rslot[FAST_MAX_RAILS];
+  int nrails = 0;
+  if (rails != Py_None) {
+    PyObject *seq = PySequence_Fast(rails, "rails must be a sequence of (rail index, stat index)");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 2 || n > FAST_MAX_RAILS) {
+      Py_DECREF(seq);
+      return PyErr_Format(PyExc_ValueError, "rails: 2 to %d candidates, got %zd", FAST_MAX_RAILS, n);
+    }
+    for (Py_ssize_t j = 0; j < n; j++) {
+      unsigned int ri;
+      unsigned long long si;
+      if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, j), "IK", &ri, &si) || si == 0) {
+        Py_DECREF(seq);
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "rails: stat index 0");
+        return NULL;
+      }
+      ridx[j] = ri;
+      rslot[j] = si;
+    }
+    Py_DECREF(seq);
+    nrails = (int)n;
+  }
   if (opcode != TENT_OP_READ && opcode != TENT_OP_WRITE) {
     PyErr_SetString(PyExc_ValueError, "bad opcode");
     return NULL;
@@ -1489,6 +1635,9 @@ static PyObject *FastEntry_new(PyTypeObject *type, PyObject *args, PyObject *kw)
   self->route = route;
   Py_INCREF(decision);
   self->decision = decision;
+  self->nrails = nrails;
+  memcpy(self->rails_idx, ridx, sizeof(uint32_t) * (size_t)nrails);
+  memcpy(self->rails_slot, rslot, sizeof(uint64_t) * (size_t)nrails);
   return (PyObject *)self;
 }
 
@@ -1509,6 +1658,7 @@ static PyMemberDef FastEntry_members[] = {
     {"gen", T_ULONGLONG, offsetof(FastEntryObject, gen), READONLY, NULL},
     {"split", T_ULONGLONG, offsetof(FastEntryObject, split), READONLY, NULL},
     {"inline_max", T_ULONGLONG, offsetof(FastEntryObject, inline_max), READONLY, NULL},
+    {"nrails", T_INT, offsetof(FastEntryObject, nrails), READONLY, "candidate rails (0: one fixed rail)"},
     {NULL}};
 
 static PyTypeObject FastEntryType = {
@@ -1545,6 +1695,13 @@ typedef struct {
   /* counters (tests, diagnostics) */
   unsigned long long hits, misses;
   vectorcallfunc vectorcall;
+  /* mice on routes of several rails: the policy's constants, the rows it reads, its round-robin
+   * cursor, and how many it placed (of them on stale rails) */
+  mouse_policy_t mouse;
+  int64_t mouse_theta; /* mice are shorter than this (0: no multi-rail entry serves anything) */
+  rail_row_t *rows;    /* TENT stat slots' rows, allocated on the first publish */
+  uint64_t mouse_rr;
+  unsigned long long mice, mice_stale;
 } FastPathObject;
 
 static PyObject *s_op, *s_local, *s_local_offset, *s_remote, *s_remote_offset, *s_length, *s_priority, *s_tag;
@@ -1642,6 +1799,7 @@ static int FastPath_clear(FastPathObject *self) {
 static void FastPath_dealloc(FastPathObject *self) {
   PyObject_GC_UnTrack(self);
   FastPath_clear(self);
+  PyMem_Free(self->rows);
   Py_XDECREF(self->request_type);
   Py_XDECREF(self->handle_type);
   Py_TYPE(self)->tp_free((PyObject *)self);
@@ -1800,6 +1958,70 @@ static void slices_free(slice_buf_t *sb) {
 
 #define FAST_MAX_ENTRIES_PER_BATCH 8
 
+/* A multi-rail mouse placed by this batch: undone (in reverse order) when the batch goes to the
+ * planner after all, so the rows count only what was sent. */
+typedef struct {
+  rail_row_t *row;
+  int64_t len, added_ns;
+} mouse_undo_t;
+
+typedef struct {
+  mouse_undo_t *u;
+  uint32_t n, cap;
+  mouse_undo_t stack[16];
+} undo_buf_t;
+
+/* The rail (position among e's candidates) of a mouse of `len` bytes, or -1: not a mouse, a rail
+ * not published (or its slot another rail's now), or every rail excluded (the planner decides). */
+static int fast_mouse(FastPathObject *fp, FastEntryObject *e, int64_t len, int64_t now, undo_buf_t *ub) {
+  if (!fp->rows || len >= fp->mouse_theta) return -1;
+  mouse_view_t v[FAST_MAX_RAILS];
+  for (int j = 0; j < e->nrails; j++) {
+    const rail_row_t *row = &fp->rows[e->rails_slot[j] & STAT_SLOT_MASK];
+    if (row->stat_index != e->rails_slot[j]) return -1;
+    v[j].queued = row->base + row->pending + row->added;
+    v[j].bw = row->bw;
+    v[j].penalty = row->penalty;
+    v[j].weight = row->weight;
+    v[j].confirmed_ns = row->confirmed_ns;
+    v[j].busy = row->busy;
+    v[j].pending = row->pending + row->added;
+    v[j].pending_ns = row->added > 0 && row->added_ns > row->pending_ns ? row->added_ns : row->pending_ns;
+  }
+  int flags;
+  int r = mouse_pick(v, e->nrails, len, fp->mouse_rr + 1, &fp->mouse, now, &flags);
+  if (r < 0) return -1;
+  if (ub->n == ub->cap) {
+    uint32_t cap = ub->cap * 4;
+    mouse_undo_t *nu = PyMem_Malloc(cap * sizeof *nu);
+    if (!nu) return -1;
+    memcpy(nu, ub->u, ub->n * sizeof *nu);
+    if (ub->u != ub->stack) PyMem_Free(ub->u);
+    ub->u = nu;
+    ub->cap = cap;
+  }
+  rail_row_t *row = &fp->rows[e->rails_slot[r] & STAT_SLOT_MASK];
+  ub->u[ub->n++] = (mouse_undo_t){row, len, row->added_ns};
+  row->added += len; /* as the planner's add_pending: the next mouse sees this one's bytes */
+  row->added_ns = now;
+  if (flags & MOUSE_RR) fp->mouse_rr++;
+  fp->mice++;
+  if (flags & MOUSE_STALE) fp->mice_stale++;
+  return r;
+}
+
+static void mouse_undo(FastPathObject *fp, undo_buf_t *ub, uint64_t rr, unsigned long long mice,
+                       unsigned long long stale) {
+  while (ub->n) {
+    mouse_undo_t *x = &ub->u[--ub->n];
+    x->row->added -= x->len;
+    x->row->added_ns = x->added_ns;
+  }
+  fp->mouse_rr = rr;
+  fp->mice = mice;
+  fp->mice_stale = stale;
+}
+
 /* submit(requests, deadline) -> handle, or None when the planner must run (a miss, a stale entry,
  * or anything it would report as an error). Never raises for a bad request: the planner does. */
 /* The fast path proper. `sync` (run(): the caller waits right away): a batch that finished inside
@@ -1840,6 +2062,13 @@ static PyObject *fast_submit(FastPathObject *fp, PyObject *requests, PyObject *d
   FastEntryObject *used[FAST_MAX_ENTRIES_PER_BATCH];
   int nused = 0;
   int ok = 1;
+  undo_buf_t ub;
+  ub.n = 0;
+  ub.cap = 16;
+  ub.u = ub.stack;
+  uint64_t rr0 = fp->mouse_rr;
+  unsigned long long mice0 = fp->mice, stale0 = fp->mice_stale;
+  int64_t t_mouse = 0; /* the clock of the mouse choices (read at the first) */
   for (Py_ssize_t i = 0; ok && i < nreq; i++) {
     /* a list changed by code run inside a collection (see below): the planner takes it */
     if (items != &requests && PyList_CheckExact(requests) &&
@@ -1910,12 +2139,21 @@ static PyObject *fast_submit(FastPathObject *fp, PyObject *requests, PyObject *d
       Py_INCREF(e); /* held: a later request's key, or the handle's allocation, may run a collection */
       used[nused++] = e;
     }
+    uint32_t rail = e->rail;
+    uint64_t slot = e->slot;
+    if (e->nrails) { /* a mouse on a route of several rails: its rail is chosen now */
+      if (!t_mouse) t_mouse = (int64_t)now_ns();
+      int pos = fast_mouse(fp, e, len, t_mouse, &ub);
+      if (pos < 0) break;
+      rail = e->rails_idx[pos];
+      slot = e->rails_slot[pos];
+    }
     tent_slice_t s;
     memset(&s, 0, sizeof s);
     s.opcode = e->opcode;
     s.peer = e->link;
-    s.rail = e->rail;
-    s.stat_index = (uint32_t)e->slot;
+    s.rail = rail;
+    s.stat_index = (uint32_t)slot;
     s.attempt = (uint64_t)len <= fp->small_bytes ? TENT_HINT_SMALL : 0;
     uint64_t local = e->laddr + (uint64_t)loff, remote = rb->addr + ((uint64_t)roff - rb->off), left = (uint64_t)len;
     uint64_t step = e->split && left > e->split ? e->split : left;
@@ -1932,10 +2170,13 @@ static PyObject *fast_submit(FastPathObject *fp, PyObject *requests, PyObject *d
   }
   if (!ok) {
     slices_free(&sb);
+    mouse_undo(fp, &ub, rr0, mice0, stale0);
+    if (ub.u != ub.stack) PyMem_Free(ub.u);
     for (int k = 0; k < nused; k++) Py_DECREF(used[k]);
     fp->misses++;
     Py_RETURN_NONE;
   }
+  if (ub.u != ub.stack) PyMem_Free(ub.u);
   fp->hits++;
 
   batch_t *b = batch_create((long)sb.n);
@@ -1955,10 +2196,11 @@ static PyObject *fast_submit(FastPathObject *fp, PyObject *requests, PyObject *d
       inl &= sb.inl[j];
       j++;
     }
-    /* slices of one (link, rail slot) belong to one executor; find it through their entry */
+    /* slices of one link (one route, whichever of its rails) belong to one executor; find it
+     * through their entry */
     FastEntryObject *e = used[0];
     for (int k = 0; k < nused; k++)
-      if (used[k]->link == sb.s[i].peer && used[k]->slot == sb.s[i].stat_index) {
+      if (used[k]->link == sb.s[i].peer) {
         e = used[k];
         break;
       }
@@ -2168,10 +2410,85 @@ usage:
   return NULL;
 }
 
+/* mouse_policy(b0, b1, gamma, stale_s, theta): the scheduler's constants (SchedulerConfig) */
+static PyObject *FastPath_mouse_policy(FastPathObject *fp, PyObject *args) {
+  mouse_policy_t pol;
+  long long theta;
+  if (!PyArg_ParseTuple(args, "ddddL", &pol.b0, &pol.b1, &pol.gamma, &pol.stale_s, &theta)) return NULL;
+  fp->mouse = pol;
+  fp->mouse_theta = theta > 0 ? theta : 0;
+  Py_RETURN_NONE;
+}
+
+static rail_row_t *fast_row(FastPathObject *fp, unsigned long long stat_index) {
+  if (!stat_index) {
+    PyErr_SetString(PyExc_ValueError, "stat index 0 names no rail");
+    return NULL;
+  }
+  if (!fp->rows && !(fp->rows = PyMem_Calloc((size_t)STAT_SLOT_MASK + 1, sizeof(rail_row_t)))) {
+    PyErr_NoMemory();
+    return NULL;
+  }
+  return &fp->rows[stat_index & STAT_SLOT_MASK];
+}
+
+/* rail_publish(stat_index, base, pending, pending_ns, confirmed_ns, busy, bandwidth, penalty,
+ * weight, taken): a rail's state as its telemetry and health have it now; `taken` is what the
+ * caller folded into its pending bytes from rail_added() since the last publish. */
+static PyObject *FastPath_rail_publish(FastPathObject *fp, PyObject *args) {
+  unsigned long long si;
+  long long base, pending, pending_ns, confirmed_ns, taken;
+  int busy;
+  double bw, penalty, weight;
+  if (!PyArg_ParseTuple(args, "KLLLLpdddL", &si, &base, &pending, &pending_ns, &confirmed_ns, &busy, &bw, &penalty,
+                        &weight, &taken))
+    return NULL;
+  if (!(bw > 0) || !(penalty > 0) || !(weight >= 0)) return PyErr_Format(PyExc_ValueError, "bad rail state");
+  rail_row_t *row = fast_row(fp, si);
+  if (!row) return NULL;
+  if (row->stat_index != si) { /* another rail's row before (or none): nothing of it carries over */
+    memset(row, 0, sizeof *row);
+    taken = 0;
+  }
+  row->stat_index = si;
+  row->base = base;
+  row->pending = pending;
+  row->pending_ns = pending_ns;
+  row->confirmed_ns = confirmed_ns;
+  row->busy = busy;
+  row->bw = bw;
+  row->penalty = penalty;
+  row->weight = weight;
+  row->added -= taken;
+  Py_RETURN_NONE;
+}
+
+/* rail_weight(stat_index, weight): a health change between publishes (a failed slice) */
+static PyObject *FastPath_rail_weight(FastPathObject *fp, PyObject *args) {
+  unsigned long long si;
+  double weight;
+  if (!PyArg_ParseTuple(args, "Kd", &si, &weight)) return NULL;
+  if (!(weight >= 0)) return PyErr_Format(PyExc_ValueError, "bad weight");
+  if (fp->rows && fp->rows[si & STAT_SLOT_MASK].stat_index == si) fp->rows[si & STAT_SLOT_MASK].weight = weight;
+  Py_RETURN_NONE;
+}
+
+/* rail_added(stat_index) -> (bytes, ns): what the fast path gave the rail since the last publish,
+ * and when it last did (0, 0 for a rail not published) */
+static PyObject *FastPath_rail_added(FastPathObject *fp, PyObject *arg) {
+  unsigned long long si = PyLong_AsUnsignedLongLong(arg);
+  if (si == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  const rail_row_t *row = fp->rows ? &fp->rows[si & STAT_SLOT_MASK] : NULL;
+  if (!row || row->stat_index != si) return Py_BuildValue("(LL)", 0LL, 0LL);
+  return Py_BuildValue("(LL)", (long long)row->added, (long long)row->added_ns);
+}
+
 static PyObject *FastPath_get_gen(FastPathObject *fp, void *c) { return PyLong_FromUnsignedLongLong(fp->gen); }
 static PyObject *FastPath_get_size(FastPathObject *fp, void *c) { return PyLong_FromSsize_t(fp->cache ? PyDict_GET_SIZE(fp->cache) : 0); }
 static PyObject *FastPath_get_hits(FastPathObject *fp, void *c) { return PyLong_FromUnsignedLongLong(fp->hits); }
 static PyObject *FastPath_get_misses(FastPathObject *fp, void *c) { return PyLong_FromUnsignedLongLong(fp->misses); }
+static PyObject *FastPath_get_mice(FastPathObject *fp, void *c) { return PyLong_FromUnsignedLongLong(fp->mice); }
+static PyObject *FastPath_get_mice_stale(FastPathObject *fp, void *c) { return PyLong_FromUnsignedLongLong(fp->mice_stale); }
 
 static PyMethodDef FastPath_methods[] = {
     {"submit", (PyCFunction)(void (*)(void))FastPath_submit, METH_FASTCALL,
@@ -2180,6 +2497,12 @@ static PyMethodDef FastPath_methods[] = {
      "run(requests, deadline=None) -> None: submit and wait; no handle for a batch done inside the call"},
     {"key", (PyCFunction)FastPath_key, METH_O, "key(request) -> the cache key of its class, or None"},
     {"put", (PyCFunction)FastPath_put, METH_VARARGS, "put(key, entry) -> bool: cached (False: stale or closed)"},
+    {"mouse_policy", (PyCFunction)FastPath_mouse_policy, METH_VARARGS,
+     "mouse_policy(b0, b1, gamma, stale_s, theta): the constants of the mouse choice on routes of several rails"},
+    {"rail_publish", (PyCFunction)FastPath_rail_publish, METH_VARARGS,
+     "rail_publish(stat_index, base, pending, pending_ns, confirmed_ns, busy, bandwidth, penalty, weight, taken)"},
+    {"rail_weight", (PyCFunction)FastPath_rail_weight, METH_VARARGS, "rail_weight(stat_index, weight)"},
+    {"rail_added", (PyCFunction)FastPath_rail_added, METH_O, "rail_added(stat_index) -> (bytes, ns) given since"},
     {"invalidate", (PyCFunction)FastPath_invalidate, METH_NOARGS, "forget every entry (routes, peers or buffers changed)"},
     {"close", (PyCFunction)FastPath_close, METH_NOARGS, "forget everything and take no request any more"},
     {NULL}};
@@ -2189,6 +2512,8 @@ static PyGetSetDef FastPath_getset[] = {
     {"size", (getter)FastPath_get_size, NULL, "entries cached", NULL},
     {"hits", (getter)FastPath_get_hits, NULL, "batches the fast path submitted", NULL},
     {"misses", (getter)FastPath_get_misses, NULL, "batches it handed to the planner", NULL},
+    {"mice", (getter)FastPath_get_mice, NULL, "mice it placed on routes of several rails", NULL},
+    {"mice_stale", (getter)FastPath_get_mice_stale, NULL, "of them, given to a stale rail", NULL},
     {NULL}};
 
 static PyMemberDef FastPath_members[] = {
@@ -2329,6 +2654,8 @@ static PyMethodDef methods[] = {
     {"set_hook_namespace", py_set_hook_namespace, METH_O, "set_hook_namespace(tent_core.batch globals): wait() honours its COMPLETION_HOOK"},
     {"submit", py_submit, METH_VARARGS, "submit(ops, exec, batch, slices, inline=False) -> rc"},
     {"submit_one", (PyCFunction)(void (*)(void))py_submit_one, METH_FASTCALL, "submit one slice"},
+    {"mouse_pick", py_mouse_pick, METH_VARARGS,
+     "mouse_pick(views, length, rr, (b0, b1, gamma, stale_s), now_ns) -> (position, flags): the fast path's mouse choice"},
     {"executor_inline", py_executor_inline, METH_O, "executor_inline(ops) -> bool: it can run slices on the caller's thread"},
     {"executor_register", py_executor_register, METH_VARARGS, "executor_register(ops, handle): submit may reach it"},
     {"executor_retire", py_executor_retire, METH_VARARGS, "executor_retire(ops, handle) -> bool: no submit reaches it after return"},
