@@ -48,7 +48,7 @@ from .ordering import collect as collect_order
 from .peers import Peer, PeerDirectory, Route
 from .policy_rules import RequestTraits
 from .rail_monitor import RailMonitor
-from .rails import Rail
+from .rails import Rail, publish
 from .recovery import Progress
 from .request import LocalBuffer, Request
 from .routing import Decision, Router, StagedPath
@@ -281,8 +281,12 @@ class Submitter:
             rails = self._plan_direct(peer, p, op, local, raddr, length, prio, plan, notes, self._hint(req.length), rbuf)  # type: ignore[arg-type]
             # a class of requests is cached per segment, so not where some buffer of it is kept from
             # a transport (RemoteBuffer.hidden): those are planned one by one
-            if gen is not None and len(pieces) == 1 and len(rails) == 1 and not any(b.hidden for b in peer.segments[seg]):
-                self._remember(req, gen, peer, seg, rbuf, op, p, plan[-1][0], rails[0])  # type: ignore[arg-type]
+            if gen is not None and len(pieces) == 1 and not any(b.hidden for b in peer.segments[seg]):
+                if len(rails) == 1:
+                    self._remember(req, gen, peer, seg, rbuf, op, p, plan[-1][0], rails[0])  # type: ignore[arg-type]
+                elif req.length < self._mice_below and len(rails) <= _native.FAST_MAX_RAILS:
+                    # a mouse on a route of several rails: the fast path chooses its rail per request
+                    self._remember(req, gen, peer, seg, rbuf, op, p, plan[-1][0], rails[0], rails)  # type: ignore[arg-type]
             local += length
 
     def _plan_direct(
@@ -342,13 +346,24 @@ class Submitter:
 
     # ---- the plan cache -----------------------------------------------------------------------------
 
+    @property
+    def _mice_below(self) -> int:
+        """Mice of a route of several rails shorter than this are cached (0: none): the policy that
+        places them (slice_scheduler.pick_mouse) has a native twin for "spray" only."""
+        sc = self.config.scheduler
+        return sc.small_request_threshold if sc.policy == "spray" else 0
+
     def _remember(self, req: Request, gen: int, peer: Peer, seg: str, rbuf: Any, op: OpCode, decision: Decision,
-                  route: Route, rail: Rail) -> None:
+                  route: Route, rail: Rail, rails: list[Rail] | None = None) -> None:
         """Cache the plan of `req`'s class for the native fast path (see the module docstring)."""
         fast = self.fast
         key = fast.key(req)
         if key is None:
             return
+        if rails is not None:  # the fast path reads their state from its rows: publish them now
+            now = time.monotonic()
+            for r in rails:
+                publish(fast, r, self.monitor.weight(r.slot, now))
         transport = route.transport
         ex = transport.executor
         inline = transport.inline_bytes if _native.executor_inline(ex.ops) else 0
@@ -358,6 +373,7 @@ class Submitter:
             rkind=_KIND_CODES[rbuf.kind], perm=_PERM_READ if op == OpCode.READ else _PERM_WRITE, opcode=int(op),
             ops=ex.ops, executor=ex.handle, link=route.link.handle, rail=rail.info.index, slot=rail.stat_index,
             split=max(0, transport.split_bytes), inline_max=max(0, inline), route=route, decision=decision,
+            rails=None if rails is None else [(r.info.index, r.stat_index) for r in rails],
         )
         fast.put(key, entry)
 

@@ -145,6 +145,10 @@ class Engine:
                 size_keyed=any(r.min_size is not None or r.max_size is not None for r in rules),
                 small_bytes=max(0, cfg.small_request_bytes), fallback=self._submit_planned,
             )
+            sc = cfg.scheduler
+            slots = self.scheduler.qos  # noted alike by the planner and the fast path (the same list)
+            self._fast.mouse_policy(sc.b0_s, sc.b1, sc.gamma, sc.bandwidth_stale_s, self._submitter._mice_below,
+                                    None if slots is None else slots.native_view())
             self._submitter.fast = self._fast
             self.peers.on_change = self._fast.invalidate  # peers, routes or their buffers changed
             # submit() is the native fast path itself (the planner is its fallback): no Python frame

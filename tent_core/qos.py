@@ -52,6 +52,11 @@ class PrioritySlots:
         self._active_ns = max(0, int(self.config.active_window_us) * 1000)
         self._seen: list[int | None] = [None] * _N_PRIO  # when each priority was last planned
 
+    def native_view(self) -> tuple[list[int | None], int, int]:
+        """(seen, interval_ns, active_ns): what the native fast path's mouse choice reads and notes
+        (`_native.FastPath.mouse_policy`); `seen` is this object's own list, shared, not a copy."""
+        return self._seen, self._interval_ns, self._active_ns
+
     def note(self, priority: int, now_ns: int) -> None:
         """A request of `priority` is being planned now."""
         self._seen[min(max(int(priority), 0), _N_PRIO - 1)] = now_ns

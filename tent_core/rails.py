@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -155,6 +156,26 @@ class RailTable:
     def high_water(self) -> int:
         """Slots ever handed out (the table never shrinks; reuse keeps this at the peak in use)."""
         return len(self._by_slot)
+
+
+def publish(fast: Any, rail: Rail, weight: float, taken: int = 0) -> None:
+    """Hand a rail's telemetry and health weight to the native fast path's mouse choice
+    (`_native.FastPath.rail_publish`); `taken`: the fast path's own assignments (`rail_added`)
+    folded into the telemetry's pending bytes since the last publish."""
+    tel = rail.telemetry
+    busy = tel.inflight_slices > 0 or tel.inflight_bytes > 0 or tel.serving > 0
+    fast.rail_publish(rail.stat_index, tel.inflight_bytes + tel.external_bytes, tel.pending_bytes, tel._pending_ns,
+                      tel._confirmed_ns, busy, tel.bandwidth_Bps, tel.penalty, weight, taken)
+
+
+def fold_fast(fast: Any, rail: Rail) -> int:
+    """Fold what the fast path gave `rail` since its last publish into the telemetry's pending bytes
+    (as the planner's add_pending would have); returns it, for the next `publish` to take off."""
+    added, added_ns = fast.rail_added(rail.stat_index)
+    if added:
+        tel = rail.telemetry
+        tel.add_pending(added, max(added_ns, tel._pending_ns))
+    return int(added)
 
 
 RAILS = RailTable()

@@ -51,7 +51,7 @@ from .liveness import CheckResult, PeerState
 from .peers import Peer, PeerDirectory, Route
 from .qos import SharedRailLoad
 from .rail_monitor import RailMonitor, RailState
-from .rails import RAILS, Rail
+from .rails import RAILS, Rail, fold_fast, publish
 from .request import LocalBuffer
 from .routing import Router
 from .slice_scheduler import SliceScheduler
@@ -146,6 +146,9 @@ class Recovery:
             assert rail is not None
             was = self.monitor.state(rail.slot, now)
             state = self.monitor.on_error(rail.slot, now, congestion=status == _CONGESTED)
+            fast = getattr(self._owner, "_fast", None)
+            if fast is not None and len(route.rails) > 1:  # mice stop going there before the next tick
+                fast.rail_weight(rail.stat_index, self.monitor.weight(rail.slot, now))
             if state == RailState.PAUSED and was != RailState.PAUSED and len(route.rails) > 1:
                 self.abort_rail(route, rail)
         if batch.cancelled or now >= handle.deadline:
@@ -346,10 +349,15 @@ class Recovery:
         now_ns = _native.now_ns()
         hc = self.config.health
         shared = self._shared_load()
+        fast = getattr(self._owner, "_fast", None)  # the engine's plan cache (made after this object)
         for peer in self.peers.peers():
             progressed = False
             for route in list(peer.routes.values()):
                 tels = []
+                # mice the native fast path placed on this route's rails since the last tick: into
+                # the telemetry as the planner's own (fold_fast), and back out to the fast path with
+                # what health and telemetry say now (publish, below)
+                folded = [fold_fast(fast, r) for r in route.rails] if fast is not None and len(route.rails) > 1 else None
                 for rail in route.rails:
                     tel = rail.telemetry
                     delta = tel.observe(RAILS.row(rail.slot), now_ns)
@@ -400,6 +408,9 @@ class Recovery:
                             # its queue was sized for its old rate: hand it back to be re-planned
                             log.info("rail %s to %s far slower than its siblings: DEGRADED", rail.info.name, peer.engine_id)
                             self.abort_rail(route, rail, in_flight=False)
+                if folded is not None:
+                    for rail, taken in zip(route.rails, folded, strict=True):
+                        publish(fast, rail, self.monitor.weight(rail.slot, now), taken)
             liveness = peer.liveness
             if progressed and (liveness.outage is not None or liveness.state is not PeerState.ALIVE):
                 with peer.lock:

@@ -141,25 +141,25 @@ class SliceScheduler:
             if length == 0:
                 return []
             raise ValueError(f"negative length {length}")
-        cand = self._admitted(rails, int(priority), weights, now_ns)
         policy = self._policy
         stamp = time.monotonic_ns() if now_ns is None else now_ns
-
         if policy == "spray" and length < self._theta:
             # a mouse: whole, on one rail. Cut into min_slice_bytes pieces it would only become
             # several messages on the same rail (issue 17); the caller cuts it by the transport's
             # split size, as it does every request on a single-rail route.
-            if len(cand) == 1:
-                r = cand[0]
-            else:
-                views = [mouse_view(rails[i], 1.0 if weights is None else weights[i]) for i in cand]
-                pos, flags = pick_mouse(views, length, self._rr + 1, self.config, stamp)
+            if weights is not None and len(weights) != len(rails):
+                raise ValueError(f"{len(weights)} weights for {len(rails)} rails")
+            views = [mouse_view(t, 1.0 if weights is None else weights[i]) for i, t in enumerate(rails)]
+            r, flags = pick_mouse(views, length, self._rr + 1, self.config, stamp, int(priority), self.qos)
+            if r < 0:
+                raise NoRailError("no usable rail (all paused or excluded)")
+            if flags & MOUSE_RR:
                 self._rr += 1
-                if flags & MOUSE_STALE:
-                    self.stale_probes += 1
-                r = cand[pos]
+            if flags & MOUSE_STALE:
+                self.stale_probes += 1
             rails[r].add_pending(length, stamp)
             return [(r, 0, length)]
+        cand = self._admitted(rails, int(priority), weights, stamp)
         n, size = self.slice_sizes(length)
         if len(cand) == 1 or policy == "single":
             r = cand[0]
@@ -348,12 +348,15 @@ def mouse_view(tel: RailTelemetry, weight: float) -> MouseView:
     )
 
 
-def pick_mouse(views: Sequence[MouseView], length: int, rr: int, config: SchedulerConfig, now_ns: int) -> tuple[int, int]:
+def pick_mouse(views: Sequence[MouseView], length: int, rr: int, config: SchedulerConfig, now_ns: int,
+               priority: int = 0, slots: PrioritySlots | None = None) -> tuple[int, int]:
     """The rail (position in `views`) of a mouse of `length` bytes, and MOUSE_* flags; -1 when every
-    rail is excluded (weight 0). Pure; the native fast path (`_native.mouse_pick`) computes the same
-    from the same numbers, float operation for float operation (tests/test_mouse_policy.py).
+    rail is excluded (weight 0). Pure but for the QoS `slots`, noted as the planner notes them; the
+    native fast path (`_native.mouse_pick`) computes the same from the same numbers, float operation
+    for float operation, and notes the same slots (tests/test_mouse_policy.py).
 
-    Among the admitted rails (weight > 0): round robin (`rr`, the cursor after the caller's
+    The admitted rails: weight > 0, then, with QoS slots and more than one left, those whose slot
+    takes `priority` now (`PrioritySlots.admitted`). Among them: round robin (`rr`, the cursor after the caller's
     increment) among those whose predicted cost (b0 + b1 (A + L) / B) P, divided by the health
     weight, is within (1 + gamma) of the best; then, when `bandwidth_stale_s` is set and more than
     one rail is admitted, a rail unconfirmed for longer than that (`RailTelemetry.unconfirmed_s`)
@@ -361,6 +364,10 @@ def pick_mouse(views: Sequence[MouseView], length: int, rr: int, config: Schedul
     cand = [j for j, v in enumerate(views) if v.weight > 0]
     if not cand:
         return -1, 0
+    if slots is not None and len(cand) > 1:
+        slots.note(priority, now_ns)
+        if priority > 0:
+            cand = slots.admitted(len(views), priority, now_ns, cand)
     if len(cand) == 1:
         return cand[0], 0
     b0, b1 = config.b0_s, config.b1

@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tent_core import _native
-from tent_core.config import SchedulerConfig
+from tent_core.config import QosConfig, SchedulerConfig
+from tent_core.qos import PrioritySlots
 from tent_core.slice_scheduler import MOUSE_RR, MOUSE_STALE, MouseView, SliceScheduler, mouse_view, pick_mouse
 from tent_core.telemetry import RailTelemetry
 
@@ -34,15 +35,48 @@ config_st = st.builds(
 )
 
 
-def _c_pick(views: list[MouseView], length: int, rr: int, cfg: SchedulerConfig) -> tuple[int, int]:
+def _c_pick(views: list[MouseView], length: int, rr: int, cfg: SchedulerConfig, prio: int = 0,
+            slots: PrioritySlots | None = None) -> tuple[int, int]:
     pol = (cfg.b0_s, cfg.b1, cfg.gamma, cfg.bandwidth_stale_s)
-    return tuple(_native.mouse_pick([tuple(v) for v in views], length, rr, pol, NOW))  # type: ignore[return-value]
+    qos = None if slots is None else slots.native_view()
+    return tuple(_native.mouse_pick([tuple(v) for v in views], length, rr, pol, NOW, prio, qos))  # type: ignore[return-value]
+
+
+# when each priority was last planned (None: never), around NOW and the active window
+_seen = st.lists(st.one_of(st.none(), st.sampled_from([NOW, NOW - 10**6, NOW - 10**9, NOW - 2 * 10**9]),
+                           st.integers(0, NOW)), min_size=3, max_size=3)
+qos_st = st.one_of(st.none(), st.tuples(st.sampled_from([0, 100, 200, 10**6]), st.sampled_from([0, 1000, 10**6]), _seen))
+
+
+def _slots(q: tuple[int, int, list[int | None]] | None) -> PrioritySlots | None:
+    if q is None:
+        return None
+    slots = PrioritySlots(QosConfig(rotation_interval_us=q[0], active_window_us=q[1]))
+    slots._seen[:] = q[2]
+    return slots
 
 
 @settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(views=views_st, length=st.integers(1, (1 << 20) - 1), rr=st.integers(0, 1 << 40), cfg=config_st)
-def test_c_choice_is_the_python_choice(views, length, rr, cfg):
-    assert _c_pick(views, length, rr, cfg) == pick_mouse(views, length, rr, cfg, NOW)
+@given(views=views_st, length=st.integers(1, (1 << 20) - 1), rr=st.integers(0, 1 << 40), cfg=config_st,
+       prio=st.sampled_from([0, 1, 2]), qos=qos_st)
+def test_c_choice_is_the_python_choice(views, length, rr, cfg, prio, qos):
+    py_slots, c_slots = _slots(qos), _slots(qos)
+    assert _c_pick(views, length, rr, cfg, prio, c_slots) == pick_mouse(views, length, rr, cfg, NOW, prio, py_slots)
+    if qos is not None:  # both noted the request's priority alike
+        assert c_slots._seen == py_slots._seen
+
+
+def test_qos_slots_hold_a_mouse_off_the_high_rail_while_high_priority_is_active():
+    cfg = SchedulerConfig(gamma=0.1, bandwidth_stale_s=0.0)
+    fresh = MouseView(0, 1e9, 1.0, 1.0, NOW, False, 0, 0)
+    slots = PrioritySlots(QosConfig(rotation_interval_us=200, active_window_us=10**6))
+    slots.note(0, NOW)  # a HIGH request just now
+    e = NOW // slots._interval_ns
+    for prio in (1, 2):
+        for rr in range(4):
+            r, _ = pick_mouse([fresh, fresh], 65536, rr, cfg, NOW, prio, slots)
+            assert (r + e) % 2 >= prio or all((i + e) % 2 < prio for i in range(2))
+            assert _c_pick([fresh, fresh], 65536, rr, cfg, prio, slots)[0] == r
 
 
 def test_choice_follows_cost_health_and_staleness():

@@ -1456,14 +1456,68 @@ typedef struct {
   double b0, b1, gamma, stale_s;
 } mouse_policy_t;
 
+/* QoS priority slots (qos.PrioritySlots): `seen` is the PrioritySlots' own list (when each
+ * priority was last planned, None: never), noted here as the planner notes it */
+typedef struct {
+  PyObject *seen;
+  int64_t interval_ns, active_ns;
+} mouse_qos_t;
+
+#define QOS_PRIOS 3
+
+/* PrioritySlots.note: -1 (an exception set) when the list is not one of QOS_PRIOS entries */
+static int qos_note(const mouse_qos_t *q, long prio, int64_t now) {
+  if (!PyList_CheckExact(q->seen) || PyList_GET_SIZE(q->seen) != QOS_PRIOS) {
+    PyErr_SetString(PyExc_TypeError, "QoS slots: seen must be a list of 3");
+    return -1;
+  }
+  PyObject *t = PyLong_FromLongLong(now);
+  if (!t) return -1;
+  long k = prio < 0 ? 0 : prio > QOS_PRIOS - 1 ? QOS_PRIOS - 1 : prio;
+  PyObject *old = PyList_GET_ITEM(q->seen, k);
+  PyList_SET_ITEM(q->seen, k, t);
+  Py_XDECREF(old);
+  return 0;
+}
+
+/* PrioritySlots.contended */
+static int qos_contended(const mouse_qos_t *q, long prio, int64_t now) {
+  if (q->active_ns == 0) return 1;
+  for (long p = 0; p < prio && p < QOS_PRIOS; p++) {
+    PyObject *x = PyList_GET_ITEM(q->seen, p);
+    if (x == Py_None) continue;
+    long long seen = PyLong_AsLongLong(x);
+    if (seen == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      continue;
+    }
+    if (now - seen <= q->active_ns) return 1;
+  }
+  return 0;
+}
+
+/* -1: no rail (every one excluded); -2: an exception is set */
 static int mouse_pick(const mouse_view_t *v, int n, int64_t length, uint64_t rr, const mouse_policy_t *p,
-                      int64_t now, int *flags) {
+                      int64_t now, long prio, const mouse_qos_t *q, int *flags) {
   int cand[FAST_MAX_RAILS], near[FAST_MAX_RAILS], nc = 0, nn = 0;
   double costs[FAST_MAX_RAILS];
   *flags = 0;
   for (int j = 0; j < n && j < FAST_MAX_RAILS; j++)
     if (v[j].weight > 0) cand[nc++] = j;
   if (nc == 0) return -1;
+  if (q && nc > 1) {
+    if (qos_note(q, prio, now) < 0) return -2;
+    if (prio > 0 && n > 1 && qos_contended(q, prio, now)) { /* PrioritySlots.admitted */
+      int64_t e = now / q->interval_ns;
+      int ok[FAST_MAX_RAILS], nok = 0;
+      for (int k = 0; k < nc; k++)
+        if ((cand[k] + e) % n >= prio) ok[nok++] = cand[k];
+      if (nok) {
+        memcpy(cand, ok, sizeof(int) * (size_t)nok);
+        nc = nok;
+      }
+    }
+  }
   if (nc == 1) return cand[0];
   double best = 0;
   for (int k = 0; k < nc; k++) {
@@ -1502,15 +1556,26 @@ static int mouse_pick(const mouse_view_t *v, int n, int64_t length, uint64_t rr,
   return r;
 }
 
-/* mouse_pick(views, length, rr, (b0, b1, gamma, stale_s), now_ns) -> (position or -1, flags): the
- * fast path's choice on views given as tuples (slice_scheduler.MouseView's fields), for tests. */
+/* mouse_pick(views, length, rr, (b0, b1, gamma, stale_s), now_ns, priority=0, qos=None) -> (position
+ * or -1, flags): the fast path's choice on views given as tuples (slice_scheduler.MouseView's
+ * fields), for tests; qos: (seen list, interval_ns, active_ns) of a PrioritySlots, noted in place. */
 static PyObject *py_mouse_pick(PyObject *m, PyObject *args) {
-  PyObject *views;
+  PyObject *views, *qos = Py_None;
   long long length, now;
+  long prio = 0;
   unsigned long long rr;
   mouse_policy_t pol;
-  if (!PyArg_ParseTuple(args, "OLK(dddd)L", &views, &length, &rr, &pol.b0, &pol.b1, &pol.gamma, &pol.stale_s, &now))
+  mouse_qos_t q;
+  if (!PyArg_ParseTuple(args, "OLK(dddd)L|lO", &views, &length, &rr, &pol.b0, &pol.b1, &pol.gamma, &pol.stale_s, &now,
+                        &prio, &qos))
     return NULL;
+  if (qos != Py_None) {
+    long long iv, act;
+    if (!PyArg_ParseTuple(qos, "O!LL", &PyList_Type, &q.seen, &iv, &act)) return NULL;
+    if (iv <= 0 || act < 0) return PyErr_Format(PyExc_ValueError, "bad QoS slots");
+    q.interval_ns = iv;
+    q.active_ns = act;
+  }
   PyObject *seq = PySequence_Fast(views, "views must be a sequence");
   if (!seq) return NULL;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -1530,7 +1595,8 @@ static PyObject *py_mouse_pick(PyObject *m, PyObject *args) {
   }
   Py_DECREF(seq);
   int flags;
-  int r = mouse_pick(v, (int)n, length, rr, &pol, now, &flags);
+  int r = mouse_pick(v, (int)n, length, rr, &pol, now, prio, qos != Py_None ? &q : NULL, &flags);
+  if (r == -2) return NULL;
   return Py_BuildValue("(ii)", r, flags);
 }
 
@@ -1699,6 +1765,7 @@ typedef struct {
    * cursor, and how many it placed (of them on stale rails) */
   mouse_policy_t mouse;
   int64_t mouse_theta; /* mice are shorter than this (0: no multi-rail entry serves anything) */
+  mouse_qos_t qos;     /* the scheduler's QoS slots (qos.seen NULL: none) */
   rail_row_t *rows;    /* TENT stat slots' rows, allocated on the first publish */
   uint64_t mouse_rr;
   unsigned long long mice, mice_stale;
@@ -1783,11 +1850,13 @@ static int FastPath_traverse(FastPathObject *self, visitproc visit, void *arg) {
   Py_VISIT(self->inflight);
   Py_VISIT(self->fallback);
   Py_VISIT(self->last);
+  Py_VISIT(self->qos.seen);
   return 0;
 }
 
 static int FastPath_clear(FastPathObject *self) {
   Py_CLEAR(self->cache);
+  Py_CLEAR(self->qos.seen);
   Py_CLEAR(self->owner);
   Py_CLEAR(self->inflight);
   Py_CLEAR(self->fallback);
@@ -1973,7 +2042,7 @@ typedef struct {
 
 /* The rail (position among e's candidates) of a mouse of `len` bytes, or -1: not a mouse, a rail
  * not published (or its slot another rail's now), or every rail excluded (the planner decides). */
-static int fast_mouse(FastPathObject *fp, FastEntryObject *e, int64_t len, int64_t now, undo_buf_t *ub) {
+static int fast_mouse(FastPathObject *fp, FastEntryObject *e, int64_t len, long prio, int64_t now, undo_buf_t *ub) {
   if (!fp->rows || len >= fp->mouse_theta) return -1;
   mouse_view_t v[FAST_MAX_RAILS];
   for (int j = 0; j < e->nrails; j++) {
@@ -1989,7 +2058,8 @@ static int fast_mouse(FastPathObject *fp, FastEntryObject *e, int64_t len, int64
     v[j].pending_ns = row->added > 0 && row->added_ns > row->pending_ns ? row->added_ns : row->pending_ns;
   }
   int flags;
-  int r = mouse_pick(v, e->nrails, len, fp->mouse_rr + 1, &fp->mouse, now, &flags);
+  int r = mouse_pick(v, e->nrails, len, fp->mouse_rr + 1, &fp->mouse, now, prio, fp->qos.seen ? &fp->qos : NULL, &flags);
+  if (r == -2) PyErr_Clear(); /* cannot happen with the list mouse_policy checked; the planner decides */
   if (r < 0) return -1;
   if (ub->n == ub->cap) {
     uint32_t cap = ub->cap * 4;
@@ -2143,7 +2213,7 @@ static PyObject *fast_submit(FastPathObject *fp, PyObject *requests, PyObject *d
     uint64_t slot = e->slot;
     if (e->nrails) { /* a mouse on a route of several rails: its rail is chosen now */
       if (!t_mouse) t_mouse = (int64_t)now_ns();
-      int pos = fast_mouse(fp, e, len, t_mouse, &ub);
+      int pos = fast_mouse(fp, e, len, (long)prio, t_mouse, &ub);
       if (pos < 0) break;
       rail = e->rails_idx[pos];
       slot = e->rails_slot[pos];
@@ -2410,13 +2480,25 @@ usage:
   return NULL;
 }
 
-/* mouse_policy(b0, b1, gamma, stale_s, theta): the scheduler's constants (SchedulerConfig) */
+/* mouse_policy(b0, b1, gamma, stale_s, theta, qos=None): the scheduler's constants (SchedulerConfig)
+ * and its QoS slots, (seen list, interval_ns, active_ns) of its PrioritySlots */
 static PyObject *FastPath_mouse_policy(FastPathObject *fp, PyObject *args) {
   mouse_policy_t pol;
   long long theta;
-  if (!PyArg_ParseTuple(args, "ddddL", &pol.b0, &pol.b1, &pol.gamma, &pol.stale_s, &theta)) return NULL;
+  PyObject *qos = Py_None, *seen = NULL;
+  long long iv = 1, act = 0;
+  if (!PyArg_ParseTuple(args, "ddddL|O", &pol.b0, &pol.b1, &pol.gamma, &pol.stale_s, &theta, &qos)) return NULL;
+  if (qos != Py_None) {
+    if (!PyArg_ParseTuple(qos, "O!LL", &PyList_Type, &seen, &iv, &act)) return NULL;
+    if (PyList_GET_SIZE(seen) != QOS_PRIOS || iv <= 0 || act < 0)
+      return PyErr_Format(PyExc_ValueError, "bad QoS slots");
+  }
   fp->mouse = pol;
   fp->mouse_theta = theta > 0 ? theta : 0;
+  Py_XINCREF(seen);
+  Py_XSETREF(fp->qos.seen, seen);
+  fp->qos.interval_ns = iv;
+  fp->qos.active_ns = act;
   Py_RETURN_NONE;
 }
 
@@ -2719,6 +2801,7 @@ PyMODINIT_FUNC PyInit__native(void) {
   PyModule_AddIntConstant(m, "FAILURE_SIZE", sizeof(failure_t));
   PyModule_AddIntConstant(m, "STAT_FIELDS", ST_FIELDS);
   PyModule_AddIntConstant(m, "STAT_SLOT_BITS", STAT_SLOT_BITS);
+  PyModule_AddIntConstant(m, "FAST_MAX_RAILS", FAST_MAX_RAILS);
   /* the status list and the telemetry row layout of executor_abi.h, for tent_core.abi */
   PyObject *codes = PyDict_New(), *retry = PyDict_New(), *fields = PyList_New(0), *notes = PyDict_New();
   if (!codes || !retry || !fields || !notes) goto fail;

@@ -1,0 +1,132 @@
+"""Mice on a route of several rails take the native fast path (issue 17), on a real engine and a
+real peer process over two loopback TCP rails: their rail is chosen per request in C from the
+rails' published state (the policy itself: tests/test_mouse_policy.py), they spread over both
+rails under load, and they leave a failing rail (faults injected into the real tcp executor, as
+tests/test_resilience.py) and come back when it is re-admitted."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from peers import Peer
+
+from tent_core import READ, Engine, Request
+from tent_core.rail_monitor import RailState
+from tent_core.testing import TENT_E_IO, FaultPlugin, pattern
+
+RAILS2 = {"rails": ["127.0.0.1", "127.0.0.2"]}
+KiB, MiB = 1 << 10, 1 << 20
+SIZE = 64 * MiB
+MOUSE = 64 * KiB
+
+
+@pytest.fixture(scope="module")
+def peer():
+    p = Peer(size=SIZE, config={"transports": {"tcp": RAILS2}}, transports=["tcp"])
+    yield p
+    p.close()
+
+
+def _rail_bytes(eng: Engine) -> dict[int, int]:
+    return {r["index"]: r["bytes"] for r in eng.rail_stats()}
+
+
+def _mice(local, peer: Peer, n: int, start: int = 0) -> list[Request]:
+    """n 64 KiB READs of distinct parts of the peer's "ro" segment into the same parts of `local`."""
+    return [Request(READ, local, o, peer.seg("ro"), o, MOUSE) for o in ((start + i) * MOUSE % SIZE for i in range(n))]
+
+
+def _run_load(eng: Engine, local, peer: Peer, batches: int, per_batch: int = 32, depth: int = 4) -> None:
+    """`batches` batches of mice, `depth` of them in flight at a time (load: queues on both rails)."""
+    inflight = []
+    for b in range(batches):
+        inflight.append(eng.submit(_mice(local, peer, per_batch, b * per_batch), deadline=30))
+        if len(inflight) >= depth:
+            assert inflight.pop(0).wait(timeout=30)
+    for h in inflight:
+        assert h.wait(timeout=30)
+
+
+def test_mice_of_two_rails_go_native_and_spread_over_both(peer):
+    with Engine({"transports": {"tcp": RAILS2}}, transports=["tcp"]) as eng:
+        local = eng.allocate(SIZE)
+        src = pattern(SIZE, seed=1)
+        eng.read(local, peer.seg("ro"), 8 * MiB)  # connects both rails
+        eng.submit(_mice(local, peer, 1), deadline=30).wait()  # planned, and its class cached
+        fast = eng._fast
+        time.sleep(0.05)  # a health tick publishes both rails again
+        local.array[:] = 0
+        hits, mice, before = fast.hits, fast.mice, _rail_bytes(eng)
+        _run_load(eng, local, peer, batches=64)
+        n = 64 * 32
+        assert fast.hits == hits + 64, "a batch of mice went to the planner"
+        assert fast.mice == mice + n  # each mouse's rail chosen natively
+        got = {i: b - before.get(i, 0) for i, b in _rail_bytes(eng).items()}
+        assert sum(got.values()) == n * MOUSE, got
+        assert min(got.values()) >= n * MOUSE // 8, f"mice not spread over both rails: {got}"
+        assert np.array_equal(local.array, src), "mice landed wrong bytes"
+        # the fast path's assignments reach the telemetry (folded by the health tick) as the
+        # planner's own would: nothing is left unfolded once the load is over
+        time.sleep(0.1)
+        rails = [r for p in eng.peers.peers() for rt in p.routes.values() for r in rt.rails]
+        assert len(rails) == 2
+        for r in rails:
+            added, _ = fast.rail_added(r.stat_index)
+            assert added == 0, (r.info.name, added)
+
+
+def test_elephants_and_stream_ordered_mice_still_go_to_the_planner(peer):
+    with Engine({"transports": {"tcp": RAILS2}}, transports=["tcp"]) as eng:
+        local = eng.allocate(SIZE)
+        eng.read(local, peer.seg("ro"), 8 * MiB)
+        eng.submit(_mice(local, peer, 1), deadline=30).wait()
+        fast = eng._fast
+        hits, mice = fast.hits, fast.mice
+        # a request of the same class at the threshold is an elephant: sprayed by the planner
+        eng.submit([Request(READ, local, 0, peer.seg("ro"), 0, 4 * MiB)], deadline=30).wait()
+        assert (fast.hits, fast.mice) == (hits, mice)
+        eng.submit(_mice(local, peer, 1), deadline=30).wait()
+        assert (fast.hits, fast.mice) == (hits + 1, mice + 1)
+        assert np.array_equal(local.array[: 4 * MiB], pattern(SIZE, seed=1)[: 4 * MiB])
+
+
+def _slot(eng: Engine, index: int) -> int:
+    return next(r.slot for p in eng.peers.peers() for rt in p.routes.values() for r in rt.rails if r.info.index == index)
+
+
+def test_native_mice_leave_a_failing_rail_and_return_when_it_is_readmitted(peer):
+    fp = FaultPlugin("tcp")
+    cfg = {"transports": {"faulty_tcp": RAILS2}, "health": {"cooldown_base_s": 0.1, "quiet_period_s": 0.2}}
+    with Engine(cfg, plugins=[fp], transports=["faulty_tcp"]) as eng:
+        ft = fp.instances["tcp"]
+        local = eng.allocate(SIZE)
+        src = pattern(SIZE, seed=1)
+        eng.read(local, peer.seg("ro"), 8 * MiB)
+        eng.submit(_mice(local, peer, 1), deadline=30).wait()
+        time.sleep(0.05)
+        fast = eng._fast
+        before = _rail_bytes(eng)
+        _run_load(eng, local, peer, batches=8)
+        assert min(b - before[i] for i, b in _rail_bytes(eng).items()) > 0  # both rails carry mice
+        ft.inject(TENT_E_IO, rails=[0])  # rail 0's slices now fail
+        local.array[:] = 0
+        _run_load(eng, local, peer, batches=16)  # every mouse lands, retried on rail 1 when it failed
+        assert np.array_equal(local.array[: 16 * 32 * MOUSE], src[: 16 * 32 * MOUSE])
+        assert ft.injected > 0
+        assert eng.monitor.state(_slot(eng, 0), time.monotonic()) == RailState.PAUSED
+        # a paused rail gets no mouse: the fast path keeps serving them, all on rail 1
+        mice, frozen = fast.mice, _rail_bytes(eng)[0]
+        injected = ft.injected
+        _run_load(eng, local, peer, batches=16)
+        assert fast.mice == mice + 16 * 32
+        assert ft.injected - injected <= 4, "mice kept being sent to the paused rail"
+        assert _rail_bytes(eng)[0] <= frozen + 4 * 4096  # heartbeats only
+        ft.heal()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _rail_bytes(eng)[0] < frozen + 64 * MOUSE:
+            _run_load(eng, local, peer, batches=4)
+            time.sleep(0.02)
+        assert _rail_bytes(eng)[0] >= frozen + 64 * MOUSE, "rail 0 never got mice again"
+        assert fast.mice > mice + 16 * 32
