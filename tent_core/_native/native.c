@@ -1528,6 +1528,7 @@ static int mouse_pick(const mouse_view_t *v, int n, int64_t length, uint64_t rr,
   double limit = best * (1.0 + p->gamma);
   for (int k = 0; k < nc; k++)
     if (costs[k] <= limit) near[nn++] = cand[k];
+  if (nn == 0) return -1; /* NaN costs (a malformed state): the planner decides */
   int r = near[rr % (uint64_t)nn];
   *flags = MOUSE_RR;
   if (p->stale_s != 0) {
