@@ -25,7 +25,8 @@ calls it: `submit(reqs).wait()` and `Engine.run(reqs)` (submit and wait in one c
   the same loop sleeping always is measured beside it (``bare_sleep_*``).
 
 Scenarios (``SCENARIOS``): one_at_a_time, batches, large, two_engines, many_buffers, qos_tail,
-submit_cost. ``run(names, ...)`` returns rows; ``markdown(rows)`` renders them as the tables of
+submit_cost, multi_rail_mice (64 KiB mice over two tcp rails; ``--base`` runs another tent-core
+tree, e.g. main's, interleaved with this one in child processes). ``run(names, ...)`` returns rows; ``markdown(rows)`` renders them as the tables of
 docs/benchmarks.md. ``python -m tent_bench.small --help`` (or scripts/bench-small.sh).
 """
 
@@ -566,12 +567,97 @@ def submit_cost(transport: str, rounds: int, count: int = 2000, block: int = 64 
     return rows
 
 
-SCENARIOS = ("one_at_a_time", "batches", "large", "two_engines", "many_buffers", "qos_tail", "submit_cost")
+MICE_RAILS = {"tcp": {"rails": ["127.0.0.1", "127.0.0.2"]}}  # two loopback tcp rails to the target
+
+
+def mice_once(count: int = 2000, block: int = 64 * KiB, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One round of `multi_rail_mice` with the tent_core this process imports: `count` READs of
+    `block` bytes one at a time (submit+wait, per-request seconds), then `count` submits back to
+    back before any wait (CPU and wall time of the submitting thread per call), over a route of two
+    loopback tcp rails; which share of the mice the native fast path placed (None where the engine
+    has no such count), and the bytes each rail moved."""
+    cfg = {**(config or {}), "transports": {**MICE_RAILS, **((config or {}).get("transports") or {})}}
+    slots = 16
+    with target(slots * block, cfg) as t, Engine(cfg, transports=["tcp"]) as eng:
+        local = eng.allocate(slots * block, segment="small-local")
+        _verify(eng, local, t.segment, slots * block, t.seed)  # also connects both rails
+        reqs = [[Request(OpCode.READ, local, i * block, t.segment, i * block, block)] for i in range(slots)]
+        for i in range(400):
+            eng.submit(reqs[i % slots]).wait()
+        time.sleep(0.05)  # a health tick or two: the rails' state is published
+        fast = getattr(eng, "_fast", None)
+        mice0 = getattr(fast, "mice", None)
+        by0 = {r["index"]: r["bytes"] for r in eng.rail_stats()}
+        submit, clock = eng.submit, time.perf_counter
+        lat = []
+        for i in range(count):
+            t0 = clock()
+            submit(reqs[i % slots]).wait()
+            lat.append(clock() - t0)
+        hs = []
+        c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
+        for i in range(count):
+            hs.append(submit(reqs[i % slots]))
+        cpu_us = (time.thread_time_ns() - c0) / count / 1e3
+        wall_us = (time.perf_counter_ns() - w0) / count / 1e3
+        for h in hs:
+            h.wait()
+        mice1 = getattr(fast, "mice", None)
+        by1 = {r["index"]: r["bytes"] for r in eng.rail_stats()}
+        local.array[:] = 0
+        for i in range(slots):
+            eng.submit(reqs[i]).wait()
+        if not np.array_equal(local.array[: slots * block], fill(slots * block, t.seed)):
+            raise RuntimeError("multi_rail_mice: mice landed wrong bytes")
+    moved = {i: by1.get(i, 0) - by0.get(i, 0) for i in by1}
+    return {"p50_us": pct(lat, 50), "p99_us": pct(lat, 99), "gbps": block * count / sum(lat) / 1e9,
+            "cpu_us": cpu_us, "wall_us": wall_us,
+            "native_share": None if mice0 is None or mice1 is None else (mice1 - mice0) / (2 * count),
+            "rail_share": min(moved.values()) / max(1, sum(moved.values())) if len(moved) == 2 else 0.0}
+
+
+def _mice_child(env_path: str | None, count: int, block: int, config: dict[str, Any] | None) -> dict[str, Any]:
+    """`mice_once` in a child process; `env_path`: a tent-core source tree put first on its path
+    (another commit's, e.g. main's, built in place), None: this tree."""
+    env = dict(os.environ)
+    if env_path:
+        env["PYTHONPATH"] = env_path + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    argv = [sys.executable, "-m", "tent_bench.small", "--mice-once", "--mice-count", str(count), "--mice-block", str(block)]
+    if config:
+        argv += ["--config", json.dumps(config)]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"multi_rail_mice child failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def multi_rail_mice(rounds: int, count: int = 2000, block: int = 64 * KiB, config: dict[str, Any] | None = None,
+                    base: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """64 KiB mice on a route of two tcp rails (issue 17): per-request latency and submit cost.
+    With `base` (the path of another tent-core tree, e.g. main's, its native module built in
+    place), each round runs it and this tree in child processes, interleaved (the order flips
+    every round); without, this tree only."""
+    variants = {"this tree": None} if base is None else {"base": base, "this tree": None}
+    res = interleave(rounds, {name: (lambda p=path: _mice_child(p, count, block, config)) for name, path in variants.items()})
+    rows = []
+    for name, samples in res.items():
+        row: dict[str, Any] = {"scenario": "multi_rail_mice", "transport": "tcp", "variant": name, "block": block,
+                               "count": count, "rounds": rounds}  # fmt: skip
+        for key in ("p50_us", "p99_us", "gbps", "cpu_us", "wall_us", "rail_share"):
+            sp = spread([s[key] for s in samples])
+            row.update({key: sp["med"], key + "_lo": sp["lo"], key + "_hi": sp["hi"]})
+        shares = [s["native_share"] for s in samples if s["native_share"] is not None]
+        row["native_share"] = float(np.median(shares)) if shares else None
+        rows.append(row)
+    return rows
+
+
+SCENARIOS = ("one_at_a_time", "batches", "large", "two_engines", "many_buffers", "qos_tail", "submit_cost", "multi_rail_mice")
 
 
 def run(names: list[str], transports: list[str], rounds: int = 5, budget: int = 64 * MiB, ops: list[str] | None = None,
         sizes: list[int] | None = None, config: dict[str, Any] | None = None,
-        progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+        progress: Callable[[str], None] | None = None, base: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """The scenarios `names` on `transports` (those that apply); rows in order."""
     ops = ops or ["READ", "WRITE"]
     rows: list[dict[str, Any]] = []
@@ -608,6 +694,8 @@ def run(names: list[str], transports: list[str], rounds: int = 5, budget: int = 
         elif name == "submit_cost":
             for tr in transports:
                 rows += submit_cost(tr, rounds)
+        elif name == "multi_rail_mice" and "tcp" in transports:
+            rows += multi_rail_mice(rounds, config=config, base=base)
     return rows
 
 
@@ -694,6 +782,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
          _range(r, "ratio"), f"{r['stream_gbps']:.2f}"] for r in sel("qos_tail")])  # fmt: skip
     table("submit() CPU time per call, 64 KiB, back to back (calling thread)", ["transport", "path", "CPU us per submit", "wall us"], [
         [r["transport"], r["variant"], _range(r, "cpu_us"), f"{r['wall_us']:.2f}"] for r in sel("submit_cost")])  # fmt: skip
+    table("64 KiB mice on a route of two tcp rails, one at a time and back to back", [
+        "tree", "P50 us", "P99 us", "GB/s one at a time", "submit CPU us", "submit wall us", "placed natively",
+        "smaller rail's share"], [
+        [r["variant"], _range(r, "p50_us", "{:.1f}"), _range(r, "p99_us", "{:.1f}"), _range(r, "gbps"),
+         _range(r, "cpu_us"), _range(r, "wall_us"), "-" if r["native_share"] is None else f"{r['native_share']:.0%}",
+         _range(r, "rail_share")] for r in sel("multi_rail_mice")])  # fmt: skip
     verdicts = targets(rows)
     if verdicts:
         out += ["**Targets (issues 17 and 14), judged from the medians above**", ""] + [f"- {v}" for v in verdicts] + [""]
@@ -771,13 +865,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", default="64M", help="bytes per timed loop (more: longer, steadier)")
     ap.add_argument("--json", dest="as_json", action="store_true", help="rows as JSON instead of markdown tables")
     ap.add_argument("--config", default=None, help="JSON engine config for both sides")
+    ap.add_argument("--base", default=None, help="multi_rail_mice: a tent-core tree (e.g. main's, built in place) "
+                    "run interleaved with this one")  # fmt: skip
+    ap.add_argument("--mice-once", action="store_true", help=argparse.SUPPRESS)  # one multi_rail_mice round (a child)
+    ap.add_argument("--mice-count", type=int, default=2000, help=argparse.SUPPRESS)
+    ap.add_argument("--mice-block", type=int, default=64 * KiB, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from .cli import parse_size
 
+    if args.mice_once:
+        print(json.dumps(mice_once(args.mice_count, args.mice_block, json.loads(args.config) if args.config else None)))
+        return 0
+
     rows = run([s for s in args.scenarios.split(",") if s], [t for t in args.transports.split(",") if t], args.rounds,
                parse_size(args.budget), config=json.loads(args.config) if args.config else None,
-               progress=lambda m: print(f"... {m}", file=sys.stderr, flush=True))  # fmt: skip
+               progress=lambda m: print(f"... {m}", file=sys.stderr, flush=True), base=args.base)  # fmt: skip
     meta = {"cpus": os.cpu_count(), "load": os.getloadavg(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     if args.as_json:
         print(json.dumps({"meta": meta, "rows": rows}, indent=1))
