@@ -22,9 +22,17 @@ fast path, which repeats the checks made here (local range, remote buffer bounds
 memory kind, by bisection of the peer's buffer table), slices it the same way and calls the
 executor, all in C. Any miss, a stale entry (the generation moves on whenever peers, routes or
 local buffers change) or anything that is not plainly valid falls back to this planner, which
-raises the precise error or plans the request and caches it. A request on a route of several
-rails is never cached, mice included: its rail is the scheduler's choice per request (health,
-QoS slots, the load each rail holds), which a fixed entry would bypass.
+raises the precise error or plans the request and caches it.
+
+A mouse (shorter than `small_request_threshold`, policy "spray") on a route of several rails is
+cached too, with the route's candidate rails instead of one: its rail is still chosen per request,
+in C, by the scheduler's own policy (`slice_scheduler.pick_mouse`: predicted cost, health weight,
+stale rails, QoS slots; its native twin decides alike from the same numbers). The fast path reads
+each rail's state from rows the engine publishes (`rails.publish`: when the entry is made, at each
+health tick, and the health weight when a slice fails); what it gives a rail is folded into that
+rail's telemetry at the next tick (`rails.fold_fast`), as the planner's own assignments are.
+Whatever that choice cannot serve (every rail excluded, a rail not published, an elephant of the
+same class) goes to the planner.
 """
 
 from __future__ import annotations

@@ -297,3 +297,14 @@ def test_targets_are_judged_from_the_rows() -> None:
     assert v[8] == "tcp READ batches of 16 x 64 KiB >= 4.0 GB/s: **not met** (3.90 GB/s; the bare C batch loop moved 3.50 GB/s)"
     runs = [{"queued_median_us": x} for x in (1.0, 1.6, 2.4)]
     assert small.submit_target(runs) == "submit() queued median <= 2 us: **met** (1.60 us, median of 3 runs: 1.00, 1.60, 2.40)"
+
+
+def test_multi_rail_mice_rows_run_this_tree_in_a_child() -> None:
+    """One round of multi_rail_mice (scaled down): 64 KiB mice over two real loopback tcp rails in a
+    child process, every one placed by the native fast path, both rails used, and its table."""
+    rows = small.multi_rail_mice(1, count=200)
+    assert [r["variant"] for r in rows] == ["this tree"]
+    r = rows[0]
+    assert r["native_share"] == 1.0, r  # every mouse of both loops had its rail chosen natively
+    assert 0 < r["rail_share"] <= 0.5 and r["p50_us"] <= r["p99_us"] and r["cpu_us"] > 0, r
+    assert "64 KiB mice on a route of two tcp rails" in small.markdown(rows)
