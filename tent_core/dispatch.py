@@ -326,10 +326,16 @@ class Submitter:
             self._one_rail(plan, route, rails[0], op, local, raddr, length, hint)
             return rails
         now = time.monotonic()
-        weights: list[float] | None = [self.monitor.weight(r.slot, now) for r in rails]
-        if not any(weights):  # type: ignore[arg-type]
+        health = [self.monitor.weight(r.slot, now) for r in rails]
+        weights: list[float] | None = health
+        if not any(health):
             weights = None  # every rail paused: try them all rather than fail; retries sort it out
         slices = self.scheduler.plan(length, [r.telemetry for r in rails], prio, weights)
+        if self.fast is not None and self._mice_below:
+            # the bytes this plan gave the rails count for the fast path's next mouse at once, not
+            # from the next health tick on
+            for r, w in zip(rails, health, strict=True):
+                publish(self.fast, r, w)
         if len(slices) == 1:  # a mouse: cut as on a single-rail route, not per min_slice_bytes
             self._one_rail(plan, route, rails[slices[0][0]], op, local, raddr, length, hint)
             return rails

@@ -24,7 +24,10 @@ Rail choice, policy "spray" (TENT):
    `min_slice_bytes` pieces only turns it into several messages on that rail (a 256 KiB request
    was four 64 KiB ones). The submitter cuts a one-slice plan by the transport's `split_bytes`
    exactly as it cuts a request on a single-rail route, so a mouse is planned alike on one rail
-   or many (over tcp, whose split is 1 MiB = the default threshold, it stays one slice).
+   or many (over tcp, whose split is 1 MiB = the default threshold, it stays one slice). The
+   choice (with step 1 and the stale rule of step 5) is `pick_mouse`, a pure function over plain
+   per-rail numbers (`MouseView`): the engine's native fast path runs its C twin per request on
+   a route of several rails (tent_core/dispatch.py, "the plan cache").
 4. Elephants: water-filling in bytes (Algorithm 1's greedy form, continuous): each rail gets the
    bytes that make it finish at one common predicted time, counting what it already holds, so the
    rails end a request together instead of one slice apart (`spray_shares`). A rail's share is cut
