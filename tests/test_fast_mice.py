@@ -77,7 +77,7 @@ def test_mice_of_two_rails_go_native_and_spread_over_both(peer):
             assert added == 0, (r.info.name, added)
 
 
-def test_elephants_and_stream_ordered_mice_still_go_to_the_planner(peer):
+def test_an_elephant_of_a_cached_class_still_goes_to_the_planner(peer):
     with Engine({"transports": {"tcp": RAILS2}}, transports=["tcp"]) as eng:
         local = eng.allocate(SIZE)
         eng.read(local, peer.seg("ro"), 8 * MiB)
