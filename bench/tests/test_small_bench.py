@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -297,3 +298,29 @@ def test_targets_are_judged_from_the_rows() -> None:
     assert v[8] == "tcp READ batches of 16 x 64 KiB >= 4.0 GB/s: **not met** (3.90 GB/s; the bare C batch loop moved 3.50 GB/s)"
     runs = [{"queued_median_us": x} for x in (1.0, 1.6, 2.4)]
     assert small.submit_target(runs) == "submit() queued median <= 2 us: **met** (1.60 us, median of 3 runs: 1.00, 1.60, 2.40)"
+
+
+def test_steady_rounds_calibrate_once_and_warm_up_untimed() -> None:
+    calls: list[int] = []
+
+    def make(c: int) -> Callable[[], list[float]]:
+        def loop() -> list[float]:
+            calls.append(c)
+            return [0.0] * c
+
+        return loop
+
+    one, count = small._steady(make, 4096, 0.01, probe=40)
+    assert calls == [40, 40] and count >= 40  # the probe twice (first untimed), never fewer than it
+    calls.clear()
+    r = one()
+    assert calls == [max(10, count // 20), count]  # the warm-up, then the timed loop alone
+    assert r["gbps"] > 0 and len(r["lat"]) == count
+
+
+def test_tcp_rows_timed_by_seconds() -> None:
+    rows = small.batches("tcp", 4, 64 * KiB, ["WRITE"], 2, 1 << 20, seconds=0.02)
+    rows += small.one_at_a_time("tcp", [64 * KiB], ["READ"], 1, 1 << 20, seconds=0.02)
+    for r in rows:
+        assert r["seconds"] == 0.02 and r["count"] >= 20
+        assert r["tent_gbps"] > 0 and r["bare_gbps"] > 0 and r["ratio"] > 0
