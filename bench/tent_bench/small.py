@@ -712,7 +712,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                      "bare C sleeping: the same loop always sleeping in the kernel")  # fmt: skip
     timed = sorted({(r["transport"], r["seconds"], r["rounds"]) for r in ones + sel("batches") if r.get("seconds")})
     notes += [f"- {tr} rows (here and in the batches): every loop timed for about {sec:g} s after an untimed warm-up, "
-              f"{n} interleaved rounds" for tr, sec, n in timed]  # fmt: skip
+              f"{n} interleaved round{'s' if n != 1 else ''}" for tr, sec, n in timed]  # fmt: skip
     if notes:
         out[-1:-1] = [""] + notes
     table("Batches, one in flight", ["transport", "op", "batch", "tent GB/s", "bare GB/s", "x bare", "tent P50 / P99 us"], [
@@ -829,11 +829,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="tcp one_at_a_time/batches: time every loop for about this long after an untimed warm-up "
                          "instead of by --budget (0: by --budget)")  # fmt: skip
     ap.add_argument("--tcp-rounds", type=int, default=0, help="rounds of those tcp rows (0: --rounds)")
+    ap.add_argument("--cpu", type=int, default=None,
+                    help="run on this one CPU, engine, target process and bare loops alike (sched_setaffinity before "
+                         "anything starts; every thread and the target inherit it): what a user can do with taskset")  # fmt: skip
     ap.add_argument("--json", dest="as_json", action="store_true", help="rows as JSON instead of markdown tables")
     ap.add_argument("--config", default=None, help="JSON engine config for both sides")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from .cli import parse_size
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
 
     rows = run([s for s in args.scenarios.split(",") if s], [t for t in args.transports.split(",") if t], args.rounds,
                parse_size(args.budget), config=json.loads(args.config) if args.config else None,
