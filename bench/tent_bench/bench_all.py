@@ -761,7 +761,7 @@ def default_steps() -> list[Step]:
              [*b, "--transport", "tcp", "--block-sizes", "64K", *_Q, "--baseline", "mooncake"],
              render_local, lambda t: _ratio_target(t, "mooncake", 1.0), covers=LOCAL_SCRIPTS, timeout_s=900),  # fmt: skip
         Step("small", ["scripts/bench-small.sh"], needs=("scripts/bench-small.sh",), covers=("scripts/bench-small.sh",),
-             render=render_small, quick_env={"ROUNDS": "1", "BUDGET": "8M"}),  # fmt: skip
+             render=render_small, quick_env={"ROUNDS": "1", "BUDGET": "8M", "TCP_SECONDS": "0.02", "TCP_ROUNDS": "1"}),  # fmt: skip
         Step("auth", ["scripts/bench-auth.sh"], needs=("scripts/bench-auth.sh",), covers=("scripts/bench-auth.sh",),
              env={"ROUNDS": "5"}, quick_env={"ROUNDS": "1", "BUDGET": "0.2"}),  # fmt: skip
         Step("compat", ["scripts/bench-compat.sh", "--json"], render=render_compat, needs=("scripts/bench-compat.sh",),

@@ -318,12 +318,39 @@ def _counts(block: int, budget_bytes: int, lo: int = 200, hi: int = 5000) -> int
     return int(min(hi, max(lo, budget_bytes // block)))
 
 
+def _steady(make: Callable[[int], Callable[[], Any]], nbytes: int, seconds: float,
+            probe: int) -> tuple[Callable[[], dict[str, Any]], int]:  # fmt: skip
+    """A round of one loop that lasts about `seconds`, and its count.
+
+    tcp's loops move 2-6 GB/s, so a byte budget of 64 MiB was a 10-30 ms loop: a few scheduler
+    ticks, one migration or one neighbour's burst decided a round, and rows moved more than their
+    margins between runs. Here the count comes from a probe run of `probe` iterations (its rate
+    alone), so every loop, engine or bare, is timed for about the same wall time whatever its
+    rate; each round first runs a twentieth of that count untimed (the other loop of the row ran
+    last: its connection, caches and the scheduler's placement are cold), then the timed loop."""
+    clock = time.perf_counter
+    make(probe)()  # connections up, pages touched
+    t0 = clock()
+    make(probe)()
+    dt = max(clock() - t0, 1e-6)
+    count = int(min(1_000_000, max(probe, seconds * probe / dt)))
+    warm, timed = make(max(10, count // 20)), make(count)
+
+    def one() -> dict[str, Any]:
+        warm()
+        return _timed(timed, nbytes, count)
+
+    return one, count
+
+
 # ------------------------------------------------------------------ scenarios
 
 
 def one_at_a_time(transport: str, sizes: list[int], ops: list[str], rounds: int, budget: int,
-                  config: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
-    """One request in flight (submit, wait, repeat) vs the bare loop, per size and op."""
+                  config: dict[str, Any] | None = None, seconds: float = 0.0) -> list[dict[str, Any]]:  # fmt: skip
+    """One request in flight (submit, wait, repeat) vs the bare loop, per size and op. With
+    `seconds`, every loop of a round runs about that long after an untimed warm-up (`_steady`)
+    instead of moving `budget` bytes."""
     rows = []
     size = max(sizes)
     with target(size, config) as t, Engine(config, transports=[transport]) as eng:
@@ -350,6 +377,20 @@ def one_at_a_time(transport: str, sizes: list[int], ops: list[str], rounds: int,
                     mode, py = _python_one(eng, t, op, block, count, local.addr)
                     fns["python"] = lambda py=py, count=count, block=block: _timed(py, block, count)
                     extra = {"shm_mode": mode, "python_form": PYTHON_FORMS[mode]}
+                if seconds > 0:
+                    makers: dict[str, Callable[[int], Callable[[], Any]]] = {
+                        "tent": lambda c, reqs=reqs: lambda: engine_loop(eng, reqs, c),
+                        "run": lambda c, reqs=reqs: lambda: run_loop(eng, reqs, c),
+                        "bare": lambda c, op=op, block=block: _bare_one(eng, t, transport, op, block, c, local.addr),
+                        "bare_sleep": lambda c, op=op, block=block: _bare_one(eng, t, transport, op, block, c, local.addr,
+                                                                              sleep=True),
+                    }  # fmt: skip
+                    counts = {}
+                    for name in list(fns):
+                        if name in makers:
+                            fns[name], counts[name] = _steady(makers[name], block, seconds, probe=200)
+                    count = counts["tent"]
+                    extra["seconds"] = seconds
                 res = interleave(rounds, fns)
                 row = {"scenario": "one_at_a_time", "transport": transport, "op": op, "block": block, "batch": 1,
                        "count": count, "rounds": rounds, **extra, **_summary("tent", res["tent"]), **_summary("run", res["run"]),
@@ -365,8 +406,8 @@ def one_at_a_time(transport: str, sizes: list[int], ops: list[str], rounds: int,
 
 
 def batches(transport: str, n: int, block: int, ops: list[str], rounds: int, budget: int,
-            config: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
-    """Batches of `n` requests of `block` bytes, one batch in flight."""
+            config: dict[str, Any] | None = None, seconds: float = 0.0) -> list[dict[str, Any]]:  # fmt: skip
+    """Batches of `n` requests of `block` bytes, one batch in flight; `seconds` as in `one_at_a_time`."""
     rows = []
     with target(n * block, config) as t, Engine(config, transports=[transport]) as eng:
         local = eng.allocate(n * block, segment="small-local")
@@ -379,9 +420,15 @@ def batches(transport: str, n: int, block: int, ops: list[str], rounds: int, bud
                 "tent": lambda reqs=reqs, count=count: _timed(lambda: engine_loop(eng, reqs, count), n * block, count)}
             bare = _bare_one(eng, t, transport, op, block, count, local.addr, threads=2, batch=n)
             fns["bare"] = lambda bare=bare, count=count: _timed(bare, n * block, count)
+            extra: dict[str, Any] = {}
+            if seconds > 0:
+                fns["tent"], count = _steady(lambda c, reqs=reqs: lambda: engine_loop(eng, reqs, c), n * block, seconds, 20)
+                fns["bare"], _ = _steady(lambda c, op=op: _bare_one(eng, t, transport, op, block, c, local.addr, threads=2,
+                                                                    batch=n), n * block, seconds, 20)  # fmt: skip
+                extra["seconds"] = seconds
             res = interleave(rounds, fns)
             row = {"scenario": "batches", "transport": transport, "op": op, "block": block, "batch": n, "count": count,
-                   "rounds": rounds, **_summary("tent", res["tent"])}  # fmt: skip
+                   "rounds": rounds, **extra, **_summary("tent", res["tent"])}  # fmt: skip
             if "bare" in res:
                 row.update(_summary("bare", res["bare"]), **_ratio(res["tent"], res["bare"]))
                 if transport == "shm":
@@ -657,9 +704,13 @@ SCENARIOS = ("one_at_a_time", "batches", "large", "two_engines", "many_buffers",
 
 def run(names: list[str], transports: list[str], rounds: int = 5, budget: int = 64 * MiB, ops: list[str] | None = None,
         sizes: list[int] | None = None, config: dict[str, Any] | None = None,
-        progress: Callable[[str], None] | None = None, base: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
-    """The scenarios `names` on `transports` (those that apply); rows in order."""
+        progress: Callable[[str], None] | None = None, base: str | None = None, tcp_seconds: float = 0.0,
+        tcp_rounds: int = 0) -> list[dict[str, Any]]:  # fmt: skip
+    """The scenarios `names` on `transports` (those that apply); rows in order. `tcp_seconds`: the
+    tcp rows of one_at_a_time and batches time every loop for about that long (`_steady`), over
+    `tcp_rounds` rounds (0: `rounds`). `base`: multi_rail_mice runs that tent-core tree beside this one."""
     ops = ops or ["READ", "WRITE"]
+    tcp_rounds = tcp_rounds or rounds
     rows: list[dict[str, Any]] = []
     say = progress or (lambda msg: None)
     for name in names:
@@ -668,10 +719,12 @@ def run(names: list[str], transports: list[str], rounds: int = 5, budget: int = 
         say(name)
         if name == "one_at_a_time":
             for tr in transports:
-                rows += one_at_a_time(tr, sizes or [64 * KiB, 256 * KiB], ops, rounds, budget, config)
+                rows += one_at_a_time(tr, sizes or [64 * KiB, 256 * KiB], ops, tcp_rounds if tr == "tcp" else rounds,
+                                      budget, config, seconds=tcp_seconds if tr == "tcp" else 0.0)  # fmt: skip
         elif name == "batches":
             for tr in transports:
-                rows += batches(tr, 16, 64 * KiB, ops, rounds, budget, config)
+                rows += batches(tr, 16, 64 * KiB, ops, tcp_rounds if tr == "tcp" else rounds, budget, config,
+                                seconds=tcp_seconds if tr == "tcp" else 0.0)  # fmt: skip
         elif name == "large" and "shm" in transports:
             rows += large([4 * MiB, 64 * MiB], ops, rounds, 4 * budget, config)
         elif name == "two_engines" and "tcp" in transports:
@@ -745,6 +798,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         notes.append("- bare C: both ends poll before they sleep under the tcp transport's rule (busy_poll_us, "
                      "busy_poll_adaptive), on the congestion control it gives loopback connections (loopback_congestion); "
                      "bare C sleeping: the same loop always sleeping in the kernel")  # fmt: skip
+    timed = sorted({(r["transport"], r["seconds"], r["rounds"]) for r in ones + sel("batches") if r.get("seconds")})
+    notes += [f"- {tr} rows (here and in the batches): every loop timed for about {sec:g} s after an untimed warm-up, "
+              f"{n} interleaved round{'s' if n != 1 else ''}" for tr, sec, n in timed]  # fmt: skip
     if notes:
         out[-1:-1] = [""] + notes
     table("Batches, one in flight", ["transport", "op", "batch", "tent GB/s", "bare GB/s", "x bare", "tent P50 / P99 us"], [
@@ -863,6 +919,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--transports", default="shm,tcp")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--budget", default="64M", help="bytes per timed loop (more: longer, steadier)")
+    ap.add_argument("--tcp-seconds", type=float, default=0.0,
+                    help="tcp one_at_a_time/batches: time every loop for about this long after an untimed warm-up "
+                         "instead of by --budget (0: by --budget)")  # fmt: skip
+    ap.add_argument("--tcp-rounds", type=int, default=0, help="rounds of those tcp rows (0: --rounds)")
+    ap.add_argument("--cpu", type=int, default=None,
+                    help="run on this one CPU, engine, target process and bare loops alike (sched_setaffinity before "
+                         "anything starts; every thread and the target inherit it): what a user can do with taskset")  # fmt: skip
     ap.add_argument("--json", dest="as_json", action="store_true", help="rows as JSON instead of markdown tables")
     ap.add_argument("--config", default=None, help="JSON engine config for both sides")
     ap.add_argument("--base", default=None, help="multi_rail_mice: a tent-core tree (e.g. main's, built in place) "
@@ -873,6 +936,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from .cli import parse_size
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
 
     if args.mice_once:
         print(json.dumps(mice_once(args.mice_count, args.mice_block, json.loads(args.config) if args.config else None)))
@@ -880,7 +945,8 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = run([s for s in args.scenarios.split(",") if s], [t for t in args.transports.split(",") if t], args.rounds,
                parse_size(args.budget), config=json.loads(args.config) if args.config else None,
-               progress=lambda m: print(f"... {m}", file=sys.stderr, flush=True), base=args.base)  # fmt: skip
+               progress=lambda m: print(f"... {m}", file=sys.stderr, flush=True), base=args.base,
+               tcp_seconds=args.tcp_seconds, tcp_rounds=args.tcp_rounds)  # fmt: skip
     meta = {"cpus": os.cpu_count(), "load": os.getloadavg(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     if args.as_json:
         print(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -308,3 +309,29 @@ def test_multi_rail_mice_rows_run_this_tree_in_a_child() -> None:
     assert r["native_share"] == 1.0, r  # every mouse of both loops had its rail chosen natively
     assert 0 < r["rail_share"] <= 0.5 and r["p50_us"] <= r["p99_us"] and r["cpu_us"] > 0, r
     assert "64 KiB mice on a route of two tcp rails" in small.markdown(rows)
+
+
+def test_steady_rounds_calibrate_once_and_warm_up_untimed() -> None:
+    calls: list[int] = []
+
+    def make(c: int) -> Callable[[], list[float]]:
+        def loop() -> list[float]:
+            calls.append(c)
+            return [0.0] * c
+
+        return loop
+
+    one, count = small._steady(make, 4096, 0.01, probe=40)
+    assert calls == [40, 40] and count >= 40  # the probe twice (first untimed), never fewer than it
+    calls.clear()
+    r = one()
+    assert calls == [max(10, count // 20), count]  # the warm-up, then the timed loop alone
+    assert r["gbps"] > 0 and len(r["lat"]) == count
+
+
+def test_tcp_rows_timed_by_seconds() -> None:
+    rows = small.batches("tcp", 4, 64 * KiB, ["WRITE"], 2, 1 << 20, seconds=0.02)
+    rows += small.one_at_a_time("tcp", [64 * KiB], ["READ"], 1, 1 << 20, seconds=0.02)
+    for r in rows:
+        assert r["seconds"] == 0.02 and r["count"] >= 20
+        assert r["tent_gbps"] > 0 and r["bare_gbps"] > 0 and r["ratio"] > 0
