@@ -179,4 +179,4 @@ def test_native_mice_fail_over_when_a_real_rail_goes_down():
     assert done["paused_after_s"] is not None and done["paused_now"], done
     assert done["mice_after"] == 32 * 16, done  # still placed natively ...
     # ... and none on the dead rail: nothing completed, failed or hangs there but a heartbeat or two
-    assert done["rail1_after"] == 0 and done["rail1_errors_after"] <= 2 and done["rail1_inflight"] <= 1, done
+    assert done["rail1_after"] == 0 and done["rail1_errors_after"] <= 2 and done["rail1_inflight"] <= 2, done
