@@ -422,6 +422,92 @@ def test_whole_write_cancelled_and_out_of_bounds(tmp_path: Path) -> None:
         tr.close()
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_write_warmer_reads_ahead_of_whole_writes(engine: str, tmp_path: Path) -> None:
+    """A WRITE kept whole has its next pieces' source read by the warmer while it writes (stat
+    warm_pieces counts posts: the first piece posts the two after it, every later one the piece two
+    ahead, so a WRITE of n >= 3 pieces posts n - 2); two such WRITEs in one batch share the one
+    warmer (the second writes without it); write_warm=0 posts nothing. Every byte lands where it
+    belongs either way, at odd offsets and lengths."""
+    size, piece = 16 << 20, 256 << 10
+    for warm in (1, 0):
+        tr = make_transport(engine=engine, threads=2, queue_depth=8, chunk=piece, write_warm=warm)
+        try:
+            old = pattern(size, 60)
+            f = make_file(tmp_path / f"warm-{warm}.bin", old)
+            h = tr.connect(peer(), [rbuf(BASE, f)]).handle
+            src = aligned(size)
+            src[:] = pattern(size, 61)
+            writes = [(7, 4096 + 7, 13 * piece + 4093), (20 * piece + 5, 30 * piece + 5, 17 * piece + 1)]
+            s0 = tr.stats()
+            b = many(tr, [(WRITE, src.ctypes.data + lo, BASE + fo, n) for lo, fo, n in writes], h)
+            assert b.error == 0 and b.bytes_done == sum(n for _, _, n in writes)
+            s1 = tr.stats()
+            want = old.copy()
+            for lo, fo, n in writes:
+                want[fo : fo + n] = src[lo : lo + n]
+            assert np.array_equal(np.fromfile(f, np.uint8), want)
+            posted = s1["warm_pieces"] - s0["warm_pieces"]
+            if warm:  # the posts of one writer (14 or 18 pieces) at least, at most of both
+                assert 14 - 2 <= posted <= (14 - 2) + (18 - 2), posted
+            else:
+                assert posted == 0
+            assert s1["whole_writes"] - s0["whole_writes"] == 2
+            # one more WRITE alone: the warmer was released by both writers above
+            s2 = tr.stats()
+            assert one(tr, WRITE, src.ctypes.data, BASE, 8 * piece, h) == 0
+            assert tr.stats()["warm_pieces"] - s2["warm_pieces"] == (8 - 2 if warm else 0)
+            want[: 8 * piece] = src[: 8 * piece]
+            assert np.array_equal(np.fromfile(f, np.uint8), want)
+        finally:
+            tr.close()
+
+
+_WARM_UNMAP_CHILD = """
+import ctypes, os, sys
+import numpy as np
+sys.path.insert(0, sys.argv[4])
+from test_gds import BASE, WRITE, make_transport, one, pattern, peer, rbuf
+from pathlib import Path
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+path, engine, rounds = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+size, piece = 4 << 20, 256 << 10
+tr = make_transport(engine=engine, threads=2, queue_depth=8, chunk=piece)
+h = tr.connect(peer(), [rbuf(BASE, path)]).handle
+for r in range(rounds):
+    addr = libc.mmap(None, size, 3, 0x22, -1, 0)  # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS
+    assert addr not in (None, ctypes.c_void_p(-1).value)
+    src = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(addr))
+    src[:] = pattern(size, 1000 + r)
+    last = src.copy()
+    assert one(tr, WRITE, addr, BASE, size, h) == 0
+    del src
+    assert libc.munmap(addr, size) == 0  # the slice completed: nothing may read its memory now
+want = np.fromfile(path, np.uint8)
+assert np.array_equal(want, last), "file bytes"
+print("warm_pieces", tr.stats()["warm_pieces"])
+tr.close()
+"""
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_write_warmer_is_off_the_memory_when_a_write_completes(engine: str, tmp_path: Path) -> None:
+    """A WRITE's memory may be unmapped the moment its slice completes: the warmer must be done
+    reading it by then (a release waits for it). A child process writes 4 MiB from a fresh mapping
+    and unmaps it at once, 150 times; a read of unmapped memory would kill it with SIGSEGV."""
+    import subprocess
+
+    f = make_file(tmp_path / "warm-unmap.bin", pattern(4 << 20, 70))
+    out = subprocess.run([sys.executable, "-c", _WARM_UNMAP_CHILD, str(f), engine, "150", str(Path(__file__).parent)],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    posted = int(out.stdout.split("warm_pieces")[1].split()[0])
+    assert posted == 150 * (16 - 2)
+
+
 # ------------------------------------------------------------------ O_DIRECT
 @pytest.mark.parametrize("engine", ENGINES)
 def test_direct_aligned_and_unaligned(engine: str, tmp_path: Path) -> None:
