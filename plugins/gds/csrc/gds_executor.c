@@ -611,7 +611,8 @@ static void finish_work(executor_t *ex, job_t *j, int st) {
 }
 
 /* ---------------------------------------------------------------- source warmer */
-#define WARM_SPIN_NS 300000ull /* the warmer's spin before it sleeps */
+#define WARM_SPIN_NS 300000ull /* the warmer's wait for a post before it sleeps */
+#define WARM_PAUSE_NS 20000ull /* ... of which it spins with pause, then with sched_yield */
 #define WARM_LEAD 2             /* pieces the warmer reads ahead of the one being written */
 
 static uint64_t now_ns(void) {
@@ -640,12 +641,17 @@ static void *warm_thread(void *arg) {
   while (!atomic_load(&wm->stop)) {
     uint64_t s = atomic_load_explicit(&wm->seq, memory_order_acquire);
     if (s == done) {
-      /* a writer posts a piece per chunk written (~100 us per MiB): spinning a little longer than
-       * that keeps a futex wake-up (tens of us on a VM) out of each piece */
-      uint64_t until = now_ns() + WARM_SPIN_NS;
+      /* a writer posts a piece per chunk written (~100 us per MiB): waiting a little longer than
+       * that keeps a futex wake-up (tens of us on a VM) out of each piece. Past the first few
+       * microseconds the wait yields the core: the writer may share it (a loaded machine, a FIFO
+       * policy that never time-slices threads of equal priority). */
+      uint64_t t0 = now_ns(), t = t0;
       for (int spin = 0; atomic_load_explicit(&wm->seq, memory_order_acquire) == done && !atomic_load(&wm->stop); spin++) {
-        CPU_RELAX();
-        if ((spin & 63) == 0 && now_ns() > until) break;
+        if ((spin & 63) == 0 && (t = now_ns()) > t0 + WARM_SPIN_NS) break;
+        if (t > t0 + WARM_PAUSE_NS)
+          sched_yield();
+        else
+          CPU_RELAX();
       }
       if (atomic_load_explicit(&wm->seq, memory_order_acquire) != done) continue;
       unsigned w = atomic_load(&wm->word);
