@@ -70,9 +70,9 @@ static void *prefetcher(void *p) {
   unsigned long sink = 0;
   for (int k = 0; k < passes; k++)
     for (size_t j = 0; j < pieces; j++) {
-      long want = (long)(k * pieces + j) - 1;
-      while (atomic_load(&writing_piece) < want) sched_yield();
-      if (atomic_load(&writing_piece) == -2) return NULL;
+      long want = (long)(k * pieces + j) - 1, at;
+      while ((at = atomic_load(&writing_piece)) < want && at != -2) sched_yield();
+      if (at == -2) return NULL; /* the writer is done (it may have passed this piece already) */
       const volatile unsigned long *src = (const volatile unsigned long *)(a->sh->src + j * io);
       for (size_t w = 0; w < io / sizeof *src; w += 64 / sizeof *src) sink += src[w];
     }
