@@ -8,7 +8,9 @@
  * A SHAPE is SRC:IO_KIB:THREADS: the source memory (anon: private anonymous pages, as fio's
  * malloc'ed buffers; memfd: a MAP_SHARED memfd mapping, as the engine's allocate()), the bytes per
  * pwrite, and the writer threads (each its own contiguous part of the 64 MiB, fio's numjobs
- * shape). Every trial runs every shape once (PASSES x 64 MiB), in rotating order, and prints its
+ * shape); a suffix p (one writer) adds a companion thread that reads the next piece's source while
+ * the writer writes, a suffix w has each writer read its own piece's source just before its
+ * pwrite (what fio's scramble_buffers does). Every trial runs every shape once (PASSES x 64 MiB), in rotating order, and prints its
  * GB/s and the CPU seconds per GB spent inside pwrite (all threads) and in the whole process; the
  * end prints the medians. FILE must hold at least 64 MiB; both sources are pre-faulted.
  */
@@ -35,6 +37,7 @@ typedef struct {
   size_t io;
   int threads;
   int prefetch; /* a companion thread reads the next piece's source while the writer writes */
+  int selfwarm; /* each writer reads its piece's source itself just before its pwrite (fio's scramble) */
   char name[64];
 } shape_t;
 
@@ -87,6 +90,11 @@ static void *writer(void *p) {
   for (int k = 0; k < passes; k++)
     for (size_t off = lo; off < lo + per; off += a->sh->io, piece++) {
       if (a->sh->prefetch) atomic_store(&writing_piece, piece);
+      if (a->sh->selfwarm) {
+        unsigned long sink = 0;
+        for (size_t w = 0; w < a->sh->io; w += 64) sink += *(const volatile unsigned char *)(a->sh->src + off + w);
+        __asm__ volatile("" : : "r"(sink));
+      }
       double c0 = clock_s(CLOCK_THREAD_CPUTIME_ID);
       if (pwrite(fd, a->sh->src + off, a->sh->io, (off_t)off) != (ssize_t)a->sh->io) {
         perror("write_shapes: pwrite");
@@ -144,7 +152,7 @@ int main(int argc, char **argv) {
     unsigned long kib;
     int th;
     char pf = 0;
-    if (sscanf(argv[4 + s], "%15[^:]:%lu:%d%c", kind, &kib, &th, &pf) < 3 || (pf && pf != 'p') || (pf && th != 1) || th < 1 || th > MAX_THREADS || kib == 0 ||
+    if (sscanf(argv[4 + s], "%15[^:]:%lu:%d%c", kind, &kib, &th, &pf) < 3 || (pf && pf != 'p' && pf != 'w') || (pf == 'p' && th != 1) || th < 1 || th > MAX_THREADS || kib == 0 ||
         (BLOCK / (size_t)th) % (kib << 10)) {
       fprintf(stderr, "write_shapes: bad shape %s (IO_KIB must divide 64 MiB / THREADS)\n", argv[4 + s]);
       return 2;
@@ -158,7 +166,7 @@ int main(int argc, char **argv) {
       perror("write_shapes: source");
       return 1;
     }
-    shapes[s] = (shape_t){*src, kib << 10, th, pf == 'p', ""};
+    shapes[s] = (shape_t){*src, kib << 10, th, pf == 'p', pf == 'w', ""};
     snprintf(shapes[s].name, sizeof shapes[s].name, "%s", argv[4 + s]);
   }
   fd = open(argv[1], O_WRONLY);
