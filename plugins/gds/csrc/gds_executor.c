@@ -53,17 +53,18 @@
  * direct=1 (O_DIRECT overwrites run in parallel) nor while CUDA buffers are registered (cuFile I/O
  * takes its pieces in parallel); config split_writes=1 cuts WRITEs like READs (stat whole_writes).
  *
- * Warming a WRITE's source: the copy a buffered write makes under the inode's lock reads its source
- * from DRAM, and nothing else can run beside it on that file. A helper thread (config write_warm,
- * default on) reads the source of the writer's next piece (one load per cache line) while the
- * writer copies the current one, so that the copy under the lock reads from the cache: the one
- * part of a buffered write that can overlap another's. This is what fio's two jobs on one file
- * do by accident (each rewrites bytes of its next buffer, scramble_buffers, while the other holds
- * the lock). Measured on ext4, 1 MiB pieces: 8.2 -> 10.8 GB/s for a bare pwrite loop
- * (tools/write_shapes.c). One writer at a time owns the helper (claim, release); a release waits
- * until the helper is off the writer's memory, so no byte of a slice is read after it completed.
- * It costs a second core while a large WRITE runs (~0.18 against ~0.11 CPU s/GB, fio's level);
- * config write_warm=0 starts no helper (stat warm_pieces counts the pieces posted to it).
+ * Unless the writer reads its piece's source first (config write_warm, default on; stat
+ * warm_pieces): the copy a buffered write makes under the inode's lock reads its source from DRAM,
+ * and nothing else on that file can run beside it, but a second writer can read its own next
+ * piece's source (one load per cache line) while the first copies, so that its copy under the
+ * lock then reads from its own core's cache. With write_warm a buffered WRITE slice longer than
+ * `chunk` is cut into pieces for all workers like a READ, and each worker reads a piece's source
+ * just before its pwrite. This is what fio's jobs on one file do by accident: each rewrites bytes
+ * of its next buffer (scramble_buffers) while another holds the lock. Measured on ext4 (bare loop,
+ * tools/write_shapes.c, 1 MiB pieces of 64 MiB): one writer 8.1 GB/s, two plain writers 9.9, two
+ * that read their piece first 15.2 (CPU inside pwrite 0.116 -> 0.087 s/GB). A helper thread
+ * reading ahead for one writer was tried first: its lines sit in the other core's cache, which
+ * helped (+20%) or hurt (-10%) from run to run on a VM whose vCPUs may or may not share a cache.
  *
  * O_DIRECT: with config direct=1 the plugin opens a second O_DIRECT fd per file. A chunk
  * whose memory address and file offset are 4096-aligned goes through it for its
@@ -119,10 +120,8 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <linux/io_uring.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -142,12 +141,6 @@
 #include "tent/order_table.h"
 
 #define EXPORT __attribute__((visibility("default")))
-
-#if defined(__x86_64__) || defined(__i386__)
-#define CPU_RELAX() __builtin_ia32_pause()
-#else
-#define CPU_RELAX() __asm__ volatile("" ::: "memory")
-#endif
 
 #define MAX_THREADS 64
 #define MAX_QD 256
@@ -359,19 +352,6 @@ typedef struct uring {
 
 typedef struct executor executor_t;
 
-/* The source warmer (see the header): one owner at a time posts ranges; `active` is the seq of
- * the range being read (0: none); a release sets `cancel` to its last seq and waits for `active`
- * to leave it. seq_cst on active/cancel: each side stores its word and then loads the other's. */
-typedef struct warm {
-  pthread_t thread;
-  int started;
-  atomic_int owner, stop, sleeping;
-  atomic_uint_least64_t seq, cancel, active;
-  atomic_uintptr_t addr;
-  atomic_uint_least64_t len;
-  atomic_uint word; /* futex word: the low bits of seq */
-} warm_t;
-
 typedef struct worker {
   executor_t *ex;
   pthread_t thread;
@@ -413,9 +393,8 @@ struct executor {
   atomic_ullong st_whole_writes;                 /* buffered WRITE slices kept in one piece */
   uint64_t inline_write; /* WRITEs up to this the submitting thread pwrites where RWF_NOWAIT is refused */
   atomic_ullong st_inline_writes; /* slices it wrote so */
-  int write_warm;                 /* a helper thread reads the next WRITE piece's source (warm_t) */
-  warm_t warm;
-  atomic_ullong st_warm_pieces;   /* pieces whose source the helper read ahead of the writer */
+  int write_warm;                 /* writers read a WRITE piece's source before its pwrite */
+  atomic_ullong st_warm_pieces;   /* pieces they read so */
 };
 
 /* ---------------------------------------------------------------- io_uring (raw syscalls) */
@@ -612,116 +591,17 @@ static void finish_work(executor_t *ex, job_t *j, int st) {
   }
 }
 
-/* ---------------------------------------------------------------- source warmer */
-#define WARM_SPIN_NS 300000ull /* the warmer's wait for a post before it sleeps */
-#define WARM_PAUSE_NS 20000ull /* ... of which it spins with pause, then with sched_yield */
-#define WARM_LEAD 2             /* pieces the warmer reads ahead of the one being written */
-
-static uint64_t now_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
-static long futex(atomic_uint *w, int op, unsigned val, const struct timespec *t) {
-  return syscall(SYS_futex, w, op, val, t, NULL, 0);
-}
-
-static void warm_read(warm_t *wm, uint64_t seq, const char *p, uint64_t len) {
-  unsigned long sink = 0;
-  for (uint64_t at = 0; at < len; at += 64u << 10) {
-    if (atomic_load(&wm->cancel) >= seq) break; /* the writer is done with this slice */
-    uint64_t end = len - at < (64u << 10) ? len : at + (64u << 10);
-    for (uint64_t i = at; i < end; i += 64) sink += *(const volatile unsigned char *)(p + i);
-  }
-  __asm__ volatile("" : : "r"(sink));
-}
-
-static void *warm_thread(void *arg) {
-  warm_t *wm = arg;
-  uint64_t done = 0;
-  while (!atomic_load(&wm->stop)) {
-    uint64_t s = atomic_load_explicit(&wm->seq, memory_order_acquire);
-    if (s == done) {
-      /* a writer posts a piece per chunk written (~100 us per MiB): waiting a little longer than
-       * that keeps a futex wake-up (tens of us on a VM) out of each piece. Past the first few
-       * microseconds the wait yields the core: the writer may share it (a loaded machine, a FIFO
-       * policy that never time-slices threads of equal priority). */
-      uint64_t t0 = now_ns(), t = t0;
-      for (int spin = 0; atomic_load_explicit(&wm->seq, memory_order_acquire) == done && !atomic_load(&wm->stop); spin++) {
-        if ((spin & 63) == 0 && (t = now_ns()) > t0 + WARM_SPIN_NS) break;
-        if (t > t0 + WARM_PAUSE_NS)
-          sched_yield();
-        else
-          CPU_RELAX();
-      }
-      if (atomic_load_explicit(&wm->seq, memory_order_acquire) != done) continue;
-      unsigned w = atomic_load(&wm->word);
-      atomic_store(&wm->sleeping, 1);
-      if (atomic_load(&wm->seq) == done && !atomic_load(&wm->stop)) {
-        struct timespec t = {1, 0}; /* ex_destroy wakes it; the timeout only bounds the wait */
-        futex(&wm->word, FUTEX_WAIT_PRIVATE, w, &t);
-      }
-      atomic_store(&wm->sleeping, 0);
-      continue;
-    }
-    done = s;
-    const char *p = (const char *)atomic_load(&wm->addr);
-    uint64_t len = atomic_load(&wm->len);
-    atomic_store(&wm->active, s);
-    if (atomic_load(&wm->cancel) < s) warm_read(wm, s, p, len);
-    atomic_store(&wm->active, 0);
-  }
-  return NULL;
-}
-
-/* 1 when the caller now owns the warmer (a WRITE of more than one piece), 0 when another writer
- * does or it is off. */
-static int warm_claim(executor_t *ex) {
-  int free_ = 0;
-  return ex->warm.started && atomic_compare_exchange_strong(&ex->warm.owner, &free_, 1);
-}
-
-/* The owner's next piece: the helper reads [p, p + len) while the owner writes the current one. */
-static void warm_post(executor_t *ex, const char *p, uint64_t len) {
-  warm_t *wm = &ex->warm;
-  atomic_store(&wm->addr, (uintptr_t)p);
-  atomic_store(&wm->len, len);
-  uint64_t s = atomic_fetch_add(&wm->seq, 1) + 1;
-  atomic_store(&wm->word, (unsigned)s);
-  if (atomic_load(&wm->sleeping)) futex(&wm->word, FUTEX_WAKE_PRIVATE, 1, NULL);
-  atomic_fetch_add(&ex->st_warm_pieces, 1);
-}
-
-/* The owner is done (its slice may complete and its memory go once this returns): the helper
- * stops reading what it posted (it checks every 64 KiB) before the warmer is free again. */
-static void warm_release(executor_t *ex) {
-  warm_t *wm = &ex->warm;
-  uint64_t last = atomic_load(&wm->seq);
-  atomic_store(&wm->cancel, last);
-  for (int spin = 0;; spin++) {
-    uint64_t a = atomic_load(&wm->active);
-    if (a == 0 || a > last) break;
-    if (spin < 1000)
-      CPU_RELAX();
-    else
-      sched_yield(); /* the helper was preempted mid-64 KiB; it stops at its next check */
-  }
-  atomic_store(&wm->owner, 0);
-}
-
-/* Before writing [mem, mem + len) of a buffered WRITE io: post the piece after it to the warmer
- * (claiming it on the first piece of a WRITE with more than one). *owned tracks the claim. */
-static void warm_next(executor_t *ex, const io_t *io, const char *mem, uint64_t len, int *owned) {
-  uint64_t rest = io->end - io->pos, piece = ex->chunk ? ex->chunk : len;
-  if (rest <= len) return;
-  uint64_t from = len, to = len + WARM_LEAD * piece; /* first piece: the next WARM_LEAD pieces */
-  if (*owned)
-    from = len + (WARM_LEAD - 1) * piece; /* later ones: the piece WARM_LEAD ahead, the rest is posted */
-  else if (!(*owned = warm_claim(ex)))
+/* Read [p, p + len) (one load per cache line) on this thread just before writing it: see the
+ * header, write_warm. Only pieces of buffered WRITE slices cut for several writers: alone, a
+ * writer would read the source twice in a row for nothing. */
+static void warm_source(executor_t *ex, const io_t *io, const char *p, uint64_t len) {
+  const tent_slice_t *s = &io->job->s;
+  if (!ex->write_warm || s->opcode != TENT_OP_WRITE || io->used_direct || !ex->chunk || s->length <= ex->chunk)
     return;
-  if (to > rest) to = rest;
-  if (from < to) warm_post(ex, mem + from, to - from);
+  unsigned long sink = 0;
+  for (uint64_t i = 0; i < len; i += 64) sink += *(const volatile unsigned char *)(p + i);
+  __asm__ volatile("" : : "r"(sink));
+  atomic_fetch_add(&ex->st_warm_pieces, 1);
 }
 
 /* Stream ordering: wait until the batch's CUDA event is done (or its deadline, or a cancel). */
@@ -989,19 +869,17 @@ static void run_sync(executor_t *ex, const work_t *w) {
     io_done(ex, &io, run_gpu(ex, &io));
     return;
   }
-  int warm = 0;
   for (;;) {
     int fd;
     char *mem;
     uint64_t off, len;
     io_next(ex, &io, &fd, &mem, &off, &len);
-    if (ex->write_warm && io.job->s.opcode == TENT_OP_WRITE && !io.used_direct) warm_next(ex, &io, mem, len, &warm);
+    if (io.job->s.opcode == TENT_OP_WRITE) warm_source(ex, &io, mem, len);
     ssize_t n = io.job->s.opcode == TENT_OP_READ ? pread(fd, mem, len, (off_t)off) : pwrite(fd, mem, len, (off_t)off);
     atomic_fetch_add(&ex->st_sync_ios, 1);
     int64_t res = n < 0 ? -(int64_t)errno : (int64_t)n;
     if (!io_advance(ex, &io, res, &st)) break;
   }
-  if (warm) warm_release(ex);
   io_done(ex, &io, st);
 }
 
@@ -1018,15 +896,7 @@ static void *worker_sync(void *arg) {
  * pwrite (see the header: io_uring would run it on its io-wq thread). The file's first buffered
  * WRITE tries RWF_NOWAIT to learn which kind it is. Returns 1 when the io is done (*st set), 0
  * when it goes through the ring (the filesystem writes without blocking; part of it may be done). */
-static int write_on_worker_(executor_t *ex, io_t *io, int *st, int *warm);
-
 static int write_on_worker(executor_t *ex, io_t *io, int *st) {
-  int warm = 0, done = write_on_worker_(ex, io, st, &warm);
-  if (warm) warm_release(ex);
-  return done;
-}
-
-static int write_on_worker_(executor_t *ex, io_t *io, int *st, int *warm) {
   gfile_t *f = io->file;
   int kind = atomic_load_explicit(&f->nowait_write, memory_order_relaxed);
   if (io->job->s.opcode != TENT_OP_WRITE || io->direct_ok || kind == 1) return 0;
@@ -1035,7 +905,7 @@ static int write_on_worker_(executor_t *ex, io_t *io, int *st, int *warm) {
     char *mem;
     uint64_t off, len;
     io_next(ex, io, &fd, &mem, &off, &len);
-    if (ex->write_warm && kind == 0) warm_next(ex, io, mem, len, warm);
+    if (kind == 0) warm_source(ex, io, mem, len); /* not before the RWF_NOWAIT try: it may go to the ring */
     ssize_t n;
     if (kind < 0) {
       struct iovec v = {mem, len};
@@ -1339,15 +1209,6 @@ static void *ex_create(const tent_host_api_t *host, const char *config, char *er
     }
     ex->started++;
   }
-  if (ex->write_warm && !ex->direct) { /* O_DIRECT WRITEs copy nothing through the page cache */
-    int rc = pthread_create(&ex->warm.thread, NULL, warm_thread, &ex->warm);
-    if (rc) {
-      snprintf(err, errlen, "tent_gds: pthread_create (write warmer): %s", strerror(rc));
-      ex_destroy(ex);
-      return NULL;
-    }
-    ex->warm.started = 1;
-  }
   return ex;
 }
 
@@ -1360,13 +1221,6 @@ static void ex_destroy(void *self) {
   pthread_mutex_unlock(&ex->mu);
   /* uring workers drain their in-flight I/O before they see stop */
   for (uint32_t i = 0; i < ex->started; i++) pthread_join(ex->workers[i].thread, NULL);
-  if (ex->warm.started) { /* the workers are gone: nobody owns the warmer */
-    atomic_store(&ex->warm.stop, 1);
-    atomic_fetch_add(&ex->warm.word, 1);
-    futex(&ex->warm.word, FUTEX_WAKE_PRIVATE, 1, NULL);
-    pthread_join(ex->warm.thread, NULL);
-    ex->warm.started = 0;
-  }
   for (uint32_t i = 0; i < MAX_THREADS; i++) {
     worker_t *wk = &ex->workers[i];
     if (wk->has_ring) uring_close(&wk->ring);
@@ -1397,7 +1251,7 @@ static void ex_destroy(void *self) {
 /* Is slice `s` a buffered WRITE that one worker writes whole (see the header, "One writer per
  * buffered WRITE")? Decided from the executor's config alone: no file lookup on the submit path. */
 static int whole_write(const executor_t *ex, const tent_slice_t *s) {
-  return !ex->split_writes && s->opcode == TENT_OP_WRITE && !ex->direct && ex->chunk && s->length > ex->chunk &&
+  return !ex->split_writes && !ex->write_warm && s->opcode == TENT_OP_WRITE && !ex->direct && ex->chunk && s->length > ex->chunk &&
          !__atomic_load_n(&ex->ngbufs, __ATOMIC_RELAXED);
 }
 

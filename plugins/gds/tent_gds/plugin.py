@@ -214,8 +214,9 @@ class GdsTransport(Transport):
         # buffered WRITEs longer than chunk are cut into pieces for several workers like READs
         # (default: one worker writes each such slice in order; the kernel serializes writers per file)
         "split_writes": False,
-        # a helper thread reads the next piece's source of a buffered WRITE while the writer copies the
-        # current one under the file's lock, so that copy reads from the cache (off: the writer alone)
+        # buffered WRITEs longer than chunk are cut into pieces for all workers, each of which reads a
+        # piece's source just before its pwrite, while another copies under the file's lock: the copy
+        # then reads from the cache (off: one worker writes each such slice whole, unless split_writes)
         "write_warm": True,
         "cufile": "auto",  # "auto" (cuFile when it works), "on" (start fails without it), "off"
         "cufile_lib": None,  # path of libcufile (default: TENT_CUFILE, the nvidia-cufile wheel, the loader path)
@@ -336,7 +337,7 @@ class GdsTransport(Transport):
         submitting thread's non-blocking I/Os and the slices it finished (``nowait_ios`` / ``nowait_slices``);
         buffered WRITE slices one worker wrote whole (``whole_writes``); WRITE slices the submitting thread
         wrote with a blocking pwrite (``inline_writes``, ``inline_write_bytes``); WRITE pieces whose source
-        the warmer read ahead of the writer (``warm_pieces``, ``write_warm``)."""
+        a worker read just before writing it (``warm_pieces``, ``write_warm``)."""
         assert self._lib is not None
         out = (ctypes.c_uint64 * 16)()
         self._lib.stats(self.executor.handle, out)
