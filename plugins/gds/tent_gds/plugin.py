@@ -214,6 +214,10 @@ class GdsTransport(Transport):
         # buffered WRITEs longer than chunk are cut into pieces for several workers like READs
         # (default: one worker writes each such slice in order; the kernel serializes writers per file)
         "split_writes": False,
+        # buffered WRITEs longer than chunk are cut into pieces for all workers, each of which reads a
+        # piece's source just before its pwrite, while another copies under the file's lock: the copy
+        # then reads from the cache (off: one worker writes each such slice whole, unless split_writes)
+        "write_warm": True,
         "cufile": "auto",  # "auto" (cuFile when it works), "on" (start fails without it), "off"
         "cufile_lib": None,  # path of libcufile (default: TENT_CUFILE, the nvidia-cufile wheel, the loader path)
         "cuda_lib": None,  # path of the CUDA driver library (default: libcuda.so.1 on the loader path)
@@ -287,6 +291,7 @@ class GdsTransport(Transport):
             "nowait": int(bool(cfg["nowait"])),
             "inline_write_bytes": max(0, int(cfg["inline_write_bytes"])),
             "split_writes": int(bool(cfg["split_writes"])),
+            "write_warm": int(bool(cfg["write_warm"])),
             "cufile": cufile,
             "cufile_lib": find_cufile_library(cfg["cufile_lib"]) or "",
             "cuda_lib": str(cfg["cuda_lib"] or ""),
@@ -331,9 +336,10 @@ class GdsTransport(Transport):
         """Executor counters: bytes moved direct / buffered, I/O requests, slices ok / failed; the
         submitting thread's non-blocking I/Os and the slices it finished (``nowait_ios`` / ``nowait_slices``);
         buffered WRITE slices one worker wrote whole (``whole_writes``); WRITE slices the submitting thread
-        wrote with a blocking pwrite (``inline_writes``, ``inline_write_bytes``)."""
+        wrote with a blocking pwrite (``inline_writes``, ``inline_write_bytes``); WRITE pieces whose source
+        a worker read just before writing it (``warm_pieces``, ``write_warm``)."""
         assert self._lib is not None
-        out = (ctypes.c_uint64 * 15)()
+        out = (ctypes.c_uint64 * 16)()
         self._lib.stats(self.executor.handle, out)
         keys = (
             "direct_bytes",
@@ -351,6 +357,7 @@ class GdsTransport(Transport):
             "nowait_slices",
             "whole_writes",
             "inline_writes",
+            "warm_pieces",
         )
         st = {k: int(out[i]) for i, k in enumerate(keys)}
         st["ordered_chunks"] = int(self._lib.ordered(self.executor.handle))

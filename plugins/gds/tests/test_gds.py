@@ -357,14 +357,15 @@ def test_uring_buffered_writes_the_filesystem_would_block_run_on_the_worker(wher
 def test_buffered_write_slices_have_one_writer(engine: str, where: str, tmp_path: Path) -> None:
     """The kernel serializes buffered writes to one file, so a buffered WRITE slice longer than a
     chunk is queued whole and one worker writes it in order (stat whole_writes), in chunk-sized
-    requests; slices up to a chunk, READs, O_DIRECT executors and split_writes=1 are cut as before.
+    requests, where write_warm is off; slices up to a chunk, READs, O_DIRECT executors, split_writes=1
+    and write_warm (the default: the workers read each piece's source before writing it) cut them.
     Every byte lands where it belongs, at odd offsets and lengths, next to READs in one batch."""
     directory = tmp_path if where == "tmp_path" else Path(where)
     if not directory.is_dir():
         pytest.skip(f"no {where}")
     size, piece = 16 << 20, 1 << 20
     f = directory / f"gds-whole-{os.getpid()}.bin"
-    for cfg, whole in (({}, True), ({"split_writes": 1}, False), ({"direct": 1}, False)):
+    for cfg, whole in (({"write_warm": 0}, True), ({}, False), ({"split_writes": 1, "write_warm": 0}, False), ({"direct": 1}, False)):
         tr = make_transport(engine=engine, threads=2, queue_depth=8, chunk=piece, **cfg)
         try:
             old = pattern(size, 40)
@@ -401,7 +402,7 @@ def test_whole_write_cancelled_and_out_of_bounds(tmp_path: Path) -> None:
     """A WRITE kept whole fails like a cut one: past the file's end it is E_BOUNDS with the file
     untouched, into a read-only registration E_PERMISSION, and a cancelled batch's is E_CANCELLED."""
     size, piece = 4 << 20, 1 << 20
-    tr = make_transport(threads=2, queue_depth=8, chunk=piece)
+    tr = make_transport(threads=2, queue_depth=8, chunk=piece, write_warm=0)
     try:
         old = pattern(size, 42)
         f = make_file(tmp_path / "whole-errors.bin", old)
@@ -420,6 +421,94 @@ def test_whole_write_cancelled_and_out_of_bounds(tmp_path: Path) -> None:
         assert tr.stats()["whole_writes"] == 3
     finally:
         tr.close()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("where", ["tmp_path", "/dev/shm"])
+def test_write_warm_pieces_read_before_written(engine: str, where: str, tmp_path: Path) -> None:
+    """With write_warm (default) a buffered WRITE longer than a chunk is cut into pieces for all
+    workers, and each piece's source is read by its writer just before its pwrite (stat
+    warm_pieces: one per piece of such slices; slices up to a chunk, and write_warm=0, read none).
+    Every byte lands where it belongs, at odd offsets and lengths, two long WRITEs in one batch."""
+    directory = tmp_path if where == "tmp_path" else Path(where)
+    if not directory.is_dir():
+        pytest.skip(f"no {where}")
+    size, piece = 16 << 20, 256 << 10
+    f = directory / f"gds-warm-{os.getpid()}.bin"
+    for warm in (1, 0):
+        tr = make_transport(engine=engine, threads=2, queue_depth=8, chunk=piece, write_warm=warm)
+        try:
+            old = pattern(size, 60)
+            make_file(f, old)
+            h = tr.connect(peer(), [rbuf(BASE, f)]).handle
+            src = aligned(size)
+            src[:] = pattern(size, 61)
+            # 14 and 18 pieces (the last ones short), and one of a single piece
+            writes = [(7, 4096 + 7, 13 * piece + 4093), (20 * piece + 5, 30 * piece + 5, 17 * piece + 1), (3, 50 * piece, piece)]
+            s0 = tr.stats()
+            b = many(tr, [(WRITE, src.ctypes.data + lo, BASE + fo, n) for lo, fo, n in writes], h)
+            assert b.error == 0 and b.bytes_done == sum(n for _, _, n in writes)
+            s1 = tr.stats()
+            want = old.copy()
+            for lo, fo, n in writes:
+                want[fo : fo + n] = src[lo : lo + n]
+            assert np.array_equal(np.fromfile(f, np.uint8), want)
+            nowait_fs = s1["uring_ios"] > s0["uring_ios"]  # tmpfs takes buffered WRITEs on the ring
+            warmed = s1["warm_pieces"] - s0["warm_pieces"]
+            if warm and not nowait_fs:
+                assert warmed == 14 + 18
+            elif not warm:
+                assert warmed == 0
+            assert s1["whole_writes"] - s0["whole_writes"] == (0 if warm else 2)
+            assert s1["slices_ok"] - s0["slices_ok"] == 3
+        finally:
+            tr.close()
+            f.unlink(missing_ok=True)
+
+
+_WARM_UNMAP_CHILD = """
+import ctypes, os, sys
+import numpy as np
+sys.path.insert(0, sys.argv[4])
+from test_gds import BASE, WRITE, make_transport, one, pattern, peer, rbuf
+from pathlib import Path
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+path, engine, rounds = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+size, piece = 4 << 20, 256 << 10
+tr = make_transport(engine=engine, threads=2, queue_depth=8, chunk=piece)
+h = tr.connect(peer(), [rbuf(BASE, path)]).handle
+for r in range(rounds):
+    addr = libc.mmap(None, size, 3, 0x22, -1, 0)  # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS
+    assert addr not in (None, ctypes.c_void_p(-1).value)
+    src = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(addr))
+    src[:] = pattern(size, 1000 + r)
+    last = src.copy()
+    assert one(tr, WRITE, addr, BASE, size, h) == 0
+    del src
+    assert libc.munmap(addr, size) == 0  # the slice completed: nothing may read its memory now
+want = np.fromfile(path, np.uint8)
+assert np.array_equal(want, last), "file bytes"
+print("warm_pieces", tr.stats()["warm_pieces"])
+tr.close()
+"""
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_write_warm_reads_no_memory_after_a_write_completes(engine: str, tmp_path: Path) -> None:
+    """A WRITE's memory may be unmapped the moment its slice completes: no worker may read a piece's
+    source (write_warm) after the slice is done. A child process writes 4 MiB (16 pieces) from a
+    fresh mapping and unmaps it at once, 150 times; a read of unmapped memory would kill it."""
+    import subprocess
+
+    f = make_file(tmp_path / "warm-unmap.bin", pattern(4 << 20, 70))
+    out = subprocess.run([sys.executable, "-c", _WARM_UNMAP_CHILD, str(f), engine, "150", str(Path(__file__).parent)],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    posted = int(out.stdout.split("warm_pieces")[1].split()[0])
+    assert posted == 150 * 16
 
 
 # ------------------------------------------------------------------ O_DIRECT
