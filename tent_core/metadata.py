@@ -47,7 +47,6 @@ _DEFAULTS = EngineConfig()
 FROM_ENV: Any = object()
 RECV_HWM = 1000  # messages queued from one peer before ZeroMQ stops reading its socket
 MAX_DEFERRED = 4096  # deferred replies outstanding before requests are refused as busy
-_TICK_MS = 100  # the serving loop's longest sleep: deferred replies' deadlines are enforced this often
 
 
 def host_identity() -> str:
@@ -141,30 +140,23 @@ class ControlServer:
         poller.register(notifier.fileno(), zmq.POLLIN)
         self._deferred: list[tuple[bytes, Any, Future[dict[str, Any]] | BatchReply]] = []
         self._wake_w = wake_w
-        last_expire = last_flush = time.monotonic()
+        last_expire = time.monotonic()
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
                 if now - last_expire > 1.0:
                     last_expire = now
                     self._sessions.expire(now)
-                events = dict(poller.poll(_TICK_MS))
-                signalled = False
+                events = dict(poller.poll(100))
                 if wake_r in events:
-                    signalled = True
                     try:
                         os.read(wake_r, 4096)
                     except OSError:
                         pass
                 if notifier.fileno() in events:
-                    signalled = True
                     notifier.drain()
-                # A deferred reply turns ready only with a signal (a future's callback, an armed batch's
-                # notifier), so a request's arrival does not rescan them (a pass per staged chunk on
-                # the control thread); every tick they are looked at anyway, since a BatchReply's
-                # done() also enforces its batch's deadline.
-                if self._deferred and (signalled or time.monotonic() - last_flush >= _TICK_MS / 1000):
-                    last_flush = time.monotonic()
+                # every tick too: a BatchReply's done() also enforces its batch's deadline
+                if self._deferred:
                     self._flush_deferred()
                 if self._sock not in events:
                     continue

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -165,19 +164,6 @@ class _CopyReply(BatchReply):
         self.notifier = notifier
         if self.batch is not None:
             self.batch.notify(notifier)
-        elif self.finished:
-            self.wake()
-
-    def wake(self) -> None:
-        """Tell the control server this reply is ready though no batch of it finished (a copy that
-        failed before reaching the device): the server rescans its deferred replies only when
-        signalled or once per tick."""
-        notifier = self.notifier
-        if notifier is not None:
-            try:
-                os.eventfd_write(notifier.fileno(), 1)
-            except (OSError, ValueError):
-                pass  # the server is closing: it fails every deferred reply itself
 
     def done(self) -> bool:
         handle: BatchHandle | None = self.batch
@@ -363,7 +349,6 @@ class TargetStager:
         except errors.TentError as exc:
             copy.failure = exc
             self._copy_finished(copy)
-            copy.wake()
             return
         copy.batch = handle
         with copy.sess.lock:
@@ -383,7 +368,6 @@ class TargetStager:
             copy.finished = True
             copy.failure = why
         self._copy_done(sess)
-        copy.wake()
 
     def _copy_finished(self, copy: _CopyReply) -> None:
         """A copy's batch finished (done or failed): count it and let its session go on. Once per copy,

@@ -308,8 +308,8 @@ def _open_when_free(c: ControlClient, depth: int) -> dict:
 
 def test_a_queued_copy_of_a_closed_session_gets_its_error_reply(slow_peer):
     """A copy that never reached the device (waiting behind the session's running one) when the
-    session closes is replied with its error by the control thread, which rescans its deferred
-    replies only when signalled: the dropped copy signals it itself, having no batch that would."""
+    session closes gets its error reply (no batch of it ever finishes to signal the control
+    thread), and the copy already on the device gets its own at its deadline."""
     c = ControlClient(slow_peer.engine_id)
     try:
         rep = _open_when_free(c, 2)
