@@ -297,6 +297,42 @@ def test_a_copy_past_its_deadline_fails_and_its_slot_waits_for_the_device(slow_p
         c.close()
 
 
+def _open_when_free(c: ControlClient, depth: int) -> dict:
+    end = time.monotonic() + 30
+    while True:
+        rep = _open(c, depth)
+        if rep["ok"] or not rep["error"].startswith("busy") or time.monotonic() > end:
+            return rep
+        time.sleep(0.2)  # an earlier test's copy still holds a slot on the device
+
+
+def test_a_queued_copy_of_a_closed_session_gets_its_error_reply(slow_peer):
+    """A copy that never reached the device (waiting behind the session's running one) when the
+    session closes gets its error reply (no batch of it ever finishes to signal the control
+    thread), and the copy already on the device gets its own at its deadline."""
+    c = ControlClient(slow_peer.engine_id)
+    try:
+        rep = _open_when_free(c, 2)
+        assert rep["ok"], rep
+        sid = rep["sid"]
+        running, queued = (c.send({"op": "stage_push", "sid": sid, "slot": i, "off": i << 20, "len": 1 << 20}, 10)
+                           for i in range(2))
+        assert c.call({"op": "stage_close", "sid": sid}, 10)["ok"]
+        got: dict[int, dict] = {}
+        end = time.monotonic() + 20
+        while len(got) < 2 and time.monotonic() < end:
+            for r in c.replies(max(0.0, end - time.monotonic())):
+                got[r["id"]] = r
+        assert sorted(got) == sorted([running, queued])
+        assert not got[queued]["ok"] and got[queued]["code"] == "InvalidRequestError", got[queued]
+        assert f"session {sid} is closed" in got[queued]["error"]
+        # the running copy outlives its 0.3 s deadline on the device
+        assert not got[running]["ok"] and got[running]["code"] == "DeadlineExceededError", got[running]
+        assert c.call({"op": "ping"}, 10)["ok"]
+    finally:
+        c.close()
+
+
 def test_a_failing_target_copy_fails_the_transfer_with_its_error(host_engine, slow_peer):
     buf = host_engine.allocate(2 << 20)
     # chunk 0's copy misses its deadline on the device, chunk 1's waiting behind it in the session's
