@@ -32,11 +32,12 @@ each rail's state from rows the engine publishes (`rails.publish`: when the entr
 health tick, after each plan over the rail, and the health weight when a slice fails), only for
 rails a cached entry reads (`FastPath.rail_watched`); what it gives a rail is folded into that
 rail's telemetry at the next tick (`rails.fold_fast`, after the tick has read the rail's native
-stats, so each byte leaves pending exactly once), as the planner's own assignments are. Health
-changes the clock makes rather than an event (a quiet period ending, a re-admission step) reach
-the fast path at the next health tick (every `recovery.HEALTH_TICK_S`); until then it uses the last
-published weight. Whatever that choice cannot serve (every rail excluded, a rail not published,
-an elephant of the same class) goes to the planner.
+stats, so each byte leaves pending exactly once), as the planner's own assignments are. A failed
+slice's health change reaches the fast path as the failure is handled; every other one (a quiet
+period ending, a re-admission step, a heartbeat judged) at the next health tick (every
+`recovery.HEALTH_TICK_S`): until then the fast path uses the last published weight. Whatever
+that choice cannot serve (every rail excluded, a rail not published, an elephant of the same
+class) goes to the planner.
 """
 
 from __future__ import annotations
