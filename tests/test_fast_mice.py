@@ -14,6 +14,7 @@ from peers import Peer
 
 from tent_core import READ, Engine, Request
 from tent_core.rail_monitor import RailState
+from tent_core.recovery import PROBE_BYTES, PROGRESS
 from tent_core.testing import TENT_E_IO, FaultPlugin, pattern
 
 RAILS2 = {"rails": ["127.0.0.1", "127.0.0.2"]}
@@ -115,8 +116,6 @@ def test_a_mouse_placed_during_a_tick_counts_in_pending_bytes_exactly_once(peer)
     reads the stats before it folds). The ticks after it come well within pending_ttl_s, so only
     the reconcile can clear it; the settling waits the TTL out once, for what the first tick of a
     new route cannot reconcile (the connecting read)."""
-    from tent_core.recovery import PROGRESS
-
     ttl = 0.5
     cfg = {"transports": {"tcp": RAILS2}, "scheduler": {"pending_ttl_s": ttl}}
     with Engine(cfg, transports=["tcp"]) as eng:
@@ -168,8 +167,6 @@ def test_the_tick_publishes_only_rails_a_cached_entry_of_mice_reads(peer):
     """The health tick publishes a multi-rail route's rails only while a cached entry of mice reads
     them (or they hold native assignments not folded yet): a route of elephants, or one whose
     entries a generation change dropped, costs the tick no publish."""
-    from tent_core.recovery import PROGRESS
-
     with Engine({"transports": {"tcp": RAILS2}}, transports=["tcp"]) as eng:
         local = eng.allocate(SIZE)
         eng.read(local, peer.seg("ro"), 8 * MiB)  # an elephant: sprayed, nothing cached
@@ -290,5 +287,8 @@ def test_native_mice_fail_over_when_a_real_rail_goes_down():
     assert done["intact"], done  # every mouse of the failover landed the right bytes
     assert done["paused_after_s"] is not None and done["paused_now"], done
     assert done["mice_after"] == 32 * 16, done  # still placed natively ...
-    # ... and none on the dead rail: nothing completed, failed or hangs there but a heartbeat or two
-    assert done["rail1_after"] == 0 and done["rail1_errors_after"] <= 2 and done["rail1_inflight"] <= 1, json.dumps(done)
+    # ... and none on the dead rail: nothing completed, failed or hangs there but heartbeats (one
+    # is due every cooldown, 0.05-0.15 s, and waits probe_timeout_s, 0.25 s, before it is cut, so
+    # two or three can be in flight at once)
+    assert done["rail1_after"] == 0 and done["rail1_errors_after"] <= 2, json.dumps(done)
+    assert done["rail1_inflight"] <= 4 and done["rail1_inflight_bytes"] <= done["rail1_inflight"] * PROBE_BYTES, json.dumps(done)
