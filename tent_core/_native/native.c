@@ -1602,8 +1602,9 @@ static PyObject *py_mouse_pick(PyObject *m, PyObject *args) {
 }
 
 /* The per-rail state the fast path's mouse choice reads, one row per telemetry slot, published by
- * the engine (FastPath.rail_publish: at each health tick, when a plan is cached, when a slice
- * fails) from the rail's telemetry and health. `added` is what the fast path itself gave the rail
+ * the engine (FastPath.rail_publish: when a plan is cached, then at each health tick and after
+ * each plan over the rail while rail_watched says a cached entry reads it; the weight alone when
+ * a slice fails) from the rail's telemetry and health. `added` is what the fast path itself gave the rail
  * since: the health tick folds it into the telemetry's pending bytes (rail_added) and publishes
  * again with it taken off, so no byte is counted twice or lost in between. */
 typedef struct {
