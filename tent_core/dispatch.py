@@ -29,10 +29,15 @@ cached too, with the route's candidate rails instead of one: its rail is still c
 in C, by the scheduler's own policy (`slice_scheduler.pick_mouse`: predicted cost, health weight,
 stale rails, QoS slots; its native twin decides alike from the same numbers). The fast path reads
 each rail's state from rows the engine publishes (`rails.publish`: when the entry is made, at each
-health tick, and the health weight when a slice fails); what it gives a rail is folded into that
-rail's telemetry at the next tick (`rails.fold_fast`), as the planner's own assignments are.
-Whatever that choice cannot serve (every rail excluded, a rail not published, an elephant of the
-same class) goes to the planner.
+health tick, after each plan over the rail, and the health weight when a slice fails), only for
+rails a cached entry reads (`FastPath.rail_watched`); what it gives a rail is folded into that
+rail's telemetry at the next tick (`rails.fold_fast`, after the tick has read the rail's native
+stats, so each byte leaves pending exactly once), as the planner's own assignments are. A failed
+slice's health change reaches the fast path as the failure is handled; every other one (a quiet
+period ending, a re-admission step, a heartbeat judged) at the next health tick (every
+`recovery.HEALTH_TICK_S`): until then the fast path uses the last published weight. Whatever
+that choice cannot serve (every rail excluded, a rail not published, an elephant of the same
+class) goes to the planner.
 """
 
 from __future__ import annotations
@@ -331,11 +336,13 @@ class Submitter:
         if not any(health):
             weights = None  # every rail paused: try them all rather than fail; retries sort it out
         slices = self.scheduler.plan(length, [r.telemetry for r in rails], prio, weights)
-        if self.fast is not None and self._mice_below:
+        fast = self.fast
+        if fast is not None and self._mice_below:
             # the bytes this plan gave the rails count for the fast path's next mouse at once, not
-            # from the next health tick on
+            # from the next health tick on (only where a cached entry of mice reads them)
             for r, w in zip(rails, health, strict=True):
-                publish(self.fast, r, w)
+                if fast.rail_watched(r.stat_index):
+                    publish(fast, r, w)
         if len(slices) == 1:  # a mouse: cut as on a single-rail route, not per min_slice_bytes
             self._one_rail(plan, route, rails[slices[0][0]], op, local, raddr, length, hint)
             return rails

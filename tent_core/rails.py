@@ -175,6 +175,9 @@ def fold_fast(fast: Any, rail: Rail) -> int:
     if added:
         tel = rail.telemetry
         tel.add_pending(added, max(added_ns, tel._pending_ns))
+        # negative: mice folded last tick whose batch then went to the planner after all; their
+        # bytes may have expired from pending meanwhile (pending_ttl_s), and pending never goes below 0
+        tel.pending_bytes = max(0, tel.pending_bytes)
     return int(added)
 
 

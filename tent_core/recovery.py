@@ -354,13 +354,24 @@ class Recovery:
             progressed = False
             for route in list(peer.routes.values()):
                 tels = []
-                # mice the native fast path placed on this route's rails since the last tick: into
-                # the telemetry as the planner's own (fold_fast), and back out to the fast path with
-                # what health and telemetry say now (publish, below)
-                folded = [fold_fast(fast, r) for r in route.rails] if fast is not None and len(route.rails) > 1 else None
-                for rail in route.rails:
+                # the rails whose rows the native fast path reads (a cached entry of mice names them)
+                # or that hold its assignments not folded yet: only those are published (below)
+                watched = ([fast.rail_watched(r.stat_index) for r in route.rails]
+                           if fast is not None and len(route.rails) > 1 else None)
+                folded: list[int | None] = [None] * len(route.rails)
+                for pos, rail in enumerate(route.rails):
                     tel = rail.telemetry
-                    delta = tel.observe(RAILS.row(rail.slot), now_ns)
+                    row: Any = RAILS.row(rail.slot)
+                    if watched is not None and watched[pos]:
+                        # mice the fast path placed here since the last tick go into the telemetry as
+                        # the planner's own (fold_fast). The row is read first: a mouse whose bytes
+                        # it shows was placed before, so it is folded now, and observe() takes its
+                        # bytes off pending exactly once (read after the fold, the row could show a
+                        # mouse placed in between, not yet pending, and the next fold would count
+                        # it once too often)
+                        row = row.copy()
+                        folded[pos] = fold_fast(fast, rail)
+                    delta = tel.observe(row, now_ns)
                     tels.append(tel)
                     if shared is not None:
                         self._share_load(shared, rail)
@@ -408,8 +419,8 @@ class Recovery:
                             # its queue was sized for its old rate: hand it back to be re-planned
                             log.info("rail %s to %s far slower than its siblings: DEGRADED", rail.info.name, peer.engine_id)
                             self.abort_rail(route, rail, in_flight=False)
-                if folded is not None:
-                    for rail, taken in zip(route.rails, folded, strict=True):
+                for rail, taken in zip(route.rails, folded, strict=True):
+                    if taken is not None:  # back out to the fast path, with what health says now
                         publish(fast, rail, self.monitor.weight(rail.slot, now), taken)
             liveness = peer.liveness
             if progressed and (liveness.outage is not None or liveness.state is not PeerState.ALIVE):

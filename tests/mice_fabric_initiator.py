@@ -70,6 +70,7 @@ def main() -> int:
         print(json.dumps({"phase": "done", "by_rail": before, "paused_after_s": paused_after, "intact": intact,
                           "mice_after": fast.mice - m1, "rail1_after": rail_bytes()[1] - frozen,
                           "rail1_errors_after": row1["errors"] - errs, "rail1_inflight": row1["inflight_slices"],
+                          "rail1_inflight_bytes": row1["inflight_bytes"],
                           "paused_now": eng.monitor.state(rails[1].slot, time.monotonic()) == RailState.PAUSED}),
               flush=True)  # fmt: skip
     return 0

@@ -1602,8 +1602,9 @@ static PyObject *py_mouse_pick(PyObject *m, PyObject *args) {
 }
 
 /* The per-rail state the fast path's mouse choice reads, one row per telemetry slot, published by
- * the engine (FastPath.rail_publish: at each health tick, when a plan is cached, when a slice
- * fails) from the rail's telemetry and health. `added` is what the fast path itself gave the rail
+ * the engine (FastPath.rail_publish: when a plan is cached, then at each health tick and after
+ * each plan over the rail while rail_watched says a cached entry reads it; the weight alone when
+ * a slice fails) from the rail's telemetry and health. `added` is what the fast path itself gave the rail
  * since: the health tick folds it into the telemetry's pending bytes (rail_added) and publishes
  * again with it taken off, so no byte is counted twice or lost in between. */
 typedef struct {
@@ -1613,6 +1614,7 @@ typedef struct {
   int64_t added, added_ns;
   double bw, penalty, weight;
   int busy;
+  uint64_t entry_gen; /* 1 + the generation of the last cached entry naming the rail (0: none) */
 } rail_row_t;
 
 /* FastEntry: the cached plan of one class of requests (remote segment, local buffer, op, priority,
@@ -2032,6 +2034,7 @@ static void slices_free(slice_buf_t *sb) {
  * planner after all, so the rows count only what was sent. */
 typedef struct {
   rail_row_t *row;
+  uint64_t stat_index; /* the rail that held the row then: a later holder's row is left alone */
   int64_t len, added_ns;
 } mouse_undo_t;
 
@@ -2072,7 +2075,7 @@ static int fast_mouse(FastPathObject *fp, FastEntryObject *e, int64_t len, long 
     ub->cap = cap;
   }
   rail_row_t *row = &fp->rows[e->rails_slot[r] & STAT_SLOT_MASK];
-  ub->u[ub->n++] = (mouse_undo_t){row, len, row->added_ns};
+  ub->u[ub->n++] = (mouse_undo_t){row, row->stat_index, len, row->added_ns};
   row->added += len; /* as the planner's add_pending: the next mouse sees this one's bytes */
   row->added_ns = now;
   if (flags & MOUSE_RR) fp->mouse_rr++;
@@ -2085,6 +2088,9 @@ static void mouse_undo(FastPathObject *fp, undo_buf_t *ub, uint64_t rr, unsigned
                        unsigned long long stale) {
   while (ub->n) {
     mouse_undo_t *x = &ub->u[--ub->n];
+    /* a collection run by a later request's key may have let another thread publish the slot
+     * for a new rail (its row starts from zero): nothing of this mouse is in it */
+    if (x->row->stat_index != x->stat_index) continue;
     x->row->added -= x->len;
     x->row->added_ns = x->added_ns;
   }
@@ -2379,6 +2385,10 @@ static PyObject *FastPath_put(FastPathObject *fp, PyObject *args) {
   if (!fp->enabled || !fp->cache || e->gen != fp->gen) Py_RETURN_FALSE; /* made under an older state: useless */
   if (PyDict_GET_SIZE(fp->cache) >= fp->max_entries && PyDict_Contains(fp->cache, key) == 0) PyDict_Clear(fp->cache);
   if (PyDict_SetItem(fp->cache, key, (PyObject *)e) < 0) return NULL;
+  for (int j = 0; j < e->nrails && fp->rows; j++) { /* its rails are watched from now on */
+    rail_row_t *row = &fp->rows[e->rails_slot[j] & STAT_SLOT_MASK];
+    if (row->stat_index == e->rails_slot[j]) row->entry_gen = fp->gen + 1;
+  }
   Py_RETURN_TRUE;
 }
 
@@ -2556,6 +2566,16 @@ static PyObject *FastPath_rail_weight(FastPathObject *fp, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* rail_watched(stat_index) -> bool: the rail's row matters to the fast path: an entry of the
+ * current generation reads it, or it holds assignments not folded yet. Only those are worth a
+ * publish at each health tick (a publish costs microseconds, a tick comes every few ms). */
+static PyObject *FastPath_rail_watched(FastPathObject *fp, PyObject *arg) {
+  unsigned long long si = PyLong_AsUnsignedLongLong(arg);
+  if (si == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  const rail_row_t *row = fp->rows ? &fp->rows[si & STAT_SLOT_MASK] : NULL;
+  return PyBool_FromLong(row && si && row->stat_index == si && (row->entry_gen == fp->gen + 1 || row->added != 0));
+}
+
 /* rail_added(stat_index) -> (bytes, ns): what the fast path gave the rail since the last publish,
  * and when it last did (0, 0 for a rail not published) */
 static PyObject *FastPath_rail_added(FastPathObject *fp, PyObject *arg) {
@@ -2581,10 +2601,13 @@ static PyMethodDef FastPath_methods[] = {
     {"key", (PyCFunction)FastPath_key, METH_O, "key(request) -> the cache key of its class, or None"},
     {"put", (PyCFunction)FastPath_put, METH_VARARGS, "put(key, entry) -> bool: cached (False: stale or closed)"},
     {"mouse_policy", (PyCFunction)FastPath_mouse_policy, METH_VARARGS,
-     "mouse_policy(b0, b1, gamma, stale_s, theta): the constants of the mouse choice on routes of several rails"},
+     "mouse_policy(b0, b1, gamma, stale_s, theta, qos=None): the constants of the mouse choice on routes of "
+     "several rails, and the scheduler's QoS slots (seen list, interval_ns, active_ns)"},
     {"rail_publish", (PyCFunction)FastPath_rail_publish, METH_VARARGS,
      "rail_publish(stat_index, base, pending, pending_ns, confirmed_ns, busy, bandwidth, penalty, weight, taken)"},
     {"rail_weight", (PyCFunction)FastPath_rail_weight, METH_VARARGS, "rail_weight(stat_index, weight)"},
+    {"rail_watched", (PyCFunction)FastPath_rail_watched, METH_O,
+     "rail_watched(stat_index) -> bool: a cached entry reads the rail's row, or it holds bytes to fold"},
     {"rail_added", (PyCFunction)FastPath_rail_added, METH_O, "rail_added(stat_index) -> (bytes, ns) given since"},
     {"invalidate", (PyCFunction)FastPath_invalidate, METH_NOARGS, "forget every entry (routes, peers or buffers changed)"},
     {"close", (PyCFunction)FastPath_close, METH_NOARGS, "forget everything and take no request any more"},
