@@ -79,7 +79,7 @@ from tent_core.request import WaitWord
 
 from .device import DeviceView, StreamHash, checksum_entry, device_view, wsum64_bytes
 from .server import client_auth
-from .window import RequestDelay, full_read_in_order
+from .window import RequestDelay, batch_seconds, full_read_in_order, piece_aligned_end
 
 log = logging.getLogger("refhub.client")
 _rlog = RateLimitedLog(log)
@@ -153,6 +153,8 @@ WAIT_PIECE = int(float(os.environ.get("REFHUB_WAIT_PIECE_KB", "256")) * 1024)
 WAIT_FULL = os.environ.get("REFHUB_WAIT_FULL", "auto").strip().lower()
 WAIT_FULL_LAG_S = float(os.environ.get("REFHUB_WAIT_FULL_LAG_S", "0.02"))
 WAIT_FULL_SPREAD = 4 * MB
+SERVING_GRAIN = os.environ.get("REFHUB_SERVING_GRAIN", "1") != "0"
+ALIGN_PIECES = os.environ.get("REFHUB_ALIGN_PIECES", "1") != "0"
 # A source whose every path has failed (stopped, or its links cut) is given up after this much silence
 # and the bytes are read from another copy. The engine itself keeps such a request waiting until its
 # deadline (a peer that comes back in time loses nothing), which for a pull is up to 10 s; refhub has
@@ -1719,7 +1721,10 @@ class ShardHandle:
                 window = max(WINDOW * batch_bytes, PARTIAL_MIN_WINDOW, min(MAX_INFLIGHT, int(rate * ahead)))
                 return
             if not thr:
-                batch_bytes = max(MIN_BATCH, min(BATCH, int(rate * BATCH_S)))
+                # in order because a pipeline reader waits on our word: our batches are its grain
+                fine = bool(waiting and SERVING_GRAIN and self._serving_v == v)
+                batch_s = batch_seconds(False, fine, BATCH_S, PARTIAL_BATCH_S)
+                batch_bytes = max(PARTIAL_MIN_BATCH if fine else MIN_BATCH, min(BATCH, int(rate * batch_s)))
             window = max(WINDOW * batch_bytes, min(MAX_INFLIGHT, int(rate * INFLIGHT_S)))
         last_report = time.monotonic()
         sleep = 0.0005
@@ -1783,6 +1788,8 @@ class ShardHandle:
                                     avail = _merge_avail(avail, self._complete_oldest(v, inflight, st, ver), issued)
                                 continue
                             end = min(avail, issued + batch_bytes)
+                            if waiting and ALIGN_PIECES:
+                                end = piece_aligned_end(issued, end, avail, WAIT_PIECE)
                             names = []
                             # each tensor's requests, in stream order, with the stream position each one ends at
                             per: list[list[tuple]] = []
