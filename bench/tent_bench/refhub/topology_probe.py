@@ -10,6 +10,9 @@ have landed (store-and-forward per ``PIECE``), so a chain pipelines like refhub'
 - ``striped``: the buffer is cut into N stripes; the publisher sends stripe i to r_i, and r_i
   forwards stripe i to every other receiver: every uplink carries about (N-1)/N of the data, each
   downlink one copy, and no receiver is more than one forwarding hop from the publisher.
+- ``striped_lockstep``: the same plan, but each node sends all its segments from one thread, one
+  ``PIECE`` of each in turn: no stripe runs ahead of another (with a thread per segment the kernel's
+  per-flow share decides, and a receiver ends with its slowest stripe).
 
 Per N, topology and round: each receiver's time from the common start until all its bytes landed;
 the summary is the median over rounds of the mean per receiver and its ratio to N = 1, next to the
@@ -208,7 +211,7 @@ def main() -> None:
     ap.add_argument("--size-mb", type=float, default=64)
     ap.add_argument("--rate", default="500mbit")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--kinds", default="chain,striped")
+    ap.add_argument("--kinds", default="chain,striped", help="chain, striped, striped_lockstep")
     a = ap.parse_args()
     ns = [int(x) for x in a.n.split(",")]
     kinds = a.kinds.split(",")
