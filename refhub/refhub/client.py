@@ -153,8 +153,15 @@ WAIT_PIECE = int(float(os.environ.get("REFHUB_WAIT_PIECE_KB", "256")) * 1024)
 WAIT_FULL = os.environ.get("REFHUB_WAIT_FULL", "auto").strip().lower()
 WAIT_FULL_LAG_S = float(os.environ.get("REFHUB_WAIT_FULL_LAG_S", "0.02"))
 WAIT_FULL_SPREAD = 4 * MB
-SERVING_GRAIN = os.environ.get("REFHUB_SERVING_GRAIN", "1") != "0"
-ALIGN_PIECES = os.environ.get("REFHUB_ALIGN_PIECES", "1") != "0"
+# Two ways to shorten the lag of a pipeline hop (docs/benchmarks.md, "Burst", issue 14), off until a quiet
+# A/B decides (`pipeline_ab --configs` with these set to 1 and 0; this session's host was too loaded to tell):
+# SERVING_GRAIN: a complete copy's reader that reads in order because a pipeline reader waits on it
+# batches at the partial readers' grain (refhub.window.batch_seconds; its 4x coarser batches made the
+# hop after it trail by 0.04-0.06 s where later hops trailed by ~0.02); ALIGN_PIECES: a batch of waiting READs
+# ends on a WAIT_PIECE boundary (refhub.window.piece_aligned_end), so each of its readers' pieces
+# is answered by one of its batches rather than two
+SERVING_GRAIN = os.environ.get("REFHUB_SERVING_GRAIN", "0") == "1"
+ALIGN_PIECES = os.environ.get("REFHUB_ALIGN_PIECES", "0") == "1"
 # A source whose every path has failed (stopped, or its links cut) is given up after this much silence
 # and the bytes are read from another copy. The engine itself keeps such a request waiting until its
 # deadline (a peer that comes back in time loses nothing), which for a pull is up to 10 s; refhub has
