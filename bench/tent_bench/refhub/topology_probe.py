@@ -10,6 +10,9 @@ have landed (store-and-forward per ``PIECE``), so a chain pipelines like refhub'
 - ``striped``: the buffer is cut into N stripes; the publisher sends stripe i to r_i, and r_i
   forwards stripe i to every other receiver: every uplink carries about (N-1)/N of the data, each
   downlink one copy, and no receiver is more than one forwarding hop from the publisher.
+- ``striped_lockstep``: the same plan, but each node sends all its segments from one thread, one
+  ``PIECE`` of each in turn: no stripe runs ahead of another (with a thread per segment the kernel's
+  per-flow share decides, and a receiver ends with its slowest stripe).
 
 Per N, topology and round: each receiver's time from the common start until all its bytes landed;
 the summary is the median over rounds of the mean per receiver and its ratio to N = 1, next to the
@@ -97,12 +100,42 @@ def _node(spec: dict) -> None:
         c.recv(1)
         c.close()
 
+    def tx_lockstep(sends: list) -> None:
+        # every segment of this node advances one PIECE at a time, in turn: no stripe runs ahead of
+        # another (with one thread per segment the kernel's per-flow share decides, and a receiver
+        # ends with its slowest stripe)
+        conns = []
+        for d, a, b in sends:
+            c = socket.create_connection((d, PORT), timeout=30)
+            c.sendall(HDR.pack(a, b - a))
+            conns.append(c)
+        off = 0
+        longest = max(b - a for _, a, b in sends)
+        while off < longest:
+            for c, (_, a, b) in zip(conns, sends, strict=True):
+                lo, hi = a + off, min(b, a + off + PIECE)
+                if lo >= hi:
+                    continue
+                with cv:
+                    while got[(a, b)] < hi - a:
+                        cv.wait(1.0)
+                c.sendall(mv[lo:hi])
+            off += PIECE
+        for c in conns:
+            c.shutdown(socket.SHUT_WR)
+        for c in conns:
+            c.recv(1)
+            c.close()
+
     acc = threading.Thread(target=acceptor, daemon=True)
     acc.start()
     print("ready", flush=True)
     t0 = float(sys.stdin.readline())
     time.sleep(max(0.0, t0 - time.monotonic()))
-    txs = [threading.Thread(target=tx, args=(d, a, b), daemon=True) for d, a, b in spec["send"]]
+    if spec.get("lockstep") and spec["send"]:
+        txs = [threading.Thread(target=tx_lockstep, args=(spec["send"],), daemon=True)]
+    else:
+        txs = [threading.Thread(target=tx, args=(d, a, b), daemon=True) for d, a, b in spec["send"]]
     for t in txs:
         t.start()
     acc.join(60)
@@ -144,11 +177,12 @@ def _tc_stats(nodes: net.Nodes, j: int) -> dict:
 
 
 def run_once(nodes: net.Nodes, kind: str, n: int, size: int) -> dict:
-    p = plan(kind, n, size)
+    p = plan("striped" if kind == "striped_lockstep" else kind, n, size)
     procs = {}
     tc0 = {j: _tc_stats(nodes, j) for j in p}
     for j, s in p.items():
         spec = {"size": size, "ip": nodes.ip(j), "full": s["full"], "recv": s["recv"],
+                "lockstep": kind == "striped_lockstep",
                 "send": [(nodes.ip(d), a, b) for d, a, b in s["send"]]}
         procs[j] = nodes.popen(j, [sys.executable, "-c",
                                    f"from tent_bench.refhub.topology_probe import _node; import json; _node(json.loads({json.dumps(json.dumps(spec))}))"],
@@ -177,7 +211,7 @@ def main() -> None:
     ap.add_argument("--size-mb", type=float, default=64)
     ap.add_argument("--rate", default="500mbit")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--kinds", default="chain,striped")
+    ap.add_argument("--kinds", default="chain,striped", help="chain, striped, striped_lockstep")
     a = ap.parse_args()
     ns = [int(x) for x in a.n.split(",")]
     kinds = a.kinds.split(",")
@@ -190,7 +224,7 @@ def main() -> None:
         for r in range(a.rounds):
             for n in ns:
                 for kind in (kinds if r % 2 == 0 else kinds[::-1]):
-                    if kind == "striped" and n == 1:
+                    if kind.startswith("striped") and n == 1:
                         continue  # the same as the chain
                     x = run_once(nodes, kind, n, size)
                     rows.setdefault((kind, n), []).append(x)
