@@ -79,7 +79,7 @@ from tent_core.request import WaitWord
 
 from .device import DeviceView, StreamHash, checksum_entry, device_view, wsum64_bytes
 from .server import client_auth
-from .window import RequestDelay, batch_seconds, full_read_in_order, piece_aligned_end
+from .window import RequestDelay, full_read_in_order
 
 log = logging.getLogger("refhub.client")
 _rlog = RateLimitedLog(log)
@@ -153,15 +153,6 @@ WAIT_PIECE = int(float(os.environ.get("REFHUB_WAIT_PIECE_KB", "256")) * 1024)
 WAIT_FULL = os.environ.get("REFHUB_WAIT_FULL", "auto").strip().lower()
 WAIT_FULL_LAG_S = float(os.environ.get("REFHUB_WAIT_FULL_LAG_S", "0.02"))
 WAIT_FULL_SPREAD = 4 * MB
-# Two ways to shorten the lag of a pipeline hop (docs/benchmarks.md, "Burst", issue 14), off until a quiet
-# A/B decides (`pipeline_ab --configs` with these set to 1 and 0; this session's host was too loaded to tell):
-# SERVING_GRAIN: a complete copy's reader that reads in order because a pipeline reader waits on it
-# batches at the partial readers' grain (refhub.window.batch_seconds; its 4x coarser batches made the
-# hop after it trail by 0.04-0.06 s where later hops trailed by ~0.02); ALIGN_PIECES: a batch of waiting READs
-# ends on a WAIT_PIECE boundary (refhub.window.piece_aligned_end), so each of its readers' pieces
-# is answered by one of its batches rather than two
-SERVING_GRAIN = os.environ.get("REFHUB_SERVING_GRAIN", "0") == "1"
-ALIGN_PIECES = os.environ.get("REFHUB_ALIGN_PIECES", "0") == "1"
 # A source whose every path has failed (stopped, or its links cut) is given up after this much silence
 # and the bytes are read from another copy. The engine itself keeps such a request waiting until its
 # deadline (a peer that comes back in time loses nothing), which for a pull is up to 10 s; refhub has
@@ -1728,10 +1719,7 @@ class ShardHandle:
                 window = max(WINDOW * batch_bytes, PARTIAL_MIN_WINDOW, min(MAX_INFLIGHT, int(rate * ahead)))
                 return
             if not thr:
-                # in order because a pipeline reader waits on our word: our batches are its grain
-                fine = bool(waiting and SERVING_GRAIN and self._serving_v == v)
-                batch_s = batch_seconds(False, fine, BATCH_S, PARTIAL_BATCH_S)
-                batch_bytes = max(PARTIAL_MIN_BATCH if fine else MIN_BATCH, min(BATCH, int(rate * batch_s)))
+                batch_bytes = max(MIN_BATCH, min(BATCH, int(rate * BATCH_S)))
             window = max(WINDOW * batch_bytes, min(MAX_INFLIGHT, int(rate * INFLIGHT_S)))
         last_report = time.monotonic()
         sleep = 0.0005
@@ -1795,8 +1783,6 @@ class ShardHandle:
                                     avail = _merge_avail(avail, self._complete_oldest(v, inflight, st, ver), issued)
                                 continue
                             end = min(avail, issued + batch_bytes)
-                            if waiting and ALIGN_PIECES:
-                                end = piece_aligned_end(issued, end, avail, WAIT_PIECE)
                             names = []
                             # each tensor's requests, in stream order, with the stream position each one ends at
                             per: list[list[tuple]] = []

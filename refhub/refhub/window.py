@@ -56,28 +56,3 @@ def full_read_in_order(rate_Bps: float, spread_bytes: int, lag_budget_s: float, 
     if not serving or rate_Bps <= 0 or spread_bytes <= 0:
         return False
     return spread_bytes / rate_Bps > lag_budget_s
-
-
-def batch_seconds(partial: bool, in_order_serving: bool, full_s: float, partial_s: float) -> float:
-    """How many seconds of its measured rate one batch of a reader covers. A reader's progress word
-    (what the readers of its copy wait on: pipeline replication) moves once per landed batch, so its
-    batches are the grain at which the next hop of a chain can follow it. A reader of a partial copy
-    is always such a hop (`partial_s`); a reader of a complete copy is one exactly when it reads in
-    order because the server routed a reader to it (`in_order_serving`: full_read_in_order said so),
-    and then takes the same grain: with `full_s` (4x coarser) the hop after the publisher's reader
-    trailed it by 0.04-0.06 s where every later hop trailed by ~0.02 (docs/benchmarks.md, "Burst").
-    Otherwise `full_s`: fewer, larger batches cost a lone fast reader less CPU."""
-    return partial_s if partial or in_order_serving else full_s
-
-
-def piece_aligned_end(issued: int, end: int, avail: int, piece: int) -> int:
-    """Where a batch of waiting READs over [issued, end) should end: on a multiple of `piece` (the
-    READ size every waiting reader cuts its batches into, from piece boundaries), unless that would
-    leave the batch empty or it already reaches `avail` (all the source holds, or the stream's end).
-    Our readers' READs are cut on the same boundaries, so each of them is answered when one of our
-    batches lands, not when the batch after it does (an unaligned end splits a reader's piece across
-    two of our batches)."""
-    if piece <= 0 or end >= avail:
-        return end
-    cut = end - end % piece
-    return cut if cut > issued else end

@@ -189,20 +189,15 @@ def test_pipeline_replication_chain(procs) -> None:
     assert probes and any(p[0] >= 1 for p in probes), probes
 
 
-@pytest.mark.parametrize("wait_read,wait_full,grain", [("1", "auto", "0"), ("0", "auto", "0"), ("1", "0", "0"),
-                                                      ("1", "auto", "1")])
-def test_pipeline_chain_over_tcp_with_and_without_waiting_reads(procs, monkeypatch, wait_read, wait_full,
-                                                                grain) -> None:
+@pytest.mark.parametrize("wait_read,wait_full", [("1", "auto"), ("0", "auto"), ("1", "0")])
+def test_pipeline_chain_over_tcp_with_and_without_waiting_reads(procs, monkeypatch, wait_read, wait_full) -> None:
     """Every reader of a partial copy posts READs its source does not hold yet, each waiting at the
     source for the source's progress word (REFHUB_WAIT_READ, engine.submit_when; tcp only, so every
     transport to the source can wait); every byte is verified; and the same chain without it. The
     complete copy's reader, throttled to 150 Mbit/s, sends its READs in order as waiting ones too
     (REFHUB_WAIT_FULL "auto": at that rate spread READs would make its progress word lag), unless
-    that is off. `grain`: the same with REFHUB_SERVING_GRAIN and REFHUB_ALIGN_PIECES (batches at the
-    pipeline's grain, ending on piece boundaries)."""
+    that is off."""
     monkeypatch.setenv("TENT_PLUGINS", "tcp")
-    monkeypatch.setenv("REFHUB_SERVING_GRAIN", grain)
-    monkeypatch.setenv("REFHUB_ALIGN_PIECES", grain)
     monkeypatch.setenv("REFHUB_WAIT_READ", wait_read)
     monkeypatch.setenv("REFHUB_WAIT_FULL", wait_full)
     reps, rs = _replicate_chain(procs)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from refhub.window import RequestDelay, batch_seconds, full_read_in_order, piece_aligned_end
+from refhub.window import RequestDelay, full_read_in_order
 
 MB = 1 << 20
 RATE = 60 * MB  # bytes/s, about a 500 Mbit/s link
@@ -63,41 +63,3 @@ def test_a_copy_no_reader_waits_on_keeps_the_spread_form_at_any_rate() -> None:
     # make a fast path look slow for a while)
     assert not full_read_in_order(RATE, 4 * MB, 0.02, False)
     assert not full_read_in_order(1 * MB, 4 * MB, 0.02, False)
-
-
-def test_a_hop_of_a_chain_batches_at_the_pipeline_grain() -> None:
-    assert batch_seconds(True, False, 0.02, 0.005) == 0.005  # a partial copy's reader: always a hop
-    assert batch_seconds(False, True, 0.02, 0.005) == 0.005  # the publisher's reader, a chain behind it
-
-
-def test_a_reader_no_chain_follows_keeps_the_coarse_batches() -> None:
-    assert batch_seconds(False, False, 0.02, 0.005) == 0.02
-
-
-PIECE = 256 << 10
-
-
-def test_a_batch_ends_on_the_piece_boundary_below_its_size() -> None:
-    # 5 ms at 62.5 MB/s is 312 500 bytes: cut back to one piece, so a reader's 256 KiB READ is
-    # answered by this batch alone
-    assert piece_aligned_end(0, 312_500, 64 * MB, PIECE) == PIECE
-    assert piece_aligned_end(3 * PIECE, 3 * PIECE + 700_000, 64 * MB, PIECE) == 5 * PIECE
-
-
-def test_an_aligned_end_is_kept() -> None:
-    assert piece_aligned_end(PIECE, 3 * PIECE, 64 * MB, PIECE) == 3 * PIECE
-
-
-def test_a_batch_is_never_emptied_by_the_cut() -> None:
-    # from an unaligned start (a tensor boundary behind a pack) less than a piece to the next boundary:
-    # the batch keeps its end rather than shrinking to nothing or going backwards
-    assert piece_aligned_end(PIECE + 10, PIECE + 100_000, 64 * MB, PIECE) == PIECE + 100_000
-    assert piece_aligned_end(PIECE + 10, 2 * PIECE + 5, 64 * MB, PIECE) == 2 * PIECE
-
-
-def test_a_batch_that_reaches_what_the_source_holds_is_not_cut() -> None:
-    assert piece_aligned_end(0, 1_000_000, 1_000_000, PIECE) == 1_000_000  # the stream's (or source's) end
-
-
-def test_no_piece_size_no_cut() -> None:
-    assert piece_aligned_end(0, 312_500, 64 * MB, 0) == 312_500
