@@ -297,7 +297,7 @@ class Submitter:
             if gen is not None and len(pieces) == 1 and not any(b.hidden for b in peer.segments[seg]):
                 if len(rails) == 1:
                     self._remember(req, gen, peer, seg, rbuf, op, p, plan[-1][0], rails[0])  # type: ignore[arg-type]
-                elif req.length < self._mice_below and len(rails) <= _native.FAST_MAX_RAILS:
+                elif req.length < self.mice_below and len(rails) <= _native.FAST_MAX_RAILS:
                     # a mouse on a route of several rails: the fast path chooses its rail per request
                     self._remember(req, gen, peer, seg, rbuf, op, p, plan[-1][0], rails[0], rails)  # type: ignore[arg-type]
             local += length
@@ -337,7 +337,7 @@ class Submitter:
             weights = None  # every rail paused: try them all rather than fail; retries sort it out
         slices = self.scheduler.plan(length, [r.telemetry for r in rails], prio, weights)
         fast = self.fast
-        if fast is not None and self._mice_below:
+        if fast is not None and self.mice_below:
             # the bytes this plan gave the rails count for the fast path's next mouse at once, not
             # from the next health tick on (only where a cached entry of mice reads them)
             for r, w in zip(rails, health, strict=True):
@@ -368,7 +368,7 @@ class Submitter:
     # ---- the plan cache -----------------------------------------------------------------------------
 
     @property
-    def _mice_below(self) -> int:
+    def mice_below(self) -> int:
         """Mice of a route of several rails shorter than this are cached (0: none): the policy that
         places them (slice_scheduler.pick_mouse) has a native twin for "spray" only."""
         sc = self.config.scheduler

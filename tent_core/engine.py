@@ -147,7 +147,7 @@ class Engine:
             )
             sc = cfg.scheduler
             slots = self.scheduler.qos  # noted alike by the planner and the fast path (the same list)
-            self._fast.mouse_policy(sc.b0_s, sc.b1, sc.gamma, sc.bandwidth_stale_s, self._submitter._mice_below,
+            self._fast.mouse_policy(sc.b0_s, sc.b1, sc.gamma, sc.bandwidth_stale_s, self._submitter.mice_below,
                                     None if slots is None else slots.native_view())
             self._submitter.fast = self._fast
             self.peers.on_change = self._fast.invalidate  # peers, routes or their buffers changed

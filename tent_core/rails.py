@@ -163,9 +163,8 @@ def publish(fast: Any, rail: Rail, weight: float, taken: int = 0) -> None:
     (`_native.FastPath.rail_publish`); `taken`: the fast path's own assignments (`rail_added`)
     folded into the telemetry's pending bytes since the last publish."""
     tel = rail.telemetry
-    busy = tel.inflight_slices > 0 or tel.inflight_bytes > 0 or tel.serving > 0
-    fast.rail_publish(rail.stat_index, tel.inflight_bytes + tel.external_bytes, tel.pending_bytes, tel._pending_ns,
-                      tel._confirmed_ns, busy, tel.bandwidth_Bps, tel.penalty, weight, taken)
+    fast.rail_publish(rail.stat_index, tel.inflight_bytes + tel.external_bytes, tel.pending_bytes, tel.pending_ns,
+                      tel.confirmed_ns, tel.busy, tel.bandwidth_Bps, tel.penalty, weight, taken)
 
 
 def fold_fast(fast: Any, rail: Rail) -> int:
@@ -174,7 +173,7 @@ def fold_fast(fast: Any, rail: Rail) -> int:
     added, added_ns = fast.rail_added(rail.stat_index)
     if added:
         tel = rail.telemetry
-        tel.add_pending(added, max(added_ns, tel._pending_ns))
+        tel.add_pending(added, max(added_ns, tel.pending_ns))
         # negative: mice folded last tick whose batch then went to the planner after all; their
         # bytes may have expired from pending meanwhile (pending_ttl_s), and pending never goes below 0
         tel.pending_bytes = max(0, tel.pending_bytes)

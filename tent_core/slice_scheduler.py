@@ -346,8 +346,8 @@ MOUSE_STALE = 2  # the mouse went to a stale rail to re-measure it
 def mouse_view(tel: RailTelemetry, weight: float) -> MouseView:
     """A rail's telemetry as the mouse policy reads it."""
     return MouseView(
-        tel.queued_bytes, tel.bandwidth_Bps, tel.penalty, weight, tel._confirmed_ns,
-        tel.inflight_slices > 0 or tel.inflight_bytes > 0 or tel.serving > 0, tel.pending_bytes, tel._pending_ns,
+        tel.queued_bytes, tel.bandwidth_Bps, tel.penalty, weight, tel.confirmed_ns, tel.busy, tel.pending_bytes,
+        tel.pending_ns,
     )
 
 

@@ -496,6 +496,21 @@ class RailTelemetry:
         """A in the cost model: in flight + just assigned + other processes' load."""
         return self.inflight_bytes + self.pending_bytes + self.external_bytes
 
+    @property
+    def pending_ns(self) -> int:
+        """When a plan last assigned bytes to this rail (0: never)."""
+        return self._pending_ns
+
+    @property
+    def confirmed_ns(self) -> int:
+        """When a sample (or work held) last confirmed the bandwidth estimate (-1: not observed yet)."""
+        return self._confirmed_ns
+
+    @property
+    def busy(self) -> bool:
+        """Holds work: slices in flight or an executor serving."""
+        return self.inflight_slices > 0 or self.inflight_bytes > 0 or self.serving > 0
+
     def predicted_cost(self, extra_bytes: int = 0) -> float:
         """Predicted seconds to finish `extra_bytes` more on this rail, times its penalty."""
         a = self.inflight_bytes + self.pending_bytes + self.external_bytes
@@ -528,7 +543,7 @@ class RailTelemetry:
     def unconfirmed_s(self, now_ns: int) -> float:
         """Seconds since a sample last confirmed this rail's estimate, while it held no work (0
         while it holds or was just given some, or before it was first observed)."""
-        if self._confirmed_ns < 0 or self.inflight_slices > 0 or self.inflight_bytes > 0 or self.serving > 0:
+        if self._confirmed_ns < 0 or self.busy:
             return 0.0
         last = self._confirmed_ns
         if self.pending_bytes > 0 and self._pending_ns > last:
