@@ -387,15 +387,17 @@ class EngineConfig:
     # about target_staging_chunks chunks (path_planner.pipeline_chunk), no smaller than
     # target_staging_min_chunk_bytes: each chunk costs a control exchange and a submit per leg on both
     # ends (~1 ms of Python and ZeroMQ CPU per chunk, both ends together, on a 2-core host), so a
-    # large request moves in 32 MiB chunks (docs/benchmarks.md, "Target-side staging": 4 -> 16 MiB
+    # large request moves in 64 MiB chunks (docs/benchmarks.md, "Target-side staging": 4 -> 16 MiB
     # cut the staged path's CPU beyond its stages' from ~0.24 to ~0.07-0.13 s/GiB, 16 -> 32 MiB
-    # halved the Python and ZeroMQ threads' share per GiB, ~0.05 -> ~0.03), while a small one keeps
-    # enough chunks to overlap (up to 128 MiB the chunks are as with 16 MiB slots: 4-16 MiB).
-    target_staging_chunk_bytes: int = 32 * MiB
+    # halved the Python and ZeroMQ threads' share per GiB, ~0.05 -> ~0.03; 32 -> 64 MiB slots, with
+    # half a slot first and last, cut it from 0.040-0.055 to 0.020-0.033, "Control per chunk,
+    # measured"), while a small one keeps enough chunks to overlap (up to 256 MiB the chunks are as
+    # with 32 MiB slots: 4-32 MiB).
+    target_staging_chunk_bytes: int = 64 * MiB
     target_staging_min_chunk_bytes: int = 4 * MiB
     target_staging_chunks: int = 8
-    # Staging slots (each target_staging_chunk_bytes of pinned host memory: 512 MiB at most with the
-    # defaults, one session at full depth 128 MiB) shared by every session, made on demand.
+    # Staging slots (each target_staging_chunk_bytes of pinned host memory: 1 GiB at most with the
+    # defaults, one session at full depth 256 MiB) shared by every session, made on demand.
     target_staging_slots: int = 16
     # Slots one session (one staged request) holds at most: how many chunks it keeps in flight.
     target_staging_depth: int = 4

@@ -33,4 +33,19 @@ def chunk_plan(length: int, chunk: int) -> list[tuple[int, int]]:
     return [(off, min(chunk, length - off)) for off in range(0, length, chunk)]
 
 
-__all__ = ["StagedPath", "chunk_plan", "pipeline_chunk", "plan_staged_path"]
+def ramped_chunk_plan(length: int, chunk: int) -> list[tuple[int, int]]:
+    """(offset, length) chunks covering [0, length): half a chunk first and last, whole chunks
+    between (`chunk_plan` where that leaves fewer than three). A pipeline of large chunks fills
+    and drains one chunk's time per stage: a half chunk first puts the first bytes in the next
+    stage in half the time (all the chunks in flight share the wire), a half chunk last halves the
+    drain, at one chunk more than `chunk_plan`'s."""
+    if chunk <= 0:
+        raise ValueError("chunk must be > 0")
+    half = chunk // 2
+    if half == 0 or length <= 2 * chunk:
+        return chunk_plan(length, chunk)
+    body = [(half + off, ln) for off, ln in chunk_plan(length - 2 * half, chunk)]
+    return [(0, half), *body, (length - half, half)]
+
+
+__all__ = ["StagedPath", "chunk_plan", "pipeline_chunk", "plan_staged_path", "ramped_chunk_plan"]

@@ -46,7 +46,7 @@ from . import _native, devices, errors
 from .batch import BatchHandle, status_of
 from .config import EngineConfig
 from .metadata import BatchReply, ControlClient
-from .path_planner import chunk_plan, pipeline_chunk
+from .path_planner import chunk_plan, pipeline_chunk, ramped_chunk_plan
 from .policy_rules import RequestTraits
 from .request import LocalBuffer, Request
 from .routing import Decision, Router, TargetStagedPath
@@ -627,7 +627,10 @@ def _pipeline(engine: Any, handle: BatchHandle, req: Request, path: TargetStaged
             chunk = min(chunk, pool.chunk_bytes)
         stage_seg = f"{peer.engine_id}/{rep['segment']}"
         slots = [int(o) for o in rep["slots"]]
-        _run_chunks(engine, handle, req, path, pool, ctl, sid, stage_seg, slots, chunk)
+        # slot-sized chunks (a large request): half a slot first and last, so the device copy starts
+        # (WRITE) and the last leg ends (READ) sooner than with a whole slot's chunk
+        ramp = chunk >= int(rep["slot_bytes"])
+        _run_chunks(engine, handle, req, path, pool, ctl, sid, stage_seg, slots, chunk, ramp)
     finally:
         if sid:
             try:
@@ -640,7 +643,7 @@ def _pipeline(engine: Any, handle: BatchHandle, req: Request, path: TargetStaged
 
 
 def _run_chunks(engine: Any, handle: BatchHandle, req: Request, path: TargetStagedPath, pool: Any, ctl: _Control,
-                sid: int, stage_seg: str, slots: list[int], chunk: int) -> None:
+                sid: int, stage_seg: str, slots: list[int], chunk: int, ramp: bool = False) -> None:
     batch = handle._batch
     write = req.op == OpCode.WRITE
     local_base = req.local.offset + req.local_offset  # the local buffer seen as our own segment
@@ -686,7 +689,7 @@ def _run_chunks(engine: Any, handle: BatchHandle, req: Request, path: TargetStag
         stages = [lambda off, ln, s, st: ctl_op("stage_pull", s, off, ln),
                   lambda off, ln, s, st: wire_op(OpCode.READ, req.local, req.local_offset + off, s, ln)]
 
-    chunks = chunk_plan(req.length, chunk)
+    chunks = ramped_chunk_plan(req.length, chunk) if ramp else chunk_plan(req.length, chunk)
     free_slots = deque(range(len(slots)))
     inflight: deque[list[Any]] = deque()  # [offset, length, slot, staging buffer, stage index, step]
     nxt = 0

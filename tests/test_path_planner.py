@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from tent_core.path_planner import chunk_plan, pipeline_chunk, plan_staged_path
+from tent_core.path_planner import chunk_plan, pipeline_chunk, plan_staged_path, ramped_chunk_plan
 from tent_core.routing import explain_no_path, rank_transports
 from tent_core.types import CapabilityProfile, MemoryKind, OpCode
 
@@ -70,6 +70,23 @@ def test_chunk_plan_covers_exactly():
         assert all(b[0] == a[0] + a[1] for a, b in itertools.pairwise(chunks))
     with pytest.raises(ValueError):
         chunk_plan(10, 0)
+
+
+def test_ramped_chunk_plan_halves_the_first_and_last_chunk_and_covers_exactly():
+    m = 1 << 20
+    assert [ln // m for _, ln in ramped_chunk_plan(512 * m, 64 * m)] == [32, 64, 64, 64, 64, 64, 64, 64, 32]
+    for length in (0, 1, 64 * m, 128 * m, 128 * m + 1, 300 * m, 513 * m + 5, 1 << 30):
+        chunks = ramped_chunk_plan(length, 64 * m)
+        assert sum(c[1] for c in chunks) == length
+        assert all(b[0] == a[0] + a[1] for a, b in itertools.pairwise(chunks))
+        assert all(0 < ln <= 64 * m for _, ln in chunks)
+        if length > 128 * m:  # ramped: half a chunk at both ends
+            assert chunks[0][1] == chunks[-1][1] == 32 * m
+        else:  # too short to ramp: the uniform plan
+            assert chunks == chunk_plan(length, 64 * m)
+    assert ramped_chunk_plan(10, 1) == chunk_plan(10, 1)  # no half of a 1-byte chunk
+    with pytest.raises(ValueError):
+        ramped_chunk_plan(10, 0)
 
 
 def test_pipeline_chunk_sizes_chunks_per_request_within_its_bounds():

@@ -25,6 +25,7 @@ from tent_core import (
     TentError,
 )
 from tent_core.metadata import ControlClient
+from tent_core.path_planner import chunk_plan, ramped_chunk_plan
 from tent_core.simdev import SimArray, SimDevicePlugin
 from tent_core.testing import pattern
 
@@ -346,7 +347,8 @@ WIDE = {**NO_IPC, "target_staging_chunk_bytes": 4 << 20, "target_staging_slots":
 
 def test_a_large_request_moves_in_fewer_larger_chunks_up_to_the_slot():
     """The initiator sizes a request's chunks (about target_staging_chunks of them, at least its
-    smallest chunk, at most the target's slot): each chunk is one device copy at the target."""
+    smallest chunk, at most the target's slot): each chunk is one device copy at the target. A
+    request cut into whole slots starts and ends with half a slot (`ramped_chunk_plan`)."""
     m = 1 << 20
     size = 48 * m
     p = SimPeer(size=size, config=WIDE, transports=["tcp", "simdev"])
@@ -364,13 +366,14 @@ def test_a_large_request_moves_in_fewer_larger_chunks_up_to_the_slot():
             eng.transfer(WRITE, buf, 7, p.seg("dev"), 11, n, timeout=60)
             assert p.digest("dev", 11, n) == sha(pattern(size, seed=88)[7 : 7 + n])
             after = p.stats()["staging"]
-            assert after["copies"] - before["copies"] == -(-n // chunk)
+            slot_sized = chunk == WIDE["target_staging_chunk_bytes"]
+            assert after["copies"] - before["copies"] == len((ramped_chunk_plan if slot_sized else chunk_plan)(n, chunk))
             assert after["pushed_bytes"] - before["pushed_bytes"] == n
         out = eng.allocate(40 * m + 3)
         before = p.stats()["staging"]
         eng.transfer(READ, out, 3, p.seg("dev"), 11, 40 * m, timeout=60)
         assert np.array_equal(out.array[3:], pattern(size, seed=88)[7 : 7 + 40 * m])
-        assert p.stats()["staging"]["copies"] - before["copies"] == 10
+        assert p.stats()["staging"]["copies"] - before["copies"] == 11  # 2 MiB, 9 x 4 MiB, 2 MiB
     finally:
         eng.close()
         p.close()
@@ -413,7 +416,8 @@ def test_the_chunk_timeline_records_each_chunk_of_both_halves_in_order():
                 assert key not in at, f"{key} recorded twice"
                 at[key] = ev[0]
             offsets = sorted(k[1] for k in at if k[0] == "arrive")
-            assert offsets == list(range(0, size, 2 * m))  # six chunks, each copied once at the target
+            # seven chunks (1 MiB, five of 2 MiB, 1 MiB: slot-sized chunks ramp), each copied once at the target
+            assert offsets == [off for off, _ in ramped_chunk_plan(size, 2 * m)] == [0, *range(m, size, 2 * m)]
             for off in offsets:
                 # WRITE: the wire leg, then the copy request; READ: the copy request, then the wire leg
                 order = [("submit", off, 0), ("done", off, 0), ("arrive", off), ("start", off), ("finish", off),

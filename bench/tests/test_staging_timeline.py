@@ -16,8 +16,10 @@ def test_every_chunk_of_every_transfer_is_on_the_timeline_in_pipeline_order() ->
     rep = staging_timeline.run(8 * MiB, 2, ["WRITE", "READ"], 2 * MiB, 2)
     assert [t["op"] for t in rep["transfers"]] == ["WRITE", "WRITE", "READ", "READ"]
     for t in rep["transfers"]:
-        assert t["chunks"] == 4  # 8 MiB in 2 MiB chunks, each copied once at the target
-        assert set(t["chunk_events"]) == {0, 2 * MiB, 4 * MiB, 6 * MiB}
+        # 8 MiB in slot-sized 2 MiB chunks, half a slot first and last (1 + 3 x 2 + 1 MiB), each
+        # copied once at the target
+        assert t["chunks"] == 5
+        assert set(t["chunk_events"]) == {0, 1 * MiB, 3 * MiB, 5 * MiB, 7 * MiB}
         for ev in t["chunk_events"].values():
             assert len(ev["wire"]) == 2 and len(ev["copy"]) == 3
             assert ev["copy"] == sorted(ev["copy"])  # arrive, start, finish
