@@ -22,11 +22,6 @@ import time
 MiB = 1 << 20
 
 
-def parse_size(text: str) -> int:
-    mult = {"K": 1 << 10, "M": MiB, "G": 1 << 30}.get(text[-1:].upper(), 1)
-    return int(float(text[:-1] if mult > 1 else text) * mult)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("settings", help='JSON: {"name": {shm config overrides}, ...}; the first is the reference')
@@ -36,6 +31,7 @@ def main() -> None:
     ap.add_argument("--ops", default="READ,WRITE")
     ap.add_argument("--mode", default="cma")
     a = ap.parse_args()
+    from tent_bench.cli import parse_size
     from tent_bench.runner import target_process
 
     from tent_core.engine import Engine, Request
