@@ -78,6 +78,8 @@ from tent_core.ratelog import RateLimitedLog
 from tent_core.request import WaitWord
 
 from .device import DeviceView, StreamHash, checksum_entry, device_view, wsum64_bytes
+from .protocol import PackedMap
+from .protocol import pack as _pack
 from .server import client_auth
 from .window import RequestDelay, full_read_in_order
 
@@ -365,7 +367,8 @@ class Connection:
         slot = _Slot()
         with self._plock:
             self._pending[rid] = slot
-        data = msgpack.packb(msg, use_bin_type=True)
+        # the layout in a pull/publish carries its encoding (PackedMap): spliced in, not packed again
+        data = _pack(msg, msgpack.packb)
         with self._push_lock:
             self._push.send(data)
         if not slot.ev.wait(timeout):
@@ -1408,9 +1411,15 @@ class ShardHandle:
     def _ref(self, with_layout: bool = True) -> dict:
         """This handle's reference (what readers READ where); a new dict each call, its lists shared
         with the memo (nothing changes them: they go out in messages and into _held)."""
+        return dict(self._wire_ref())
+
+    def _wire_ref(self) -> PackedMap:
+        """The reference as sent: made once per layout with its msgpack encoding, which every pull
+        and publish splices into its message (a 500-tensor layout is not packed per request). Shared
+        and never changed: callers that want a dict to edit take _ref()."""
         memo = self._ref_memo
         if memo is not None and memo[0] == self._layout_gen and memo[1] is self._stager:
-            return dict(memo[2])
+            return memo[2]
         stream = self._stream()
         ref = {
             "seg": self.engine.segment_name(self.segment),
@@ -1423,8 +1432,9 @@ class ShardHandle:
         if self._stager is not None:
             ref["stager"] = self._stager.address
             ref["slot"] = STAGE_SLOT
+        ref = PackedMap(ref, msgpack.packb(ref, use_bin_type=True))
         self._ref_memo = (self._layout_gen, self._stager, ref)
-        return dict(ref)
+        return ref
 
     def _set_progress(self, version: int, nbytes: int) -> None:
         # one aligned 8-byte store: the source's transport may read the word while it is written (a
@@ -1456,7 +1466,7 @@ class ShardHandle:
             t0 = time.perf_counter()
             cks = self._checksums()
             self.stats = {"publish_checksum_s": time.perf_counter() - t0}
-            ref = self._ref()
+            ref = self._wire_ref()
             self._set_progress(version, ref["total"])
             self.conn.request({"op": "publish", "h": self.hid, "version": int(version), "ref": ref, "checksum": cks},
                               self.request_timeout)
@@ -1531,7 +1541,7 @@ class ShardHandle:
             # a "serving" event is about this receive only: the server sends it once this request made our
             # copy a receiving one (the same version may be received again later)
             self._serving_v = None
-            msg = {"op": op, "h": self.hid, "ref": self._ref(), **fields}
+            msg = {"op": op, "h": self.hid, "ref": self._wire_ref(), **fields}
             while True:
                 rep = self.conn.request(dict(msg), max(0.1, deadline - time.monotonic()))
                 if rep.get("offload"):
@@ -1618,7 +1628,7 @@ class ShardHandle:
         reroutes = 0
         while True:
             ref = src["ref"]
-            if [i[2] for i in ref.get("items", [])] != [s[3] for s in mine] or ref.get("pack") != self._ref()["pack"]:
+            if [i[2] for i in ref.get("items", [])] != [s[3] for s in mine] or ref.get("pack") != self._wire_ref()["pack"]:
                 raise RefhubError("layout_mismatch", f"source {src.get('replica')} has a different tensor layout")
             try:
                 self._pull_from(v, src, mine, total, ver, st, deadline)
