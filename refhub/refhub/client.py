@@ -78,6 +78,8 @@ from tent_core.ratelog import RateLimitedLog
 from tent_core.request import WaitWord
 
 from .device import DeviceView, StreamHash, checksum_entry, device_view, wsum64_bytes
+from .protocol import PackedMap
+from .protocol import pack as _pack
 from .server import client_auth
 from .window import RequestDelay, full_read_in_order
 
@@ -365,7 +367,8 @@ class Connection:
         slot = _Slot()
         with self._plock:
             self._pending[rid] = slot
-        data = msgpack.packb(msg, use_bin_type=True)
+        # the layout in a pull/publish carries its encoding (PackedMap): spliced in, not packed again
+        data = _pack(msg, msgpack.packb)
         with self._push_lock:
             self._push.send(data)
         if not slot.ev.wait(timeout):
@@ -902,12 +905,19 @@ class _Verifier:
         self.v = v
         if cks is not None and len(cks) != len(handle.items):
             raise RefhubError("layout_mismatch", f"the source published {len(cks)} tensors, this handle has {len(handle.items)}")
-        self.exp = dict(zip(sorted(handle.items), cks, strict=True)) if cks is not None else None
-        self.checks: list[tuple[int, str]] = []
-        pos = 0
-        for name, _, _, nb in mine:
-            pos += nb
-            self.checks.append((pos, name))
+        # what depends on the layout alone (stream order, names, lane plan) is made once per layout: a
+        # pull of a 500-tensor shard spent ~0.5 ms rebuilding it (the pull's critical path, before its first READ)
+        memo = handle.__dict__.get("_verifier_memo")
+        if memo is None or memo[0] != handle._layout_gen:
+            checks = []
+            pos = 0
+            for name, _, _, nb in mine:
+                pos += nb
+                checks.append((pos, name))
+            memo = handle._verifier_memo = (handle._layout_gen, sorted(handle.items), checks,
+                                            all(it.dev is None for it in handle.items.values()), {})
+        _, names, self.checks, all_host, plans = memo
+        self.exp = dict(zip(names, cks, strict=True)) if cks is not None else None
         self.i = 0
         self.streams: dict[str, StreamHash] = {}  # copy-mode device tensors, hashed on the landing buffer
         self.device_checks = 0
@@ -916,24 +926,33 @@ class _Verifier:
         # thread's READ window; device tensors, whose streams this thread feeds, are checked inline. Every
         # core gets a lane: when the last batch lands, the hashing still queued (the copy, on every core,
         # leaves the hash its share only) finishes on all cores, not on one while the others idle.
-        host = self.exp is not None and all(it.dev is None for it in handle.items.values())
+        host = self.exp is not None and all_host
         n_lanes = (VERIFY_THREADS or max(1, min(4, os.cpu_count() or 1))) if VERIFY_THREAD and host else 0
         self.lanes = [ThreadPoolExecutor(1, thread_name_prefix="refhub-verify") for _ in range(n_lanes)]
         self.pending: deque = deque()
         # streamed: per lane, [(start, end, name, flat uint8 view)] of the large host tensors with a host
         # checksum in stream order (tensor j on lane j % lanes: its pieces are hashed in order), and the
-        # index of the lane's first tensor not yet compared; the hashed prefix (`hashed`) only grows
-        self.spans: list[list[tuple[int, int, str, np.ndarray]]] = [[] for _ in range(max(1, n_lanes))]
-        self.cursor = [0] * len(self.spans)
+        # index of the lane's first tensor not yet compared; the hashed prefix (`hashed`) only grows.
+        # Read-only once made: shared by the pulls of this layout whose checksums are all host ones.
         self.hashed = 0
-        self.streamed: set[str] = set()
-        bases: dict[str, int] = {}
-        if host and _xxhash is not None and STREAM_VERIFY:
-            for pos, end, name, flat, base in handle._host_spans():
-                if not isinstance(self.exp[name], list):
-                    self.spans[len(self.streamed) % len(self.spans)].append((pos, end, name, flat))
-                    self.streamed.add(name)
-                    bases[name] = base
+        stream = host and _xxhash is not None and STREAM_VERIFY
+        shared = stream and not any(type(c) is list for c in cks)  # type: ignore[union-attr]
+        plan = plans.get(n_lanes) if shared else None
+        if plan is None:
+            spans: list[list[tuple[int, int, str, np.ndarray]]] = [[] for _ in range(max(1, n_lanes))]
+            streamed: set[str] = set()
+            bases: dict[str, int] = {}
+            if stream:
+                for pos, end, name, flat, base in handle._host_spans():
+                    if not isinstance(self.exp[name], list):  # type: ignore[index]
+                        spans[len(streamed) % len(spans)].append((pos, end, name, flat))
+                        streamed.add(name)
+                        bases[name] = base
+            plan = (spans, streamed, bases)
+            if shared:
+                plans[n_lanes] = plan
+        self.spans, self.streamed, bases = plan
+        self.cursor = [0] * len(self.spans)
         self.lane_s = [0.0] * len(self.spans)
         self.next_lane = 0
         # per streamed tensor, the running digest its READs are armed with (RECV_DIGEST): the transport
@@ -1408,9 +1427,15 @@ class ShardHandle:
     def _ref(self, with_layout: bool = True) -> dict:
         """This handle's reference (what readers READ where); a new dict each call, its lists shared
         with the memo (nothing changes them: they go out in messages and into _held)."""
+        return dict(self._wire_ref())
+
+    def _wire_ref(self) -> PackedMap:
+        """The reference as sent: made once per layout with its msgpack encoding, which every pull
+        and publish splices into its message (a 500-tensor layout is not packed per request). Shared
+        and never changed: callers that want a dict to edit take _ref()."""
         memo = self._ref_memo
         if memo is not None and memo[0] == self._layout_gen and memo[1] is self._stager:
-            return dict(memo[2])
+            return memo[2]
         stream = self._stream()
         ref = {
             "seg": self.engine.segment_name(self.segment),
@@ -1423,8 +1448,9 @@ class ShardHandle:
         if self._stager is not None:
             ref["stager"] = self._stager.address
             ref["slot"] = STAGE_SLOT
+        ref = PackedMap(ref, msgpack.packb(ref, use_bin_type=True))
         self._ref_memo = (self._layout_gen, self._stager, ref)
-        return dict(ref)
+        return ref
 
     def _set_progress(self, version: int, nbytes: int) -> None:
         # one aligned 8-byte store: the source's transport may read the word while it is written (a
@@ -1456,7 +1482,7 @@ class ShardHandle:
             t0 = time.perf_counter()
             cks = self._checksums()
             self.stats = {"publish_checksum_s": time.perf_counter() - t0}
-            ref = self._ref()
+            ref = self._wire_ref()
             self._set_progress(version, ref["total"])
             self.conn.request({"op": "publish", "h": self.hid, "version": int(version), "ref": ref, "checksum": cks},
                               self.request_timeout)
@@ -1531,7 +1557,7 @@ class ShardHandle:
             # a "serving" event is about this receive only: the server sends it once this request made our
             # copy a receiving one (the same version may be received again later)
             self._serving_v = None
-            msg = {"op": op, "h": self.hid, "ref": self._ref(), **fields}
+            msg = {"op": op, "h": self.hid, "ref": self._wire_ref(), **fields}
             while True:
                 rep = self.conn.request(dict(msg), max(0.1, deadline - time.monotonic()))
                 if rep.get("offload"):
@@ -1618,7 +1644,7 @@ class ShardHandle:
         reroutes = 0
         while True:
             ref = src["ref"]
-            if [i[2] for i in ref.get("items", [])] != [s[3] for s in mine] or ref.get("pack") != self._ref()["pack"]:
+            if [i[2] for i in ref.get("items", [])] != [s[3] for s in mine] or ref.get("pack") != self._wire_ref()["pack"]:
                 raise RefhubError("layout_mismatch", f"source {src.get('replica')} has a different tensor layout")
             try:
                 self._pull_from(v, src, mine, total, ver, st, deadline)

@@ -173,11 +173,13 @@ def _check_handle(op: str, h: Any) -> None:
         raise ProtocolError(f"op {op!r}: bad handle id")
 
 
-def validate(msg: Any) -> str:
+def validate(msg: Any, out: dict | None = None) -> str:
     """Check one request map; return its op. Raises ProtocolError with a readable reason.
 
     After this, every field a handler reads has its type and is within its bounds: handlers do not
-    fail on input (and so never leave a half-done transaction behind)."""
+    fail on input (and so never leave a half-done transaction behind). With `out`, a 'ref' comes
+    back as out["ref"], a PackedMap holding the encoding this check made (the size bound needs it;
+    the server then stores and re-sends that encoding instead of packing the layout again)."""
     op = _check_fields(msg, SCHEMA)
     cid = msg.get("cid")
     if cid is not None and not CID_BYTES[0] <= len(cid) <= CID_BYTES[1]:
@@ -238,12 +240,17 @@ def validate(msg: Any) -> str:
         raise ProtocolError("'txn' out of range")
     ref = msg.get("ref")
     if ref is not None:
-        try:
-            packed = pack(ref)
-        except (OverflowError, TypeError, ValueError) as exc:  # a message built in-process can hold what msgpack cannot carry
-            raise ProtocolError(f"op {op!r}: 'ref' cannot be packed ({exc})") from None
+        if type(ref) is PackedMap:
+            packed = ref.packed
+        else:
+            try:
+                packed = pack(ref)
+            except (OverflowError, TypeError, ValueError) as exc:  # a message built in-process can hold what msgpack cannot carry
+                raise ProtocolError(f"op {op!r}: 'ref' cannot be packed ({exc})") from None
         if len(packed) > MAX_REF_BYTES:
             raise ProtocolError(f"op {op!r}: 'ref' is larger than {MAX_REF_BYTES} bytes packed")
+        if out is not None:
+            out["ref"] = ref if type(ref) is PackedMap else PackedMap(ref, packed)
     return op
 
 
@@ -267,8 +274,77 @@ def parse_version(spec: int | str) -> tuple[str, int]:
 _packer = msgpack.Packer(use_bin_type=True)
 
 
-def pack(obj: Any) -> bytes:
-    return _packer.pack(obj)
+class PackedMap(dict):
+    """A map that carries its own msgpack encoding, made once: a layout (reference) the server keeps
+    per handle and sends to every reader, or a client's own layout it sends with every pull. `pack`
+    splices the bytes in where it meets one (the wire bytes are what packing the map gives), so a
+    500-tensor layout is not re-encoded per request. Never mutated after it is made: the bytes
+    would go stale."""
+
+    __slots__ = ("packed",)
+
+    def __init__(self, obj: dict, packed: bytes | None = None) -> None:
+        super().__init__(obj)
+        self.packed = _packer.pack(obj) if packed is None else packed
+
+
+class PackedList(list):
+    """A list with its msgpack encoding made once (a version's per-tensor checksums); as PackedMap."""
+
+    __slots__ = ("packed",)
+
+    def __init__(self, obj: list, packed: bytes | None = None) -> None:
+        super().__init__(obj)
+        self.packed = _packer.pack(obj) if packed is None else packed
+
+
+_PACKED = (PackedMap, PackedList)
+
+
+def _map_head(n: int) -> bytes:
+    return bytes([0x80 | n]) if n < 16 else (b"\xde" + n.to_bytes(2, "big") if n < 65536 else b"\xdf" + n.to_bytes(4, "big"))
+
+
+def _has_packed(obj: dict, depth: int) -> bool:
+    for v in obj.values():
+        t = type(v)
+        if t in _PACKED or (t is dict and depth > 1 and _has_packed(v, depth - 1)):
+            return True
+    return False
+
+
+def _spliced(obj: dict, packb: Any, depth: int) -> bytes:
+    """obj's encoding with its PackedMap/PackedList values (at most `depth` maps down) spliced in."""
+    parts = [_map_head(len(obj))]
+    for k, v in obj.items():
+        parts.append(packb(k))
+        t = type(v)
+        if t in _PACKED:
+            parts.append(v.packed)
+        elif t is dict and depth > 1 and _has_packed(v, depth - 1):
+            parts.append(_spliced(v, packb, depth - 1))
+        else:
+            parts.append(packb(v))
+    return b"".join(parts)
+
+
+def pack(obj: Any, packb: Any = None) -> bytes:
+    """msgpack of obj (bin type for bytes), reusing the encoding of PackedMap/PackedList values found
+    in obj or in a map inside it (a reply's source reference), and of obj itself if it is one.
+    `packb`: the packer to use from threads other than the server's (the shared Packer is the
+    server loop's)."""
+    t = type(obj)
+    if t in _PACKED:
+        return obj.packed
+    pb = packb or _packer.pack
+    if t is dict and _has_packed(obj, 2):
+        return _spliced(obj, pb, 2)
+    return pb(obj)
+
+
+def ref_bytes(ref: Any) -> int:
+    """Size of a reference as packed (its own encoding when it carries one)."""
+    return len(ref.packed) if type(ref) is PackedMap else len(_packer.pack(ref))
 
 
 def unpack(data: bytes) -> Any:

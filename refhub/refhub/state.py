@@ -44,9 +44,10 @@ from .protocol import (
     E_UNAVAILABLE,
     E_UNKNOWN_HANDLE,
     TXN_OPS,
+    PackedList,
     ProtocolError,
-    pack,
     parse_version,
+    ref_bytes,
     validate,
 )
 
@@ -181,14 +182,18 @@ class ServerState:
         rid = msg.get("rid", 0) if isinstance(msg, dict) else 0
         if not isinstance(rid, int) or isinstance(rid, bool) or not 0 <= rid < 1 << 63:
             rid = 0
+        checked: dict = {}
         try:
-            op = validate(msg)
+            op = validate(msg, checked)
         except ProtocolError as exc:
             self.errors += 1
             self.rlog.warning("bad-message", "bad message from %.60r: %s", client, exc)
             out.append((client, {"rid": rid, "ok": False, "err": E_BAD_MESSAGE, "msg": str(exc)}))
             return out
         self.ops += 1
+        if "ref" in checked and checked["ref"] is not msg["ref"]:
+            # the layout with the encoding validate() made: stored and sent to readers as those bytes
+            msg = {**msg, "ref": checked["ref"]}
         try:
             self._dispatch(op, client, msg, rid, now, out)
         except Exception:  # a bug must not take the server down
@@ -264,7 +269,7 @@ class ServerState:
             return
         if op in ("publish", "replicate", "update") and msg.get("ref"):
             # references are kept per handle and sent to every reader: the owner's total is capped
-            size = len(pack(msg["ref"]))
+            size = ref_bytes(msg["ref"])
             mine = self.ref_bytes.get(h.owner, 0) - h.ref_bytes + size
             if mine > self.max_ref_bytes_per_owner or self.ref_bytes_total - h.ref_bytes + size > self.max_ref_bytes:
                 out.append((client, _err(rid, E_LIMIT, "references too large (per-client or server limit)")))
@@ -402,7 +407,7 @@ class ServerState:
         self._reeval(model, now, out)
 
     def _set_ref(self, h: Handle, ref: dict) -> None:
-        size = len(pack(ref)) if ref else 0
+        size = ref_bytes(ref) if ref else 0
         self._charge(h, size - h.ref_bytes)
         h.ref = ref
         h.ref_bytes = size
@@ -540,7 +545,8 @@ class ServerState:
         self._join_holders(h)
         cks = msg.get("checksum")
         if cks is not None:
-            h.model.checksums.setdefault((v, h.shard), cks)
+            # packed once: every replicate reply of this version carries the list
+            h.model.checksums.setdefault((v, h.shard), PackedList(cks) if type(cks) is list else cks)
         out.append((h.client, {"rid": rid, "ok": True}))
         self._on_new_copy(h, now, out)
 
