@@ -25,15 +25,17 @@ PUMP = textwrap.dedent(
         buf = eng.allocate(32 << 20)
         end = time.monotonic() + seconds
         print("pumping", flush=True)
-        # two batches in flight, so rail 0 never goes idle between them (a snapshot of the shared
-        # table taken between two waited batches read no load at all)
+        # three batches in flight: rail 0 never goes idle between them (a snapshot of the shared
+        # table taken between two waited batches read no load at all), and at least 64 MiB stay
+        # queued, twice the measured request: on a loaded host the reader's own estimates of the two
+        # rails can differ 2x (rail 0 still got 10 of 32 MiB with 32 MiB queued on it, in a CI run)
         batch = lambda: eng.submit([Request(READ, buf, i << 23, seg, i << 23, 8 << 20) for i in range(4)])
-        held = batch()
+        held = [batch(), batch()]
         while time.monotonic() < end:
-            nxt = batch()
-            held.wait()
-            held = nxt
-        held.wait()
+            held.append(batch())
+            held.pop(0).wait()
+        for h in held:
+            h.wait()
     """
 )
 
