@@ -907,7 +907,7 @@ class _Verifier:
             raise RefhubError("layout_mismatch", f"the source published {len(cks)} tensors, this handle has {len(handle.items)}")
         # what depends on the layout alone (stream order, names, lane plan) is made once per layout: a
         # pull of a 500-tensor shard spent ~0.5 ms rebuilding it (the pull's critical path, before its first READ)
-        memo = handle.__dict__.get("_verifier_memo")
+        memo = handle._verifier_memo
         if memo is None or memo[0] != handle._layout_gen:
             checks = []
             pos = 0
@@ -1206,6 +1206,8 @@ class ShardHandle:
         self._layout_gen = 0
         self._stream_memo: tuple[int, list] | None = None
         self._ref_memo: tuple[int, Any, dict] | None = None
+        # what a _Verifier of this layout needs that depends on the layout alone (made by the first pull)
+        self._verifier_memo: tuple[int, list[str], list[tuple[int, str]], bool, dict] | None = None
         self._ctrl = engine.allocate(64, segment=self.segment)  # progress word at offset 0 of the segment
         self._ctrl.array[:] = 0
         if self._ctrl.addr % 8:
