@@ -556,6 +556,11 @@ def render_staging(text: str) -> str:
     limit = any("ratio_cpu_bound_limit" in e for e in ops.values())
     header = (["op", *(f"{k} GB/s" for k in stages), "slower stage", "staged / slower stage"]
               + (["both / slower stage"] if both else []) + (["CPU-bound limit of staged / slower stage"] if limit else []))
+    # where staged falls short of that limit: its stages' CPU over its own, and the cores it kept busy
+    short = any("limit_shortfall" in e for e in ops.values())
+    cores = int(data.get("cores") or 0)
+    if short:
+        header += ["stages' CPU / staged CPU", "share of the cores busy: staged (wire alone)"]
 
     def med(d: dict[str, Any], key: str = "median") -> str:
         return f"{fmt(d[key])} ({fmt(d['min'])}-{fmt(d['max'])})"
@@ -568,6 +573,11 @@ def render_staging(text: str) -> str:
             cells.append(med(e["ratio_both_vs_slower_stage"]) if "ratio_both_vs_slower_stage" in e else "-")
         if limit:
             cells.append(med(e["ratio_cpu_bound_limit"]) if "ratio_cpu_bound_limit" in e else "-")
+        if short:
+            sf, busy = e.get("limit_shortfall"), e.get("cores_busy", {})
+            cells.append(med(sf["cpu"]) if sf else "-")
+            cells.append(f"{fmt(sf['cores_busy']['median'])} ({fmt(busy['wire'] / cores)})"
+                         if sf and "wire" in busy and cores else "-")
         rows.append(cells)
     wire = data.get("wire") if isinstance(data.get("wire"), dict) else None
     return (_wire_note(wire["rate_gbit"]) + "\n\n" if wire else "") + table(header, rows)

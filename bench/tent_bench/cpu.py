@@ -48,4 +48,15 @@ def staged_cpu_bound_limit(t_wire: float, t_copy: float, cpu_wire: float, cpu_co
     return round(min(1.0, slower / max(slower, t_cpu)), 3)
 
 
-__all__ = ["cores", "process_cpu_s", "staged_cpu_bound_limit"]
+def limit_shortfall(t_staged: float, cpu_staged: float, cpu_wire: float, cpu_copy: float, cores: int) -> dict[str, float]:
+    """Why a CPU-bound staged path runs below `staged_cpu_bound_limit`: that limit assumes the
+    staged path spends exactly its stages' CPU and keeps every core busy, so where the limit is
+    below 1, staged / slower stage = limit x `cpu` x `cores_busy`, with `cpu` the stages' CPU over
+    the staged path's (below 1: it pays more than its stages) and `cores_busy` the share of the cores
+    its two processes kept busy (below 1: the cores idled, or other processes had them)."""
+    busy = cpu_staged / t_staged if t_staged > 0 else 0.0
+    return {"cpu": round((cpu_wire + cpu_copy) / cpu_staged, 3) if cpu_staged > 0 else 1.0,
+            "cores_busy": round(busy / max(1, cores), 3)}
+
+
+__all__ = ["cores", "limit_shortfall", "process_cpu_s", "staged_cpu_bound_limit"]

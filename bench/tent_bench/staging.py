@@ -42,7 +42,7 @@ import click
 import numpy as np
 
 from .cpu import cores as _cores
-from .cpu import staged_cpu_bound_limit
+from .cpu import limit_shortfall, staged_cpu_bound_limit
 
 MiB = 1 << 20
 
@@ -219,7 +219,7 @@ def run(size: int, rounds: int, copy_ns_per_mib: int = 0, both: bool = False, ch
     finally:
         tgt.close()
     report: dict[str, Any] = {"size": size, "rounds": rounds, "chunk": used_chunk, "depth": depth,
-                              "copy_ns_per_mib": copy_ns_per_mib, "paths": paths, "ops": {}}
+                              "copy_ns_per_mib": copy_ns_per_mib, "cores": _cores(), "paths": paths, "ops": {}}
     for op, rs in rows.items():
         gb = {k: [size / r[k] / 1e9 for r in rs] for k in rs[0] if not k.startswith("cpu_")}
         ratio = [(size / r["staged"]) / min(size / r["wire"], size / r["copy"]) for r in rs]
@@ -229,6 +229,13 @@ def run(size: int, rounds: int, copy_ns_per_mib: int = 0, both: bool = False, ch
                                   for k in rs[0] if k.startswith("cpu_")}
         limit = [staged_cpu_bound_limit(r["wire"], r["copy"], r["cpu_wire"], r["cpu_copy"], _cores()) for r in rs]
         entry["ratio_cpu_bound_limit"] = {"median": statistics.median(limit), "min": min(limit), "max": max(limit)}
+        # the cores each path's two processes kept busy (CPU s / wall s), and, where the limit is below 1,
+        # what the staged path lost against it: ratio = limit x shortfall["cpu"] x shortfall["cores_busy"]
+        entry["cores_busy"] = {k[4:]: round(statistics.median(r[k] / r[k[4:]] for r in rs), 3)
+                               for k in rs[0] if k.startswith("cpu_")}
+        short = [limit_shortfall(r["staged"], r["cpu_staged"], r["cpu_wire"], r["cpu_copy"], _cores()) for r in rs]
+        entry["limit_shortfall"] = {k: {"median": statistics.median(s[k] for s in short), "min": min(s[k] for s in short),
+                                        "max": max(s[k] for s in short)} for k in ("cpu", "cores_busy")}
         entry["slower_stage"] = "wire" if statistics.median(gb["wire"]) <= statistics.median(gb["copy"]) else "copy"
         if "both" in gb:
             rb = [(size / r["both"]) / min(size / r["wire"], size / r["copy"]) for r in rs]

@@ -267,6 +267,17 @@ def test_staging_target_names_the_cpu_bound_limit_only_where_the_cpu_limits():
     assert "CPU-bound" not in ba.target_staging(old) + ba.render_staging(old)
 
 
+def test_staging_table_splits_the_shortfall_from_the_limit_where_reported():
+    data = json.loads(_staging_json(0.62))
+    e = data["ops"]["WRITE"]
+    e["limit_shortfall"] = {"cpu": {"median": 0.93, "min": 0.9, "max": 0.95},
+                            "cores_busy": {"median": 0.81, "min": 0.78, "max": 0.84}}
+    e["cores_busy"] = {"staged": 1.62, "wire": 1.76, "copy": 1.9}
+    table = ba.render_staging(json.dumps({**data, "cores": 2}))
+    assert "stages' CPU / staged CPU" in table and "| 0.93 (0.9-0.95) | 0.81 (0.88) |" in table
+    assert "cores busy" not in ba.render_staging(_staging_json(0.62))  # older reports: no such columns
+
+
 def _path_rows(limit: float | None, cpu: bool = True) -> str:
     def row(stage: str, transport: str, gbps: float, cpu_s: float, **extra: float) -> dict:
         r = {"engine": "tent", "stage": stage, "transport": transport, "op": "WRITE", "block_size": 64 << 20,

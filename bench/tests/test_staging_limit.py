@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from tent_bench import staging
-from tent_bench.cpu import process_cpu_s, staged_cpu_bound_limit
+from tent_bench.cpu import limit_shortfall, process_cpu_s, staged_cpu_bound_limit
 
 
 def test_loopback_wire_and_copy_sharing_two_cores():
@@ -30,6 +30,22 @@ def test_one_core_and_degenerate_times():
     assert staged_cpu_bound_limit(1.0, 1.0, 1.0, 1.0, cores=1) == pytest.approx(0.5)
     assert staged_cpu_bound_limit(0.0, 0.0, 0.0, 0.0, cores=2) == 1.0
     assert staged_cpu_bound_limit(1.0, 1.0, 1.0, 1.0, cores=0) == pytest.approx(0.5)  # cores clamped to 1
+
+
+def test_the_shortfall_splits_the_gap_to_the_limit_into_cpu_and_idle_cores():
+    # wire alone 1 s on 2 CPU s, copy 0.5 CPU s: limit 0.8 (1.25 s). The staged path took 1.6 s and
+    # 2.7 CPU s: 2.5 / 2.7 of its CPU is its stages', and it kept 2.7 / 1.6 of the 2 cores busy
+    t_wire, t_copy, cpu_wire, cpu_copy, t_staged, cpu_staged = 1.0, 0.5, 2.0, 0.5, 1.6, 2.7
+    limit = staged_cpu_bound_limit(t_wire, t_copy, cpu_wire, cpu_copy, cores=2)
+    short = limit_shortfall(t_staged, cpu_staged, cpu_wire, cpu_copy, cores=2)
+    assert short == pytest.approx({"cpu": 0.926, "cores_busy": 0.844}, abs=1e-3)
+    assert limit * short["cpu"] * short["cores_busy"] == pytest.approx(max(t_wire, t_copy) / t_staged, rel=2e-3)
+
+
+def test_a_staged_path_at_its_limit_has_no_shortfall():
+    short = limit_shortfall(1.25, 2.5, 2.0, 0.5, cores=2)
+    assert short == {"cpu": 1.0, "cores_busy": 1.0}
+    assert limit_shortfall(0.0, 0.0, 1.0, 1.0, cores=2) == {"cpu": 1.0, "cores_busy": 0.0}  # nothing measured
 
 
 def test_bench_staging_uses_the_shared_limit():
