@@ -47,6 +47,11 @@ def test_bench_staging_over_a_shaped_wire_end_to_end() -> None:
         assert e["copy"]["median_GBps"] > 0 and e["slower_stage"] in ("wire", "copy"), (op, e)
         r = e["ratio_staged_vs_slower_stage"]
         assert 0 < r["min"] <= r["median"] <= r["max"], (op, r)
+        # each path's cores busy, and the staged path's shortfall from its limit, from the same rounds
+        assert set(e["cores_busy"]) == {"staged", "wire", "copy"} and all(v > 0 for v in e["cores_busy"].values()), e
+        sf = e["limit_shortfall"]
+        assert 0 < sf["cpu"]["min"] <= sf["cpu"]["max"] and 0 < sf["cores_busy"]["min"] <= sf["cores_busy"]["max"], sf
+    assert rep["cores"] >= 1
     assert _namespaces() <= before  # the fabric is gone
 
 
