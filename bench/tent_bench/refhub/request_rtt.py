@@ -2,7 +2,7 @@
 server in another process, over loopback TCP, timed on the caller's thread (what every replicate
 pays twice: replicate, replicate_done). Prints the median, 10th and 90th percentile in microseconds.
 
-    python -m tent_bench.refhub.request_rtt [requests=3000]
+    python -m tent_bench.refhub.request_rtt [--requests 3000]
 
 For an A/B of refhub itself, run it once per tree, interleaved (PYTHONPATH=<other tree>/refhub
 puts that tree's refhub first, here and in the spawned server).
@@ -10,10 +10,10 @@ puts that tree's refhub first, here and in the spawned server).
 
 from __future__ import annotations
 
+import argparse
 import json
 import multiprocessing as mp
 import statistics
-import sys
 import time
 from typing import Any
 
@@ -25,12 +25,17 @@ def _serve(q: Any, stop: Any) -> None:
     stop.wait(600)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=3000, help="timed requests after 300 untimed ones")
+    args = ap.parse_args(argv)
+    if args.requests < 10:
+        ap.error("--requests must be at least 10")
     import numpy as np
 
     import refhub
 
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
+    n = args.requests
     ctx = mp.get_context("spawn")
     q, stop = ctx.Queue(), ctx.Event()
     srv = ctx.Process(target=_serve, args=(q, stop), daemon=True)
