@@ -26,6 +26,7 @@ _LAZY = {
     "BatchHandle": ".batch",
     "Digest": "._native",
     "Engine": ".engine",
+    "Landed": "._native",
     "LocalBuffer": ".request",
     "Request": ".request",
     "WaitWord": ".request",
@@ -52,7 +53,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from ._native import Digest
+    from ._native import Digest, Landed
     from .batch import BatchHandle
     from .engine import Engine
     from .errors import (
@@ -95,6 +96,7 @@ __all__ = [
     "Digest",
     "Engine",
     "InvalidRequestError",
+    "Landed",
     "LocalBuffer",
     "MemoryKind",
     "NoPathError",

@@ -225,3 +225,101 @@ def test_copy_that_closes_a_gap_folds_the_runs_landed_ahead(n: int) -> None:
     assert d.intdigest() == xxhash.xxh3_64_intdigest(src.tobytes()) and np.array_equal(dst, src)
     with pytest.raises(ValueError):
         d.copy(dst[:2], src[:1])
+
+
+# ---- Landed: a word saying how much of a stream landed in order (tent/digest.h, tent_landed_t) ----
+
+BITS = 7 << 40
+LOW = (1 << 40) - 1
+
+
+def _landed_word() -> np.ndarray:
+    return np.zeros(1, dtype=np.uint64)
+
+
+def test_landed_word_moves_only_with_the_in_order_prefix() -> None:
+    from tent_core import Landed
+
+    w = _landed_word()
+    lw = Landed(w, BITS, 100)
+    assert int(w[0]) == 0  # nothing stored until something lands
+    assert not lw.note(300, 400)  # ahead of the prefix: kept, not published
+    assert not lw.note(200, 300)  # joins nothing at its start: kept too
+    assert int(w[0]) == 0 and lw.next == 100
+    assert lw.note(100, 200)  # closes the gap: the kept runs it reaches count now
+    assert int(w[0]) == BITS | 400 and lw.next == 400
+    assert not lw.note(0, 350)  # behind the prefix: the word never moves back
+    assert int(w[0]) == BITS | 400
+    assert lw.note(350, 500) and int(w[0]) == BITS | 500
+    assert lw.moves == 2
+
+
+def test_landed_runs_it_cannot_keep_wait_for_the_callers_note() -> None:
+    from tent_core import Landed
+
+    w = _landed_word()
+    lw = Landed(w, BITS)
+    # more runs ahead of the prefix than it keeps (TENT_LANDED_PENDING 64): the later ones are forgotten
+    for k in range(1, 100):
+        lw.note(10 * k + 5, 10 * k + 10)  # disjoint runs, a gap before each
+    assert lw.note(0, 10)
+    # the runs are [10k+5, 10k+10): a gap before every one, so the prefix stops at 10
+    assert lw.next == 10
+    lw.note(0, 1000)  # the caller's own note (its completed batch) covers what was forgotten
+    assert int(w[0]) == BITS | 1000
+
+
+def test_landed_stores_nothing_once_detached() -> None:
+    from tent_core import Landed
+
+    w = _landed_word()
+    lw = Landed(w, BITS)
+    assert lw.note(0, 10) and int(w[0]) == BITS | 10
+    lw.detach()
+    w[0] = 3  # the owner's again
+    assert not lw.note(10, 20)
+    assert int(w[0]) == 3
+    lw.detach()  # twice: harmless
+
+
+def test_landed_arguments() -> None:
+    from tent_core import Digest, Landed
+
+    with pytest.raises(ValueError):
+        Landed(np.zeros(4, dtype=np.uint8))  # shorter than a word
+    with pytest.raises(ValueError):
+        Landed(np.zeros(3, dtype=np.uint64)[:].view(np.uint8)[1:9])  # not 8-byte aligned
+    with pytest.raises(BufferError):
+        Landed(b"12345678")  # read-only
+    d = Digest(0, 10)
+    with pytest.raises(TypeError):
+        d.track(object())
+    d.track(Landed(_landed_word()), 0)
+    d.track(None)
+
+
+def test_landed_notes_from_many_threads_end_at_the_whole_stream() -> None:
+    import threading
+
+    from tent_core import Landed
+
+    w = _landed_word()
+    lw = Landed(w, BITS)
+    piece, n_threads, per = 4096, 4, 200
+    seen: list[int] = []
+
+    def run(t: int) -> None:
+        for k in range(per):  # thread t lands pieces t, t + n_threads, ... (interleaved, out of order)
+            j = k * n_threads + t
+            lw.note(j * piece, (j + 1) * piece)
+            seen.append(int(w[0]) & LOW)
+
+    ts = [threading.Thread(target=run, args=(t,)) for t in range(n_threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    total = n_threads * per * piece
+    lw.note(0, total)  # whatever a full note table forgot
+    assert int(w[0]) == BITS | total
+    assert all(x % piece == 0 for x in seen)

@@ -247,13 +247,19 @@ typedef struct io_watch {
   int timeout_ms, congestion_ms;
   int congested;   /* congestion noted for the current stall */
   tent_digest_t *digest; /* the READ payload being received folds into it as it lands (or NULL) */
+  struct tcp_exec *ex;    /* its doorbell rings when a landed word moved (tent_digest_landed) */
 } io_watch_t;
+
+static void wait_doorbell(struct tcp_exec *ex);
 
 /* Payload bytes [p, p + n) of a READ answer just landed in the destination: fold them into the
  * slice's digest now, while they are in this core's cache (tent/digest.h; pieces of the stream
  * landing out of order on other connections are noted and folded in order). */
 static void io_landed(io_watch_t *w, const void *p, size_t n) {
-  if (w && w->digest && n) tent_digest_land(w->digest, p, n, 0);
+  if (!w || !w->digest || !n) return;
+  /* the landed word first: the READs parked on it (this process serving a pipeline reader) go now */
+  if (tent_digest_landed(w->digest, p, n) && w->ex) wait_doorbell(w->ex);
+  tent_digest_land(w->digest, p, n, 0);
 }
 
 static void io_moved(io_watch_t *w, size_t n, int payload) {
@@ -1787,7 +1793,7 @@ static int nslots(const tcp_exec_t *ex) { return ex->conns_per_rail + 1; } /* th
 /* The run enters service (before its connect, if any, and its send): its progress clock starts now
  * (queue time never counts) and each chunk's service start is reported. */
 static void run_start(tcp_exec_t *ex, pipe_run_t *pr, uint64_t now_ms) {
-  pr->watch = (io_watch_t){ex->host, &pr->c[0].job->s, now_ms, ex->slice_timeout_ms, ex->congestion_ms, 0, NULL};
+  pr->watch = (io_watch_t){ex->host, &pr->c[0].job->s, now_ms, ex->slice_timeout_ms, ex->congestion_ms, 0, NULL, ex};
   for (uint32_t i = 0; i < pr->k; i++) tent_host_note(ex->host, &pr->c[i].job->s, TENT_NOTE_START, pr->c[i].len);
 }
 
@@ -2648,14 +2654,15 @@ EXPORT void tcp_qos_stats(void *self, uint64_t out[1]) { out[0] = atomic_load(&(
 
 /* The process advanced a word that parked READs may wait for: they look again now. Cheap when
  * none is parked (one atomic load). */
-EXPORT void tcp_wait_doorbell(void *self) {
-  tcp_exec_t *ex = self;
+static void wait_doorbell(struct tcp_exec *ex) {
   if (!ex || atomic_load(&ex->parked_now) == 0) return;
   pthread_mutex_lock(&ex->wait_mu);
   ex->wait_seq++;
   pthread_cond_broadcast(&ex->wait_cv);
   pthread_mutex_unlock(&ex->wait_mu);
 }
+
+EXPORT void tcp_wait_doorbell(void *self) { wait_doorbell(self); }
 
 EXPORT void tcp_server_stats(void *self, uint64_t *out) {
   tcp_exec_t *ex = self;

@@ -174,3 +174,51 @@ def test_waiting_reads_take_at_most_wait_conns_connections(monkeypatch: pytest.M
         assert stats()["parked"] == 0 and stats()["waits_served"] >= wait_conns
     finally:
         next(engines, None)
+
+
+def test_a_landed_word_moves_as_the_receive_path_lands_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pipeline hop: b READs a's bytes with a digest that tracks b's own word (tent_core.Landed);
+    c's READs of b's copy, posted first, park on that word. Nobody stores the word but b's receive
+    path, as each answer lands: c gets every byte, and the word ends at the whole stream."""
+    from tent_core import Digest, Landed
+
+    monkeypatch.setenv("TENT_PLUGINS", "tcp")
+    cfg: dict[str, Any] = {"transports": {"tcp": {}}}
+    a, b, c = Engine(cfg), Engine(cfg), Engine(cfg)
+    try:
+        if "tcp" not in b.transports or not b.transports["tcp"].receive_digest:
+            pytest.skip("engine did not start the tcp transport (with receive digests)")
+        n, piece = 8 << 20, 256 << 10
+        want = pattern(n, 17)
+        src = a.allocate(n)
+        src.array[:] = want
+        mid = b.allocate(n)
+        mid.array[:] = 0xEE
+        ctrl = b.allocate(64)
+        _word(ctrl)[0] = V  # version 3, nothing landed
+        out = c.allocate(n)
+        out.array[:] = 0
+        b_remote = f"{b.engine_id}/default"
+        reqs = [Request(READ, out, k, b_remote, mid.offset + k, piece) for k in range(0, n, piece)]
+        waits = [WaitWord(ctrl.offset, V, V | (k + piece), V | MASK, timeout_s=10.0) for k in range(0, n, piece)]
+        h = c.submit_when(reqs, waits, 30.0)
+        time.sleep(0.1)
+        assert h.bytes_done == 0  # parked: b holds nothing yet
+
+        lw = Landed(_word(ctrl), V, 0)
+        d = Digest(mid.addr, mid.addr + n)
+        d.track(lw, mid.addr)  # stream position 0 is mid's first byte
+        a_remote = f"{a.engine_id}/default"
+        # in 1 MiB READs over the rail's connections: pieces land out of order, the word follows the prefix
+        b.submit([Request(READ, mid, k, a_remote, src.offset + k, 1 << 20) for k in range(0, n, 1 << 20)],
+                 deadline=30, digest=d).wait(30)
+        assert int(_word(ctrl)[0]) == V | n  # stored by b's receive path alone
+        assert lw.moves > 1  # as the answers landed, not once at the end
+        h.wait()
+        assert np.array_equal(out.array[:n], want)
+        lw.detach()
+        d.track(None)
+    finally:
+        c.close()
+        b.close()
+        a.close()
