@@ -236,6 +236,12 @@ except ImportError:  # pragma: no cover - depends on the environment
     _xxhash = None
 
 
+# DIAG (burstrx; reverted in the next commit): with REFHUB_TRACE=<dir>, every word store of a pull
+# ("P t_ns bytes") and every READ it submits ("B t_ns local_addr stream_end len waiting replica source
+# partial") go to <dir>/py-<pid>.trace (joined with TENT_TCP_TRACE's tcp-<pid>.trace)
+_TR = open(f"{os.environ['REFHUB_TRACE']}/py-{os.getpid()}.trace", "a") if os.environ.get("REFHUB_TRACE") else None
+
+
 class RefhubError(RuntimeError):
     def __init__(self, code: str, msg: str) -> None:
         super().__init__(f"{code}: {msg}")
@@ -1466,6 +1472,9 @@ class ShardHandle:
         return ref
 
     def _set_progress(self, version: int, nbytes: int) -> None:
+        if _TR is not None:
+            _TR.write(f"P {time.monotonic_ns()} {nbytes}\n")
+            _TR.flush()
         lw = self._landed
         if lw is not None and lw[0] == version:
             lw[1].note(0, nbytes)  # through the pull's landed word: it may be ahead already, never moves back
@@ -1879,6 +1888,10 @@ class ShardHandle:
                                 hdl = self._submit(reqs, deadline, digest=ver.digests_for(names))
                             else:
                                 hdl = self._submit(reqs, deadline, digest=ver.digests_for(names), waits=waits)
+                            if _TR is not None:
+                                _TR.write("".join(f"B {time.monotonic_ns()} {q[0].addr + q[1]} {e} {q[4]} {int(waiting)} "
+                                                  f"{self.replica} {src.get('replica', '?')} {int(partial)}\n" for q, e in pairs))
+                                _TR.flush()
                             inflight.append((end, hdl, slot, time.monotonic(), end - st["done"]))
                             st["batches"] += 1
                             issued = end

@@ -255,7 +255,9 @@ static void wait_doorbell(struct tcp_exec *ex);
 /* Payload bytes [p, p + n) of a READ answer just landed in the destination: fold them into the
  * slice's digest now, while they are in this core's cache (tent/digest.h; pieces of the stream
  * landing out of order on other connections are noted and folded in order). */
+static void tr_landed(const void *p, size_t n);
 static void io_landed(io_watch_t *w, const void *p, size_t n) {
+  if (n) tr_landed(p, n);
   if (!w || !w->digest || !n) return;
   /* the landed word first: the READs parked on it (this process serving a pipeline reader) go now */
   if (tent_digest_landed(w->digest, p, n) && w->ex) wait_doorbell(w->ex);
@@ -429,6 +431,31 @@ static uint64_t mono_ns(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+/* DIAG (burstrx; reverted in the next commit): with TENT_TCP_TRACE=<dir>, every landed READ payload
+ * run ("L t_ns local_addr n") and every waiting READ served ("S t_arrived t_answered lo word_then
+ * status len") go to <dir>/tcp-<pid>.trace */
+static FILE *tr_f;
+static pthread_mutex_t tr_mu = PTHREAD_MUTEX_INITIALIZER;
+static int tr_init;
+static FILE *tr_file(void) {
+  if (!__atomic_load_n(&tr_init, __ATOMIC_ACQUIRE)) {
+    pthread_mutex_lock(&tr_mu);
+    if (!tr_init) {
+      const char *d = getenv("TENT_TCP_TRACE");
+      if (d && *d) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/tcp-%d.trace", d, (int)getpid());
+        tr_f = fopen(path, "a");
+      }
+      __atomic_store_n(&tr_init, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&tr_mu);
+  }
+  return tr_f;
+}
+#define TR(...) do { FILE *f_ = tr_file(); if (f_) { pthread_mutex_lock(&tr_mu); fprintf(f_, __VA_ARGS__); fflush(f_); pthread_mutex_unlock(&tr_mu); } } while (0)
+static void tr_landed(const void *p, size_t n) { TR("L %llu %llu %zu\n", (unsigned long long)mono_ns(), (unsigned long long)(uintptr_t)p, n); }
 
 /* Poll fd for readability, without sleeping, for up to `ns` nanoseconds: 1 once readable (or
  * hung up), 0 when the time ran out. Waking a thread that sleeps in poll/recv costs tens of
@@ -1501,11 +1528,14 @@ static void *sconn_main(void *arg) {
           region_release(ex, c, r);
           break;
         }
+        uint64_t tr_t0 = mono_ns(), tr_v0 = word ? *(volatile uint64_t *)(uintptr_t)word : 0;
         region_t *wr = word_region_acquire(ex, word, &status);
         if (wr) {
           status = wait_word(ex, r, wr, word, floor, lo, hi, wait_ms);
           word_region_release(ex, wr);
         }
+        TR("S %llu %llu %llu %llu %d %llu\n", (unsigned long long)tr_t0, (unsigned long long)mono_ns(),
+           (unsigned long long)lo, (unsigned long long)tr_v0, status, (unsigned long long)len);
         if (status != TENT_OK) {
           region_release(ex, c, r);
           if (send_response(fd, &held, status, reqid, version, 0, 0) != IO_OK) break;
