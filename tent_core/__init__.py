@@ -26,7 +26,6 @@ _LAZY = {
     "BatchHandle": ".batch",
     "Digest": "._native",
     "Engine": ".engine",
-    "Landed": "._native",
     "LocalBuffer": ".request",
     "Request": ".request",
     "WaitWord": ".request",
@@ -53,7 +52,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from ._native import Digest, Landed
+    from ._native import Digest
     from .batch import BatchHandle
     from .engine import Engine
     from .errors import (
@@ -96,7 +95,6 @@ __all__ = [
     "Digest",
     "Engine",
     "InvalidRequestError",
-    "Landed",
     "LocalBuffer",
     "MemoryKind",
     "NoPathError",

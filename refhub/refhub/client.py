@@ -206,14 +206,6 @@ RECV_DIGEST_PIECE = int(float(os.environ.get("REFHUB_RECV_DIGEST_PIECE_KB", "102
 # its last batch lands (a C call: no hop to a verify lane, no lane thread competing for the GIL with
 # the submits); the lanes keep what the transport did not fold. 0: every check in the lanes.
 INLINE_CHECK = os.environ.get("REFHUB_INLINE_CHECK", "1") != "0"
-# The windowed pull over a transport that folds what it receives (RECV_DIGEST, armed) also hands its
-# digests this copy's progress word (tent_core.Landed): the receive path stores the bytes landed in
-# order into the word as each READ answer lands, and rings the doorbell of the READs its own pipeline
-# readers parked on it, instead of this thread publishing the word once it learned that a batch
-# completed (measured on the burst testbed, first hop of a chain: a median 5.6 ms, mean 10.8, p90 27
-# after the bytes landed; ~80% of the time its reader's READs sat parked was after their bytes were
-# in). 0: the thread publishes per batch, as before.
-LANDED_WORD = os.environ.get("REFHUB_LANDED_WORD", "1") != "0"
 # Reading a partial copy, every batch also reads the source's progress word (into its own slot): each
 # completion brings a fresh view of what the source holds, without a blocking round trip that would
 # queue behind the batches on the wire and stall this reader's own progress (and its readers' after it).
@@ -234,12 +226,6 @@ try:  # optional, faster
     import xxhash as _xxhash
 except ImportError:  # pragma: no cover - depends on the environment
     _xxhash = None
-
-
-# DIAG (burstrx; reverted in the next commit): with REFHUB_TRACE=<dir>, every word store of a pull
-# ("P t_ns bytes") and every READ it submits ("B t_ns local_addr stream_end len waiting replica source
-# partial") go to <dir>/py-<pid>.trace (joined with TENT_TCP_TRACE's tcp-<pid>.trace)
-_TR = open(f"{os.environ['REFHUB_TRACE']}/py-{os.getpid()}.trace", "a") if os.environ.get("REFHUB_TRACE") else None
 
 
 class RefhubError(RuntimeError):
@@ -972,7 +958,6 @@ class _Verifier:
         # per streamed tensor, the running digest its READs are armed with (RECV_DIGEST): the transport
         # folds what it receives, the lanes what it did not (lane_folded bytes); else StreamHash
         self.digests: dict[str, Any] = {}
-        self.to_stream: dict[str, int] = {}  # per digest: its local address - stream position (Digest.track)
         self.lane_folded = [0] * len(self.spans)
         # batches are armed only where the engine's paths fold what they receive and none copies a
         # digested READ itself inside submit (the same-host transport then copies the whole batch on the
@@ -986,7 +971,6 @@ class _Verifier:
             for spans in self.spans:
                 for start, end, name, _ in spans:
                     self.digests[name] = Digest(bases[name], bases[name] + (end - start))
-                    self.to_stream[name] = bases[name] - start
         # per lane, its last queued job: while none is pending, this thread may move the lane's cursor
         self.lane_last: list[Any] = [None] * len(self.spans)
         self.checked_here = 0  # tensors compared on this thread (their digests complete: INLINE_CHECK)
@@ -1229,7 +1213,6 @@ class ShardHandle:
         if self._ctrl.addr % 8:
             raise RuntimeError("refhub: the progress word must be 8-byte aligned")
         self._word = self._ctrl.array[:8].view(np.uint64)
-        self._landed: tuple[int, Any] | None = None  # (version, tent_core.Landed) while a pull stores the word
         self._ring = getattr(engine, "word_written", None)
         self._serving_v: int | None = None  # the version a reader was routed to our partial copy of (server event)
         # slot 0: synchronous progress reads; slots 1..: the progress word read along with each batch
@@ -1472,19 +1455,9 @@ class ShardHandle:
         return ref
 
     def _set_progress(self, version: int, nbytes: int) -> None:
-        if _TR is not None:
-            _TR.write(f"P {time.monotonic_ns()} {nbytes}\n")
-            _TR.flush()
-        lw = self._landed
-        if lw is not None and lw[0] == version:
-            lw[1].note(0, nbytes)  # through the pull's landed word: it may be ahead already, never moves back
-        else:
-            if lw is not None:
-                self._landed = None
-                lw[1].detach()
-            # one aligned 8-byte store: the source's transport may read the word while it is written (a
-            # waiting READ's condition, read at the target) and must never see half of it
-            self._word[0] = (version << VERSION_SHIFT) | nbytes
+        # one aligned 8-byte store: the source's transport may read the word while it is written (a
+        # waiting READ's condition, read at the target) and must never see half of it
+        self._word[0] = (version << VERSION_SHIFT) | nbytes
         if self._ring is not None:  # READs of our readers parked on the word (WAIT_READ) go now
             self._ring()
 
@@ -1783,16 +1756,6 @@ class ShardHandle:
             if self._pull_fused(v, ref, mine, starts, ver, st, deadline):
                 return
             issued = st["done"]
-        landed = None
-        if LANDED_WORD and ver.digests and ver.arm:
-            from tent_core import Landed
-
-            word = int(self._word[0])  # a pull before this one (re-routed) may have stored further: never back
-            landed = Landed(self._word, v << VERSION_SHIFT,
-                            max(st["done"], word & BYTES_MASK if word >> VERSION_SHIFT == v else 0))
-            for name, d in ver.digests.items():
-                d.track(landed, ver.to_stream[name])
-            self._landed = (v, landed)
         try:
             while st["done"] < total:
                 try:
@@ -1888,10 +1851,6 @@ class ShardHandle:
                                 hdl = self._submit(reqs, deadline, digest=ver.digests_for(names))
                             else:
                                 hdl = self._submit(reqs, deadline, digest=ver.digests_for(names), waits=waits)
-                            if _TR is not None:
-                                _TR.write("".join(f"B {time.monotonic_ns()} {q[0].addr + q[1]} {e} {q[4]} {int(waiting)} "
-                                                  f"{self.replica} {src.get('replica', '?')} {int(partial)}\n" for q, e in pairs))
-                                _TR.flush()
                             inflight.append((end, hdl, slot, time.monotonic(), end - st["done"]))
                             st["batches"] += 1
                             issued = end
@@ -1945,13 +1904,6 @@ class ShardHandle:
                     hdl.wait(2.0)
                 except Exception:
                     pass
-            if landed is not None:  # this thread owns the word again (what it says stays: bytes that landed)
-                st["landed_moves"] = st.get("landed_moves", 0) + landed.moves
-                if self._landed is not None and self._landed[1] is landed:
-                    self._landed = None
-                landed.detach()
-                for d in ver.digests.values():
-                    d.track(None)
 
     def _pull_fused(self, v: int, ref: dict, mine: list, starts: list, ver: _Verifier, st: dict, deadline: float) -> bool:
         """Fused copy + hash of [st["done"], total) (a tensor boundary): the pack (tiny tensors) in one

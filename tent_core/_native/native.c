@@ -966,9 +966,6 @@ static PyObject *Digest_intdigest(DigestObject *self, PyObject *unused) {
   return PyLong_FromUnsignedLongLong(v);
 }
 
-static PyObject *Digest_track(PyObject *self, PyObject *args); /* below, with Landed */
-static PyObject *Digest_track_fwd(PyObject *self, PyObject *args) { return Digest_track(self, args); }
-
 static PyObject *Digest_get_next(DigestObject *self, void *c) { return PyLong_FromUnsignedLongLong(self->d->next); }
 static PyObject *Digest_get_folded(DigestObject *self, void *c) { return PyLong_FromUnsignedLongLong(self->d->folded); }
 static PyObject *Digest_get_late(DigestObject *self, void *c) { return PyLong_FromUnsignedLongLong(self->d->late); }
@@ -985,9 +982,6 @@ static PyMethodDef Digest_methods[] = {
      "copy(dst, src) -> folded: copy src into dst (same length); when dst continues the stream (its address "
      "is next) its new bytes are folded in the same pass, else a plain copy (False)"},
     {"intdigest", (PyCFunction)Digest_intdigest, METH_NOARGS, "xxh3_64 of the bytes folded so far"},
-    {"track", (PyCFunction)Digest_track_fwd, METH_VARARGS,
-     "track(landed or None, to_stream=0): bytes a receive path lands in this digest's range are noted on the "
-     "Landed word too, local address x at stream position x - to_stream"},
     {NULL}};
 
 static PyGetSetDef Digest_getset[] = {
@@ -1010,118 +1004,6 @@ static PyTypeObject DigestType = {
     .tp_methods = Digest_methods,
     .tp_getset = Digest_getset,
 };
-
-/* ---- Landed: a word that says how much of a stream landed in order, stored as bytes land ----
- * (tent/digest.h, tent_landed_t): a Digest tracking it (Digest.track) notes the bytes a receive
- * path lands; the caller notes what it knows landed (note). The word lives in the caller's buffer,
- * held until detach() (or the object is gone): after that nothing stores to it. */
-typedef struct {
-  PyObject_HEAD
-  tent_landed_t *l;
-  Py_buffer word; /* word.obj NULL once detached */
-} LandedObject;
-
-static PyTypeObject LandedType;
-
-static PyObject *Landed_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"word", "bits", "next", NULL};
-  PyObject *word;
-  unsigned long long bits = 0, next = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|KK", kwlist, &word, &bits, &next)) return NULL;
-  LandedObject *self = (LandedObject *)type->tp_alloc(type, 0);
-  if (!self) return NULL;
-  if (PyObject_GetBuffer(word, &self->word, PyBUF_WRITABLE) < 0) {
-    self->word.obj = NULL;
-    Py_DECREF(self);
-    return NULL;
-  }
-  if (self->word.len < 8 || ((uintptr_t)self->word.buf & 7u)) {
-    PyErr_SetString(PyExc_ValueError, "Landed: word must be a writable, 8-byte aligned buffer of 8 bytes at least");
-    Py_DECREF(self);
-    return NULL;
-  }
-  self->l = tent_landed_new((uint64_t *)self->word.buf, bits, next);
-  if (!self->l) {
-    Py_DECREF(self);
-    return PyErr_NoMemory();
-  }
-  return (PyObject *)self;
-}
-
-static void Landed_release(LandedObject *self) {
-  if (self->l) tent_landed_detach(self->l); /* a receive path still holding it stores no more */
-  if (self->word.obj) PyBuffer_Release(&self->word);
-  self->word.obj = NULL;
-}
-
-static void Landed_dealloc(LandedObject *self) {
-  Landed_release(self);
-  tent_landed_drop(self->l); /* digests still holding it keep it (detached) */
-  Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyObject *Landed_note(LandedObject *self, PyObject *args) {
-  unsigned long long a, b;
-  if (!PyArg_ParseTuple(args, "KK", &a, &b)) return NULL;
-  return PyBool_FromLong(tent_landed_note(self->l, a, b));
-}
-
-static PyObject *Landed_detach(LandedObject *self, PyObject *unused) {
-  Landed_release(self);
-  Py_RETURN_NONE;
-}
-
-static PyObject *Landed_get_next(LandedObject *self, void *c) {
-  pthread_mutex_lock(&self->l->mu);
-  uint64_t v = self->l->next;
-  pthread_mutex_unlock(&self->l->mu);
-  return PyLong_FromUnsignedLongLong(v);
-}
-
-static PyObject *Landed_get_moves(LandedObject *self, void *c) {
-  pthread_mutex_lock(&self->l->mu);
-  uint64_t v = self->l->moves;
-  pthread_mutex_unlock(&self->l->mu);
-  return PyLong_FromUnsignedLongLong(v);
-}
-
-static PyMethodDef Landed_methods[] = {
-    {"note", (PyCFunction)Landed_note, METH_VARARGS,
-     "note(a, b) -> moved: stream bytes [a, b) landed; stores bits | (bytes landed in order) when that grew"},
-    {"detach", (PyCFunction)Landed_detach, METH_NOARGS, "no more stores to the word (the caller owns it again)"},
-    {NULL}};
-
-static PyGetSetDef Landed_getset[] = {
-    {"next", (getter)Landed_get_next, NULL, "stream bytes landed in order", NULL},
-    {"moves", (getter)Landed_get_moves, NULL, "stores to the word so far", NULL},
-    {NULL}};
-
-static PyTypeObject LandedType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tent_core._native.Landed",
-    .tp_basicsize = sizeof(LandedObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Landed(word, bits=0, next=0): stores bits | (stream bytes landed in order) into the first 8 bytes "
-              "of the writable, 8-byte aligned buffer `word` as they land (Digest.track: a receive path notes the "
-              "bytes it lands; note(): the caller's); never moves back; thread-safe",
-    .tp_new = Landed_new,
-    .tp_dealloc = (destructor)Landed_dealloc,
-    .tp_methods = Landed_methods,
-    .tp_getset = Landed_getset,
-};
-
-/* track(landed or None, to_stream=0): the bytes landing in this digest's range are noted on the
- * landed word too, local address x at stream position x - to_stream */
-static PyObject *Digest_track(PyObject *self, PyObject *args) {
-  PyObject *l;
-  unsigned long long to_stream = 0;
-  if (!PyArg_ParseTuple(args, "O|K", &l, &to_stream)) return NULL;
-  if (l != Py_None && !PyObject_TypeCheck(l, &LandedType)) {
-    PyErr_SetString(PyExc_TypeError, "Digest.track: a tent_core.Landed or None");
-    return NULL;
-  }
-  tent_digest_track(((DigestObject *)self)->d, l == Py_None ? NULL : ((LandedObject *)l)->l, to_stream);
-  Py_RETURN_NONE;
-}
 
 /* The digests of a submit's digest= (None, a Digest, or a list/tuple of them; None entries are
  * skipped) into out[ARM_MAX]; -1 with an exception set. The caller keeps the objects alive. */
@@ -2900,7 +2782,7 @@ static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_native", "tent_core
 
 PyMODINIT_FUNC PyInit__native(void) {
   if (PyType_Ready(&BatchType) < 0 || PyType_Ready(&RemoteSegmentType) < 0 || PyType_Ready(&FastEntryType) < 0 ||
-      PyType_Ready(&FastPathType) < 0 || PyType_Ready(&DigestType) < 0 || PyType_Ready(&LandedType) < 0 || PyType_Ready(&NotifierType) < 0)
+      PyType_Ready(&FastPathType) < 0 || PyType_Ready(&DigestType) < 0 || PyType_Ready(&NotifierType) < 0)
     return NULL;
   if (!s_op) {
     s_op = PyUnicode_InternFromString("op");
@@ -2935,8 +2817,6 @@ PyMODINIT_FUNC PyInit__native(void) {
   PyModule_AddObject(m, "FastPath", (PyObject *)&FastPathType);
   Py_INCREF(&DigestType);
   PyModule_AddObject(m, "Digest", (PyObject *)&DigestType);
-  Py_INCREF(&LandedType);
-  PyModule_AddObject(m, "Landed", (PyObject *)&LandedType);
   Py_INCREF(&NotifierType);
   PyModule_AddObject(m, "Notifier", (PyObject *)&NotifierType);
   PyModule_AddIntConstant(m, "WAIT_SIZE", (long)sizeof(tent_wait_t));

@@ -247,21 +247,13 @@ typedef struct io_watch {
   int timeout_ms, congestion_ms;
   int congested;   /* congestion noted for the current stall */
   tent_digest_t *digest; /* the READ payload being received folds into it as it lands (or NULL) */
-  struct tcp_exec *ex;    /* its doorbell rings when a landed word moved (tent_digest_landed) */
 } io_watch_t;
-
-static void wait_doorbell(struct tcp_exec *ex);
 
 /* Payload bytes [p, p + n) of a READ answer just landed in the destination: fold them into the
  * slice's digest now, while they are in this core's cache (tent/digest.h; pieces of the stream
  * landing out of order on other connections are noted and folded in order). */
-static void tr_landed(const void *p, size_t n);
 static void io_landed(io_watch_t *w, const void *p, size_t n) {
-  if (n) tr_landed(p, n);
-  if (!w || !w->digest || !n) return;
-  /* the landed word first: the READs parked on it (this process serving a pipeline reader) go now */
-  if (tent_digest_landed(w->digest, p, n) && w->ex) wait_doorbell(w->ex);
-  tent_digest_land(w->digest, p, n, 0);
+  if (w && w->digest && n) tent_digest_land(w->digest, p, n, 0);
 }
 
 static void io_moved(io_watch_t *w, size_t n, int payload) {
@@ -431,31 +423,6 @@ static uint64_t mono_ns(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
-
-/* DIAG (burstrx; reverted in the next commit): with TENT_TCP_TRACE=<dir>, every landed READ payload
- * run ("L t_ns local_addr n") and every waiting READ served ("S t_arrived t_answered lo word_then
- * status len") go to <dir>/tcp-<pid>.trace */
-static FILE *tr_f;
-static pthread_mutex_t tr_mu = PTHREAD_MUTEX_INITIALIZER;
-static int tr_init;
-static FILE *tr_file(void) {
-  if (!__atomic_load_n(&tr_init, __ATOMIC_ACQUIRE)) {
-    pthread_mutex_lock(&tr_mu);
-    if (!tr_init) {
-      const char *d = getenv("TENT_TCP_TRACE");
-      if (d && *d) {
-        char path[512];
-        snprintf(path, sizeof path, "%s/tcp-%d.trace", d, (int)getpid());
-        tr_f = fopen(path, "a");
-      }
-      __atomic_store_n(&tr_init, 1, __ATOMIC_RELEASE);
-    }
-    pthread_mutex_unlock(&tr_mu);
-  }
-  return tr_f;
-}
-#define TR(...) do { FILE *f_ = tr_file(); if (f_) { pthread_mutex_lock(&tr_mu); fprintf(f_, __VA_ARGS__); fflush(f_); pthread_mutex_unlock(&tr_mu); } } while (0)
-static void tr_landed(const void *p, size_t n) { TR("L %llu %llu %zu\n", (unsigned long long)mono_ns(), (unsigned long long)(uintptr_t)p, n); }
 
 /* Poll fd for readability, without sleeping, for up to `ns` nanoseconds: 1 once readable (or
  * hung up), 0 when the time ran out. Waking a thread that sleeps in poll/recv costs tens of
@@ -1528,14 +1495,11 @@ static void *sconn_main(void *arg) {
           region_release(ex, c, r);
           break;
         }
-        uint64_t tr_t0 = mono_ns(), tr_v0 = word ? *(volatile uint64_t *)(uintptr_t)word : 0;
         region_t *wr = word_region_acquire(ex, word, &status);
         if (wr) {
           status = wait_word(ex, r, wr, word, floor, lo, hi, wait_ms);
           word_region_release(ex, wr);
         }
-        TR("S %llu %llu %llu %llu %d %llu\n", (unsigned long long)tr_t0, (unsigned long long)mono_ns(),
-           (unsigned long long)lo, (unsigned long long)tr_v0, status, (unsigned long long)len);
         if (status != TENT_OK) {
           region_release(ex, c, r);
           if (send_response(fd, &held, status, reqid, version, 0, 0) != IO_OK) break;
@@ -1823,7 +1787,7 @@ static int nslots(const tcp_exec_t *ex) { return ex->conns_per_rail + 1; } /* th
 /* The run enters service (before its connect, if any, and its send): its progress clock starts now
  * (queue time never counts) and each chunk's service start is reported. */
 static void run_start(tcp_exec_t *ex, pipe_run_t *pr, uint64_t now_ms) {
-  pr->watch = (io_watch_t){ex->host, &pr->c[0].job->s, now_ms, ex->slice_timeout_ms, ex->congestion_ms, 0, NULL, ex};
+  pr->watch = (io_watch_t){ex->host, &pr->c[0].job->s, now_ms, ex->slice_timeout_ms, ex->congestion_ms, 0, NULL};
   for (uint32_t i = 0; i < pr->k; i++) tent_host_note(ex->host, &pr->c[i].job->s, TENT_NOTE_START, pr->c[i].len);
 }
 
@@ -2684,15 +2648,14 @@ EXPORT void tcp_qos_stats(void *self, uint64_t out[1]) { out[0] = atomic_load(&(
 
 /* The process advanced a word that parked READs may wait for: they look again now. Cheap when
  * none is parked (one atomic load). */
-static void wait_doorbell(struct tcp_exec *ex) {
+EXPORT void tcp_wait_doorbell(void *self) {
+  tcp_exec_t *ex = self;
   if (!ex || atomic_load(&ex->parked_now) == 0) return;
   pthread_mutex_lock(&ex->wait_mu);
   ex->wait_seq++;
   pthread_cond_broadcast(&ex->wait_cv);
   pthread_mutex_unlock(&ex->wait_mu);
 }
-
-EXPORT void tcp_wait_doorbell(void *self) { wait_doorbell(self); }
 
 EXPORT void tcp_server_stats(void *self, uint64_t *out) {
   tcp_exec_t *ex = self;

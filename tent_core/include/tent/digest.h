@@ -34,19 +34,6 @@
  * while hashing. A digest bounded by [start, end) (end != 0) takes only bytes of that range: the
  * host hands each slice the armed digest whose range holds its destination (several streams, one
  * batch).
- *
- * The landed word (tent_landed_t): a caller whose own readers wait for its bytes (refhub's progress
- * word: how much of a stream has landed, what waiting READs from its partial copy are parked on)
- * would otherwise publish it when it learns that a batch completed, a batch (and a wake-up of its
- * thread) after the bytes landed. A digest can carry a landed word and the offset from its local
- * addresses to stream positions (tent_digest_track); tent_digest_landed(d, p, n), called by the
- * receive path right after [p, p + n) landed, notes the run on the word's own in-order tracker
- * (pieces landing ahead of it are kept, at most TENT_LANDED_PENDING, as a digest keeps them) and
- * stores `bits | bytes landed in order` with one aligned 8-byte release store whenever that grew.
- * The caller notes what it knows landed too (tent_landed_note: its completed batches, the bytes no
- * digest covers), so a run the tracker could not keep only delays the word to the caller's note,
- * and the word never moves back (every store goes through the tracker, under its mutex).
- * tent_landed_detach stops the stores (the caller then owns the word again).
  */
 #ifndef TENT_DIGEST_H
 #define TENT_DIGEST_H
@@ -271,98 +258,6 @@ static inline void tent_xxh3_copy_update(XXH3_state_t *st, void *dst, const void
 /* runs landed ahead of the stream that a digest remembers (their bytes are hashed when the gap closes) */
 #define TENT_DIGEST_PENDING 32
 
-/* runs landed ahead of the in-order bytes that a landed word remembers */
-#define TENT_LANDED_PENDING 64
-
-typedef struct tent_landed {
-  pthread_mutex_t mu;  /* guards everything below but refs */
-  uint64_t next;       /* stream bytes [0, next) landed */
-  uint64_t bits;       /* ORed into every store (refhub: the version) */
-  uint64_t *word;      /* stored to (8-byte aligned); NULL once detached */
-  uint64_t moves;      /* stores (stats) */
-  uint32_t npending;
-  uint64_t pending[TENT_LANDED_PENDING][2]; /* landed runs [a, b) ahead of next */
-  atomic_uint refs;    /* the owner's and every digest's that tracks it */
-} tent_landed_t;
-
-/* A landed word storing `bits | next` into *word (8-byte aligned) as bytes land, [0, next) landed
- * already; one reference held by the caller; NULL when out of memory. */
-static inline tent_landed_t *tent_landed_new(uint64_t *word, uint64_t bits, uint64_t next) {
-  tent_landed_t *l = malloc(sizeof(*l));
-  if (!l) return NULL;
-  pthread_mutex_init(&l->mu, NULL);
-  l->next = next;
-  l->bits = bits;
-  l->word = word;
-  l->moves = 0;
-  l->npending = 0;
-  atomic_init(&l->refs, 1);
-  return l;
-}
-
-static inline tent_landed_t *tent_landed_hold(tent_landed_t *l) {
-  if (l) atomic_fetch_add(&l->refs, 1);
-  return l;
-}
-
-static inline void tent_landed_drop(tent_landed_t *l) {
-  if (l && atomic_fetch_sub(&l->refs, 1) == 1) {
-    pthread_mutex_destroy(&l->mu);
-    free(l);
-  }
-}
-
-/* Stream bytes [a, b) landed: 1 when the word moved (a store happened). Any thread. */
-static inline int tent_landed_note(tent_landed_t *l, uint64_t a, uint64_t b) {
-  if (!l || b <= a) return 0;
-  pthread_mutex_lock(&l->mu);
-  if (b <= l->next) {
-    pthread_mutex_unlock(&l->mu);
-    return 0;
-  }
-  if (a > l->next) { /* ahead: keep it (joined to a run it continues), or forget it (the caller's note covers it later) */
-    uint32_t i = 0;
-    for (; i < l->npending; i++)
-      if (l->pending[i][1] == a) {
-        l->pending[i][1] = b;
-        break;
-      }
-    if (i == l->npending && l->npending < TENT_LANDED_PENDING) {
-      l->pending[l->npending][0] = a;
-      l->pending[l->npending++][1] = b;
-    }
-    pthread_mutex_unlock(&l->mu);
-    return 0;
-  }
-  l->next = b;
-  for (int more = 1; more;) { /* the kept runs the stream reaches now */
-    more = 0;
-    for (uint32_t i = 0; i < l->npending;) {
-      if (l->pending[i][0] <= l->next) {
-        if (l->pending[i][1] > l->next) l->next = l->pending[i][1], more = 1;
-        l->pending[i][0] = l->pending[l->npending - 1][0];
-        l->pending[i][1] = l->pending[--l->npending][1];
-        continue;
-      }
-      i++;
-    }
-  }
-  int moved = l->word != NULL;
-  if (moved) {
-    __atomic_store_n(l->word, l->bits | l->next, __ATOMIC_RELEASE);
-    l->moves++;
-  }
-  pthread_mutex_unlock(&l->mu);
-  return moved;
-}
-
-/* No more stores: the caller owns the word again once this returns. */
-static inline void tent_landed_detach(tent_landed_t *l) {
-  pthread_mutex_lock(&l->mu);
-  l->word = NULL;
-  pthread_mutex_unlock(&l->mu);
-}
-
 typedef struct tent_digest {
   XXH3_state_t state; /* 64-byte aligned (allocate the struct with that alignment) */
   uint64_t next;      /* local address the next folded byte must come from */
@@ -375,9 +270,6 @@ typedef struct tent_digest {
   uint64_t late;       /* of `folded`, bytes hashed from notes (after the gap before them closed) */
   uint64_t pending[TENT_DIGEST_PENDING][2]; /* landed runs [a, b) ahead of next */
   atomic_uint refs;    /* the owner's and every executor slice's that holds it */
-  /* tent_digest_track (set before the submits whose slices carry it; dropped with the digest): */
-  tent_landed_t *landed; /* noted as bytes land (tent_digest_landed), or NULL */
-  uint64_t to_stream;    /* local address - to_stream = the landed word's stream position */
 } tent_digest_t;
 
 /* A new digest (64-byte aligned) of the stream [start, end) (end 0: unbounded), one reference held
@@ -394,8 +286,6 @@ static inline tent_digest_t *tent_digest_new(uint64_t start, uint64_t end) {
   d->npending = 0;
   d->late = 0;
   atomic_init(&d->refs, 1);
-  d->landed = NULL;
-  d->to_stream = 0;
   return d;
 }
 
@@ -406,7 +296,6 @@ static inline tent_digest_t *tent_digest_hold(tent_digest_t *d) {
 
 static inline void tent_digest_drop(tent_digest_t *d) {
   if (d && atomic_fetch_sub(&d->refs, 1) == 1) {
-    tent_landed_drop(d->landed);
     pthread_mutex_destroy(&d->mu);
     free(d);
   }
@@ -426,36 +315,6 @@ static inline void tent_digest_reset(tent_digest_t *d, uint64_t next) {
   d->npending = 0;
   d->late = 0;
   pthread_mutex_unlock(&d->mu);
-}
-
-/* Note the bytes that land in this digest's range on l (NULL: none), local address x being stream
- * position x - to_stream. Set it before the submits whose slices should carry it. */
-static inline void tent_digest_track(tent_digest_t *d, tent_landed_t *l, uint64_t to_stream) {
-  tent_landed_hold(l);
-  pthread_mutex_lock(&d->mu);
-  tent_landed_t *old = d->landed;
-  d->landed = l;
-  d->to_stream = to_stream;
-  pthread_mutex_unlock(&d->mu);
-  tent_landed_drop(old);
-}
-
-/* Bytes [p, p + n) of local memory landed (what tent_digest_land is told): notes them on the landed
- * word the digest tracks (bytes outside its range ignored). 1 when the word moved: whoever parks on
- * it may look now. Any thread. */
-static inline int tent_digest_landed(tent_digest_t *d, const void *p, size_t n) {
-  if (!d || n == 0 || !__atomic_load_n(&d->landed, __ATOMIC_RELAXED)) return 0;
-  uint64_t a = (uint64_t)(uintptr_t)p, b = a + n;
-  if (a < d->start) a = d->start;
-  if (d->end && b > d->end) b = d->end;
-  if (b <= a) return 0;
-  pthread_mutex_lock(&d->mu);
-  tent_landed_t *l = tent_landed_hold(d->landed);
-  uint64_t off = d->to_stream;
-  pthread_mutex_unlock(&d->mu);
-  int moved = tent_landed_note(l, a - off, b - off);
-  tent_landed_drop(l);
-  return moved;
 }
 
 /* ---- the folding role: one thread hashes at a time; `mu` held on entry and exit ---- */
