@@ -3002,25 +3002,29 @@ static int ex_progress(void *self, uint64_t token, int64_t budget_ns) {
   uint32_t spin = busy_poll_claim(ex, bp, t0);
   if (spin && (int64_t)spin > budget_ns) spin = budget_ns > 0 ? (uint32_t)budget_ns : 1;
   int n = 1, lost = 0, err = 0, broken = -1;
-  if (!spin_readable(pr->fd, spin, &lost)) {
-    if (budget_ns >= (int64_t)RX_TICK_MS * 1000000 && ex->tick_ms >= RX_TICK_MS) {
-      /* sleep in the first receive of the answers (run_recv_head), not in a ppoll before it: the
-       * receive that follows the ppoll is a system call per request the bare exchange lacks */
-      pr->hold_ns = t0 + (uint64_t)budget_ns;
-      broken = run_recv(ex, pr);
-      pr->hold_ns = 0;
-      n = broken != IO_NOT_YET;
-    } else {
-      struct pollfd p = {.fd = pr->fd, .events = POLLIN};
-      struct timespec ts = {.tv_sec = budget_ns / 1000000000, .tv_nsec = budget_ns % 1000000000};
-      n = ppoll(&p, 1, &ts, NULL);
-      err = errno;
-    }
+  int hit = spin_readable(pr->fd, spin, &lost);
+  uint64_t polled = hit ? mono_ns() : 0;
+  if (budget_ns >= (int64_t)RX_TICK_MS * 1000000 && ex->tick_ms >= RX_TICK_MS) {
+    /* read the answers now, sleeping in their first receive if they are not in yet (run_recv_head),
+     * not in a ppoll before it: the receive after the ppoll is a system call per request the bare
+     * exchange lacks */
+    pr->hold_ns = t0 + (uint64_t)budget_ns;
+    pr->first_ns = 0;
+    broken = run_recv(ex, pr);
+    pr->hold_ns = 0;
+    n = broken != IO_NOT_YET;
+  } else if (!hit) {
+    struct pollfd p = {.fd = pr->fd, .events = POLLIN};
+    struct timespec ts = {.tv_sec = budget_ns / 1000000000, .tv_nsec = budget_ns % 1000000000};
+    n = ppoll(&p, 1, &ts, NULL);
+    err = errno;
   }
-  /* when the answers' first bytes came (nothing within the step counts as a miss) */
-  uint64_t now = broken >= 0 && broken != IO_NOT_YET && pr->first_ns ? pr->first_ns : mono_ns();
+  /* The wait ended when the poll saw the answer's bytes, or else when they came (the first receive
+   * returned with them). The exchange's cycle, which the policy compares between polled and slept
+   * waits, ends when the first receive returned for both (its copy in both), so they compare alike. */
+  uint64_t first = n > 0 ? pr->first_ns : 0, end = first ? first : mono_ns(), now = polled ? polled : end;
   pr->first_ns = 0;
-  busy_poll_done(ex, 0, bp, spin, now - t0, pr->sent_ns && pr->sent_ns <= t0 ? now - pr->sent_ns : now - t0, lost);
+  busy_poll_done(ex, 0, bp, spin, now - t0, pr->sent_ns && pr->sent_ns <= t0 ? end - pr->sent_ns : end - t0, lost);
   pr->sent_ns = 0; /* a later step of the same wait compares its own part */
   if (n == 0 || (n < 0 && err == EINTR)) { /* not yet: give it back */
     pthread_mutex_lock(&ex->mu);
