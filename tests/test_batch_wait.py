@@ -102,6 +102,36 @@ def test_wait_sleeping_returns_and_raises_like_wait() -> None:
         pending.wait_sleeping(1)
 
 
+def test_wait_on_a_running_batch_returns_and_raises_like_the_python_wait() -> None:
+    """wait() on a batch still running waits in C (no Python frame per small request); what it
+    answers is what `_wait` answers: True once done, False when the timeout ran out, the typed
+    error of a failure or of a missed deadline."""
+    from tent_core.batch import BatchHandle
+    from tent_core.errors import DeadlineExceededError, PermissionDeniedError
+
+    pending = BatchHandle(None, 1, time.monotonic() + 30, 1)
+    assert pending.wait(0.01) is False and pending.wait(timeout=0) is False
+    assert pending.remaining == 1 and not pending.cancelled  # the timeout: the batch keeps running
+
+    done_later = BatchHandle(None, 2, time.monotonic() + 30, 1)
+    t = threading.Thread(target=lambda: (time.sleep(0.02), done_later.complete_slice(), done_later.complete_slice()))
+    t.start()
+    assert done_later.wait() is True  # finished by another thread while this one waited
+    t.join()
+
+    failing = BatchHandle(None, 1, time.monotonic() + 30, 1)
+    t = threading.Thread(target=lambda: (time.sleep(0.02), failing.fail_slice(Status.E_PERMISSION)))
+    t.start()
+    with pytest.raises(PermissionDeniedError):  # failed while this one waited
+        failing.wait(10)
+    t.join()
+
+    late = BatchHandle(None, 1, time.monotonic() + 0.05, 1)
+    with pytest.raises(DeadlineExceededError):  # no timeout: the deadline ends the wait
+        late.wait()
+    assert late.cancelled  # and cancels the batch, as `_wait` does
+
+
 def test_notify_signals_the_eventfd_once_when_the_batch_finishes() -> None:
     """Batch.notify: the thread that finishes the batch signals the notifier (a serving thread
     polls its fd); armed after the batch finished, it signals at once; a failed batch too."""

@@ -512,17 +512,10 @@ static void handle_untrack(BatchObject *self) {
  * itself; a short poll catches those completions first. Set from the engine config. */
 static atomic_llong g_wait_spin_ns = 0;
 
-static PyObject *Batch_wait(BatchObject *self, PyObject *args) {
-  double timeout = -1.0;
-  int may_spin = 1; /* 0: a waiter that knows the batch takes far longer than the spin (a MiBs copy) sleeps at once */
-  if (!PyArg_ParseTuple(args, "|dp", &timeout, &may_spin)) return NULL;
-  batch_t *b = self->b;
-  if (atomic_load(&b->remaining) == 0) {
-    handle_untrack(self);
-    Py_RETURN_TRUE;
-  }
+/* Wait for `b` up to `timeout` seconds (< 0: no limit); 1 when every slice finished. Called with
+ * the GIL released. */
+static int batch_wait_nogil(batch_t *b, double timeout, int may_spin) {
   int done;
-  Py_BEGIN_ALLOW_THREADS;
   long long spin = may_spin ? atomic_load_explicit(&g_wait_spin_ns, memory_order_relaxed) : 0;
   if (atomic_load(&b->poll_ops)) {
     /* an executor left work of this batch to its waiter (answers of requests sent inline): this
@@ -575,6 +568,21 @@ static PyObject *Batch_wait(BatchObject *self, PyObject *args) {
   done = atomic_load(&b->remaining) == 0;
   pthread_mutex_unlock(&b->mu);
 out:
+  return done;
+}
+
+static PyObject *Batch_wait(BatchObject *self, PyObject *args) {
+  double timeout = -1.0;
+  int may_spin = 1; /* 0: a waiter that knows the batch takes far longer than the spin (a MiBs copy) sleeps at once */
+  if (!PyArg_ParseTuple(args, "|dp", &timeout, &may_spin)) return NULL;
+  batch_t *b = self->b;
+  if (atomic_load(&b->remaining) == 0) {
+    handle_untrack(self);
+    Py_RETURN_TRUE;
+  }
+  int done;
+  Py_BEGIN_ALLOW_THREADS;
+  done = batch_wait_nogil(b, timeout, may_spin);
   Py_END_ALLOW_THREADS;
   if (done) handle_untrack(self);
   return PyBool_FromLong(done);
@@ -611,9 +619,9 @@ static PyObject *Batch_complete_slice(BatchObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* wait_handle(timeout=None): BatchHandle.wait's fast side. A batch that finished without an
- * error answers True here; anything else (still running, failed, a timeout to honour) goes to
- * the handle's Python `_wait`, which waits and raises the typed errors. */
+/* wait_handle(timeout=None): BatchHandle.wait's fast side. A batch that finishes without an
+ * error (now, or within the wait, which runs here as `_wait` runs it) answers True here; a failure
+ * or a wait that ran out goes to the handle's Python `_wait`, which raises the typed errors. */
 /* tent_core.batch's globals (set_hook_namespace): while its COMPLETION_HOOK is set, every wait
  * runs `_wait`, which reports the end of the batch to the hook. */
 static PyObject *g_hook_ns = NULL;
@@ -665,17 +673,51 @@ static PyObject *py_set_hook_namespace(PyObject *m, PyObject *ns) {
 }
 
 static PyObject *Batch_wait_handle(BatchObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-  if (!kwnames && nargs <= 1 && atomic_load(&self->b->remaining) == 0 && atomic_load(&self->b->first_error) == 0 &&
-      hook_off()) {
-    handle_untrack(self);
-    Py_RETURN_TRUE;
+  batch_t *b = self->b;
+  PyObject *zero = NULL; /* the timeout `_wait` gets after a native wait that ran out: none is left */
+  if (!kwnames && nargs <= 1 && hook_off()) {
+    if (atomic_load(&b->remaining) == 0 && atomic_load(&b->first_error) == 0) {
+      handle_untrack(self);
+      Py_RETURN_TRUE;
+    }
+    /* Still running: wait here, as `_wait` would (up to the deadline, or the timeout if sooner),
+     * without its Python frame, clock reads and attribute lookups: a small tcp request's answer
+     * is read by this very wait (progress()), so this path ran for every one of them, several
+     * microseconds each. A batch finished without error answers True; a failure, or time running
+     * out, goes to `_wait` (which raises the typed error or returns False) with no time left. */
+    double timeout = -1.0; /* no limit */
+    if (nargs == 1 && args[0] != Py_None) {
+      timeout = PyFloat_AsDouble(args[0]);
+      if (timeout == -1.0 && PyErr_Occurred()) return NULL;
+      if (timeout < 0) timeout = 0;
+    }
+    double now = (double)now_ns() / 1e9, left = self->deadline - now;
+    if (left < 0) left = 0;
+    if (timeout >= 0 && (timeout < left || isinf(left))) left = timeout;
+    else if (isinf(left) || isnan(left)) left = -1.0;
+    int done;
+    Py_BEGIN_ALLOW_THREADS;
+    done = batch_wait_nogil(b, left, 1);
+    Py_END_ALLOW_THREADS;
+    if (done && atomic_load(&b->first_error) == 0) {
+      handle_untrack(self);
+      Py_RETURN_TRUE;
+    }
+    if (!done && nargs == 1 && args[0] != Py_None && !(zero = PyFloat_FromDouble(0.0))) return NULL;
   }
   static PyObject *name = NULL;
-  if (!name && !(name = PyUnicode_InternFromString("_wait"))) return NULL;
+  if (!name && !(name = PyUnicode_InternFromString("_wait"))) {
+    Py_XDECREF(zero);
+    return NULL;
+  }
   PyObject *meth = PyObject_GetAttr((PyObject *)self, name);
-  if (!meth) return NULL;
-  PyObject *r = PyObject_Vectorcall(meth, args, (size_t)nargs, kwnames);
+  if (!meth) {
+    Py_XDECREF(zero);
+    return NULL;
+  }
+  PyObject *r = zero ? PyObject_CallOneArg(meth, zero) : PyObject_Vectorcall(meth, args, (size_t)nargs, kwnames);
   Py_DECREF(meth);
+  Py_XDECREF(zero);
   return r;
 }
 

@@ -227,8 +227,14 @@ static uint16_t get16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return l
 static uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return le32toh(v); }
 static uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return le64toh(v); }
 
-/* I/O results */
-enum { IO_OK = 0, IO_EOF = 1, IO_TIMEOUT = 2, IO_ERR = 3 };
+/* I/O results (IO_NOT_YET: a waiter's first sleep for a run's answers ended with none of their
+ * bytes in, see run_recv_head) */
+enum { IO_OK = 0, IO_EOF = 1, IO_TIMEOUT = 2, IO_ERR = 3, IO_NOT_YET = 4 };
+
+/* A client socket's receive timeout (SO_RCVTIMEO) at most: a receive that sleeps wakes this often
+ * to look at its progress clock, and a waiter reading inline answers (ex_progress) sleeps in the
+ * receive itself in steps of this long while its own step has that much left. */
+#define RX_TICK_MS 5
 
 /* Bytes per send/recv call on the client: progress is reported (and the stall clock reset) at
  * least this often while a long slice moves. */
@@ -1709,6 +1715,10 @@ static int rail_connect(tcp_exec_t *ex, rail_t *r) {
   int fl = fcntl(fd, F_GETFL);
   fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
   set_timeouts(fd, ex->tick_ms); /* wake up to check the chunk's progress clock (io_watch_t) */
+  if (ex->tick_ms > RX_TICK_MS) { /* receives tick finer: a waiter sleeps in them (run_recv_head) */
+    struct timeval tv = {.tv_sec = 0, .tv_usec = RX_TICK_MS * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  }
   return fd;
 }
 
@@ -1770,6 +1780,8 @@ typedef struct pipe_run {
   uint64_t token;            /* the batch of a run sent inline (its waiter may read the answers) */
   int send_rc;               /* IO_* of the send phase */
   uint64_t sent_ns;          /* inline runs: when the send began (busy-poll cycles; 0: unknown) */
+  uint64_t hold_ns;          /* its waiter sleeps in the first receive until then at most (0: no limit) */
+  uint64_t first_ns;         /* when the first bytes of its answers came in that receive */
   struct pipe_run *next;     /* in ex->rx while a worker is to read its responses */
   io_watch_t watch;          /* the run's progress clock: every chunk of it is in service */
   tent_chunk_t c[PIPE_MAX];
@@ -1788,6 +1800,7 @@ static int nslots(const tcp_exec_t *ex) { return ex->conns_per_rail + 1; } /* th
  * (queue time never counts) and each chunk's service start is reported. */
 static void run_start(tcp_exec_t *ex, pipe_run_t *pr, uint64_t now_ms) {
   pr->watch = (io_watch_t){ex->host, &pr->c[0].job->s, now_ms, ex->slice_timeout_ms, ex->congestion_ms, 0, NULL};
+  pr->hold_ns = 0;
   for (uint32_t i = 0; i < pr->k; i++) tent_host_note(ex->host, &pr->c[i].job->s, TENT_NOTE_START, pr->c[i].len);
 }
 
@@ -1954,7 +1967,9 @@ static int run_recv_one_read(pipe_run_t *pr) {
       rc = IO_TIMEOUT;
       break;
     }
+    if (pr->hold_ns && mono_ns() + RX_TICK_MS * 1000000ull > pr->hold_ns) return IO_NOT_YET; /* see run_recv_head */
   }
+  if (pr->hold_ns) pr->first_ns = mono_ns(), pr->hold_ns = 0;
   size_t after = 0, gap_got = 0, got = 0; /* bytes past the header: of the gap, of the payload */
   if (rc == IO_OK) {
     after = n > RSP_SIZE ? (size_t)n - RSP_SIZE : 0;
@@ -2022,8 +2037,32 @@ static int recvv_all(int fd, struct iovec *iov, int n, io_watch_t *w, int payloa
   return IO_OK;
 }
 
+/* The run's first answer bytes, `len` of them, as recv_all. With pr->hold_ns (its waiter reads the
+ * answers, ex_progress) the waiter sleeps for them in this receive itself, the socket's receive
+ * timeout (RX_TICK_MS) ticking, rather than in a ppoll before it: one system call less per request,
+ * like a server connection's wait_header. IO_NOT_YET when none of them came and the waiter's step
+ * has no tick left (nothing was consumed: the run goes back as it was). */
+static int run_recv_head(pipe_run_t *pr, void *buf, size_t len) {
+  if (!pr->hold_ns) return recv_all(pr->fd, buf, len, &pr->watch, 0);
+  for (;;) {
+    ssize_t n = recv(pr->fd, buf, len, MSG_WAITALL);
+    if (n > 0) {
+      pr->first_ns = mono_ns();
+      pr->hold_ns = 0;
+      io_moved(&pr->watch, (size_t)n, 0);
+      return (size_t)n == len ? IO_OK : recv_all(pr->fd, (char *)buf + n, len - (size_t)n, &pr->watch, 0);
+    }
+    if (n == 0) return IO_EOF;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return IO_ERR;
+    if (io_idle(&pr->watch, 0)) return IO_TIMEOUT;
+    if (mono_ns() + RX_TICK_MS * 1000000ull > pr->hold_ns) return IO_NOT_YET;
+  }
+}
+
 /* Read the run's responses into pr->status, on its progress clock. Returns 1 when the connection
- * must be dropped (an I/O or protocol error: the chunks not answered get that status). */
+ * must be dropped (an I/O or protocol error: the chunks not answered get that status); with
+ * pr->hold_ns, IO_NOT_YET (nothing read, nothing reported) when no answer came in time. */
 static int run_recv(tcp_exec_t *ex, pipe_run_t *pr) {
   if (pr->k == 1 && pr->c[0].job->s.opcode == TENT_OP_READ && pr->c[0].len) return run_recv_one_read(pr);
   uint8_t rsp[RSP_SIZE * PIPE_MAX];
@@ -2031,7 +2070,9 @@ static int run_recv(tcp_exec_t *ex, pipe_run_t *pr) {
   for (uint32_t i = 0; i < pr->k; i++) all_writes &= pr->c[i].job->s.opcode == TENT_OP_WRITE;
   uint32_t i = 0;
   int rc = IO_OK, st = TENT_OK, have_next = 0; /* have_next: answer i's header is in rsp already */
-  if (all_writes && pr->k > 1) rc = recv_all(pr->fd, rsp, RSP_SIZE * (size_t)pr->k, &pr->watch, 0); /* all answers at once */
+  if (all_writes && pr->k > 1) rc = run_recv_head(pr, rsp, RSP_SIZE * (size_t)pr->k); /* all answers at once */
+  else rc = run_recv_head(pr, rsp, RSP_SIZE), have_next = 1; /* the first answer's header */
+  if (rc == IO_NOT_YET) return IO_NOT_YET;
   for (; rc == IO_OK && i < pr->k; i++) {
     const tent_chunk_t *c = &pr->c[i];
     const uint8_t *h = rsp + (all_writes && pr->k > 1 ? RSP_SIZE * i : 0);
@@ -2960,15 +3001,30 @@ static int ex_progress(void *self, uint64_t token, int64_t budget_ns) {
   uint64_t t0 = mono_ns();
   uint32_t spin = busy_poll_claim(ex, bp, t0);
   if (spin && (int64_t)spin > budget_ns) spin = budget_ns > 0 ? (uint32_t)budget_ns : 1;
-  int n = 1, lost = 0, err = 0;
-  if (!spin_readable(pr->fd, spin, &lost)) {
+  int n = 1, lost = 0, err = 0, broken = -1;
+  int hit = spin_readable(pr->fd, spin, &lost);
+  uint64_t polled = hit ? mono_ns() : 0;
+  if (budget_ns >= (int64_t)RX_TICK_MS * 1000000 && ex->tick_ms >= RX_TICK_MS) {
+    /* read the answers now, sleeping in their first receive if they are not in yet (run_recv_head),
+     * not in a ppoll before it: the receive after the ppoll is a system call per request the bare
+     * exchange lacks */
+    pr->hold_ns = t0 + (uint64_t)budget_ns;
+    pr->first_ns = 0;
+    broken = run_recv(ex, pr);
+    pr->hold_ns = 0;
+    n = broken != IO_NOT_YET;
+  } else if (!hit) {
     struct pollfd p = {.fd = pr->fd, .events = POLLIN};
     struct timespec ts = {.tv_sec = budget_ns / 1000000000, .tv_nsec = budget_ns % 1000000000};
     n = ppoll(&p, 1, &ts, NULL);
     err = errno;
   }
-  uint64_t now = mono_ns(); /* nothing within the step counts as a miss */
-  busy_poll_done(ex, 0, bp, spin, now - t0, pr->sent_ns && pr->sent_ns <= t0 ? now - pr->sent_ns : now - t0, lost);
+  /* The wait ended when the poll saw the answer's bytes, or else when they came (the first receive
+   * returned with them). The exchange's cycle, which the policy compares between polled and slept
+   * waits, ends when the first receive returned for both (its copy in both), so they compare alike. */
+  uint64_t first = n > 0 ? pr->first_ns : 0, end = first ? first : mono_ns(), now = polled ? polled : end;
+  pr->first_ns = 0;
+  busy_poll_done(ex, 0, bp, spin, now - t0, pr->sent_ns && pr->sent_ns <= t0 ? end - pr->sent_ns : end - t0, lost);
   pr->sent_ns = 0; /* a later step of the same wait compares its own part */
   if (n == 0 || (n < 0 && err == EINTR)) { /* not yet: give it back */
     pthread_mutex_lock(&ex->mu);
@@ -2978,7 +3034,8 @@ static int ex_progress(void *self, uint64_t token, int64_t budget_ns) {
     pthread_mutex_unlock(&ex->mu);
     return 0;
   }
-  run_finish(ex, pr, run_recv(ex, pr)); /* answers arriving (or the connection broke): read them here */
+  if (broken < 0) broken = run_recv(ex, pr); /* answers arriving (or the connection broke): read them here */
+  run_finish(ex, pr, broken);
   run_put(ex, pr);
   return 1;
 }
