@@ -190,8 +190,11 @@ def test_the_tick_publishes_only_rails_a_cached_entry_of_mice_reads(peer):
             assert eng.submit(_mice(local, peer, 8, 1), deadline=30).wait(timeout=30)
             assert fast.mice == mice + 8
             fast.invalidate()  # the entry is gone, but the 8 mice are not folded yet
-            assert all(fast.rail_watched(r.stat_index) for r in rails)
-            assert tick() == 2  # folded and published once more
+            # which rails took them is the policy's choice from the rails' estimates (all 8 may go to
+            # one when the other looked slow): those, and only those, are still watched
+            took = [fast.rail_added(r.stat_index)[0] > 0 for r in rails]
+            assert any(took) and [fast.rail_watched(r.stat_index) for r in rails] == took
+            assert tick() == sum(took)  # folded and published once more
             assert [fast.rail_added(r.stat_index)[0] for r in rails] == [0, 0]
             assert not any(fast.rail_watched(r.stat_index) for r in rails)
             assert tick() == 0

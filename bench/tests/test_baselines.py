@@ -251,10 +251,11 @@ def test_fio_run_reports_its_rate_over_the_span_of_its_ios(tmp_path, monkeypatch
                         ("READ", {"ioengine": "psync", "numjobs": 2, "iodepth": 1})):  # fmt: skip
         row = _fio_run(shutil.which("fio"), str(f), op, 8 << 20, 32, setting)
         assert row["bytes"] == 32 * (8 << 20) and row["fio_job_start_skew_ms"] >= 0
-        # the span covers every job's runtime, so the rate is never above fio's own figure (the
-        # logs' millisecond stamps allow a little rounding)
+        # the span covers every job's I/Os, so it is close to fio's longest runtime or above it: fio's
+        # runtime also counts a job's set-up before its first I/O, which no I/O covers (a CI run:
+        # 19.9 ms of I/Os in a 23 ms WRITE runtime), and the logs' stamps are whole milliseconds
         span_s = row["bytes"] / (row["gbps"] * 1e9)
-        assert span_s >= row["runtime_ms"] / 1e3 - 2e-3
+        assert span_s >= 0.8 * row["runtime_ms"] / 1e3 - 2e-3
         assert row["gbps"] > 0 and row["fio_reported_gbps"] > 0
     assert os.listdir(tmp_path / "tmp") == []  # fio's logs removed
 
