@@ -1815,8 +1815,9 @@ class ShardHandle:
                             # each tensor's requests, in stream order, with the stream position each one ends at
                             per: list[list[tuple]] = []
                             for j in range(k, len(mine)):
-                                if starts[j] >= end or copyish[j]:
-                                    end = min(end, starts[j])
+                                if starts[j] >= end or copyish[j] or (
+                                        ver.digests and ver.arm and len(names) >= FUSED_GROUP_MAX):
+                                    end = min(end, starts[j])  # (a submit arms FUSED_GROUP_MAX digests at most)
                                     break
                                 _, lb, loff, nb = mine[j]
                                 names.append(mine[j][0])

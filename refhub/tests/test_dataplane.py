@@ -696,3 +696,26 @@ def test_stream_and_reference_follow_every_layout_change(server) -> None:
     assert [i[0] for i in h._ref()["items"]] == ["__pack__", "a"]
     del a
     h.close()
+
+
+
+def test_tcp_pull_arms_no_more_digests_per_submit_than_the_engine_takes(tcp_pair, monkeypatch) -> None:
+    """Large batches (REFHUB_BATCH_MB, REFHUB_BATCH_S) over many large tensors: a batch stops at the
+    engine's digest limit per submit (FUSED_GROUP_MAX) instead of failing the pull; every byte verified."""
+    if C._xxhash is None:
+        pytest.skip("the digest is xxh3_64")
+    monkeypatch.setattr(C, "RECV_DIGEST", True)
+    monkeypatch.setattr(C, "BATCH", 256 * MB)
+    monkeypatch.setattr(C, "BATCH_S", 10.0)
+    p, r, src, dst = tcp_pair([C.TINY + 64 * i for i in range(C.FUSED_GROUP_MAX + 6)], 21)
+    real_submit = r._submit
+    armed: list[int] = []
+
+    def submit(reqs, deadline, digest=None):
+        armed.append(len(digest or ()))
+        return real_submit(reqs, deadline, digest)
+
+    monkeypatch.setattr(r, "_submit", submit)
+    assert r.replicate(1, timeout=60) == 1
+    assert r.stats["verified"] and all((a == b).all() for a, b in zip(src, dst, strict=True))
+    assert max(armed) == C.FUSED_GROUP_MAX  # a batch reached the limit, and none went past it
