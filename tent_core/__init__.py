@@ -25,6 +25,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "BatchHandle": ".batch",
     "Digest": "._native",
+    "DIGESTS_PER_SUBMIT": "._native",
     "Engine": ".engine",
     "LocalBuffer": ".request",
     "Request": ".request",
@@ -52,7 +53,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from ._native import Digest
+    from ._native import DIGESTS_PER_SUBMIT, Digest
     from .batch import BatchHandle
     from .engine import Engine
     from .errors import (
@@ -92,6 +93,7 @@ __all__ = [
     "BatchHandle",
     "CancelledError",
     "DeadlineExceededError",
+    "DIGESTS_PER_SUBMIT",
     "Digest",
     "Engine",
     "InvalidRequestError",

@@ -339,8 +339,9 @@ class Engine:
         worker, a retry) the caller folds itself after the wait: ``digest.update`` of its buffer
         from ``digest.next`` on. See tent/digest.h.
 
-        `digest` may also be a list of Digests, each bounded to its stream (``Digest(start, end)``):
-        each slice gets the one whose range holds its destination. A transport that receives READ
+        `digest` may also be a list of at most ``tent_core.DIGESTS_PER_SUBMIT`` Digests, each
+        bounded to its stream (``Digest(start, end)``): each slice gets the one whose range holds
+        its destination. A transport that receives READ
         answers on other threads (``Transport.receive_digest``, tcp) folds them as they land, in
         stream order; the caller then folds what was not with ``digest.land(landed bytes)``."""
         # with the fast path on, the instance's submit is the native FastPath (see __init__), which

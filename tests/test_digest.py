@@ -225,3 +225,16 @@ def test_copy_that_closes_a_gap_folds_the_runs_landed_ahead(n: int) -> None:
     assert d.intdigest() == xxhash.xxh3_64_intdigest(src.tobytes()) and np.array_equal(dst, src)
     with pytest.raises(ValueError):
         d.copy(dst[:2], src[:1])
+
+
+def test_a_submit_arms_at_most_digests_per_submit() -> None:
+    """The limit refhub batches by is the one the native submit enforces (one name, exported)."""
+    from tent_core import DIGESTS_PER_SUBMIT, _native
+
+    full = [Digest(i * 10, i * 10 + 10) for i in range(DIGESTS_PER_SUBMIT)]
+    try:
+        _native.digest_arm(full)
+        with pytest.raises(ValueError, match=f"at most {DIGESTS_PER_SUBMIT} digests"):
+            _native.digest_arm([*full, Digest(0)])
+    finally:
+        _native.digest_arm(None)

@@ -63,6 +63,7 @@ import msgpack
 import numpy as np
 import zmq
 
+from tent_core import DIGESTS_PER_SUBMIT
 from tent_core.auth import (
     AuthError,
     AuthRequiredError,
@@ -189,7 +190,7 @@ DIGEST_PIECE = int(float(os.environ.get("REFHUB_DIGEST_PIECE_KB", "4096")) * 102
 # per group instead of per piece. Groups shrink to 1/(FUSED_TAIL x lanes) of what is left, so the lanes
 # finish together. 0: one tensor per submit.
 FUSED_GROUP = int(float(os.environ.get("REFHUB_FUSED_GROUP_MB", "16")) * MB)
-FUSED_GROUP_MAX = 64  # digests armed per submit at most (tent_core's limit)
+FUSED_GROUP_MAX = DIGESTS_PER_SUBMIT  # digests armed per submit at most (tent_core's limit)
 FUSED_TAIL = 4
 # The windowed pull (tcp) arms each batch with the digests of the large tensors it touches (one
 # tent_core.Digest per tensor, bounded to its bytes): a transport that receives READ answers on its

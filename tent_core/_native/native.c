@@ -1064,7 +1064,7 @@ static int parse_digests(PyObject *o, tent_digest_t **out, uint32_t *n) {
       if (items[i] == Py_None) continue;
       if (!PyObject_TypeCheck(items[i], &DigestType)) break;
       if (*n >= ARM_MAX) {
-        PyErr_Format(PyExc_ValueError, "submit: at most %d digests", ARM_MAX);
+        PyErr_Format(PyExc_ValueError, "submit: at most %d digests (tent_core.DIGESTS_PER_SUBMIT), got more", ARM_MAX);
         return -1;
       }
       out[(*n)++] = ((DigestObject *)items[i])->d;
@@ -2862,6 +2862,7 @@ PyMODINIT_FUNC PyInit__native(void) {
   Py_INCREF(&NotifierType);
   PyModule_AddObject(m, "Notifier", (PyObject *)&NotifierType);
   PyModule_AddIntConstant(m, "WAIT_SIZE", (long)sizeof(tent_wait_t));
+  PyModule_AddIntConstant(m, "DIGESTS_PER_SUBMIT", ARM_MAX);
   PyModule_AddIntConstant(m, "EXECUTOR_ABI_VERSION", TENT_EXECUTOR_ABI_VERSION);
   PyModule_AddIntConstant(m, "SLICE_SIZE", sizeof(tent_slice_t));
   PyModule_AddIntConstant(m, "FAILURE_SIZE", sizeof(failure_t));
