@@ -100,7 +100,8 @@ def run(size: int, iters: int, ops: list[str], chunk: int | None, depth: int,
     if chunk:
         common.update(target_staging_chunk_bytes=chunk, target_staging_min_chunk_bytes=chunk)
     common.update(config or {})
-    tgt = _Target(size, {**common, "transports": {"simdev": {"ipc": False}}})
+    # the target keeps --config's transport sections (a tcp setting holds for both ends)
+    tgt = _Target(size, {**common, "transports": {**common.get("transports", {}), "simdev": {"ipc": False}}})
     out: dict[str, Any] = {"size": size, "iters": iters, "chunk": chunk, "depth": depth, "transfers": []}
     try:
         remote = tgt.info["engine"]
