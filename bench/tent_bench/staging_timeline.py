@@ -76,9 +76,13 @@ def analyze(op: str, t0: int, t1: int, events: list[list[Any]]) -> dict[str, Any
         "copy": [b - a for a, b in copy],
         "reply_to_pipeline": [done[(o, cst)] - tgt["finish"][o] for o in offs if (o, cst) in done and o in tgt["finish"]],
     }
+    ms, wire_ms, copy_ms, both_ms = (t1 - t0) / 1e6, _union_ms(wire), _union_ms(copy), _union_ms(both)
     return {
-        "op": op, "ms": (t1 - t0) / 1e6, "chunks": len(offs), "pipeline_sleeps": sleeps,
-        "wire_busy_ms": _union_ms(wire), "copy_busy_ms": _union_ms(copy), "both_busy_ms": _union_ms(both),
+        "op": op, "ms": ms, "chunks": len(offs), "pipeline_sleeps": sleeps,
+        "wire_busy_ms": wire_ms, "copy_busy_ms": copy_ms, "both_busy_ms": both_ms,
+        # on the loopback the copy alone is one thread (one core of two idle); neither: the pipeline's bubbles
+        "wire_only_ms": wire_ms - both_ms, "copy_only_ms": copy_ms - both_ms,
+        "neither_ms": max(0.0, ms - wire_ms - copy_ms + both_ms),
         "first_copy_ms": (min(tgt["start"].values()) - t0) / 1e6 if tgt["start"] else None,
         "steps": {k: _spread(v) for k, v in steps.items()},
         "chunk_events": {o: {"wire": [(a - t0) / 1e6 for a in (sub.get((o, wst)), done.get((o, wst))) if a],
@@ -96,7 +100,8 @@ def run(size: int, iters: int, ops: list[str], chunk: int | None, depth: int,
     if chunk:
         common.update(target_staging_chunk_bytes=chunk, target_staging_min_chunk_bytes=chunk)
     common.update(config or {})
-    tgt = _Target(size, {**common, "transports": {"simdev": {"ipc": False}}})
+    # the target keeps --config's transport sections (a tcp setting holds for both ends)
+    tgt = _Target(size, {**common, "transports": {**common.get("transports", {}), "simdev": {"ipc": False}}})
     out: dict[str, Any] = {"size": size, "iters": iters, "chunk": chunk, "depth": depth, "transfers": []}
     try:
         remote = tgt.info["engine"]
@@ -147,7 +152,8 @@ def main(size: str, iters: int, ops: str, chunk: str | None, depth: int, config:
         return
     for t in rep["transfers"]:
         click.echo(f"{t['op']} {t['ms']:.1f} ms, {t['chunks']} chunks: wire busy {t['wire_busy_ms']:.1f} ms, copy busy "
-                   f"{t['copy_busy_ms']:.1f}, both {t['both_busy_ms']:.1f}, first copy at {t['first_copy_ms']:.1f}, "
+                   f"{t['copy_busy_ms']:.1f}, both {t['both_busy_ms']:.1f} (wire only {t['wire_only_ms']:.1f}, copy only "
+                   f"{t['copy_only_ms']:.1f}, neither {t['neither_ms']:.1f}), first copy at {t['first_copy_ms']:.1f}, "
                    f"{t['pipeline_sleeps']} pipeline sleeps")
         click.echo("  " + "  ".join(f"{k} {v['median_ms']:.2f} [{v['min_ms']:.2f}-{v['max_ms']:.2f}]"
                                      for k, v in t["steps"].items() if v))

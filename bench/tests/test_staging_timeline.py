@@ -32,3 +32,9 @@ def test_every_chunk_of_every_transfer_is_on_the_timeline_in_pipeline_order() ->
             assert step is not None and step["min_ms"] >= 0, name
         assert 0 < t["wire_busy_ms"] <= t["ms"] and 0 < t["copy_busy_ms"] <= t["ms"]
         assert t["both_busy_ms"] <= min(t["wire_busy_ms"], t["copy_busy_ms"])
+        # the transfer splits into wire only, copy only, both and neither
+        parts = t["wire_only_ms"] + t["copy_only_ms"] + t["both_busy_ms"] + t["neither_ms"]
+        assert parts == pytest.approx(t["ms"], abs=1e-6)
+        # a session's copies run one at a time: WRITE's last copy runs after the last leg landed, READ's
+        # first before the first leg starts, so each op has some time with the copy alone
+        assert t["copy_only_ms"] > 0 and t["wire_only_ms"] >= 0
