@@ -47,11 +47,13 @@ def test_chain_compares_a_hop_with_its_source_at_the_same_bytes() -> None:
     hop = _reply("rollout0", 0.25, 100.255)
     # its marks are from its own pull's start, 100.007 (the source's from 100.001)
     marks = [0.01 * (i + 1) + (0.03 if i == 0 else 0.05) - 0.006 for i in range(16)]
-    hop.update({"t_start": 100.005, "routed_s": 0.002, "marks_s": marks})
+    hop.update({"t_start": 100.005, "routed_s": 0.002, "marks_s": marks, "submit_s": [0.5, 0.05, 250, 0.04]})
     hops = chain([src, hop])
     assert hops[0]["lag_first16_s"] is None and hops[0]["start_s"] == 0.0 and hops[0]["nivcsw"] == 7
     assert abs(hops[1]["lag_first16_s"] - 0.03) < 1e-9 and abs(hops[1]["lag_half_s"] - 0.05) < 1e-9
     assert abs(hops[1]["start_s"] - 0.005) < 1e-9 and hops[1]["routed_s"] == 0.002 and hops[1]["cpu_s"] is None
+    assert abs(hops[1]["submit_ms"] - 2.0) < 1e-9 and abs(hops[1]["submit_cpu_ms"] - 0.2) < 1e-9
+    assert abs(hops[1]["submit_max_ms"] - 40.0) < 1e-9 and hops[0]["submit_ms"] is None
 
 
 def test_chain_without_marks_leaves_the_mark_lags_out() -> None:

@@ -1690,6 +1690,9 @@ class ShardHandle:
                       # from the start of the pull to when it held each sixteenth of the bytes (where a pipeline
                       # hop's lag behind its source grows: pipeline_ab compares these along the chain)
                       "marks_s": [round(t - t0, 4) for t in st["marks"]],
+                      # the windowed pull's submits: seconds in them, this thread's CPU seconds in them,
+                      # how many, the longest (seconds)
+                      "submit_s": [round(x, 4) if isinstance(x, float) else x for x in st.get("submit", [0.0, 0.0, 0, 0.0])],
                       "verified": cks is not None, "device_checksums": ver.device_checks,
                       "fused": bool(st.get("fused")),  # hashed inside the copy's lanes (see FUSED_VERIFY)
                       # bytes the executor hashed inside its copy loop (DIGEST_PIECE, tent/digest.h) or where
@@ -1862,10 +1865,19 @@ class ShardHandle:
                             if thr:
                                 time.sleep(max(0.0, t_thr + (end - base) / thr - time.monotonic()))
                             # its round trip less what was queued ahead of it: the request delay (refhub.window)
+                            w0, c0 = time.perf_counter(), time.thread_time()
                             if waits is None:
                                 hdl = self._submit(reqs, deadline, digest=ver.digests_for(names))
                             else:
                                 hdl = self._submit(reqs, deadline, digest=ver.digests_for(names), waits=waits)
+                            # the submit's wall time against this thread's CPU in it: what it waited for
+                            # (a lock, the GIL, a core), during which this copy's progress word stood still
+                            sub = st.setdefault("submit", [0.0, 0.0, 0, 0.0])
+                            w = time.perf_counter() - w0
+                            sub[0] += w
+                            sub[1] += time.thread_time() - c0
+                            sub[2] += 1
+                            sub[3] = max(sub[3], w)
                             inflight.append((end, hdl, slot, time.monotonic(), end - st["done"]))
                             st["batches"] += 1
                             issued = end

@@ -107,7 +107,7 @@ def run_refhub(role: str, spec: dict) -> None:
                       "caught_up_s": h.stats.get("caught_up_s"), "window_full_s": h.stats.get("window_full_s"),
                       "wait_read": h.stats.get("wait_read"),
                       "rail_errors": sum(r["errors"] for r in eng.rail_stats()),
-                      "routed_s": h.stats.get("routed_s"), "marks_s": h.stats.get("marks_s"),
+                      "routed_s": h.stats.get("routed_s"), "submit_s": h.stats.get("submit_s"), "marks_s": h.stats.get("marks_s"),
                       "cpu_s": round(cpu1 - cpu0, 4), "nivcsw": ru1.ru_nivcsw - ru0.ru_nivcsw,
                       # the replicate's own start and end (the checksums above are not part of it); the
                       # namespaces share one monotonic clock

@@ -57,6 +57,12 @@ def _mark_lag(x: dict, src: dict | None, i: int) -> float | None:
     return mine[i] - theirs[i]
 
 
+def _submit_ms(sub: list | None) -> dict[str, float | None]:
+    if not sub or not sub[2]:
+        return {"submit_ms": None, "submit_cpu_ms": None, "submit_max_ms": None}
+    return {"submit_ms": 1000 * sub[0] / sub[2], "submit_cpu_ms": 1000 * sub[1] / sub[2], "submit_max_ms": 1000 * sub[3]}
+
+
 def chain(out: list[dict]) -> list[dict]:
     """One round's receivers (``out[i]`` is rollout i's reply) by depth along the pipeline: each with
     the replica it first read from, its time, its lag behind that source (None for the publisher's
@@ -88,6 +94,9 @@ def chain(out: list[dict]) -> list[dict]:
                              # what contends for the 2 cores: the node's CPU seconds and involuntary
                              # context switches during its pull
                              "cpu_s": x.get("cpu_s"), "nivcsw": x.get("nivcsw"),
+                             # a submit's mean wall and CPU time and the pull's longest, ms (what the
+                             # pulling thread waited for inside the engine's submit)
+                             **_submit_ms(x.get("submit_s")),
                              "starved_s": x.get("starved_s"), "request_delay_s": rd[0] if rd else None,
                              "request_delay_max_s": rd[1] if rd else None,
                              "probe_hits": (x.get("probes") or [0, 0])[1], "caught_up_s": x.get("caught_up_s"),
@@ -107,7 +116,7 @@ def _by_depth(rounds: list[list[dict]]) -> list[dict]:
         hs = [h for r in rounds for h in r if h["depth"] == d]
         row: dict[str, Any] = {"depth": d, "hops": len(hs)}
         for k in ("secs", "lag_s", "lag_first16_s", "lag_half_s", "start_s", "routed_s", "first_s", "cpu_s",
-                  "nivcsw", "starved_s", "request_delay_s", "request_delay_max_s", "probe_hits",
+                  "nivcsw", "submit_ms", "submit_cpu_ms", "submit_max_ms", "starved_s", "request_delay_s", "request_delay_max_s", "probe_hits",
                   "caught_up_s", "window_full_s", "wait_retries"):
             vals = [h[k] for h in hs if h[k] is not None]
             row[k] = round(statistics.median(vals), 3) if vals else None
