@@ -1293,12 +1293,7 @@ static int exec_submit_at(uint64_t ops_p, uint64_t exec_p, batch_t *b, tent_slic
  * other threads (one lane per core, each folding its own stream) copy at the same time. */
 static int exec_submit_gil(uint64_t ops_p, uint64_t exec_p, batch_t *b, tent_slice_t *s, uint32_t n, int want_inline,
                            uint64_t t) {
-  /* The GIL goes only where the executor may copy (and fold a digest) on this thread. Not with wait
-   * conditions armed (Engine.submit_when): a READ that waits at the target is never run on the
-   * submitting thread, so the submit only queues, and giving the GIL up around that costs taking it
-   * back behind whichever thread got it. An executor that does sleep in its submit gives the GIL up
-   * itself (host_block_begin). */
-  if (!(want_inline && tl_ndigest) || tl_nwait) return exec_submit_at(ops_p, exec_p, b, s, n, want_inline, t);
+  if (!(want_inline && tl_ndigest)) return exec_submit_at(ops_p, exec_p, b, s, n, want_inline, t);
   int rc;
   Py_BEGIN_ALLOW_THREADS;
   rc = exec_submit_at(ops_p, exec_p, b, s, n, want_inline, t);
