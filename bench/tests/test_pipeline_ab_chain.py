@@ -36,3 +36,27 @@ def test_by_depth_takes_medians_over_rounds() -> None:
     assert [r["depth"] for r in rows] == [1, 2]
     assert rows[0]["secs"] == 1.3 and rows[0]["lag_s"] is None and rows[0]["hops"] == 3
     assert rows[1]["secs"] == 1.5 and rows[1]["lag_s"] == 0.2
+
+
+def test_chain_compares_a_hop_with_its_source_at_the_same_bytes() -> None:
+    # the source held each sixteenth 10 ms apart; its reader started 5 ms later, was routed in 2 ms, and
+    # held the first sixteenth 30 ms after it (its start delay) and half 50 ms after it (stalls since)
+    src = _reply("publisher", 0.2, 100.2)
+    src.update({"t_start": 100.0, "routed_s": 0.001, "marks_s": [0.01 * (i + 1) for i in range(16)], "cpu_s": 0.1,
+                "nivcsw": 7})
+    hop = _reply("rollout0", 0.25, 100.255)
+    # its marks are from its own pull's start, 100.007 (the source's from 100.001)
+    marks = [0.01 * (i + 1) + (0.03 if i == 0 else 0.05) - 0.006 for i in range(16)]
+    hop.update({"t_start": 100.005, "routed_s": 0.002, "marks_s": marks, "submit_s": [0.5, 0.05, 250, 0.04]})
+    hops = chain([src, hop])
+    assert hops[0]["lag_first16_s"] is None and hops[0]["start_s"] == 0.0 and hops[0]["nivcsw"] == 7
+    assert abs(hops[1]["lag_first16_s"] - 0.03) < 1e-9 and abs(hops[1]["lag_half_s"] - 0.05) < 1e-9
+    assert abs(hops[1]["start_s"] - 0.005) < 1e-9 and hops[1]["routed_s"] == 0.002 and hops[1]["cpu_s"] is None
+    assert abs(hops[1]["submit_ms"] - 2.0) < 1e-9 and abs(hops[1]["submit_cpu_ms"] - 0.2) < 1e-9
+    assert abs(hops[1]["submit_max_ms"] - 40.0) < 1e-9 and hops[0]["submit_ms"] is None
+
+
+def test_chain_without_marks_leaves_the_mark_lags_out() -> None:
+    hops = chain([_reply("publisher", 1.2, 10.0), _reply("rollout0", 1.3, 10.1)])
+    assert hops[1]["lag_first16_s"] is None and hops[1]["lag_half_s"] is None and hops[1]["start_s"] is None
+    assert _by_depth([hops])[1]["lag_half_s"] is None

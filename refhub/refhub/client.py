@@ -886,6 +886,13 @@ class _Stager:
                 pass
 
 
+def _mark(st: dict, done: int, now: float) -> None:
+    """Note the time at which a pull's held prefix passed each sixteenth of its bytes (stats' marks_s)."""
+    marks, total = st.get("marks"), st.get("total", 0)
+    while marks is not None and len(marks) < 16 and done * 16 >= (len(marks) + 1) * total:
+        marks.append(now)
+
+
 def _merge_avail(avail: int, seen: int, issued: int) -> int:
     """What may be read from a partial source: it only grows with what the source reports, and stops
     where we are (no new reads; the server re-routes us) once the source no longer holds the version."""
@@ -1553,7 +1560,8 @@ class ShardHandle:
 
     def _txn_pull(self, op: str, fields: dict, timeout: float | None) -> int | None:
         with self._lock:
-            deadline = time.monotonic() + (timeout or self.request_timeout)
+            t_req = time.monotonic()
+            deadline = t_req + (timeout or self.request_timeout)
             self._build_layout()
             if self.state != "published":  # a reader routed here as a partial copy must see no bytes yet
                 self._set_progress(0, 0)
@@ -1575,6 +1583,7 @@ class ShardHandle:
             v = rep["version"]
             self.state = "receiving"
             self.version = v
+            t_routed = time.monotonic()
             try:
                 self._pull(v, rep["src"], rep.get("checksum"), deadline)
             except BaseException:
@@ -1586,6 +1595,8 @@ class ShardHandle:
                 self.state = "idle"
                 self.version = None
                 raise
+            # from the request to the server's answer naming the source (a pipeline hop's start delay)
+            self.stats["routed_s"] = round(t_routed - t_req, 4)
             self.conn.request({"op": "replicate_done", "h": self.hid, "ok": True}, self.request_timeout)
             self.state = "published"
             cks = rep.get("checksum")
@@ -1643,7 +1654,7 @@ class ShardHandle:
                        sources: list, cks: list | None) -> None:
         from tent_core.errors import TentError
 
-        st = {"done": 0, "batches": 0, "staged": 0}
+        st = {"done": 0, "batches": 0, "staged": 0, "total": total, "t0": t0, "marks": []}
         reroutes = 0
         while True:
             ref = src["ref"]
@@ -1677,6 +1688,12 @@ class ShardHandle:
                       "caught_up_s": round(st.get("caught_up_s", 0.0), 4), "window_full_s": round(st.get("window_full_s", 0.0), 4),
                       # from the start of the pull to its first landed batch (how far a pipeline hop starts late)
                       "first_s": round(st["first_t"] - t0, 4) if "first_t" in st else None,
+                      # from the start of the pull to when it held each sixteenth of the bytes (where a pipeline
+                      # hop's lag behind its source grows: pipeline_ab compares these along the chain)
+                      "marks_s": [round(t - t0, 4) for t in st["marks"]],
+                      # the windowed pull's submits: seconds in them, this thread's CPU seconds in them,
+                      # how many, the longest (seconds)
+                      "submit_s": [round(x, 4) if isinstance(x, float) else x for x in st.get("submit", [0.0, 0.0, 0, 0.0])],
                       "verified": cks is not None, "device_checksums": ver.device_checks,
                       "fused": bool(st.get("fused")),  # hashed inside the copy's lanes (see FUSED_VERIFY)
                       # bytes the executor hashed inside its copy loop (DIGEST_PIECE, tent/digest.h) or where
@@ -1849,10 +1866,19 @@ class ShardHandle:
                             if thr:
                                 time.sleep(max(0.0, t_thr + (end - base) / thr - time.monotonic()))
                             # its round trip less what was queued ahead of it: the request delay (refhub.window)
+                            w0, c0 = time.perf_counter(), time.thread_time()
                             if waits is None:
                                 hdl = self._submit(reqs, deadline, digest=ver.digests_for(names))
                             else:
                                 hdl = self._submit(reqs, deadline, digest=ver.digests_for(names), waits=waits)
+                            # the submit's wall time against this thread's CPU in it: what it waited for
+                            # (a lock, the GIL, a core), during which this copy's progress word stood still
+                            sub = st.setdefault("submit", [0.0, 0.0, 0, 0.0])
+                            w = time.perf_counter() - w0
+                            sub[0] += w
+                            sub[1] += time.thread_time() - c0
+                            sub[2] += 1
+                            sub[3] = max(sub[3], w)
                             inflight.append((end, hdl, slot, time.monotonic(), end - st["done"]))
                             st["batches"] += 1
                             issued = end
@@ -2043,6 +2069,7 @@ class ShardHandle:
                             st["first_t"] = time.monotonic()
                         st["done"] = end
                         self._set_progress(v, end)
+                        _mark(st, end, time.monotonic())
                     if k < len(mine) and not errors:
                         if time.monotonic() > deadline:
                             raise TimeoutError(f"replicate v{v}: deadline passed at {st['done']}/{end} bytes")
@@ -2110,6 +2137,7 @@ class ShardHandle:
             st["delay"].observe(now - t_sub, queued, st["rate"])
         st["done"] = end
         self._set_progress(v, end)
+        _mark(st, end, now)
         ver.advance(end)
         return self._progress_word(v, slot) if slot else 0
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import time
 from typing import Any
@@ -89,9 +90,13 @@ def run_refhub(role: str, spec: dict) -> None:
                     _await_receiving(querier, float(msg.get("timeout", 60)))
                     time.sleep(float(msg.get("lead", 0)))
                     emit({"event": "started"})
+                # the process's CPU and involuntary context switches during the pull: what grows with N
+                # on a shared host (pipeline_ab reports them per depth along the chain)
+                ru0, cpu0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time()
                 t0 = time.monotonic()
                 v = h.replicate(1, timeout=600)
                 dt = time.monotonic() - t0
+                ru1, cpu1 = resource.getrusage(resource.RUSAGE_SELF), time.process_time()
                 from refhub.client import checksum
 
                 ok = [checksum(t) for t in ts] == expect
@@ -102,7 +107,11 @@ def run_refhub(role: str, spec: dict) -> None:
                       "caught_up_s": h.stats.get("caught_up_s"), "window_full_s": h.stats.get("window_full_s"),
                       "wait_read": h.stats.get("wait_read"),
                       "rail_errors": sum(r["errors"] for r in eng.rail_stats()),
-                      "t_end": time.monotonic()})
+                      "routed_s": h.stats.get("routed_s"), "submit_s": h.stats.get("submit_s"), "marks_s": h.stats.get("marks_s"),
+                      "cpu_s": round(cpu1 - cpu0, 4), "nivcsw": ru1.ru_nivcsw - ru0.ru_nivcsw,
+                      # the replicate's own start and end (the checksums above are not part of it); the
+                      # namespaces share one monotonic clock
+                      "t_start": t0, "t_end": t0 + dt})
             elif cmd == "drop":
                 h.unpublish()
                 from .rounds import junk_fill

@@ -41,12 +41,36 @@ def _hop_lags(out: list[dict]) -> tuple[list[float], list[float]]:
     return lags, first
 
 
+def _mark_times(x: dict) -> list[float] | None:
+    """A reply's absolute times (the nodes' shared monotonic clock) at which it held each sixteenth of
+    the bytes, or None when the reply lacks them."""
+    if not x.get("marks_s") or x.get("t_start") is None or x.get("routed_s") is None:
+        return None
+    return [x["t_start"] + x["routed_s"] + m for m in x["marks_s"]]
+
+
+def _mark_lag(x: dict, src: dict | None, i: int) -> float | None:
+    """How much later than its source a reader held the first (i+1)/16 of the bytes."""
+    mine, theirs = _mark_times(x), _mark_times(src) if src else None
+    if not mine or not theirs or len(mine) <= i or len(theirs) <= i:
+        return None
+    return mine[i] - theirs[i]
+
+
+def _submit_ms(sub: list | None) -> dict[str, float | None]:
+    if not sub or not sub[2]:
+        return {"submit_ms": None, "submit_cpu_ms": None, "submit_max_ms": None}
+    return {"submit_ms": 1000 * sub[0] / sub[2], "submit_cpu_ms": 1000 * sub[1] / sub[2], "submit_max_ms": 1000 * sub[3]}
+
+
 def chain(out: list[dict]) -> list[dict]:
     """One round's receivers (``out[i]`` is rollout i's reply) by depth along the pipeline: each with
     the replica it first read from, its time, its lag behind that source (None for the publisher's
     readers), its starved time and its mean request delay. Readers whose source is not reached from the
     publisher (none in a healthy run) are left out."""
     ends = {f"rollout{i}": x["t_end"] for i, x in enumerate(out)}
+    by_name = {f"rollout{i}": x for i, x in enumerate(out)}
+    t00 = min((x["t_start"] for x in out if x.get("t_start") is not None), default=None)
     readers: dict[str, list[tuple[str, dict]]] = {}
     for i, x in enumerate(out):
         readers.setdefault(x["sources"][0][0], []).append((f"rollout{i}", x))
@@ -59,6 +83,20 @@ def chain(out: list[dict]) -> list[dict]:
                 rd = x.get("request_delay_s")
                 hops.append({"depth": depth, "name": name, "source": src, "secs": x["secs"],
                              "lag_s": x["t_end"] - ends[src] if src in ends else None,
+                             # where the lag arises: behind the source at the first sixteenth of the bytes
+                             # (the hop's start delay), at half, and at the end (lag_s)
+                             "lag_first16_s": _mark_lag(x, by_name.get(src), 0),
+                             "lag_half_s": _mark_lag(x, by_name.get(src), 7),
+                             # the hop's own start: the request until the server named its source, and
+                             # the pull's start until its first batch landed
+                             "start_s": x["t_start"] - t00 if t00 is not None and x.get("t_start") is not None else None,
+                             "routed_s": x.get("routed_s"), "first_s": x.get("first_s"),
+                             # what contends for the 2 cores: the node's CPU seconds and involuntary
+                             # context switches during its pull
+                             "cpu_s": x.get("cpu_s"), "nivcsw": x.get("nivcsw"),
+                             # a submit's mean wall and CPU time and the pull's longest, ms (what the
+                             # pulling thread waited for inside the engine's submit)
+                             **_submit_ms(x.get("submit_s")),
                              "starved_s": x.get("starved_s"), "request_delay_s": rd[0] if rd else None,
                              "request_delay_max_s": rd[1] if rd else None,
                              "probe_hits": (x.get("probes") or [0, 0])[1], "caught_up_s": x.get("caught_up_s"),
@@ -77,7 +115,8 @@ def _by_depth(rounds: list[list[dict]]) -> list[dict]:
     for d in sorted({h["depth"] for r in rounds for h in r}):
         hs = [h for r in rounds for h in r if h["depth"] == d]
         row: dict[str, Any] = {"depth": d, "hops": len(hs)}
-        for k in ("secs", "lag_s", "starved_s", "request_delay_s", "request_delay_max_s", "probe_hits",
+        for k in ("secs", "lag_s", "lag_first16_s", "lag_half_s", "start_s", "routed_s", "first_s", "cpu_s",
+                  "nivcsw", "submit_ms", "submit_cpu_ms", "submit_max_ms", "starved_s", "request_delay_s", "request_delay_max_s", "probe_hits",
                   "caught_up_s", "window_full_s", "wait_retries"):
             vals = [h[k] for h in hs if h[k] is not None]
             row[k] = round(statistics.median(vals), 3) if vals else None
@@ -85,7 +124,8 @@ def _by_depth(rounds: list[list[dict]]) -> list[dict]:
     return out
 
 
-def run(ns: list[int], rounds: int, confs: dict[str, dict[str, str]], size_mb: float = 64, rate: str = "500mbit") -> dict:
+def run(ns: list[int], rounds: int, confs: dict[str, dict[str, str]], size_mb: float = 64, rate: str = "500mbit",
+        timeline: str | None = None) -> dict:
     sizes = net._sizes(size_mb, 32 if size_mb >= 64 else 8)
     ports = itertools.count(5600)
 
@@ -127,6 +167,9 @@ def run(ns: list[int], rounds: int, confs: dict[str, dict[str, str]], size_mb: f
                             net._send(p, {"cmd": "drop", "junk": 1000 * (rnd + 1) + n})
                         for i, p in enumerate(rcv):
                             net._read(p, 60, f"{c} rollout{i} drop")
+                        if timeline:  # every receiver's reply of the round, for a per-round look
+                            with open(timeline, "a") as f:
+                                f.write(json.dumps({"config": c, "n": n, "round": rnd, "replies": out}) + "\n")
                         lags, first = _hop_lags(out)
                         samples[c][n].append({"mean_s": statistics.mean(x["secs"] for x in out), "hop_lags_s": lags,
                                               "first_hop_s": first, "chain": chain(out)})
@@ -164,8 +207,9 @@ def main() -> None:
     ap.add_argument("--size-mb", type=float, default=64)
     ap.add_argument("--rate", default="500mbit")
     ap.add_argument("--configs", default=json.dumps(DEFAULT_CONFS), help="JSON {name: {REFHUB_*: value}}")
+    ap.add_argument("--timeline", help="append every round's receiver replies (JSON lines) to this file")
     a = ap.parse_args()
-    res = run([int(x) for x in a.n.split(",")], a.rounds, json.loads(a.configs), a.size_mb, a.rate)
+    res = run([int(x) for x in a.n.split(",")], a.rounds, json.loads(a.configs), a.size_mb, a.rate, a.timeline)
     print(json.dumps(res, indent=1))
 
 
