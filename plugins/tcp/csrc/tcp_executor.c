@@ -464,56 +464,6 @@ static void set_timeouts(int fd, int ms) {
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 }
 
-/* A server connection's receive timeout, armed only for the rest of a request that is not in yet.
- * Its thread sleeps for the next request's header in a recv with no timeout: a receive timeout
- * (SO_RCVTIMEO) arms a kernel timer on every sleep, and one-at-a-time requests made the thread
- * sleep once per request (about 0.5-0.8 us of its CPU per 64 KiB request, docs/benchmarks.md);
- * idle connections are closed by the accept thread's watch instead (sconns_watch). A request's
- * remaining bytes are almost always in when its header is (the initiator sends a request in one
- * sendmsg): they are read without waiting, and only where some are missing is the timeout set,
- * until the connection waits for its next header again, so a peer stalling mid-request is still
- * cut after slice_timeout_ms without progress. */
-typedef struct {
-  int fd, ms;
-  int armed; /* SO_RCVTIMEO is set now */
-} rto_t;
-
-static int rto_set(rto_t *t, int ms) {
-  struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
-  if (setsockopt(t->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0) return -1;
-  t->armed = ms > 0;
-  return 0;
-}
-
-static int rto_arm(rto_t *t) { return t->armed ? 0 : rto_set(t, t->ms); }
-
-/* Exactly len bytes of a request's body: what is in without waiting, then, the timeout armed,
- * the rest (IO_TIMEOUT once none came for the timeout). */
-static int srecv_all(rto_t *t, void *buf, size_t len) {
-  char *p = buf;
-  while (len) {
-    ssize_t n = recv(t->fd, p, qos_piece_len(tl_qos_piece, len), MSG_WAITALL | (t->armed ? 0 : MSG_DONTWAIT));
-    if (n > 0) {
-      p += n;
-      len -= (size_t)n;
-      if (len) {
-        if (rto_arm(t)) return IO_ERR;
-        qos_piece_yield();
-      }
-      continue;
-    }
-    if (n == 0) return IO_EOF;
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (t->armed) return IO_TIMEOUT;
-      if (rto_arm(t)) return IO_ERR;
-      continue;
-    }
-    return IO_ERR;
-  }
-  return IO_OK;
-}
-
 static void tune_socket(int fd, int sockbuf) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -581,12 +531,6 @@ typedef struct sconn {
   int pending;   /* still authenticating (under srv_mu) */
   int evicted;   /* cut to make room for a newer unauthenticated client (under srv_mu) */
   uint64_t accepted_ms;
-  /* idle watch: `phase` counts the connection's steps, even while it waits for a request's header
-   * (written by its thread); wd_* are the watchdog's (sconns_watch, under srv_mu) */
-  _Atomic uint32_t phase;
-  uint32_t wd_phase;
-  uint64_t wd_since_ms;
-  int wd_cut;
   char who[64];  /* the client's address, for logs */
   pthread_t thread;
   struct sconn *next;
@@ -1186,13 +1130,13 @@ static int wait_readable(tcp_exec_t *ex, int fd, int timeout_ms) {
   }
 }
 
-static int drain(rto_t *t, uint64_t len) {
+static int drain(int fd, uint64_t len) {
   char *scratch = malloc(DRAIN_CHUNK);
   if (!scratch) return IO_ERR;
   int rc = IO_OK;
   while (len && rc == IO_OK) {
     size_t n = len < DRAIN_CHUNK ? (size_t)len : DRAIN_CHUNK;
-    rc = srecv_all(t, scratch, n);
+    rc = recv_all(fd, scratch, n, NULL, 0);
     len -= n;
   }
   free(scratch);
@@ -1210,7 +1154,7 @@ static int drain(rto_t *t, uint64_t len) {
  * *inq: the bytes still in the socket's receive queue right after it, as the kernel reports them
  * with TCP_INQ (set on server sockets), or -1 where it does not (or nothing was read): whether
  * the next request is in already, so that this one's answer may leave with the next one's. */
-static int recv_after_gap(rto_t *t, uint32_t gap, void *dst, size_t len, int *inq) {
+static int recv_after_gap(int fd, uint32_t gap, void *dst, size_t len, int *inq) {
   uint8_t skip[GAP_MAX];
   struct iovec iov[2] = {{skip, gap}, {dst, len}};
   struct iovec *v = gap ? iov : iov + 1;
@@ -1225,15 +1169,11 @@ static int recv_after_gap(rto_t *t, uint32_t gap, void *dst, size_t len, int *in
     size_t cut_len = 0;
     int cnt = tl_qos_piece ? iov_within(v, (int)n, tl_qos_piece, &cut, &cut_len) : (int)n;
     struct msghdr m = {.msg_iov = v, .msg_iovlen = (size_t)cnt, .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
-    ssize_t k = recvmsg(t->fd, &m, MSG_WAITALL | (t->armed ? 0 : MSG_DONTWAIT));
+    ssize_t k = recvmsg(fd, &m, MSG_WAITALL);
     if (cut) cut->iov_len = cut_len;
     if (k == 0) return IO_EOF;
     if (k < 0) {
       if (errno == EINTR) continue;
-      if ((errno == EAGAIN || errno == EWOULDBLOCK) && !t->armed) {
-        if (rto_arm(t)) return IO_ERR;
-        continue;
-      }
       return IO_ERR; /* a timeout (SO_RCVTIMEO) included: the server side has no progress clock */
     }
     *inq = -1;
@@ -1242,10 +1182,7 @@ static int recv_after_gap(rto_t *t, uint32_t gap, void *dst, size_t len, int *in
         memcpy(inq, CMSG_DATA(cm), sizeof *inq);
     while (n && (size_t)k >= v->iov_len) k -= (ssize_t)v->iov_len, v++, n--;
     if (n) v->iov_base = (char *)v->iov_base + k, v->iov_len -= (size_t)k;
-    if (n) {
-      if (rto_arm(t)) return IO_ERR;
-      qos_piece_yield();
-    }
+    if (n) qos_piece_yield();
   }
   return IO_OK;
 }
@@ -1350,14 +1287,12 @@ static ssize_t rx_recv(int fd, rxbuf_t *rx, int flags) {
   }
 }
 
-/* A whole request header in the buffer, read if need be: the first recv waits as long as the
- * receive timeout says (none while the connection waits for its next request, rto_t), the rest of
- * a header begun waits slice_timeout_ms at most. IO_TIMEOUT: it ran out before any byte of the
- * header; within one, the header stalled (IO_ERR). */
-static int rx_header(rto_t *t, rxbuf_t *rx) {
+/* A whole request header in the buffer, read if need be (like recv_all: the socket's timeout,
+ * SO_RCVTIMEO, ticks). IO_TIMEOUT: it ran out before any byte of the header (the caller
+ * decides); within one, the header stalled (IO_ERR). */
+static int rx_header(int fd, rxbuf_t *rx) {
   while (rx->len < REQ_SIZE) {
-    if (rx->len && rto_arm(t)) return IO_ERR; /* a header begun: its rest on the clock */
-    ssize_t n = rx_recv(t->fd, rx, 0);
+    ssize_t n = rx_recv(fd, rx, 0);
     if (n < 0) return (int)-n;
     if (n == 0) return rx->len ? IO_ERR : IO_TIMEOUT;
   }
@@ -1365,22 +1300,27 @@ static int rx_header(rto_t *t, rxbuf_t *rx) {
 }
 
 /* n bytes into dst (NULL: dropped): those buffered, then the rest from the socket. */
-static int rx_read(rto_t *t, rxbuf_t *rx, void *dst, uint64_t n) {
+static int rx_read(int fd, rxbuf_t *rx, void *dst, uint64_t n) {
   uint32_t k = rx_take(rx, dst, n);
   if (k == n) return IO_OK;
-  return dst ? srecv_all(t, (char *)dst + k, n - k) : drain(t, n - k);
+  return dst ? recv_all(fd, (char *)dst + k, n - k, NULL, 0) : drain(fd, n - k);
 }
 
 /* A server connection's sleeping wait for its next request: in the recv of the header itself,
- * not in a poll before it (waking a thread in recv costs a system call less than waking it in
- * poll and then calling recv: about 1 us of a 64 KiB round trip here, docs/benchmarks.md), with
- * no timeout (rto_t: the receive timeout is off here; the accept thread's watch closes a
- * connection idle for idle_timeout_ms, and the executor's stop wakes it with shutdown(), as it
- * wakes every server connection). Returns 1 with the header in the buffer, 0 closed (or
- * stopping, or a stalled header). */
-static int wait_header(rto_t *t, rxbuf_t *rx) {
-  if (t->armed && rto_set(t, 0) != 0) return 0; /* the last request's rest was on the clock */
-  return rx_header(t, rx) == IO_OK;
+ * not in a poll before it. Waking a thread in recv costs a system call less than waking it in
+ * poll and then calling recv, and its timeout is the socket's (SO_RCVTIMEO, slice_timeout_ms: a
+ * timer-wheel tick, not an hrtimer armed per wait): about 1 us of a 64 KiB round trip here
+ * (docs/benchmarks.md). The executor's stop wakes it with shutdown(), as it wakes every server
+ * connection. Returns 1 with the header in the buffer, 0 closed (or stopping, or a stalled
+ * header), -1 idle for idle_timeout_ms (checked every slice_timeout_ms). */
+static int wait_header(tcp_exec_t *ex, int fd, rxbuf_t *rx) {
+  uint64_t since = mono_ms();
+  for (;;) {
+    int rc = rx_header(fd, rx);
+    if (rc == IO_OK) return 1;
+    if (rc != IO_TIMEOUT || __atomic_load_n(&ex->stopping, __ATOMIC_RELAXED)) return 0;
+    if (mono_ms() - since >= (uint64_t)ex->idle_timeout_ms) return -1;
+  }
 }
 
 /* Answer a READ of [addr, addr + len) in region `r` (referenced by the caller), together with the
@@ -1458,8 +1398,6 @@ static void *sconn_main(void *arg) {
   held_t held = {.n = 0};      /* WRITE answers held back while the next request was in */
   int one = 1; /* recv_after_gap learns whether the next request is in (failing: it reports -1, nothing is held) */
   setsockopt(fd, IPPROTO_TCP, TCP_INQ, &one, sizeof one);
-  rto_t rto = {.fd = fd, .ms = ex->slice_timeout_ms};
-  uint32_t phase = 0; /* c->phase: even while waiting for a header (the idle watch) */
   int spin = 0; /* the last request was small: its client may send the next one at once */
   uint64_t served_ns = 0; /* when the last request's header was in: the server's exchange cycle starts */
   tent_busy_poll_t bp;
@@ -1472,8 +1410,9 @@ static void *sconn_main(void *arg) {
       bulk_held = 0;
     }
     if (qos_thread_demoted() && mono_ms() >= atomic_load(&ex->srv_small_until_ms)) qos_thread_level(ex, 0); /* idle */
-    atomic_store_explicit(&c->phase, phase += 2, memory_order_relaxed); /* waiting (phase stays even) */
-    int w;
+    /* sleep in the header's recv (wait_header) where the socket's timeout ticks at least as often
+     * as the idle timeout needs; else in poll, as before */
+    int in_recv = ex->slice_timeout_ms <= ex->idle_timeout_ms, w;
     if (rx.len >= REQ_SIZE) {
       w = 1; /* the next request came in with the last one's read: no wait */
     } else if (spin) {
@@ -1481,19 +1420,22 @@ static void *sconn_main(void *arg) {
       uint32_t budget = busy_poll_claim(ex, &bp, t0);
       int lost = 0;
       if (spin_readable(fd, budget, &lost)) w = 1;
-      else w = wait_header(&rto, &rx);
+      else if (in_recv) w = wait_header(ex, fd, &rx);
+      else w = wait_readable(ex, fd, ex->idle_timeout_ms);
       if (w > 0) {
         uint64_t now = mono_ns();
         busy_poll_done(ex, 1, &bp, budget, now - t0, now - served_ns, lost);
       }
       else if (budget) atomic_fetch_sub(&ex->polling_now, 1); /* the slot only: no outcome */
+    } else if (in_recv) {
+      w = wait_header(ex, fd, &rx);
     } else {
-      w = wait_header(&rto, &rx);
+      w = wait_readable(ex, fd, ex->idle_timeout_ms);
     }
+    if (w < 0) atomic_fetch_add(&ex->idle_closed, 1); /* idle too long: the client reconnects when it needs to */
     if (w <= 0) break;
-    int rc = rx_header(&rto, &rx); /* buffered already, unless the wait was a poll */
+    int rc = rx_header(fd, &rx); /* buffered already, unless the wait was a poll */
     if (rc != IO_OK) break;      /* peer closed / stalled mid-header */
-    atomic_store_explicit(&c->phase, phase + 1, memory_order_relaxed); /* serving: odd */
     rx_take(&rx, h, REQ_SIZE);
     served_ns = ex->busy_poll_us ? mono_ns() : 0;
     uint32_t version = get16(h + 4);
@@ -1514,7 +1456,7 @@ static void *sconn_main(void *arg) {
     uint64_t word = 0, floor = 0, lo = 0, hi = 0;
     uint32_t wait_ms = 0;
     if (waiting) {
-      if (rx_read(&rto, &rx, ext, WAIT_EXT_SIZE) != IO_OK) break;
+      if (rx_read(fd, &rx, ext, WAIT_EXT_SIZE) != IO_OK) break;
       op = TENT_OP_READ;
       word = get64(ext), floor = get64(ext + 8), lo = get64(ext + 16), hi = get64(ext + 24), wait_ms = get32(ext + 32);
       if ((word & 7u) || !(floor <= lo && lo <= hi) || !wait_ms || get32(ext + 36)) {
@@ -1537,10 +1479,10 @@ static void *sconn_main(void *arg) {
       uint32_t g = rx_take(&rx, NULL, gap), got = g == gap ? rx_take(&rx, r ? (void *)(uintptr_t)addr : NULL, len) : 0;
       int inq = -1;
       if (r) {
-        rc = recv_after_gap(&rto, gap - g, (char *)(uintptr_t)addr + got, (size_t)(len - got), &inq);
+        rc = recv_after_gap(fd, gap - g, (char *)(uintptr_t)addr + got, (size_t)(len - got), &inq);
         region_release(ex, c, r);
       } else {
-        rc = drain(&rto, gap - g + len - got);
+        rc = drain(fd, gap - g + len - got);
       }
       if (rc != IO_OK) {
         held_flush(fd, &held); /* best effort: the WRITEs before it were done */
@@ -1598,47 +1540,11 @@ static void reap_sconns_locked(tcp_exec_t *ex) {
   }
 }
 
-/* The idle watch: a connection that waited for its next request's header for idle_timeout_ms (its
- * phase unchanged and even) is shut down; its thread, asleep in that header's recv with no
- * timeout, sees the end of the stream and closes it. Run by the accept threads every
- * watch_period_ms at least. */
-static void sconns_watch(tcp_exec_t *ex, uint64_t now) {
-  pthread_mutex_lock(&ex->srv_mu);
-  for (sconn_t *c = ex->sconns; c; c = c->next) {
-    if (c->done || c->fd < 0 || c->wd_cut) continue;
-    uint32_t ph = atomic_load_explicit(&c->phase, memory_order_relaxed);
-    if (ph != c->wd_phase) {
-      c->wd_phase = ph;
-      c->wd_since_ms = now;
-    } else if (!(ph & 1) && now - c->wd_since_ms >= (uint64_t)ex->idle_timeout_ms) {
-      c->wd_cut = 1;
-      shutdown(c->fd, SHUT_RDWR);
-      atomic_fetch_add(&ex->idle_closed, 1); /* idle too long: the client reconnects when it needs to */
-    }
-  }
-  pthread_mutex_unlock(&ex->srv_mu);
-}
-
-/* How often the idle watch looks: a quarter of the idle timeout (an idle connection is closed
- * after 1-1.25x of it), 10 ms to 1 s. */
-static int watch_period_ms(const tcp_exec_t *ex) {
-  int p = ex->idle_timeout_ms / 4;
-  return p < 10 ? 10 : p > 1000 ? 1000 : p;
-}
-
 static void *accept_main(void *arg) {
   listener_t *l = arg;
   tcp_exec_t *ex = l->ex;
-  uint64_t watched = mono_ms();
   for (;;) {
-    int period = watch_period_ms(ex), w = wait_readable(ex, l->fd, period);
-    uint64_t now = mono_ms();
-    if (now - watched >= (uint64_t)period) {
-      sconns_watch(ex, now);
-      watched = now;
-    }
-    if (w < 0) continue; /* the watch's tick */
-    if (w == 0) break;
+    if (wait_readable(ex, l->fd, -1) <= 0) break;
     struct sockaddr_in from;
     socklen_t fromlen = sizeof from;
     int fd = accept4(l->fd, (struct sockaddr *)&from, &fromlen, SOCK_CLOEXEC);
@@ -1684,8 +1590,7 @@ static void *accept_main(void *arg) {
     }
     tune_socket(fd, ex->sockbuf);
     loopback_cc(ex, fd, from.sin_addr);
-    struct timeval snd = {.tv_sec = ex->slice_timeout_ms / 1000, .tv_usec = (ex->slice_timeout_ms % 1000) * 1000};
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &snd, sizeof snd); /* receives: rto_t */
+    set_timeouts(fd, ex->slice_timeout_ms);
     sconn_t *c = calloc(1, sizeof *c);
     if (!c) {
       close(fd);
@@ -1693,7 +1598,6 @@ static void *accept_main(void *arg) {
     }
     c->ex = ex;
     c->fd = fd;
-    atomic_init(&c->phase, 1); /* odd: authenticating, not idle */
     snprintf(c->who, sizeof c->who, "%s", who);
     pthread_mutex_lock(&ex->srv_mu);
     if (ex->stopping || pthread_create(&c->thread, NULL, sconn_main, c) != 0) {

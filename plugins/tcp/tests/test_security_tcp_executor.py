@@ -192,10 +192,9 @@ def _closed_within(c: socket.socket, limit: float) -> float:
     return time.monotonic() - t0
 
 
-# A server connection sleeps for the next request's header with no receive timeout (idle ones are
-# closed by the accept thread's watch); the rest of a request runs on slice_timeout_ms again: a peer
-# that stops mid-header or mid-payload is cut after it without progress, one that trickles is not,
-# and a connection quiet between requests is kept until idle_timeout_ms.
+# The server's deadlines on a request's bytes, whatever the server sleeps in between requests: a peer
+# that stops mid-header or mid-payload is cut after slice_timeout_ms without progress, one that
+# trickles is not, and a connection quiet between requests is kept until idle_timeout_ms.
 def test_stalled_request_is_cut_after_slice_timeout() -> None:
     s = Server(("127.0.0.1",), "slice_timeout_ms=300;idle_timeout_ms=60000")
     try:
