@@ -184,6 +184,47 @@ def test_idle_connections_are_closed_and_clients_reconnect(slice_ms: int) -> Non
         s.close()
 
 
+def _closed_within(c: socket.socket, limit: float) -> float:
+    """Seconds until the server closed `c` (nothing else arrives), failing after `limit`."""
+    c.settimeout(limit)
+    t0 = time.monotonic()
+    assert c.recv(65536) == b""  # closed, without an answer (socket.timeout fails the test)
+    return time.monotonic() - t0
+
+
+# The server's deadlines on a request's bytes, whatever the server sleeps in between requests: a peer
+# that stops mid-header or mid-payload is cut after slice_timeout_ms without progress, one that
+# trickles is not, and a connection quiet between requests is kept until idle_timeout_ms.
+def test_stalled_request_is_cut_after_slice_timeout() -> None:
+    s = Server(("127.0.0.1",), "slice_timeout_ms=300;idle_timeout_ms=60000")
+    try:
+        rw, n = s.addr("rw"), 1 << 20
+        quiet = socket.create_connection(("127.0.0.1", s.ports[0]))
+        trickle = socket.create_connection(("127.0.0.1", s.ports[0]))
+        trickle.sendall(header(1, rw, 8 * 4096))
+        for _ in range(8):  # 8 pieces 150 ms apart: 1.2 s in all, each well inside the timeout
+            trickle.sendall(b"t" * 4096)
+            time.sleep(0.15)
+        rsp = recv_upto(trickle, 24)
+        assert len(rsp) == 24 and struct.unpack("<i", rsp[8:12])[0] == 0, rsp
+        assert s.sha("rw", 0, 8 * 4096) == hashlib.sha256(b"t" * 8 * 4096).hexdigest()
+        half_header = socket.create_connection(("127.0.0.1", s.ports[0]))
+        half_header.sendall(header(1, rw, 4096)[:16])
+        assert 0.2 < _closed_within(half_header, 5.0) < 4.0
+        half_payload = socket.create_connection(("127.0.0.1", s.ports[0]))
+        half_payload.sendall(header(1, rw, n) + b"x" * (n // 2))
+        assert 0.2 < _closed_within(half_payload, 5.0) < 4.0
+        quiet.sendall(header(0, s.addr("ro"), 4096))  # quiet for > 1.5 s, several slice timeouts
+        rsp = recv_upto(quiet, 24)
+        assert len(rsp) == 24 and struct.unpack("<i", rsp[8:12])[0] == 0, rsp
+        assert recv_upto(quiet, 4096) == pattern(REGIONS["ro"][2], REGIONS["ro"][0])[:4096].tobytes()
+        assert s.cmd(cmd="stats")["idle_closed"] == 0
+        for c in (half_header, half_payload, quiet, trickle):
+            c.close()
+    finally:
+        s.close()
+
+
 REGION_BASE: dict[str, int] = {}
 SNAP: dict[str, str] = {}
 
