@@ -60,10 +60,10 @@ def once(case: str, seconds: float, config: dict[str, Any] | None = None) -> dic
     ticks = [0, 0.0]  # health ticks of this engine, and the progress thread's CPU seconds in them
     tick = Engine._health_tick
 
-    def timed_tick(self: Engine, now: float) -> None:
+    def timed_tick(self: Engine, now: float) -> Any:
         c0 = time.thread_time()
         try:
-            tick(self, now)
+            return tick(self, now)  # whether the tick needs the next one on time (an idle thread sleeps long)
         finally:
             ticks[0] += 1
             ticks[1] += time.thread_time() - c0
@@ -91,7 +91,7 @@ def once(case: str, seconds: float, config: dict[str, Any] | None = None) -> dic
         proc = time.process_time() - p0
         Engine._health_tick = tick  # type: ignore[method-assign]
     return {"case": case, "wall_s": wall, "progress_cpu_per_s": cpu / wall, "process_cpu_per_s": proc / wall,
-            "req_per_s": n / wall, "tick_cpu_us": ticks[1] / max(1, ticks[0]) * 1e6}
+            "req_per_s": n / wall, "tick_cpu_us": ticks[1] / max(1, ticks[0]) * 1e6, "ticks_per_s": ticks[0] / wall}
 
 
 def _child(python: str, case: str, seconds: float, config: dict[str, Any] | None) -> dict[str, Any]:
@@ -128,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         rate = [r["req_per_s"] for r in rows]
         s = spread(cpu)
         us = spread([r["tick_cpu_us"] for r in rows])
+        tps = spread([r.get("ticks_per_s", 0.0) for r in rows])
         line = (f"{case:8s} {name:5s} progress thread {np.median(cpu):6.2f}% of a core ({s['lo']:.2f}-{s['hi']:.2f}), "
-                f"{us['med']:6.1f} us CPU per health tick ({us['lo']:.1f}-{us['hi']:.1f})")
+                f"{us['med']:6.1f} us CPU per health tick ({us['lo']:.1f}-{us['hi']:.1f}), "
+                f"{tps['med']:5.1f} ticks/s ({tps['lo']:.1f}-{tps['hi']:.1f})")
         if any(rate):
             r = spread(rate)
             line += f"  {np.median(rate):8.0f} req/s ({r['lo']:.0f}-{r['hi']:.0f})"

@@ -204,6 +204,25 @@ static failure_t *g_fail = NULL;
 static size_t g_fail_len = 0, g_fail_cap = 0;
 static int g_fail_fd = -1;
 
+/* The progress thread's watch state (recovery.Progress): PROGRESS_AWAKE while it ticks at its
+ * cadence; PROGRESS_ARMED while it checks that no submit happens for a quiet period (a submit sets
+ * it back to AWAKE, no syscall); PROGRESS_IDLE while it sleeps long with nothing to watch: the next
+ * submit sets it AWAKE and signals the failure eventfd, which the thread waits on. An awake thread
+ * costs a submit one relaxed load; a sleeping one costs the first submit after it one write(2). */
+enum { PROGRESS_AWAKE = 0, PROGRESS_ARMED = 1, PROGRESS_IDLE = 2 };
+static int g_progress_state = PROGRESS_AWAKE;
+static uint64_t g_progress_wakes = 0; /* submits that found it IDLE (tests, benchmarks) */
+
+static inline void progress_poke(void) {
+  if (__builtin_expect(__atomic_load_n(&g_progress_state, __ATOMIC_RELAXED) == PROGRESS_AWAKE, 1)) return;
+  if (__atomic_exchange_n(&g_progress_state, PROGRESS_AWAKE, __ATOMIC_SEQ_CST) == PROGRESS_IDLE) {
+    __atomic_fetch_add(&g_progress_wakes, 1, __ATOMIC_RELAXED);
+    uint64_t one = 1;
+    ssize_t w = write(g_fail_fd, &one, sizeof one);
+    (void)w;
+  }
+}
+
 static void host_complete(void *ctx, const tent_slice_t *s, int32_t status) {
   (void)ctx;
   batch_t *b = (batch_t *)(uintptr_t)s->token;
@@ -1263,6 +1282,7 @@ static int batch_progress(batch_t *b, int64_t budget_ns) {
 static int exec_submit_at(uint64_t ops_p, uint64_t exec_p, batch_t *b, tent_slice_t *s, uint32_t n, int want_inline,
                           uint64_t t) {
   if (!exec_enter(ops_p, exec_p)) return TENT_E_INTERNAL;
+  progress_poke(); /* slices go out: the progress thread watches them (deadlines, stalls, telemetry) */
   const tent_executor_ops_t *ops = ops_of(ops_p);
   uint64_t token = (uintptr_t)b;
   if (tl_nwait && !b->waits) { /* Engine.submit_when: the batch keeps its conditions (retries too) */
@@ -2786,6 +2806,39 @@ static PyObject *py_host_api_address(PyObject *m, PyObject *unused) {
 static PyObject *py_failure_fd(PyObject *m, PyObject *unused) { return PyLong_FromLong(g_fail_fd); }
 static PyObject *py_now_ns(PyObject *m, PyObject *unused) { return PyLong_FromUnsignedLongLong(now_ns()); }
 
+/* progress_state() -> (state, wakes): the watch state and the submits that woke a sleeping thread */
+static PyObject *py_progress_state(PyObject *m, PyObject *unused) {
+  return Py_BuildValue("(iK)", __atomic_load_n(&g_progress_state, __ATOMIC_SEQ_CST),
+                       (unsigned long long)__atomic_load_n(&g_progress_wakes, __ATOMIC_RELAXED));
+}
+
+/* progress_arm() -> bool: the thread starts a quiet period (AWAKE -> ARMED); False if it was not AWAKE */
+static PyObject *py_progress_arm(PyObject *m, PyObject *unused) {
+  int want = PROGRESS_AWAKE;
+  return PyBool_FromLong(__atomic_compare_exchange_n(&g_progress_state, &want, PROGRESS_ARMED, 0,
+                                                     __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+}
+
+/* progress_sleep() -> bool: no submit since progress_arm (ARMED -> IDLE): the thread may sleep
+ * long, the next submit wakes it. False: a submit came (the state is AWAKE), keep ticking. */
+static PyObject *py_progress_sleep(PyObject *m, PyObject *unused) {
+  int want = PROGRESS_ARMED;
+  return PyBool_FromLong(__atomic_compare_exchange_n(&g_progress_state, &want, PROGRESS_IDLE, 0,
+                                                     __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+}
+
+/* progress_resume(): the thread itself is back to AWAKE (found something to watch after a sleep) */
+static PyObject *py_progress_resume(PyObject *m, PyObject *unused) {
+  __atomic_store_n(&g_progress_state, PROGRESS_AWAKE, __ATOMIC_SEQ_CST);
+  Py_RETURN_NONE;
+}
+
+/* progress_wake(): back to AWAKE, and signal the eventfd if the thread slept (what a submit does) */
+static PyObject *py_progress_wake(PyObject *m, PyObject *unused) {
+  progress_poke();
+  Py_RETURN_NONE;
+}
+
 static PyObject *py_set_wait_spin_ns(PyObject *m, PyObject *arg) {
   long long ns = PyLong_AsLongLong(arg);
   if (ns == -1 && PyErr_Occurred()) return NULL;
@@ -2815,6 +2868,11 @@ static PyMethodDef methods[] = {
     {"host_api_address", py_host_api_address, METH_NOARGS, "address of the tent_host_api_t"},
     {"failure_fd", py_failure_fd, METH_NOARGS, "eventfd signalled when failures are queued"},
     {"now_ns", py_now_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns"},
+    {"progress_state", py_progress_state, METH_NOARGS, "progress_state() -> (0 awake | 1 armed | 2 idle, submits that woke it)"},
+    {"progress_arm", py_progress_arm, METH_NOARGS, "progress_arm() -> bool: awake -> armed (a submit disarms it)"},
+    {"progress_sleep", py_progress_sleep, METH_NOARGS, "progress_sleep() -> bool: armed -> idle (the next submit signals failure_fd)"},
+    {"progress_resume", py_progress_resume, METH_NOARGS, "progress_resume(): awake again, no signal (the thread's own call)"},
+    {"progress_wake", py_progress_wake, METH_NOARGS, "progress_wake(): awake again, signalling failure_fd if it slept"},
     {"wait_arm", py_wait_arm, METH_O, "wait_arm(packed tent_wait_t bytes, or None): conditions of this thread's waiting READs"},
     {"digest_arm", py_digest_arm, METH_O, "digest_arm(Digest, list of them, or None): this thread's submits fold their READs into them"},
     {"set_wait_spin_ns", py_set_wait_spin_ns, METH_O, "poll this long in Batch.wait before sleeping; returns the old value"},
