@@ -34,7 +34,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import select
 import threading
 import time
 from collections.abc import Callable
@@ -673,7 +672,6 @@ class Progress:
         self._busy: Any = None  # the owner the thread is calling into right now
         self._inflight: dict[int, BatchHandle] = {}
         self._thread: threading.Thread | None = None
-        self._fd = _native.failure_fd()
         self._idle_s = EngineConfig.progress_idle_s
         self._idle_after_s = EngineConfig.progress_idle_after_s
         self._quiet_since: float | None = None  # armed since (no submit, nothing to watch)
@@ -794,21 +792,16 @@ class Progress:
 
     def _step(self, last_sweep: float, last_tick: float) -> tuple[float, float]:
         asleep = self._sleeping
-        r, _, _ = select.select([self._fd], [], [], self._idle_s if asleep else HEALTH_TICK_S)
-        self.wakeups += 1
-        if r:
-            try:
-                os.read(self._fd, 8)
-            except BlockingIOError:
-                pass
+        # asleep, a submit's wake-up is followed by one cadence of waiting in C: the thread takes the
+        # GIL 10 ms later, not while the request that woke it completes (a failure still ends it)
+        if _native.progress_wait(self._idle_s, HEALTH_TICK_S) if asleep else _native.progress_wait(HEALTH_TICK_S):
             self._failures()
+        self.wakeups += 1
         now = time.monotonic()
         if asleep and _native.progress_state()[0] != _IDLE:
-            # a submit woke it (or a retry of a failure just handled): back to the cadence, with the
-            # first tick one cadence later, off the critical path of the request that woke it
+            # a submit woke it (or a retry of a failure just handled): back to the cadence
             self._sleeping = False
             self._quiet_since = None
-            last_tick = now
         if now - last_tick >= HEALTH_TICK_S:
             last_tick = now
             watch = False

@@ -22,6 +22,7 @@
 #include <structmember.h>
 #include <errno.h>
 #include <math.h>
+#include <poll.h>
 #include <stddef.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -2827,6 +2828,42 @@ static PyObject *py_progress_sleep(PyObject *m, PyObject *unused) {
                                                      __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
 }
 
+/* One wait of the failure eventfd, without the GIL: 1 when it was signalled, 0 on timeout. */
+static int fail_fd_wait(int timeout_ms) {
+  struct pollfd p = {.fd = g_fail_fd, .events = POLLIN};
+  int n;
+  Py_BEGIN_ALLOW_THREADS;
+  n = poll(&p, 1, timeout_ms);
+  Py_END_ALLOW_THREADS;
+  if (n <= 0) return 0;
+  uint64_t v;
+  ssize_t r = read(g_fail_fd, &v, sizeof v);
+  (void)r;
+  return 1;
+}
+
+/* progress_wait(timeout_s, defer_s=0) -> bool: wait for the failure eventfd (the progress thread's
+ * select). True when it was signalled. With defer_s, a signal that brought no failure (a submit
+ * waking the sleeping thread: state AWAKE, queue empty) is followed by up to defer_s more of
+ * waiting, here without the GIL: the thread comes back at its cadence, not on the GIL that the
+ * submitting thread needs while its request completes; a failure meanwhile ends it at once. */
+static PyObject *py_progress_wait(PyObject *m, PyObject *args) {
+  double timeout_s, defer_s = 0.0;
+  if (!PyArg_ParseTuple(args, "d|d", &timeout_s, &defer_s)) return NULL;
+  if (!(timeout_s >= 0 && timeout_s <= 3600 && defer_s >= 0 && defer_s <= 3600)) {
+    PyErr_SetString(PyExc_ValueError, "progress_wait: timeouts must be within [0, 3600] s");
+    return NULL;
+  }
+  int hit = fail_fd_wait((int)(timeout_s * 1e3 + 0.5));
+  if (hit && defer_s > 0) {
+    pthread_mutex_lock(&g_fail_mu);
+    size_t queued = g_fail_len;
+    pthread_mutex_unlock(&g_fail_mu);
+    if (!queued) fail_fd_wait((int)(defer_s * 1e3 + 0.5));
+  }
+  return PyBool_FromLong(hit);
+}
+
 /* progress_resume(): the thread itself is back to AWAKE (found something to watch after a sleep) */
 static PyObject *py_progress_resume(PyObject *m, PyObject *unused) {
   __atomic_store_n(&g_progress_state, PROGRESS_AWAKE, __ATOMIC_SEQ_CST);
@@ -2871,6 +2908,8 @@ static PyMethodDef methods[] = {
     {"progress_state", py_progress_state, METH_NOARGS, "progress_state() -> (0 awake | 1 armed | 2 idle, submits that woke it)"},
     {"progress_arm", py_progress_arm, METH_NOARGS, "progress_arm() -> bool: awake -> armed (a submit disarms it)"},
     {"progress_sleep", py_progress_sleep, METH_NOARGS, "progress_sleep() -> bool: armed -> idle (the next submit signals failure_fd)"},
+    {"progress_wait", py_progress_wait, METH_VARARGS,
+     "progress_wait(timeout_s, defer_s=0) -> bool: wait for failure_fd (without the GIL); see native.c"},
     {"progress_resume", py_progress_resume, METH_NOARGS, "progress_resume(): awake again, no signal (the thread's own call)"},
     {"progress_wake", py_progress_wake, METH_NOARGS, "progress_wake(): awake again, signalling failure_fd if it slept"},
     {"wait_arm", py_wait_arm, METH_O, "wait_arm(packed tent_wait_t bytes, or None): conditions of this thread's waiting READs"},
