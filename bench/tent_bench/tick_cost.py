@@ -109,7 +109,9 @@ def _child(python: str, case: str, seconds: float, config: dict[str, Any] | None
         argv += ["--config", json.dumps(config)]
     # this bench's own tent_bench, whichever tree's tent_core the python imports
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds * 4 + 120, check=True, env=env)
+    # cwd "/": `python -m` puts the working directory first on sys.path, and run from a tree's root
+    # it imported that tree's tent_core whichever python ran (a --base run measured this tree)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds * 4 + 120, check=True, env=env, cwd="/")
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
