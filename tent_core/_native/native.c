@@ -1283,7 +1283,6 @@ static int batch_progress(batch_t *b, int64_t budget_ns) {
 static int exec_submit_at(uint64_t ops_p, uint64_t exec_p, batch_t *b, tent_slice_t *s, uint32_t n, int want_inline,
                           uint64_t t) {
   if (!exec_enter(ops_p, exec_p)) return TENT_E_INTERNAL;
-  progress_poke(); /* slices go out: the progress thread watches them (deadlines, stalls, telemetry) */
   const tent_executor_ops_t *ops = ops_of(ops_p);
   uint64_t token = (uintptr_t)b;
   if (tl_nwait && !b->waits) { /* Engine.submit_when: the batch keeps its conditions (retries too) */
@@ -1304,6 +1303,9 @@ static int exec_submit_at(uint64_t ops_p, uint64_t exec_p, batch_t *b, tent_slic
   }
   int rc = inl ? ops->submit_inline((void *)(uintptr_t)exec_p, s, n) : ops->submit((void *)(uintptr_t)exec_p, s, n);
   exec_leave();
+  /* the progress thread watches them (deadlines, stalls, telemetry): woken if it slept, after the
+   * executor took them, so that the first request after a sleep is under way before the wake-up */
+  progress_poke();
   if (rc != 0)
     for (uint32_t i = 0; i < n; i++) unaccount(&s[i]);
   return rc;
