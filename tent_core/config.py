@@ -346,6 +346,15 @@ class EngineConfig:
     # microseconds on small VMs, more than a 64 KiB copy, so small transfers finish while polling.
     # Process-wide (the last engine created sets it); 0 turns polling off.
     wait_spin_us: float = 50.0
+    # The progress thread (recovery.Progress, one per process) ticks every 10 ms (recovery.HEALTH_TICK_S)
+    # while anything needs watching: slices in flight, a rail not HEALTHY, a heartbeat out, a peer
+    # not ALIVE, slices waiting for a path, other processes' load on a shared rail. Once nothing did
+    # and no submit came for progress_idle_after_s, it ticks every progress_idle_s instead, and the
+    # next submit wakes it at once (an eventfd write, paid by the first submit after the sleep
+    # only): an idle engine's 100 wake-ups per second cost ~2% of a core (tent_bench.tick_cost).
+    # Process-wide: the smallest value of the attached engines rules. 0 = never sleep long.
+    progress_idle_s: float = 1.0
+    progress_idle_after_s: float = 0.2
     # The plan cache and native submit path: a request whose class (remote segment, local buffer,
     # op, priority, tag) was planned before, to a single-rail route, is validated, sliced and handed
     # to the executor in C. False routes every request through the Python planner (for comparison).

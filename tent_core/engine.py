@@ -90,6 +90,10 @@ class Engine:
         self.config: EngineConfig = load_config(config)
         if not 0 <= self.config.wait_spin_us <= 10_000:
             raise errors.InvalidRequestError(f"wait_spin_us must be within [0, 10000], got {self.config.wait_spin_us}")
+        if not (0 <= self.config.progress_idle_s <= 3600 and 0 <= self.config.progress_idle_after_s <= 3600):
+            raise errors.InvalidRequestError(
+                f"progress_idle_s and progress_idle_after_s must be within [0, 3600], got "
+                f"{self.config.progress_idle_s} and {self.config.progress_idle_after_s}")
         try:
             rules = parse_rules(self.config.rules)
         except ValueError as exc:
@@ -457,8 +461,8 @@ class Engine:
     def _handle_failure(self, handle: BatchHandle, rec: np.void) -> None:
         self._recovery.on_failure(handle, rec)
 
-    def _health_tick(self, now: float) -> None:
-        self._recovery.health_tick(now)
+    def _health_tick(self, now: float) -> bool:
+        return self._recovery.health_tick(now)
 
     # ----------------------------------------------------------------- introspection
     def rail_stats(self) -> list[dict[str, Any]]:

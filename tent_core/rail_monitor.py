@@ -266,6 +266,18 @@ class RailMonitor:
         return [self.state(k, now) for k in rails]
 
     @_locked
+    def settled(self, now: float) -> bool:
+        """True when every rail is HEALTHY: no transition waits for the clock or a heartbeat (the
+        progress thread may then sleep long; what stays lazy, errors ageing out of the window and
+        the cooldown reset, needs no tick)."""
+        for key, r in self._rails.items():
+            if r.state is not RailState.HEALTHY:
+                self._advance(key, r, now)
+                if r.state is not RailState.HEALTHY:
+                    return False
+        return True
+
+    @_locked
     def due_probe(self, rail: Hashable, now: float) -> bool:
         """True when `rail` is PAUSED, its cooldown is over and no heartbeat is outstanding.
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import select
 import threading
 import time
 from collections.abc import Callable
@@ -344,8 +343,12 @@ class Recovery:
 
     # ---- health -----------------------------------------------------------------------------------
 
-    def health_tick(self, now: float) -> None:
-        """Feed telemetry to the rail monitor: completions, congestion, stalls, outliers, heartbeats."""
+    def health_tick(self, now: float) -> bool:
+        """Feed telemetry to the rail monitor: completions, congestion, stalls, outliers, heartbeats.
+        True while the next tick is needed on time: bytes in flight on a rail (or other processes'
+        on a shared one), a rail not HEALTHY, a heartbeat out, a peer not ALIVE, slices waiting for
+        a path. False lets the progress thread sleep long (`progress_idle_s`)."""
+        watch = False
         now_ns = _native.now_ns()
         hc = self.config.health
         shared = self._shared_load()
@@ -375,6 +378,8 @@ class Recovery:
                     tels.append(tel)
                     if shared is not None:
                         self._share_load(shared, rail)
+                    if tel.inflight_bytes or tel.external_bytes:
+                        watch = True
                     if delta.slices_done:
                         # also on a paused rail: a completion is as good as a heartbeat (the monitor
                         # re-admits it only once its cooldown is over)
@@ -423,6 +428,8 @@ class Recovery:
                     if taken is not None:  # back out to the fast path, with what health says now
                         publish(fast, rail, self.monitor.weight(rail.slot, now), taken)
             liveness = peer.liveness
+            if liveness.outage is not None or liveness.state is not PeerState.ALIVE:
+                watch = True
             if progressed and (liveness.outage is not None or liveness.state is not PeerState.ALIVE):
                 with peer.lock:
                     liveness.on_progress(now)
@@ -436,6 +443,7 @@ class Recovery:
             self._watch_deadlines(now)
         if self._parked:
             self._drive_parked(now)
+        return bool(watch or self._probes or self._waiting or self._parked or not self.monitor.settled(now))
 
     def _judge_probes(self, now: float) -> None:
         hc = self.config.health
@@ -636,14 +644,27 @@ class PeerWatch:
 class ProgressClient(Protocol):
     """What the progress thread calls on an attached owner (an Engine)."""
 
+    config: EngineConfig
+
     def _handle_failure(self, handle: BatchHandle, rec: np.void) -> None: ...
 
-    def _health_tick(self, now: float) -> None: ...
+    def _health_tick(self, now: float) -> bool: ...
+
+
+_AWAKE, _ARMED, _IDLE = 0, 1, 2  # native.c's progress watch states
 
 
 class Progress:
     """One process-wide thread: takes retryable slice failures from the native queue and hands
-    them to the owner of the batch; ticks every owner's health; expires batches past deadline."""
+    them to the owner of the batch; ticks every owner's health; expires batches past deadline.
+
+    It ticks every `HEALTH_TICK_S` while an owner's tick says something needs watching or a batch
+    is tracked in flight. Once neither held and no submit came for `progress_idle_after_s`, it
+    sleeps `progress_idle_s` between ticks; the native submit path (every slice handed to an
+    executor) wakes it through the failure eventfd, which the thread waits on anyway. The handshake
+    lives in native.c (`progress_arm` / `progress_sleep` / the submit's `progress_poke`): a submit
+    that races the decision to sleep either disarms it or finds it asleep and signals, never neither.
+    """
 
     def __init__(self) -> None:
         self._cv = threading.Condition()
@@ -651,20 +672,39 @@ class Progress:
         self._busy: Any = None  # the owner the thread is calling into right now
         self._inflight: dict[int, BatchHandle] = {}
         self._thread: threading.Thread | None = None
-        self._fd = _native.failure_fd()
+        self._idle_s = EngineConfig.progress_idle_s
+        self._idle_after_s = EngineConfig.progress_idle_after_s
+        self._quiet_since: float | None = None  # armed since (no submit, nothing to watch)
+        self._sleeping = False
+        self.ticks = 0  # health-tick rounds run (an idle process runs about one per progress_idle_s)
+        self.wakeups = 0  # times the thread woke: its cadence, a failure, a submit after a sleep
+
+    def _settings(self) -> None:
+        """The smallest idle interval of the attached engines rules (held: self._cv)."""
+        cfgs = [o.config for o in self._owners if isinstance(getattr(o, "config", None), EngineConfig)]
+        self._idle_s = min((c.progress_idle_s for c in cfgs), default=EngineConfig.progress_idle_s)
+        self._idle_after_s = min((c.progress_idle_after_s for c in cfgs), default=EngineConfig.progress_idle_after_s)
 
     def attach(self, owner: ProgressClient) -> None:
         with self._cv:
             self._owners.add(owner)
+            self._settings()
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="tent-progress", daemon=True)
                 self._thread.start()
+        self.wake()  # the new owner's first ticks come at the cadence, not after a sleep
+
+    def wake(self) -> None:
+        """Tick at the cadence again now (what a submit does): for whoever starts something the
+        health tick must watch other than by a submit."""
+        _native.progress_wake()
 
     def detach(self, owner: ProgressClient) -> None:
         """After return the thread never calls into `owner` again (it waits for a call in progress,
         unless called from that very call)."""
         with self._cv:
             self._owners.discard(owner)
+            self._settings()
             if threading.current_thread() is not self._thread:
                 while self._busy is owner:
                     self._cv.wait()
@@ -691,19 +731,20 @@ class Progress:
     def untrack(self, handle: BatchHandle) -> None:
         self._inflight.pop(handle._batch.token, None)
 
-    def _call(self, owner: Any, fn: Callable[..., None], *args: Any) -> bool:
-        """Run `fn(*args)` as a call into `owner` unless it is detached; False if it was."""
+    def _call(self, owner: Any, fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+        """Run `fn(*args)` as a call into `owner` unless it is detached: (False, None) if it was,
+        else (True, what it returned)."""
         with self._cv:
             if owner not in self._owners:
-                return False
+                return False, None
             self._busy = owner
         try:
-            fn(*args)
+            out = fn(*args)
         finally:
             with self._cv:
                 self._busy = None
                 self._cv.notify_all()
-        return True
+        return True, out
 
     def _failures(self) -> None:
         data = _native.pop_failures()
@@ -718,7 +759,7 @@ class Progress:
             status = int(rec["status"])
             try:
                 owner = handle.engine
-                if not self._call(owner, owner._handle_failure, handle, rec):
+                if not self._call(owner, owner._handle_failure, handle, rec)[0]:
                     handle._batch.fail_slice(status)  # its engine is closed: nothing retries it
             except Exception as exc:
                 log.exception("retry handling failed")
@@ -750,23 +791,30 @@ class Progress:
                 time.sleep(HEALTH_TICK_S)
 
     def _step(self, last_sweep: float, last_tick: float) -> tuple[float, float]:
-        r, _, _ = select.select([self._fd], [], [], HEALTH_TICK_S)
-        if r:
-            try:
-                os.read(self._fd, 8)
-            except BlockingIOError:
-                pass
+        asleep = self._sleeping
+        # asleep, a submit's wake-up is followed by one cadence of waiting in C: the thread takes the
+        # GIL 10 ms later, not while the request that woke it completes (a failure still ends it)
+        if _native.progress_wait(self._idle_s, HEALTH_TICK_S) if asleep else _native.progress_wait(HEALTH_TICK_S):
             self._failures()
+        self.wakeups += 1
         now = time.monotonic()
+        if asleep and _native.progress_state()[0] != _IDLE:
+            # a submit woke it (or a retry of a failure just handled): back to the cadence
+            self._sleeping = False
+            self._quiet_since = None
         if now - last_tick >= HEALTH_TICK_S:
             last_tick = now
+            watch = False
             with self._cv:
                 owners = list(self._owners)
             for owner in owners:
                 try:
-                    self._call(owner, owner._health_tick, now)
+                    watch = bool(self._call(owner, owner._health_tick, now)[1]) or watch
                 except Exception:
                     log.exception("health tick failed")
+                    watch = True
+            self.ticks += 1
+            self._pace(now, watch or bool(self._inflight))
         if now - last_sweep > 0.2:
             last_sweep = now
             for tok, h in self._inflight_snapshot():
@@ -779,6 +827,26 @@ class Progress:
                 elif now > h.deadline + 60:
                     log.error("batch %x still has %d slices a minute past its deadline", tok, h._batch.remaining)
         return last_sweep, last_tick
+
+    def _pace(self, now: float, watch: bool) -> None:
+        """After a tick: keep the cadence while something needs watching, else arm, and sleep once
+        armed for `progress_idle_after_s` without a submit."""
+        if watch or self._idle_s <= 0:
+            self._quiet_since = None
+            if self._sleeping:
+                self._sleeping = False
+                _native.progress_resume()
+            return
+        if self._sleeping:
+            return  # slept its interval, nothing to watch: sleep on
+        if self._quiet_since is None or _native.progress_state()[0] == _AWAKE:
+            _native.progress_arm()  # a submit from here on disarms it
+            self._quiet_since = now
+        elif now - self._quiet_since >= self._idle_after_s:
+            self._sleeping = _native.progress_sleep()  # False: a submit came just now
+            if not self._sleeping:
+                self._quiet_since = None
+
 
 PROGRESS = Progress()
 

@@ -1,8 +1,9 @@
 """CPU cost of the engine's progress thread (`tent-progress`: failures, health ticks, sweeps).
 
-Three cases, each for `--seconds`: an idle engine with one connected tcp peer; the same engine
+Four cases, each for `--seconds`: an idle engine with one connected tcp peer; the same engine
 during a tcp one-at-a-time 64 KiB READ loop; an idle engine whose route has several loopback tcp
-rails. Per case: the progress thread's CPU seconds per wall second (from /proc/self/task/<tid>/schedstat,
+rails; one 64 KiB READ after each 1.5 s of idling (its submit-to-wait-return time: the first submit
+after the progress thread went to sleep wakes it). Per case: the progress thread's CPU seconds per wall second (from /proc/self/task/<tid>/schedstat,
 its run time), the CPU time of one health tick in it (thread_time around the engine's tick), and for the loop the requests per second. ``--base`` runs another tent-core tree
 (e.g. main's, built in place) interleaved with this one, one child process per case and round.
 """
@@ -24,7 +25,8 @@ from tent_core import Engine, OpCode, Request
 
 from .small import KiB, _verify, engine_loop, spread, target
 
-CASES = ["idle", "loop64k", "rails4"]
+CASES = ["idle", "loop64k", "rails4", "wake64k"]
+WAKE_GAP_S = 1.5  # wake64k: idle this long before each request (past progress_idle_after_s: asleep)
 RAILS4 = {"tcp": {"rails": ["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"]}}
 
 
@@ -60,10 +62,10 @@ def once(case: str, seconds: float, config: dict[str, Any] | None = None) -> dic
     ticks = [0, 0.0]  # health ticks of this engine, and the progress thread's CPU seconds in them
     tick = Engine._health_tick
 
-    def timed_tick(self: Engine, now: float) -> None:
+    def timed_tick(self: Engine, now: float) -> Any:
         c0 = time.thread_time()
         try:
-            tick(self, now)
+            return tick(self, now)  # whether the tick needs the next one on time (an idle thread sleeps long)
         finally:
             ticks[0] += 1
             ticks[1] += time.thread_time() - c0
@@ -79,7 +81,13 @@ def once(case: str, seconds: float, config: dict[str, Any] | None = None) -> dic
         c0, w0 = _thread_cpu("tent-progress"), time.monotonic()
         p0 = time.process_time()
         n = 0
-        if case == "loop64k":
+        first: list[float] = []
+        if case == "wake64k":  # one request after each idle gap: what the first submit after a sleep pays
+            end = w0 + seconds
+            while time.monotonic() < end or not first:
+                time.sleep(WAKE_GAP_S)
+                first += engine_loop(eng, reqs, 1)
+        elif case == "loop64k":
             end = w0 + seconds
             while time.monotonic() < end:
                 engine_loop(eng, reqs, 100)
@@ -91,7 +99,8 @@ def once(case: str, seconds: float, config: dict[str, Any] | None = None) -> dic
         proc = time.process_time() - p0
         Engine._health_tick = tick  # type: ignore[method-assign]
     return {"case": case, "wall_s": wall, "progress_cpu_per_s": cpu / wall, "process_cpu_per_s": proc / wall,
-            "req_per_s": n / wall, "tick_cpu_us": ticks[1] / max(1, ticks[0]) * 1e6}
+            "req_per_s": n / wall, "tick_cpu_us": ticks[1] / max(1, ticks[0]) * 1e6, "ticks_per_s": ticks[0] / wall,
+            "after_idle_us": float(np.median(first)) * 1e6 if first else 0.0}
 
 
 def _child(python: str, case: str, seconds: float, config: dict[str, Any] | None) -> dict[str, Any]:
@@ -100,7 +109,9 @@ def _child(python: str, case: str, seconds: float, config: dict[str, Any] | None
         argv += ["--config", json.dumps(config)]
     # this bench's own tent_bench, whichever tree's tent_core the python imports
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds * 4 + 120, check=True, env=env)
+    # cwd "/": `python -m` puts the working directory first on sys.path, and run from a tree's root
+    # it imported that tree's tent_core whichever python ran (a --base run measured this tree)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds * 4 + 120, check=True, env=env, cwd="/")
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -128,8 +139,13 @@ def main(argv: list[str] | None = None) -> int:
         rate = [r["req_per_s"] for r in rows]
         s = spread(cpu)
         us = spread([r["tick_cpu_us"] for r in rows])
+        tps = spread([r.get("ticks_per_s", 0.0) for r in rows])
         line = (f"{case:8s} {name:5s} progress thread {np.median(cpu):6.2f}% of a core ({s['lo']:.2f}-{s['hi']:.2f}), "
-                f"{us['med']:6.1f} us CPU per health tick ({us['lo']:.1f}-{us['hi']:.1f})")
+                f"{us['med']:6.1f} us CPU per health tick ({us['lo']:.1f}-{us['hi']:.1f}), "
+                f"{tps['med']:5.1f} ticks/s ({tps['lo']:.1f}-{tps['hi']:.1f})")
+        if any(r.get("after_idle_us") for r in rows):
+            a = spread([r["after_idle_us"] for r in rows])
+            line += f"  one 64 KiB READ after {WAKE_GAP_S} s idle {a['med']:.0f} us ({a['lo']:.0f}-{a['hi']:.0f})"
         if any(rate):
             r = spread(rate)
             line += f"  {np.median(rate):8.0f} req/s ({r['lo']:.0f}-{r['hi']:.0f})"

@@ -22,6 +22,7 @@
 #include <structmember.h>
 #include <errno.h>
 #include <math.h>
+#include <poll.h>
 #include <stddef.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -203,6 +204,25 @@ static pthread_mutex_t g_fail_mu = PTHREAD_MUTEX_INITIALIZER;
 static failure_t *g_fail = NULL;
 static size_t g_fail_len = 0, g_fail_cap = 0;
 static int g_fail_fd = -1;
+
+/* The progress thread's watch state (recovery.Progress): PROGRESS_AWAKE while it ticks at its
+ * cadence; PROGRESS_ARMED while it checks that no submit happens for a quiet period (a submit sets
+ * it back to AWAKE, no syscall); PROGRESS_IDLE while it sleeps long with nothing to watch: the next
+ * submit sets it AWAKE and signals the failure eventfd, which the thread waits on. An awake thread
+ * costs a submit one relaxed load; a sleeping one costs the first submit after it one write(2). */
+enum { PROGRESS_AWAKE = 0, PROGRESS_ARMED = 1, PROGRESS_IDLE = 2 };
+static int g_progress_state = PROGRESS_AWAKE;
+static uint64_t g_progress_wakes = 0; /* submits that found it IDLE (tests, benchmarks) */
+
+static inline void progress_poke(void) {
+  if (__builtin_expect(__atomic_load_n(&g_progress_state, __ATOMIC_RELAXED) == PROGRESS_AWAKE, 1)) return;
+  if (__atomic_exchange_n(&g_progress_state, PROGRESS_AWAKE, __ATOMIC_SEQ_CST) == PROGRESS_IDLE) {
+    __atomic_fetch_add(&g_progress_wakes, 1, __ATOMIC_RELAXED);
+    uint64_t one = 1;
+    ssize_t w = write(g_fail_fd, &one, sizeof one);
+    (void)w;
+  }
+}
 
 static void host_complete(void *ctx, const tent_slice_t *s, int32_t status) {
   (void)ctx;
@@ -1283,6 +1303,9 @@ static int exec_submit_at(uint64_t ops_p, uint64_t exec_p, batch_t *b, tent_slic
   }
   int rc = inl ? ops->submit_inline((void *)(uintptr_t)exec_p, s, n) : ops->submit((void *)(uintptr_t)exec_p, s, n);
   exec_leave();
+  /* the progress thread watches them (deadlines, stalls, telemetry): woken if it slept, after the
+   * executor took them, so that the first request after a sleep is under way before the wake-up */
+  progress_poke();
   if (rc != 0)
     for (uint32_t i = 0; i < n; i++) unaccount(&s[i]);
   return rc;
@@ -2786,6 +2809,75 @@ static PyObject *py_host_api_address(PyObject *m, PyObject *unused) {
 static PyObject *py_failure_fd(PyObject *m, PyObject *unused) { return PyLong_FromLong(g_fail_fd); }
 static PyObject *py_now_ns(PyObject *m, PyObject *unused) { return PyLong_FromUnsignedLongLong(now_ns()); }
 
+/* progress_state() -> (state, wakes): the watch state and the submits that woke a sleeping thread */
+static PyObject *py_progress_state(PyObject *m, PyObject *unused) {
+  return Py_BuildValue("(iK)", __atomic_load_n(&g_progress_state, __ATOMIC_SEQ_CST),
+                       (unsigned long long)__atomic_load_n(&g_progress_wakes, __ATOMIC_RELAXED));
+}
+
+/* progress_arm() -> bool: the thread starts a quiet period (AWAKE -> ARMED); False if it was not AWAKE */
+static PyObject *py_progress_arm(PyObject *m, PyObject *unused) {
+  int want = PROGRESS_AWAKE;
+  return PyBool_FromLong(__atomic_compare_exchange_n(&g_progress_state, &want, PROGRESS_ARMED, 0,
+                                                     __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+}
+
+/* progress_sleep() -> bool: no submit since progress_arm (ARMED -> IDLE): the thread may sleep
+ * long, the next submit wakes it. False: a submit came (the state is AWAKE), keep ticking. */
+static PyObject *py_progress_sleep(PyObject *m, PyObject *unused) {
+  int want = PROGRESS_ARMED;
+  return PyBool_FromLong(__atomic_compare_exchange_n(&g_progress_state, &want, PROGRESS_IDLE, 0,
+                                                     __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+}
+
+/* One wait of the failure eventfd, without the GIL: 1 when it was signalled, 0 on timeout. */
+static int fail_fd_wait(int timeout_ms) {
+  struct pollfd p = {.fd = g_fail_fd, .events = POLLIN};
+  int n;
+  Py_BEGIN_ALLOW_THREADS;
+  n = poll(&p, 1, timeout_ms);
+  Py_END_ALLOW_THREADS;
+  if (n <= 0) return 0;
+  uint64_t v;
+  ssize_t r = read(g_fail_fd, &v, sizeof v);
+  (void)r;
+  return 1;
+}
+
+/* progress_wait(timeout_s, defer_s=0) -> bool: wait for the failure eventfd (the progress thread's
+ * select). True when it was signalled. With defer_s, a signal that brought no failure (a submit
+ * waking the sleeping thread: state AWAKE, queue empty) is followed by up to defer_s more of
+ * waiting, here without the GIL: the thread comes back at its cadence, not on the GIL that the
+ * submitting thread needs while its request completes; a failure meanwhile ends it at once. */
+static PyObject *py_progress_wait(PyObject *m, PyObject *args) {
+  double timeout_s, defer_s = 0.0;
+  if (!PyArg_ParseTuple(args, "d|d", &timeout_s, &defer_s)) return NULL;
+  if (!(timeout_s >= 0 && timeout_s <= 3600 && defer_s >= 0 && defer_s <= 3600)) {
+    PyErr_SetString(PyExc_ValueError, "progress_wait: timeouts must be within [0, 3600] s");
+    return NULL;
+  }
+  int hit = fail_fd_wait((int)(timeout_s * 1e3 + 0.5));
+  if (hit && defer_s > 0) {
+    pthread_mutex_lock(&g_fail_mu);
+    size_t queued = g_fail_len;
+    pthread_mutex_unlock(&g_fail_mu);
+    if (!queued) fail_fd_wait((int)(defer_s * 1e3 + 0.5));
+  }
+  return PyBool_FromLong(hit);
+}
+
+/* progress_resume(): the thread itself is back to AWAKE (found something to watch after a sleep) */
+static PyObject *py_progress_resume(PyObject *m, PyObject *unused) {
+  __atomic_store_n(&g_progress_state, PROGRESS_AWAKE, __ATOMIC_SEQ_CST);
+  Py_RETURN_NONE;
+}
+
+/* progress_wake(): back to AWAKE, and signal the eventfd if the thread slept (what a submit does) */
+static PyObject *py_progress_wake(PyObject *m, PyObject *unused) {
+  progress_poke();
+  Py_RETURN_NONE;
+}
+
 static PyObject *py_set_wait_spin_ns(PyObject *m, PyObject *arg) {
   long long ns = PyLong_AsLongLong(arg);
   if (ns == -1 && PyErr_Occurred()) return NULL;
@@ -2815,6 +2907,13 @@ static PyMethodDef methods[] = {
     {"host_api_address", py_host_api_address, METH_NOARGS, "address of the tent_host_api_t"},
     {"failure_fd", py_failure_fd, METH_NOARGS, "eventfd signalled when failures are queued"},
     {"now_ns", py_now_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns"},
+    {"progress_state", py_progress_state, METH_NOARGS, "progress_state() -> (0 awake | 1 armed | 2 idle, submits that woke it)"},
+    {"progress_arm", py_progress_arm, METH_NOARGS, "progress_arm() -> bool: awake -> armed (a submit disarms it)"},
+    {"progress_sleep", py_progress_sleep, METH_NOARGS, "progress_sleep() -> bool: armed -> idle (the next submit signals failure_fd)"},
+    {"progress_wait", py_progress_wait, METH_VARARGS,
+     "progress_wait(timeout_s, defer_s=0) -> bool: wait for failure_fd (without the GIL); see native.c"},
+    {"progress_resume", py_progress_resume, METH_NOARGS, "progress_resume(): awake again, no signal (the thread's own call)"},
+    {"progress_wake", py_progress_wake, METH_NOARGS, "progress_wake(): awake again, signalling failure_fd if it slept"},
     {"wait_arm", py_wait_arm, METH_O, "wait_arm(packed tent_wait_t bytes, or None): conditions of this thread's waiting READs"},
     {"digest_arm", py_digest_arm, METH_O, "digest_arm(Digest, list of them, or None): this thread's submits fold their READs into them"},
     {"set_wait_spin_ns", py_set_wait_spin_ns, METH_O, "poll this long in Batch.wait before sleeping; returns the old value"},
