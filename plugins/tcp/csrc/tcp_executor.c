@@ -629,20 +629,11 @@ static void work_wait(tcp_exec_t *ex, const struct timespec *deadline) {
   ex->sleepers--;
 }
 
-/* Under ex->mu: a wake-up of up to n workers, of which work_wake_now does the waking: how many to wake
- * (0: none sleeps). Split so that a submit wakes them after dropping ex->mu: a woken worker's first
- * step is to take it, and on a busy host the waker is often preempted by the worker it woke. */
-static int work_wake_arm(tcp_exec_t *ex, int n) {
-  atomic_fetch_add_explicit(&ex->wake_seq, 1, memory_order_relaxed);
-  return ex->sleepers > 0 ? n : 0;
-}
-
-static void work_wake_now(tcp_exec_t *ex, int n) {
-  if (n > 0) syscall(SYS_futex, &ex->wake_seq, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
-}
-
 /* Under ex->mu: wake up to n workers sleeping in work_wait (INT_MAX: all of them). */
-static void work_wake(tcp_exec_t *ex, int n) { work_wake_now(ex, work_wake_arm(ex, n)); }
+static void work_wake(tcp_exec_t *ex, int n) {
+  atomic_fetch_add_explicit(&ex->wake_seq, 1, memory_order_relaxed);
+  if (ex->sleepers > 0 && n > 0) syscall(SYS_futex, &ex->wake_seq, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
+}
 
 /* ------------------------------------------------------------------ ready list */
 
@@ -2817,7 +2808,6 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
   tent_job_t **jobs = n == 1 ? one_job : malloc(n * sizeof *jobs);
   uint64_t *plan = n == 1 ? one_plan : malloc(2 * (size_t)n * sizeof *plan); /* parts, per */
   int rc = jobs && plan ? TENT_OK : TENT_E_INTERNAL;
-  int nwake = 0; /* workers to wake once ex->mu is dropped */
   uint32_t made = 0;
   for (; rc == TENT_OK && made < n; made++) {
     plan[2 * made] = tent_cq_parts(slices[made].length, ex->chunk, ex->max_parts, &plan[2 * made + 1]);
@@ -2869,10 +2859,9 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
         rail_update_ready(ex, r);
       }
       uint64_t wake = bulk + (small + (uint64_t)ex->pipeline - 1) / (uint64_t)ex->pipeline;
-      nwake = work_wake_arm(ex, wake >= (uint64_t)ex->nworkers ? INT_MAX : (int)wake);
+      work_wake(ex, wake >= (uint64_t)ex->nworkers ? INT_MAX : (int)wake);
     }
     pthread_mutex_unlock(&ex->mu);
-    work_wake_now(ex, nwake);
   }
   if (rc != TENT_OK) {
     for (uint32_t i = 0; i < made; i++) job_free(jobs[i]);
