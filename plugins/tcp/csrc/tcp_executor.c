@@ -113,8 +113,6 @@
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
-#include <linux/futex.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -587,12 +585,7 @@ typedef struct tcp_exec {
   int nspare_runs;
 
   pthread_mutex_t mu; /* queues, peers, connection pools */
-  /* work available / slot freed: a futex word, not a pthread_cond_t. glibc's condvar (before 2.41)
-   * makes a signaler whose waiters were all woken wait, in pthread_cond_signal, until those waiters
-   * have run (the group switch); on a loaded host that put a submitting thread to sleep for
-   * milliseconds, holding mu, each time it woke a second worker. A futex wake never waits. */
-  _Atomic uint32_t wake_seq; /* bumped under mu by every wake-up (work_wake) */
-  int sleepers;              /* workers in work_wait (under mu) */
+  pthread_cond_t cv;  /* work available / slot freed */
   int stopping;
   tent_handle_table_t peers;
   size_t live_peers, allocated_peers; /* in the table; not yet freed (removed ones draining too) */
@@ -616,24 +609,6 @@ typedef struct tcp_exec {
   atomic_ullong refused_conns, auth_failures, idle_closed, cut_conns;
   int wake_fd; /* eventfd, readable once stopping */
 } tcp_exec_t;
-
-/* Under ex->mu: sleep until work_wake or the CLOCK_MONOTONIC deadline (NULL: none); ex->mu is
- * held again on return. Spurious returns are fine: every caller loops and looks again. */
-static void work_wait(tcp_exec_t *ex, const struct timespec *deadline) {
-  uint32_t seq = atomic_load_explicit(&ex->wake_seq, memory_order_relaxed);
-  ex->sleepers++;
-  pthread_mutex_unlock(&ex->mu);
-  /* a wake after the unlock has bumped wake_seq: the wait returns at once (EAGAIN) */
-  syscall(SYS_futex, &ex->wake_seq, FUTEX_WAIT_BITSET_PRIVATE, seq, deadline, NULL, FUTEX_BITSET_MATCH_ANY);
-  pthread_mutex_lock(&ex->mu);
-  ex->sleepers--;
-}
-
-/* Under ex->mu: wake up to n workers sleeping in work_wait (INT_MAX: all of them). */
-static void work_wake(tcp_exec_t *ex, int n) {
-  atomic_fetch_add_explicit(&ex->wake_seq, 1, memory_order_relaxed);
-  if (ex->sleepers > 0 && n > 0) syscall(SYS_futex, &ex->wake_seq, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
-}
 
 /* ------------------------------------------------------------------ ready list */
 
@@ -2352,7 +2327,7 @@ static void run_finish(tcp_exec_t *ex, pipe_run_t *pr, int broken) {
   }
   if (!pe->removed) rail_update_ready(ex, r); /* a slot freed on this rail */
   peer_unref_locked(ex, pe);
-  if (ex->ready_head) work_wake(ex, 1); /* work a worker can take now (nobody is woken for nothing) */
+  if (ex->ready_head) pthread_cond_signal(&ex->cv); /* work a worker can take now (nobody is woken for nothing) */
   pthread_mutex_unlock(&ex->mu);
   for (uint32_t i = pr->reported; i < pr->k; i++) run_chunk_done(ex, &pr->c[i], pr->status[i]);
 }
@@ -2412,7 +2387,7 @@ static void rails_recheck_locked(tcp_exec_t *ex) {
     peer_t *pe = ex->peers.items[p];
     for (int i = 0; pe && i < pe->nrails; i++) rail_update_ready(ex, &pe->rails[i]);
   }
-  if (ex->ready_head) work_wake(ex, INT_MAX);
+  if (ex->ready_head) pthread_cond_broadcast(&ex->cv);
 }
 
 static void *worker_main(void *arg) {
@@ -2455,7 +2430,7 @@ static void *worker_main(void *arg) {
         dl.tv_sec += (time_t)(ms / 1000);
         dl.tv_nsec += (long)(ms % 1000) * 1000000L;
         if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
-        work_wait(ex, &dl);
+        pthread_cond_timedwait(&ex->cv, &ex->mu, &dl);
         continue;
       }
       ex->throttle_until_ms = 0;
@@ -2463,7 +2438,7 @@ static void *worker_main(void *arg) {
       continue;
     }
     if (!r) {
-      work_wait(ex, NULL);
+      pthread_cond_wait(&ex->cv, &ex->mu);
       continue;
     }
     /* small chunks first; several of them pipelined on one connection, shared out over the
@@ -2517,7 +2492,7 @@ static void *worker_main(void *arg) {
     }
     int qos_level = ex->qos_bulk_nice && pr->k > 0 ? qos_bulk_level(ex->qos_bulk_nice, !small, mono_ms(), r->small_until_ms) : 0;
     rail_update_ready(ex, r);
-    if (pr->k > 0 && (r->qs.len > 0 || r->q.len > 0)) work_wake(ex, 1); /* more for another worker */
+    if (pr->k > 0 && (r->qs.len > 0 || r->q.len > 0)) pthread_cond_signal(&ex->cv); /* more for another worker */
     pthread_mutex_unlock(&ex->mu);
     if (ex->qos_bulk_nice && pr->k > 0) qos_thread_level(ex, qos_level);
     for (uint32_t i = 0; i < nskip; i++) finish_chunk(ex, &skipped[i], skip_status[i]);
@@ -2608,7 +2583,7 @@ EXPORT void tcp_remove_peer(void *self, int64_t handle) {
     rail_shutdown_slots(ex, r);
   }
   peer_unref_locked(ex, pe); /* the table's reference: freed now unless chunks are in flight */
-  work_wake(ex, INT_MAX);
+  pthread_cond_broadcast(&ex->cv);
   pthread_mutex_unlock(&ex->mu);
   for (int i = 0; i < nrails; i++) { /* untouched: the core re-routes them */
     fail_queue(ex, &queued[i][0], TENT_E_REROUTED);
@@ -2634,7 +2609,7 @@ EXPORT int tcp_abort_rail(void *self, int64_t handle, int rail, int in_flight) {
   tent_chunk_queue_t q[2];
   rail_take_queues(ex, r, q);
   if (in_flight) rail_shutdown_slots(ex, r); /* the express slot's connection too */
-  work_wake(ex, INT_MAX);
+  pthread_cond_broadcast(&ex->cv);
   pthread_mutex_unlock(&ex->mu);
   int n = (int)(q[0].len + q[1].len);
   fail_queue(ex, &q[0], TENT_E_REROUTED); /* untouched: not an error of this rail */
@@ -2766,6 +2741,7 @@ static void *ex_create(const tent_host_api_t *host, const char *config, char *er
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&ex->cv, &ca); /* timed waits (the QoS window) on the monotonic clock */
   pthread_cond_init(&ex->reg_cv, &ca);
   pthread_cond_init(&ex->wait_cv, &ca);
   pthread_condattr_destroy(&ca);
@@ -2859,7 +2835,9 @@ static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
         rail_update_ready(ex, r);
       }
       uint64_t wake = bulk + (small + (uint64_t)ex->pipeline - 1) / (uint64_t)ex->pipeline;
-      work_wake(ex, wake >= (uint64_t)ex->nworkers ? INT_MAX : (int)wake);
+      if (wake >= (uint64_t)ex->nworkers) pthread_cond_broadcast(&ex->cv);
+      else
+        while (wake-- > 0) pthread_cond_signal(&ex->cv);
     }
     pthread_mutex_unlock(&ex->mu);
   }
@@ -2957,7 +2935,7 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
       }
       for (; i < n; i++) tent_cq_push_job(&r->qs, jobs[i], 1, slices[i].length);
       rail_update_ready(ex, r);
-      if (r->ready) work_wake(ex, 1);
+      if (r->ready) pthread_cond_signal(&ex->cv);
     }
     pthread_mutex_unlock(&ex->mu);
   }
@@ -3010,7 +2988,7 @@ static int ex_progress(void *self, uint64_t token, int64_t budget_ns) {
   if (!pr || budget_ns < 0) {
     int n = 0;
     for (pipe_run_t *q = pr; q && n < ex->nworkers; q = q->next) n += q->token == token;
-    work_wake(ex, n);
+    while (n-- > 0) pthread_cond_signal(&ex->cv);
     pthread_mutex_unlock(&ex->mu);
     return 0;
   }
@@ -3072,7 +3050,7 @@ static void ex_destroy(void *self) {
     peer_t *pe = ex->peers.items[p];
     for (int i = 0; pe && i < pe->nrails; i++) rail_shutdown_slots(ex, &pe->rails[i]);
   }
-  work_wake(ex, INT_MAX);
+  pthread_cond_broadcast(&ex->cv);
   pthread_mutex_unlock(&ex->mu);
   if (ex->wake_fd >= 0) {
     uint64_t one = 1;
@@ -3126,6 +3104,7 @@ static void ex_destroy(void *self) {
   free(ex->workers);
   if (ex->wake_fd >= 0) close(ex->wake_fd);
   pthread_mutex_destroy(&ex->mu);
+  pthread_cond_destroy(&ex->cv);
   pthread_mutex_destroy(&ex->reg_mu);
   pthread_cond_destroy(&ex->reg_cv);
   pthread_mutex_destroy(&ex->wait_mu);
