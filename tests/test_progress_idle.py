@@ -7,7 +7,11 @@ never its speed."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import time
+import uuid
 from collections.abc import Callable
 
 import numpy as np
@@ -15,7 +19,7 @@ import pytest
 from peers import Peer
 
 from tent_core import READ, Engine, Request, _native
-from tent_core.recovery import PROGRESS
+from tent_core.recovery import PROGRESS, shared_load_key
 
 KiB = 1 << 10
 SIZE = 1 << 20
@@ -114,6 +118,51 @@ def test_a_batch_nobody_waits_on_expires_at_its_deadline_after_a_sleep(peer):
         finally:
             peer.cont()
         _until(lambda: h.poll() == "failed", 10, "the expired batch reads failed")
+
+
+# another process of this user publishing queued bytes on a rail, as its engine's health ticks do
+_OTHER_PROCESS = textwrap.dedent("""
+    import sys
+    from tent_core.qos import SharedRailLoad
+    table = SharedRailLoad(sys.argv[1])
+    for line in sys.stdin:
+        table.set(sys.argv[2], int(line))
+        print("ok", flush=True)
+""")
+
+
+def test_another_process_load_on_a_shared_rail_keeps_the_thread_at_its_cadence(peer):
+    name = f"idle-{uuid.uuid4().hex[:12]}"  # a table of our own: other tests' traffic stays out of it
+    with _engine(0.5, qos={"shared_load": True, "shared_load_name": name}) as eng:
+        local = eng.allocate(SIZE)
+        eng.read(local, peer.seg("ro"), SIZE)
+        rail = next(r for p in eng.peers.peers() for rt in p.routes.values() for r in rt.rails)
+        _until(_asleep, 10, "the progress thread went to sleep")
+        other = subprocess.Popen([sys.executable, "-c", _OTHER_PROCESS, name, shared_load_key(rail.transport, rail.info.name)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            def publish(nbytes: int) -> None:
+                assert other.stdin is not None and other.stdout is not None
+                other.stdin.write(f"{nbytes}\n")
+                other.stdin.flush()
+                assert other.stdout.readline().strip() == "ok"
+
+            publish(64 << 20)
+            # the next idle tick (<= 0.5 s) reads the other process's bytes and stays at its cadence
+            _until(lambda: rail.telemetry.external_bytes == 64 << 20 and not PROGRESS._sleeping, 10,
+                   "the other process's load woke the thread")
+            ticks, t0 = PROGRESS.ticks, time.monotonic()
+            time.sleep(1.0)
+            elapsed = time.monotonic() - t0
+            # asleep it would tick about twice in that second (0.5 s); awake, every 10 ms
+            assert PROGRESS.ticks - ticks > 4 * (int(elapsed / 0.5) + 2), (PROGRESS.ticks - ticks, elapsed)
+            assert not _asleep(), "slept with another process's bytes queued on its rail"
+            publish(0)
+            _until(_asleep, 10, "asleep again once the other process's rail load is gone")
+        finally:
+            if other.stdin is not None:
+                other.stdin.close()
+            other.wait(timeout=10)
 
 
 def test_idle_knobs_are_validated():
