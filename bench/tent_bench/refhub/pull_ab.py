@@ -146,12 +146,12 @@ def _reader(addr: str, sizes: list[int], info: dict, pub_pid: int, rounds: int, 
                 for k, val in saved.items():
                     setattr(C, k, val)
             st = dict(h.stats)
-            h.unpublish()  # outside the timing, as in the dataplane bench
             if verify and not st["verified"]:
                 raise RuntimeError("replicate did not verify")
             out = {"ctl_s": spans["ctl"], "pull_s": spans["pull"], "other_s": dt - spans["ctl"] - spans["pull"],
                    "first_s": st.get("first_s"), "batches": st.get("batches"), "submit_s": st.get("submit_s"),
                    "late": st.get("digest_late_bytes"), "in_copy": st.get("digest_in_copy_bytes"), "s": dt}
+            h.unpublish()  # outside the timing and the spans, as in the dataplane bench
             return out
 
         series: dict[str, Any] = {"raw_one": raw_one, "raw_windowed": raw_windowed}
