@@ -6,13 +6,9 @@ import pytest
 from tent_bench.refhub import pull_ab
 
 
-def test_pull_ab_runs_every_series_and_restores_the_knobs() -> None:
-    import refhub.client as C
-
-    batch = C.BATCH
+def test_pull_ab_runs_every_series() -> None:
     out = pull_ab.run({"default": {}, "small_batches": {"BATCH": 2 << 20}, "unverified": {"verify": False},
                        "raw_copy": {"raw": "one"}}, rounds=2, size_mb=32, tensors=20, transport="tcp")
-    assert C.BATCH == batch  # the probe sets knobs in its reader process only
     s = out["series"]
     assert set(s) == {"raw_one", "raw_windowed", "default", "small_batches", "unverified", "raw_copy"}
     for name, row in s.items():
