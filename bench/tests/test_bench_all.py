@@ -182,6 +182,9 @@ def test_dataplane_target_is_computed_from_the_numbers():
                  "the CPU-bound limit computed for this run: 0.69x)")  # fmt: skip
     assert "**met** (0.92x)" in ba.target_dataplane(json.dumps({"ratio": 0.92}))
     assert "no ratio" in ba.target_dataplane("not json")
+    # the control (raw run again, scored like the replicate) goes beside the verdict
+    v = ba.target_dataplane(json.dumps({"ratio": 0.93, "control_ratio_rounds": {"median": 0.974}}))
+    assert v.endswith("**met** (0.93x; the control, raw again, scored 0.97x)"), v
 
 
 def test_the_targets_block_collects_every_verdict_of_the_other_blocks():
@@ -336,6 +339,16 @@ def test_dataplane_rendering_gives_the_per_round_ratio_with_its_spread():
     assert "| dataplane | 0.997 |" in out  # the run's facts stay in the first table
     for name in ("refhub-dataplane-shm", "refhub-dataplane-tcp"):
         assert next(s for s in ba.default_steps() if s.name == name).render is ba.render_dataplane
+    # with the raw form the baseline is and the control series, each in its own row
+    data |= {"raw_form": "one-batch", "control_ratio_rounds": {"median": 0.98, "min": 0.9, "max": 1.1, "rounds": 5},
+             "control_GBps": {"median": 14.9, "min": 14.1, "max": 16.0}}
+    out = ba.render_dataplane(json.dumps(data))
+    assert "| control: raw one-batch READs again | 14.9 (14.1-16) | 0.98 (0.9-1.1) |" in out, out
+    assert "| raw engine READs (one-batch, the better form) | 15.2 (14-16.1) | 1 |" in out, out
+    data |= {"ratio_vs_better_raw_per_round": 0.91, "control_ratio_vs_better_raw_per_round": 0.94}
+    out = ba.render_dataplane(json.dumps(data))
+    assert "in every round (the stricter statistic used before 2026-12-02): replicate 0.91x, control 0.94x." in out
+    assert "ratio_vs_better" not in out.split("Per round")[0], out  # not crowding the facts' columns
 
 
 def test_every_block_names_its_series_and_a_skipped_step_is_listed(tmp_path):

@@ -4,6 +4,8 @@ benchmark output (docs/benchmarks.md), not test assertions."""
 
 from __future__ import annotations
 
+import statistics
+
 import numpy as np
 import pytest
 
@@ -50,11 +52,17 @@ def test_dataplane_checks_every_run_against_junk() -> None:
 
     res = dataplane(size_mb=24, repeat=2, tensors=20)
     assert res["verified_every_byte"] is True
-    # 3 rounds (one warm-up) x 4 timed runs, each after a fresh junk fill and followed by a byte check
-    assert res["junk_filled_before_every_run"] == 12, res
+    # 3 rounds (one warm-up) x 5 timed runs, each after a fresh junk fill and followed by a byte check
+    assert res["junk_filled_before_every_run"] == 15, res
     assert res["ratio_rounds"]["rounds"] == 2 and len(res["samples"]["refhub"]) == 2, res
+    assert res["control_ratio_rounds"]["rounds"] == 2 and len(res["samples"]["raw_again"]) == 2, res
+    # the baseline is one raw form, the one with the better median, round by round
+    form = max(("windowed", "one_batch"), key=lambda f: statistics.median(res["samples"][f"raw_{f}"]))
+    assert res["raw_form"] == form.replace("_", "-"), res
+    want = statistics.median(a / b for a, b in zip(res["samples"]["refhub"], res["samples"][f"raw_{form}"], strict=True))
+    assert abs(res["ratio"] - want) < 0.01, res
     assert 0 < res["cpu_bound_ratio_limit"] <= 1 and 0 < res["cpu_bound_ratio_limit_hash_from_memory"] <= 1, res
-    assert all(v > 0 for v in res["cpu_s_per_GiB"].values()) and len(res["cpu_s_per_GiB"]) == 4, res
+    assert all(v > 0 for v in res["cpu_s_per_GiB"].values()) and len(res["cpu_s_per_GiB"]) == 5, res
     # a lone reader of a complete copy: nobody waits on its progress word, so no batch goes in order
     # (REFHUB_WAIT_FULL "auto" needs the server's serving event)
     assert res["in_order_batches"] == "0" or res["in_order_batches"].startswith("0 of"), res

@@ -270,18 +270,20 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
             h.unpublish()
             return dt, st
 
-        out: dict[str, list] = {"raw_windowed": [], "raw_one_batch": [], "refhub": [], "refhub_s": [], "verify_s": [],
-                                "verify_wait_s": [], "unverified": [], "raw": []}
+        out: dict[str, list] = {"raw_windowed": [], "raw_one_batch": [], "raw_again": [], "refhub": [], "refhub_s": [],
+                                "verify_s": [], "verify_wait_s": [], "unverified": [], "raw": []}
         # CPU seconds of this process per timed run (pulling thread, executor workers, verify thread):
         # steadier than wall time on a shared machine, and what each path costs per byte
-        cpu: dict[str, list] = {k: [] for k in ("raw_windowed", "raw_one_batch", "unverified", "refhub")}
+        cpu: dict[str, list] = {k: [] for k in ("raw_windowed", "raw_one_batch", "raw_again", "unverified", "refhub")}
         fused: list[bool] = []
         in_copy: list[int] = []  # per verified run: bytes hashed inside the executor's copy loop
         late: list[int] = []  # ... of those, hashed only when the gap before them closed (tcp: another connection's)
         in_order: list[tuple[int, int]] = []  # per verified run: batches sent in order as waiting READs, of all
         for i in range(repeat + 1):
             # the order inside a round rotates, so no series always runs first (or right after another)
-            order = ["raw_windowed", "raw_one_batch", "unverified", "refhub"]
+            # raw_again: the control, raw one-batch run a second time and scored like the replicate (what a
+            # series exactly as fast as raw reads as against the same baseline on this host, this run)
+            order = ["raw_windowed", "raw_one_batch", "unverified", "refhub", "raw_again"]
             k = i % len(order)
             res: dict[str, Any] = {}
             for what in order[k:] + order[:k]:
@@ -289,7 +291,7 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
                 if what == "raw_windowed":
                     res[what] = raw_windowed()
                     check_stream(what)
-                elif what == "raw_one_batch":
+                elif what in ("raw_one_batch", "raw_again"):
                     res[what] = raw_one()
                     check_stream(what)
                 elif what == "unverified":
@@ -373,7 +375,12 @@ def dataplane(size_mb: float = 1024, repeat: int = 5, tensors: int = 500, transp
         raise RuntimeError(res["error"] + "\n" + res.get("tb", ""))
     med = statistics.median
     raw_w, raw_o, rh = med(res["raw_windowed"]), med(res["raw_one_batch"]), med(res["refhub"])
-    raw = med(res["raw"])
+    # the baseline: raw's better form over the whole run (by its median), each round's refhub run against
+    # that form's run of the same round. Not the better of the two forms per round: the larger of two
+    # noisy samples beats a series exactly as fast as raw, ~6% on this host's tcp rows (the control)
+    raw_form = "raw_one_batch" if raw_o >= raw_w else "raw_windowed"
+    base = res[raw_form]
+    raw = med(base)
     from refhub.client import _xxhash
 
     return {
@@ -409,15 +416,22 @@ def dataplane(size_mb: float = 1024, repeat: int = 5, tensors: int = 500, transp
         # the verified runs' batches a complete copy's reader sent in order as waiting READs (REFHUB_WAIT_FULL:
         # "auto" does so only where its measured rate is slow), of all their batches
         "in_order_batches": "{} of {}".format(*map(sum, zip(*res["in_order"], strict=True))) if res.get("in_order") else "0",
+        "raw_form": raw_form.removeprefix("raw_").replace("_", "-"),
         "raw_GBps_median": round(raw, 3),
         "raw_windowed_GBps_median": round(raw_w, 3),
         "raw_one_batch_GBps_median": round(raw_o, 3),
-        "ratio": ratio_summary(res["refhub"], res["raw"])["median"],
-        "ratio_rounds": ratio_summary(res["refhub"], res["raw"]),
+        "ratio": ratio_summary(res["refhub"], base)["median"],
+        "ratio_rounds": ratio_summary(res["refhub"], base),
         "refhub_GBps": summary(res["refhub"]),
-        "raw_GBps": summary(res["raw"]),
+        "raw_GBps": summary(base),
+        # the control scored as the replicate is: how far from 1 a series as fast as raw lands here
+        "control_ratio_rounds": ratio_summary(res["raw_again"], base),
+        "control_GBps": summary(res["raw_again"]),
+        # the stricter statistic used before (the better of the two raw forms in every round), beside it
+        "ratio_vs_better_raw_per_round": ratio_summary(res["refhub"], res["raw"])["median"],
+        "control_ratio_vs_better_raw_per_round": ratio_summary(res["raw_again"], res["raw"])["median"],
         "diagnostic_unverified_GBps_median": round(med(res["unverified"]), 3),
-        "diagnostic_unverified_ratio": ratio_summary(res["unverified"], res["raw"])["median"],
+        "diagnostic_unverified_ratio": ratio_summary(res["unverified"], base)["median"],
         # when the raw copy keeps every core busy (the same-host copy runs on all of them), the receive-side
         # hash can only take its share of the cores: refhub / raw cannot exceed this on this machine. The
         # hash costs what the verified runs paid for it (_hash_cost_s): what one-pass copy+hash adds to a
@@ -429,10 +443,13 @@ def dataplane(size_mb: float = 1024, repeat: int = 5, tensors: int = 500, transp
         # CPU seconds per GiB moved, the reader process (all its threads), median over rounds
         "cpu_s_per_GiB": {k: round(med(v) / (res["total"] / (1 << 30)), 4) for k, v in res["cpu_s"].items()},
         "repeat": repeat,
-        "samples": {k: [round(x, 3) for x in res[k]] for k in ("refhub", "raw_windowed", "raw_one_batch", "unverified")},
-        "note": "one host, two processes; raw = per round the better of windowed / one-batch tent_core READs of the "
-                "same bytes into the same buffers; the four runs of a round are interleaved (rotating order), each "
-                "preceded by a junk fill of every destination byte and followed by a byte check",
+        "samples": {k: [round(x, 3) for x in res[k]]
+                    for k in ("refhub", "raw_windowed", "raw_one_batch", "raw_again", "unverified")},
+        "note": "one host, two processes; raw = the better (by median over the rounds) of windowed / one-batch "
+                "tent_core READs of the same bytes into the same buffers, each round's refhub run against that "
+                "form's run of the same round; control = raw one-batch run again, scored the same way; the five "
+                "runs of a round are interleaved (rotating order), each preceded by a junk fill of every "
+                "destination byte and followed by a byte check",
     }
 
 
