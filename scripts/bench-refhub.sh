@@ -11,7 +11,7 @@ OUT=${1:-$(mktemp -d "${TMPDIR:-/tmp}/refhub-bench.XXXXXX")}  # private to this 
 mkdir -p "$OUT"
 R=".venv/bin/refhub bench"
 $R dataplane --json $QUICK                       > "$OUT/dataplane-shm.json"
-$R dataplane --json $QUICK --transport tcp       > "$OUT/dataplane-tcp.json"
+$R dataplane --json $QUICK --transport tcp --repeat 9 > "$OUT/dataplane-tcp.json"
 $R server-sweep --json $QUICK                    > "$OUT/server.json"
 if [ "$(id -u)" = 0 ]; then
   $R burst --json $QUICK                         > "$OUT/burst.json"
