@@ -509,8 +509,9 @@ static void handle_untrack(BatchObject *self) {
   PyObject *d = self->tracked_in, *key = self->tracked_key;
   if (!d) return;
   self->tracked_in = self->tracked_key = NULL;
-  PyObject *et, *ev, *tb;
-  PyErr_Fetch(&et, &ev, &tb);
+  PyObject *et = NULL, *ev = NULL, *tb = NULL;
+  int pending = PyErr_Occurred() != NULL; /* nearly never: no fetch and restore per wait */
+  if (pending) PyErr_Fetch(&et, &ev, &tb);
   PyObject *v = PyDict_GetItemWithError(d, key); /* borrowed */
   if (v == (PyObject *)self) {
     /* the dict's reference goes; the caller holds another (self is its argument) */
@@ -518,7 +519,7 @@ static void handle_untrack(BatchObject *self) {
   } else if (!v) {
     PyErr_Clear(); /* the progress thread's sweep took it already */
   }
-  PyErr_Restore(et, ev, tb);
+  if (pending) PyErr_Restore(et, ev, tb);
   Py_DECREF(key);
   Py_DECREF(d);
 }
@@ -533,22 +534,28 @@ static void handle_untrack(BatchObject *self) {
 static atomic_llong g_wait_spin_ns = 0;
 
 /* Wait for `b` up to `timeout` seconds (< 0: no limit); 1 when every slice finished. Called with
- * the GIL released. */
-static int batch_wait_nogil(batch_t *b, double timeout, int may_spin) {
+ * the GIL released. `now`: the caller's clock read just before (0: none), which the deadline of a
+ * waiter reading its answers and its first step take instead of two more reads. */
+static int batch_wait_nogil(batch_t *b, double timeout, int may_spin, uint64_t now) {
   int done;
   long long spin = may_spin ? atomic_load_explicit(&g_wait_spin_ns, memory_order_relaxed) : 0;
   if (atomic_load(&b->poll_ops)) {
     /* an executor left work of this batch to its waiter (answers of requests sent inline): this
      * thread reads them as they arrive, in bounded steps, then hands what is left to workers */
-    uint64_t end = timeout < 0 ? UINT64_MAX : now_ns() + (uint64_t)(timeout * 1e9);
+    uint64_t end = UINT64_MAX;
+    if (timeout >= 0) {
+      if (!now) now = now_ns();
+      end = now + (uint64_t)(timeout * 1e9);
+    }
     while (atomic_load(&b->remaining) > 0) {
       uint64_t step = WAIT_POLL_STEP_NS;
       if (end != UINT64_MAX) { /* no clock read per step without a timeout (tens of ns each on a VM) */
-        uint64_t now = now_ns();
+        if (!now) now = now_ns(); /* the first step has the caller's */
         if (now >= end) break;
         if (end - now < step) step = end - now;
       }
       if (!batch_progress(b, (int64_t)step)) break;
+      now = 0; /* a later step reads the clock */
     }
     if (atomic_load(&b->remaining) > 0) batch_progress(b, -1); /* the hand-off */
   }
@@ -602,7 +609,7 @@ static PyObject *Batch_wait(BatchObject *self, PyObject *args) {
   }
   int done;
   Py_BEGIN_ALLOW_THREADS;
-  done = batch_wait_nogil(b, timeout, may_spin);
+  done = batch_wait_nogil(b, timeout, may_spin, 0);
   Py_END_ALLOW_THREADS;
   if (done) handle_untrack(self);
   return PyBool_FromLong(done);
@@ -711,13 +718,14 @@ static PyObject *Batch_wait_handle(BatchObject *self, PyObject *const *args, Py_
       if (timeout == -1.0 && PyErr_Occurred()) return NULL;
       if (timeout < 0) timeout = 0;
     }
-    double now = (double)now_ns() / 1e9, left = self->deadline - now;
+    uint64_t t = now_ns();
+    double now = (double)t / 1e9, left = self->deadline - now;
     if (left < 0) left = 0;
     if (timeout >= 0 && (timeout < left || isinf(left))) left = timeout;
     else if (isinf(left) || isnan(left)) left = -1.0;
     int done;
     Py_BEGIN_ALLOW_THREADS;
-    done = batch_wait_nogil(b, left, 1);
+    done = batch_wait_nogil(b, left, 1, t);
     Py_END_ALLOW_THREADS;
     if (done && atomic_load(&b->first_error) == 0) {
       handle_untrack(self);
@@ -1826,6 +1834,10 @@ typedef struct {
   PyObject *last_remote, *last_tag;
   long last_op, last_prio;
   long long last_len;
+  /* the in-flight dict's key of the last tracked batch: a thread's next submit reuses its finished
+   * batch (the same token), so one request at a time makes no int per request */
+  PyObject *key;
+  uintptr_t key_token;
   /* counters (tests, diagnostics) */
   unsigned long long hits, misses;
   vectorcallfunc vectorcall;
@@ -1928,6 +1940,7 @@ static int FastPath_clear(FastPathObject *self) {
   Py_CLEAR(self->owner);
   Py_CLEAR(self->inflight);
   Py_CLEAR(self->fallback);
+  Py_CLEAR(self->key);
   fast_forget_last(self);
   self->enabled = 0;
   return 0;
@@ -2388,7 +2401,13 @@ static PyObject *fast_submit(FastPathObject *fp, PyObject *requests, PyObject *d
    * out again at once (handle_untrack): the dict stays as small as what is in flight, and a
    * handle the application drops after its wait frees its batch for the next submit. */
   if (atomic_load(&b->remaining) != 0) {
-    PyObject *token = PyLong_FromVoidPtr(b);
+    PyObject *token;
+    if (fp->key && fp->key_token == (uintptr_t)b) {
+      token = Py_NewRef(fp->key);
+    } else if ((token = PyLong_FromVoidPtr(b))) {
+      Py_XSETREF(fp->key, Py_NewRef(token));
+      fp->key_token = (uintptr_t)b;
+    }
     int rc = token ? PyDict_SetItem(fp->inflight, token, (PyObject *)h) : -1;
     if (rc < 0) {
       Py_XDECREF(token);
