@@ -170,3 +170,29 @@ def test_run_from_many_threads_moves_each_threads_own_bytes(peer, op):
     if op == "WRITE":
         for k in range(threads):
             assert peer.digest("rw", k * block, block) == _sha(pattern(block, seed=100 + k))
+
+
+def test_run_waits_through_the_handles_own_wait(peer, monkeypatch):
+    """run() calls the handle's `wait` directly only while it is Batch.wait_handle itself: a `wait`
+    that a subclass or a patch puts in its place is the one called (tcp: the answer is read there)."""
+    calls: list[int] = []
+    native_wait = batch.BatchHandle.wait
+
+    def counted(self: Any, timeout: float | None = None) -> bool:
+        calls.append(1)
+        return bool(native_wait(self, timeout))
+
+    with Engine(transports=["tcp"]) as eng:
+        local = eng.allocate(64 * KiB)
+        req = Request(READ, local, 0, peer.seg("rw"), 0, 64 * KiB)
+        eng.run(req)  # connected, the plan cached
+        peer.call(cmd="fill", segment="rw", seed=5)
+        eng.run(req)
+        assert calls == []
+        assert _sha(local.array) == _sha(pattern(SIZE, seed=5)[: 64 * KiB])
+        monkeypatch.setattr(batch.BatchHandle, "wait", counted)
+        local.array[:] = 0
+        for _ in range(3):
+            eng.run(req)
+        assert len(calls) == 3
+        assert _sha(local.array) == _sha(pattern(SIZE, seed=5)[: 64 * KiB])

@@ -2,12 +2,18 @@
 loaded machine cannot distort the way it distorts time.
 
     python -m tent_bench.submit_cost [--transport tcp] [--variant fast|planner] [--block 64K]
+        [--form submit|wait|run]
 
 runs the driver twice under ``valgrind --tool=callgrind --separate-threads=yes`` (N1 and N2
 submissions of one request from a dedicated thread, handles kept, waited for afterwards) and
 prints, as JSON, (instructions of that thread with N2 - with N1) / (N2 - N1): everything the
 submitting thread executes per submit() in user space (Python and C; the executor's work on that
 thread included, the kernel's not). Needs valgrind. ``--driver N`` is the driver itself.
+
+``--form wait`` / ``--form run``: one request at a time instead, each ``submit(req).wait()`` or
+``run(req)`` on that thread (the issue-17 loop): the instructions per round trip in user space, the
+waiter's receive of the answer and its completion included. Busy polling is off for these forms
+(``busy_poll_us`` 0), so that a spin whose length depends on timing does not enter the count.
 """
 
 from __future__ import annotations
@@ -26,12 +32,14 @@ import threading
 THREAD_MARK = "exec_submit"  # the native call every submit makes, on the submitting thread only
 
 
-def driver(transport: str, variant: str, block: int, n: int) -> None:
+def driver(transport: str, variant: str, block: int, n: int, form: str = "submit") -> None:
     from tent_core import Engine, OpCode, Request
 
     from .runner import target_process
 
-    cfg = {"fast_path": variant == "fast"}
+    cfg: dict = {"fast_path": variant == "fast"}
+    if form != "submit":  # no spin of timing-dependent length in a round trip's count
+        cfg["transports"] = {transport: {"busy_poll_us": 0}}
     with target_process(block, pattern_fill=False) as target, Engine(cfg, transports=[transport]) as eng:
         local = eng.allocate(block, segment="cost-local")
         req = [Request(OpCode.WRITE, local, 0, target["segment"], 0, block)]
@@ -40,8 +48,15 @@ def driver(transport: str, variant: str, block: int, n: int) -> None:
         handles: list = []
 
         def submitter() -> None:
-            for _ in range(n):
-                handles.append(eng.submit(req))
+            if form == "wait":
+                for _ in range(n):
+                    eng.submit(req).wait()
+            elif form == "run":
+                for _ in range(n):
+                    eng.run(req)
+            else:
+                for _ in range(n):
+                    handles.append(eng.submit(req))
 
         t = threading.Thread(target=submitter, name="submitter")
         t.start()
@@ -68,7 +83,7 @@ def _thread_instructions(out_prefix: str) -> int:
     return best[0]
 
 
-def count(transport: str, variant: str, block: int, n1: int = 200, n2: int = 1200) -> dict:
+def count(transport: str, variant: str, block: int, n1: int = 200, n2: int = 1200, form: str = "submit") -> dict:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     totals = {}
@@ -77,13 +92,15 @@ def count(transport: str, variant: str, block: int, n1: int = 200, n2: int = 120
             prefix = os.path.join(tmp, f"cg.{n}")
             cmd = ["valgrind", "--tool=callgrind", "--separate-threads=yes", "--dump-instr=no",
                    f"--callgrind-out-file={prefix}.%p", sys.executable, "-m", "tent_bench.submit_cost",
-                   "--driver", str(n), "--transport", transport, "--variant", variant, "--block", str(block)]  # fmt: skip
+                   "--driver", str(n), "--transport", transport, "--variant", variant, "--block", str(block), "--form", form]  # fmt: skip
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
             if res.returncode != 0:
                 raise RuntimeError(f"driver failed under valgrind:\n{res.stderr[-2000:]}")
             totals[n] = _thread_instructions(prefix + ".")
-    return {"transport": transport, "variant": variant, "block": block,
-            "instructions_per_submit": (totals[n2] - totals[n1]) / (n2 - n1)}  # fmt: skip
+    per = (totals[n2] - totals[n1]) / (n2 - n1)
+    out = {"transport": transport, "variant": variant, "block": block, "form": form}
+    out["instructions_per_submit" if form == "submit" else "instructions_per_round_trip"] = per
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,12 +108,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--transport", default="tcp")
     ap.add_argument("--variant", choices=("fast", "planner"), default="fast")
     ap.add_argument("--block", type=int, default=64 * 1024)
+    ap.add_argument(
+        "--form",
+        choices=("submit", "wait", "run"),
+        default="submit",
+        help="submit: N submits queued, waited for afterwards; wait / run: one request at a time",
+    )
     ap.add_argument("--driver", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.driver:
-        driver(args.transport, args.variant, args.block, args.driver)
+        driver(args.transport, args.variant, args.block, args.driver, args.form)
         return 0
-    print(json.dumps(count(args.transport, args.variant, args.block)))
+    print(json.dumps(count(args.transport, args.variant, args.block, form=args.form)))
     return 0
 
 

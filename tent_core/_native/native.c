@@ -509,8 +509,9 @@ static void handle_untrack(BatchObject *self) {
   PyObject *d = self->tracked_in, *key = self->tracked_key;
   if (!d) return;
   self->tracked_in = self->tracked_key = NULL;
-  PyObject *et, *ev, *tb;
-  PyErr_Fetch(&et, &ev, &tb);
+  PyObject *et = NULL, *ev = NULL, *tb = NULL;
+  int pending = PyErr_Occurred() != NULL; /* nearly never: no fetch and restore per wait */
+  if (pending) PyErr_Fetch(&et, &ev, &tb);
   PyObject *v = PyDict_GetItemWithError(d, key); /* borrowed */
   if (v == (PyObject *)self) {
     /* the dict's reference goes; the caller holds another (self is its argument) */
@@ -518,7 +519,7 @@ static void handle_untrack(BatchObject *self) {
   } else if (!v) {
     PyErr_Clear(); /* the progress thread's sweep took it already */
   }
-  PyErr_Restore(et, ev, tb);
+  if (pending) PyErr_Restore(et, ev, tb);
   Py_DECREF(key);
   Py_DECREF(d);
 }
@@ -533,22 +534,28 @@ static void handle_untrack(BatchObject *self) {
 static atomic_llong g_wait_spin_ns = 0;
 
 /* Wait for `b` up to `timeout` seconds (< 0: no limit); 1 when every slice finished. Called with
- * the GIL released. */
-static int batch_wait_nogil(batch_t *b, double timeout, int may_spin) {
+ * the GIL released. `now`: the caller's clock read just before (0: none), which the deadline of a
+ * waiter reading its answers and its first step take instead of two more reads. */
+static int batch_wait_nogil(batch_t *b, double timeout, int may_spin, uint64_t now) {
   int done;
   long long spin = may_spin ? atomic_load_explicit(&g_wait_spin_ns, memory_order_relaxed) : 0;
   if (atomic_load(&b->poll_ops)) {
     /* an executor left work of this batch to its waiter (answers of requests sent inline): this
      * thread reads them as they arrive, in bounded steps, then hands what is left to workers */
-    uint64_t end = timeout < 0 ? UINT64_MAX : now_ns() + (uint64_t)(timeout * 1e9);
+    uint64_t end = UINT64_MAX;
+    if (timeout >= 0) {
+      if (!now) now = now_ns();
+      end = now + (uint64_t)(timeout * 1e9);
+    }
     while (atomic_load(&b->remaining) > 0) {
       uint64_t step = WAIT_POLL_STEP_NS;
       if (end != UINT64_MAX) { /* no clock read per step without a timeout (tens of ns each on a VM) */
-        uint64_t now = now_ns();
+        if (!now) now = now_ns(); /* the first step has the caller's */
         if (now >= end) break;
         if (end - now < step) step = end - now;
       }
       if (!batch_progress(b, (int64_t)step)) break;
+      now = 0; /* a later step reads the clock */
     }
     if (atomic_load(&b->remaining) > 0) batch_progress(b, -1); /* the hand-off */
   }
@@ -602,7 +609,7 @@ static PyObject *Batch_wait(BatchObject *self, PyObject *args) {
   }
   int done;
   Py_BEGIN_ALLOW_THREADS;
-  done = batch_wait_nogil(b, timeout, may_spin);
+  done = batch_wait_nogil(b, timeout, may_spin, 0);
   Py_END_ALLOW_THREADS;
   if (done) handle_untrack(self);
   return PyBool_FromLong(done);
@@ -645,6 +652,10 @@ static PyObject *Batch_complete_slice(BatchObject *self, PyObject *args) {
 /* tent_core.batch's globals (set_hook_namespace): while its COMPLETION_HOOK is set, every wait
  * runs `_wait`, which reports the end of the batch to the hook. */
 static PyObject *g_hook_ns = NULL;
+
+/* Batch.wait_handle's method descriptor (borrowed from the static type's dict): FastPath.run calls
+ * it directly on a handle whose type resolves `wait` to it */
+static PyObject *g_wait_handle = NULL;
 
 /* The answer of the last lookup and the version of the namespace it was read from: every change
  * of a dict bumps its version tag (PEP 509; deprecated from 3.12, where the lookup runs every time),
@@ -711,13 +722,14 @@ static PyObject *Batch_wait_handle(BatchObject *self, PyObject *const *args, Py_
       if (timeout == -1.0 && PyErr_Occurred()) return NULL;
       if (timeout < 0) timeout = 0;
     }
-    double now = (double)now_ns() / 1e9, left = self->deadline - now;
+    uint64_t t = now_ns();
+    double now = (double)t / 1e9, left = self->deadline - now;
     if (left < 0) left = 0;
     if (timeout >= 0 && (timeout < left || isinf(left))) left = timeout;
     else if (isinf(left) || isnan(left)) left = -1.0;
     int done;
     Py_BEGIN_ALLOW_THREADS;
-    done = batch_wait_nogil(b, left, 1);
+    done = batch_wait_nogil(b, left, 1, t);
     Py_END_ALLOW_THREADS;
     if (done && atomic_load(&b->first_error) == 0) {
       handle_untrack(self);
@@ -1826,6 +1838,10 @@ typedef struct {
   PyObject *last_remote, *last_tag;
   long last_op, last_prio;
   long long last_len;
+  /* the in-flight dict's key of the last tracked batch: a thread's next submit reuses its finished
+   * batch (the same token), so one request at a time makes no int per request */
+  PyObject *key;
+  uintptr_t key_token;
   /* counters (tests, diagnostics) */
   unsigned long long hits, misses;
   vectorcallfunc vectorcall;
@@ -1928,6 +1944,7 @@ static int FastPath_clear(FastPathObject *self) {
   Py_CLEAR(self->owner);
   Py_CLEAR(self->inflight);
   Py_CLEAR(self->fallback);
+  Py_CLEAR(self->key);
   fast_forget_last(self);
   self->enabled = 0;
   return 0;
@@ -2388,7 +2405,13 @@ static PyObject *fast_submit(FastPathObject *fp, PyObject *requests, PyObject *d
    * out again at once (handle_untrack): the dict stays as small as what is in flight, and a
    * handle the application drops after its wait frees its batch for the next submit. */
   if (atomic_load(&b->remaining) != 0) {
-    PyObject *token = PyLong_FromVoidPtr(b);
+    PyObject *token;
+    if (fp->key && fp->key_token == (uintptr_t)b) {
+      token = Py_NewRef(fp->key);
+    } else if ((token = PyLong_FromVoidPtr(b))) {
+      Py_XSETREF(fp->key, Py_NewRef(token));
+      fp->key_token = (uintptr_t)b;
+    }
     int rc = token ? PyDict_SetItem(fp->inflight, token, (PyObject *)h) : -1;
     if (rc < 0) {
       Py_XDECREF(token);
@@ -2546,7 +2569,15 @@ static PyObject *FastPath_run(FastPathObject *fp, PyObject *const *args, Py_ssiz
     Py_DECREF(h);
     return NULL;
   }
-  PyObject *r = PyObject_CallMethodNoArgs(h, s_wait);
+  /* A handle whose `wait` is Batch.wait_handle itself (BatchHandle's, unless a subclass or a patch
+   * says otherwise; no instance dict can hide it) is waited on directly: the method lookup and call
+   * cost about as many instructions as the rest of the wait on the caller's side */
+  PyObject *r;
+  if (g_wait_handle && Py_TYPE(h)->tp_dictoffset == 0 && PyObject_TypeCheck(h, &BatchType) &&
+      _PyType_Lookup(Py_TYPE(h), s_wait) == g_wait_handle)
+    r = Batch_wait_handle((BatchObject *)h, NULL, 0, NULL);
+  else
+    r = PyObject_CallMethodNoArgs(h, s_wait);
   Py_DECREF(h);
   if (!r) return NULL;
   Py_DECREF(r);
@@ -2925,6 +2956,7 @@ PyMODINIT_FUNC PyInit__native(void) {
   if (PyType_Ready(&BatchType) < 0 || PyType_Ready(&RemoteSegmentType) < 0 || PyType_Ready(&FastEntryType) < 0 ||
       PyType_Ready(&FastPathType) < 0 || PyType_Ready(&DigestType) < 0 || PyType_Ready(&NotifierType) < 0)
     return NULL;
+  if (!g_wait_handle) g_wait_handle = PyDict_GetItemString(BatchType.tp_dict, "wait_handle"); /* NULL: run() looks it up */
   if (!s_op) {
     s_op = PyUnicode_InternFromString("op");
     s_local = PyUnicode_InternFromString("local");

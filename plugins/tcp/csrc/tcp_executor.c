@@ -249,10 +249,11 @@ enum { IO_OK = 0, IO_EOF = 1, IO_TIMEOUT = 2, IO_ERR = 3, IO_NOT_YET = 4 };
 typedef struct io_watch {
   const tent_host_api_t *host;
   const tent_slice_t *slice;
-  uint64_t last_ms; /* last byte moved (or service start) */
+  uint64_t last_ms; /* last byte moved (or service start), as io_idle last saw it */
   int timeout_ms, congestion_ms;
   int congested;   /* congestion noted for the current stall */
   tent_digest_t *digest; /* the READ payload being received folds into it as it lands (or NULL) */
+  int moved;       /* bytes moved since io_idle last looked: its next look restarts the clock */
 } io_watch_t;
 
 /* Payload bytes [p, p + n) of a READ answer just landed in the destination: fold them into the
@@ -262,9 +263,15 @@ static void io_landed(io_watch_t *w, const void *p, size_t n) {
   if (w && w->digest && n) tent_digest_land(w->digest, p, n, 0);
 }
 
+/* Bytes moved: the stall clock restarts. It is read lazily, by the next io_idle (a call that woke
+ * after its socket's tick without moving anything), not here: a small request moves its bytes in
+ * one or two calls and never idles, so a clock read per call (tens of ns on a VM, two to three per
+ * one-at-a-time request) bought nothing. A stall is then counted from the first idle wake after
+ * the last bytes (a blocking call gives up after its socket's tick, tick_ms, without bytes): the
+ * progress timeout and the congestion note come at most one tick later than the bytes alone say. */
 static void io_moved(io_watch_t *w, size_t n, int payload) {
   if (!w) return;
-  w->last_ms = mono_ms();
+  w->moved = 1;
   w->congested = 0;
   if (payload) tent_host_note(w->host, w->slice, TENT_NOTE_PROGRESS, n);
 }
@@ -272,7 +279,13 @@ static void io_moved(io_watch_t *w, size_t n, int payload) {
 /* A call woke without moving anything: 1 when the progress timeout is reached. */
 static int io_idle(io_watch_t *w, int sending) {
   if (!w) return 1;
-  uint64_t idle = mono_ms() - w->last_ms;
+  uint64_t now = mono_ms();
+  if (w->moved) { /* bytes moved since the last look: the stall starts now */
+    w->moved = 0;
+    w->last_ms = now;
+    return 0;
+  }
+  uint64_t idle = now - w->last_ms;
   if (idle >= (uint64_t)w->timeout_ms) return 1;
   if (sending && !w->congested && idle >= (uint64_t)w->congestion_ms) {
     w->congested = 1;
@@ -1782,6 +1795,7 @@ typedef struct pipe_run {
   uint64_t sent_ns;          /* inline runs: when the send began (busy-poll cycles; 0: unknown) */
   uint64_t hold_ns;          /* its waiter sleeps in the first receive until then at most (0: no limit) */
   uint64_t first_ns;         /* when the first bytes of its answers came in that receive */
+  uint64_t done_ms;          /* its waiter's clock after the answers (run_finish's idle stamp; 0: read it) */
   struct pipe_run *next;     /* in ex->rx while a worker is to read its responses */
   io_watch_t watch;          /* the run's progress clock: every chunk of it is in service */
   tent_chunk_t c[PIPE_MAX];
@@ -1801,6 +1815,7 @@ static int nslots(const tcp_exec_t *ex) { return ex->conns_per_rail + 1; } /* th
 static void run_start(tcp_exec_t *ex, pipe_run_t *pr, uint64_t now_ms) {
   pr->watch = (io_watch_t){ex->host, &pr->c[0].job->s, now_ms, ex->slice_timeout_ms, ex->congestion_ms, 0, NULL};
   pr->hold_ns = 0;
+  pr->done_ms = 0;
   for (uint32_t i = 0; i < pr->k; i++) tent_host_note(ex->host, &pr->c[i].job->s, TENT_NOTE_START, pr->c[i].len);
 }
 
@@ -1912,6 +1927,7 @@ static int run_send(tcp_exec_t *ex, pipe_run_t *pr, uint64_t *stream) {
 /* A pooled connection may have been closed by the server (idle timeout, restart): true if `fd`
  * has been idle long enough that the server may have dropped it, or already shows EOF/HUP. */
 static int idle_fd_stale(tcp_exec_t *ex, int fd, uint64_t since, uint64_t now) {
+  if (now <= since) return 0; /* pooled after `now` was read (an inline submit's stamp): just used */
   if (now - since >= (uint64_t)ex->idle_timeout_ms / 2) return 1;
   if (now - since < 200) return 0; /* just used: not worth a syscall */
   struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
@@ -2303,7 +2319,9 @@ static void run_finish(tcp_exec_t *ex, pipe_run_t *pr, int broken) {
   if (pr->fd >= 0) {
     if (broken || ex->stopping || pe->removed) close(pr->fd);
     else {
-      r->idle_since[r->nidle] = mono_ms();
+      /* a waiter's stamp from the end of its wait (at most microseconds old: never later than now,
+       * so the connection only looks that much longer idle) spares a clock read per request */
+      r->idle_since[r->nidle] = pr->done_ms ? pr->done_ms : mono_ms();
       r->idle[r->nidle++] = pr->fd;
     }
   }
@@ -2882,14 +2900,15 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
   for (int k = 0; rc == TENT_OK && k < INLINE_RUNS && (uint32_t)k < n; k++)
     if (!(runs[k] = run_get(ex))) rc = TENT_E_INTERNAL;
   int gone = 0;
-  /* one clock read for the whole inline submit (a VM's clock read costs tens of ns): the QoS
-   * window, the pooled connections' idle check, the runs' progress clocks and their send stamp;
-   * read under the lock, so no connection was pooled after it (idle_since <= now_ms) */
+  /* one clock for the whole inline submit (a VM's clock read costs tens of ns): the QoS window, the
+   * pooled connections' idle check, the runs' progress clocks and their send stamp. It is the
+   * core's submit stamp (CLOCK_MONOTONIC, taken just before this call), so no clock is read here;
+   * a connection pooled after it counts as just used (idle_fd_stale) */
   uint64_t t_ns = 0, now_ms = 0;
   if (rc == TENT_OK) {
-    pthread_mutex_lock(&ex->mu);
-    t_ns = mono_ns();
+    t_ns = slices[0].submit_ns ? slices[0].submit_ns : mono_ns();
     now_ms = t_ns / 1000000ull;
+    pthread_mutex_lock(&ex->mu);
     peer_t *pe = tent_ht_get(&ex->peers, slices[0].peer);
     if (ex->stopping) rc = TENT_E_CANCELLED;
     else if (!pe && tent_ht_was_issued(&ex->peers, slices[0].peer)) gone = 1;
@@ -3035,6 +3054,7 @@ static int ex_progress(void *self, uint64_t token, int64_t budget_ns) {
     return 0;
   }
   if (broken < 0) broken = run_recv(ex, pr); /* answers arriving (or the connection broke): read them here */
+  pr->done_ms = end / 1000000ull;
   run_finish(ex, pr, broken);
   run_put(ex, pr);
   return 1;
