@@ -911,8 +911,9 @@ static PyTypeObject *g_untracked_types[UNTRACKED_TYPES];
  * was what that form paid above run(), which makes none. A kept handle holds nothing but its
  * type reference (fields and slots released at dealloc, zeroed again at reuse) and is untracked.
  * Guarded by the GIL; off where there is none, or where _Py_NewReference is not public. */
+#define HANDLE_FREELIST_MAX 16
 #if !defined(Py_GIL_DISABLED) && PY_VERSION_HEX < 0x030D0000
-#define HANDLE_FREELIST 16
+#define HANDLE_FREELIST HANDLE_FREELIST_MAX
 static PyObject *g_free_handles[HANDLE_FREELIST];
 static int g_nfree_handles, g_max_free_handles = HANDLE_FREELIST;
 #endif
@@ -993,19 +994,22 @@ static void handle_dealloc(PyObject *o) {
  * none, and those kept are freed); returns the previous bound. For tests that need every submit to
  * allocate its handle (a collection run by that allocation). */
 static PyObject *py_handle_freelist(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
-#ifdef HANDLE_FREELIST
-  int prev = g_max_free_handles;
   if (nargs > 1) {
     PyErr_SetString(PyExc_TypeError, "handle_freelist(n=None)");
     return NULL;
   }
+  long n = -1; /* -1: leave the bound as it is */
   if (nargs == 1 && args[0] != Py_None) {
-    long n = PyLong_AsLong(args[0]);
+    n = PyLong_AsLong(args[0]);
     if (n == -1 && PyErr_Occurred()) return NULL;
-    if (n < 0 || n > HANDLE_FREELIST) {
-      PyErr_Format(PyExc_ValueError, "handle_freelist: n must be within [0, %d], got %ld", HANDLE_FREELIST, n);
+    if (n < 0 || n > HANDLE_FREELIST_MAX) {
+      PyErr_Format(PyExc_ValueError, "handle_freelist: n must be within [0, %d], got %ld", HANDLE_FREELIST_MAX, n);
       return NULL;
     }
+  }
+#ifdef HANDLE_FREELIST
+  int prev = g_max_free_handles;
+  if (n >= 0) {
     g_max_free_handles = (int)n;
     while (g_nfree_handles > g_max_free_handles) {
       PyObject *o = g_free_handles[--g_nfree_handles];
@@ -1016,9 +1020,7 @@ static PyObject *py_handle_freelist(PyObject *m, PyObject *const *args, Py_ssize
   }
   return PyLong_FromLong(prev);
 #else
-  (void)args;
-  (void)nargs;
-  return PyLong_FromLong(0);
+  return PyLong_FromLong(0); /* none kept in this build */
 #endif
 }
 
