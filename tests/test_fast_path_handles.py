@@ -128,8 +128,9 @@ def test_the_metrics_hook_is_honoured_each_time_it_is_set(eng, peer):
 # reference to a freed plan-cache entry crashes or fails the check instead of reading stale bytes).
 _INVALIDATED_DURING_SUBMIT = r"""
 import gc, sys
-from tent_core import READ, Engine, Request
+from tent_core import READ, Engine, Request, _native
 rw = sys.argv[1]
+_native.handle_freelist(0)  # no released handle kept for reuse: every submit allocates its handle
 with Engine(transports=["shm"]) as eng:
     local = eng.allocate(1 << 16)
     fired = []

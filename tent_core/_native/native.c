@@ -490,7 +490,8 @@ static PyObject *Batch_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   return (PyObject *)self;
 }
 
-static void Batch_dealloc(BatchObject *self) {
+/* What a Batch holds, released (its memory and type are the caller's). */
+static void batch_fields_release(BatchObject *self) {
   Py_XDECREF(self->tracked_in);
   Py_XDECREF(self->tracked_key);
   if (self->b) batch_unref(self->b);
@@ -498,6 +499,10 @@ static void Batch_dealloc(BatchObject *self) {
   Py_XDECREF(self->routes);
   Py_XDECREF(self->pieces);
   Py_XDECREF(self->fast);
+}
+
+static void Batch_dealloc(BatchObject *self) {
+  batch_fields_release(self);
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -911,7 +916,32 @@ static PyTypeObject BatchType = {
 #define UNTRACKED_TYPES 4
 static PyTypeObject *g_untracked_types[UNTRACKED_TYPES];
 
+/* Handles of a registered type (BatchHandle) that were let go, kept for the next submit: a
+ * submit(reqs).wait() loop makes and drops one handle per request, and the generic allocation and
+ * deallocation of a Python subclass instance (PyType_GenericAlloc: malloc, zeroing, GC link and
+ * tracking, a type reference; subtype_dealloc: the trashcan, the base lookup, GC unlink, free)
+ * was what that form paid above run(), which makes none. A kept handle holds nothing but its
+ * type reference (fields and slots released at dealloc, zeroed again at reuse) and is untracked.
+ * Guarded by the GIL; off where there is none, or where _Py_NewReference is not public. */
+#define HANDLE_FREELIST_MAX 16
+#if !defined(Py_GIL_DISABLED) && PY_VERSION_HEX < 0x030D0000
+#define HANDLE_FREELIST HANDLE_FREELIST_MAX
+static PyObject *g_free_handles[HANDLE_FREELIST];
+static int g_nfree_handles, g_max_free_handles = HANDLE_FREELIST;
+#endif
+
+static void handle_dealloc(PyObject *o);
+
 static BatchObject *batch_obj_alloc(PyTypeObject *type) {
+#ifdef HANDLE_FREELIST
+  if (g_nfree_handles > 0 && Py_TYPE(g_free_handles[g_nfree_handles - 1]) == type) {
+    PyObject *o = g_free_handles[--g_nfree_handles];
+    /* everything after the header (fields and __slots__) starts zeroed, as tp_alloc leaves it */
+    memset((char *)o + sizeof(PyObject), 0, (size_t)type->tp_basicsize - sizeof(PyObject));
+    _Py_NewReference(o);
+    return (BatchObject *)o;
+  }
+#endif
   PyObject *o = type->tp_alloc(type, 0);
   if (o && type != &BatchType && PyObject_IS_GC(o) && type->tp_dictoffset == 0) {
     int untrack = type->tp_basicsize == BatchType.tp_basicsize;
@@ -929,16 +959,81 @@ static PyObject *py_untrack_handles(PyObject *m, PyObject *arg) {
     PyErr_SetString(PyExc_TypeError, "untrack_handles(a _native.Batch subclass with __slots__ and no __dict__)");
     return NULL;
   }
+  PyTypeObject *t = (PyTypeObject *)arg;
   for (int i = 0; i < UNTRACKED_TYPES; i++) {
-    if (g_untracked_types[i] == (PyTypeObject *)arg) Py_RETURN_NONE;
+    if (g_untracked_types[i] == t) Py_RETURN_NONE;
     if (!g_untracked_types[i]) {
       Py_INCREF(arg);
-      g_untracked_types[i] = (PyTypeObject *)arg;
+      g_untracked_types[i] = t;
+      /* A direct subclass with nothing for subtype_dealloc to do beyond its slots (no finalizer,
+       * no weak references, no __dict__) is deallocated by handle_dealloc, which keeps a few for
+       * reuse. Its subclasses still go through subtype_dealloc, which then calls handle_dealloc as
+       * their base's (see there). */
+      if (t->tp_base == &BatchType && (t->tp_flags & Py_TPFLAGS_HEAPTYPE) && PyType_IS_GC(t) && !t->tp_finalize &&
+          !t->tp_del && t->tp_weaklistoffset == 0 && t->tp_dictoffset == 0)
+        t->tp_dealloc = handle_dealloc;
       Py_RETURN_NONE;
     }
   }
   PyErr_SetString(PyExc_RuntimeError, "untrack_handles: too many handle types");
   return NULL;
+}
+
+/* tp_dealloc of a registered handle type (see py_untrack_handles), in place of subtype_dealloc.
+ * Called for its own instances, and as the base's dealloc by subtype_dealloc for a Python subclass
+ * of it, which has then cleared the subclass's own slots and re-tracked the object, and leaves this
+ * function the handle type's slots and the type's reference, as any heap base's dealloc. */
+static void handle_dealloc(PyObject *o) {
+  PyTypeObject *type = Py_TYPE(o), *h = type;
+  while (h && h->tp_dealloc != handle_dealloc) h = h->tp_base;
+  PyObject_GC_UnTrack(o);
+  if (h) /* the registered type's __slots__ (members of its own, writable object slots) */
+    for (PyMemberDef *m = h->tp_members; m && m->name; m++)
+      if (m->type == T_OBJECT_EX && !(m->flags & READONLY)) Py_CLEAR(*(PyObject **)((char *)o + m->offset));
+  batch_fields_release((BatchObject *)o);
+#ifdef HANDLE_FREELIST
+  if (type == h && g_nfree_handles < g_max_free_handles) {
+    ((BatchObject *)o)->b = NULL; /* released above */
+    g_free_handles[g_nfree_handles++] = o; /* keeps its type reference until reused */
+    return;
+  }
+#endif
+  type->tp_free(o);
+  Py_DECREF(type);
+}
+
+/* handle_freelist(n=None) -> int: how many released handles are kept for reuse (at most 16; 0:
+ * none, and those kept are freed); returns the previous bound. For tests that need every submit to
+ * allocate its handle (a collection run by that allocation). */
+static PyObject *py_handle_freelist(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs > 1) {
+    PyErr_SetString(PyExc_TypeError, "handle_freelist(n=None)");
+    return NULL;
+  }
+  long n = -1; /* -1: leave the bound as it is */
+  if (nargs == 1 && args[0] != Py_None) {
+    n = PyLong_AsLong(args[0]);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0 || n > HANDLE_FREELIST_MAX) {
+      PyErr_Format(PyExc_ValueError, "handle_freelist: n must be within [0, %d], got %ld", HANDLE_FREELIST_MAX, n);
+      return NULL;
+    }
+  }
+#ifdef HANDLE_FREELIST
+  int prev = g_max_free_handles;
+  if (n >= 0) {
+    g_max_free_handles = (int)n;
+    while (g_nfree_handles > g_max_free_handles) {
+      PyObject *o = g_free_handles[--g_nfree_handles];
+      PyTypeObject *type = Py_TYPE(o);
+      type->tp_free(o);
+      Py_DECREF(type);
+    }
+  }
+  return PyLong_FromLong(prev);
+#else
+  return PyLong_FromLong(0); /* none kept in this build */
+#endif
 }
 
 
@@ -2922,6 +3017,8 @@ static PyObject *py_set_wait_spin_ns(PyObject *m, PyObject *arg) {
 
 static PyMethodDef methods[] = {
     {"untrack_handles", py_untrack_handles, METH_O, "untrack_handles(type): its instances skip cycle collection"},
+    {"handle_freelist", (PyCFunction)(void (*)(void))py_handle_freelist, METH_FASTCALL,
+     "handle_freelist(n=None) -> previous bound: released handles kept for reuse (0: none)"},
     {"set_hook_namespace", py_set_hook_namespace, METH_O, "set_hook_namespace(tent_core.batch globals): wait() honours its COMPLETION_HOOK"},
     {"submit", py_submit, METH_VARARGS, "submit(ops, exec, batch, slices, inline=False) -> rc"},
     {"submit_one", (PyCFunction)(void (*)(void))py_submit_one, METH_FASTCALL, "submit one slice"},
