@@ -17,6 +17,7 @@ import resource
 import signal
 import statistics
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -103,6 +104,28 @@ def _dp_engine(transport: str | None) -> Any:
     return Engine(transports=[transport]) if transport else Engine()
 
 
+def windowed_reads(eng: Any, reqs: list) -> None:
+    """Raw READs in refhub's window: batches of about `client.BATCH` bytes, at most `client.WINDOW`
+    of them in flight (the windowed raw form of the dataplane benchmarks)."""
+    from refhub import client as C
+
+    inflight: deque = deque()
+    batch: list = []
+    nbytes = 0
+    for r in reqs:
+        batch.append(r)
+        nbytes += r.length
+        if nbytes >= C.BATCH:
+            inflight.append(eng.submit(batch, deadline=30))
+            batch, nbytes = [], 0
+            if len(inflight) >= C.WINDOW:
+                inflight.popleft().wait()
+    if batch:
+        inflight.append(eng.submit(batch, deadline=30))
+    while inflight:
+        inflight.popleft().wait()
+
+
 def _cpu_bound_limit(t_raw: float, t_hash: float) -> float:
     """refhub / raw at best when the raw copy keeps every core busy: the hash adds t_hash / cores."""
     return round(t_raw / (t_raw + t_hash / (os.cpu_count() or 1)), 3)
@@ -185,7 +208,6 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
     round. Before every timed run every destination byte is overwritten with junk that differs per
     round, and every run is checked afterwards (outside the timing): a run that moved nothing, or
     moved the wrong bytes, fails the benchmark instead of verifying against a previous run's bytes."""
-    from collections import deque
 
     import refhub
     from refhub import client as C
@@ -233,21 +255,7 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
 
         def raw_windowed() -> float:
             c0, t0 = _cpu_s(), time.perf_counter()
-            inflight: deque = deque()
-            batch: list = []
-            nbytes = 0
-            for r in reqs:
-                batch.append(r)
-                nbytes += r.length
-                if nbytes >= C.BATCH:
-                    inflight.append(eng.submit(batch, deadline=30))
-                    batch, nbytes = [], 0
-                    if len(inflight) >= C.WINDOW:
-                        inflight.popleft().wait()
-            if batch:
-                inflight.append(eng.submit(batch, deadline=30))
-            while inflight:
-                inflight.popleft().wait()
+            windowed_reads(eng, reqs)
             dt = time.perf_counter() - t0
             run_cpu[0] = _cpu_s() - c0
             return total / dt / 1e9

@@ -24,7 +24,7 @@ import statistics
 import time
 from typing import Any
 
-from .data import _cpu_s, _dp_engine, _dp_publisher, _server, _stream_views, shard_sizes
+from .data import _cpu_s, _dp_engine, _dp_publisher, _server, _stream_views, shard_sizes, windowed_reads
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -56,7 +56,6 @@ def _diff(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
 
 def _reader(addr: str, sizes: list[int], info: dict, pub_pid: int, rounds: int, variants: dict, q: Any,
             transport: str | None, order: list[str] | None) -> None:
-    from collections import deque
 
     import refhub
     from refhub import client as C
@@ -93,21 +92,7 @@ def _reader(addr: str, sizes: list[int], info: dict, pub_pid: int, rounds: int, 
             return {}
 
         def raw_windowed() -> dict:
-            inflight: deque = deque()
-            batch: list = []
-            nbytes = 0
-            for r in reqs:
-                batch.append(r)
-                nbytes += r.length
-                if nbytes >= C.BATCH:
-                    inflight.append(eng.submit(batch, deadline=30))
-                    batch, nbytes = [], 0
-                    if len(inflight) >= C.WINDOW:
-                        inflight.popleft().wait()
-            if batch:
-                inflight.append(eng.submit(batch, deadline=30))
-            while inflight:
-                inflight.popleft().wait()
+            windowed_reads(eng, reqs)
             return {}
 
         # the replicate's split: its control requests, the pull (setup, READs, checks), the rest
