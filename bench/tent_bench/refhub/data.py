@@ -202,6 +202,32 @@ def _dp_publisher(addr: str, sizes: list[int], ready: Any, stop: Any, transport:
     h.close()
 
 
+def dp_reader_setup(addr: str, sizes: list[int], info: dict, transport: str | None) -> tuple[Any, list, list, list, int]:
+    """The reader's side of a dataplane benchmark: its refhub handle with the shard's tensors allocated
+    in engine memory (pre-faulted, as a rollout's weights are), the stream's views, and the raw READs
+    of the publisher's bytes into them (refhub's chunking), connected. Returns (handle, tensors,
+    views, requests, total bytes)."""
+    import refhub
+    from refhub import client as C
+    from tent_core import READ, Request
+
+    ref = info["ref"]
+    h = refhub.open("dp", replica="reader", server=addr, hb_interval=0.2, engine=_dp_engine(transport))
+    ts = [h.allocate(f"w{i:04d}", n) for i, n in enumerate(sizes)]
+    for t in ts:
+        t[:] = 1
+    h._build_layout()
+    h._pack.array[:] = 1
+    mine = h._stream()
+    views = _stream_views(h)
+    reqs = []
+    for (_, lb, loff, nb), (_, roff, _) in zip(mine, ref["items"], strict=True):
+        for c in range(0, nb, C.CHUNK):
+            reqs.append(Request(READ, lb, loff + c, ref["seg"], roff + c, min(C.CHUNK, nb - c)))
+    h.engine.submit(reqs[:8], deadline=30).wait()  # connect
+    return h, ts, views, reqs, sum(m[3] for m in mine)
+
+
 def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, transport: str | None = None) -> None:
     """The same process does both: raw tent_core READs of the publisher's bytes into this handle's
     own registered buffers, and refhub replicate (control plane + verification), interleaved round by
@@ -209,29 +235,14 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
     round, and every run is checked afterwards (outside the timing): a run that moved nothing, or
     moved the wrong bytes, fails the benchmark instead of verifying against a previous run's bytes."""
 
-    import refhub
     from refhub import client as C
-    from tent_core import READ, Request
 
     from .rounds import junk_fill
 
-    ref, expect = info["ref"], info["stream_checksums"]
+    expect = info["stream_checksums"]
     try:
-        h = refhub.open("dp", replica="reader", server=addr, hb_interval=0.2, engine=_dp_engine(transport))
-        ts = [h.allocate(f"w{i:04d}", n) for i, n in enumerate(sizes)]  # engine memory, as the publisher's
-        for t in ts:
-            t[:] = 1  # pre-faulted, as a rollout's weights are
-        h._build_layout()
-        h._pack.array[:] = 1
-        mine = h._stream()
-        views = _stream_views(h)
-        reqs = []
-        for (_, lb, loff, nb), (_, roff, _) in zip(mine, ref["items"], strict=True):
-            for c in range(0, nb, C.CHUNK):
-                reqs.append(Request(READ, lb, loff + c, ref["seg"], roff + c, min(C.CHUNK, nb - c)))
-        total = sum(m[3] for m in mine)
+        h, ts, views, reqs, total = dp_reader_setup(addr, sizes, info, transport)
         eng = h.engine
-        eng.submit(reqs[:8], deadline=30).wait()  # connect
         rails0 = _bytes_per_transport(eng)
         seed = [0]
 
@@ -350,7 +361,7 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
         moved = {t: b - rails0.get(t, (0, 0))[0] for t, (b, _) in rails1.items() if b > rails0.get(t, (0, 0))[0]}
         failed = sum(e for _, e in rails1.values()) - sum(e for _, e in rails0.values())
         h.close()
-        q.put({"ok": True, "total": total, "tensors": len(sizes), "stream_items": len(mine), "junk_rounds": seed[0],
+        q.put({"ok": True, "total": total, "tensors": len(sizes), "stream_items": len(views), "junk_rounds": seed[0],
                "bytes_per_transport": moved, "failed_slices": failed, "cpu_s": cpu,
                "fused": fused, "in_copy": in_copy, "late": late, "in_order": in_order, **out})
     except Exception as exc:  # reported to the parent

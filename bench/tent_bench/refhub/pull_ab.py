@@ -24,7 +24,7 @@ import statistics
 import time
 from typing import Any
 
-from .data import _cpu_s, _dp_engine, _dp_publisher, _server, _stream_views, shard_sizes, windowed_reads
+from .data import _cpu_s, _dp_publisher, _server, dp_reader_setup, shard_sizes, windowed_reads
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -57,29 +57,14 @@ def _diff(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
 def _reader(addr: str, sizes: list[int], info: dict, pub_pid: int, rounds: int, variants: dict, q: Any,
             transport: str | None, order: list[str] | None) -> None:
 
-    import refhub
     from refhub import client as C
-    from tent_core import READ, Request
 
     from .rounds import junk_fill
 
-    ref, expect = info["ref"], info["stream_checksums"]
+    expect = info["stream_checksums"]
     try:
-        h = refhub.open("dp", replica="reader", server=addr, hb_interval=0.2, engine=_dp_engine(transport))
-        ts = [h.allocate(f"w{i:04d}", n) for i, n in enumerate(sizes)]
-        for t in ts:
-            t[:] = 1
-        h._build_layout()
-        h._pack.array[:] = 1
-        mine = h._stream()
-        views = _stream_views(h)
-        reqs = []
-        for (_, lb, loff, nb), (_, roff, _) in zip(mine, ref["items"], strict=True):
-            for c in range(0, nb, C.CHUNK):
-                reqs.append(Request(READ, lb, loff + c, ref["seg"], roff + c, min(C.CHUNK, nb - c)))
-        total = sum(m[3] for m in mine)
+        h, ts, views, reqs, total = dp_reader_setup(addr, sizes, info, transport)
         eng = h.engine
-        eng.submit(reqs[:8], deadline=30).wait()
         seed = [0]
 
         def check() -> None:
