@@ -18,6 +18,7 @@ import signal
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -370,28 +371,38 @@ def _dp_reader(addr: str, sizes: list[int], info: dict, repeat: int, q: Any, tra
         q.put({"error": repr(exc), "tb": traceback.format_exc()})
 
 
-def dataplane(size_mb: float = 1024, repeat: int = 5, tensors: int = 500, transport: str | None = None) -> dict:
-    """One publisher, one reader process: refhub replicate (every byte verified) vs raw tent_core READs
-    of the same bytes between the same two processes, interleaved, medians and spread."""
-    from .rounds import ratio_summary, summary
-
+def run_publisher_and_reader(sizes: list[int], transport: str | None, reader: Callable[..., None],
+                             reader_args: Callable[[str, dict, int, Any], tuple], timeout: float) -> tuple[dict, dict]:
+    """A reference server in this process, the shard's publisher and `reader` in processes of their
+    own; `reader_args(server address, the publisher's info, its pid, the result queue)` gives the
+    reader's arguments. Returns (the reader's result, the publisher's info); a reader's error raises."""
     ctx = mp.get_context("spawn")
     addr = _server()
-    sizes = shard_sizes(size_mb, tensors)
     ready, stop, q = ctx.Queue(), ctx.Event(), ctx.Queue()
     pub = ctx.Process(target=_dp_publisher, args=(addr, sizes, ready, stop, transport))
     pub.start()
     try:
         info = ready.get(timeout=300)
-        rd = ctx.Process(target=_dp_reader, args=(addr, sizes, info, repeat, q, transport))
+        rd = ctx.Process(target=reader, args=reader_args(addr, info, pub.pid, q))
         rd.start()
-        res = q.get(timeout=900)
+        res = q.get(timeout=timeout)
         rd.join(timeout=30)
     finally:
         stop.set()
         pub.join(timeout=30)
     if "error" in res:
         raise RuntimeError(res["error"] + "\n" + res.get("tb", ""))
+    return res, info
+
+
+def dataplane(size_mb: float = 1024, repeat: int = 5, tensors: int = 500, transport: str | None = None) -> dict:
+    """One publisher, one reader process: refhub replicate (every byte verified) vs raw tent_core READs
+    of the same bytes between the same two processes, interleaved, medians and spread."""
+    from .rounds import ratio_summary, summary
+
+    sizes = shard_sizes(size_mb, tensors)
+    res, info = run_publisher_and_reader(
+        sizes, transport, _dp_reader, lambda addr, info, _pid, q: (addr, sizes, info, repeat, q, transport), 900)
     med = statistics.median
     raw_w, raw_o, rh = med(res["raw_windowed"]), med(res["raw_one_batch"]), med(res["refhub"])
     # the baseline: raw's better form over the whole run (by its median), each round's refhub run against

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import statistics
 import time
 from typing import Any
 
-from .data import _cpu_s, _dp_publisher, _server, dp_reader_setup, shard_sizes, windowed_reads
+from .data import _cpu_s, dp_reader_setup, run_publisher_and_reader, shard_sizes, windowed_reads
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -158,23 +157,10 @@ def _reader(addr: str, sizes: list[int], info: dict, pub_pid: int, rounds: int, 
 
 def run(variants: dict, rounds: int = 6, size_mb: float = 1024, tensors: int = 500,
         transport: str | None = "tcp", order: list[str] | None = None) -> dict:
-    ctx = mp.get_context("spawn")
-    addr = _server()
     sizes = shard_sizes(size_mb, tensors)
-    ready, stop, q = ctx.Queue(), ctx.Event(), ctx.Queue()
-    pub = ctx.Process(target=_dp_publisher, args=(addr, sizes, ready, stop, transport))
-    pub.start()
-    try:
-        info = ready.get(timeout=300)
-        rd = ctx.Process(target=_reader, args=(addr, sizes, info, pub.pid, rounds, variants, q, transport, order))
-        rd.start()
-        res = q.get(timeout=1800)
-        rd.join(timeout=30)
-    finally:
-        stop.set()
-        pub.join(timeout=30)
-    if "error" in res:
-        raise RuntimeError(res["error"] + "\n" + res.get("tb", ""))
+    res, _ = run_publisher_and_reader(
+        sizes, transport, _reader,
+        lambda addr, info, pid, q: (addr, sizes, info, pid, rounds, variants, q, transport, order), 1800)
     med = statistics.median
     gib = res["total"] / (1 << 30)
     runs = res["runs"]
