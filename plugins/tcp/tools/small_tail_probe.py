@@ -113,6 +113,13 @@ def main() -> None:
         "(restored after it): a thread waiting for the GIL asks for it after this long, not 5 ms",
     )
     ap.add_argument(
+        "--nice-progress",
+        type=int,
+        default=0,
+        help="diagnosis only: add a loop 'tent_nice', the engine's loop with the progress thread at this nice "
+        "value (back to its own after it)",
+    )
+    ap.add_argument(
         "--time-ticks",
         action="store_true",
         help="time every health tick of the engine (wall and thread CPU) and count the requests that overlap one",
@@ -163,6 +170,25 @@ def main() -> None:
                 return run
 
             makers["tent_sw"] = switched
+        if a.nice_progress:
+            from tent_core import recovery
+
+            def niced(c: int) -> Any:
+                def run() -> list[float]:
+                    th = recovery.PROGRESS._thread
+                    tid = th.native_id if th is not None else None
+                    old = os.getpriority(os.PRIO_PROCESS, tid) if tid else 0
+                    if tid:
+                        os.setpriority(os.PRIO_PROCESS, tid, a.nice_progress)
+                    try:
+                        return stamped_loop(eng, reqs, c, begins)
+                    finally:
+                        if tid:
+                            os.setpriority(os.PRIO_PROCESS, tid, old)
+
+                return run
+
+            makers["tent_nice"] = niced
         loops = {n: small._steady(m, block, a.seconds, probe=200) for n, m in makers.items()}
         for r in range(a.rounds):
             for name in list(loops) if r % 2 == 0 else list(loops)[::-1]:
