@@ -322,7 +322,8 @@ class SharedRailLoad:
 
     def exchange(self, rail: str, nbytes: int) -> int:
         """`set(rail, nbytes)`, then `others(rail)`: what the health tick does for every rail."""
-        base = self._slot(rail) * self.max_procs
+        i = self._index.get(rail)
+        base = (self._slot(rail) if i is None else i) * self.max_procs
         flat = self._flat
         flat[base + self._col] = nbytes
         self._own[rail] = nbytes

@@ -232,6 +232,13 @@ class RailMonitor:
             self.mark_degraded(k, now)
         return marked
 
+    def outlier_possible(self, slowness: Iterable[float]) -> bool:
+        """False when `check_outliers` of these values (any subset of them, paused rails left out)
+        cannot mark a rail: none exceeds `outlier_ratio` x the smallest, and the median is never
+        below the smallest. Lets the health tick skip the median on the common tick."""
+        vals = list(slowness)
+        return len(vals) >= 2 and max(vals) > min(vals) * self.config.outlier_ratio
+
     @_locked
     def pause(self, rail: Hashable, now: float) -> None:
         """Pause `rail` at once (e.g. telemetry shows it stalled: traffic stopped without an error)."""

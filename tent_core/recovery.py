@@ -355,6 +355,7 @@ class Recovery:
         monitor = self.monitor
         shared = self._shared_load()
         fast = getattr(self._owner, "_fast", None)  # the engine's plan cache (made after this object)
+        snapshot = _native.stat_row  # RAILS.snapshot of the installed table, without a Python call
         for peer in self.peers.peers():
             progressed = False
             for route in list(peer.routes.values()):
@@ -370,7 +371,7 @@ class Recovery:
                     # observe_lazily), the host-wide load, completions for the peer's liveness
                     rail = rails[0]
                     tel = rail.telemetry
-                    delta = tel.observe_lazily(RAILS.snapshot(rail.slot), now_ns, every)
+                    delta = tel.observe_lazily(snapshot(rail.slot), now_ns, every)
                     if shared is not None:
                         self._share_load(shared, rail)
                     if tel.inflight_bytes or tel.external_bytes:
@@ -392,7 +393,7 @@ class Recovery:
                     # own), and observe() takes its bytes off pending exactly once (read after the
                     # fold, the row could show a mouse placed in between, not yet pending, and the
                     # next fold would count it once too often)
-                    row = RAILS.snapshot(rail.slot)
+                    row = snapshot(rail.slot)
                     if watched is not None and watched[pos]:
                         folded[pos] = fold_fast(fast, rail)
                     delta = tel.observe(row, now_ns)
@@ -437,7 +438,7 @@ class Recovery:
                     monitor.pause(rail.slot, now)
                     self.abort_rail(route, rail, in_flight=True)
                 slow = slowness(tels, now_ns, hc.outlier_window_s)
-                if len(slow) >= 2:
+                if monitor.outlier_possible(slow.values()):
                     before = {p: monitor.state(rails[p].slot, now) for p in slow}
                     marked = set(monitor.check_outliers({rails[p].slot: v for p, v in slow.items()}, now))
                     for p in slow:
@@ -538,8 +539,10 @@ class Recovery:
         key = rail.load_key
         if not key:
             key = rail.load_key = shared_load_key(rail.transport, rail.info.name)
+        tel = rail.telemetry
         try:
-            rail.telemetry.set_external(shared.exchange(key, rail.telemetry.inflight_bytes))
+            others = shared.exchange(key, tel.inflight_bytes)
+            tel.external_bytes = others if others > 0 else 0  # set_external, inline: every tick, every rail
         except (RuntimeError, OSError, ValueError) as exc:
             log.warning("shared rail load table unusable (%s); each process now sees only its own load", exc)
             _SHARED_LOADS[self.config.qos.shared_load_name] = False

@@ -125,6 +125,18 @@ def test_the_monitor_is_calm_only_while_every_rail_is_healthy():
     assert not m.calm
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.integers(0, 7), st.one_of(st.floats(0.01, 1000.0), st.just(float("inf"))), max_size=8),
+       st.sets(st.integers(0, 7)))  # fmt: skip
+def test_the_outlier_pre_check_never_skips_a_rail_check_outliers_would_mark(slow, paused):
+    m = RailMonitor(RailHealthConfig(cooldown_jitter=0.0))
+    for k in paused:
+        m.pause(k, 0.0)
+    possible = m.outlier_possible(slow.values())
+    marked = m.check_outliers(slow, 0.01)
+    assert possible or not marked, (slow, paused, marked)
+
+
 def test_single_rail_fold_ticks_is_validated():
     with pytest.raises(ValueError, match="single_rail_fold_ticks"):
         RailHealthConfig(single_rail_fold_ticks=0)
