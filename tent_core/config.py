@@ -219,11 +219,12 @@ class RailHealthConfig:
     stall_cut_s: float = 0.3
     # The one rail of a single-rail route has its telemetry snapshots folded into its model every
     # this many health ticks (the planner gives such a rail every slice whatever its estimate, so
-    # nothing reads the model in between; what the tick acts on, completions, errors, congestion,
-    # load, is read every tick, and a snapshot with an error or congestion report is folded at
-    # once). A fold after 10 ms of other work is the cold tick's most expensive part, and a tick
-    # stretched the one-at-a-time request it overlapped from ~0.1 to 0.3-0.5 ms (docs/benchmarks.md,
-    # the health tick). 1 = every tick (as before); at most 64 (the snapshots kept meanwhile).
+    # no decision reads the model in between; rail_stats() and metrics show its bandwidth up to
+    # this many ticks late. What the tick acts on, completions, errors, congestion, load, is read
+    # every tick, and a snapshot with an error or congestion report is folded at once). A fold
+    # after 10 ms of other work is the cold tick's most expensive part, and a tick stretched the
+    # one-at-a-time request it overlapped from ~0.1 to 0.3-0.5 ms (docs/benchmarks.md, the health
+    # tick). 1 = every tick (as before); at most 64 (the snapshots kept meanwhile).
     single_rail_fold_ticks: int = 10
 
     def __post_init__(self) -> None:
