@@ -217,10 +217,21 @@ class RailHealthConfig:
     # so a false stall costs a short pause, never a slice error.
     stall_s: float = 0.1
     stall_cut_s: float = 0.3
+    # The one rail of a single-rail route has its telemetry snapshots folded into its model every
+    # this many health ticks (the planner gives such a rail every slice whatever its estimate, so
+    # no decision reads the model in between; rail_stats() and metrics show its bandwidth up to
+    # this many ticks late. What the tick acts on, completions, errors, congestion, load, is read
+    # every tick, and a snapshot with an error or congestion report is folded at once). A fold
+    # after 10 ms of other work is the cold tick's most expensive part, and a tick stretched the
+    # one-at-a-time request it overlapped from ~0.1 to 0.3-0.5 ms (docs/benchmarks.md, the health
+    # tick). 1 = every tick (as before); at most 64 (the snapshots kept meanwhile).
+    single_rail_fold_ticks: int = 10
 
     def __post_init__(self) -> None:
         if self.error_threshold < 1 or self.congestion_multiplier < 1:
             raise ValueError("error_threshold and congestion_multiplier must be >= 1")
+        if not 1 <= self.single_rail_fold_ticks <= 64:
+            raise ValueError("single_rail_fold_ticks must be in [1, 64]")
         if not 0 < self.cooldown_base_s <= self.cooldown_cap_s:
             raise ValueError("need 0 < cooldown_base_s <= cooldown_cap_s")
         if not 0.0 < self.degraded_weight <= 1.0:

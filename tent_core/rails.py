@@ -47,6 +47,7 @@ class Rail:
     telemetry: RailTelemetry
     stat_index: int = 0  # what its slices carry: the slot and this holder's generation of it
     holders: int = field(default=0, repr=False)  # RailTable bookkeeping
+    load_key: str = field(default="", repr=False)  # its key in the host-wide load table (recovery), once made
 
 
 class RailTable:
@@ -146,6 +147,13 @@ class RailTable:
     def row(self, slot: int) -> np.ndarray:
         """The telemetry row of a slot (a stat_index names the same row)."""
         return self.stats[slot & _SLOT_MASK]
+
+    def snapshot(self, slot: int) -> tuple[int, ...]:
+        """The counters of a slot's row now, as plain ints (what `RailTelemetry.observe` folds): read
+        in C for the installed table, so the health tick touches no numpy code on its common path."""
+        if self._installed:
+            return _native.stat_row(slot & _SLOT_MASK)  # type: ignore[no-any-return]
+        return tuple(self.stats[slot & _SLOT_MASK].tolist())
 
     def in_use(self) -> int:
         """Rails currently held by some engine."""

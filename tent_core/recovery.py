@@ -351,28 +351,50 @@ class Recovery:
         watch = False
         now_ns = _native.now_ns()
         hc = self.config.health
+        every = hc.single_rail_fold_ticks
+        monitor = self.monitor
         shared = self._shared_load()
         fast = getattr(self._owner, "_fast", None)  # the engine's plan cache (made after this object)
+        snapshot = _native.stat_row  # RAILS.snapshot of the installed table, without a Python call
         for peer in self.peers.peers():
             progressed = False
             for route in list(peer.routes.values()):
+                rails = route.rails
+                multi = len(rails) > 1
+                # Every rail HEALTHY (RailMonitor.calm): no heartbeat, re-admission or pause waits,
+                # and a completion changes nothing there, so the monitor is asked nothing per rail.
+                # Re-read per route: this tick may have paused a rail. The common case of a cold
+                # tick (docs/benchmarks.md, the health tick), which must stay cheap.
+                calm = monitor.calm
+                if calm and len(rails) == 1:
+                    # the common case, kept short: the one rail's snapshot (its fold waits, see
+                    # observe_lazily), the host-wide load, completions for the peer's liveness
+                    rail = rails[0]
+                    tel = rail.telemetry
+                    delta = tel.observe_lazily(snapshot(rail.slot), now_ns, every)
+                    if shared is not None:
+                        self._share_load(shared, rail)
+                    if tel.inflight_bytes or tel.external_bytes:
+                        watch = True
+                    if delta.slices_done:
+                        progressed = True  # a HEALTHY rail's monitor hears nothing of it
+                    if delta.congestion and monitor.on_error(rail.slot, now, congestion=True) == RailState.PAUSED:
+                        log.info("rail %s to %s congested: paused", rail.info.name, peer.engine_id)
+                    continue
                 tels = []
                 # the rails whose rows the native fast path reads (a cached entry of mice names them)
                 # or that hold its assignments not folded yet: only those are published (below)
-                watched = ([fast.rail_watched(r.stat_index) for r in route.rails]
-                           if fast is not None and len(route.rails) > 1 else None)
-                folded: list[int | None] = [None] * len(route.rails)
-                for pos, rail in enumerate(route.rails):
+                watched = [fast.rail_watched(r.stat_index) for r in rails] if fast is not None and multi else None
+                folded: list[int | None] = [None] * len(rails)
+                for pos, rail in enumerate(rails):
                     tel = rail.telemetry
-                    row: Any = RAILS.row(rail.slot)
+                    # The row is read first (a copy): a mouse the fast path placed here whose bytes
+                    # it shows was placed before, so it is folded now (fold_fast, as the planner's
+                    # own), and observe() takes its bytes off pending exactly once (read after the
+                    # fold, the row could show a mouse placed in between, not yet pending, and the
+                    # next fold would count it once too often)
+                    row = snapshot(rail.slot)
                     if watched is not None and watched[pos]:
-                        # mice the fast path placed here since the last tick go into the telemetry as
-                        # the planner's own (fold_fast). The row is read first: a mouse whose bytes
-                        # it shows was placed before, so it is folded now, and observe() takes its
-                        # bytes off pending exactly once (read after the fold, the row could show a
-                        # mouse placed in between, not yet pending, and the next fold would count
-                        # it once too often)
-                        row = row.copy()
                         folded[pos] = fold_fast(fast, rail)
                     delta = tel.observe(row, now_ns)
                     tels.append(tel)
@@ -384,49 +406,51 @@ class Recovery:
                         # also on a paused rail: a completion is as good as a heartbeat (the monitor
                         # re-admits it only once its cooldown is over)
                         progressed = True
-                        self.monitor.on_success(rail.slot, now)
-                    paused = self.monitor.state(rail.slot, now) == RailState.PAUSED
-                    if delta.congestion and not paused:
+                        if not calm:
+                            monitor.on_success(rail.slot, now)
+                    if delta.congestion and (calm or monitor.state(rail.slot, now) != RailState.PAUSED):
                         # one signal per tick: the pieces a rail serves at once stall together
-                        if self.monitor.on_error(rail.slot, now, congestion=True) == RailState.PAUSED:
+                        if monitor.on_error(rail.slot, now, congestion=True) == RailState.PAUSED:
                             log.info("rail %s to %s congested: paused", rail.info.name, peer.engine_id)
-                            if len(route.rails) > 1:
+                            if multi:
                                 self.abort_rail(route, rail, in_flight=False)  # slow, not broken
-                for rail in route.rails:
-                    if self.monitor.due_probe(rail.slot, now):
-                        self._send_probe(peer, route, rail, now)
-                if len(route.rails) < 2:
+                if not calm:
+                    for rail in rails:
+                        if monitor.due_probe(rail.slot, now):
+                            self._send_probe(peer, route, rail, now)
+                if not multi:
                     continue  # a single rail has no sibling to compare with; its executor's timeout rules
                 for pos in stalled(tels, now_ns, hc.stall_s):
-                    rail = route.rails[pos]
-                    if self.monitor.state(rail.slot, now) == RailState.PAUSED:
+                    rail = rails[pos]
+                    if monitor.state(rail.slot, now) == RailState.PAUSED:
                         continue
                     log.info("rail %s to %s stalled (%.0f ms serving without progress): pausing",
                              rail.info.name, peer.engine_id, tels[pos].stall_s(now_ns) * 1e3)
-                    self.monitor.pause(rail.slot, now)
+                    monitor.pause(rail.slot, now)
                     self.abort_rail(route, rail, in_flight=False)  # its queue moves; what it serves may still finish
                 for pos in stalled(tels, now_ns, hc.stall_cut_s):
-                    rail = route.rails[pos]
+                    rail = rails[pos]
                     if self._cut.get(rail.slot) == tels[pos].progress_ns:
                         continue  # already cut for this silence
                     self._cut[rail.slot] = tels[pos].progress_ns
                     log.info("rail %s to %s silent for %.0f ms: cutting what it serves", rail.info.name,
                              peer.engine_id, tels[pos].stall_s(now_ns) * 1e3)  # fmt: skip
-                    self.monitor.pause(rail.slot, now)
+                    monitor.pause(rail.slot, now)
                     self.abort_rail(route, rail, in_flight=True)
                 slow = slowness(tels, now_ns, hc.outlier_window_s)
-                if len(slow) >= 2:
-                    before = {p: self.monitor.state(route.rails[p].slot, now) for p in slow}
-                    marked = set(self.monitor.check_outliers({route.rails[p].slot: v for p, v in slow.items()}, now))
+                if monitor.outlier_possible(slow.values()):
+                    before = {p: monitor.state(rails[p].slot, now) for p in slow}
+                    marked = set(monitor.check_outliers({rails[p].slot: v for p, v in slow.items()}, now))
                     for p in slow:
-                        rail = route.rails[p]
+                        rail = rails[p]
                         if rail.slot in marked and before[p] == RailState.HEALTHY:
                             # its queue was sized for its old rate: hand it back to be re-planned
                             log.info("rail %s to %s far slower than its siblings: DEGRADED", rail.info.name, peer.engine_id)
                             self.abort_rail(route, rail, in_flight=False)
-                for rail, taken in zip(route.rails, folded, strict=True):
+                calm = monitor.calm  # a weight read now says what this tick decided
+                for rail, taken in zip(rails, folded, strict=True):
                     if taken is not None:  # back out to the fast path, with what health says now
-                        publish(fast, rail, self.monitor.weight(rail.slot, now), taken)
+                        publish(fast, rail, 1.0 if calm else monitor.weight(rail.slot, now), taken)
             liveness = peer.liveness
             if liveness.outage is not None or liveness.state is not PeerState.ALIVE:
                 watch = True
@@ -438,12 +462,15 @@ class Recovery:
                     due = liveness.check_due(now)
                 if due:
                     self._watch.request(peer)
-        self._judge_probes(now)
+        if self._probes:
+            self._judge_probes(now)
         if self._waiting:
             self._watch_deadlines(now)
         if self._parked:
             self._drive_parked(now)
-        return bool(watch or self._probes or self._waiting or self._parked or not self.monitor.settled(now))
+        # settled() also tells the monitor it is calm again: called on every tick that it is not
+        settled = monitor.calm or monitor.settled(now)
+        return bool(watch or self._probes or self._waiting or self._parked or not settled)
 
     def _judge_probes(self, now: float) -> None:
         hc = self.config.health
@@ -509,10 +536,13 @@ class Recovery:
     # ---- host-wide load sharing -------------------------------------------------------------------
 
     def _share_load(self, shared: SharedRailLoad, rail: Rail) -> None:
-        key = shared_load_key(rail.transport, rail.info.name)
+        key = rail.load_key
+        if not key:
+            key = rail.load_key = shared_load_key(rail.transport, rail.info.name)
+        tel = rail.telemetry
         try:
-            shared.set(key, rail.telemetry.inflight_bytes)
-            rail.telemetry.set_external(shared.others(key))
+            others = shared.exchange(key, tel.inflight_bytes)
+            tel.external_bytes = others if others > 0 else 0  # set_external, inline: every tick, every rail
         except (RuntimeError, OSError, ValueError) as exc:
             log.warning("shared rail load table unusable (%s); each process now sees only its own load", exc)
             _SHARED_LOADS[self.config.qos.shared_load_name] = False
@@ -667,7 +697,12 @@ class Progress:
     """
 
     def __init__(self) -> None:
-        self._cv = threading.Condition()
+        # a plain lock under the condition: the thread takes it around every call into an owner,
+        # and `with` on it runs no Python code (a Condition's own __enter__ and notify_all do, ~50
+        # us of a cold tick's CPU: docs/benchmarks.md, the health tick); never taken re-entrantly
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._waiters = 0  # threads waiting in detach / wait_idle for a call to end (held: _lock)
         self._owners: set[Any] = set()
         self._busy: Any = None  # the owner the thread is calling into right now
         self._inflight: dict[int, BatchHandle] = {}
@@ -707,7 +742,11 @@ class Progress:
             self._settings()
             if threading.current_thread() is not self._thread:
                 while self._busy is owner:
-                    self._cv.wait()
+                    self._waiters += 1
+                    try:
+                        self._cv.wait()
+                    finally:
+                        self._waiters -= 1
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait (at most `timeout`) until the thread is not calling into any owner; False on timeout."""
@@ -717,7 +756,11 @@ class Progress:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                self._cv.wait(left)
+                self._waiters += 1
+                try:
+                    self._cv.wait(left)
+                finally:
+                    self._waiters -= 1
         return True
 
     @property
@@ -734,16 +777,17 @@ class Progress:
     def _call(self, owner: Any, fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
         """Run `fn(*args)` as a call into `owner` unless it is detached: (False, None) if it was,
         else (True, what it returned)."""
-        with self._cv:
+        with self._lock:
             if owner not in self._owners:
                 return False, None
             self._busy = owner
         try:
             out = fn(*args)
         finally:
-            with self._cv:
+            with self._lock:
                 self._busy = None
-                self._cv.notify_all()
+                if self._waiters:
+                    self._cv.notify_all()
         return True, out
 
     def _failures(self) -> None:
@@ -805,7 +849,7 @@ class Progress:
         if now - last_tick >= HEALTH_TICK_S:
             last_tick = now
             watch = False
-            with self._cv:
+            with self._lock:
                 owners = list(self._owners)
             for owner in owners:
                 try:

@@ -175,6 +175,7 @@ class RailTelemetry:
         "_busy_slices",
         "_anchor",
         "_span_end",
+        "_kept",
     )
 
     def __init__(
@@ -245,6 +246,8 @@ class RailTelemetry:
         self._busy_slices = 0  # completions in the spans folded into this window
         self._anchor: tuple[int, int, int] | None = None
         self._span_end: tuple[int, int, int] | None = None
+        # snapshots observe_lazily keeps for the next fold: (row, ns), oldest first
+        self._kept: list[tuple[tuple[int, ...], int]] = []
 
     @classmethod
     def from_rail_info(
@@ -263,13 +266,64 @@ class RailTelemetry:
     # ---- inputs ---------------------------------------------------------------------------------
 
     def observe(self, row: Sequence[int], now_ns: int) -> Delta:
-        """Fold one snapshot of the rail's native stats row (taken at `now_ns`) into the model.
+        """Fold one snapshot of the rail's native stats row (taken at `now_ns`) into the model, after
+        the snapshots `observe_lazily` kept (in order: the model is the same as folded one by one).
 
         Returns what completed / failed since the previous snapshot.
         """
-        cur = tuple(int(x) for x in row[:ROW_FIELDS])
-        if len(cur) < ROW_FIELDS:  # a row from before the service fields (synthetic in tests)
-            cur += (0,) * (ROW_FIELDS - len(cur))
+        if self._kept:
+            kept, self._kept = self._kept, []
+            for r, ns in kept:
+                self._fold(r, ns)
+        return self._fold(row, now_ns)
+
+    def observe_lazily(self, row: tuple[int, ...], now_ns: int, every: int) -> Delta:
+        """`observe`, for a rail whose model no decision reads between two health ticks (the one rail
+        of a single-rail route: the planner gives it every slice whatever its estimate). A snapshot
+        that shows nothing but traffic since the previous one (no error, no congestion report) is
+        kept and folded later, with the others kept, in order, at the `every`-th call (or at the
+        next `observe`): the model comes out as folded tick by tick, since it is a function of the
+        snapshots and their times (only bytes a plan assigned meanwhile, `add_pending`, are matched
+        against the executor's count a little later), while a cold health tick skips its most
+        expensive part (docs/benchmarks.md, the health tick). The counters (in flight, serving, done) are
+        taken at once either way. `row`: a tuple of ints (`RailTable.snapshot`). Returns what
+        changed since the previous snapshot, as `observe` does."""
+        kept = self._kept
+        last = kept[-1][0] if kept else self._prev
+        if (
+            last is None
+            or len(kept) + 1 >= every
+            or len(row) != ROW_FIELDS
+            or row[ERRORS] != last[ERRORS]
+            or row[CONGESTION] != last[CONGESTION]
+        ):
+            return self.observe(row, now_ns)
+        kept.append((row, now_ns))
+        # what _fold sets first from the row, before it reads anything of its own (progress_ns is
+        # compared there, so it waits for the fold)
+        self.inflight_bytes = row[INFLIGHT_BYTES]
+        self.inflight_slices = row[INFLIGHT_SLICES]
+        self.bytes_done = row[BYTES_DONE]
+        self.slices_done = row[SLICES_DONE]
+        self.errors = row[ERRORS]
+        self.last_complete_ns = row[LAST_COMPLETE_NS]
+        self.serving = row[SERVING]
+        self.bytes_moved = row[BYTES_MOVED]
+        # tuple.__new__: a NamedTuple's own __new__ is Python code, one more to run cold
+        return tuple.__new__(Delta, (row[BYTES_DONE] - last[BYTES_DONE], row[SLICES_DONE] - last[SLICES_DONE], 0, 0))
+
+    @property
+    def kept(self) -> int:
+        """Snapshots `observe_lazily` keeps for the next fold."""
+        return len(self._kept)
+
+    def _fold(self, row: Sequence[int], now_ns: int) -> Delta:
+        if type(row) is tuple and len(row) == ROW_FIELDS:
+            cur = row  # RailTable.snapshot: plain ints already
+        else:
+            cur = tuple(int(x) for x in row[:ROW_FIELDS])
+            if len(cur) < ROW_FIELDS:  # a row from before the service fields (synthetic in tests)
+                cur += (0,) * (ROW_FIELDS - len(cur))
         infl_b = cur[INFLIGHT_BYTES]
         prev = self._prev
         self.inflight_bytes = infl_b

@@ -2929,6 +2929,30 @@ static PyObject *py_stat_retire(PyObject *m, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
+/* stat_row(slot) -> the slot's counters as a tuple of ints (each field read once, relaxed, as the
+ * completion path writes them): the health tick's snapshot of a rail, without numpy (whose indexing
+ * and scalar conversion cost the cold tick tens of microseconds of its ~250, docs/benchmarks.md). */
+static PyObject *py_stat_row(PyObject *m, PyObject *arg) {
+  long i = PyLong_AsLong(arg);
+  if (i == -1 && PyErr_Occurred()) return NULL;
+  if (!g_stats || i < 0 || (unsigned long)i >= g_stats_slots || i > (long)STAT_SLOT_MASK) {
+    PyErr_SetString(PyExc_IndexError, "stat_row: no such telemetry slot");
+    return NULL;
+  }
+  const int64_t *st = g_stats + (size_t)i * ST_FIELDS;
+  PyObject *out = PyTuple_New(ST_FIELDS);
+  if (!out) return NULL;
+  for (int f = 0; f < ST_FIELDS; f++) {
+    PyObject *v = PyLong_FromLongLong(__atomic_load_n(&st[f], __ATOMIC_RELAXED));
+    if (!v) {
+      Py_DECREF(out);
+      return NULL;
+    }
+    PyTuple_SET_ITEM(out, f, v);
+  }
+  return out;
+}
+
 static PyObject *py_host_api_address(PyObject *m, PyObject *unused) {
   return PyLong_FromUnsignedLongLong((uintptr_t)&g_host);
 }
@@ -3032,6 +3056,7 @@ static PyMethodDef methods[] = {
     {"set_stats", py_set_stats, METH_O, "use this writable buffer for telemetry slots"},
     {"stat_claim", py_stat_claim, METH_O, "zero a telemetry slot for a new holder: its generation, 0 while busy"},
     {"stat_retire", py_stat_retire, METH_O, "a telemetry slot's holder let it go: its generation stops counting"},
+    {"stat_row", py_stat_row, METH_O, "a telemetry slot's counters as a tuple of ints"},
     {"host_api_address", py_host_api_address, METH_NOARGS, "address of the tent_host_api_t"},
     {"failure_fd", py_failure_fd, METH_NOARGS, "eventfd signalled when failures are queued"},
     {"now_ns", py_now_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns"},
