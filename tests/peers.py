@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +90,12 @@ def wait_stopped(pid: int, timeout: float = 10.0) -> None:
 
 def sha(data: Any) -> str:
     return hashlib.sha256(bytes(data)).hexdigest()
+
+
+def until(cond: Callable[[], bool], timeout: float, what: str, step: float = 0.01) -> None:
+    """Poll `cond` every `step` s until it holds; AssertionError naming `what` after `timeout` s."""
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(step)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from peers import Peer
+from peers import Peer, until
 
 from tent_core import Engine
 from tent_core.abi import StatField
@@ -170,11 +170,7 @@ def peer():
 
 
 def _until(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.005)
+    until(cond, timeout, what, step=0.005)
 
 
 def _engine() -> Engine:

@@ -12,11 +12,11 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Callable
 
 import numpy as np
 import pytest
 from peers import Peer
+from peers import until as _until
 
 from tent_core import READ, Engine, Request, _native
 from tent_core.recovery import PROGRESS, shared_load_key
@@ -33,12 +33,6 @@ def peer():
     p.close()
 
 
-def _until(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.01)
 
 
 def _asleep() -> bool:
