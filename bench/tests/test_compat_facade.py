@@ -25,9 +25,10 @@ def test_facade_bench_smoke() -> None:
         # the ratio is the median of the per-round ratios, not a ratio of the medians; its spread brackets it
         rlo, rhi = r["facade_x_native_spread"]
         assert 0 < rlo <= r["facade_x_native"] <= rhi, r
+        # the spreads are rounded to 3 digits (~0.2% each at 0.5 GB/s): their ratio bounds the rounds only that closely
         # each per-round ratio is some round's facade over the same round's native: within the rates' extremes
-        assert r["facade_spread"][0] / r["native_spread"][1] <= rlo * 1.001
-        assert rhi <= r["facade_spread"][1] / r["native_spread"][0] * 1.001
+        assert r["facade_spread"][0] / r["native_spread"][1] <= rlo * 1.005
+        assert rhi <= r["facade_spread"][1] / r["native_spread"][0] * 1.005
 
 
 def test_best_setting_is_the_highest_score_and_failures_never_win() -> None:
