@@ -81,23 +81,18 @@ def _reader(addr: str, sizes: list[int], info: dict, pub_pid: int, rounds: int, 
 
         # the replicate's split: its control requests, the pull (setup, READs, checks), the rest
         spans = {"ctl": 0.0, "pull": 0.0}
-        real_request, real_pull = h.conn.request, h._pull
 
-        def timed_request(*a: Any, **k: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return real_request(*a, **k)
-            finally:
-                spans["ctl"] += time.perf_counter() - t0
+        def timed(fn: Any, span: str) -> Any:
+            def call(*a: Any, **k: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    spans[span] += time.perf_counter() - t0
 
-        def timed_pull(*a: Any, **k: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return real_pull(*a, **k)
-            finally:
-                spans["pull"] += time.perf_counter() - t0
+            return call
 
-        h.conn.request, h._pull = timed_request, timed_pull  # type: ignore[method-assign]
+        h.conn.request, h._pull = timed(h.conn.request, "ctl"), timed(h._pull, "pull")  # type: ignore[method-assign]
 
         def replicate(knobs: dict) -> dict:
             saved = {k: getattr(C, k) for k in knobs if k != "verify"}
