@@ -12,8 +12,9 @@ thread included, the kernel's not). Needs valgrind. ``--driver N`` is the driver
 
 ``--form wait`` / ``--form run``: one request at a time instead, each ``submit(req).wait()`` or
 ``run(req)`` on that thread (the issue-17 loop): the instructions per round trip in user space, the
-waiter's receive of the answer and its completion included. Busy polling is off for these forms
-(``busy_poll_us`` 0), so that a spin whose length depends on timing does not enter the count.
+waiter's receive of the answer and its completion included. tcp's busy polling is off for these
+forms (``busy_poll_us`` 0), so that a spin whose length depends on timing does not enter the count;
+shm copies a request of up to one chunk on the submitting thread and never polls for it.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ def driver(transport: str, variant: str, block: int, n: int, form: str = "submit
     from .runner import target_process
 
     cfg: dict = {"fast_path": variant == "fast"}
-    if form != "submit":  # no spin of timing-dependent length in a round trip's count
-        cfg["transports"] = {transport: {"busy_poll_us": 0}}
+    if form != "submit" and transport == "tcp":  # no spin of timing-dependent length in a round trip's count
+        cfg["transports"] = {transport: {"busy_poll_us": 0}}  # (shm copies on this thread: it never polls)
     with target_process(block, pattern_fill=False) as target, Engine(cfg, transports=[transport]) as eng:
         local = eng.allocate(block, segment="cost-local")
         req = [Request(OpCode.WRITE, local, 0, target["segment"], 0, block)]
