@@ -1,7 +1,7 @@
 """A/B of two builds on the small-request scenarios (not a test).
 
     python plugins/tcp/tools/small_ab_builds.py --other DIR [--rounds 4] [--budget 16M]
-        [--scenarios one_at_a_time,batches] [--tcp-seconds S] [--config JSON]
+        [--scenarios one_at_a_time,batches] [--transports tcp] [--tcp-seconds S] [--config JSON]
     python plugins/tcp/tools/small_ab_builds.py --tree --other TREE ...
 
 DIR holds another build of the tcp plugin alone (a directory with a `tent_tcp` package inside,
@@ -12,8 +12,8 @@ its `.venv/bin/python` runs the bench instead. Each round runs `python -m tent_b
 with this checkout and once with the other (the order flipping every round), so both see the same
 load; every row carries the engine's GB/s (`submit().wait()`, and `run()` where the scenario times
 it) and its bare C loop taken beside it in the same process. Prints per round and the medians
-(with the lowest and highest round) per build, and the engine's GB/s this build / the other,
-paired by round.
+(with the lowest and highest round) per build, and the engine's GB/s and P50 latency this build /
+the other, paired by round (on a loaded host the GB/s, a mean, follows the stalls; the P50 less).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import subprocess
 import sys
 from typing import Any
 
-FIELDS = ("tent_gbps", "run_gbps", "bare_gbps", "ratio", "run_ratio", "tent_p50_us", "run_p50_us", "bare_p50_us")
+FIELDS = ("tent_gbps", "run_gbps", "bare_gbps", "python_gbps", "ratio", "run_ratio", "python_ratio", "run_python_ratio", "tent_p50_us", "run_p50_us", "bare_p50_us")
 
 
 def _rows(a: argparse.Namespace, other: bool) -> list[dict[str, Any]]:
@@ -37,7 +37,7 @@ def _rows(a: argparse.Namespace, other: bool) -> list[dict[str, Any]]:
     elif other:
         path = os.path.abspath(a.other)
         env["PYTHONPATH"] = path + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    argv = [python, "-m", "tent_bench.small", "--scenarios", a.scenarios, "--transports", "tcp", "--rounds", "1",
+    argv = [python, "-m", "tent_bench.small", "--scenarios", a.scenarios, "--transports", a.transports, "--rounds", "1",
             "--budget", a.budget, "--json"]  # fmt: skip
     if a.tcp_seconds:
         argv += ["--tcp-seconds", str(a.tcp_seconds)]
@@ -63,6 +63,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--budget", default="16M")
     ap.add_argument("--scenarios", default="one_at_a_time,batches")
+    ap.add_argument("--transports", default="tcp", help="passed to tent_bench.small (e.g. shm)")
     ap.add_argument("--tcp-seconds", type=float, default=None, help="passed to tent_bench.small")
     ap.add_argument("--config", default=None, help="JSON engine config for both builds")
     a = ap.parse_args()
@@ -75,7 +76,7 @@ def main() -> None:
                 print(f"round {r} {name:5} {_key(row)}: " + ", ".join(f"{k} {v:.2f}" for k, v in got.items()), flush=True)
     for key in sorted({k for k, _ in res}):  # this / other, round by round (both in the same window)
         this, other = res.get((key, "this"), []), res.get((key, "other"), [])
-        for f in ("tent_gbps", "run_gbps"):
+        for f in ("tent_gbps", "run_gbps", "tent_p50_us", "run_p50_us"):  # P50: below 1 is this build faster
             paired = [x[f] / y[f] for x, y in zip(this, other, strict=False) if y.get(f) and f in x]
             if paired:
                 print(f"this/other {key} {f}: {_med(paired)}, {sum(p > 1 for p in paired)} of {len(paired)} rounds above 1")
