@@ -8,7 +8,8 @@ stage alone (file -> local memory), the tcp stage alone (local memory -> remote)
 path (file -> staging -> tcp, mapped paths off) once per variant `DEPTH[:CHUNKS]` (the pool's
 `first_depth` = config staging_first_depth, and `chunks` = staging_chunks, set between transfers).
 Prints each case's median GB/s and, per variant against the first, the median of the per-cycle
-speed ratios and how many cycles it was faster in.
+speed ratios and how many cycles it was faster in, and each variant's staged time against the
+slower stage's in the same cycle (x slower stage).
 
     python plugins/gds/tools/staged_depth_ab.py --variants 1,8 --cycles 60
     python plugins/gds/tools/staged_depth_ab.py --variants 1,8 --config '{}'   # page cache instead
@@ -73,6 +74,9 @@ def main(size_mib: int, cycles: int, variants: str, config_json: str, file_dir: 
             json.dump(t, fh)
     gb = size / 1e9
     click.echo(" ".join(f"{n} {gb / statistics.median(t[n]):.2f}" for n in names) + " GB/s (median)")
+    for n in names[2:]:  # staged / its slower stage, both stages timed in the same cycle
+        x = [max(a, b) / c for a, b, c in zip(t["file"], t["tcp"], t[n], strict=True)]
+        click.echo(f"{n}: x slower stage, median of the cycles {statistics.median(x):.3f}")
     ref = names[2]
     for n in names[3:]:
         r = [a / b for a, b in zip(t[ref], t[n], strict=True)]
