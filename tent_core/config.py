@@ -388,6 +388,11 @@ class EngineConfig:
     staging_chunks: int = 4
     staging_buffers: int = 8
     staging_workers: int = 4
+    # First-stage legs (e.g. file -> staging) one staged request keeps in flight. Chunks in flight in
+    # one stage share it: with all four of a 64 MiB request's chunks read at once, the first ended at
+    # ~80% of the read, and tcp (the second stage) started only then (docs/benchmarks.md,
+    # path-direct). One at a time, chunk n+1 is read while chunk n is sent.
+    staging_first_depth: int = 1
     # Mapped paths (tent_core.mapped): a WRITE from a registered file whose file transport reads
     # through the page cache (CapabilityProfile.page_cache_files) to remote memory a transport that
     # copies its sends in the kernel (CapabilityProfile.kernel_copy_sends) reaches is sent straight
@@ -444,6 +449,8 @@ class EngineConfig:
             raise ValueError("target_staging_chunk_bytes, target_staging_min_chunk_bytes and target_staging_chunks must be >= 1")
         if self.staging_chunk_bytes < 1 or self.staging_min_chunk_bytes < 1 or self.staging_chunks < 1 or self.staging_buffers < 1:
             raise ValueError("staging_chunk_bytes, staging_min_chunk_bytes, staging_chunks and staging_buffers must be >= 1")
+        if self.staging_first_depth < 1:
+            raise ValueError("staging_first_depth must be >= 1")
         if self.mapped_window_bytes < 4096 or self.mapped_window_bytes % 4096 or self.mapped_cache_bytes < 0:
             raise ValueError("mapped_window_bytes must be a positive multiple of 4096 and mapped_cache_bytes >= 0")
 

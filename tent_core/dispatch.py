@@ -469,7 +469,7 @@ class Submitter:
             if self.staging is None:
                 cfg = self.config
                 self.staging = StagingPool(self, cfg.staging_chunk_bytes, cfg.staging_buffers,
-                                           cfg.staging_min_chunk_bytes, cfg.staging_chunks)
+                                           cfg.staging_min_chunk_bytes, cfg.staging_chunks, cfg.staging_first_depth)
             return self.staging
 
     def close(self) -> None:

@@ -50,13 +50,17 @@ class StagingPool:
     staging memory an engine registers."""
 
     def __init__(self, engine: LegSubmitter, chunk_bytes: int, count: int,
-                 min_chunk: int | None = None, chunks: int = 8) -> None:  # fmt: skip
+                 min_chunk: int | None = None, chunks: int = 8, first_depth: int = 1) -> None:  # fmt: skip
+        if first_depth < 1:
+            raise ValueError("first_depth must be >= 1")
         self.engine = engine
         self.chunk_bytes = chunk_bytes
         self.count = count
         # (smallest chunk, chunks per request) for pipeline_chunk; by default every chunk is a buffer's
         self.min_chunk = chunk_bytes if min_chunk is None else min_chunk
         self.chunks = chunks
+        # first-stage legs one request keeps in flight (config staging_first_depth)
+        self.first_depth = first_depth
         self._free: queue.Queue[LocalBuffer] = queue.Queue()
         self._made = 0
         self._lock = threading.Lock()
@@ -147,36 +151,45 @@ def _pipeline(engine: LegSubmitter, handle: BatchHandle, req: Request, path: Sta
     first: deque[tuple[int, int, LocalBuffer, Any]] = deque()
     second: deque[tuple[int, int, LocalBuffer, Any]] = deque()
     nxt = 0
+
+    def feed() -> None:
+        """Submit first stages while staging buffers are free, at most pool.first_depth in flight:
+        chunks in flight in one stage share it, so more of them only delay the first one's end (and
+        with it the second stage's start) without moving the stage faster."""
+        nonlocal nxt
+        while nxt < len(chunks) and len(first) < pool.first_depth:
+            st = pool.try_acquire() if (first or second) else pool.acquire(time_left(handle, "staged transfer"))
+            if st is None:
+                if not (first or second):
+                    raise errors.DeadlineExceededError("no staging buffer became free before the deadline")
+                return
+            off, ln = chunks[nxt]
+            try:
+                if trace is not None:
+                    trace("stage1_submit", nxt, ln)
+                first.append((nxt, ln, st, stage1(off, ln, st)))
+            except BaseException:
+                pool.release(st)
+                raise
+            nxt += 1
+
     if trace is not None:
         trace("begin", -1, req.length)
     try:
         while nxt < len(chunks) or first or second:
             if batch.cancelled:
                 raise errors.CancelledError("staged transfer cancelled")
-            # keep the first stage fed while staging buffers are free
-            while nxt < len(chunks):
-                st = pool.try_acquire() if (first or second) else pool.acquire(time_left(handle, "staged transfer"))
-                if st is None:
-                    if not (first or second):
-                        raise errors.DeadlineExceededError("no staging buffer became free before the deadline")
-                    break
-                off, ln = chunks[nxt]
-                try:
-                    if trace is not None:
-                        trace("stage1_submit", nxt, ln)
-                    first.append((nxt, ln, st, stage1(off, ln, st)))
-                except BaseException:
-                    pool.release(st)
-                    raise
-                nxt += 1
+            feed()
             if first:
                 i, ln, st, h = first[0]
                 h.wait()
                 first.popleft()
                 if trace is not None:
                     trace("stage1_done", i, ln)
-                    trace("stage2_submit", i, ln)
                 try:
+                    feed()  # the next chunk's first stage before this one's second: neither stage idles
+                    if trace is not None:
+                        trace("stage2_submit", i, ln)
                     second.append((i, ln, st, stage2(chunks[i][0], ln, st)))
                 except BaseException:
                     pool.release(st)

@@ -185,3 +185,45 @@ def test_staged_trace_hook_shows_the_legs_of_every_chunk_overlapping(peer, tmp_p
     at = {(e[0], e[1]): k for k, e in enumerate(events)}
     assert at[("stage1_submit", 1)] < at[("stage2_done", 0)]
     peer.call(cmd="fill", segment="rw", seed=0)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_staged_first_stage_depth_bounds_the_reads_in_flight(peer, tmp_path, depth):
+    """`staging_first_depth` first-stage legs at most are in flight for one request (chunks in flight
+    in one stage share it, so more of them only delay the first one's end), the next chunk's first
+    stage is submitted before this chunk's second stage (the first stage never waits for a tcp
+    submit), and the bytes land whole."""
+    from tent_core import staged
+
+    n = 9 * MiB + 11
+    data = pattern(n, seed=31 + depth)
+    data.tofile(tmp_path / "d.bin")
+    events: list[tuple[str, int, int]] = []
+    with Engine({"staging_chunk_bytes": 2 * MiB, "staging_min_chunk_bytes": MiB, "staging_chunks": 8,
+                 "staging_buffers": 4, "staging_first_depth": depth, "mapped_paths": False},
+                transports=["gds", "tcp"]) as eng:  # fmt: skip
+        f = eng.register_file(tmp_path / "d.bin", segment="ckpt")
+        staged.TRACE = lambda ev, i, ln: events.append((ev, i, ln))
+        try:
+            assert eng.submit([Request(WRITE, f, 0, peer.seg("rw"), 0, n)]).wait(60)
+        finally:
+            staged.TRACE = None
+        assert peer.digest("rw", 0, n) == sha(data)
+        chunks = chunk_plan(n, eng._submitter.staging.chunk_for(n))
+    assert len(chunks) >= 5
+    in_flight = most = 0
+    for ev, _, _ in events:
+        in_flight += {"stage1_submit": 1, "stage1_done": -1}.get(ev, 0)
+        most = max(most, in_flight)
+    assert most == depth
+    at = {(e[0], e[1]): k for k, e in enumerate(events)}
+    for i in range(len(chunks) - depth):
+        assert at[("stage1_submit", i + depth)] < at[("stage2_submit", i)]
+    peer.call(cmd="fill", segment="rw", seed=0)
+
+
+def test_staged_first_stage_depth_must_be_positive():
+    with pytest.raises(ValueError, match="staging_first_depth"):
+        EngineConfig(staging_first_depth=0)
+    with pytest.raises(ValueError, match="first_depth"):
+        StagingPool(None, MiB, 2, MiB, 4, first_depth=0)  # type: ignore[arg-type]
