@@ -42,6 +42,17 @@
  * cache copy). Whatever a worker took first stays the worker's. Only host memory, only batches
  * without a CUDA event to wait for, only when the waiter offers at least WAITER_MIN_BUDGET_NS.
  *
+ * Buffered READs in fewer pieces (config read_pieces, default 0 = off): with read_pieces N, a
+ * buffered READ slice longer than `chunk` is cut into N pieces per worker (each at least `chunk`,
+ * 4096-aligned) instead of chunk-sized ones: a 64 MiB READ out of the page cache on two workers
+ * is 2N reads, not 64 handed out one at a time (N=1 is fio's two-job shape). Under the kernel's
+ * normal scheduler on a loaded 2-core VM the longer copies cost the engine 3-21% less CPU per GB
+ * (N=1: down to fio's level), but with the threads under SCHED_FIFO the tent bench step moved no
+ * faster, a little slower (a worker that loses its core holds its long piece; with 1 MiB pieces
+ * the other takes the rest): not a measured gain, so off until a quiet A/B decides
+ * (docs/benchmarks.md, gds-fio). Not with direct=1 (O_DIRECT pieces stay chunk-sized, ring-deep)
+ * nor while CUDA buffers are registered.
+ *
  * One writer per buffered WRITE, where writers do not read their source first (write_warm=0,
  * below): the kernel serializes buffered writes to one file (ext4, XFS,
  * tmpfs and NFS each hold the inode's lock exclusively for the whole write), so a WRITE slice cut
@@ -397,6 +408,7 @@ struct executor {
   atomic_ullong st_inline_writes; /* slices it wrote so */
   int write_warm;                 /* writers read a WRITE piece's source before its pwrite */
   atomic_ullong st_warm_pieces;   /* pieces they read so */
+  uint32_t read_pieces;           /* buffered READ slices: pieces per worker (0: pieces of chunk) */
 };
 
 /* ---------------------------------------------------------------- io_uring (raw syscalls) */
@@ -1046,6 +1058,7 @@ static int parse_config(executor_t *ex, const char *cfg, char *err, size_t errle
   ex->nowait = 1;
   ex->inline_write = 1u << 20;
   ex->write_warm = 1;
+  ex->read_pieces = 0;
   char k[64], v[256];
   for (const char *c = cfg; tent_config_next(&c, k, sizeof k, v, sizeof v);) {
     if (!strcmp(k, "threads")) {
@@ -1065,6 +1078,9 @@ static int parse_config(executor_t *ex, const char *cfg, char *err, size_t errle
       ex->split_writes = !strcmp(v, "1") || !strcmp(v, "true") || !strcmp(v, "True");
     } else if (!strcmp(k, "write_warm")) {
       ex->write_warm = !strcmp(v, "1") || !strcmp(v, "true") || !strcmp(v, "True");
+    } else if (!strcmp(k, "read_pieces")) {
+      long t = strtol(v, NULL, 10);
+      ex->read_pieces = t < 0 ? 0 : (t > 64 ? 64 : (uint32_t)t);
     } else if (!strcmp(k, "inline_write_bytes")) {
       ex->inline_write = strtoull(v, NULL, 10);
     } else if (!strcmp(k, "nowait")) {
@@ -1257,14 +1273,33 @@ static int whole_write(const executor_t *ex, const tent_slice_t *s) {
          !__atomic_load_n(&ex->ngbufs, __ATOMIC_RELAXED);
 }
 
+/* The piece size of a buffered READ slice cut by read_pieces (see the header, "Buffered READs in
+ * few pieces"), or 0 where the slice is cut into pieces of `chunk` as before. Decided from the
+ * executor's config alone, like whole_write. */
+static uint64_t read_piece(const executor_t *ex, const tent_slice_t *s) {
+  if (!ex->read_pieces || s->opcode != TENT_OP_READ || ex->direct || !ex->chunk || s->length <= ex->chunk ||
+      __atomic_load_n(&ex->ngbufs, __ATOMIC_RELAXED))
+    return 0;
+  uint64_t parts = (uint64_t)ex->nthreads * ex->read_pieces;
+  uint64_t per = (s->length + parts - 1) / parts;
+  per = (per + DIRECT_ALIGN - 1) & ~(uint64_t)(DIRECT_ALIGN - 1);
+  return per > ex->chunk ? per : 0;
+}
+
 static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
   executor_t *ex = self;
-  uint32_t whole = 0;
-  for (uint32_t i = 0; i < n; i++) whole += (uint32_t)whole_write(ex, &slices[i]);
-  if (!whole) return tent_cq_submit(&ex->q, &ex->mu, &ex->cv, &ex->stop, slices, n, ex->chunk, UINT32_MAX);
+  uint32_t whole = 0, big = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    whole += (uint32_t)whole_write(ex, &slices[i]);
+    big += read_piece(ex, &slices[i]) != 0;
+  }
+  if (!whole && !big) return tent_cq_submit(&ex->q, &ex->mu, &ex->cv, &ex->stop, slices, n, ex->chunk, UINT32_MAX);
   uint64_t small[64], *chunks = n <= 64 ? small : malloc(n * sizeof *chunks);
   if (!chunks) return TENT_E_INTERNAL;
-  for (uint32_t i = 0; i < n; i++) chunks[i] = whole_write(ex, &slices[i]) ? 0 : ex->chunk;
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t per = read_piece(ex, &slices[i]);
+    chunks[i] = whole_write(ex, &slices[i]) ? 0 : (per ? per : ex->chunk);
+  }
   int rc = tent_cq_submit_each(&ex->q, &ex->mu, &ex->cv, &ex->stop, slices, n, ex->chunk, chunks, UINT32_MAX, 0);
   if (chunks != small) free(chunks);
   if (rc == TENT_OK) atomic_fetch_add(&ex->st_whole_writes, whole);

@@ -353,6 +353,45 @@ def test_uring_buffered_writes_the_filesystem_would_block_run_on_the_worker(wher
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_buffered_read_slices_in_few_pieces(engine: str, tmp_path: Path) -> None:
+    """With read_pieces N a buffered READ slice longer than a chunk is cut into N pieces per worker
+    (each at least a chunk, 4096-aligned, the last shorter), not into chunk-sized ones; the default
+    (0) and an O_DIRECT executor cut chunk-sized pieces; a slice up to a chunk stays one piece.
+    Every byte lands where it belongs, at odd offsets and lengths, next to other slices in one batch."""
+    size, piece = 16 << 20, 1 << 20
+    data = pattern(size, 50)
+    f = make_file(tmp_path / "few-pieces.bin", data)
+    # (config, pieces of the whole 16 MiB, of 5 MiB + 4093 at an odd offset, of 1 MiB + 1)
+    # 4 per worker: 8 pieces of 2 MiB; 5 MiB in 8 would be under a chunk, so chunks. The default: chunks
+    cases = (({"read_pieces": 4}, 8, 6, 2), ({"read_pieces": 1}, 2, 2, 2), ({}, 16, 6, 2),
+             ({"read_pieces": 1, "direct": 1}, 16, 6, 2))
+    for cfg, whole, odd, small in cases:
+        tr = make_transport(engine=engine, threads=2, queue_depth=8, chunk=piece, **cfg)
+        try:
+            h = tr.connect(peer(), [rbuf(BASE, f)]).handle
+            dst = aligned(size)
+            s0 = tr.stats()
+            assert one(tr, READ, dst.ctypes.data, BASE, size, h) == 0
+            s1 = tr.stats()
+            assert np.array_equal(dst, data)
+            if not cfg.get("direct"):  # O_DIRECT requests of a piece are split at its unaligned tail
+                assert (s1["uring_ios"] + s1["sync_ios"]) - (s0["uring_ios"] + s0["sync_ios"]) == whole
+            dst[:] = 0
+            b = many(tr, [(READ, dst.ctypes.data + 3, BASE + 4096 + 5, 5 * piece + 4093),
+                          (READ, dst.ctypes.data + 8 * piece, BASE + 9 * piece + 1, piece + 1)], h)  # fmt: skip
+            s2 = tr.stats()
+            assert b.error == 0 and b.bytes_done == 6 * piece + 4094
+            assert np.array_equal(dst[3 : 3 + 5 * piece + 4093], data[4096 + 5 : 4096 + 5 + 5 * piece + 4093])
+            assert np.array_equal(dst[8 * piece : 9 * piece + 1], data[9 * piece + 1 : 10 * piece + 2])
+            assert not dst[:3].any() and not dst[3 + 5 * piece + 4093 : 8 * piece].any()
+            if not cfg.get("direct"):
+                assert (s2["uring_ios"] + s2["sync_ios"]) - (s1["uring_ios"] + s1["sync_ios"]) == odd + small
+            assert s2["buffered_bytes"] + s2["direct_bytes"] - s0["buffered_bytes"] - s0["direct_bytes"] == size + 6 * piece + 4094
+        finally:
+            tr.close()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("where", ["tmp_path", "/dev/shm"])
 def test_buffered_write_slices_have_one_writer(engine: str, where: str, tmp_path: Path) -> None:
     """The kernel serializes buffered writes to one file, so a buffered WRITE slice longer than a
