@@ -360,10 +360,12 @@ def render_local(text: str) -> str:
     cpu = [r for r in ours if r.get("cpu_s_per_gb") is not None]
     if cpu:
         def _cpu(b: str, r: Row) -> str:
-            other = base.get((b, r["op"], r["block_size"], r["batch_size"]), {}).get("cpu_s_per_gb")
-            return f" / {b} {fmt(other)}" if other is not None else ""
+            row = base.get((b, r["op"], r["block_size"], r["batch_size"]), {})
+            other, whole = row.get("cpu_s_per_gb"), row.get("fio_process_cpu_s_per_gb")
+            return (f" / {b} {fmt(other)}" if other is not None else "") + (f" ({fmt(whole)} whole)" if whole is not None else "")
 
-        notes.append("CPU seconds per GB moved, median of the rounds (tent: its process, every thread; fio: its job threads): "
+        notes.append("CPU seconds per GB moved, median of the rounds (tent: its process, every thread; fio: its job threads, "
+                     "and in brackets its whole process, start-up and io_uring's kernel workers included): "
                      + ", ".join(f"{r['op']} {human(r['block_size'])} tent {fmt(r['cpu_s_per_gb'])}"
                                  + "".join(_cpu(b, r) for b in baselines) for r in cpu))  # fmt: skip
     fio = next((r for r in data if isinstance(r, dict) and r.get("kind") == "fio_tuning"), None)

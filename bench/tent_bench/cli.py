@@ -322,7 +322,7 @@ def _local_rounds(spec: Any, baselines: list[str], nrounds: int, path_spec: str 
             contenders.append((name, run))
         per_round = rd.run_rounds(contenders, nrounds,
                                   skipped=lambda n, why: err.print(f"[yellow]baseline {n} unavailable: {why}[/]"))  # fmt: skip
-    metrics = (*rd.METRICS, "x_slower_stage", "cpu_s_per_GiB", "cpu_bound_limit") if path_spec else (*rd.METRICS, "cpu_s_per_gb", "fio_reported_gbps", "fio_job_start_skew_ms")
+    metrics = (*rd.METRICS, "x_slower_stage", "cpu_s_per_GiB", "cpu_bound_limit") if path_spec else (*rd.METRICS, "cpu_s_per_gb", "fio_process_cpu_s_per_gb", "fio_reported_gbps", "fio_job_start_skew_ms")
     rows = rd.summarize(per_round, metrics=metrics)
     if tuning:
         rows.append({"kind": "mooncake_tuning", "rows": tuning, "chosen": next(

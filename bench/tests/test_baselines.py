@@ -257,6 +257,8 @@ def test_fio_run_reports_its_rate_over_the_span_of_its_ios(tmp_path, monkeypatch
         span_s = row["bytes"] / (row["gbps"] * 1e9)
         assert span_s >= 0.8 * row["runtime_ms"] / 1e3 - 2e-3
         assert row["gbps"] > 0 and row["fio_reported_gbps"] > 0
+        # fio's whole process holds its job threads (and io_uring's workers, and its start-up)
+        assert row["cpu_s_per_gb"] > 0 and row["fio_process_cpu_s_per_gb"] >= row["cpu_s_per_gb"] - 1e-3
     assert os.listdir(tmp_path / "tmp") == []  # fio's logs removed
 
 

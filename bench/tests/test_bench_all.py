@@ -80,7 +80,8 @@ def test_render_local_names_fios_sweep_and_our_cpu():
         {"engine": "tent", "transport": "gds", "op": "WRITE", "block_size": ms, "batch_size": 1, "gbps": 9.0, "rounds": 5,
          "x_fio": 0.9, "cpu_s_per_gb": 0.125},
         {"engine": "fio", "transport": "psync", "op": "WRITE", "block_size": ms, "batch_size": 1, "gbps": 10.0, "rounds": 5,
-         "cpu_s_per_gb": 0.1, "fio_reported_gbps": 10.5, "fio_job_start_skew_ms": 1.0, "fio_job_start_skew_ms_max": 4.0},
+         "cpu_s_per_gb": 0.1, "fio_process_cpu_s_per_gb": 0.3, "fio_reported_gbps": 10.5, "fio_job_start_skew_ms": 1.0,
+         "fio_job_start_skew_ms_max": 4.0},
         {"kind": "fio_tuning", "chosen": {f"WRITE {ms}": {"ioengine": "psync", "numjobs": 1, "iodepth": 1}}, "rows": [
             {"op": "WRITE", "block_size": ms, "gbps": 10.5, "fio_setting": {"ioengine": "psync", "numjobs": 1, "iodepth": 1}},
             {"op": "WRITE", "block_size": ms, "gbps": 7.25, "fio_setting": {"ioengine": "io_uring", "numjobs": 1, "iodepth": 1}}]},
@@ -88,7 +89,7 @@ def test_render_local_names_fios_sweep_and_our_cpu():
     text = ba.render_local(json.dumps(rows))
     assert "| gds | WRITE | 1 MiB | 9 | 10 | **0.9** |" in text
     assert "WRITE 1 MiB: psync j1 d1 10.5, io_uring j1 d1 7.25" in text
-    assert "CPU seconds per GB" in text and "WRITE 1 MiB tent 0.125 / fio 0.1" in text
+    assert "CPU seconds per GB" in text and "WRITE 1 MiB tent 0.125 / fio 0.1 (0.3 whole)" in text
     assert "its jobs' start skew (max over the rounds) and its own figure / the span's: WRITE 1 MiB 4 ms, 1.05" in text
 
 
