@@ -2,7 +2,7 @@
 loaded machine cannot distort the way it distorts time.
 
     python -m tent_bench.submit_cost [--transport tcp] [--variant fast|planner] [--block 64K]
-        [--form submit|wait|run]
+        [--form submit|wait|run|queued]
 
 runs the driver twice under ``valgrind --tool=callgrind --separate-threads=yes`` (N1 and N2
 submissions of one request from a dedicated thread, handles kept, waited for afterwards) and
@@ -15,6 +15,13 @@ thread included, the kernel's not). Needs valgrind. ``--driver N`` is the driver
 waiter's receive of the answer and its completion included. tcp's busy polling is off for these
 forms (``busy_poll_us`` 0), so that a spin whose length depends on timing does not enter the count;
 shm copies a request of up to one chunk on the submitting thread and never polls for it.
+
+``--form queued``: the loop `tent bench --submit-cost` times for its queued figure (issue 14's
+target): groups of QUEUED_GROUP submits back to back, then their waits, the handles dropped before
+the next group (so that the engine reuses what they held), N1 = 400 and N2 = 2400 submits.
+Only the instructions inside the submit call are counted (``--toggle-collect`` of the fast path's
+entry, FastPath_vectorcall; the fast path only): the waits, whose polling depends on timing, and
+the loop around the call are not.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ import tempfile
 import threading
 
 THREAD_MARK = "exec_submit"  # the native call every submit makes, on the submitting thread only
+QUEUED_GROUP = 200  # submits queued before their waits in runner.submit_cost_us (--form queued)
+QUEUED_ENTRY = "FastPath_vectorcall"  # the fast path's submit() (_native/native.c)
 
 
 def driver(transport: str, variant: str, block: int, n: int, form: str = "submit") -> None:
@@ -55,6 +64,12 @@ def driver(transport: str, variant: str, block: int, n: int, form: str = "submit
             elif form == "run":
                 for _ in range(n):
                     eng.run(req)
+            elif form == "queued":
+                for start in range(0, n, QUEUED_GROUP):
+                    group = [eng.submit(req) for _ in range(min(QUEUED_GROUP, n - start))]
+                    for h in group:
+                        h.wait()
+                    del group  # dropped before the next group queues, as the timed loop drops them
             else:
                 for _ in range(n):
                     handles.append(eng.submit(req))
@@ -87,11 +102,17 @@ def _thread_instructions(out_prefix: str) -> int:
 def count(transport: str, variant: str, block: int, n1: int = 200, n2: int = 1200, form: str = "submit") -> dict:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    toggle: list[str] = []
+    if form == "queued":
+        if variant != "fast":
+            raise SystemExit("--form queued counts inside the fast path's submit(): --variant fast only")
+        toggle = [f"--toggle-collect={QUEUED_ENTRY}"]
+        n1, n2 = 2 * QUEUED_GROUP, 12 * QUEUED_GROUP
     totals = {}
     with tempfile.TemporaryDirectory(prefix="tent-cg-") as tmp:
         for n in (n1, n2):
             prefix = os.path.join(tmp, f"cg.{n}")
-            cmd = ["valgrind", "--tool=callgrind", "--separate-threads=yes", "--dump-instr=no",
+            cmd = ["valgrind", "--tool=callgrind", "--separate-threads=yes", "--dump-instr=no", *toggle,
                    f"--callgrind-out-file={prefix}.%p", sys.executable, "-m", "tent_bench.submit_cost",
                    "--driver", str(n), "--transport", transport, "--variant", variant, "--block", str(block), "--form", form]  # fmt: skip
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
@@ -100,7 +121,7 @@ def count(transport: str, variant: str, block: int, n1: int = 200, n2: int = 120
             totals[n] = _thread_instructions(prefix + ".")
     per = (totals[n2] - totals[n1]) / (n2 - n1)
     out = {"transport": transport, "variant": variant, "block": block, "form": form}
-    out["instructions_per_submit" if form == "submit" else "instructions_per_round_trip"] = per
+    out["instructions_per_submit" if form in ("submit", "queued") else "instructions_per_round_trip"] = per
     return out
 
 
@@ -111,9 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block", type=int, default=64 * 1024)
     ap.add_argument(
         "--form",
-        choices=("submit", "wait", "run"),
+        choices=("submit", "wait", "run", "queued"),
         default="submit",
-        help="submit: N submits queued, waited for afterwards; wait / run: one request at a time",
+        help="submit: N submits queued, waited for afterwards; wait / run: one request at a time; "
+        "queued: the timed --submit-cost loop (groups of 200), counted inside submit() only",
     )
     ap.add_argument("--driver", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -9,6 +9,6 @@ from tent_bench import submit_cost
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
-@pytest.mark.parametrize("form", ["submit", "wait", "run"])
+@pytest.mark.parametrize("form", ["submit", "wait", "run", "queued"])
 def test_driver_runs_every_form(transport: str, form: str) -> None:
     submit_cost.driver(transport, "fast", 4096, 5, form)  # raises (ConfigError, a failed wait) if not

@@ -922,8 +922,11 @@ static PyTypeObject *g_untracked_types[UNTRACKED_TYPES];
  * tracking, a type reference; subtype_dealloc: the trashcan, the base lookup, GC unlink, free)
  * was what that form paid above run(), which makes none. A kept handle holds nothing but its
  * type reference (fields and slots released at dealloc, zeroed again at reuse) and is untracked.
+ * As many are kept as the thread's batch cache keeps batches (BATCH_CACHE): requests queued back
+ * to back (submit many, wait later) drop their handles together, and with 16 kept, 184 of the next
+ * 200 submits allocated theirs again (malloc, GC link, a count toward the next collection).
  * Guarded by the GIL; off where there is none, or where _Py_NewReference is not public. */
-#define HANDLE_FREELIST_MAX 16
+#define HANDLE_FREELIST_MAX BATCH_CACHE
 #if !defined(Py_GIL_DISABLED) && PY_VERSION_HEX < 0x030D0000
 #define HANDLE_FREELIST HANDLE_FREELIST_MAX
 static PyObject *g_free_handles[HANDLE_FREELIST];
@@ -1002,7 +1005,7 @@ static void handle_dealloc(PyObject *o) {
   Py_DECREF(type);
 }
 
-/* handle_freelist(n=None) -> int: how many released handles are kept for reuse (at most 16; 0:
+/* handle_freelist(n=None) -> int: how many released handles are kept for reuse (at most 256; 0:
  * none, and those kept are freed); returns the previous bound. For tests that need every submit to
  * allocate its handle (a collection run by that allocation). */
 static PyObject *py_handle_freelist(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
@@ -1912,6 +1915,8 @@ static PyTypeObject FastEntryType = {
     .tp_doc = "the cached plan of one class of requests (see FastPath)",
 };
 
+#define FAST_KEYS 1024 /* a power of two; a few hundred batches in flight seldom share a slot */
+
 /* FastPath(request_type, handle_type, owner, inflight, default_timeout, size_keyed, max_entries) */
 typedef struct {
   PyObject_HEAD uint64_t gen;
@@ -1933,10 +1938,11 @@ typedef struct {
   PyObject *last_remote, *last_tag;
   long last_op, last_prio;
   long long last_len;
-  /* the in-flight dict's key of the last tracked batch: a thread's next submit reuses its finished
-   * batch (the same token), so one request at a time makes no int per request */
-  PyObject *key;
-  uintptr_t key_token;
+  /* the in-flight dict's keys of recently tracked batches, by batch address (direct-mapped): a
+   * thread's submits reuse its finished batches (BATCH_CACHE of them, the same addresses), so
+   * neither one request at a time nor requests queued back to back make an int per request */
+  PyObject *keys[FAST_KEYS];
+  uintptr_t key_tokens[FAST_KEYS];
   /* counters (tests, diagnostics) */
   unsigned long long hits, misses;
   vectorcallfunc vectorcall;
@@ -2039,7 +2045,7 @@ static int FastPath_clear(FastPathObject *self) {
   Py_CLEAR(self->owner);
   Py_CLEAR(self->inflight);
   Py_CLEAR(self->fallback);
-  Py_CLEAR(self->key);
+  for (int i = 0; i < FAST_KEYS; i++) Py_CLEAR(self->keys[i]);
   fast_forget_last(self);
   self->enabled = 0;
   return 0;
@@ -2501,11 +2507,13 @@ static PyObject *fast_submit(FastPathObject *fp, PyObject *requests, PyObject *d
    * handle the application drops after its wait frees its batch for the next submit. */
   if (atomic_load(&b->remaining) != 0) {
     PyObject *token;
-    if (fp->key && fp->key_token == (uintptr_t)b) {
-      token = Py_NewRef(fp->key);
+    /* Fibonacci hashing of the address: batches are a few hundred bytes apart */
+    size_t slot = (size_t)(((uint64_t)(uintptr_t)b * 0x9E3779B97F4A7C15ull) >> 54) & (FAST_KEYS - 1);
+    if (fp->keys[slot] && fp->key_tokens[slot] == (uintptr_t)b) {
+      token = Py_NewRef(fp->keys[slot]);
     } else if ((token = PyLong_FromVoidPtr(b))) {
-      Py_XSETREF(fp->key, Py_NewRef(token));
-      fp->key_token = (uintptr_t)b;
+      Py_XSETREF(fp->keys[slot], Py_NewRef(token));
+      fp->key_tokens[slot] = (uintptr_t)b;
     }
     int rc = token ? PyDict_SetItem(fp->inflight, token, (PyObject *)h) : -1;
     if (rc < 0) {

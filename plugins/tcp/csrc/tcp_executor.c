@@ -1827,18 +1827,7 @@ static void run_chunk_done(tcp_exec_t *ex, const tent_chunk_t *c, int status) {
 
 #define SPARE_RUNS 8
 
-/* A run struct for an inline submit: a spare one, or a new one (NULL when out of memory). */
-static pipe_run_t *run_get(tcp_exec_t *ex) {
-  pthread_mutex_lock(&ex->mu);
-  pipe_run_t *pr = ex->spare_runs;
-  if (pr) {
-    ex->spare_runs = pr->next;
-    ex->nspare_runs--;
-  }
-  pthread_mutex_unlock(&ex->mu);
-  return pr ? pr : malloc(sizeof(pipe_run_t));
-}
-
+/* A run struct of an inline submit back to the spares (or freed). */
 static void run_put(tcp_exec_t *ex, pipe_run_t *pr) {
   if (!pr) return;
   pthread_mutex_lock(&ex->mu);
@@ -1850,6 +1839,27 @@ static void run_put(tcp_exec_t *ex, pipe_run_t *pr) {
   }
   pthread_mutex_unlock(&ex->mu);
   free(pr);
+}
+
+/* A run struct for an inline submit, taken by a caller that holds ex->mu: a spare one, or a new
+ * one (allocated under the lock: only when no spare is left); NULL when out of memory. */
+static pipe_run_t *run_take_locked(tcp_exec_t *ex) {
+  pipe_run_t *pr = ex->spare_runs;
+  if (!pr) return malloc(sizeof(pipe_run_t));
+  ex->spare_runs = pr->next;
+  ex->nspare_runs--;
+  return pr;
+}
+
+/* run_put for a caller that holds ex->mu */
+static void run_give_locked(tcp_exec_t *ex, pipe_run_t *pr) {
+  if (ex->nspare_runs < SPARE_RUNS) {
+    pr->next = ex->spare_runs;
+    ex->spare_runs = pr;
+    ex->nspare_runs++;
+  } else {
+    free(pr);
+  }
 }
 
 /* The gap for a payload that would start at byte `pos` of its sender's stream: the smallest one
@@ -2897,8 +2907,6 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
   uint32_t made = 0;
   for (; rc == TENT_OK && made < n; made++)
     if (!(jobs[made] = job_new(ex, &slices[made], 1))) rc = TENT_E_INTERNAL;
-  for (int k = 0; rc == TENT_OK && k < INLINE_RUNS && (uint32_t)k < n; k++)
-    if (!(runs[k] = run_get(ex))) rc = TENT_E_INTERNAL;
   int gone = 0;
   /* one clock for the whole inline submit (a VM's clock read costs tens of ns): the QoS window, the
    * pooled connections' idle check, the runs' progress clocks and their send stamp. It is the
@@ -2930,7 +2938,12 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
        * it); queued bulk chunks they may overtake: small requests are served first anyway */
       while (i < n && nruns < INLINE_RUNS && r->qs.len == 0 && r->nidle > 0 &&
              (slot_free_bulk(ex, r) || !r->express_busy)) {
-        pipe_run_t *pr = runs[nruns];
+        /* the run struct is taken here, under the lock already held, only when a run leaves: a
+         * submit that queues (the rail busy: requests queued back to back) takes no run, and
+         * one that sends takes the lock once rather than once more per run (run_get, run_put) */
+        pipe_run_t *pr = run_take_locked(ex);
+        if (!pr) break; /* out of memory: the rest is queued */
+        runs[nruns] = pr;
         pr->r = r;
         pr->small = 1;
         pr->waits = 0; /* waiting READs never go inline */
@@ -2938,6 +2951,8 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
         pr->fd = r->slot_fd[pr->slot];
         if (pr->fd < 0) { /* the pooled connections were stale: a worker connects (never this thread) */
           slot_unclaim(ex, r, pr->slot);
+          runs[nruns] = NULL;
+          run_give_locked(ex, pr);
           break;
         }
         pr->k = 0;
@@ -2958,8 +2973,7 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
     }
     pthread_mutex_unlock(&ex->mu);
   }
-  if (rc != TENT_OK || gone) {
-    for (int k = 0; k < INLINE_RUNS; k++) run_put(ex, runs[k]);
+  if (rc != TENT_OK || gone) { /* no run was taken */
     for (uint32_t i = 0; i < made; i++) {
       if (rc == TENT_OK) ex->host->complete(ex->host->ctx, &jobs[i]->s, TENT_E_REROUTED); /* peer forgotten: retryable */
       job_free(jobs[i]);
@@ -2967,7 +2981,6 @@ static int ex_submit_inline(void *self, const tent_slice_t *slices, uint32_t n) 
     if (n != 1) free(jobs);
     return rc;
   }
-  for (int k = nruns; k < INLINE_RUNS; k++) run_put(ex, runs[k]);
   if (n != 1) free(jobs);
   /* send on this thread; the waiter reads the answers through progress() (or a worker, after
    * the hand-off): nobody is woken here */
