@@ -391,8 +391,9 @@ class EngineConfig:
     # First-stage legs (e.g. file -> staging) one staged request keeps in flight. Chunks in flight in
     # one stage share it: with all four of a 64 MiB request's chunks read at once, the first ended at
     # ~80% of the read, and tcp (the second stage) started only then (docs/benchmarks.md,
-    # path-direct). One at a time, chunk n+1 is read while chunk n is sent.
-    staging_first_depth: int = 1
+    # path-direct). 1: chunk n+1 is read while chunk n is sent; that lost on a quiet host (every
+    # pair), so the default keeps every chunk's read in flight (staging_buffers bounds them anyway).
+    staging_first_depth: int = 8
     # Mapped paths (tent_core.mapped): a WRITE from a registered file whose file transport reads
     # through the page cache (CapabilityProfile.page_cache_files) to remote memory a transport that
     # copies its sends in the kernel (CapabilityProfile.kernel_copy_sends) reaches is sent straight

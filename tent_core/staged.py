@@ -50,8 +50,8 @@ class StagingPool:
     staging memory an engine registers."""
 
     def __init__(self, engine: LegSubmitter, chunk_bytes: int, count: int,
-                 min_chunk: int | None = None, chunks: int = 8, first_depth: int = 1) -> None:  # fmt: skip
-        if first_depth < 1:
+                 min_chunk: int | None = None, chunks: int = 8, first_depth: int | None = None) -> None:  # fmt: skip
+        if first_depth is not None and first_depth < 1:
             raise ValueError("first_depth must be >= 1")
         self.engine = engine
         self.chunk_bytes = chunk_bytes
@@ -59,8 +59,9 @@ class StagingPool:
         # (smallest chunk, chunks per request) for pipeline_chunk; by default every chunk is a buffer's
         self.min_chunk = chunk_bytes if min_chunk is None else min_chunk
         self.chunks = chunks
-        # first-stage legs one request keeps in flight (config staging_first_depth)
-        self.first_depth = first_depth
+        # first-stage legs one request keeps in flight (config staging_first_depth; None: as many as
+        # there are buffers)
+        self.first_depth = count if first_depth is None else first_depth
         self._free: queue.Queue[LocalBuffer] = queue.Queue()
         self._made = 0
         self._lock = threading.Lock()

@@ -42,7 +42,7 @@
  * cache copy). Whatever a worker took first stays the worker's. Only host memory, only batches
  * without a CUDA event to wait for, only when the waiter offers at least WAITER_MIN_BUDGET_NS.
  *
- * Buffered READs in guided pieces (config read_guided, default 2): a buffered READ slice longer
+ * Buffered READs in guided pieces (config read_guided, default 0: off): a buffered READ slice longer
  * than two chunks is cut into pieces of what is left / (read_guided x threads), 4096-aligned, at
  * least `chunk`: long copies first, chunk-sized ones at the end for whichever worker is free. A
  * 64 MiB READ on two workers is 14 pieces (16, 12, 9 MiB, ... 1 MiB), where chunk-sized pieces
@@ -1058,7 +1058,7 @@ static int parse_config(executor_t *ex, const char *cfg, char *err, size_t errle
   ex->nowait = 1;
   ex->inline_write = 1u << 20;
   ex->write_warm = 1;
-  ex->read_guided = 2;
+  ex->read_guided = 0;
   char k[64], v[256];
   for (const char *c = cfg; tent_config_next(&c, k, sizeof k, v, sizeof v);) {
     if (!strcmp(k, "threads")) {

@@ -220,8 +220,9 @@ class GdsTransport(Transport):
         "write_warm": True,
         # buffered READ slices longer than two chunks are cut into pieces of what is left / (this x
         # threads), at least chunk: long page-cache copies first (less CPU per byte), chunk-sized ones
-        # at the end for whichever worker is free (0: pieces of chunk bytes)
-        "read_guided": 2,
+        # at the end for whichever worker is free (0, the default: pieces of chunk bytes; 2 gained
+        # under load and lost on a quiet host: docs/benchmarks.md, gds-fio)
+        "read_guided": 0,
         "cufile": "auto",  # "auto" (cuFile when it works), "on" (start fails without it), "off"
         "cufile_lib": None,  # path of libcufile (default: TENT_CUFILE, the nvidia-cufile wheel, the loader path)
         "cuda_lib": None,  # path of the CUDA driver library (default: libcuda.so.1 on the loader path)

@@ -377,7 +377,7 @@ def test_buffered_read_slices_in_guided_pieces(engine: str, tmp_path: Path) -> N
     data = pattern(size, 50)
     f = make_file(tmp_path / "guided.bin", data)
     reads = [(0, 0, size), (3, 4096 + 5, 5 * piece + 4093), (8 * piece, 9 * piece + 1, 2 * piece + 1)]
-    for cfg, guided in (({}, 2), ({"read_guided": 1}, 1), ({"read_guided": 0}, 0), ({"direct": 1}, None)):
+    for cfg, guided in (({}, 0), ({"read_guided": 2}, 2), ({"read_guided": 1}, 1), ({"read_guided": 0}, 0), ({"direct": 1}, None)):
         tr = make_transport(engine=engine, threads=2, queue_depth=8, chunk=piece, **cfg)
         try:
             h = tr.connect(peer(), [rbuf(BASE, f)]).handle
