@@ -157,18 +157,16 @@ def test_staged_file_to_tcp_moves_per_request_chunks(peer, tmp_path, n, chunks):
     peer.call(cmd="fill", segment="rw", seed=0)
 
 
-def test_staged_trace_hook_shows_the_legs_of_every_chunk_overlapping(peer, tmp_path):
-    """`tent_core.staged.TRACE` (the hook tent_bench.path_trace measures the pipeline with) sees each
-    chunk's legs in order, and chunk 1's first stage starts before chunk 0's second stage ends: the
-    file leg of the next chunk runs beside the tcp leg of this one, not after it."""
+def _traced_staged_write(peer, tmp_path, n: int, seed: int, config: dict) -> tuple[list[tuple[str, int, int]], list]:
+    """A staged file -> tcp WRITE of n pattern bytes under `config` (2 MiB chunks, 1 MiB at least,
+    mapped paths off), its bytes checked at the target; the pipeline's TRACE events and chunk plan."""
     from tent_core import staged
 
-    n = 6 * MiB + 7
-    data = pattern(n, seed=23)
+    data = pattern(n, seed=seed)
     data.tofile(tmp_path / "t.bin")
     events: list[tuple[str, int, int]] = []
-    with Engine({"staging_chunk_bytes": 2 * MiB, "staging_min_chunk_bytes": MiB, "staging_chunks": 4,
-                 "staging_buffers": 3, "mapped_paths": False}, transports=["gds", "tcp"]) as eng:  # fmt: skip
+    cfg = {"staging_chunk_bytes": 2 * MiB, "staging_min_chunk_bytes": MiB, "mapped_paths": False, **config}
+    with Engine(cfg, transports=["gds", "tcp"]) as eng:
         f = eng.register_file(tmp_path / "t.bin", segment="ckpt")
         staged.TRACE = lambda ev, i, ln: events.append((ev, i, ln))
         try:
@@ -176,7 +174,15 @@ def test_staged_trace_hook_shows_the_legs_of_every_chunk_overlapping(peer, tmp_p
         finally:
             staged.TRACE = None
         assert peer.digest("rw", 0, n) == sha(data)
-        chunks = chunk_plan(n, eng._submitter.staging.chunk_for(n))
+        return events, chunk_plan(n, eng._submitter.staging.chunk_for(n))
+
+
+def test_staged_trace_hook_shows_the_legs_of_every_chunk_overlapping(peer, tmp_path):
+    """`tent_core.staged.TRACE` (the hook tent_bench.path_trace measures the pipeline with) sees each
+    chunk's legs in order, and chunk 1's first stage starts before chunk 0's second stage ends: the
+    file leg of the next chunk runs beside the tcp leg of this one, not after it."""
+    n = 6 * MiB + 7
+    events, chunks = _traced_staged_write(peer, tmp_path, n, 23, {"staging_chunks": 4, "staging_buffers": 3})
     assert len(chunks) >= 3 and events[0] == ("begin", -1, n) and events[-1] == ("end", -1, n)
     names = ["stage1_submit", "stage1_done", "stage2_submit", "stage2_done"]
     for i, (_, ln) in enumerate(chunks):
@@ -193,23 +199,11 @@ def test_staged_first_stage_depth_bounds_the_reads_in_flight(peer, tmp_path, dep
     in one stage share it, so more of them only delay the first one's end), the next chunk's first
     stage is submitted before this chunk's second stage (the first stage never waits for a tcp
     submit), and the bytes land whole."""
-    from tent_core import staged
-
     n = 9 * MiB + 11
-    data = pattern(n, seed=31 + depth)
-    data.tofile(tmp_path / "d.bin")
-    events: list[tuple[str, int, int]] = []
-    with Engine({"staging_chunk_bytes": 2 * MiB, "staging_min_chunk_bytes": MiB, "staging_chunks": 8,
-                 "staging_buffers": 4, "staging_first_depth": depth, "mapped_paths": False},
-                transports=["gds", "tcp"]) as eng:  # fmt: skip
-        f = eng.register_file(tmp_path / "d.bin", segment="ckpt")
-        staged.TRACE = lambda ev, i, ln: events.append((ev, i, ln))
-        try:
-            assert eng.submit([Request(WRITE, f, 0, peer.seg("rw"), 0, n)]).wait(60)
-        finally:
-            staged.TRACE = None
-        assert peer.digest("rw", 0, n) == sha(data)
-        chunks = chunk_plan(n, eng._submitter.staging.chunk_for(n))
+    # a buffer for every chunk: with fewer, the next read may wait for a send to free one, and the
+    # order checked below is then the buffers' (the depth bound holds either way)
+    events, chunks = _traced_staged_write(peer, tmp_path, n, 31 + depth,
+                                          {"staging_chunks": 8, "staging_buffers": 16, "staging_first_depth": depth})  # fmt: skip
     assert len(chunks) >= 5
     in_flight = most = 0
     for ev, _, _ in events:
