@@ -50,7 +50,8 @@
  * runs of the tent bench step, docs/benchmarks.md, gds-fio), and the small last pieces keep what
  * chunk-sized ones gave: a worker that loses its core holds at most a small piece at the end.
  * Cutting into equal pieces per worker instead (fio's two-job shape) saved as much CPU but lost
- * that: the step ran slower in 5 of 6 pairs. Not with direct=1 (O_DIRECT pieces stay
+ * that: the step ran slower in 5 of 6 pairs. Off by default: those gains were a loaded host's; on a
+ * quiet one the step ran slower with guided pieces in every pair (docs/benchmarks.md, gds-fio). Not with direct=1 (O_DIRECT pieces stay
  * chunk-sized, ring-deep) nor while CUDA buffers are registered; read_guided=0 restores chunks.
  *
  * One writer per buffered WRITE, where writers do not read their source first (write_warm=0,
