@@ -42,18 +42,6 @@
  * cache copy). Whatever a worker took first stays the worker's. Only host memory, only batches
  * without a CUDA event to wait for, only when the waiter offers at least WAITER_MIN_BUDGET_NS.
  *
- * Buffered READs in guided pieces (config read_guided, default 0: off): a buffered READ slice longer
- * than two chunks is cut into pieces of what is left / (read_guided x threads), 4096-aligned, at
- * least `chunk`: long copies first, chunk-sized ones at the end for whichever worker is free. A
- * 64 MiB READ on two workers is 14 pieces (16, 12, 9 MiB, ... 1 MiB), where chunk-sized pieces
- * made 64. Out of the page cache, the longer copies cost less CPU per GB (6-15% in interleaved
- * runs of the tent bench step, docs/benchmarks.md, gds-fio), and the small last pieces keep what
- * chunk-sized ones gave: a worker that loses its core holds at most a small piece at the end.
- * Cutting into equal pieces per worker instead (fio's two-job shape) saved as much CPU but lost
- * that: the step ran slower in 5 of 6 pairs. Off by default: those gains were a loaded host's; on a
- * quiet one the step ran slower with guided pieces in every pair (docs/benchmarks.md, gds-fio). Not with direct=1 (O_DIRECT pieces stay
- * chunk-sized, ring-deep) nor while CUDA buffers are registered; read_guided=0 restores chunks.
- *
  * One writer per buffered WRITE, where writers do not read their source first (write_warm=0,
  * below): the kernel serializes buffered writes to one file (ext4, XFS,
  * tmpfs and NFS each hold the inode's lock exclusively for the whole write), so a WRITE slice cut
@@ -409,7 +397,6 @@ struct executor {
   atomic_ullong st_inline_writes; /* slices it wrote so */
   int write_warm;                 /* writers read a WRITE piece's source before its pwrite */
   atomic_ullong st_warm_pieces;   /* pieces they read so */
-  uint32_t read_guided;           /* buffered READ slices: pieces of what is left / (this x threads) */
 };
 
 /* ---------------------------------------------------------------- io_uring (raw syscalls) */
@@ -1059,7 +1046,6 @@ static int parse_config(executor_t *ex, const char *cfg, char *err, size_t errle
   ex->nowait = 1;
   ex->inline_write = 1u << 20;
   ex->write_warm = 1;
-  ex->read_guided = 0;
   char k[64], v[256];
   for (const char *c = cfg; tent_config_next(&c, k, sizeof k, v, sizeof v);) {
     if (!strcmp(k, "threads")) {
@@ -1079,9 +1065,6 @@ static int parse_config(executor_t *ex, const char *cfg, char *err, size_t errle
       ex->split_writes = !strcmp(v, "1") || !strcmp(v, "true") || !strcmp(v, "True");
     } else if (!strcmp(k, "write_warm")) {
       ex->write_warm = !strcmp(v, "1") || !strcmp(v, "true") || !strcmp(v, "True");
-    } else if (!strcmp(k, "read_guided")) {
-      long t = strtol(v, NULL, 10);
-      ex->read_guided = t < 0 ? 0 : (t > 64 ? 64 : (uint32_t)t);
     } else if (!strcmp(k, "inline_write_bytes")) {
       ex->inline_write = strtoull(v, NULL, 10);
     } else if (!strcmp(k, "nowait")) {
@@ -1274,80 +1257,16 @@ static int whole_write(const executor_t *ex, const tent_slice_t *s) {
          !__atomic_load_n(&ex->ngbufs, __ATOMIC_RELAXED);
 }
 
-/* Is slice `s` a buffered READ cut into guided pieces (see the header, "Buffered READs in guided
- * pieces")? Decided from the executor's config alone, like whole_write. */
-static int guided_read(const executor_t *ex, const tent_slice_t *s) {
-  return ex->read_guided && s->opcode == TENT_OP_READ && !ex->direct && ex->chunk && s->length > 2 * ex->chunk &&
-         !__atomic_load_n(&ex->ngbufs, __ATOMIC_RELAXED);
-}
-
-/* The next guided piece of a READ with `rest` bytes left: rest / (read_guided x threads), rounded
- * up to 4096, at least chunk, at most rest. */
-static uint64_t guided_piece(const executor_t *ex, uint64_t rest) {
-  uint64_t per = (rest / ((uint64_t)ex->nthreads * ex->read_guided) + DIRECT_ALIGN - 1) & ~(uint64_t)(DIRECT_ALIGN - 1);
-  if (per < ex->chunk) per = ex->chunk;
-  return per < rest ? per : rest;
-}
-
-static uint32_t guided_parts(const executor_t *ex, uint64_t len) {
-  uint32_t parts = 0;
-  for (uint64_t rest = len; rest > 0; parts++) rest -= guided_piece(ex, rest);
-  return parts;
-}
-
 static int ex_submit(void *self, const tent_slice_t *slices, uint32_t n) {
   executor_t *ex = self;
-  uint32_t whole = 0, guided = 0;
-  for (uint32_t i = 0; i < n; i++) {
-    whole += (uint32_t)whole_write(ex, &slices[i]);
-    guided += (uint32_t)guided_read(ex, &slices[i]);
-  }
-  if (!whole && !guided) return tent_cq_submit(&ex->q, &ex->mu, &ex->cv, &ex->stop, slices, n, ex->chunk, UINT32_MAX);
-  /* per slice: its pieces, their size (UINT64_MAX: guided) and its job, made outside the lock */
-  tent_job_t **jobs = calloc(n, sizeof *jobs);
-  uint64_t *plan = malloc(2 * (size_t)n * sizeof *plan);
-  size_t total = 0;
-  int rc = jobs && plan ? TENT_OK : TENT_E_INTERNAL;
-  for (uint32_t i = 0; rc == TENT_OK && i < n; i++) {
-    const tent_slice_t *s = &slices[i];
-    if (guided_read(ex, s)) {
-      plan[2 * i] = guided_parts(ex, s->length);
-      plan[2 * i + 1] = UINT64_MAX;
-    } else {
-      plan[2 * i] = tent_cq_parts(s->length, whole_write(ex, s) ? 0 : ex->chunk, UINT32_MAX, &plan[2 * i + 1]);
-    }
-    total += plan[2 * i];
-    if (!(jobs[i] = tent_job_new(s, (uint32_t)plan[2 * i]))) rc = TENT_E_INTERNAL;
-  }
-  if (rc == TENT_OK) {
-    pthread_mutex_lock(&ex->mu);
-    if (ex->stop || tent_cq_reserve(&ex->q, total) != 0) {
-      rc = TENT_E_INTERNAL;
-    } else {
-      for (uint32_t i = 0; i < n; i++) {
-        if (plan[2 * i + 1] != UINT64_MAX) {
-          tent_cq_push_job(&ex->q, jobs[i], plan[2 * i], plan[2 * i + 1]);
-          continue;
-        }
-        for (uint64_t off = 0, rest = slices[i].length; rest > 0;) { /* guided: long pieces first */
-          uint64_t len = guided_piece(ex, rest);
-          work_t *c = &ex->q.items[(ex->q.head + ex->q.len) % ex->q.cap];
-          c->job = jobs[i];
-          c->off = off;
-          c->len = len;
-          ex->q.len++;
-          off += len;
-          rest -= len;
-        }
-      }
-      pthread_cond_broadcast(&ex->cv);
-    }
-    pthread_mutex_unlock(&ex->mu);
-  }
-  if (rc != TENT_OK && jobs)
-    for (uint32_t i = 0; i < n; i++) free(jobs[i]);
-  free(jobs);
-  free(plan);
+  uint32_t whole = 0;
+  for (uint32_t i = 0; i < n; i++) whole += (uint32_t)whole_write(ex, &slices[i]);
+  if (!whole) return tent_cq_submit(&ex->q, &ex->mu, &ex->cv, &ex->stop, slices, n, ex->chunk, UINT32_MAX);
+  uint64_t small[64], *chunks = n <= 64 ? small : malloc(n * sizeof *chunks);
+  if (!chunks) return TENT_E_INTERNAL;
+  for (uint32_t i = 0; i < n; i++) chunks[i] = whole_write(ex, &slices[i]) ? 0 : ex->chunk;
+  int rc = tent_cq_submit_each(&ex->q, &ex->mu, &ex->cv, &ex->stop, slices, n, ex->chunk, chunks, UINT32_MAX, 0);
+  if (chunks != small) free(chunks);
   if (rc == TENT_OK) atomic_fetch_add(&ex->st_whole_writes, whole);
   return rc;
 }

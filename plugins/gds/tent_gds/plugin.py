@@ -218,11 +218,6 @@ class GdsTransport(Transport):
         # piece's source just before its pwrite, while another copies under the file's lock: the copy
         # then reads from the cache (off: one worker writes each such slice whole, unless split_writes)
         "write_warm": True,
-        # buffered READ slices longer than two chunks are cut into pieces of what is left / (this x
-        # threads), at least chunk: long page-cache copies first (less CPU per byte), chunk-sized ones
-        # at the end for whichever worker is free (0, the default: pieces of chunk bytes; 2 gained
-        # under load and lost on a quiet host: docs/benchmarks.md, gds-fio)
-        "read_guided": 0,
         "cufile": "auto",  # "auto" (cuFile when it works), "on" (start fails without it), "off"
         "cufile_lib": None,  # path of libcufile (default: TENT_CUFILE, the nvidia-cufile wheel, the loader path)
         "cuda_lib": None,  # path of the CUDA driver library (default: libcuda.so.1 on the loader path)
@@ -297,7 +292,6 @@ class GdsTransport(Transport):
             "inline_write_bytes": max(0, int(cfg["inline_write_bytes"])),
             "split_writes": int(bool(cfg["split_writes"])),
             "write_warm": int(bool(cfg["write_warm"])),
-            "read_guided": max(0, int(cfg["read_guided"])),
             "cufile": cufile,
             "cufile_lib": find_cufile_library(cfg["cufile_lib"]) or "",
             "cuda_lib": str(cfg["cuda_lib"] or ""),
